@@ -1,0 +1,167 @@
+# shapejit build.  `make help` lists the targets.
+#
+#   make               libshapejit.a and libshapejit.so under build/lib
+#   make run           build and run the variable-length encoder sample
+#   make test          build and run the test suite (CPU; GPU tests skip visibly)
+#   make test-asan     the suite under AddressSanitizer + UBSan
+#   make bench         build and run the benchmarks (JSON lines on stdout)
+#   make install PREFIX=/usr/local
+#   make check-symbols the shared library exports only sj_ names
+#
+# V=1 shows full commands. CC=clang works too.
+
+# -- Configuration ---------------------------------------------------------
+
+CC      ?= cc
+PREFIX  ?= /usr/local
+BUILD   ?= build
+OPT     ?= -O2
+SANITIZE ?=
+
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
+CSTD    := -std=c11 -D_GNU_SOURCE
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -g -fPIC -fvisibility=hidden -I. $(SANITIZE)
+DEPFLAGS = -MMD -MP
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+CFLAGS  += $(BLAS_CFLAGS)
+LDLIBS  := $(BLAS_LIBS) -lm -lpthread -ldl
+TEST_LIBS := -lcmocka
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# Debian packages the build, the tests and the sample need.
+DEB_PKGS := uthash-dev libcmocka-dev libopenblas-dev pkg-config
+
+# -- Sources ---------------------------------------------------------------
+
+LIB_DIRS := jit guards shapes specialize kernels kernels/cpu
+LIB_SRC  := $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_UTIL := $(sort $(wildcard tests/util_*.c))
+TEST_UTIL_OBJ := $(TEST_UTIL:%.c=$(BUILD)/obj/%.o)
+
+SAMPLES  := $(sort $(patsubst samples/%/,%,$(dir $(wildcard samples/*/main.c))))
+SAMPLE_BIN := $(SAMPLES:%=$(BUILD)/samples/%)
+
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+STATIC := $(BUILD)/lib/libshapejit.a
+SHARED := $(BUILD)/lib/libshapejit.so
+
+# -- Library ---------------------------------------------------------------
+
+.SECONDARY:
+
+.PHONY: all lib deps run test test-asan bench install check-symbols clean help
+
+all: lib
+lib: deps $(STATIC) $(SHARED)
+
+$(BUILD)/obj/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -shared -Wl,-soname,libshapejit.so.0 -o $@ $^ $(LDLIBS)
+
+# -- Dependencies (Debian) -------------------------------------------------
+
+# Installs what is missing when run as root; otherwise prints the one
+# apt-get line to run and stops.
+deps:
+	@if command -v dpkg-query >/dev/null 2>&1; then \
+	  missing=""; \
+	  for p in $(DEB_PKGS); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	  done; \
+	  if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ]; then \
+	      echo "  DEPS    apt-get install$$missing"; \
+	      apt-get update -qq >/dev/null && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	    else \
+	      echo "shapejit: missing Debian packages:$$missing"; \
+	      echo "run:  sudo apt-get update && sudo apt-get install -y$$missing"; \
+	      exit 1; \
+	    fi; \
+	  fi; \
+	fi
+
+# -- Tests -----------------------------------------------------------------
+
+$(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< $(TEST_UTIL_OBJ) -o $@ $(STATIC) $(TEST_LIBS) $(LDLIBS)
+
+test: deps $(TEST_BIN)
+	@failed=0; \
+	for t in $(TEST_BIN); do \
+	  printf '  TEST    %s\n' "$$(basename $$t)"; \
+	  if ! $$t; then failed=$$((failed+1)); echo "  FAIL    $$t"; fi; \
+	done; \
+	if [ $$failed -ne 0 ]; then echo "$$failed test program(s) failed"; exit 1; fi; \
+	echo "all test programs passed"
+
+test-asan: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)-asan OPT=-O1 \
+	  SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
+
+# -- Samples and benchmarks -----------------------------------------------
+
+$(BUILD)/samples/%: samples/%/main.c $(STATIC)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(CFLAGS) -Ijit $(DEPFLAGS) $< -o $@ $(STATIC) $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(STATIC)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< -o $@ $(STATIC) $(LDLIBS)
+
+run: deps $(BUILD)/samples/varlen_encoder
+	$(BUILD)/samples/varlen_encoder samples/varlen_encoder/lengths.txt
+
+bench: deps $(BENCH_BIN)
+	@for b in $(BENCH_BIN); do $$b || exit 1; done
+
+# -- Install and checks ----------------------------------------------------
+
+install: lib
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 jit/shapejit.h $(DESTDIR)$(PREFIX)/include/shapejit.h
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/libshapejit.a
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libshapejit.so.0
+	ln -sf libshapejit.so.0 $(DESTDIR)$(PREFIX)/lib/libshapejit.so
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LDLIBS)|' shapejit.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/shapejit.pc
+
+check-symbols: $(SHARED)
+	@bad=$$(nm -D --defined-only $(SHARED) | awk '{print $$3}' | grep -v '^sj_' || true); \
+	if [ -n "$$bad" ]; then echo "exported symbols without the sj_ prefix:"; echo "$$bad"; exit 1; fi; \
+	echo "  OK      $(SHARED) exports only sj_ symbols ($$(nm -D --defined-only $(SHARED) | wc -l))"
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan
+
+help:
+	@sed -n '1,13p' Makefile
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,464 @@
+/* shapejit: a JIT for tensor graphs whose shapes change from call to call.
+ *
+ * The one public header. Everything a program needs is declared here; every
+ * other header in the tree is private.
+ *
+ * Life of a call
+ * --------------
+ *   sj_runtime_create()        once per process (or per backend/config)
+ *   sj_fn_create(model)        once per model function
+ *   sj_call(fn, inputs, ...)   per request, from any number of threads
+ *
+ * sj_call() traces the model function the first time it sees a new input
+ * signature (dtype, rank, sizes, strides), records the graph, and executes it.
+ * A later call with a signature it has already traced runs the recorded graph
+ * without calling the model function again.
+ *
+ * Ownership, in one paragraph
+ * ---------------------------
+ * The library never frees memory it did not allocate. Tensors (sj_tensor) are
+ * plain descriptors over memory that the caller owns; the library reads
+ * inputs and parameters through them and writes outputs through them. The
+ * only memory the caller receives from the library is an output tensor that
+ * the caller asked the runtime to allocate (data == NULL on entry to
+ * sj_call()); it is released with sj_tensor_free(). Handles (sj_runtime,
+ * sj_fn) are released with their _destroy function; destroying NULL is a
+ * harmless no-op.
+ *
+ * Errors
+ * ------
+ * Every fallible function returns an sj_status. SJ_OK is 0; anything else is
+ * an error, and sj_last_error() then returns a message for the calling thread
+ * that names what was wrong (which input, axis, expected and actual value).
+ * Bad input never aborts the process and changes nothing: the runtime and
+ * every function stay usable and the next correct call is served normally.
+ *
+ * Thread safety
+ * -------------
+ * - sj_call(), sj_fn_stats() and sj_fn_explain() may be called concurrently
+ *   from any number of threads on the same sj_fn.
+ * - sj_fn_create() may be called concurrently on one runtime.
+ * - sj_fn_destroy() and sj_runtime_destroy() must not race with any other use
+ *   of the handle they destroy (the caller quiesces its own threads first).
+ * - Model functions may be called from whichever thread needs a trace; for
+ *   one sj_fn at most one trace runs at a time. A model function must not
+ *   call sj_call() on the function being traced.
+ * - sj_last_error() is thread-local.
+ */
+#ifndef SHAPEJIT_H
+#define SHAPEJIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SJ_VERSION_MAJOR 0
+#define SJ_VERSION_MINOR 1
+#define SJ_VERSION_PATCH 0
+
+#if defined(__GNUC__)
+#define SJ_API __attribute__((visibility("default")))
+#else
+#define SJ_API
+#endif
+
+/* -- Status codes ------------------------------------------------------- */
+
+/* X(name, value, description) */
+#define SJ_STATUS_LIST(X)                                                       \
+    X(SJ_OK, 0, "ok")                                                           \
+    X(SJ_EINVAL, 1, "invalid argument")                                         \
+    X(SJ_EDTYPE, 2, "dtype mismatch")                                           \
+    X(SJ_ESHAPE, 3, "shape mismatch")                                           \
+    X(SJ_ENOMEM, 4, "out of memory")                                            \
+    X(SJ_EINDEX, 5, "index out of range")                                       \
+    X(SJ_EMODEL, 6, "model function failed")                                    \
+    X(SJ_ECONSTRAINT, 7, "constraint violated")                                 \
+    X(SJ_ELIMIT, 8, "recompile limit reached")                                  \
+    X(SJ_EBACKEND, 9, "backend unavailable")                                    \
+    X(SJ_ETIMEOUT, 10, "timed out")                                             \
+    X(SJ_EINTERNAL, 11, "internal error")
+
+typedef enum sj_status {
+#define SJ_X(name, value, desc) name = value,
+    SJ_STATUS_LIST(SJ_X)
+#undef SJ_X
+} sj_status;
+
+/* Short name of a status ("SJ_ESHAPE"); never NULL. */
+SJ_API const char *sj_status_name(sj_status s);
+
+/* The message of the last error returned to this thread by any sj_ function.
+ * Valid until the thread's next call into the library; never NULL (empty
+ * string when there was no error). Thread-safe. */
+SJ_API const char *sj_last_error(void);
+
+/* -- Tensors ------------------------------------------------------------- */
+
+#define SJ_MAX_RANK 8
+
+/* X(name, enum suffix, bytes) */
+#define SJ_DTYPE_LIST(X)                                                        \
+    X(f32, SJ_F32, 4)                                                           \
+    X(f16, SJ_F16, 2)                                                           \
+    X(bf16, SJ_BF16, 2)                                                         \
+    X(i32, SJ_I32, 4)                                                           \
+    X(i64, SJ_I64, 8)                                                           \
+    X(bool, SJ_BOOL, 1)
+
+typedef enum sj_dtype {
+#define SJ_X(name, e, bytes) e,
+    SJ_DTYPE_LIST(SJ_X)
+#undef SJ_X
+    SJ_DTYPE_COUNT
+} sj_dtype;
+
+/* Where a tensor's data lives. */
+typedef enum sj_device { SJ_HOST = 0, SJ_CUDA = 1 } sj_device;
+
+/* A tensor descriptor over memory the caller owns (except outputs the runtime
+ * allocated; see sj_call). Strides are in elements, not bytes, may be 0 (a
+ * broadcast input) and must be >= 0. bool is one byte per element, 0 or 1.
+ * f16 is IEEE binary16; bf16 is the upper half of an IEEE binary32. */
+typedef struct sj_tensor {
+    void *data;
+    sj_dtype dtype;
+    int32_t rank;                 /* 0 .. SJ_MAX_RANK */
+    sj_device device;
+    int64_t shape[SJ_MAX_RANK];   /* entries at and past rank are ignored */
+    int64_t stride[SJ_MAX_RANK];  /* in elements */
+} sj_tensor;
+
+/* Bytes per element of a dtype (0 for an invalid dtype). */
+SJ_API size_t sj_dtype_size(sj_dtype dt);
+/* "f32", "f16", ...; "?" for an invalid dtype. */
+SJ_API const char *sj_dtype_name(sj_dtype dt);
+
+/* A contiguous (row-major) host descriptor over data. shape may be NULL when
+ * rank is 0. Does not allocate. Returns a descriptor with rank -1 if rank is
+ * out of range or shape is NULL with rank > 0 (sj_call rejects it). */
+SJ_API sj_tensor sj_tensor_make(void *data, sj_dtype dt, int rank, const int64_t *shape);
+
+/* Number of elements (product of the sizes; 1 for rank 0). */
+SJ_API int64_t sj_tensor_numel(const sj_tensor *t);
+
+/* -- Runtime ------------------------------------------------------------ */
+
+typedef struct sj_runtime sj_runtime;
+
+typedef enum sj_backend_kind {
+    SJ_BACKEND_AUTO = 0, /* CUDA when a device is present, else CPU */
+    SJ_BACKEND_CPU = 1,
+    SJ_BACKEND_CUDA = 2,
+} sj_backend_kind;
+
+/* Log topics: a bitmask. SHAPEJIT_LOG takes their names, comma separated:
+ * warn,recompiles,guards,compile,fusion,perf,trace; "all" and "none" too. */
+#define SJ_LOG_TOPIC_LIST(X)                                                    \
+    X(SJ_LOG_WARN, 1u << 0, "warn")                                             \
+    X(SJ_LOG_RECOMPILES, 1u << 1, "recompiles")                                 \
+    X(SJ_LOG_GUARDS, 1u << 2, "guards")                                         \
+    X(SJ_LOG_COMPILE, 1u << 3, "compile")                                       \
+    X(SJ_LOG_FUSION, 1u << 4, "fusion")                                         \
+    X(SJ_LOG_PERF, 1u << 5, "perf")                                             \
+    X(SJ_LOG_TRACE, 1u << 6, "trace")
+
+enum {
+#define SJ_X(name, bit, str) name = bit,
+    SJ_LOG_TOPIC_LIST(SJ_X)
+#undef SJ_X
+    SJ_LOG_ALL = (1u << 7) - 1
+};
+
+/* A log sink. Called with one complete line (no trailing newline) for each
+ * message whose topic is enabled in the runtime's log_mask. May be called
+ * from any thread that uses the runtime, including compile workers, and
+ * concurrently: the callback must be thread-safe. It must not call back into
+ * the library. msg is valid only during the call. */
+typedef void (*sj_log_fn)(void *user, unsigned topic, const char *msg);
+
+/* Host memory hooks for memory the runtime allocates (output tensors the
+ * caller asked for, execution arenas). alloc returns memory aligned to at
+ * least `align` bytes (a power of two, at most 4096) or NULL. */
+typedef struct sj_allocator {
+    void *(*alloc)(void *user, size_t bytes, size_t align);
+    void (*free)(void *user, void *ptr);
+    void *user;
+} sj_allocator;
+
+/* Runtime configuration. Fill it with sj_runtime_config_init() (built-in
+ * defaults, then the SHAPEJIT_* environment variables applied on top), then
+ * change what the program wants to set itself.
+ *
+ * Environment (read once, by sj_runtime_config_init):
+ *   SHAPEJIT_BACKEND=auto|cpu|cuda      -> backend
+ *   SHAPEJIT_LOG=topic,topic,...|all|none -> log_mask (default "warn")
+ * An unparsable value is reported once on stderr and ignored. */
+typedef struct sj_runtime_config {
+    sj_backend_kind backend; /* default SJ_BACKEND_AUTO */
+    unsigned log_mask;       /* default SJ_LOG_WARN */
+    sj_log_fn log_fn;        /* default NULL: lines go to stderr as "shapejit: ..." */
+    void *log_user;          /* passed to log_fn */
+    sj_allocator allocator;  /* default: aligned_alloc/free */
+} sj_runtime_config;
+
+/* Defaults, then the environment. Never fails; cfg must not be NULL. */
+SJ_API void sj_runtime_config_init(sj_runtime_config *cfg);
+
+/* Create a runtime. cfg may be NULL (sj_runtime_config_init defaults); it is
+ * copied, so the caller may free it after the call. On success *rt owns all
+ * the runtime's resources until sj_runtime_destroy().
+ * Errors: SJ_EINVAL (rt NULL, a field out of range), SJ_EBACKEND (CUDA asked
+ * for and not available), SJ_ENOMEM. */
+SJ_API sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **rt);
+
+/* Destroy a runtime and every sj_fn still alive on it. NULL is a no-op.
+ * Must not race with any other use of rt or its functions. Free the output
+ * tensors the runtime allocated for the caller (sj_tensor_free) first: they
+ * came from the runtime's allocator, which goes away with it. */
+SJ_API void sj_runtime_destroy(sj_runtime *rt);
+
+/* The backend the runtime runs on (never AUTO). */
+SJ_API sj_backend_kind sj_runtime_backend(const sj_runtime *rt);
+
+/* Release an output tensor the runtime allocated in sj_call (data was NULL on
+ * entry), through the runtime's allocator; rt must be the runtime that
+ * allocated it, still alive. Sets t->data to NULL. NULL rt, t or t->data is a
+ * no-op. Memory the caller allocated itself must not be passed here.
+ * Thread-safe. */
+SJ_API void sj_tensor_free(sj_runtime *rt, sj_tensor *t);
+
+/* -- Tracing: what a model function calls -------------------------------- */
+
+typedef struct sj_tracer sj_tracer;
+
+/* A value in the graph being traced. Only meaningful inside the model
+ * function call that produced it. */
+typedef struct sj_val {
+    int32_t id;
+} sj_val;
+
+/* An absent optional operand (e.g. no bias for sj_layer_norm). */
+#define SJ_NONE ((sj_val){-1})
+
+/* A size in the graph: constant, or symbolic. Used to build shapes for
+ * sj_reshape that depend on input sizes without specializing on them. */
+typedef struct sj_dim {
+    int32_t e;
+} sj_dim;
+
+/* The model function: records the computation by calling the sj_ op
+ * functions on `inputs` (one per sj_call input) and declares its results with
+ * sj_output(). Return SJ_OK, or an error (e.g. from sj_trace_fail()) to
+ * reject the inputs; sj_call then returns that error and no entry is made.
+ *
+ * Errors inside ops are sticky: an op given bad operands records the error
+ * (status and message, naming the op and its operand shapes), returns an
+ * invalid value, and every later op on it returns invalid values too; the
+ * trace then fails with the first error no matter what the model function
+ * returns. So a model function need not check each op. */
+typedef sj_status (*sj_model_fn)(sj_tracer *t, const sj_val *inputs, int n_inputs, void *user);
+
+/* Reject the inputs from inside a model function with a status and a
+ * printf-style message; returns `status` so the model can `return
+ * sj_trace_fail(t, SJ_ESHAPE, "...")`. */
+SJ_API sj_status sj_trace_fail(sj_tracer *t, sj_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* The status of the trace so far (SJ_OK until an op fails). */
+SJ_API sj_status sj_trace_status(const sj_tracer *t);
+
+/* Declare a result. Results are returned in the order declared. The same
+ * value may be declared twice. Returns the trace status. */
+SJ_API sj_status sj_output(sj_tracer *t, sj_val v);
+
+/* Facts about a value: dtype and rank (no guard is installed). */
+SJ_API sj_dtype sj_val_dtype(sj_tracer *t, sj_val v);
+SJ_API int sj_val_rank(sj_tracer *t, sj_val v);
+
+/* The size of axis `axis` of v as a concrete integer. Negative axes count
+ * from the end. The graph is then valid only for inputs where that size is
+ * the same, so the runtime specializes on it. Returns -1 on a bad value or
+ * axis (and records the error). */
+SJ_API int64_t sj_size(sj_tracer *t, sj_val v, int axis);
+
+/* The size of axis `axis` of v as a symbolic size, for shape arithmetic in
+ * sj_reshape. No specialization. */
+SJ_API sj_dim sj_dim_of(sj_tracer *t, sj_val v, int axis);
+SJ_API sj_dim sj_dim_const(sj_tracer *t, int64_t c);
+SJ_API sj_dim sj_dim_mul(sj_tracer *t, sj_dim a, sj_dim b);
+SJ_API sj_dim sj_dim_add(sj_tracer *t, sj_dim a, sj_dim b);
+/* Exact division: records the error if a is not a multiple of b. */
+SJ_API sj_dim sj_dim_div(sj_tracer *t, sj_dim a, sj_dim b);
+/* In sj_reshape: the one size inferred from the element count (like -1). */
+#define SJ_DIM_INFER ((sj_dim){-1})
+
+/* Captures a constant tensor (a weight) by reference: the caller keeps
+ * w->data alive and unchanged for as long as the sj_fn lives. The descriptor
+ * itself is copied. */
+SJ_API sj_val sj_param(sj_tracer *t, const sj_tensor *w);
+
+/* A rank-0 constant that takes the dtype of the other operand of the binary
+ * op it meets (a "weak" scalar), so sj_add(t, x, sj_scalar(t, 1.0)) keeps x's
+ * dtype. Used alone it is f32. */
+SJ_API sj_val sj_scalar(sj_tracer *t, double v);
+
+/* Elementwise unary. Float dtypes only, except neg, abs and relu, which take
+ * i32 and i64 too. gelu is the exact erf form; gelu_tanh the tanh
+ * approximation. f16 and bf16 are computed in f32. */
+SJ_API sj_val sj_neg(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_abs(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_exp(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_log(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_sqrt(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_rsqrt(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_tanh(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_sigmoid(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_relu(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_gelu(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_gelu_tanh(sj_tracer *t, sj_val x);
+SJ_API sj_val sj_silu(sj_tracer *t, sj_val x);
+
+/* Elementwise binary with numpy broadcasting. Both operands must have the
+ * same dtype (a weak sj_scalar adopts the other's); bool is not accepted.
+ * Integer div truncates toward zero and gives 0 for a zero divisor; integer
+ * pow with a negative exponent gives 0 (except bases 1 and -1). maximum and
+ * minimum propagate NaN. */
+SJ_API sj_val sj_add(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_sub(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_mul(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_div(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_maximum(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_minimum(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_pow(sj_tracer *t, sj_val a, sj_val b);
+
+/* Comparisons with broadcasting; the result is bool. */
+SJ_API sj_val sj_eq(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_ne(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_lt(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_le(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_gt(sj_tracer *t, sj_val a, sj_val b);
+SJ_API sj_val sj_ge(sj_tracer *t, sj_val a, sj_val b);
+
+/* cond ? a : b, broadcasting all three; cond must be bool. */
+SJ_API sj_val sj_where(sj_tracer *t, sj_val cond, sj_val a, sj_val b);
+
+/* Convert to dtype (float->int truncates toward zero; NaN->int gives 0;
+ * anything->bool is `!= 0`). */
+SJ_API sj_val sj_cast(sj_tracer *t, sj_val x, sj_dtype dt);
+
+/* Reductions over one axis (negative counts from the end). keepdim != 0
+ * keeps the axis with size 1. sum and amax take ints too; mean takes floats.
+ * The mean of an empty axis is NaN; amax over an empty axis is an error. */
+SJ_API sj_val sj_sum(sj_tracer *t, sj_val x, int axis, int keepdim);
+SJ_API sj_val sj_mean(sj_tracer *t, sj_val x, int axis, int keepdim);
+SJ_API sj_val sj_amax(sj_tracer *t, sj_val x, int axis, int keepdim);
+
+/* softmax over `axis`; a row whose inputs are all -inf gives zeros. */
+SJ_API sj_val sj_softmax(sj_tracer *t, sj_val x, int axis);
+
+/* Layer norm over the last axis: (x - mean) / sqrt(var + eps) * g + b, with
+ * the biased variance. g and b are 1-D of the last axis' size, or SJ_NONE. */
+SJ_API sj_val sj_layer_norm(sj_tracer *t, sj_val x, sj_val g, sj_val b, double eps);
+
+/* RMS norm over the last axis: x / sqrt(mean(x^2) + eps) * g (g may be
+ * SJ_NONE). */
+SJ_API sj_val sj_rms_norm(sj_tracer *t, sj_val x, sj_val g, double eps);
+
+/* Matrix product of the last two axes, [..., M, K] x [..., K, N] ->
+ * [..., M, N], with the leading (batch) axes broadcast. Both ranks >= 2. */
+SJ_API sj_val sj_matmul(sj_tracer *t, sj_val a, sj_val b);
+
+/* Scaled dot-product attention. q [B, H, Sq, D], k [B, H, Sk, D],
+ * v [B, H, Sk, Dv] -> [B, H, Sq, Dv]. lengths: SJ_NONE or an i32/i64 [B]
+ * tensor; key positions >= lengths[b] are masked out for batch b. causal
+ * masks key j for query i when j > i + Sk - Sq. A query with no key left
+ * gives zeros. Float dtypes. */
+SJ_API sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val lengths, double scale,
+                           int causal);
+
+/* Views and data movement. */
+/* New shape with the same element count. At most one SJ_DIM_INFER. */
+SJ_API sj_val sj_reshape(sj_tracer *t, sj_val x, int rank, const sj_dim *dims);
+/* The same, with concrete sizes; -1 infers one size. */
+SJ_API sj_val sj_reshape_i(sj_tracer *t, sj_val x, int rank, const int64_t *dims);
+/* perm is a permutation of 0..rank-1: out.shape[i] = x.shape[perm[i]]. */
+SJ_API sj_val sj_permute(sj_tracer *t, sj_val x, const int *perm);
+SJ_API sj_val sj_transpose(sj_tracer *t, sj_val x, int axis0, int axis1);
+/* Elements start, start+step, ... < end along axis. Negative start/end count
+ * from the end; both are clamped to [0, size] as in Python. step >= 1. */
+SJ_API sj_val sj_slice(sj_tracer *t, sj_val x, int axis, int64_t start, int64_t end, int64_t step);
+/* Join along axis; all other sizes and the dtypes must match. 1 <= n <= 64. */
+SJ_API sj_val sj_concat(sj_tracer *t, const sj_val *xs, int n, int axis);
+/* Embedding lookup: table [V, ...], idx i32/i64 of any shape ->
+ * [idx..., table.shape[1:]...]. An index outside [0, V) makes sj_call fail
+ * with SJ_EINDEX. */
+SJ_API sj_val sj_gather(sj_tracer *t, sj_val table, sj_val idx);
+
+/* -- Functions ----------------------------------------------------------- */
+
+typedef struct sj_fn sj_fn;
+
+/* Create a jitted function. name (copied; may be NULL -> "fn") is used in
+ * messages. n_inputs is the number of tensors every sj_call passes, 0 ..
+ * SJ_MAX_INPUTS. user is passed to every model call; the caller keeps it
+ * alive as long as the function lives. opt may be NULL (reserved; pass NULL).
+ * Errors: SJ_EINVAL (rt, model or fn NULL; n_inputs out of range),
+ * SJ_ENOMEM. Thread-safe on one runtime. */
+#define SJ_MAX_INPUTS 64
+#define SJ_MAX_OUTPUTS 64
+typedef struct sj_fn_options sj_fn_options;
+SJ_API sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_fn model,
+                              void *user, const sj_fn_options *opt, sj_fn **fn);
+
+/* Run fn on inputs, writing n_outputs results.
+ *
+ * inputs: n_inputs descriptors (must equal the count given to sj_fn_create);
+ *   read only; their memory must stay valid for the call.
+ * outputs: n_outputs descriptors, one per sj_output() of the trace:
+ *   - data == NULL: the runtime allocates a contiguous tensor, fills in the
+ *     whole descriptor, and the caller frees it with sj_tensor_free();
+ *   - data != NULL: the caller's memory; dtype, rank and shape must match the
+ *     result exactly (SJ_ESHAPE / SJ_EDTYPE otherwise, naming the output,
+ *     axis, expected and actual); any strides >= 0 without self-overlap.
+ *     Outputs must not overlap inputs or each other.
+ * On error nothing is allocated for the caller and caller outputs may have
+ * been partly written. Thread-safe (see the top of this header).
+ * Errors: SJ_EINVAL (NULL pointers, counts, rank/dtype/stride out of range,
+ *   NULL data in an input with elements), SJ_EDTYPE/SJ_ESHAPE (from the
+ *   trace or the output check), SJ_EMODEL or the model's own status,
+ *   SJ_EINDEX (gather), SJ_ENOMEM. */
+SJ_API sj_status sj_call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs,
+                         int n_outputs);
+
+/* Counters since sj_fn_create. Read with relaxed atomics: exact once calls
+ * have stopped, approximate while they run. */
+typedef struct sj_stats {
+    uint64_t calls;        /* sj_call invocations that reached execution */
+    uint64_t errors;       /* sj_call invocations that returned an error */
+    uint64_t eager_calls;  /* calls served by eager (per-op) execution */
+    uint64_t traces;       /* successful traces of the model function */
+    uint64_t trace_errors; /* traces that failed (model or op error) */
+    uint64_t entries;      /* cached graphs */
+    uint64_t memo_hits;    /* calls served from the exact-signature memo */
+} sj_stats;
+SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
+
+/* A human-readable listing of the function's cached entries (signature,
+ * graph size, calls) to `out`. Thread-safe. */
+SJ_API void sj_fn_explain(const sj_fn *fn, FILE *out);
+
+/* Destroy fn. NULL is a no-op. Must not race with other uses of fn. */
+SJ_API void sj_fn_destroy(sj_fn *fn);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHAPEJIT_H */
