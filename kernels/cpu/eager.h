@@ -1,0 +1,80 @@
+/* Eager CPU kernels: one reference kernel per op, for every dtype.
+ *
+ * Conventions shared by every kernel here:
+ * - Operands are sj_tensor descriptors: host memory, element strides >= 0
+ *   (0 on broadcast axes), any layout. Kernels never assume contiguity; they
+ *   take fast paths when the layout allows.
+ * - The output descriptor y has its data, shape and strides set by the caller
+ *   (memory allocated, not aliasing any input, strides >= 0 and
+ *   non-overlapping; usually contiguous but not always).
+ * - Elementwise operands arrive already broadcast: same rank and shape as y,
+ *   with stride 0 on the broadcast axes.
+ * - f16/bf16 are computed in f32; f32 in f32; reductions and norms accumulate
+ *   in double. i32/i64 arithmetic is exact integer arithmetic (wrapping on
+ *   overflow, computed in int64 then narrowed).
+ * - Kernels return SJ_OK, or an error with sj_seterr() for data-dependent
+ *   failures only (gather index out of range, scratch allocation failure).
+ *   Shape and dtype validity is the tracer's job; kernels assert it.
+ * - Sizes may be 0 (nothing to do) or 1.
+ * - Kernels are thread-safe: scratch memory is per thread (sj_cpu_scratch).
+ */
+#ifndef SJ_CPU_EAGER_H
+#define SJ_CPU_EAGER_H
+
+#include "jit/ops.h"
+#include "jit/shapejit.h"
+
+/* Elementwise unary (SJ_K_UNARY ops). x and y have the same dtype. */
+sj_status sj_cpu_unary(sj_op op, const sj_tensor *x, const sj_tensor *y);
+
+/* Elementwise binary (SJ_K_BINARY) and comparisons (SJ_K_COMPARE: y is bool).
+ * a and b have the same dtype. */
+sj_status sj_cpu_binary(sj_op op, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+
+/* y = c ? a : b; c is bool; a, b, y share a dtype. */
+sj_status sj_cpu_where(const sj_tensor *c, const sj_tensor *a, const sj_tensor *b,
+                       const sj_tensor *y);
+
+/* y = x converted to y's dtype (same shape): cast, and contiguous copies. */
+sj_status sj_cpu_copy(const sj_tensor *x, const sj_tensor *y);
+
+/* Reduction (SJ_OP_SUM, SJ_OP_MEAN, SJ_OP_AMAX) of x over `axis`; y has x's
+ * rank with y->shape[axis] == 1. x and y share a dtype. */
+sj_status sj_cpu_reduce(sj_op op, const sj_tensor *x, int axis, const sj_tensor *y);
+
+/* Softmax over axis; x and y have the same shape and dtype. */
+sj_status sj_cpu_softmax(const sj_tensor *x, int axis, const sj_tensor *y);
+
+/* Layer norm over the last axis. g, b: NULL or 1-D of the last axis' size,
+ * same dtype as x. */
+sj_status sj_cpu_layer_norm(const sj_tensor *x, const sj_tensor *g, const sj_tensor *b, double eps,
+                            const sj_tensor *y);
+
+/* RMS norm over the last axis; g NULL or 1-D. */
+sj_status sj_cpu_rms_norm(const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y);
+
+/* y[..., M, N] = a[..., M, K] @ b[..., K, N]. a, b, y have the same rank
+ * (>= 2) and batch sizes (broadcast batch axes have stride 0). Float dtypes go
+ * through cblas_sgemm (f16/bf16 converted to f32 first); integers are exact. */
+sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+
+/* Attention, see sj_attention() in shapejit.h. q [B,H,Sq,D], k [B,H,Sk,D],
+ * v [B,H,Sk,Dv], lengths NULL or i32/i64 [B], y [B,H,Sq,Dv]. Lengths are
+ * clamped to [0, Sk]. */
+sj_status sj_cpu_attention(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                           const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
+
+/* Concatenate n tensors along axis into y. */
+sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y);
+
+/* Embedding gather: y[i..., j...] = table[idx[i...], j...]. idx is i32/i64.
+ * An index outside [0, V) returns SJ_EINDEX naming the index and position. */
+sj_status sj_cpu_gather(const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+
+/* Per-thread scratch memory: slot 0..SJ_CPU_SCRATCH_SLOTS-1, at least `bytes`
+ * bytes, 64-byte aligned, kept and reused by the thread (grown on demand,
+ * freed at thread exit). NULL if allocation fails. */
+#define SJ_CPU_SCRATCH_SLOTS 4
+void *sj_cpu_scratch(int slot, size_t bytes);
+
+#endif /* SJ_CPU_EAGER_H */

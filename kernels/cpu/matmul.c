@@ -1,0 +1,327 @@
+/* Eager matmul and attention.
+ *
+ * Floats go through cblas_sgemm. An operand whose last two axes are
+ * row-major or column-major with unit stride in one of them (and a leading
+ * dimension BLAS accepts) is passed as it is, with the matching transpose
+ * flag; anything else, and every f16/bf16 operand, is first packed
+ * row-major into f32 scratch. The output is written in place when it is an
+ * f32 row- or column-major matrix (column-major: CblasColMajor with the
+ * operands' flags swapped), else through f32 scratch.
+ *
+ * Integers are exact: int64 products and sums, wrapping, narrowed on store.
+ *
+ * Attention per (batch, head), in blocks of QB queries: S = scale * Q K^T
+ * (sgemm over the keys any query of the block may see), masked softmax per
+ * row (sj_cpu_softmax_row over the row's first `lim` keys, zeros after), then
+ * O = P V (sgemm). Key j is visible to query i when j < lengths[b] (clamped
+ * to [0, Sk]) and, if causal, j <= i + Sk - Sq; the visible keys are a
+ * prefix of length lim(i), and a query with lim(i) <= 0 gives zeros. Keys
+ * at or past the block's largest lim are never read.
+ *
+ * Scratch slots: 0 a / q, 1 b / k, 2 y / v, 3 attention scores and output.
+ */
+#include <assert.h>
+#include <cblas.h>
+#include <limits.h>
+#include <string.h>
+
+#include "jit/error.h"
+#include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/eager.h"
+
+/* -- Matrices as BLAS sees them ------------------------------------------- */
+
+enum { LAY_NONE, LAY_ROW, LAY_COL };
+
+typedef struct mat {
+    const float *p;
+    int lay; /* LAY_ROW or LAY_COL */
+    int64_t ld;
+} mat;
+
+static int64_t max1(int64_t v) { return v > 1 ? v : 1; }
+
+/* Layout of an R x C matrix with element strides (sr, sc): a stride along
+ * an axis of size 1 does not matter. */
+static int layout(int64_t R, int64_t C, int64_t sr, int64_t sc, int64_t *ld) {
+    if ((C <= 1 || sc == 1) && (R <= 1 || sr >= max1(C))) {
+        *ld = R <= 1 ? max1(C) : sr;
+    } else if ((R <= 1 || sr == 1) && (C <= 1 || sc >= max1(R))) {
+        *ld = C <= 1 ? max1(R) : sc;
+        return *ld <= INT_MAX ? LAY_COL : LAY_NONE;
+    } else {
+        return LAY_NONE;
+    }
+    return *ld <= INT_MAX ? LAY_ROW : LAY_NONE;
+}
+
+/* The R x C matrix at src as a mat: in place when BLAS can read it, else
+ * packed row-major into scratch `slot`. *packed remembers the last source
+ * packed into the slot, so a batch-broadcast operand is packed once. */
+static sj_status mat_prep(mat *m, const char *src, sj_dtype dt, int64_t R, int64_t C, int64_t sr,
+                          int64_t sc, int slot, const char **packed) {
+    int64_t ld;
+    int lay = layout(R, C, sr, sc, &ld);
+    if (dt == SJ_F32 && lay != LAY_NONE) {
+        *m = (mat){(const float *)src, lay, ld};
+        return SJ_OK;
+    }
+    float *buf = sj_cpu_scratch(slot, (size_t)(R * C) * sizeof(float));
+    if (!buf)
+        return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand",
+                         (long long)R, (long long)C);
+    if (*packed != src) {
+        int64_t es = (int64_t)cpu_dtype_size(dt);
+        for (int64_t r = 0; r < R; r++) cpu_load_f32(buf + r * C, src + r * sr * es, dt, sc, C);
+        *packed = src;
+    }
+    *m = (mat){buf, LAY_ROW, max1(C)};
+    return SJ_OK;
+}
+
+/* y (M x N, layout ylay, leading dimension ldy) = alpha * a (M x K) b (K x N). */
+static void gemm(int64_t M, int64_t N, int64_t K, float alpha, const mat *a, const mat *b, float *y,
+                 int ylay, int64_t ldy) {
+    assert(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && M > 0 && N > 0);
+    if (K == 0) {
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) y[ylay == LAY_ROW ? i * ldy + j : j * ldy + i] = 0.0f;
+        return;
+    }
+    cblas_sgemm(ylay == LAY_ROW ? CblasRowMajor : CblasColMajor,
+                a->lay == ylay ? CblasNoTrans : CblasTrans,
+                b->lay == ylay ? CblasNoTrans : CblasTrans, (int)M, (int)N, (int)K, alpha, a->p,
+                (int)a->ld, b->p, (int)b->ld, 0.0f, y, (int)ldy);
+}
+
+/* -- Matmul --------------------------------------------------------------- */
+
+typedef struct mm {
+    sj_dtype dt;
+    int64_t M, N, K, es;
+    int64_t sam, sak, sbk, sbn, sym, syn;
+    const char *apacked, *bpacked; /* see mat_prep */
+} mm;
+
+static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
+    mat ma, mb;
+    int64_t ldy;
+    sj_status st = mat_prep(&ma, a, m->dt, m->M, m->K, m->sam, m->sak, 0, &m->apacked);
+    if (!st)
+        st = mat_prep(&mb, b, m->dt, m->K, m->N, m->sbk, m->sbn, 1, &m->bpacked);
+    if (st)
+        return st;
+    int ylay = layout(m->M, m->N, m->sym, m->syn, &ldy);
+    if (m->dt == SJ_F32 && ylay != LAY_NONE) {
+        gemm(m->M, m->N, m->K, 1.0f, &ma, &mb, (float *)y, ylay, ldy);
+        return SJ_OK;
+    }
+    float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
+    if (!yb)
+        return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result",
+                         (long long)m->M, (long long)m->N);
+    gemm(m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N);
+    for (int64_t i = 0; i < m->M; i++)
+        cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
+    return SJ_OK;
+}
+
+/* Exact integer product: b unpacked to int64 once per distinct b, rows of
+ * a one at a time, accumulated in uint64 (wrapping). */
+static sj_status mm_int(mm *m, const char *a, const char *b, char *y) {
+    int64_t M = m->M, N = m->N, K = m->K, es = m->es;
+    uint64_t *bb = sj_cpu_scratch(1, (size_t)(K * N) * 8);
+    int64_t *ab = sj_cpu_scratch(0, (size_t)K * 8);
+    uint64_t *acc = sj_cpu_scratch(2, (size_t)N * 8);
+    if (!bb || !ab || !acc)
+        return sj_seterr(SJ_ENOMEM, "matmul: out of memory for an integer %lld x %lld x %lld",
+                         (long long)M, (long long)K, (long long)N);
+    if (m->bpacked != b) {
+        for (int64_t k = 0; k < K; k++)
+            cpu_load_i64((int64_t *)bb + k * N, b + k * m->sbk * es, m->dt, m->sbn, N);
+        m->bpacked = b;
+    }
+    for (int64_t i = 0; i < M; i++) {
+        cpu_load_i64(ab, a + i * m->sam * es, m->dt, m->sak, K);
+        memset(acc, 0, (size_t)N * 8);
+        for (int64_t k = 0; k < K; k++) {
+            uint64_t av = (uint64_t)ab[k];
+            const uint64_t *brow = bb + k * N;
+            for (int64_t j = 0; j < N; j++) acc[j] += av * brow[j];
+        }
+        cpu_store_i64(y + i * m->sym * es, m->dt, m->syn, (const int64_t *)acc, N);
+    }
+    return SJ_OK;
+}
+
+/* y with the last `k` axes given size 1 (so a plan skips them). */
+static sj_tensor lead_axes(const sj_tensor *t, int k) {
+    sj_tensor v = *t;
+    for (int i = t->rank - k; i < t->rank; i++) v.shape[i] = 1;
+    return v;
+}
+
+sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    int r = y->rank;
+    assert(r >= 2 && a->rank == r && b->rank == r);
+    assert(a->dtype == y->dtype && b->dtype == y->dtype && y->dtype != SJ_BOOL);
+    mm m = {.dt = y->dtype, .M = y->shape[r - 2], .N = y->shape[r - 1], .K = a->shape[r - 1]};
+    assert(a->shape[r - 2] == m.M && b->shape[r - 2] == m.K && b->shape[r - 1] == m.N);
+    for (int i = 0; i < r - 2; i++)
+        assert(a->shape[i] == y->shape[i] && b->shape[i] == y->shape[i]);
+    m.es = (int64_t)cpu_dtype_size(m.dt);
+    m.sam = a->stride[r - 2], m.sak = a->stride[r - 1];
+    m.sbk = b->stride[r - 2], m.sbn = b->stride[r - 1];
+    m.sym = y->stride[r - 2], m.syn = y->stride[r - 1];
+
+    /* batches: a plan over the leading axes of (y, a, b) */
+    sj_tensor yb = lead_axes(y, 2), ab = lead_axes(a, 2), bb = lead_axes(b, 2);
+    const sj_tensor *ts[3] = {&yb, &ab, &bb};
+    cpu_plan p;
+    if (m.M == 0 || m.N == 0 || cpu_plan_init(&p, 3, ts) == 0)
+        return SJ_OK;
+
+    /* b shared by every batch, and the batch and M axes of a and y
+     * collapse into one: a single product with M' = batch * M */
+    int shared = 1;
+    for (int d = 0; d < p.rank; d++) shared &= p.stride[2][d] == 0;
+    if (shared && p.shape[0] > 1) {
+        sj_tensor y2 = lead_axes(y, 1), a2 = lead_axes(a, 1);
+        const sj_tensor *ts2[2] = {&y2, &a2};
+        cpu_plan p2;
+        if (cpu_plan_init(&p2, 2, ts2) > 0 && p2.rank == 1) {
+            m.M = p2.shape[0], m.sym = p2.stride[0][0], m.sam = p2.stride[1][0];
+            return cpu_is_float(m.dt) ? mm_float(&m, a->data, b->data, y->data)
+                                      : mm_int(&m, a->data, b->data, y->data);
+        }
+    }
+
+    int last = p.rank - 1;
+    cpu_iter it;
+    cpu_iter_seek(&p, &it, 0);
+    for (int64_t row = 0, rows = cpu_plan_rows(&p); row < rows; row++, cpu_iter_next(&p, &it)) {
+        for (int64_t e = 0; e < p.shape[last]; e++) {
+            char *yp = cpu_iter_ptr(&p, &it, 0) + e * p.stride[0][last] * m.es;
+            const char *ap = cpu_iter_ptr(&p, &it, 1) + e * p.stride[1][last] * m.es;
+            const char *bp = cpu_iter_ptr(&p, &it, 2) + e * p.stride[2][last] * m.es;
+            sj_status st = cpu_is_float(m.dt) ? mm_float(&m, ap, bp, yp) : mm_int(&m, ap, bp, yp);
+            if (st)
+                return st;
+        }
+    }
+    return SJ_OK;
+}
+
+/* -- Attention ------------------------------------------------------------ */
+
+#define QB 64
+
+/* A mat of rows [r0, ...) of m. */
+static mat mat_rows(const mat *m, int64_t r0) {
+    mat v = *m;
+    v.p += r0 * (m->lay == LAY_ROW ? m->ld : 1);
+    return v;
+}
+
+static mat mat_t(const mat *m) {
+    mat v = *m;
+    v.lay = m->lay == LAY_ROW ? LAY_COL : LAY_ROW;
+    return v;
+}
+
+typedef struct att {
+    sj_dtype dt;
+    int64_t Sq, Sk, D, Dv, es;
+    float scale;
+    int causal;
+    const sj_tensor *y;
+    float *s, *o; /* QB x Sk scores, QB x Dv output */
+} att;
+
+/* Keys visible to query i: a prefix of length lim (may be <= 0). */
+static int64_t att_lim(const att *t, int64_t L, int64_t i) {
+    int64_t lim = L;
+    if (t->causal && i + t->Sk - t->Sq + 1 < lim)
+        lim = i + t->Sk - t->Sq + 1;
+    return lim;
+}
+
+static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int64_t L,
+                     char *ybase) {
+    const sj_tensor *y = t->y;
+    for (int64_t i0 = 0; i0 < t->Sq; i0 += QB) {
+        int64_t rows = t->Sq - i0 < QB ? t->Sq - i0 : QB;
+        int64_t kmax = att_lim(t, L, i0 + rows - 1);
+        if (kmax <= 0) {
+            memset(t->o, 0, (size_t)(rows * t->Dv) * sizeof(float));
+        } else {
+            mat qb = mat_rows(q, i0), kt = mat_t(k);
+            gemm(rows, kmax, t->D, t->scale, &qb, &kt, t->s, LAY_ROW, kmax);
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t lim = att_lim(t, L, i0 + r);
+                float *srow = t->s + r * kmax;
+                lim = lim < 0 ? 0 : lim;
+                sj_cpu_softmax_row(srow, lim);
+                memset(srow + lim, 0, (size_t)(kmax - lim) * sizeof(float));
+            }
+            mat pm = {t->s, LAY_ROW, kmax};
+            gemm(rows, t->Dv, kmax, 1.0f, &pm, v, t->o, LAY_ROW, t->Dv);
+        }
+        for (int64_t r = 0; r < rows; r++)
+            cpu_store_f32(ybase + (i0 + r) * y->stride[2] * t->es, t->dt, y->stride[3],
+                          t->o + r * t->Dv, t->Dv);
+    }
+}
+
+sj_status sj_cpu_attention(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                           const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
+    assert(q->rank == 4 && k->rank == 4 && v->rank == 4 && y->rank == 4);
+    assert(cpu_is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype &&
+           y->dtype == q->dtype);
+    int64_t B = q->shape[0], H = q->shape[1];
+    att t = {.dt = q->dtype,
+             .Sq = q->shape[2],
+             .Sk = k->shape[2],
+             .D = q->shape[3],
+             .Dv = v->shape[3],
+             .scale = (float)scale,
+             .causal = causal,
+             .y = y};
+    assert(k->shape[0] == B && k->shape[1] == H && k->shape[3] == t.D);
+    assert(v->shape[0] == B && v->shape[1] == H && v->shape[2] == t.Sk);
+    assert(y->shape[0] == B && y->shape[1] == H && y->shape[2] == t.Sq && y->shape[3] == t.Dv);
+    assert(!lengths || (lengths->rank == 1 && lengths->shape[0] == B &&
+                        (lengths->dtype == SJ_I32 || lengths->dtype == SJ_I64)));
+    if (B == 0 || H == 0 || t.Sq == 0 || t.Dv == 0)
+        return SJ_OK;
+    t.es = (int64_t)cpu_dtype_size(t.dt);
+    int64_t qb = t.Sk > 0 ? QB : 1;
+    t.s = sj_cpu_scratch(3, (size_t)(qb * t.Sk + QB * t.Dv) * sizeof(float));
+    if (!t.s)
+        return sj_seterr(SJ_ENOMEM, "attention: out of memory for %lld keys", (long long)t.Sk);
+    t.o = t.s + qb * t.Sk;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t L = t.Sk;
+        if (lengths) {
+            L = cpu_ld_i64(lengths->data, lengths->dtype, b * lengths->stride[0]);
+            L = L < 0 ? 0 : L > t.Sk ? t.Sk : L;
+        }
+        for (int64_t h = 0; h < H; h++) {
+            const char *qp = (const char *)q->data + (b * q->stride[0] + h * q->stride[1]) * t.es;
+            const char *kp = (const char *)k->data + (b * k->stride[0] + h * k->stride[1]) * t.es;
+            const char *vp = (const char *)v->data + (b * v->stride[0] + h * v->stride[1]) * t.es;
+            char *yp = (char *)y->data + (b * y->stride[0] + h * y->stride[1]) * t.es;
+            const char *pq = NULL, *pk = NULL, *pv = NULL;
+            mat mq, mk, mv;
+            sj_status st = mat_prep(&mq, qp, t.dt, t.Sq, t.D, q->stride[2], q->stride[3], 0, &pq);
+            if (!st)
+                st = mat_prep(&mk, kp, t.dt, t.Sk, t.D, k->stride[2], k->stride[3], 1, &pk);
+            if (!st)
+                st = mat_prep(&mv, vp, t.dt, t.Sk, t.Dv, v->stride[2], v->stride[3], 2, &pv);
+            if (st)
+                return st;
+            att_head(&t, &mq, &mk, &mv, L, yp);
+        }
+    }
+    return SJ_OK;
+}
