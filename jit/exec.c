@@ -1,0 +1,336 @@
+/* Eager execution: walk the nodes in order, giving each a descriptor.
+ *
+ * View nodes (reshape, permute, slice) only compute a descriptor over their
+ * operand's memory (reshape copies first when the operand is not
+ * contiguous). Every other node writes a fresh contiguous buffer in the
+ * call's arena, or straight into the caller's output when its value is an
+ * output. The arena comes from the function's pool, so a warm call does not
+ * allocate.
+ *
+ * Arena layout: [expression values][value descriptors][buffers...]
+ */
+#include "jit/exec.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "jit/error.h"
+#include "jit/tensor.h"
+#include "kernels/cpu/eager.h"
+
+#define ALIGN 64
+static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+/* -- Shapes and descriptors ------------------------------------------------ */
+
+typedef struct run {
+    const sj_exec *x;
+    int64_t *exv;       /* value of every expression */
+    sj_tensor *rv;      /* runtime descriptor of every value */
+    char *buf, *buf_end;
+    unsigned char *direct; /* per value: index+1 of the output it writes, or 0 */
+} run;
+
+static void shape_of(const run *r, int32_t v, sj_tensor *t) {
+    const sj_value *val = &r->x->g->vals[v];
+    t->dtype = val->dtype;
+    t->rank = val->rank;
+    t->device = SJ_HOST;
+    for (int i = 0; i < val->rank; i++) t->shape[i] = r->exv[val->shape[i]];
+}
+
+static size_t value_bytes(const run *r, int32_t v) {
+    const sj_value *val = &r->x->g->vals[v];
+    size_t n = sj_dtype_size(val->dtype);
+    for (int i = 0; i < val->rank; i++) n *= (size_t)r->exv[val->shape[i]];
+    return align_up(n);
+}
+
+static void *take(run *r, size_t bytes) {
+    char *p = r->buf;
+    r->buf += align_up(bytes);
+    return r->buf <= r->buf_end ? p : NULL;
+}
+
+/* x broadcast to `rank` axes of sizes `shape`: stride 0 where x has size 1
+ * (or no axis) and the result does not. */
+static sj_tensor expand(const sj_tensor *x, int rank, const int64_t *shape) {
+    sj_tensor e = *x;
+    int off = rank - x->rank;
+    e.rank = rank;
+    for (int i = rank - 1; i >= 0; i--) {
+        int k = i - off;
+        e.shape[i] = shape[i];
+        e.stride[i] = (k >= 0 && x->shape[k] == shape[i]) ? x->stride[k] : 0;
+    }
+    return e;
+}
+
+/* -- Views ------------------------------------------------------------------ */
+
+static sj_status view(run *r, const sj_node *n, sj_tensor *y) {
+    const sj_graph *g = r->x->g;
+    const sj_tensor *x = &r->rv[sj_node_ins(g, n)[0]];
+    size_t esz = sj_dtype_size(x->dtype);
+    switch (n->op) {
+    case SJ_OP_RESHAPE: {
+        const void *src = x->data;
+        if (!sj_tensor_is_contiguous(x)) {
+            sj_tensor c = *x;
+            sj_tensor_set_contiguous(&c);
+            c.data = take(r, sj_tensor_nbytes(x));
+            if (!c.data) return sj_seterr(SJ_EINTERNAL, "exec: arena overflow in reshape");
+            sj_status st = sj_cpu_copy(x, &c);
+            if (st) return st;
+            src = c.data;
+        }
+        y->data = (void *)src;
+        sj_tensor_set_contiguous(y);
+        return SJ_OK;
+    }
+    case SJ_OP_PERMUTE:
+        y->data = x->data;
+        for (int i = 0; i < y->rank; i++) y->stride[i] = x->stride[n->a.perm[i]];
+        return SJ_OK;
+    case SJ_OP_SLICE: {
+        int a = n->a.axis;
+        int64_t start = r->exv[n->a.start];
+        for (int i = 0; i < y->rank; i++) y->stride[i] = x->stride[i];
+        y->stride[a] = x->stride[a] * n->a.step;
+        y->data = y->shape[a] > 0 ? (char *)x->data + (size_t)(start * x->stride[a]) * esz : x->data;
+        return SJ_OK;
+    }
+    default:
+        return sj_seterr(SJ_EINTERNAL, "exec: %s is not a view", sj_op_name(n->op));
+    }
+}
+
+/* -- Compute nodes --------------------------------------------------------- */
+
+static sj_status compute(run *r, const sj_node *n, const sj_tensor *y) {
+    const sj_graph *g = r->x->g;
+    const int32_t *in = sj_node_ins(g, n);
+    const sj_tensor *rv = r->rv;
+    switch (sj_op_kind_of(n->op)) {
+    case SJ_K_UNARY:
+        return sj_cpu_unary(n->op, &rv[in[0]], y);
+    case SJ_K_BINARY:
+    case SJ_K_COMPARE: {
+        sj_tensor a = expand(&rv[in[0]], y->rank, y->shape), b = expand(&rv[in[1]], y->rank, y->shape);
+        return sj_cpu_binary(n->op, &a, &b, y);
+    }
+    case SJ_K_WHERE: {
+        sj_tensor c = expand(&rv[in[0]], y->rank, y->shape), a = expand(&rv[in[1]], y->rank, y->shape),
+                  b = expand(&rv[in[2]], y->rank, y->shape);
+        return sj_cpu_where(&c, &a, &b, y);
+    }
+    case SJ_K_CAST:
+    case SJ_K_COPY:
+        return sj_cpu_copy(&rv[in[0]], y);
+    case SJ_K_REDUCE: {
+        sj_tensor yk = *y; /* y with the reduced axis kept (size 1) */
+        if (!n->a.keepdim) {
+            for (int i = y->rank; i > n->a.axis; i--) {
+                yk.shape[i] = y->shape[i - 1];
+                yk.stride[i] = y->stride[i - 1];
+            }
+            yk.shape[n->a.axis] = 1;
+            yk.stride[n->a.axis] = 0;
+            yk.rank = y->rank + 1;
+        }
+        return sj_cpu_reduce(n->op, &rv[in[0]], n->a.axis, &yk);
+    }
+    case SJ_K_SOFTMAX:
+        return sj_cpu_softmax(&rv[in[0]], n->a.axis, y);
+    case SJ_K_NORM: {
+        const sj_tensor *gw = in[1] >= 0 ? &rv[in[1]] : NULL;
+        if (n->op == SJ_OP_RMS_NORM) return sj_cpu_rms_norm(&rv[in[0]], gw, n->a.f, y);
+        return sj_cpu_layer_norm(&rv[in[0]], gw, in[2] >= 0 ? &rv[in[2]] : NULL, n->a.f, y);
+    }
+    case SJ_K_MATMUL: {
+        /* bring both operands to y's batch axes */
+        const sj_tensor *a = &rv[in[0]], *b = &rv[in[1]];
+        int64_t sa[SJ_MAX_RANK], sb[SJ_MAX_RANK];
+        memcpy(sa, y->shape, sizeof sa);
+        memcpy(sb, y->shape, sizeof sb);
+        sa[y->rank - 1] = a->shape[a->rank - 1];
+        sa[y->rank - 2] = a->shape[a->rank - 2];
+        sb[y->rank - 1] = b->shape[b->rank - 1];
+        sb[y->rank - 2] = b->shape[b->rank - 2];
+        sj_tensor ea = expand(a, y->rank, sa), eb = expand(b, y->rank, sb);
+        return sj_cpu_matmul(&ea, &eb, y);
+    }
+    case SJ_K_ATTENTION:
+        return sj_cpu_attention(&rv[in[0]], &rv[in[1]], &rv[in[2]], in[3] >= 0 ? &rv[in[3]] : NULL, n->a.f,
+                                n->a.causal, y);
+    case SJ_K_CONCAT: {
+        sj_tensor xs[64];
+        for (int i = 0; i < n->n_in; i++) xs[i] = rv[in[i]];
+        return sj_cpu_concat(xs, n->n_in, n->a.axis, y);
+    }
+    case SJ_K_GATHER:
+        return sj_cpu_gather(&rv[in[0]], &rv[in[1]], y);
+    case SJ_K_VIEW:
+        break;
+    }
+    return sj_seterr(SJ_EINTERNAL, "exec: no eager kernel for %s", sj_op_name(n->op));
+}
+
+/* -- Outputs ----------------------------------------------------------------- */
+
+static sj_status check_outputs(const run *r) {
+    const sj_exec *x = r->x;
+    const sj_graph *g = x->g;
+    for (int i = 0; i < g->n_outputs; i++) {
+        const sj_tensor *o = &x->outputs[i];
+        if (!o->data) continue;
+        sj_tensor want;
+        shape_of(r, g->outputs[i], &want);
+        if (o->dtype != want.dtype)
+            return sj_seterr(SJ_EDTYPE, "fn '%s': output %d has dtype %s, expected %s", x->fn_name, i,
+                             sj_dtype_name(o->dtype), sj_dtype_name(want.dtype));
+        if (o->rank != want.rank)
+            return sj_seterr(SJ_ESHAPE, "fn '%s': output %d has rank %d, expected %d", x->fn_name, i, o->rank,
+                             want.rank);
+        for (int a = 0; a < want.rank; a++)
+            if (o->shape[a] != want.shape[a])
+                return sj_seterr(SJ_ESHAPE, "fn '%s': output %d size mismatch at axis %d: expected %lld, actual %lld",
+                                 x->fn_name, i, a, (long long)want.shape[a], (long long)o->shape[a]);
+        sj_status st = sj_tensor_check(o, "output");
+        if (st) {
+            sj_err_prefix("fn '%s': output %d: ", x->fn_name, i);
+            return st;
+        }
+        if (o->device != SJ_HOST)
+            return sj_seterr(SJ_EINVAL, "fn '%s': output %d is device memory; this backend writes host memory",
+                             x->fn_name, i);
+    }
+    return SJ_OK;
+}
+
+static sj_status alloc_outputs(const run *r, unsigned char *allocated) {
+    const sj_exec *x = r->x;
+    const sj_graph *g = x->g;
+    for (int i = 0; i < g->n_outputs; i++) {
+        sj_tensor *o = &x->outputs[i];
+        if (o->data) continue;
+        shape_of(r, g->outputs[i], o);
+        sj_tensor_set_contiguous(o);
+        o->data = sj_host_alloc(x->rt, sj_tensor_nbytes(o), ALIGN);
+        if (!o->data) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory allocating output %d", x->fn_name, i);
+        allocated[i] = 1;
+    }
+    return SJ_OK;
+}
+
+/* -- Running ------------------------------------------------------------------ */
+
+static size_t header_bytes(const sj_graph *g) {
+    return align_up((size_t)sj_ex_count(g->ex) * sizeof(int64_t)) + align_up((size_t)g->n_vals * sizeof(sj_tensor)) +
+           align_up((size_t)g->n_vals);
+}
+
+/* Lay the header out in block b and evaluate expressions; returns the bytes
+ * of buffers the call needs. */
+static size_t prepare(run *r, sj_block *b) {
+    const sj_graph *g = r->x->g;
+    char *p = sj_block_data(b);
+    r->exv = (int64_t *)p;
+    p += align_up((size_t)sj_ex_count(g->ex) * sizeof(int64_t));
+    r->rv = (sj_tensor *)p;
+    p += align_up((size_t)g->n_vals * sizeof(sj_tensor));
+    r->direct = (unsigned char *)p;
+    p += align_up((size_t)g->n_vals);
+    r->buf = p;
+    r->buf_end = (char *)sj_block_data(b) + b->cap;
+    sj_ex_eval_all(g->ex, r->x->sym_vals, r->exv);
+    size_t need = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const sj_node *n = &g->nodes[i];
+        if (n->op == SJ_OP_PERMUTE || n->op == SJ_OP_SLICE) continue;
+        need += value_bytes(r, n->out); /* reshape: room for a copy if needed */
+    }
+    return need;
+}
+
+sj_status sj_exec_eager(const sj_exec *x) {
+    const sj_graph *g = x->g;
+    run r = {.x = x};
+    size_t head = header_bytes(g);
+    size_t hint = atomic_load_explicit(x->arena_hint, memory_order_relaxed);
+    sj_block *b = sj_pool_get(x->pool, head + hint);
+    if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for the execution arena", x->fn_name);
+    size_t need = prepare(&r, b);
+    if (head + need > b->cap) {
+        sj_pool_put(x->pool, b);
+        atomic_store_explicit(x->arena_hint, need, memory_order_relaxed);
+        b = sj_pool_get(x->pool, head + need);
+        if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for a %zu-byte arena", x->fn_name, head + need);
+        prepare(&r, b);
+    }
+
+    unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
+    sj_status st = check_outputs(&r);
+    if (!st) st = alloc_outputs(&r, allocated);
+
+    /* Operand descriptors, and which values write straight into an output. */
+    memset(r.direct, 0, (size_t)g->n_vals);
+    for (int i = g->n_outputs - 1; i >= 0; i--) r.direct[g->outputs[i]] = (unsigned char)(i + 1);
+    for (int v = 0; v < g->n_vals && !st; v++) {
+        const sj_value *val = &g->vals[v];
+        switch (val->kind) {
+        case SJ_VAL_INPUT:
+            r.rv[v] = x->inputs[val->index];
+            break;
+        case SJ_VAL_PARAM:
+            r.rv[v] = g->params[val->index];
+            break;
+        case SJ_VAL_CONST:
+            memset(&r.rv[v], 0, sizeof r.rv[v]);
+            r.rv[v].dtype = val->dtype;
+            r.rv[v].data = (void *)&g->consts[val->index].bits;
+            break;
+        default:
+            break;
+        }
+    }
+
+    for (int i = 0; i < g->n_nodes && !st; i++) {
+        const sj_node *n = &g->nodes[i];
+        sj_tensor *y = &r.rv[n->out];
+        shape_of(&r, n->out, y);
+        if (sj_op_kind_of(n->op) == SJ_K_VIEW) {
+            st = view(&r, n, y);
+            continue;
+        }
+        int oi = r.direct[n->out];
+        if (oi) {
+            *y = x->outputs[oi - 1];
+        } else {
+            sj_tensor_set_contiguous(y);
+            y->data = take(&r, sj_tensor_nbytes(y));
+            if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
+        }
+        if (!st) st = compute(&r, n, y);
+        if (st) sj_err_prefix("fn '%s': %s: ", x->fn_name, sj_op_name(n->op));
+    }
+
+    /* Outputs not written in place: values that are views, inputs, params,
+     * constants, or a repeat of an earlier output. */
+    for (int i = 0; i < g->n_outputs && !st; i++) {
+        int32_t v = g->outputs[i];
+        bool written = g->vals[v].kind == SJ_VAL_NODE && r.direct[v] == i + 1 &&
+                       sj_op_kind_of(g->nodes[g->vals[v].index].op) != SJ_K_VIEW;
+        if (!written) st = sj_cpu_copy(&r.rv[v], &x->outputs[i]);
+    }
+
+    if (st) {
+        for (int i = 0; i < g->n_outputs; i++)
+            if (allocated[i]) {
+                sj_host_free(x->rt, x->outputs[i].data);
+                x->outputs[i].data = NULL;
+            }
+    }
+    sj_pool_put(x->pool, b);
+    return st;
+}

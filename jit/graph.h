@@ -1,0 +1,120 @@
+/* The graph IR: values and nodes in topological order.
+ *
+ * A value is a tensor with a dtype and a symbolic shape (expression ids in
+ * the graph's pool). It is an input of the function, a parameter captured by
+ * reference, a scalar constant, or the result of a node. Nodes appear in the
+ * order they were traced, which is a topological order: a node's operands are
+ * always values defined before it.
+ *
+ * A graph is built by one thread (the tracer) and immutable afterwards, so
+ * any number of threads may execute it concurrently.
+ */
+#ifndef SJ_GRAPH_H
+#define SJ_GRAPH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "jit/ops.h"
+#include "jit/shapejit.h"
+#include "shapes/expr.h"
+
+typedef enum sj_val_kind {
+    SJ_VAL_INPUT,  /* index = input position */
+    SJ_VAL_PARAM,  /* index = position in graph->params */
+    SJ_VAL_CONST,  /* rank 0; index = position in graph->consts */
+    SJ_VAL_NODE,   /* index = producing node */
+} sj_val_kind;
+
+typedef struct sj_value {
+    sj_dtype dtype;
+    uint8_t kind;   /* sj_val_kind */
+    uint8_t weak;   /* a weak scalar (adopts the other operand's dtype) */
+    int8_t rank;
+    int32_t index;
+    sj_expr shape[SJ_MAX_RANK];
+} sj_value;
+
+/* Attributes of a node; which fields mean something depends on the op. */
+typedef struct sj_attrs {
+    int32_t axis;       /* reduce, softmax, concat, slice */
+    int32_t keepdim;    /* reduce */
+    int32_t causal;     /* attention */
+    sj_dtype dtype;     /* cast */
+    double f;           /* eps (norms), scale (attention) */
+    int8_t perm[SJ_MAX_RANK]; /* permute */
+    sj_expr start;      /* slice: first index (already clamped) */
+    int64_t step;       /* slice */
+} sj_attrs;
+
+typedef struct sj_node {
+    sj_op op;
+    int32_t out;        /* value id of the result */
+    int32_t in_off;     /* operands: graph->args[in_off .. in_off + n_in) */
+    int32_t n_in;       /* an operand may be -1 (absent optional) */
+    sj_attrs a;
+} sj_node;
+
+/* A scalar constant: its value, and 8 bytes of storage in its dtype that a
+ * rank-0 descriptor points at. */
+typedef struct sj_const {
+    int64_t bits;
+    double value;
+} sj_const;
+
+typedef struct sj_graph {
+    sj_exprs *ex;       /* owns every shape expression */
+    int n_inputs;
+
+    sj_value *vals;
+    int n_vals, cap_vals;
+    sj_node *nodes;
+    int n_nodes, cap_nodes;
+    int32_t *args;
+    int n_args, cap_args;
+    int32_t *outputs;
+    int n_outputs, cap_outputs;
+
+    sj_tensor *params;  /* descriptors copied; data owned by the caller */
+    int n_params, cap_params;
+    sj_const *consts;   /* scalar constants */
+    int n_consts, cap_consts;
+} sj_graph;
+
+sj_graph *sj_graph_create(int n_inputs);
+void sj_graph_destroy(sj_graph *g);
+
+/* Builders: return the new id, or -1 on allocation failure. */
+int32_t sj_graph_add_value(sj_graph *g, const sj_value *v);
+int32_t sj_graph_add_node(sj_graph *g, sj_op op, const int32_t *ins, int n_in, const sj_attrs *a,
+                          const sj_value *out);
+int32_t sj_graph_add_const(sj_graph *g, double v, sj_dtype dt, bool weak);
+int32_t sj_graph_add_param(sj_graph *g, const sj_tensor *w, const sj_value *v);
+int sj_graph_add_output(sj_graph *g, int32_t val);
+
+static inline const int32_t *sj_node_ins(const sj_graph *g, const sj_node *n) {
+    return g->args + n->in_off;
+}
+
+/* Store double v into 8 bytes of constant storage in dtype dt. */
+void sj_const_store(int64_t *slot, double v, sj_dtype dt);
+
+/* The IR checker: every invariant a pass may rely on (ids in range,
+ * topological order, dtypes and ranks each op accepts, shapes consistent
+ * with each op's inference where that is checkable). Returns SJ_OK or
+ * SJ_EINTERNAL with a message naming the first broken invariant. */
+sj_status sj_graph_check(const sj_graph *g);
+
+/* A readable listing of the graph (one line per node). */
+void sj_graph_dump(const sj_graph *g, FILE *out);
+
+/* Format a value's shape as "[4, s0, 768]" into buf. Returns buf. */
+char *sj_graph_shape_str(const sj_graph *g, int32_t val, char *buf, size_t n);
+
+static inline bool sj_dtype_is_float(sj_dtype dt) {
+    return dt == SJ_F32 || dt == SJ_F16 || dt == SJ_BF16;
+}
+static inline bool sj_dtype_is_int(sj_dtype dt) { return dt == SJ_I32 || dt == SJ_I64; }
+static inline bool sj_dtype_valid(sj_dtype dt) { return (unsigned)dt < SJ_DTYPE_COUNT; }
+
+#endif /* SJ_GRAPH_H */

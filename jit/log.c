@@ -1,0 +1,54 @@
+/* Logging: one line per message, to the runtime's sink or stderr. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "jit/runtime.h"
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} topics[] = {
+#define SJ_X(name, bit, str) {str, bit},
+    SJ_LOG_TOPIC_LIST(SJ_X)
+#undef SJ_X
+};
+
+long sj_log_parse(const char *s, char *bad, size_t n) {
+    unsigned mask = 0;
+    while (*s) {
+        size_t len = strcspn(s, ",");
+        if (len == 3 && !strncmp(s, "all", 3)) mask |= SJ_LOG_ALL;
+        else if (len == 4 && !strncmp(s, "none", 4)) mask = 0;
+        else if (len > 0) {
+            unsigned found = 0;
+            for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++)
+                if (strlen(topics[i].name) == len && !strncmp(s, topics[i].name, len)) found = topics[i].bit;
+            if (!found) {
+                snprintf(bad, n, "%.*s", (int)len, s);
+                return -1;
+            }
+            mask |= found;
+        }
+        s += len;
+        if (*s == ',') s++;
+    }
+    return (long)mask;
+}
+
+void sj_logf(const sj_runtime *rt, unsigned topic, const char *fmt, ...) {
+    if (!rt || !(rt->cfg.log_mask & topic)) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (rt->cfg.log_fn) {
+        rt->cfg.log_fn(rt->cfg.log_user, topic, line);
+    } else {
+        const char *name = "log";
+        for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++)
+            if (topics[i].bit == topic) name = topics[i].name;
+        fprintf(stderr, "shapejit[%s]: %s\n", name, line);
+    }
+}

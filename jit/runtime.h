@@ -1,0 +1,39 @@
+/* The runtime object and services every module uses: logging and host
+ * memory. */
+#ifndef SJ_RUNTIME_H
+#define SJ_RUNTIME_H
+
+#include <pthread.h>
+
+#include "jit/shapejit.h"
+
+struct sj_runtime {
+    sj_runtime_config cfg;
+    sj_backend_kind backend;
+    pthread_mutex_t lock; /* guards fns; never held while calling out */
+    struct sj_fn *fns;    /* live functions (for destroy) */
+};
+
+/* Log a line under `topic` if the runtime's mask enables it. */
+void sj_logf(const sj_runtime *rt, unsigned topic, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static inline int sj_log_on(const sj_runtime *rt, unsigned topic) {
+    return (rt->cfg.log_mask & topic) != 0;
+}
+
+/* Host memory through the runtime's allocator hooks. */
+void *sj_host_alloc(const sj_runtime *rt, size_t bytes, size_t align);
+void sj_host_free(const sj_runtime *rt, void *p);
+
+/* Parse a SHAPEJIT_LOG value into a mask; -1 if a name is unknown (the
+ * unknown name is copied to bad). */
+long sj_log_parse(const char *s, char *bad, size_t n);
+
+/* Runtime unlinking of a destroyed function (jit/fn.c). */
+void sj_runtime_unlink_fn(sj_runtime *rt, struct sj_fn *fn);
+
+#endif

@@ -1,0 +1,85 @@
+/* Tensor descriptors: dtype tables, construction and validation. */
+#include "jit/tensor.h"
+
+#include <string.h>
+
+#include "jit/error.h"
+
+static const size_t dtype_sizes[] = {
+#define SJ_X(name, e, bytes) bytes,
+    SJ_DTYPE_LIST(SJ_X)
+#undef SJ_X
+};
+static const char *const dtype_names[] = {
+#define SJ_X(name, e, bytes) #name,
+    SJ_DTYPE_LIST(SJ_X)
+#undef SJ_X
+};
+_Static_assert(sizeof dtype_sizes / sizeof dtype_sizes[0] == SJ_DTYPE_COUNT, "dtype size table");
+_Static_assert(sizeof dtype_names / sizeof dtype_names[0] == SJ_DTYPE_COUNT, "dtype name table");
+
+size_t sj_dtype_size(sj_dtype dt) { return (unsigned)dt < SJ_DTYPE_COUNT ? dtype_sizes[dt] : 0; }
+const char *sj_dtype_name(sj_dtype dt) { return (unsigned)dt < SJ_DTYPE_COUNT ? dtype_names[dt] : "?"; }
+
+sj_tensor sj_tensor_make(void *data, sj_dtype dt, int rank, const int64_t *shape) {
+    sj_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dt;
+    t.device = SJ_HOST;
+    if (rank < 0 || rank > SJ_MAX_RANK || (rank > 0 && !shape)) {
+        t.rank = -1;
+        return t;
+    }
+    t.rank = rank;
+    for (int i = 0; i < rank; i++) t.shape[i] = shape[i];
+    sj_tensor_set_contiguous(&t);
+    return t;
+}
+
+void sj_tensor_set_contiguous(sj_tensor *x) {
+    int64_t s = 1;
+    for (int i = x->rank - 1; i >= 0; i--) {
+        x->stride[i] = s;
+        s *= x->shape[i] > 0 ? x->shape[i] : 1;
+    }
+}
+
+int64_t sj_tensor_numel(const sj_tensor *t) {
+    if (!t || t->rank < 0 || t->rank > SJ_MAX_RANK) return 0;
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+    return n;
+}
+
+size_t sj_tensor_nbytes(const sj_tensor *x) { return (size_t)sj_tensor_numel(x) * sj_dtype_size(x->dtype); }
+
+bool sj_tensor_is_contiguous(const sj_tensor *x) {
+    int64_t s = 1;
+    for (int i = x->rank - 1; i >= 0; i--) {
+        if (x->shape[i] != 1 && x->stride[i] != s) return false;
+        s *= x->shape[i];
+    }
+    return true;
+}
+
+sj_status sj_tensor_check(const sj_tensor *x, const char *what) {
+    if (!sj_dtype_size(x->dtype))
+        return sj_seterr(SJ_EINVAL, "%s: dtype %d is not a dtype", what, (int)x->dtype);
+    if (x->rank < 0 || x->rank > SJ_MAX_RANK)
+        return sj_seterr(SJ_EINVAL, "%s: rank %d out of range [0, %d]", what, (int)x->rank, SJ_MAX_RANK);
+    if (x->device != SJ_HOST && x->device != SJ_CUDA)
+        return sj_seterr(SJ_EINVAL, "%s: device %d is not a device", what, (int)x->device);
+    int64_t n = 1;
+    for (int i = 0; i < x->rank; i++) {
+        if (x->shape[i] < 0)
+            return sj_seterr(SJ_EINVAL, "%s: size %lld at axis %d is negative", what, (long long)x->shape[i], i);
+        if (x->stride[i] < 0)
+            return sj_seterr(SJ_EINVAL, "%s: stride %lld at axis %d is negative", what, (long long)x->stride[i], i);
+        if (x->shape[i] > 0 && n > (INT64_C(1) << 48) / x->shape[i])
+            return sj_seterr(SJ_EINVAL, "%s: too many elements (over 2^48)", what);
+        n *= x->shape[i];
+    }
+    if (n > 0 && !x->data) return sj_seterr(SJ_EINVAL, "%s: data is NULL", what);
+    return SJ_OK;
+}

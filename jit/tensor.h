@@ -1,0 +1,23 @@
+/* Tensor descriptor helpers shared by the call path, tracer and kernels. */
+#ifndef SJ_TENSOR_H
+#define SJ_TENSOR_H
+
+#include <stdbool.h>
+
+#include "jit/shapejit.h"
+
+/* Validate a caller descriptor: dtype, rank, sizes >= 0, strides >= 0, data
+ * non-NULL when it has elements, element count without overflow. `what`
+ * names it in the message ("input 'x'", "output 0"). */
+sj_status sj_tensor_check(const sj_tensor *x, const char *what);
+
+/* Row-major contiguous (size-1 axes may have any stride). */
+bool sj_tensor_is_contiguous(const sj_tensor *x);
+
+/* Fill x->stride with row-major contiguous strides. */
+void sj_tensor_set_contiguous(sj_tensor *x);
+
+/* Bytes a contiguous tensor of this shape and dtype needs. */
+size_t sj_tensor_nbytes(const sj_tensor *x);
+
+#endif

@@ -1,0 +1,684 @@
+/* The public API: argument checks, errors and recovery, outputs, the
+ * signature memo, logging, configuration, concurrency. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/shapejit.h"
+
+/* -- Fixtures and models --------------------------------------------------------- */
+
+static sj_runtime *rt;
+
+static int setup(void **state) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.log_mask = 0;
+    return sj_runtime_create(&cfg, &rt) == SJ_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    sj_runtime_destroy(rt);
+    rt = NULL;
+    return 0;
+}
+
+/* y = x * 2 + 1 */
+static sj_status affine_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 2.0)), sj_scalar(t, 1.0)));
+}
+
+/* y = a + b (broadcasting) */
+static sj_status add_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_add(t, in[0], in[1]));
+}
+
+static sj_tensor f32(float *p, int rank, const int64_t *shape) { return sj_tensor_make(p, SJ_F32, rank, shape); }
+
+static void fill(float *p, int n, float base) {
+    for (int i = 0; i < n; i++) p[i] = base + 0.25f * (float)i - 1.3f;
+}
+
+/* Runs affine on [n] and checks the result. */
+static void check_affine(sj_fn *fn, int n) {
+    float x[64], y[64];
+    fill(x, n, 0.7f);
+    sj_tensor in = f32(x, 1, (int64_t[]){n}), out = f32(y, 1, (int64_t[]){n});
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    for (int i = 0; i < n; i++) assert_float_equal(y[i], x[i] * 2.0f + 1.0f, 1e-6);
+}
+
+static sj_fn *make_fn(const char *name, int n_in, sj_model_fn m, void *user) {
+    sj_fn *fn = NULL;
+    assert_int_equal(sj_fn_create(rt, name, n_in, m, user, NULL, &fn), SJ_OK);
+    assert_non_null(fn);
+    return fn;
+}
+
+static void assert_msg_has(const char *needle) {
+    const char *msg = sj_last_error();
+    if (!strstr(msg, needle)) fail_msg("message \"%s\" lacks \"%s\"", msg, needle);
+}
+
+/* -- Runtime and configuration ------------------------------------------------------- */
+
+static void test_runtime_args(void **state) {
+    assert_int_equal(sj_runtime_create(NULL, NULL), SJ_EINVAL);
+    assert_msg_has("rt is NULL");
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = (sj_backend_kind)42;
+    sj_runtime *r = (sj_runtime *)0x1;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
+    assert_null(r);
+    assert_msg_has("backend 42");
+    sj_runtime_config_init(&cfg);
+    cfg.log_mask = 1u << 30;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
+    sj_runtime_config_init(&cfg);
+    cfg.allocator.free = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
+    assert_msg_has("allocator");
+    sj_runtime_destroy(NULL); /* no-op */
+    sj_fn_destroy(NULL);
+}
+
+static void test_runtime_cuda_unavailable(void **state) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    sj_runtime *r = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EBACKEND);
+    assert_null(r);
+    assert_msg_has("CUDA");
+    cfg.backend = SJ_BACKEND_AUTO;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_OK);
+    assert_int_equal(sj_runtime_backend(r), SJ_BACKEND_CPU);
+    sj_runtime_destroy(r);
+}
+
+static void test_config_env(void **state) {
+    sj_runtime_config cfg;
+    unsetenv("SHAPEJIT_LOG");
+    unsetenv("SHAPEJIT_BACKEND");
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.log_mask, SJ_LOG_WARN);
+    assert_int_equal(cfg.backend, SJ_BACKEND_AUTO);
+    setenv("SHAPEJIT_LOG", "recompiles,guards", 1);
+    setenv("SHAPEJIT_BACKEND", "cpu", 1);
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.log_mask, SJ_LOG_RECOMPILES | SJ_LOG_GUARDS);
+    assert_int_equal(cfg.backend, SJ_BACKEND_CPU);
+    setenv("SHAPEJIT_LOG", "all", 1);
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.log_mask, SJ_LOG_ALL);
+    setenv("SHAPEJIT_LOG", "bogus", 1); /* ignored, with a note on stderr */
+    setenv("SHAPEJIT_BACKEND", "tpu", 1);
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.log_mask, SJ_LOG_WARN);
+    assert_int_equal(cfg.backend, SJ_BACKEND_AUTO);
+    unsetenv("SHAPEJIT_LOG");
+    unsetenv("SHAPEJIT_BACKEND");
+}
+
+typedef struct log_sink {
+    int lines;
+    unsigned topics;
+    char last[256];
+} log_sink;
+
+static void sink_fn(void *user, unsigned topic, const char *msg) {
+    log_sink *s = user;
+    s->lines++;
+    s->topics |= topic;
+    snprintf(s->last, sizeof s->last, "%s", msg);
+}
+
+static void test_log_callback(void **state) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    log_sink sink = {0};
+    cfg.log_mask = SJ_LOG_TRACE;
+    cfg.log_fn = sink_fn;
+    cfg.log_user = &sink;
+    sj_runtime *r;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_OK);
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(r, "logged", 1, affine_model, NULL, NULL, &fn), SJ_OK);
+    float x[4] = {1, 2, 3, 4}, y[4];
+    sj_tensor in = f32(x, 1, (int64_t[]){4}), out = f32(y, 1, (int64_t[]){4});
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    assert_int_equal(sink.lines, 1);
+    assert_int_equal(sink.topics, SJ_LOG_TRACE);
+    assert_non_null(strstr(sink.last, "logged"));
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK); /* memo hit: no new trace line */
+    assert_int_equal(sink.lines, 1);
+    sj_runtime_destroy(r); /* destroys fn too */
+}
+
+typedef struct counting_alloc {
+    int allocs, frees;
+} counting_alloc;
+
+static void *ca_alloc(void *u, size_t n, size_t align) {
+    ((counting_alloc *)u)->allocs++;
+    return aligned_alloc(align, (n + align - 1) / align * align);
+}
+static void ca_free(void *u, void *p) {
+    ((counting_alloc *)u)->frees++;
+    free(p);
+}
+
+static void test_allocator_and_runtime_outputs(void **state) {
+    counting_alloc ca = {0};
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.allocator = (sj_allocator){ca_alloc, ca_free, &ca};
+    sj_runtime *r;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_OK);
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(r, "alloc", 1, affine_model, NULL, NULL, &fn), SJ_OK);
+    float x[6] = {1, 2, 3, 4, 5, 6};
+    sj_tensor in = f32(x, 2, (int64_t[]){2, 3});
+    sj_tensor out = {0};
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    assert_non_null(out.data);
+    assert_int_equal(out.dtype, SJ_F32);
+    assert_int_equal(out.rank, 2);
+    assert_int_equal(out.shape[0], 2);
+    assert_int_equal(out.shape[1], 3);
+    assert_int_equal(out.stride[0], 3);
+    assert_int_equal(out.stride[1], 1);
+    for (int i = 0; i < 6; i++) assert_float_equal(((float *)out.data)[i], x[i] * 2 + 1, 1e-6);
+    sj_tensor_free(r, &out);
+    assert_null(out.data);
+    sj_tensor_free(r, &out); /* no-op */
+    sj_tensor_free(r, NULL);
+    sj_fn_destroy(fn);
+    sj_runtime_destroy(r);
+    assert_true(ca.allocs > 0);
+    assert_int_equal(ca.allocs, ca.frees);
+}
+
+/* -- Function and call arguments --------------------------------------------------- */
+
+static void test_fn_create_args(void **state) {
+    sj_fn *fn = (sj_fn *)0x1;
+    assert_int_equal(sj_fn_create(NULL, "x", 1, affine_model, NULL, NULL, &fn), SJ_EINVAL);
+    assert_null(fn);
+    assert_int_equal(sj_fn_create(rt, "x", 1, NULL, NULL, NULL, &fn), SJ_EINVAL);
+    assert_msg_has("model");
+    assert_int_equal(sj_fn_create(rt, "x", -1, affine_model, NULL, NULL, &fn), SJ_EINVAL);
+    assert_int_equal(sj_fn_create(rt, "x", SJ_MAX_INPUTS + 1, affine_model, NULL, NULL, &fn), SJ_EINVAL);
+    assert_msg_has("n_inputs");
+    assert_int_equal(sj_fn_create(rt, "x", 1, affine_model, NULL, NULL, NULL), SJ_EINVAL);
+    assert_int_equal(sj_fn_create(rt, NULL, 1, affine_model, NULL, NULL, &fn), SJ_OK); /* name defaults */
+    sj_fn_destroy(fn);
+}
+
+static void test_call_bad_arguments_then_good(void **state) {
+    sj_fn *fn = make_fn("args", 1, affine_model, NULL);
+    float x[4] = {1, 2, 3, 4}, y[4];
+    sj_tensor in = f32(x, 1, (int64_t[]){4}), out = f32(y, 1, (int64_t[]){4});
+
+    assert_int_equal(sj_call(NULL, &in, 1, &out, 1), SJ_EINVAL);
+    assert_int_equal(sj_call(fn, &in, 2, &out, 1), SJ_EINVAL);
+    assert_msg_has("called with 2 inputs, expected 1");
+    check_affine(fn, 4);
+    assert_int_equal(sj_call(fn, NULL, 1, &out, 1), SJ_EINVAL);
+    assert_msg_has("inputs is NULL");
+    check_affine(fn, 4);
+    assert_int_equal(sj_call(fn, &in, 1, NULL, 1), SJ_EINVAL);
+    assert_int_equal(sj_call(fn, &in, 1, &out, -1), SJ_EINVAL);
+
+    sj_tensor bad = in;
+    bad.dtype = (sj_dtype)99;
+    assert_int_equal(sj_call(fn, &bad, 1, &out, 1), SJ_EINVAL);
+    assert_msg_has("input 0: dtype 99");
+    bad = in;
+    bad.rank = SJ_MAX_RANK + 1;
+    assert_int_equal(sj_call(fn, &bad, 1, &out, 1), SJ_EINVAL);
+    assert_msg_has("rank 9");
+    bad = in;
+    bad.stride[0] = -1;
+    assert_int_equal(sj_call(fn, &bad, 1, &out, 1), SJ_EINVAL);
+    assert_msg_has("stride -1 at axis 0");
+    bad = in;
+    bad.shape[0] = -3;
+    assert_int_equal(sj_call(fn, &bad, 1, &out, 1), SJ_EINVAL);
+    assert_msg_has("size -3 at axis 0");
+    bad = in;
+    bad.data = NULL;
+    assert_int_equal(sj_call(fn, &bad, 1, &out, 1), SJ_EINVAL);
+    assert_msg_has("data is NULL");
+    bad = in;
+    bad.device = SJ_CUDA;
+    assert_int_equal(sj_call(fn, &bad, 1, &out, 1), SJ_EINVAL);
+    assert_msg_has("device memory");
+    sj_tensor bad_rank = sj_tensor_make(x, SJ_F32, SJ_MAX_RANK + 2, (int64_t[]){1});
+    assert_int_equal(bad_rank.rank, -1);
+    assert_int_equal(sj_call(fn, &bad_rank, 1, &out, 1), SJ_EINVAL);
+
+    check_affine(fn, 4);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.traces, 1); /* no bad call made an entry */
+    assert_int_equal(s.entries, 1);
+    assert_true(s.errors >= 10);
+    sj_fn_destroy(fn);
+}
+
+static void test_output_checks(void **state) {
+    sj_fn *fn = make_fn("outs", 1, affine_model, NULL);
+    float x[6] = {1, 2, 3, 4, 5, 6}, y[8];
+    sj_tensor in = f32(x, 2, (int64_t[]){2, 3});
+    sj_tensor out = f32(y, 2, (int64_t[]){2, 4});
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_ESHAPE);
+    assert_msg_has("output 0 size mismatch at axis 1: expected 3, actual 4");
+    out = f32(y, 1, (int64_t[]){6});
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_ESHAPE);
+    assert_msg_has("rank 1, expected 2");
+    out = sj_tensor_make(y, SJ_I32, 2, (int64_t[]){2, 3});
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_EDTYPE);
+    assert_msg_has("dtype i32, expected f32");
+    sj_tensor two[2] = {f32(y, 2, (int64_t[]){2, 3}), {0}};
+    assert_int_equal(sj_call(fn, &in, 1, two, 2), SJ_EINVAL);
+    assert_msg_has("2 outputs, the model produces 1");
+    assert_null(two[1].data);
+
+    /* strided caller output: write into every other column of a [2, 6] buffer */
+    float wide[12];
+    for (int i = 0; i < 12; i++) wide[i] = -99.0f;
+    sj_tensor so = {.data = wide, .dtype = SJ_F32, .rank = 2, .shape = {2, 3}, .stride = {6, 2}};
+    assert_int_equal(sj_call(fn, &in, 1, &so, 1), SJ_OK);
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 6; c++) {
+            float want = c % 2 ? -99.0f : x[r * 3 + c / 2] * 2 + 1;
+            assert_float_equal(wide[r * 6 + c], want, 1e-6);
+        }
+    sj_fn_destroy(fn);
+}
+
+/* -- Tracing errors ---------------------------------------------------------------- */
+
+static void test_trace_shape_error_then_good(void **state) {
+    sj_fn *fn = make_fn("bcast", 2, add_model, NULL);
+    float a[12], b[12], y[12];
+    fill(a, 12, 0.1f);
+    fill(b, 12, 0.9f);
+    sj_tensor in[2] = {f32(a, 2, (int64_t[]){3, 4}), f32(b, 2, (int64_t[]){3, 3})};
+    sj_tensor out = {0};
+    assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_ESHAPE);
+    assert_msg_has("fn 'bcast'");
+    assert_msg_has("add(f32[3, 4], f32[3, 3])");
+    assert_msg_has("axis 1: 4 vs 3");
+    assert_null(out.data);
+
+    in[1] = f32(b, 1, (int64_t[]){4}); /* row broadcast: valid */
+    sj_tensor o = f32(y, 2, (int64_t[]){3, 4});
+    assert_int_equal(sj_call(fn, in, 2, &o, 1), SJ_OK);
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 4; c++) assert_float_equal(y[r * 4 + c], a[r * 4 + c] + b[c], 1e-6);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.trace_errors, 1);
+    assert_int_equal(s.traces, 1);
+    assert_int_equal(s.entries, 1);
+    sj_fn_destroy(fn);
+}
+
+static void test_trace_dtype_error(void **state) {
+    sj_fn *fn = make_fn("dt", 2, add_model, NULL);
+    float a[4] = {1, 2, 3, 4};
+    int32_t b[4] = {1, 2, 3, 4};
+    sj_tensor in[2] = {f32(a, 1, (int64_t[]){4}), sj_tensor_make(b, SJ_I32, 1, (int64_t[]){4})};
+    sj_tensor out = {0};
+    assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_EDTYPE);
+    assert_msg_has("sj_cast");
+    sj_fn_destroy(fn);
+}
+
+static sj_status rejecting_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    int64_t len = sj_size(t, in[0], 0);
+    if (len > 4) return sj_trace_fail(t, SJ_ECONSTRAINT, "sequence length %lld exceeds 4", (long long)len);
+    return sj_output(t, sj_neg(t, in[0]));
+}
+
+static sj_status silent_fail_model(sj_tracer *t, const sj_val *in, int n, void *u) { return SJ_EMODEL; }
+static sj_status no_output_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_neg(t, in[0]);
+    return SJ_OK;
+}
+
+/* An op error is sticky: later ops and the model's own SJ_OK don't hide it. */
+static sj_status sticky_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val bad = sj_matmul(t, in[0], in[0]); /* [2, 3] @ [2, 3]: inner sizes differ */
+    sj_val y = sj_exp(t, bad);
+    assert_int_equal(sj_trace_status(t), SJ_ESHAPE);
+    sj_output(t, y);
+    return SJ_OK;
+}
+
+static void test_model_errors(void **state) {
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
+    sj_fn *fn = make_fn("reject", 1, rejecting_model, NULL);
+    sj_tensor in = f32(x, 1, (int64_t[]){8}), out = {0};
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_ECONSTRAINT);
+    assert_msg_has("sequence length 8 exceeds 4");
+    in = f32(x, 1, (int64_t[]){3});
+    sj_tensor o = f32(y, 1, (int64_t[]){3});
+    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_OK);
+    assert_float_equal(y[2], -3.0f, 0);
+    sj_fn_destroy(fn);
+
+    fn = make_fn("silent", 1, silent_fail_model, NULL);
+    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EMODEL);
+    assert_msg_has("returned SJ_EMODEL");
+    sj_fn_destroy(fn);
+
+    fn = make_fn("nothing", 1, no_output_model, NULL);
+    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EMODEL);
+    assert_msg_has("no outputs");
+    sj_fn_destroy(fn);
+
+    fn = make_fn("sticky", 1, sticky_model, NULL);
+    in = f32(x, 2, (int64_t[]){2, 3});
+    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_ESHAPE);
+    assert_msg_has("matmul(f32[2, 3], f32[2, 3]): inner sizes differ: 3 vs 2");
+    sj_fn_destroy(fn);
+}
+
+/* Bad op arguments each give a clear error. */
+typedef struct op_case {
+    int which;
+    sj_status want;
+    const char *msg;
+} op_case;
+
+static sj_status bad_op_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    const op_case *c = u;
+    sj_val x = in[0], r = SJ_NONE;
+    switch (c->which) {
+    case 0: r = sj_sum(t, x, 5, 0); break;
+    case 1: r = sj_permute(t, x, (int[]){0, 0}); break;
+    case 2: r = sj_reshape_i(t, x, 2, (int64_t[]){-1, 4}); break;
+    case 3: r = sj_reshape_i(t, x, 2, (int64_t[]){-1, -1}); break;
+    case 4: r = sj_slice(t, x, 0, 0, 2, 0); break;
+    case 5: r = sj_concat(t, (sj_val[]){x, sj_transpose(t, x, 0, 1)}, 2, 0); break;
+    case 6: r = sj_gather(t, x, x); break;
+    case 7: r = sj_layer_norm(t, x, x, SJ_NONE, 1e-5); break;
+    case 8: r = sj_add(t, x, SJ_NONE); break;
+    case 9: r = sj_add(t, x, (sj_val){12345}); break;
+    case 10: r = sj_exp(t, sj_cast(t, x, SJ_I32)); break;
+    case 11: r = sj_attention(t, x, x, x, SJ_NONE, 1.0, 0); break;
+    case 12: r = sj_where(t, x, x, x); break;
+    case 13: r = sj_mean(t, sj_cast(t, x, SJ_I64), 0, 0); break;
+    case 14: r = sj_concat(t, NULL, 0, 0); break;
+    }
+    return sj_output(t, r);
+}
+
+static void test_op_argument_errors(void **state) {
+    static const op_case cases[] = {
+        {0, SJ_EINVAL, "axis 5 out of range for rank 2"},
+        {1, SJ_ESHAPE, "perm repeats axis 0"},
+        {2, SJ_ESHAPE, "6 elements do not divide into sizes multiplying to 4"},
+        {3, SJ_ESHAPE, "more than one inferred size"},
+        {4, SJ_ESHAPE, "step 0 must be >= 1"},
+        {5, SJ_ESHAPE, "operand 1 differs at axis 1: 2 vs 3"},
+        {6, SJ_EDTYPE, "idx is f32[2, 3], expected i32 or i64"},
+        {7, SJ_ESHAPE, "g must be f32[last size of x]"},
+        {8, SJ_EINVAL, "operand 'b' is missing"},
+        {9, SJ_EINVAL, "not a value of this trace"},
+        {10, SJ_EDTYPE, "exp(i32[2, 3]): dtype i32 not supported"},
+        {11, SJ_ESHAPE, "rank 4"},
+        {12, SJ_EDTYPE, "cond is f32[2, 3], expected bool"},
+        {13, SJ_EDTYPE, "expects f32, f16 or bf16"},
+        {14, SJ_EINVAL, "0 operands"},
+    };
+    float x[6] = {1, 2, 3, 4, 5, 6}, y[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sj_fn *fn = make_fn("ops", 1, bad_op_model, (void *)&cases[i]);
+        sj_tensor in = f32(x, 2, (int64_t[]){2, 3}), out = {0};
+        sj_status st = sj_call(fn, &in, 1, &out, 1);
+        if (st != cases[i].want) fail_msg("case %d: status %s, want %s: %s", cases[i].which, sj_status_name(st),
+                                          sj_status_name(cases[i].want), sj_last_error());
+        assert_msg_has(cases[i].msg);
+        assert_null(out.data);
+        sj_fn_destroy(fn);
+    }
+    (void)y;
+}
+
+/* -- The signature memo ------------------------------------------------------------- */
+
+static void test_memo_by_signature(void **state) {
+    sj_fn *fn = make_fn("memo", 1, affine_model, NULL);
+    sj_stats s;
+    check_affine(fn, 4);
+    check_affine(fn, 4);
+    check_affine(fn, 4);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.traces, 1);
+    assert_int_equal(s.memo_hits, 2);
+    check_affine(fn, 5); /* new shape: new trace */
+    check_affine(fn, 4);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.traces, 2);
+    assert_int_equal(s.entries, 2);
+    assert_int_equal(s.calls, 5);
+    assert_int_equal(s.eager_calls, 5);
+
+    /* same sizes, other strides: another signature, still right */
+    float buf[16], y[8];
+    for (int i = 0; i < 16; i++) buf[i] = (float)i * 0.5f - 2.0f;
+    sj_tensor in = {.data = buf, .dtype = SJ_F32, .rank = 1, .shape = {4}, .stride = {3}};
+    sj_tensor out = f32(y, 1, (int64_t[]){4});
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    for (int i = 0; i < 4; i++) assert_float_equal(y[i], buf[3 * i] * 2 + 1, 1e-6);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.traces, 3);
+
+    /* explain lists every entry */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    sj_fn_explain(fn, f);
+    fclose(f);
+    assert_non_null(strstr(text, "fn 'memo'"));
+    assert_non_null(strstr(text, "entry 0: f32[4]"));
+    assert_non_null(strstr(text, "entry 1: f32[5]"));
+    assert_non_null(strstr(text, "entry 2: f32[4]"));
+    free(text);
+    sj_fn_destroy(fn);
+}
+
+/* -- Outputs of every kind ---------------------------------------------------------- */
+
+/* outputs: x itself, a view of x, a computed value twice, a constant */
+static sj_status many_outputs_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val x = in[0];
+    sj_val y = sj_exp(t, x);
+    sj_output(t, x);
+    sj_output(t, sj_transpose(t, x, 0, 1));
+    sj_output(t, y);
+    sj_output(t, y);
+    return sj_output(t, sj_scalar(t, 3.5));
+}
+
+static void test_output_kinds(void **state) {
+    sj_fn *fn = make_fn("many", 1, many_outputs_model, NULL);
+    float x[6] = {0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f};
+    sj_tensor in = f32(x, 2, (int64_t[]){2, 3});
+    sj_tensor out[5] = {{0}};
+    assert_int_equal(sj_call(fn, &in, 1, out, 5), SJ_OK);
+    const float *o0 = out[0].data, *o1 = out[1].data, *o2 = out[2].data, *o3 = out[3].data, *o4 = out[4].data;
+    assert_int_equal(out[1].shape[0], 3);
+    assert_int_equal(out[1].shape[1], 2);
+    assert_int_equal(out[4].rank, 0);
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 3; c++) {
+            assert_float_equal(o0[r * 3 + c], x[r * 3 + c], 0);
+            assert_float_equal(o1[c * 2 + r], x[r * 3 + c], 0);
+            assert_float_equal(o2[r * 3 + c], expf(x[r * 3 + c]), 1e-6);
+            assert_float_equal(o3[r * 3 + c], expf(x[r * 3 + c]), 1e-6);
+        }
+    assert_float_equal(o4[0], 3.5f, 0);
+    for (int i = 0; i < 5; i++) sj_tensor_free(rt, &out[i]);
+    sj_fn_destroy(fn);
+}
+
+/* -- Data-dependent errors -------------------------------------------------------------- */
+
+static sj_status gather_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_gather(t, in[0], in[1]));
+}
+
+static void test_gather_index_error_then_good(void **state) {
+    sj_fn *fn = make_fn("emb", 2, gather_model, NULL);
+    float table[8] = {0, 1, 10, 11, 20, 21, 30, 31};
+    int32_t idx[3] = {2, 7, 0};
+    sj_tensor in[2] = {f32(table, 2, (int64_t[]){4, 2}), sj_tensor_make(idx, SJ_I32, 1, (int64_t[]){3})};
+    sj_tensor out = {0};
+    assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_EINDEX);
+    assert_msg_has("fn 'emb'");
+    assert_msg_has("index 7");
+    assert_null(out.data); /* nothing left allocated for the caller */
+    idx[1] = 3;
+    assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_OK);
+    const float *o = out.data;
+    float want[6] = {20, 21, 30, 31, 0, 1};
+    for (int i = 0; i < 6; i++) assert_float_equal(o[i], want[i], 0);
+    sj_tensor_free(rt, &out);
+    sj_fn_destroy(fn);
+}
+
+/* -- Sizes in the model ------------------------------------------------------------------- */
+
+/* [B, S, 4] -> [B, S*2, 2] via symbolic dims, plus a reshape with -1 */
+static sj_status dims_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val x = in[0];
+    sj_dim d[3] = {sj_dim_of(t, x, 0), sj_dim_mul(t, sj_dim_of(t, x, 1), sj_dim_const(t, 2)), sj_dim_const(t, 2)};
+    sj_val y = sj_reshape(t, x, 3, d);
+    sj_val z = sj_reshape_i(t, x, 2, (int64_t[]){-1, 4});
+    sj_dim half = sj_dim_div(t, sj_dim_of(t, x, 2), sj_dim_const(t, 2));
+    sj_val w = sj_reshape(t, x, 4, (sj_dim[]){sj_dim_of(t, x, 0), SJ_DIM_INFER, half, sj_dim_const(t, 2)});
+    assert_int_equal(sj_val_rank(t, w), 4);
+    assert_int_equal(sj_val_dtype(t, w), SJ_F32);
+    assert_int_equal(sj_size(t, y, -2), 2 * sj_size(t, x, 1));
+    sj_output(t, y);
+    sj_output(t, w);
+    return sj_output(t, z);
+}
+
+static void test_dims_and_reshape(void **state) {
+    sj_fn *fn = make_fn("dims", 1, dims_model, NULL);
+    float x[24];
+    fill(x, 24, 0.3f);
+    sj_tensor in = f32(x, 3, (int64_t[]){2, 3, 4});
+    sj_tensor out[3] = {{0}};
+    assert_int_equal(sj_call(fn, &in, 1, out, 3), SJ_OK);
+    assert_int_equal(out[0].rank, 3);
+    assert_int_equal(out[0].shape[1], 6);
+    assert_int_equal(out[0].shape[2], 2);
+    assert_int_equal(out[1].shape[1], 3);
+    assert_int_equal(out[2].shape[0], 6);
+    for (int i = 0; i < 24; i++) {
+        assert_float_equal(((float *)out[0].data)[i], x[i], 0);
+        assert_float_equal(((float *)out[1].data)[i], x[i], 0);
+        assert_float_equal(((float *)out[2].data)[i], x[i], 0);
+    }
+    for (int i = 0; i < 3; i++) sj_tensor_free(rt, &out[i]);
+    sj_fn_destroy(fn);
+}
+
+/* -- Concurrency ------------------------------------------------------------------------- */
+
+typedef struct worker {
+    sj_fn *fn;
+    int id, failures;
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    for (int it = 0; it < 300; it++) {
+        int n = 1 + (w->id * 7 + it) % 13; /* several shapes, shared between threads */
+        float x[16], y[16];
+        for (int i = 0; i < n; i++) x[i] = (float)(w->id + 1) * 0.01f * (float)(i + it % 5) - 0.3f;
+        sj_tensor in = f32(x, 1, (int64_t[]){n}), out = f32(y, 1, (int64_t[]){n});
+        if (sj_call(w->fn, &in, 1, &out, 1) != SJ_OK) {
+            w->failures++;
+            continue;
+        }
+        for (int i = 0; i < n; i++)
+            if (fabsf(y[i] - (x[i] * 2 + 1)) > 1e-6f) w->failures++;
+    }
+    return NULL;
+}
+
+static void test_concurrent_calls(void **state) {
+    sj_fn *fn = make_fn("threads", 1, affine_model, NULL);
+    pthread_t th[8];
+    worker w[8];
+    for (int i = 0; i < 8; i++) {
+        w[i] = (worker){fn, i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].failures, 0);
+    }
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.calls, 8 * 300);
+    assert_int_equal(s.traces, 13); /* each shape traced exactly once */
+    assert_int_equal(s.entries, 13);
+    sj_fn_destroy(fn);
+}
+
+static void test_names(void **state) {
+    assert_string_equal(sj_status_name(SJ_ESHAPE), "SJ_ESHAPE");
+    assert_string_equal(sj_status_name((sj_status)999), "SJ_E?");
+    assert_string_equal(sj_dtype_name(SJ_BF16), "bf16");
+    assert_string_equal(sj_dtype_name((sj_dtype)77), "?");
+    assert_int_equal(sj_dtype_size(SJ_I64), 8);
+    assert_int_equal(sj_dtype_size(SJ_BOOL), 1);
+    assert_int_equal(sj_dtype_size((sj_dtype)-1), 0);
+    sj_tensor t = sj_tensor_make(NULL, SJ_F16, 3, (int64_t[]){2, 0, 5});
+    assert_int_equal(sj_tensor_numel(&t), 0);
+    assert_int_equal(t.stride[0], 5);
+    assert_int_equal(sj_tensor_numel(NULL), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_runtime_args),
+        cmocka_unit_test(test_runtime_cuda_unavailable),
+        cmocka_unit_test(test_config_env),
+        cmocka_unit_test(test_log_callback),
+        cmocka_unit_test(test_allocator_and_runtime_outputs),
+        cmocka_unit_test(test_fn_create_args),
+        cmocka_unit_test(test_call_bad_arguments_then_good),
+        cmocka_unit_test(test_output_checks),
+        cmocka_unit_test(test_trace_shape_error_then_good),
+        cmocka_unit_test(test_trace_dtype_error),
+        cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_op_argument_errors),
+        cmocka_unit_test(test_memo_by_signature),
+        cmocka_unit_test(test_output_kinds),
+        cmocka_unit_test(test_gather_index_error_then_good),
+        cmocka_unit_test(test_dims_and_reshape),
+        cmocka_unit_test(test_concurrent_calls),
+    };
+    return cmocka_run_group_tests_name("api", tests, setup, teardown);
+}

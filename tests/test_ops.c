@@ -1,0 +1,609 @@
+/* Every op through the public API (tracer + shape inference + eager
+ * executor), checked against float64 references on random inputs:
+ * broadcasting, strided and transposed inputs, size-0 and size-1 axes,
+ * f16/bf16 tolerances, views folded into later ops, and a small encoder
+ * layer against a hand-written double implementation. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/shapejit.h"
+#include "tests/util.h"
+
+static sj_runtime *rt;
+
+static int setup(void **state) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    return sj_runtime_create(&cfg, &rt) == SJ_OK ? 0 : -1;
+}
+static int teardown(void **state) {
+    sj_runtime_destroy(rt);
+    return 0;
+}
+static int each_teardown(void **state) {
+    tu_free_all();
+    return 0;
+}
+
+/* -- One op as a model ---------------------------------------------------------- */
+
+typedef struct spec {
+    sj_op op;
+    int axis, keepdim, causal;
+    double f;
+    sj_dtype dt;
+    int perm[SJ_MAX_RANK];
+    int64_t start, end, step;
+    int n_in;      /* inputs of the model */
+    int absent[4]; /* operand i is SJ_NONE */
+} spec;
+
+static sj_status op_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    const spec *s = u;
+    sj_val a = n > 0 ? in[0] : SJ_NONE, b = n > 1 ? in[1] : SJ_NONE, c = n > 2 ? in[2] : SJ_NONE,
+           d = n > 3 ? in[3] : SJ_NONE;
+    if (s->absent[1]) b = SJ_NONE;
+    if (s->absent[2]) c = SJ_NONE;
+    if (s->absent[3]) d = SJ_NONE;
+    sj_val r;
+    switch (s->op) {
+#define U(OP, f)                                                                                   \
+    case OP:                                                                                       \
+        r = f(t, a);                                                                               \
+        break;
+        U(SJ_OP_NEG, sj_neg) U(SJ_OP_ABS, sj_abs) U(SJ_OP_EXP, sj_exp) U(SJ_OP_LOG, sj_log)
+        U(SJ_OP_SQRT, sj_sqrt) U(SJ_OP_RSQRT, sj_rsqrt) U(SJ_OP_TANH, sj_tanh) U(SJ_OP_SIGMOID, sj_sigmoid)
+        U(SJ_OP_RELU, sj_relu) U(SJ_OP_GELU, sj_gelu) U(SJ_OP_GELU_TANH, sj_gelu_tanh) U(SJ_OP_SILU, sj_silu)
+#undef U
+#define B(OP, f)                                                                                   \
+    case OP:                                                                                       \
+        r = f(t, a, b);                                                                            \
+        break;
+        B(SJ_OP_ADD, sj_add) B(SJ_OP_SUB, sj_sub) B(SJ_OP_MUL, sj_mul) B(SJ_OP_DIV, sj_div)
+        B(SJ_OP_MAXIMUM, sj_maximum) B(SJ_OP_MINIMUM, sj_minimum) B(SJ_OP_POW, sj_pow) B(SJ_OP_EQ, sj_eq)
+        B(SJ_OP_NE, sj_ne) B(SJ_OP_LT, sj_lt) B(SJ_OP_LE, sj_le) B(SJ_OP_GT, sj_gt) B(SJ_OP_GE, sj_ge)
+        B(SJ_OP_MATMUL, sj_matmul) B(SJ_OP_GATHER, sj_gather)
+#undef B
+    case SJ_OP_WHERE: r = sj_where(t, a, b, c); break;
+    case SJ_OP_CAST: r = sj_cast(t, a, s->dt); break;
+    case SJ_OP_SUM: r = sj_sum(t, a, s->axis, s->keepdim); break;
+    case SJ_OP_MEAN: r = sj_mean(t, a, s->axis, s->keepdim); break;
+    case SJ_OP_AMAX: r = sj_amax(t, a, s->axis, s->keepdim); break;
+    case SJ_OP_SOFTMAX: r = sj_softmax(t, a, s->axis); break;
+    case SJ_OP_LAYER_NORM: r = sj_layer_norm(t, a, b, c, s->f); break;
+    case SJ_OP_RMS_NORM: r = sj_rms_norm(t, a, b, s->f); break;
+    case SJ_OP_ATTENTION: r = sj_attention(t, a, b, c, d, s->f, s->causal); break;
+    case SJ_OP_PERMUTE: r = sj_permute(t, a, s->perm); break;
+    case SJ_OP_SLICE: r = sj_slice(t, a, s->axis, s->start, s->end, s->step); break;
+    case SJ_OP_CONCAT: r = sj_concat(t, in, n, s->axis); break;
+    default: return sj_trace_fail(t, SJ_EINVAL, "op %d not in the test model", (int)s->op);
+    }
+    return sj_output(t, r);
+}
+
+/* Run the one-op model on ins; return the runtime-allocated output. */
+static sj_tensor run(const spec *s, const sj_tensor *ins, int n) {
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, sj_op_name(s->op), n, op_model, (void *)s, NULL, &fn), SJ_OK);
+    sj_tensor out = {0};
+    sj_status st = sj_call(fn, ins, n, &out, 1);
+    if (st) fail_msg("%s: %s: %s", sj_op_name(s->op), sj_status_name(st), sj_last_error());
+    sj_fn_destroy(fn);
+    return out;
+}
+
+static double *ref_buf(const sj_tensor *out) {
+    int64_t n = tu_numel(out);
+    return calloc((size_t)(n ? n : 1), sizeof(double));
+}
+
+static void check_and_free(sj_tensor *out, double *ref, double tol, const char *what) {
+    if (!tu_check(out, ref, tol, what)) fail_msg("%s: mismatch against the float64 reference", what);
+    free(ref);
+    sj_tensor_free(rt, out);
+}
+
+static const sj_dtype floats[] = {SJ_F32, SJ_F16, SJ_BF16};
+
+/* Layouts of an input: 0 contiguous, 1 strided with gaps, 2 axes reversed
+ * in memory (a transposed layout) with gaps. */
+static sj_tensor make_input(sj_dtype dt, int rank, const int64_t *shape, int layout) {
+    static const int layouts[] = {TU_CONTIG, TU_GAP, TU_REVGAP};
+    sj_tensor t = tu_tensor_layout(dt, rank, shape, layouts[layout]);
+    tu_fill_random(&t);
+    return t;
+}
+
+/* -- Elementwise ------------------------------------------------------------------ */
+
+static void test_unary_all(void **state) {
+    static const sj_op ops[] = {SJ_OP_NEG, SJ_OP_ABS, SJ_OP_EXP, SJ_OP_LOG, SJ_OP_SQRT, SJ_OP_RSQRT,
+                                SJ_OP_TANH, SJ_OP_SIGMOID, SJ_OP_RELU, SJ_OP_GELU, SJ_OP_GELU_TANH, SJ_OP_SILU};
+    static const int64_t shapes[][3] = {{3, 5, 7}, {1, 4, 1}, {2, 0, 3}};
+    tu_seed(101);
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+        for (int d = 0; d < 5; d++) {
+            sj_dtype dt = d < 3 ? floats[d] : d == 3 ? SJ_I32 : SJ_I64;
+            bool int_ok = ops[o] == SJ_OP_NEG || ops[o] == SJ_OP_ABS || ops[o] == SJ_OP_RELU;
+            if (d >= 3 && !int_ok) continue;
+            for (int s = 0; s < 3; s++)
+                for (int layout = 0; layout < 3; layout++) {
+                    sj_tensor x = make_input(dt, 3, shapes[s], layout);
+                    if (ops[o] == SJ_OP_LOG || ops[o] == SJ_OP_SQRT || ops[o] == SJ_OP_RSQRT)
+                        tu_fill_range(&x, 0.05, 3.0);
+                    spec sp = {.op = ops[o]};
+                    sj_tensor out = run(&sp, &x, 1);
+                    double *ref = ref_buf(&out);
+                    tu_ref_unary(ops[o], &x, ref);
+                    char what[64];
+                    snprintf(what, sizeof what, "%s %s shape %d layout %d", sj_op_name(ops[o]), sj_dtype_name(dt), s,
+                             layout);
+                    check_and_free(&out, ref, tu_tol(dt), what);
+                }
+        }
+    /* rank 0 */
+    sj_tensor x = tu_tensor(SJ_F32, 0, NULL);
+    tu_fill_random(&x);
+    spec sp = {.op = SJ_OP_EXP};
+    sj_tensor out = run(&sp, &x, 1);
+    assert_int_equal(out.rank, 0);
+    assert_float_equal(*(float *)out.data, exp(tu_get(&x, 0)), 1e-5 * exp(tu_get(&x, 0)));
+    sj_tensor_free(rt, &out);
+}
+
+/* Broadcast patterns: (rank_a, shape_a, rank_b, shape_b). */
+typedef struct bcase {
+    int ra;
+    int64_t a[4];
+    int rb;
+    int64_t b[4];
+} bcase;
+static const bcase bcases[] = {
+    {2, {3, 4}, 2, {3, 4}}, {2, {3, 4}, 1, {4}},       {2, {3, 1}, 2, {1, 4}},
+    {0, {0}, 2, {2, 3}},    {3, {2, 1, 4}, 2, {3, 1}}, {2, {0, 4}, 1, {4}},
+};
+
+static void test_binary_all(void **state) {
+    static const sj_op ops[] = {SJ_OP_ADD, SJ_OP_SUB, SJ_OP_MUL, SJ_OP_DIV, SJ_OP_MAXIMUM, SJ_OP_MINIMUM, SJ_OP_POW,
+                                SJ_OP_EQ,  SJ_OP_NE,  SJ_OP_LT,  SJ_OP_LE,  SJ_OP_GT,      SJ_OP_GE};
+    static const sj_dtype dts[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64};
+    tu_seed(202);
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+        for (size_t d = 0; d < 5; d++)
+            for (size_t c = 0; c < sizeof bcases / sizeof bcases[0]; c++)
+                for (int layout = 0; layout < 2; layout++) {
+                    const bcase *bc = &bcases[c];
+                    sj_tensor in[2] = {make_input(dts[d], bc->ra, bc->a, layout),
+                                       make_input(dts[d], bc->rb, bc->b, 2 * layout)};
+                    if (ops[o] == SJ_OP_POW && d < 3) tu_fill_range(&in[0], 0.1, 2.0);
+                    if (ops[o] == SJ_OP_POW && d >= 3) tu_fill_range(&in[1], -1, 4);
+                    spec sp = {.op = ops[o]};
+                    sj_tensor out = run(&sp, in, 2);
+                    sj_tensor ea = tu_broadcast(&in[0], out.rank, out.shape),
+                              eb = tu_broadcast(&in[1], out.rank, out.shape);
+                    double *ref = ref_buf(&out);
+                    tu_ref_binary(ops[o], &ea, &eb, ref);
+                    char what[80];
+                    snprintf(what, sizeof what, "%s %s case %zu layout %d", sj_op_name(ops[o]), sj_dtype_name(dts[d]),
+                             c, layout);
+                    bool cmp = ops[o] >= SJ_OP_EQ;
+                    assert_int_equal(out.dtype, cmp ? SJ_BOOL : dts[d]);
+                    check_and_free(&out, ref, cmp ? 0 : tu_tol(dts[d]), what);
+                }
+}
+
+static sj_status scalar_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    /* (x * 3 - 0.5) / 2 + maximum(x, 1) with weak scalars on both sides */
+    sj_val x = in[0];
+    sj_val y = sj_div(t, sj_sub(t, sj_mul(t, sj_scalar(t, 3.0), x), sj_scalar(t, 0.5)), sj_scalar(t, 2.0));
+    return sj_output(t, sj_add(t, y, sj_maximum(t, x, sj_scalar(t, 1.0))));
+}
+
+static void test_weak_scalars(void **state) {
+    static const sj_dtype dts[] = {SJ_F32, SJ_F16, SJ_BF16};
+    tu_seed(303);
+    for (int d = 0; d < 3; d++) {
+        sj_tensor x = make_input(dts[d], 2, (int64_t[]){4, 6}, 1);
+        sj_fn *fn;
+        assert_int_equal(sj_fn_create(rt, "scalars", 1, scalar_model, NULL, NULL, &fn), SJ_OK);
+        sj_tensor out = {0};
+        assert_int_equal(sj_call(fn, &x, 1, &out, 1), SJ_OK);
+        assert_int_equal(out.dtype, dts[d]);
+        double *ref = ref_buf(&out);
+        for (int64_t i = 0; i < 24; i++) {
+            double v = tu_get(&x, i);
+            /* each op rounds to the dtype, as eager execution does */
+            double y = tu_round(dts[d], tu_round(dts[d], tu_round(dts[d], 3.0 * v) - 0.5) / 2.0);
+            ref[i] = y + fmax(v, 1.0);
+        }
+        check_and_free(&out, ref, 2 * tu_tol(dts[d]), "weak scalars");
+        sj_fn_destroy(fn);
+    }
+}
+
+static void test_where_and_cast(void **state) {
+    static const sj_dtype all[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64, SJ_BOOL};
+    tu_seed(404);
+    for (int d = 0; d < 5; d++) {
+        sj_tensor in[3] = {make_input(SJ_BOOL, 2, (int64_t[]){3, 1}, 0), make_input(all[d], 2, (int64_t[]){3, 5}, 1),
+                           make_input(all[d], 1, (int64_t[]){5}, 0)};
+        spec sp = {.op = SJ_OP_WHERE};
+        sj_tensor out = run(&sp, in, 3);
+        sj_tensor c = tu_broadcast(&in[0], 2, out.shape), a = tu_broadcast(&in[1], 2, out.shape),
+                  b = tu_broadcast(&in[2], 2, out.shape);
+        double *ref = ref_buf(&out);
+        tu_ref_where(&c, &a, &b, ref);
+        check_and_free(&out, ref, 0, "where");
+    }
+    for (int from = 0; from < 6; from++)
+        for (int to = 0; to < 6; to++) {
+            sj_tensor x = make_input(all[from], 2, (int64_t[]){4, 3}, 2);
+            if (from < 3) tu_fill_range(&x, -300, 300);
+            spec sp = {.op = SJ_OP_CAST, .dt = all[to]};
+            sj_tensor out = run(&sp, &x, 1);
+            assert_int_equal(out.dtype, all[to]);
+            double *ref = ref_buf(&out);
+            tu_ref_cast(&x, all[to], ref);
+            check_and_free(&out, ref, 0, "cast");
+        }
+}
+
+/* -- Reductions and normalisations ---------------------------------------------------- */
+
+static void test_reductions(void **state) {
+    static const sj_op ops[] = {SJ_OP_SUM, SJ_OP_MEAN, SJ_OP_AMAX};
+    static const sj_dtype dts[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64};
+    int64_t shape[3] = {3, 5, 4};
+    tu_seed(505);
+    for (int o = 0; o < 3; o++)
+        for (int d = 0; d < 5; d++) {
+            if (ops[o] == SJ_OP_MEAN && d >= 3) continue;
+            for (int axis = -3; axis < 3; axis++)
+                for (int keep = 0; keep < 2; keep++) {
+                    sj_tensor x = make_input(dts[d], 3, shape, (axis + 3) % 3);
+                    spec sp = {.op = ops[o], .axis = axis, .keepdim = keep};
+                    sj_tensor out = run(&sp, &x, 1);
+                    assert_int_equal(out.rank, keep ? 3 : 2);
+                    double *ref = ref_buf(&out);
+                    tu_ref_reduce(ops[o], &x, (axis + 3) % 3, ref);
+                    check_and_free(&out, ref, tu_tol(dts[d]), sj_op_name(ops[o]));
+                }
+        }
+    /* an empty axis: sum 0, mean NaN */
+    sj_tensor x = tu_tensor(SJ_F32, 2, (int64_t[]){3, 0});
+    spec sp = {.op = SJ_OP_SUM, .axis = 1};
+    sj_tensor out = run(&sp, &x, 1);
+    for (int i = 0; i < 3; i++) assert_float_equal(((float *)out.data)[i], 0.0f, 0);
+    sj_tensor_free(rt, &out);
+    sp.op = SJ_OP_MEAN;
+    out = run(&sp, &x, 1);
+    for (int i = 0; i < 3; i++) assert_true(isnan(((float *)out.data)[i]));
+    sj_tensor_free(rt, &out);
+}
+
+static void test_softmax_and_norms(void **state) {
+    tu_seed(606);
+    for (int d = 0; d < 3; d++) {
+        sj_dtype dt = floats[d];
+        for (int axis = 0; axis < 3; axis++) {
+            sj_tensor x = make_input(dt, 3, (int64_t[]){2, 7, 33}, axis == 1 ? 2 : 0);
+            tu_fill_range(&x, -6, 6);
+            spec sp = {.op = SJ_OP_SOFTMAX, .axis = axis};
+            sj_tensor out = run(&sp, &x, 1);
+            double *ref = ref_buf(&out);
+            tu_ref_softmax(&x, axis, ref);
+            check_and_free(&out, ref, tu_tol(dt), "softmax");
+        }
+        for (int variant = 0; variant < 4; variant++) {
+            int64_t D = variant == 3 ? 1 : 48;
+            sj_tensor in[3] = {make_input(dt, 3, (int64_t[]){2, 5, D}, variant == 2 ? 1 : 0),
+                               make_input(dt, 1, &D, 0), make_input(dt, 1, &D, 0)};
+            spec sp = {.op = SJ_OP_LAYER_NORM, .f = 1e-5, .absent = {0, variant == 1, variant >= 1}};
+            sj_tensor out = run(&sp, in, 3);
+            double *ref = ref_buf(&out);
+            tu_ref_layer_norm(&in[0], sp.absent[1] ? NULL : &in[1], sp.absent[2] ? NULL : &in[2], 1e-5, ref);
+            check_and_free(&out, ref, tu_tol(dt), "layer_norm");
+
+            spec sr = {.op = SJ_OP_RMS_NORM, .f = 1e-6, .absent = {0, variant == 1}};
+            out = run(&sr, in, 2);
+            ref = ref_buf(&out);
+            tu_ref_rms_norm(&in[0], sr.absent[1] ? NULL : &in[1], 1e-6, ref);
+            check_and_free(&out, ref, tu_tol(dt), "rms_norm");
+        }
+    }
+}
+
+/* -- Matrix products and attention ----------------------------------------------------- */
+
+typedef struct mcase {
+    int ra;
+    int64_t a[4];
+    int rb;
+    int64_t b[4];
+    int transpose_b;
+} mcase;
+
+static void test_matmul(void **state) {
+    static const mcase cases[] = {
+        {2, {5, 7}, 2, {7, 3}, 0},       {2, {1, 9}, 2, {9, 1}, 0},       {3, {2, 4, 6}, 2, {6, 5}, 0},
+        {4, {2, 1, 3, 4}, 3, {5, 4, 6}, 0}, {2, {6, 8}, 2, {3, 8}, 1},   {2, {3, 0}, 2, {0, 4}, 0},
+        {3, {0, 3, 4}, 2, {4, 2}, 0},
+    };
+    static const sj_dtype dts[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64};
+    tu_seed(707);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int d = 0; d < 5; d++) {
+            const mcase *mc = &cases[c];
+            sj_tensor a = make_input(dts[d], mc->ra, mc->a, c % 2);
+            sj_tensor b = make_input(dts[d], mc->rb, mc->b, 0);
+            if (mc->transpose_b) b = tu_transpose(&b, 0, 1); /* a column-major view */
+            sj_tensor in[2] = {a, b};
+            spec sp = {.op = SJ_OP_MATMUL};
+            sj_tensor out = run(&sp, in, 2);
+            double *ref = ref_buf(&out), *mag = ref_buf(&out);
+            int64_t bs[SJ_MAX_RANK];
+            memcpy(bs, out.shape, sizeof bs);
+            int64_t as[SJ_MAX_RANK];
+            memcpy(as, out.shape, sizeof as);
+            as[out.rank - 1] = a.shape[a.rank - 1];
+            bs[out.rank - 2] = b.shape[b.rank - 2];
+            sj_tensor ea = tu_broadcast(&a, out.rank, as), eb = tu_broadcast(&b, out.rank, bs);
+            tu_ref_matmul(&ea, &eb, ref, mag);
+            char what[64];
+            snprintf(what, sizeof what, "matmul case %zu %s", c, sj_dtype_name(dts[d]));
+            if (!tu_check_mag(&out, ref, mag, tu_tol(dts[d]), what)) fail_msg("%s", what);
+            free(ref);
+            free(mag);
+            sj_tensor_free(rt, &out);
+        }
+}
+
+static void test_attention(void **state) {
+    tu_seed(808);
+    for (int d = 0; d < 3; d++)
+        for (int variant = 0; variant < 4; variant++) {
+            int64_t B = 2, H = 3, Sq = variant == 3 ? 4 : 6, Sk = 6, D = 8, Dv = 5;
+            sj_dtype dt = floats[d];
+            sj_tensor q = make_input(dt, 4, (int64_t[]){B, H, Sq, D}, variant % 2);
+            sj_tensor k = make_input(dt, 4, (int64_t[]){B, H, Sk, D}, 0);
+            sj_tensor v = make_input(dt, 4, (int64_t[]){B, H, Sk, Dv}, 0);
+            sj_tensor len = tu_tensor(variant == 2 ? SJ_I64 : SJ_I32, 1, &B);
+            tu_seti(&len, 0, variant == 2 ? 0 : 3); /* 0: a batch with no keys gives zeros */
+            tu_seti(&len, 1, 9);                    /* > Sk: clamped */
+            sj_tensor in[4] = {q, k, v, len};
+            spec sp = {.op = SJ_OP_ATTENTION, .f = 0.35, .causal = variant >= 2, .absent = {0, 0, 0, variant == 0}};
+            sj_tensor out = run(&sp, in, 4);
+            double *ref = ref_buf(&out), *mag = ref_buf(&out);
+            tu_ref_attention(&q, &k, &v, variant == 0 ? NULL : &len, 0.35, sp.causal, ref, mag);
+            if (!tu_check_mag(&out, ref, mag, tu_tol(dt), "attention")) fail_msg("attention variant %d", variant);
+            free(ref);
+            free(mag);
+            sj_tensor_free(rt, &out);
+        }
+}
+
+/* -- Views and data movement -------------------------------------------------------------- */
+
+static void test_permute_slice(void **state) {
+    tu_seed(909);
+    int64_t shape[4] = {2, 3, 4, 5};
+    sj_tensor x = make_input(SJ_F32, 4, shape, 1);
+    spec sp = {.op = SJ_OP_PERMUTE, .perm = {2, 0, 3, 1}};
+    sj_tensor out = run(&sp, &x, 1);
+    assert_int_equal(out.shape[0], 4);
+    assert_int_equal(out.shape[3], 3);
+    for (int64_t a = 0; a < 4; a++)
+        for (int64_t b = 0; b < 2; b++)
+            for (int64_t c = 0; c < 5; c++)
+                for (int64_t d = 0; d < 3; d++) {
+                    float got = ((float *)out.data)[((a * 2 + b) * 5 + c) * 3 + d];
+                    assert_float_equal(got, tu_get(&x, ((b * 3 + d) * 4 + a) * 5 + c), 0);
+                }
+    sj_tensor_free(rt, &out);
+
+    /* Python slicing: start, end, step, negatives, clamping, empty */
+    static const int64_t sl[][3] = {{1, 4, 1}, {-3, 100, 2}, {0, -1, 3}, {-100, 2, 1}, {3, 1, 1}, {4, 5, 1}};
+    for (size_t i = 0; i < sizeof sl / sizeof sl[0]; i++) {
+        spec ss = {.op = SJ_OP_SLICE, .axis = -1, .start = sl[i][0], .end = sl[i][1], .step = sl[i][2]};
+        out = run(&ss, &x, 1);
+        int64_t s0 = sl[i][0] < 0 ? (sl[i][0] + 5 < 0 ? 0 : sl[i][0] + 5) : (sl[i][0] > 5 ? 5 : sl[i][0]);
+        int64_t e0 = sl[i][1] < 0 ? (sl[i][1] + 5 < 0 ? 0 : sl[i][1] + 5) : (sl[i][1] > 5 ? 5 : sl[i][1]);
+        int64_t len = e0 > s0 ? (e0 - s0 + sl[i][2] - 1) / sl[i][2] : 0;
+        assert_int_equal(out.shape[3], len);
+        for (int64_t r = 0; r < 24; r++)
+            for (int64_t j = 0; j < len; j++)
+                assert_float_equal(((float *)out.data)[r * len + j], tu_get(&x, r * 5 + s0 + j * sl[i][2]), 0);
+        sj_tensor_free(rt, &out);
+    }
+}
+
+/* reshape of a non-contiguous view (a copy), then compute on it */
+static sj_status reshape_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val x = sj_transpose(t, in[0], 0, 1); /* [4, 3] view of [3, 4] */
+    sj_val y = sj_reshape_i(t, x, 2, (int64_t[]){2, -1});
+    return sj_output(t, sj_mul(t, y, sj_scalar(t, 2.0)));
+}
+
+static void test_reshape_noncontiguous(void **state) {
+    tu_seed(1010);
+    sj_tensor x = make_input(SJ_F32, 2, (int64_t[]){3, 4}, 1);
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "reshape", 1, reshape_model, NULL, NULL, &fn), SJ_OK);
+    sj_tensor out = {0};
+    assert_int_equal(sj_call(fn, &x, 1, &out, 1), SJ_OK);
+    assert_int_equal(out.shape[0], 2);
+    assert_int_equal(out.shape[1], 6);
+    for (int64_t i = 0; i < 12; i++) {
+        int64_t r = i / 3, c = i % 3; /* element i of the [4, 3] transpose */
+        assert_float_equal(((float *)out.data)[i], 2 * tu_get(&x, c * 4 + r), 1e-6);
+    }
+    sj_tensor_free(rt, &out);
+    sj_fn_destroy(fn);
+}
+
+static void test_concat_gather(void **state) {
+    static const sj_dtype all[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64, SJ_BOOL};
+    tu_seed(1111);
+    for (int d = 0; d < 6; d++)
+        for (int axis = 0; axis < 2; axis++) {
+            int64_t s0[2] = {3, 4}, s1[2] = {3, 4}, s2[2] = {3, 4};
+            s0[axis] = 2, s1[axis] = 0, s2[axis] = 5;
+            sj_tensor in[3] = {make_input(all[d], 2, s0, 0), make_input(all[d], 2, s1, 0), make_input(all[d], 2, s2, 2)};
+            spec sp = {.op = SJ_OP_CONCAT, .axis = axis - 2};
+            sj_tensor out = run(&sp, in, 3);
+            assert_int_equal(out.shape[axis], 7);
+            double *ref = ref_buf(&out);
+            tu_ref_concat(in, 3, axis, ref);
+            check_and_free(&out, ref, 0, "concat");
+        }
+    for (int d = 0; d < 6; d++) {
+        sj_tensor table = make_input(all[d], 3, (int64_t[]){10, 2, 3}, 1);
+        sj_tensor idx = tu_tensor(d % 2 ? SJ_I64 : SJ_I32, 2, (int64_t[]){2, 4});
+        tu_fill_range(&idx, 0, 9);
+        sj_tensor in[2] = {table, idx};
+        spec sp = {.op = SJ_OP_GATHER};
+        sj_tensor out = run(&sp, in, 2);
+        assert_int_equal(out.rank, 4);
+        double *ref = ref_buf(&out);
+        tu_ref_gather(&table, &idx, ref);
+        check_and_free(&out, ref, 0, "gather");
+    }
+}
+
+/* -- A small encoder layer against a double implementation ------------------------------ */
+
+enum { EH = 16, ENH = 4, EHD = 4, EFF = 32 };
+
+typedef struct enc {
+    sj_tensor wqkv, bqkv, wo, bo, g1, b1, w1, bf1, w2, bf2, g2, b2;
+} enc;
+
+static sj_val heads(sj_tracer *t, sj_val qkv, int64_t off) {
+    sj_val part = sj_slice(t, qkv, 2, off, off + EH, 1);
+    sj_dim d[4] = {sj_dim_of(t, qkv, 0), sj_dim_of(t, qkv, 1), sj_dim_const(t, ENH), sj_dim_const(t, EHD)};
+    return sj_permute(t, sj_reshape(t, part, 4, d), (int[]){0, 2, 1, 3});
+}
+
+static sj_val lin(sj_tracer *t, sj_val x, const sj_tensor *w, const sj_tensor *b) {
+    return sj_add(t, sj_matmul(t, x, sj_param(t, w)), sj_param(t, b));
+}
+
+static sj_status enc_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    const enc *w = u;
+    sj_val x = in[0];
+    sj_val qkv = lin(t, x, &w->wqkv, &w->bqkv);
+    sj_val a = sj_attention(t, heads(t, qkv, 0), heads(t, qkv, EH), heads(t, qkv, 2 * EH), in[1], 0.5, 0);
+    a = sj_reshape(t, sj_permute(t, a, (int[]){0, 2, 1, 3}), 3,
+                   (sj_dim[]){sj_dim_of(t, x, 0), sj_dim_of(t, x, 1), sj_dim_const(t, EH)});
+    sj_val x1 = sj_layer_norm(t, sj_add(t, x, lin(t, a, &w->wo, &w->bo)), sj_param(t, &w->g1), sj_param(t, &w->b1), 1e-5);
+    sj_val f = lin(t, sj_gelu(t, lin(t, x1, &w->w1, &w->bf1)), &w->w2, &w->bf2);
+    return sj_output(t, sj_layer_norm(t, sj_add(t, x1, f), sj_param(t, &w->g2), sj_param(t, &w->b2), 1e-5));
+}
+
+static double P(const sj_tensor *t, int64_t i) { return tu_get(t, i); }
+
+static void ref_linear(const double *x, int64_t rows, int64_t k, const sj_tensor *w, const sj_tensor *b, int64_t n,
+                       double *y) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = P(b, j);
+            for (int64_t i = 0; i < k; i++) s += x[r * k + i] * P(w, i * n + j);
+            y[r * n + j] = s;
+        }
+}
+
+static void ref_ln(double *x, int64_t rows, int64_t d, const sj_tensor *g, const sj_tensor *b) {
+    for (int64_t r = 0; r < rows; r++) {
+        double m = 0, v = 0;
+        for (int64_t i = 0; i < d; i++) m += x[r * d + i];
+        m /= (double)d;
+        for (int64_t i = 0; i < d; i++) v += (x[r * d + i] - m) * (x[r * d + i] - m);
+        v /= (double)d;
+        for (int64_t i = 0; i < d; i++) x[r * d + i] = (x[r * d + i] - m) / sqrt(v + 1e-5) * P(g, i) + P(b, i);
+    }
+}
+
+static void test_encoder_layer(void **state) {
+    tu_seed(1212);
+    enc w;
+    struct {
+        sj_tensor *t;
+        int rank;
+        int64_t s0, s1;
+    } ps[] = {{&w.wqkv, 2, EH, 3 * EH}, {&w.bqkv, 1, 3 * EH, 0}, {&w.wo, 2, EH, EH}, {&w.bo, 1, EH, 0},
+              {&w.g1, 1, EH, 0},        {&w.b1, 1, EH, 0},       {&w.w1, 2, EH, EFF}, {&w.bf1, 1, EFF, 0},
+              {&w.w2, 2, EFF, EH},      {&w.bf2, 1, EH, 0},      {&w.g2, 1, EH, 0},  {&w.b2, 1, EH, 0}};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        *ps[i].t = tu_tensor(SJ_F32, ps[i].rank, (int64_t[]){ps[i].s0, ps[i].s1});
+        tu_fill_range(ps[i].t, -0.5, 0.5);
+    }
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "encoder", 2, enc_model, &w, NULL, &fn), SJ_OK);
+    const int64_t B = 2;
+    for (int64_t S = 3; S <= 9; S += 3) {
+        sj_tensor x = tu_tensor(SJ_F32, 3, (int64_t[]){B, S, EH});
+        tu_fill_random(&x);
+        sj_tensor len = tu_tensor(SJ_I32, 1, &B);
+        tu_seti(&len, 0, S);
+        tu_seti(&len, 1, S - 1);
+        sj_tensor in[2] = {x, len}, out = {0};
+        assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_OK);
+
+        int64_t R = B * S;
+        double *xd = malloc(sizeof(double) * (size_t)(R * EH)), *qkv = malloc(sizeof(double) * (size_t)(R * 3 * EH)),
+               *att = calloc((size_t)(R * EH), sizeof(double)), *h = malloc(sizeof(double) * (size_t)(R * EH)),
+               *f1 = malloc(sizeof(double) * (size_t)(R * EFF)), *f2 = malloc(sizeof(double) * (size_t)(R * EH));
+        for (int64_t i = 0; i < R * EH; i++) xd[i] = P(&x, i);
+        ref_linear(xd, R, EH, &w.wqkv, &w.bqkv, 3 * EH, qkv);
+        for (int64_t b = 0; b < B; b++)
+            for (int hh = 0; hh < ENH; hh++)
+                for (int64_t i = 0; i < S; i++) {
+                    int64_t L = tu_geti(&len, b);
+                    double sc[16], mx = -INFINITY, sum = 0;
+                    for (int64_t j = 0; j < L; j++) {
+                        double s = 0;
+                        for (int e = 0; e < EHD; e++)
+                            s += qkv[(b * S + i) * 3 * EH + hh * EHD + e] * qkv[(b * S + j) * 3 * EH + EH + hh * EHD + e];
+                        sc[j] = 0.5 * s;
+                        mx = fmax(mx, sc[j]);
+                    }
+                    for (int64_t j = 0; j < L; j++) sum += (sc[j] = exp(sc[j] - mx));
+                    for (int e = 0; e < EHD; e++) {
+                        double o = 0;
+                        for (int64_t j = 0; j < L; j++) o += sc[j] / sum * qkv[(b * S + j) * 3 * EH + 2 * EH + hh * EHD + e];
+                        att[(b * S + i) * EH + hh * EHD + e] = o;
+                    }
+                }
+        ref_linear(att, R, EH, &w.wo, &w.bo, EH, h);
+        for (int64_t i = 0; i < R * EH; i++) h[i] += xd[i];
+        ref_ln(h, R, EH, &w.g1, &w.b1);
+        ref_linear(h, R, EH, &w.w1, &w.bf1, EFF, f1);
+        for (int64_t i = 0; i < R * EFF; i++) f1[i] = 0.5 * f1[i] * (1 + erf(f1[i] / sqrt(2.0)));
+        ref_linear(f1, R, EFF, &w.w2, &w.bf2, EH, f2);
+        for (int64_t i = 0; i < R * EH; i++) f2[i] += h[i];
+        ref_ln(f2, R, EH, &w.g2, &w.b2);
+        if (!tu_check(&out, f2, 1e-4, "encoder")) fail_msg("encoder S=%lld", (long long)S);
+        free(xd), free(qkv), free(att), free(h), free(f1), free(f2);
+        sj_tensor_free(rt, &out);
+    }
+    sj_fn_destroy(fn);
+}
+
+int main(void) {
+#define T(f) cmocka_unit_test_teardown(f, each_teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_unary_all),      T(test_binary_all),         T(test_weak_scalars),  T(test_where_and_cast),
+        T(test_reductions),     T(test_softmax_and_norms),  T(test_matmul),        T(test_attention),
+        T(test_permute_slice),  T(test_reshape_noncontiguous), T(test_concat_gather), T(test_encoder_layer),
+    };
+    return cmocka_run_group_tests_name("ops", tests, setup, teardown);
+}
