@@ -853,6 +853,34 @@ sj_expr sj_ex_max(sj_exprs *p, sj_expr a, sj_expr b) { return minmax(p, OP_MAX, 
 
 /* -- Inspecting ---------------------------------------------------------- */
 
+sj_expr sj_ex_primitive(sj_exprs *p, sj_expr e) {
+    if (!p || !ok_id(p, e) || p->nodes[e].op != OP_POLY) return e;
+    const node *nd = &p->nodes[e];
+    uint64_t g = mag(nd->c);
+    for (int32_t i = 0; i < nd->b; i++) g = gcd_u64(g, mag(p->terms[nd->a + i].coef));
+    if (g <= 1 || g > (uint64_t)INT64_MAX) return e;
+    return sj_ex_floordiv(p, e, sj_ex_const(p, (int64_t)g));
+}
+
+bool sj_ex_is_mod_const(const sj_exprs *p, sj_expr e, sj_expr *a, int64_t *k) {
+    if (!p || !ok_id(p, e)) return false;
+    const node *nd = &p->nodes[e];
+    uint64_t c = 1;
+    if (nd->op == OP_POLY) { /* c * (x % k): one term, one factor, no constant */
+        if (nd->c != 0 || nd->b != 1) return false;
+        const term *t = &p->terms[nd->a];
+        if (t->nfac != 1 || p->facs[t->fac].exp != 1) return false;
+        c = mag(t->coef);
+        nd = &p->nodes[p->facs[t->fac].atom];
+    }
+    int64_t kv;
+    if (nd->op != OP_MOD || !cval(p, nd->b, &kv) || kv < 2) return false;
+    if (c == 0 || c > (uint64_t)INT64_MAX / (uint64_t)(kv - 1)) return false; /* c*(x%k) must not wrap */
+    *a = nd->a;
+    *k = kv;
+    return true;
+}
+
 int sj_ex_count(const sj_exprs *p) { return p ? p->n : 0; }
 
 bool sj_ex_is_const(const sj_exprs *p, sj_expr e, int64_t *value) {

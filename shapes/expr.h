@@ -59,6 +59,10 @@ sj_expr sj_ex_mod(sj_exprs *p, sj_expr a, sj_expr b);
 sj_expr sj_ex_min(sj_exprs *p, sj_expr a, sj_expr b);
 sj_expr sj_ex_max(sj_exprs *p, sj_expr a, sj_expr b);
 
+/* e divided by the gcd of its coefficients and constant (e itself when that
+ * is 1 or e is not a polynomial): e == 0 exactly when the result is 0. */
+sj_expr sj_ex_primitive(sj_exprs *p, sj_expr e);
+
 /* -- Inspecting ---------------------------------------------------------- */
 
 int sj_ex_count(const sj_exprs *p); /* number of expression ids */
@@ -70,6 +74,10 @@ uint64_t sj_ex_syms(const sj_exprs *p, sj_expr e);
 /* Conservative bounds of e given the symbols' ranges (lo may be INT64_MIN,
  * hi SJ_EX_INF). */
 void sj_ex_range(const sj_exprs *p, sj_expr e, int64_t *lo, int64_t *hi);
+
+/* True when e is x % k or c*(x % k) (c != 0, no wrap) with k >= 2 a
+ * constant: then e == 0 exactly when x is a multiple of k. */
+bool sj_ex_is_mod_const(const sj_exprs *p, sj_expr e, sj_expr *x, int64_t *k);
 
 /* -- Evaluating ---------------------------------------------------------- */
 

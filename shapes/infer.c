@@ -20,6 +20,12 @@ void sj_infer_free(sj_infer *c) {
 }
 
 static void add_fact(sj_infer *c, sj_expr lhs, sj_rel rel, sj_expr rhs) {
+    int64_t k;
+    if ((rel == SJ_REL_EQ || rel == SJ_REL_NE) && sj_ex_is_const(c->ex, rhs, &k) && k == 0) {
+        /* 4*(s0 % 2) == 0 is s0 % 2 == 0: keeps divisibility facts recognisable */
+        sj_expr p = sj_ex_primitive(c->ex, lhs);
+        if (p != SJ_EX_NONE) lhs = p;
+    }
     for (int i = 0; i < c->n_facts; i++) {
         const sj_fact *f = &c->facts[i];
         if (f->lhs == lhs && f->rhs == rhs && f->rel == rel) return;
@@ -31,7 +37,11 @@ static void add_fact(sj_infer *c, sj_expr lhs, sj_rel rel, sj_expr rhs) {
         c->facts = nf;
         c->cap_facts = cap;
     }
-    c->facts[c->n_facts++] = (sj_fact){lhs, rhs, rel};
+    sj_fact *f = &c->facts[c->n_facts++];
+    f->lhs = lhs;
+    f->rhs = rhs;
+    f->rel = rel;
+    snprintf(f->why, sizeof f->why, "%s", c->why ? c->why : "");
 }
 
 static sj_status fail(sj_infer *c, const char *fmt, ...) {
@@ -94,8 +104,9 @@ char *sj_shape_str(const sj_exprs *ex, const sj_shape *s, char *buf, size_t n) {
     return buf;
 }
 
+/* A size in an error message: its value in the call being traced. */
 static const char *dstr(sj_infer *c, sj_expr e, char *buf, size_t n) {
-    sj_ex_print(c->ex, e, buf, n);
+    snprintf(buf, n, "%lld", (long long)sj_ex_hint(c->ex, e));
     return buf;
 }
 

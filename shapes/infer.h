@@ -29,12 +29,14 @@ typedef enum sj_rel { SJ_REL_EQ, SJ_REL_NE, SJ_REL_LT, SJ_REL_GE } sj_rel;
 typedef struct sj_fact {
     sj_expr lhs, rhs;
     sj_rel rel;
+    char why[128]; /* the op that relied on it, e.g. "add(f32[s0, 4], f32[s1, 4])" */
 } sj_fact;
 
 typedef struct sj_infer {
     sj_exprs *ex;
     sj_fact *facts;
     int n_facts, cap_facts;
+    const char *why; /* set by the caller before each op: copied into new facts */
     char msg[256];
 } sj_infer;
 
