@@ -1,0 +1,99 @@
+/* The per-function table of guarded entries.
+ *
+ * An entry is one trace: its graph, its guard set, and counters. Entries
+ * form a list, newest first, published with an atomic store and walked
+ * without a lock (entries are immutable once published, except their atomic
+ * counters, and live until the table is destroyed).
+ *
+ * In front of the guard sets sits the memo: a uthash table from an exact
+ * input signature to the entry that serves it and the symbol values it
+ * binds, so that a signature seen before costs one hash and one compare.
+ * The memo is read under a read lock and grown under the write lock.
+ *
+ * Lock order: the function's trace lock, then the memo lock.
+ */
+#ifndef SJ_TABLE_H
+#define SJ_TABLE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <uthash.h>
+
+#include "guards/guard.h"
+#include "jit/graph.h"
+
+/* An input signature, packed as int64 words: per input, one word of
+ * dtype | rank << 8 | device << 16, then its sizes, then its strides. */
+#define SJ_SIG_WORDS_MAX (SJ_MAX_INPUTS * (1 + 2 * SJ_MAX_RANK))
+/* Symbols of one trace: at most one per input size. */
+#define SJ_MAX_SYMS (SJ_MAX_INPUTS * SJ_MAX_RANK)
+/* Exact signatures memoised per function; past it, guard sets serve. */
+#define SJ_MEMO_MAX 4096
+
+typedef struct sj_entry {
+    struct sj_entry *next; /* older entry */
+    int id;                /* 0, 1, ... in creation order */
+    sj_graph *g;
+    sj_guard_set *guards;
+    int n_syms;
+    bool symbolic;         /* some size is a symbol */
+    bool bucketed;         /* some size is a bucket */
+    bool fallback;         /* made past the recompile limit */
+    char what[128];        /* "symbolic in x.size(0)", "static", ... */
+    char reason[1024];     /* why it was traced */
+    _Atomic uint64_t calls;
+    _Atomic size_t arena_hint;
+    _Atomic bool hot;      /* reached the hot threshold */
+} sj_entry;
+
+/* One exact signature -> its entry and symbol values. */
+typedef struct sj_memo {
+    UT_hash_handle hh;
+    sj_entry *entry;
+    _Atomic uint64_t calls;
+    _Atomic bool hot;      /* marked for a specialized compile */
+    int key_words;
+    int64_t *syms;         /* entry->n_syms values, after the key */
+    int64_t key[];
+} sj_memo;
+
+typedef struct sj_table {
+    pthread_rwlock_t lock; /* the memo */
+    sj_memo *memo;
+    int n_memo;
+    _Atomic(sj_entry *) entries; /* newest first */
+    _Atomic int n_entries;       /* written under the function's trace lock */
+} sj_table;
+
+int sj_table_init(sj_table *t);
+/* Frees every memo item and entry (graphs and guard sets included). */
+void sj_table_destroy(sj_table *t);
+
+/* Pack a signature; returns the number of words. */
+int sj_sig_pack(const sj_tensor *in, int n, int64_t *sig);
+unsigned sj_sig_hash(const int64_t *sig, int words);
+
+/* The memo item for an exact signature, or NULL. */
+sj_memo *sj_table_find(sj_table *t, const int64_t *sig, int words, unsigned hash);
+
+/* The newest entry whose guards pass, with its symbol values in sym_vals;
+ * NULL if none. With fails non-NULL, records the first failing guard of
+ * each entry tried (up to max_fails) and sets *n_fails. Lock-free. */
+sj_entry *sj_table_match(sj_table *t, const sj_tensor *in, int64_t *sym_vals, sj_guard_failure *fails,
+                         int max_fails, int *n_fails);
+
+/* Memoise signature -> (e, sym_vals). Returns the item (an existing one if
+ * another thread got there first), or NULL when the memo is full or memory
+ * ran out (the call is still served; the signature just is not memoised). */
+sj_memo *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned hash, sj_entry *e,
+                          const int64_t *sym_vals);
+
+/* Publish a new entry at the head of the list (caller holds the function's
+ * trace lock). */
+void sj_table_publish(sj_table *t, sj_entry *e);
+
+/* Free an entry that was never published. */
+void sj_entry_free(sj_entry *e);
+
+#endif /* SJ_TABLE_H */
