@@ -1,11 +1,13 @@
 /* The call path: sj_call.
  *
- *   check arguments -> signature of the inputs (on the stack) -> one hash ->
- *   memo lookup under a read lock -> (miss: trace under the trace lock) ->
- *   execute the entry's graph with no lock held.
+ *   check arguments -> signature of the inputs (on the stack) -> one hash
+ *   -> memo (exact signature -> entry + symbol values) under a read lock
+ *   -> miss: the entries' guard sets, newest first (lock-free), memoised
+ *   -> none passes: retrace under the trace lock, by the policy
+ *   -> execute the entry's graph with no lock held
+ *   -> count the call (hot entries, hot shapes of symbolic entries).
  *
- * A warm hit allocates nothing: the signature lives on the stack and the
- * execution arena comes from the function's pool.
+ * A memo hit allocates nothing and takes no lock but the memo's read lock.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,38 +19,7 @@
 #include "jit/trace.h"
 
 #define RELAXED memory_order_relaxed
-
-/* -- Signatures -------------------------------------------------------------- */
-
-static int pack_sig(const sj_tensor *in, int n, int64_t *sig) {
-    int w = 0;
-    for (int i = 0; i < n; i++) {
-        const sj_tensor *x = &in[i];
-        sig[w++] = (int64_t)x->dtype | (int64_t)x->rank << 8 | (int64_t)x->device << 16;
-        for (int a = 0; a < x->rank; a++) sig[w++] = x->shape[a];
-        for (int a = 0; a < x->rank; a++) sig[w++] = x->stride[a];
-    }
-    return w;
-}
-
-/* A fast 64-bit mix over the words, folded to uthash's 32 bits. */
-static unsigned sig_hash(const int64_t *sig, int n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-    for (int i = 0; i < n; i++) {
-        h ^= (uint64_t)sig[i];
-        h *= 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 31;
-    }
-    return (unsigned)(h ^ (h >> 32));
-}
-
-static sj_entry *memo_find(sj_fn *fn, const int64_t *sig, int words, unsigned h) {
-    sj_memo *m = NULL;
-    pthread_rwlock_rdlock(&fn->memo_lock);
-    HASH_FIND_BYHASHVALUE(hh, fn->memo, sig, (unsigned)(words * sizeof(int64_t)), h, m);
-    pthread_rwlock_unlock(&fn->memo_lock);
-    return m ? m->entry : NULL;
-}
+#define MAX_FAILS 64
 
 /* -- Argument checks ---------------------------------------------------------- */
 
@@ -61,74 +32,210 @@ static sj_status check_args(const sj_fn *fn, const sj_tensor *inputs, int n_inpu
         return sj_seterr(SJ_EINVAL, "fn '%s': n_outputs %d out of range [0, %d]", fn->name, n_outputs, SJ_MAX_OUTPUTS);
     if (n_outputs > 0 && !outputs) return sj_seterr(SJ_EINVAL, "fn '%s': outputs is NULL", fn->name);
     for (int i = 0; i < n_inputs; i++) {
-        char what[32];
-        snprintf(what, sizeof what, "input %d", i);
+        if (sj_tensor_valid(&inputs[i]) && inputs[i].device == SJ_HOST) continue;
+        char what[64]; /* the slow path: name the input in the message */
+        sj_input_name((const char *const *)fn->input_names, i, what, sizeof what);
         sj_status st = sj_tensor_check(&inputs[i], what);
-        if (st) {
-            sj_err_prefix("fn '%s': ", fn->name);
-            return st;
-        }
-        if (inputs[i].device != SJ_HOST)
-            return sj_seterr(SJ_EINVAL, "fn '%s': input %d is device memory; the %s backend takes host memory",
-                             fn->name, i, "CPU");
+        if (!st) st = sj_seterr(SJ_EINVAL, "%s is device memory; the CPU backend takes host memory", what);
+        sj_err_prefix("fn '%s': ", fn->name);
+        return st;
     }
     return SJ_OK;
 }
 
-/* -- Tracing a new signature -------------------------------------------------- */
+/* -- Counting --------------------------------------------------------------- */
 
-static sj_status trace_entry(sj_fn *fn, const sj_tensor *inputs, const int64_t *sig, int words, unsigned h,
-                             sj_entry **out) {
+static bool at_limit(const sj_fn *fn) {
+    return atomic_load_explicit(&fn->table.n_entries, RELAXED) >= fn->policy.limit ||
+           atomic_load_explicit(&fn->rt->total_entries, RELAXED) >= fn->rt->cfg.total_recompile_limit;
+}
+
+static void note_call(sj_fn *fn, sj_entry *e) {
+    uint64_t c = atomic_fetch_add_explicit(&e->calls, 1, RELAXED) + 1;
+    if (c == (uint64_t)fn->policy.hot_threshold && !atomic_exchange(&e->hot, true)) {
+        atomic_fetch_add_explicit(&fn->c.hot_entries, 1, RELAXED);
+        sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
+                (unsigned long long)c);
+    }
+}
+
+/* A symbolic entry counts the exact shapes it serves; a shape that reaches
+ * the threshold is marked for a specialized compile, within the budget and
+ * the recompile limit. */
+static void note_shape(sj_fn *fn, sj_memo *m) {
+    if (!m->entry->symbolic) return;
+    uint64_t c = atomic_fetch_add_explicit(&m->calls, 1, RELAXED) + 1;
+    if (c != (uint64_t)fn->policy.specialize_threshold) return;
+    int used = atomic_load_explicit(&fn->specializations, RELAXED);
+    if (used >= fn->policy.specialize_budget ||
+        atomic_load_explicit(&fn->table.n_entries, RELAXED) + used >= fn->policy.limit)
+        return;
+    if (atomic_fetch_add(&fn->specializations, 1) >= fn->policy.specialize_budget) return;
+    atomic_store(&m->hot, true);
+    atomic_fetch_add_explicit(&fn->c.hot_shapes, 1, RELAXED);
+    sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': a shape of entry %d is hot after %llu calls: marked for specialization",
+            fn->name, m->entry->id, (unsigned long long)c);
+}
+
+/* -- Retracing ---------------------------------------------------------------- */
+
+/* Record the failures that led to a retrace: stats, the recent ring, the
+ * callback. Under the trace lock. */
+static void record_failures(sj_fn *fn, const sj_guard_failure *fails, int n) {
+    for (int i = 0; i < n; i++) {
+        atomic_fetch_add_explicit(&fn->c.guard_failures[fails[i].kind], 1, RELAXED);
+        fn->recent[fn->n_recent++ % SJ_RECENT_FAILURES] = fails[i];
+        if (fn->on_guard_fail) fn->on_guard_fail(fn->on_guard_fail_user, &fails[i]);
+    }
+}
+
+static void summarize(const sj_guard_failure *fails, int n, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%sentry %d: %s", i ? "; " : "", fails[i].entry, fails[i].message);
+}
+
+static void log_guards(const sj_fn *fn, const sj_entry *e) {
+    if (!sj_log_on(fn->rt, SJ_LOG_GUARDS)) return;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return;
+    sj_guard_print(e->guards, f, "  ");
+    fclose(f);
+    sj_logf(fn->rt, SJ_LOG_GUARDS, "fn '%s': entry %d (%s) guards:", fn->name, e->id, e->what);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) sj_logf(fn->rt, SJ_LOG_GUARDS, "%s", line);
+    free(text);
+}
+
+/* Build the entry for a trace of `in` under plan. On success *out is a new,
+ * unpublished entry whose guards pass for `in` (sym_vals filled). */
+static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64_t *sym_vals, sj_entry **out) {
+    const char *const *names = (const char *const *)fn->input_names;
+    sj_trace_req req = {.fn_name = fn->name, .model = fn->model, .user = fn->user, .inputs = in,
+                        .n_inputs = fn->n_inputs, .dim_policy = sj_plan_dim, .dim_ctx = plan};
+    sj_trace_result res;
+    sj_status st = sj_trace(&req, &res);
+    if (st) return st;
+    sj_graph *g = res.graph;
+    st = sj_plan_check_facts(plan, g->ex, res.facts, res.n_facts);
+    if (st) sj_err_prefix("fn '%s': ", fn->name);
+
+    sj_entry *e = NULL;
+    if (!st) {
+        sj_guard_input gi[SJ_MAX_INPUTS];
+        for (int i = 0; i < fn->n_inputs; i++) {
+            const sj_value *v = &g->vals[i]; /* inputs are the first values */
+            gi[i] = (sj_guard_input){.dtype = in[i].dtype, .rank = in[i].rank, .device = in[i].device,
+                                     .contiguous = sj_tensor_is_contiguous(&in[i])};
+            for (int a = 0; a < in[i].rank; a++) {
+                gi[i].dim[a] = v->shape[a];
+                gi[i].stride[a] = in[i].stride[a];
+            }
+        }
+        e = calloc(1, sizeof *e);
+        if (e) {
+            e->id = atomic_load_explicit(&fn->table.n_entries, RELAXED);
+            e->g = g;
+            e->guards = sj_guard_build(g->ex, gi, fn->n_inputs, res.facts, res.n_facts, names, e->id);
+        }
+        if (!e || !e->guards) {
+            st = sj_seterr(SJ_ENOMEM, "fn '%s': out of memory building guards", fn->name);
+        } else {
+            sj_guard_failure f;
+            if (!sj_guard_check(e->guards, in, sym_vals, &f))
+                st = sj_seterr(SJ_EINTERNAL, "fn '%s': the new trace's guards reject the inputs that made it: %s",
+                               fn->name, f.message);
+        }
+    }
+    free(res.facts);
+    if (st) {
+        if (e) sj_entry_free(e); /* frees g too */
+        else sj_graph_destroy(g);
+        return st;
+    }
+    e->n_syms = sj_sym_count(g->ex);
+    e->symbolic = e->n_syms > 0;
+    for (int i = 0; i < fn->n_inputs; i++)
+        for (int a = 0; a < in[i].rank; a++) e->bucketed |= plan->dims[i][a].bucketed;
+    e->fallback = plan->fallback;
+    sj_plan_describe(plan, in, e->what, sizeof e->what);
+    *out = e;
+    return SJ_OK;
+}
+
+/* No entry's guards pass: trace a new one by the policy. *transient is set
+ * when the entry is not kept (past the limit with a fallback entry already
+ * made): the caller runs it once and frees it. */
+static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_entry **out, bool *transient) {
+    *transient = false;
     pthread_mutex_lock(&fn->trace_lock);
-    sj_entry *e = memo_find(fn, sig, words, h); /* another thread may have traced it */
-    if (e) {
+    sj_guard_failure fails[MAX_FAILS];
+    int nf = 0;
+    sj_entry *e = sj_table_match(&fn->table, in, sym_vals, fails, MAX_FAILS, &nf);
+    if (e) { /* another thread traced it meanwhile */
         pthread_mutex_unlock(&fn->trace_lock);
         *out = e;
         return SJ_OK;
     }
-    sj_trace_req req = {.fn_name = fn->name, .model = fn->model, .user = fn->user, .inputs = inputs,
-                        .n_inputs = fn->n_inputs};
-    sj_trace_result res;
-    sj_status st = sj_trace(&req, &res);
+    char why[1024];
+    summarize(fails, nf, why, sizeof why);
+
+    record_failures(fn, fails, nf); /* whether or not the retrace succeeds */
+    sj_status st = SJ_OK;
+    bool fallback = false;
+    if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0 && at_limit(fn)) {
+        atomic_fetch_add_explicit(&fn->c.limit_hits, 1, RELAXED);
+        const char *last = nf ? fails[0].message : "";
+        if (fn->policy.limit_is_error) {
+            st = sj_seterr(SJ_ELIMIT, "fn '%s': recompile limit reached (%d entries here, %d in the runtime); last failure: %s",
+                           fn->name, atomic_load(&fn->table.n_entries), atomic_load(&fn->rt->total_entries), last);
+            goto done;
+        }
+        if (!fn->limit_logged) {
+            fn->limit_logged = true;
+            sj_logf(fn->rt, SJ_LOG_WARN,
+                    "fn '%s': recompile limit reached (%d entries); new shapes are served by a symbolic entry for the "
+                    "sizes that vary; last failure: %s",
+                    fn->name, atomic_load(&fn->table.n_entries), last);
+        }
+        fallback = true;
+        *transient = fn->fallback_made;
+    }
+
+    sj_plan *plan = malloc(sizeof *plan);
+    if (!plan) {
+        st = sj_seterr(SJ_ENOMEM, "fn '%s': out of memory planning a trace", fn->name);
+        goto done;
+    }
+    st = sj_policy_plan(&fn->policy, in, fallback, (const char *const *)fn->input_names, plan);
+    if (st) sj_err_prefix("fn '%s': ", fn->name);
+    if (!st) st = make_entry(fn, in, plan, sym_vals, &e);
+    free(plan);
     if (st) {
         atomic_fetch_add_explicit(&fn->c.trace_errors, 1, RELAXED);
-        pthread_mutex_unlock(&fn->trace_lock);
-        return st;
+        goto done;
     }
-    free(res.facts); /* every size is a constant: nothing to guard beyond the signature */
-
-    size_t key_bytes = (size_t)words * sizeof(int64_t);
-    e = calloc(1, sizeof *e);
-    sj_memo *m = malloc(sizeof *m + key_bytes);
-    int64_t *sig_copy = malloc(key_bytes ? key_bytes : 1);
-    if (!e || !m || !sig_copy) {
-        free(e);
-        free(m);
-        free(sig_copy);
-        sj_graph_destroy(res.graph);
-        pthread_mutex_unlock(&fn->trace_lock);
-        return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory adding an entry", fn->name);
-    }
-    memcpy(sig_copy, sig, key_bytes);
-    memcpy(m->key, sig, key_bytes);
-    e->g = res.graph;
-    e->sig = sig_copy;
-    e->sig_words = words;
-    e->id = fn->n_entries++;
-    e->next = atomic_load_explicit(&fn->entries, RELAXED);
-    m->entry = e;
+    snprintf(e->reason, sizeof e->reason, "%s", nf ? why : "first call");
+    sj_policy_observe(&fn->policy, in);
     atomic_fetch_add_explicit(&fn->c.traces, 1, RELAXED);
-    if (sj_log_on(fn->rt, SJ_LOG_TRACE)) {
-        sj_logf(fn->rt, SJ_LOG_TRACE, "fn '%s': traced entry %d: %d nodes", fn->name, e->id, e->g->n_nodes);
+    if (fallback) fn->fallback_made = true;
+    if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0)
+        sj_logf(fn->rt, SJ_LOG_RECOMPILES, "fn '%s': retrace -> entry %d (%s%s) because %s", fn->name, e->id, e->what,
+                *transient ? ", not kept: past the recompile limit" : "", why);
+    else
+        sj_logf(fn->rt, SJ_LOG_TRACE, "fn '%s': traced entry %d (%s): %d nodes", fn->name, e->id, e->what, e->g->n_nodes);
+    log_guards(fn, e);
+    if (!*transient) {
+        sj_table_publish(&fn->table, e);
+        atomic_fetch_add(&fn->rt->total_entries, 1);
+        atomic_fetch_add_explicit(e->symbolic ? &fn->c.symbolic_entries : &fn->c.static_entries, 1, RELAXED);
     }
-
-    atomic_store_explicit(&fn->entries, e, memory_order_release);
-    pthread_rwlock_wrlock(&fn->memo_lock);
-    HASH_ADD_KEYPTR_BYHASHVALUE(hh, fn->memo, m->key, (unsigned)key_bytes, h, m);
-    pthread_rwlock_unlock(&fn->memo_lock);
-    pthread_mutex_unlock(&fn->trace_lock);
     *out = e;
-    return SJ_OK;
+done:
+    pthread_mutex_unlock(&fn->trace_lock);
+    return st;
 }
 
 /* -- sj_call ------------------------------------------------------------------ */
@@ -140,26 +247,40 @@ sj_status sj_call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *o
     if (st) goto fail;
 
     int64_t sig[SJ_SIG_WORDS_MAX];
-    int words = pack_sig(inputs, n_inputs, sig);
-    unsigned h = sig_hash(sig, words);
-    sj_entry *e = memo_find(fn, sig, words, h);
-    if (e) {
+    int64_t local_syms[SJ_MAX_SYMS];
+    int words = sj_sig_pack(inputs, n_inputs, sig);
+    unsigned h = sj_sig_hash(sig, words);
+    const int64_t *syms;
+    bool transient = false;
+    sj_entry *e;
+    sj_memo *m = sj_table_find(&fn->table, sig, words, h);
+    if (m) {
+        e = m->entry;
+        syms = m->syms;
         atomic_fetch_add_explicit(&fn->c.memo_hits, 1, RELAXED);
+        note_shape(fn, m);
     } else {
-        st = trace_entry(fn, inputs, sig, words, h, &e);
-        if (st) goto fail;
+        atomic_fetch_add_explicit(&fn->c.guard_evals, 1, RELAXED);
+        e = sj_table_match(&fn->table, inputs, local_syms, NULL, 0, NULL);
+        if (!e) {
+            st = retrace(fn, inputs, local_syms, &e, &transient);
+            if (st) goto fail;
+        }
+        if (!transient && (m = sj_table_memoize(&fn->table, sig, words, h, e, local_syms))) note_shape(fn, m);
+        syms = local_syms;
     }
 
     if (e->g->n_outputs != n_outputs) {
         st = sj_seterr(SJ_EINVAL, "fn '%s': called with %d outputs, the model produces %d", fn->name, n_outputs,
                        e->g->n_outputs);
-        goto fail;
+    } else {
+        sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
+                     .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint};
+        st = sj_exec_eager(&x);
     }
-    sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
-                 .pool = &fn->pool, .arena_hint = &e->arena_hint};
-    st = sj_exec_eager(&x);
+    if (transient) sj_entry_free(e);
     if (st) goto fail;
-    atomic_fetch_add_explicit(&e->calls, 1, RELAXED);
+    if (!transient) note_call(fn, e);
     atomic_fetch_add_explicit(&fn->c.calls, 1, RELAXED);
     atomic_fetch_add_explicit(&fn->c.eager_calls, 1, RELAXED);
     return SJ_OK;

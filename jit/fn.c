@@ -1,4 +1,5 @@
-/* Functions: lifecycle, stats, explain. The call path is in call.c. */
+/* Functions: lifecycle, options, marks and buckets, stats, explain. The
+ * call path is in call.c. */
 #include "jit/fn.h"
 
 #include <stdlib.h>
@@ -6,7 +7,62 @@
 
 #include "jit/error.h"
 
-/* -- Lifecycle ------------------------------------------------------------- */
+#define RELAXED memory_order_relaxed
+
+/* -- Options ------------------------------------------------------------------ */
+
+void sj_fn_options_init(sj_fn_options *opt) {
+    if (opt) memset(opt, 0, sizeof *opt);
+}
+
+static int pick(int v, int dflt) { return v ? v : dflt; }
+
+static sj_status check_options(const sj_fn_options *o) {
+    if ((unsigned)o->dynamic > SJ_DYNAMIC_SYMBOLIC)
+        return sj_seterr(SJ_EINVAL, "sj_fn_create: dynamic %d is not a policy", (int)o->dynamic);
+    const struct {
+        const char *name;
+        int v;
+    } f[] = {{"recompile_limit", o->recompile_limit},
+             {"hot_threshold", o->hot_threshold},
+             {"specialize_threshold", o->specialize_threshold},
+             {"specialize_budget", o->specialize_budget}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].v < 0 || f[i].v > 1000000)
+            return sj_seterr(SJ_EINVAL, "sj_fn_create: %s %d out of range [0, 1000000] (0: the runtime's default)",
+                             f[i].name, f[i].v);
+    return SJ_OK;
+}
+
+/* Buckets from the runtime's SHAPEJIT_BUCKETS rules that name this function
+ * (or '*'). A named rule with an input or axis this function lacks is an
+ * error; a '*' rule simply does not apply. */
+static sj_status apply_bucket_rules(sj_fn *fn) {
+    const sj_runtime *rt = fn->rt;
+    for (int i = 0; i < rt->n_bucket_rules; i++) {
+        const sj_bucket_rule *r = &rt->bucket_rules[i];
+        bool any = !strcmp(r->fn_name, "*");
+        if (!any && strcmp(r->fn_name, fn->name)) continue;
+        if (r->input < 0 || r->input >= fn->n_inputs || r->axis < 0 || r->axis >= SJ_MAX_RANK) {
+            if (any) continue;
+            return sj_seterr(SJ_EINVAL, "sj_fn_create: SHAPEJIT_BUCKETS names input %d axis %d of fn '%s', which has %d inputs",
+                             r->input, r->axis, fn->name, fn->n_inputs);
+        }
+        sj_bucket_spec *spec = malloc(sizeof *spec);
+        if (!spec) return sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
+        *spec = r->spec;
+        sj_policy_set_bucket(&fn->policy, r->input, r->axis, spec);
+    }
+    return SJ_OK;
+}
+
+/* -- Lifecycle ------------------------------------------------------------------ */
+
+static void free_names(char **names, int n) {
+    if (!names) return;
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
 
 sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_fn model, void *user,
                        const sj_fn_options *opt, sj_fn **out) {
@@ -17,23 +73,56 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     if (!model) return sj_seterr(SJ_EINVAL, "sj_fn_create: model is NULL");
     if (n_inputs < 0 || n_inputs > SJ_MAX_INPUTS)
         return sj_seterr(SJ_EINVAL, "sj_fn_create: n_inputs %d out of range [0, %d]", n_inputs, SJ_MAX_INPUTS);
-    if (opt) return sj_seterr(SJ_EINVAL, "sj_fn_create: opt must be NULL (no options are defined yet)");
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    if (opt) o = *opt;
+    sj_status st = check_options(&o);
+    if (st) return st;
 
     sj_fn *fn = calloc(1, sizeof *fn);
     if (!fn) return sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
-    fn->name = strdup(name ? name : "fn");
-    if (!fn->name) {
-        free(fn);
-        return sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
-    }
     fn->rt = rt;
     fn->n_inputs = n_inputs;
     fn->model = model;
     fn->user = user;
-    if (pthread_mutex_init(&fn->trace_lock, NULL)) goto fail_name;
-    if (pthread_rwlock_init(&fn->memo_lock, NULL)) goto fail_trace;
-    if (sj_pool_init(&fn->pool, rt)) goto fail_memo;
-    atomic_init(&fn->entries, NULL);
+    fn->on_guard_fail = o.on_guard_fail;
+    fn->on_guard_fail_user = o.on_guard_fail_user;
+    fn->name = strdup(name ? name : "fn");
+    bool ok = fn->name != NULL;
+    if (ok && o.input_names) {
+        fn->input_names = calloc((size_t)(n_inputs ? n_inputs : 1), sizeof *fn->input_names);
+        ok = fn->input_names != NULL;
+        for (int i = 0; ok && i < n_inputs; i++)
+            if (o.input_names[i]) ok = (fn->input_names[i] = strdup(o.input_names[i])) != NULL;
+    }
+    bool locks = false, table = false, pool = false, policy = false;
+    if (ok) ok = locks = !pthread_mutex_init(&fn->trace_lock, NULL);
+    if (ok) ok = table = !sj_table_init(&fn->table);
+    if (ok) ok = pool = !sj_pool_init(&fn->pool, rt);
+    if (ok) ok = policy = !sj_policy_init(&fn->policy, n_inputs);
+    if (ok) {
+        sj_policy *p = &fn->policy;
+        p->dynamic = o.dynamic;
+        p->limit = pick(o.recompile_limit, rt->cfg.recompile_limit);
+        p->limit_is_error = o.limit_is_error != 0;
+        p->hot_threshold = pick(o.hot_threshold, rt->cfg.hot_threshold);
+        p->specialize_threshold = pick(o.specialize_threshold, rt->cfg.specialize_threshold);
+        p->specialize_budget = pick(o.specialize_budget, rt->cfg.specialize_budget);
+        st = apply_bucket_rules(fn);
+    } else {
+        st = sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
+    }
+    if (st) {
+        if (policy) sj_policy_free(&fn->policy);
+        if (pool) sj_pool_destroy(&fn->pool);
+        if (table) sj_table_destroy(&fn->table);
+        if (locks) pthread_mutex_destroy(&fn->trace_lock);
+        free_names(fn->input_names, n_inputs);
+        free(fn->name);
+        free(fn);
+        return st;
+    }
+    atomic_init(&fn->specializations, 0);
 
     pthread_mutex_lock(&rt->lock);
     fn->next_in_rt = rt->fns;
@@ -41,15 +130,6 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     pthread_mutex_unlock(&rt->lock);
     *out = fn;
     return SJ_OK;
-
-fail_memo:
-    pthread_rwlock_destroy(&fn->memo_lock);
-fail_trace:
-    pthread_mutex_destroy(&fn->trace_lock);
-fail_name:
-    free(fn->name);
-    free(fn);
-    return sj_seterr(SJ_ENOMEM, "sj_fn_create: cannot create locks");
 }
 
 void sj_runtime_unlink_fn(sj_runtime *rt, sj_fn *fn) {
@@ -65,64 +145,211 @@ void sj_runtime_unlink_fn(sj_runtime *rt, sj_fn *fn) {
 void sj_fn_destroy(sj_fn *fn) {
     if (!fn) return;
     sj_runtime_unlink_fn(fn->rt, fn);
-    sj_memo *m, *tmp;
-    HASH_ITER(hh, fn->memo, m, tmp) {
-        HASH_DELETE(hh, fn->memo, m);
-        free(m);
-    }
-    sj_entry *e = atomic_load(&fn->entries);
-    while (e) {
-        sj_entry *next = e->next;
-        sj_graph_destroy(e->g);
-        free(e->sig);
-        free(e);
-        e = next;
-    }
+    atomic_fetch_sub(&fn->rt->total_entries, atomic_load(&fn->table.n_entries));
+    sj_table_destroy(&fn->table);
+    sj_policy_free(&fn->policy);
     sj_pool_destroy(&fn->pool);
-    pthread_rwlock_destroy(&fn->memo_lock);
     pthread_mutex_destroy(&fn->trace_lock);
+    free_names(fn->input_names, fn->n_inputs);
     free(fn->name);
     free(fn);
 }
 
-/* -- Stats and explain ------------------------------------------------------ */
+/* -- Marks and buckets ----------------------------------------------------------- */
 
-void sj_fn_stats(const sj_fn *fn, sj_stats *out) {
+static sj_status dim_args(const char *what, const sj_fn *fn, int input, int axis) {
+    sj_clearerr();
+    if (!fn) return sj_seterr(SJ_EINVAL, "%s: fn is NULL", what);
+    if (input < 0 || input >= fn->n_inputs)
+        return sj_seterr(SJ_EINVAL, "%s: input %d out of range [0, %d) of fn '%s'", what, input, fn->n_inputs, fn->name);
+    if (axis < 0 || axis >= SJ_MAX_RANK)
+        return sj_seterr(SJ_EINVAL, "%s: axis %d out of range [0, %d)", what, axis, SJ_MAX_RANK);
+    return SJ_OK;
+}
+
+sj_status sj_mark_dynamic(sj_fn *fn, int input, int axis, int64_t min, int64_t max) {
+    sj_status st = dim_args("sj_mark_dynamic", fn, input, axis);
+    if (st) return st;
+    if (min < 0 || max < min)
+        return sj_seterr(SJ_EINVAL, "sj_mark_dynamic: range [%lld, %lld] is empty or negative", (long long)min,
+                         (long long)max);
+    pthread_mutex_lock(&fn->trace_lock);
+    sj_policy_mark_dynamic(&fn->policy, input, axis, min, max);
+    pthread_mutex_unlock(&fn->trace_lock);
+    return SJ_OK;
+}
+
+sj_status sj_mark_static(sj_fn *fn, int input, int axis) {
+    sj_status st = dim_args("sj_mark_static", fn, input, axis);
+    if (st) return st;
+    pthread_mutex_lock(&fn->trace_lock);
+    sj_policy_mark_static(&fn->policy, input, axis);
+    pthread_mutex_unlock(&fn->trace_lock);
+    return SJ_OK;
+}
+
+static sj_status set_bucket(sj_fn *fn, int input, int axis, const sj_bucket_spec *spec) {
+    sj_bucket_spec *copy = malloc(sizeof *copy);
+    if (!copy) return sj_seterr(SJ_ENOMEM, "buckets: out of memory");
+    *copy = *spec;
+    pthread_mutex_lock(&fn->trace_lock);
+    sj_policy_set_bucket(&fn->policy, input, axis, copy);
+    pthread_mutex_unlock(&fn->trace_lock);
+    return SJ_OK;
+}
+
+#define BUCKET_API(fname, label, build)                                                            \
+    {                                                                                              \
+        sj_status st = dim_args(label, fn, input, axis);                                           \
+        if (st) return st;                                                                         \
+        sj_bucket_spec spec;                                                                       \
+        if ((st = build)) {                                                                        \
+            sj_err_prefix(label ": ");                                                             \
+            return st;                                                                             \
+        }                                                                                          \
+        return set_bucket(fn, input, axis, &spec);                                                 \
+    }
+
+sj_status sj_set_buckets(sj_fn *fn, int input, int axis, const int64_t *bounds, int n)
+    BUCKET_API(sj_set_buckets, "sj_set_buckets", sj_bucket_list(&spec, bounds, n))
+sj_status sj_set_buckets_pow2(sj_fn *fn, int input, int axis, int64_t lo, int64_t hi)
+    BUCKET_API(sj_set_buckets_pow2, "sj_set_buckets_pow2", sj_bucket_pow2(&spec, lo, hi))
+sj_status sj_set_buckets_multiple(sj_fn *fn, int input, int axis, int64_t n)
+    BUCKET_API(sj_set_buckets_multiple, "sj_set_buckets_multiple", sj_bucket_multiple(&spec, n))
+sj_status sj_set_profile(sj_fn *fn, int input, int axis, int64_t min, int64_t opt, int64_t max)
+    BUCKET_API(sj_set_profile, "sj_set_profile", sj_bucket_profile(&spec, min, opt, max))
+
+/* -- Stats ------------------------------------------------------------------------ */
+
+void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
-    if (!fn) return;
-    sj_fn_counters *c = (sj_fn_counters *)&fn->c;
-    out->calls = atomic_load_explicit(&c->calls, memory_order_relaxed);
-    out->errors = atomic_load_explicit(&c->errors, memory_order_relaxed);
-    out->eager_calls = atomic_load_explicit(&c->eager_calls, memory_order_relaxed);
-    out->traces = atomic_load_explicit(&c->traces, memory_order_relaxed);
-    out->trace_errors = atomic_load_explicit(&c->trace_errors, memory_order_relaxed);
-    out->memo_hits = atomic_load_explicit(&c->memo_hits, memory_order_relaxed);
-    for (sj_entry *e = atomic_load(&((sj_fn *)fn)->entries); e; e = e->next) out->entries++;
+    if (!cfn) return;
+    sj_fn *fn = (sj_fn *)cfn; /* atomics are read through a non-const pointer */
+    sj_fn_counters *c = &fn->c;
+    out->calls = atomic_load_explicit(&c->calls, RELAXED);
+    out->errors = atomic_load_explicit(&c->errors, RELAXED);
+    out->eager_calls = atomic_load_explicit(&c->eager_calls, RELAXED);
+    out->traces = atomic_load_explicit(&c->traces, RELAXED);
+    out->trace_errors = atomic_load_explicit(&c->trace_errors, RELAXED);
+    out->memo_hits = atomic_load_explicit(&c->memo_hits, RELAXED);
+    out->guard_evals = atomic_load_explicit(&c->guard_evals, RELAXED);
+    for (int k = 0; k < SJ_GUARD_KIND_COUNT; k++)
+        out->guard_failures[k] = atomic_load_explicit(&c->guard_failures[k], RELAXED);
+    out->limit_hits = atomic_load_explicit(&c->limit_hits, RELAXED);
+    out->hot_entries = atomic_load_explicit(&c->hot_entries, RELAXED);
+    out->hot_shapes = atomic_load_explicit(&c->hot_shapes, RELAXED);
+    out->static_entries = atomic_load_explicit(&c->static_entries, RELAXED);
+    out->symbolic_entries = atomic_load_explicit(&c->symbolic_entries, RELAXED);
+    out->entries = out->static_entries + out->symbolic_entries;
 }
 
-static void print_sig(FILE *out, const int64_t *sig, int n_inputs) {
-    const int64_t *w = sig;
-    for (int i = 0; i < n_inputs; i++) {
-        int dt = (int)(w[0] & 0xff), rank = (int)((w[0] >> 8) & 0xff);
-        fprintf(out, "%s%s[", i ? ", " : "", sj_dtype_name((sj_dtype)dt));
-        for (int a = 0; a < rank; a++) fprintf(out, a ? ", %lld" : "%lld", (long long)w[1 + a]);
-        fprintf(out, "]");
-        w += 1 + 2 * rank;
+int sj_fn_entries(const sj_fn *cfn, sj_entry_info *out, int max) {
+    if (!cfn) return 0;
+    sj_fn *fn = (sj_fn *)cfn;
+    int n = 0;
+    for (sj_entry *e = atomic_load_explicit(&fn->table.entries, memory_order_acquire); e; e = e->next, n++) {
+        if (!out || n >= max) continue;
+        sj_entry_info *i = &out[n];
+        memset(i, 0, sizeof *i);
+        i->id = e->id;
+        i->symbolic = e->symbolic;
+        i->bucketed = e->bucketed;
+        i->fallback = e->fallback;
+        i->hot = atomic_load_explicit(&e->hot, RELAXED);
+        i->n_symbols = e->n_syms;
+        i->n_guards = sj_guard_size(e->guards);
+        i->calls = atomic_load_explicit(&e->calls, RELAXED);
+        snprintf(i->what, sizeof i->what, "%s", e->what);
     }
+    return n;
 }
 
-void sj_fn_explain(const sj_fn *fn, FILE *out) {
-    if (!fn || !out) return;
+/* -- Explain ---------------------------------------------------------------------- */
+
+static const char *dynamic_name(sj_dynamic d) {
+    return d == SJ_DYNAMIC_STATIC ? "static" : d == SJ_DYNAMIC_SYMBOLIC ? "symbolic" : "auto";
+}
+
+static void explain_symbols(const sj_entry *e, FILE *out) {
+    const sj_exprs *ex = e->g->ex;
+    int n = sj_sym_count(ex);
+    if (!n) return;
+    fprintf(out, "    symbols:");
+    for (int s = 0; s < n; s++) {
+        int64_t lo, hi;
+        sj_sym_range(ex, s, &lo, &hi);
+        if (hi == INT64_MAX) fprintf(out, " s%d in [%lld, inf) hint %lld;", s, (long long)lo, (long long)sj_sym_hint(ex, s));
+        else fprintf(out, " s%d in [%lld, %lld] hint %lld;", s, (long long)lo, (long long)hi, (long long)sj_sym_hint(ex, s));
+    }
+    fprintf(out, "\n");
+}
+
+/* Hot shapes of one entry, from the memo. */
+static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
+    pthread_rwlock_rdlock(&fn->table.lock);
+    int shown = 0;
+    for (sj_memo *m = fn->table.memo; m; m = m->hh.next) {
+        if (m->entry != e || !e->n_syms) continue;
+        uint64_t calls = atomic_load_explicit(&m->calls, RELAXED);
+        bool hot = atomic_load_explicit(&m->hot, RELAXED);
+        if (!hot && shown >= 4) continue;
+        if (!shown++) fprintf(out, "    shapes:");
+        fprintf(out, " (");
+        for (int s = 0; s < e->n_syms; s++) fprintf(out, s ? ", s%d=%lld" : "s%d=%lld", s, (long long)m->syms[s]);
+        fprintf(out, ") %llu calls%s;", (unsigned long long)calls, hot ? " [marked for specialization]" : "");
+    }
+    if (shown) fprintf(out, "\n");
+    pthread_rwlock_unlock(&fn->table.lock);
+}
+
+void sj_fn_explain(const sj_fn *cfn, FILE *out) {
+    if (!cfn || !out) return;
+    sj_fn *fn = (sj_fn *)cfn;
     sj_stats s;
     sj_fn_stats(fn, &s);
-    fprintf(out, "fn '%s': %d inputs, %llu entries, %llu calls (%llu eager), %llu traces, %llu errors\n", fn->name,
-            fn->n_inputs, (unsigned long long)s.entries, (unsigned long long)s.calls,
-            (unsigned long long)s.eager_calls, (unsigned long long)s.traces, (unsigned long long)s.errors);
-    for (sj_entry *e = atomic_load(&((sj_fn *)fn)->entries); e; e = e->next) {
-        fprintf(out, "  entry %d: ", e->id);
-        print_sig(out, e->sig, fn->n_inputs);
-        fprintf(out, " -> %d nodes, %d outputs; tier eager; %llu calls\n", e->g->n_nodes, e->g->n_outputs,
-                (unsigned long long)atomic_load_explicit(&e->calls, memory_order_relaxed));
+    pthread_mutex_lock(&fn->trace_lock);
+    const sj_policy *p = &fn->policy;
+    fprintf(out, "fn '%s': %d inputs, policy %s, recompile limit %d%s, hot threshold %d, specialize threshold %d, budget %d\n",
+            fn->name, fn->n_inputs, dynamic_name(p->dynamic), p->limit, p->limit_is_error ? " (error)" : "",
+            p->hot_threshold, p->specialize_threshold, p->specialize_budget);
+    fprintf(out, "  %llu calls (%llu eager, %llu memo hits, %llu guard evaluations), %llu traces, %llu trace errors, "
+                 "%llu errors, %llu limit hits\n",
+            (unsigned long long)s.calls, (unsigned long long)s.eager_calls, (unsigned long long)s.memo_hits,
+            (unsigned long long)s.guard_evals, (unsigned long long)s.traces, (unsigned long long)s.trace_errors,
+            (unsigned long long)s.errors, (unsigned long long)s.limit_hits);
+    for (int i = 0; i < fn->n_inputs; i++)
+        for (int a = 0; a < SJ_MAX_RANK; a++) {
+            const sj_dim_rule *r = sj_policy_rule(p, i, a);
+            char nm[48], b[96];
+            if (r->kind == SJ_RULE_NONE) continue;
+            sj_input_name((const char *const *)fn->input_names, i, nm, sizeof nm);
+            if (r->kind == SJ_RULE_STATIC) fprintf(out, "  mark: %s axis %d static\n", nm, a);
+            else if (r->kind == SJ_RULE_DYNAMIC) fprintf(out, "  mark: %s axis %d dynamic [%lld, %lld]\n", nm, a, (long long)r->min, (long long)r->max);
+            else {
+                sj_bucket_str(r->bucket, b, sizeof b);
+                fprintf(out, "  buckets: %s axis %d %s\n", nm, a, b);
+            }
+        }
+    fprintf(out, "  %llu entries (%llu static, %llu symbolic), newest first:\n", (unsigned long long)s.entries,
+            (unsigned long long)s.static_entries, (unsigned long long)s.symbolic_entries);
+    for (sj_entry *e = atomic_load(&fn->table.entries); e; e = e->next) {
+        fprintf(out, "  entry %d: %s%s; tier eager; %llu calls%s; %d nodes\n", e->id, e->what, e->fallback ? " (past the limit)" : "",
+                (unsigned long long)atomic_load_explicit(&e->calls, RELAXED),
+                atomic_load_explicit(&e->hot, RELAXED) ? " (hot)" : "", e->g->n_nodes);
+        fprintf(out, "    traced because: %s\n", e->reason);
+        fprintf(out, "    guards:\n");
+        sj_guard_print(e->guards, out, "      ");
+        explain_symbols(e, out);
+        explain_hot_shapes(fn, e, out);
     }
+    if (fn->n_recent) {
+        fprintf(out, "  recent guard failures (oldest first):\n");
+        int n = fn->n_recent < SJ_RECENT_FAILURES ? fn->n_recent : SJ_RECENT_FAILURES;
+        for (int i = 0; i < n; i++) {
+            const sj_guard_failure *f = &fn->recent[(fn->n_recent - n + i) % SJ_RECENT_FAILURES];
+            fprintf(out, "    entry %d: %s\n", f->entry, f->message);
+        }
+    }
+    pthread_mutex_unlock(&fn->trace_lock);
 }

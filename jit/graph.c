@@ -257,6 +257,15 @@ char *sj_graph_shape_str(const sj_graph *g, int32_t val, char *buf, size_t n) {
     return buf;
 }
 
+char *sj_graph_shape_str_concrete(const sj_graph *g, int32_t val, char *buf, size_t n) {
+    const sj_value *v = &g->vals[val];
+    size_t used = (size_t)snprintf(buf, n, "%s[", sj_dtype_name(v->dtype));
+    for (int i = 0; i < v->rank && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)sj_ex_hint(g->ex, v->shape[i]));
+    if (used < n) snprintf(buf + used, n - used, "]");
+    return buf;
+}
+
 void sj_graph_dump(const sj_graph *g, FILE *out) {
     char buf[256];
     for (int v = 0; v < g->n_vals; v++) {

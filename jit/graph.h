@@ -108,8 +108,11 @@ sj_status sj_graph_check(const sj_graph *g);
 /* A readable listing of the graph (one line per node). */
 void sj_graph_dump(const sj_graph *g, FILE *out);
 
-/* Format a value's shape as "[4, s0, 768]" into buf. Returns buf. */
+/* Format a value's shape as "f32[4, s0, 768]" into buf. Returns buf. */
 char *sj_graph_shape_str(const sj_graph *g, int32_t val, char *buf, size_t n);
+/* The same with every size at its traced value ("f32[4, 9, 768]"): for
+ * error messages, which are about the call at hand. */
+char *sj_graph_shape_str_concrete(const sj_graph *g, int32_t val, char *buf, size_t n);
 
 static inline bool sj_dtype_is_float(sj_dtype dt) {
     return dt == SJ_F32 || dt == SJ_F16 || dt == SJ_BF16;

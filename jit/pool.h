@@ -3,7 +3,7 @@
 #ifndef SJ_POOL_H
 #define SJ_POOL_H
 
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "jit/runtime.h"
@@ -16,11 +16,14 @@ typedef struct sj_block {
 #define SJ_BLOCK_HEADER 64 /* data starts 64 bytes in, 64-byte aligned */
 static inline void *sj_block_data(sj_block *b) { return (char *)b + SJ_BLOCK_HEADER; }
 
+#define SJ_POOL_SLOTS 16
+
+/* Free blocks sit in a fixed array of atomic slots: taking one is an
+ * exchange with NULL, returning one a compare-exchange into an empty slot,
+ * so warm calls neither lock nor allocate. */
 typedef struct sj_pool {
     const sj_runtime *rt;
-    pthread_mutex_t lock; /* held only to push or pop a block */
-    sj_block *free;
-    int n_free;
+    _Atomic(sj_block *) slot[SJ_POOL_SLOTS];
 } sj_pool;
 
 int sj_pool_init(sj_pool *p, const sj_runtime *rt);

@@ -30,6 +30,12 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     cfg->backend = SJ_BACKEND_AUTO;
     cfg->log_mask = SJ_LOG_WARN;
     cfg->allocator = (sj_allocator){default_alloc, default_free, NULL};
+    cfg->recompile_limit = 8;
+    cfg->total_recompile_limit = 256;
+    cfg->hot_threshold = 2;
+    cfg->specialize_threshold = 16;
+    cfg->specialize_budget = 4;
+    cfg->buckets = NULL;
 
     const char *v = getenv("SHAPEJIT_BACKEND");
     if (v && *v) {
@@ -45,6 +51,31 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
         if (m < 0) env_warn("SHAPEJIT_LOG", v, "unknown topic; topics: warn,recompiles,guards,compile,fusion,perf,trace,all,none");
         else cfg->log_mask = (unsigned)m;
     }
+    v = getenv("SHAPEJIT_RECOMPILE_LIMIT");
+    if (v && *v) {
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end || n < 1 || n > 1000000) env_warn("SHAPEJIT_RECOMPILE_LIMIT", v, "expected an integer in [1, 1000000]");
+        else cfg->recompile_limit = (int)n;
+    }
+    v = getenv("SHAPEJIT_BUCKETS");
+    if (v && *v) {
+        sj_bucket_rule *rules;
+        int n;
+        if (sj_bucket_parse(v, &rules, &n)) {
+            env_warn("SHAPEJIT_BUCKETS", v, sj_last_error());
+            sj_clearerr();
+        } else {
+            free(rules);
+            cfg->buckets = v;
+        }
+    }
+}
+
+static sj_status check_tunable(const char *name, int v) {
+    if (v < 1 || v > 1000000)
+        return sj_seterr(SJ_EINVAL, "sj_runtime_create: %s %d out of range [1, 1000000]", name, v);
+    return SJ_OK;
 }
 
 /* -- Lifecycle ------------------------------------------------------------- */
@@ -63,18 +94,38 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     if (!c.allocator.alloc != !c.allocator.free)
         return sj_seterr(SJ_EINVAL, "sj_runtime_create: allocator needs both alloc and free, or neither");
     if (!c.allocator.alloc) c.allocator = (sj_allocator){default_alloc, default_free, NULL};
+    sj_status st;
+    if ((st = check_tunable("recompile_limit", c.recompile_limit)) ||
+        (st = check_tunable("total_recompile_limit", c.total_recompile_limit)) ||
+        (st = check_tunable("hot_threshold", c.hot_threshold)) ||
+        (st = check_tunable("specialize_threshold", c.specialize_threshold)) ||
+        (st = check_tunable("specialize_budget", c.specialize_budget)))
+        return st;
+    sj_bucket_rule *rules = NULL;
+    int n_rules = 0;
+    if ((st = sj_bucket_parse(c.buckets, &rules, &n_rules))) {
+        sj_err_prefix("sj_runtime_create: ");
+        return st;
+    }
     if (c.backend == SJ_BACKEND_CUDA)
         return sj_seterr(SJ_EBACKEND, "sj_runtime_create: the CUDA backend is not built into this library; "
                                       "use SJ_BACKEND_CPU or SJ_BACKEND_AUTO");
 
     sj_runtime *rt = calloc(1, sizeof *rt);
-    if (!rt) return sj_seterr(SJ_ENOMEM, "sj_runtime_create: out of memory");
-    rt->cfg = c;
-    rt->backend = SJ_BACKEND_CPU;
-    if (pthread_mutex_init(&rt->lock, NULL)) {
+    char *text = c.buckets ? strdup(c.buckets) : NULL;
+    if (!rt || (c.buckets && !text) || pthread_mutex_init(&rt->lock, NULL)) {
         free(rt);
-        return sj_seterr(SJ_ENOMEM, "sj_runtime_create: cannot create a mutex");
+        free(text);
+        free(rules);
+        return sj_seterr(SJ_ENOMEM, "sj_runtime_create: out of memory");
     }
+    rt->cfg = c;
+    rt->cfg.buckets = text;
+    rt->buckets_text = text;
+    rt->bucket_rules = rules;
+    rt->n_bucket_rules = n_rules;
+    rt->backend = SJ_BACKEND_CPU;
+    atomic_init(&rt->total_entries, 0);
     *out = rt;
     return SJ_OK;
 }
@@ -87,6 +138,8 @@ void sj_runtime_destroy(sj_runtime *rt) {
     if (!rt) return;
     while (rt->fns) sj_fn_destroy(rt->fns); /* unlinks itself */
     pthread_mutex_destroy(&rt->lock);
+    free(rt->bucket_rules);
+    free(rt->buckets_text);
     free(rt);
 }
 

@@ -4,14 +4,20 @@
 #define SJ_RUNTIME_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "jit/shapejit.h"
+#include "shapes/bucket.h"
 
 struct sj_runtime {
-    sj_runtime_config cfg;
+    sj_runtime_config cfg;        /* cfg.buckets points at buckets_text */
     sj_backend_kind backend;
-    pthread_mutex_t lock; /* guards fns; never held while calling out */
-    struct sj_fn *fns;    /* live functions (for destroy) */
+    pthread_mutex_t lock;         /* guards fns; never held while calling out */
+    struct sj_fn *fns;            /* live functions (for destroy) */
+    char *buckets_text;
+    sj_bucket_rule *bucket_rules; /* parsed cfg.buckets */
+    int n_bucket_rules;
+    _Atomic int total_entries;    /* entries of all functions (total_recompile_limit) */
 };
 
 /* Log a line under `topic` if the runtime's mask enables it. */

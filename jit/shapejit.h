@@ -197,13 +197,30 @@ typedef struct sj_allocator {
  * Environment (read once, by sj_runtime_config_init):
  *   SHAPEJIT_BACKEND=auto|cpu|cuda      -> backend
  *   SHAPEJIT_LOG=topic,topic,...|all|none -> log_mask (default "warn")
+ *   SHAPEJIT_RECOMPILE_LIMIT=n          -> recompile_limit
+ *   SHAPEJIT_BUCKETS=spec;spec;...      -> buckets (syntax below) 
  * An unparsable value is reported once on stderr and ignored. */
 typedef struct sj_runtime_config {
     sj_backend_kind backend; /* default SJ_BACKEND_AUTO */
     unsigned log_mask;       /* default SJ_LOG_WARN */
-    sj_log_fn log_fn;        /* default NULL: lines go to stderr as "shapejit: ..." */
+    sj_log_fn log_fn;        /* default NULL: lines go to stderr as "shapejit[topic]: ..." */
     void *log_user;          /* passed to log_fn */
     sj_allocator allocator;  /* default: aligned_alloc/free */
+    /* Defaults for every function's options (sj_fn_options; 1 .. 1e6). */
+    int recompile_limit;       /* entries per function; default 8 */
+    int total_recompile_limit; /* entries per runtime, all functions; default 256 */
+    int hot_threshold;         /* default 2 */
+    int specialize_threshold;  /* default 16 */
+    int specialize_budget;     /* default 4 */
+    /* Bucket specs applied to functions by name at sj_fn_create (copied);
+     * NULL for none. Syntax, entries separated by ';':
+     *   NAME:INPUT:AXIS=list:B0,B1,...     sj_set_buckets
+     *   NAME:INPUT:AXIS=pow2:LO,HI         sj_set_buckets_pow2
+     *   NAME:INPUT:AXIS=mult:N             sj_set_buckets_multiple
+     *   NAME:INPUT:AXIS=profile:MIN,OPT,MAX  sj_set_profile
+     * NAME may be '*' for every function. Example:
+     *   encoder:0:1=pow2:16,512;*:0:0=list:1,8 */
+    const char *buckets;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -212,8 +229,8 @@ SJ_API void sj_runtime_config_init(sj_runtime_config *cfg);
 /* Create a runtime. cfg may be NULL (sj_runtime_config_init defaults); it is
  * copied, so the caller may free it after the call. On success *rt owns all
  * the runtime's resources until sj_runtime_destroy().
- * Errors: SJ_EINVAL (rt NULL, a field out of range), SJ_EBACKEND (CUDA asked
- * for and not available), SJ_ENOMEM. */
+ * Errors: SJ_EINVAL (rt NULL, a field out of range, a malformed buckets
+ * string), SJ_EBACKEND (CUDA asked for and not available), SJ_ENOMEM. */
 SJ_API sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **rt);
 
 /* Destroy a runtime and every sj_fn still alive on it. NULL is a no-op.
@@ -406,17 +423,136 @@ SJ_API sj_val sj_gather(sj_tracer *t, sj_val table, sj_val idx);
 
 typedef struct sj_fn sj_fn;
 
-/* Create a jitted function. name (copied; may be NULL -> "fn") is used in
- * messages. n_inputs is the number of tensors every sj_call passes, 0 ..
- * SJ_MAX_INPUTS. user is passed to every model call; the caller keeps it
- * alive as long as the function lives. opt may be NULL (reserved; pass NULL).
- * Errors: SJ_EINVAL (rt, model or fn NULL; n_inputs out of range),
- * SJ_ENOMEM. Thread-safe on one runtime. */
 #define SJ_MAX_INPUTS 64
 #define SJ_MAX_OUTPUTS 64
+
+/* How a function treats input sizes when it traces (as torch.compile's
+ * dynamic=None/False/True):
+ * - AUTO: the first trace is static (every size a constant). When a later
+ *   call differs in some sizes, the retrace makes exactly the sizes that have
+ *   varied symbolic, and that entry serves every later size of them.
+ * - STATIC: one entry per distinct shape (until the recompile limit).
+ * - SYMBOLIC: every size except 0 and 1 is symbolic from the first trace.
+ * In every mode sizes 0 and 1 are specialized (broadcasting and empty tensors
+ * behave differently), equal sizes share one symbol (duck sizing), and
+ * sj_mark_dynamic/sj_mark_static/buckets override single dimensions. */
+typedef enum sj_dynamic { SJ_DYNAMIC_AUTO = 0, SJ_DYNAMIC_STATIC = 1, SJ_DYNAMIC_SYMBOLIC = 2 } sj_dynamic;
+
+/* Why a guard failed. X(name, text) */
+#define SJ_GUARD_KIND_LIST(X)                                                   \
+    X(SJ_GUARD_DTYPE, "dtype")                                                  \
+    X(SJ_GUARD_RANK, "rank")                                                    \
+    X(SJ_GUARD_DEVICE, "device")                                                \
+    X(SJ_GUARD_STRIDE, "stride")                                                \
+    X(SJ_GUARD_SIZE, "size")                                                    \
+    X(SJ_GUARD_DUCK, "equal sizes")                                             \
+    X(SJ_GUARD_RANGE, "range")                                                  \
+    X(SJ_GUARD_DIVISIBLE, "divisibility")                                       \
+    X(SJ_GUARD_RELATION, "relation")
+
+typedef enum sj_guard_kind {
+#define SJ_X(name, text) name,
+    SJ_GUARD_KIND_LIST(SJ_X)
+#undef SJ_X
+    SJ_GUARD_KIND_COUNT
+} sj_guard_kind;
+
+/* "size", "equal sizes", ...; "?" for an invalid kind. */
+SJ_API const char *sj_guard_kind_name(sj_guard_kind k);
+
+/* One failed guard: why an existing entry could not serve a call. */
+typedef struct sj_guard_failure {
+    int entry;            /* id of the entry whose guard failed */
+    sj_guard_kind kind;
+    int input;            /* input index; -1 for a relation between sizes */
+    int axis;             /* axis; -1 when the guard is not about one axis */
+    int64_t expected;     /* the value the guard wanted (dtype and rank as numbers; RANGE: the low end) */
+    int64_t expected_hi;  /* RANGE: the high end (INT64_MAX when unbounded); else = expected */
+    int64_t actual;       /* what the call had */
+    char input_name[32];  /* the input's name ("" for relations) */
+    /* A sentence, e.g. "input 'x' size mismatch at axis 0: expected 7,
+     * actual 8". */
+    char message[256];
+} sj_guard_failure;
+
+/* Receives every guard failure that leads to a retrace (one per existing
+ * entry that was tried), before the retrace. Called on the calling thread,
+ * possibly concurrently from several; must not call back into the library.
+ * f is valid only during the call. */
+typedef void (*sj_guard_fail_fn)(void *user, const sj_guard_failure *f);
+
+/* Options of one function. Zero-initialise (or use sj_fn_options_init); a
+ * zero integer field means "the runtime's default" (see
+ * sj_runtime_config), so {0} is all defaults. */
+struct sj_fn_options {
+    sj_dynamic dynamic;           /* default SJ_DYNAMIC_AUTO */
+    int recompile_limit;          /* entries per function; default 8 */
+    int limit_is_error;           /* nonzero: past the limit, sj_call returns SJ_ELIMIT */
+    int hot_threshold;            /* calls before an entry is hot (queues its compile); default 2 */
+    int specialize_threshold;     /* calls of one exact shape served by a symbolic
+                                     entry before that shape is marked for a
+                                     specialized compile; default 16 */
+    int specialize_budget;        /* specializations per function; default 4 */
+    const char *const *input_names; /* n_inputs names used in messages, or NULL
+                                     ("input 0", ...); copied */
+    sj_guard_fail_fn on_guard_fail; /* NULL: none */
+    void *on_guard_fail_user;
+};
 typedef struct sj_fn_options sj_fn_options;
+
+/* Zero the options (all defaults). */
+SJ_API void sj_fn_options_init(sj_fn_options *opt);
+
+/* Create a jitted function. name (copied; may be NULL -> "fn") is used in
+ * messages and matched by SHAPEJIT_BUCKETS. n_inputs is the number of
+ * tensors every sj_call passes, 0 .. SJ_MAX_INPUTS. user is passed to every
+ * model call; the caller keeps it alive as long as the function lives. opt
+ * may be NULL (defaults); it is copied.
+ * Errors: SJ_EINVAL (rt, model or fn NULL; n_inputs out of range; an option
+ * out of range, or SHAPEJIT_BUCKETS naming this function with an input or
+ * axis out of range), SJ_ENOMEM. Thread-safe on one runtime. */
 SJ_API sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_fn model,
                               void *user, const sj_fn_options *opt, sj_fn **fn);
+
+/* Marks on single input dimensions (axis counts from 0; negative axes are
+ * not accepted). They apply to traces made after the call; entries that
+ * already exist are kept. Thread-safe with sj_call.
+ *
+ * sj_mark_dynamic: the dimension is symbolic with the value range
+ * [min, max] (max may be INT64_MAX) whatever the policy. A call whose size
+ * lies outside the range fails with SJ_ECONSTRAINT; sizes 0 and 1 are still
+ * specialized when the range admits them. A model function that specializes
+ * a marked dimension (reads it with sj_size, or combines it with a constant
+ * size so that it must equal a constant) makes the trace fail with
+ * SJ_ECONSTRAINT, naming the dimension and the op that specialized it.
+ * sj_mark_static: the dimension is always a constant (one entry per size).
+ * Errors: SJ_EINVAL (fn NULL, input or axis out of range, min > max,
+ * max < 0). A later mark on the same dimension replaces the earlier one;
+ * a mark replaces buckets on that dimension and the other way round. */
+SJ_API sj_status sj_mark_dynamic(sj_fn *fn, int input, int axis, int64_t min, int64_t max);
+SJ_API sj_status sj_mark_static(sj_fn *fn, int input, int axis);
+
+/* Shape buckets on one input dimension. A bucket is a range (lo, hi] of
+ * sizes that one entry serves: the dimension is symbolic inside the bucket
+ * and the entry guards lo < size <= hi. Results never change (no padding
+ * visible to the caller); buckets only decide which sizes share an entry
+ * (and, with the fused tiers, a compiled kernel).
+ *
+ * sj_set_buckets: boundaries b[0] < b[1] < ... < b[n-1] (1 <= n <= 64,
+ *   b[0] >= 1): buckets (0, b0], (b0, b1], ..., (b[n-2], b[n-1]], and
+ *   (b[n-1], inf) for larger sizes.
+ * sj_set_buckets_pow2: boundaries lo, 2lo, 4lo, ... up to the first >= hi.
+ * sj_set_buckets_multiple: buckets ((k-1)n, kn] for k = 1, 2, ...
+ * sj_set_profile: one bucket [min, max] with opt the size to tune for (as a
+ *   TensorRT optimization profile); sizes outside it fail with
+ *   SJ_ECONSTRAINT.
+ * Sizes 0 and 1 are specialized as always. Environment: SHAPEJIT_BUCKETS
+ * (see sj_runtime_config). Errors: SJ_EINVAL (fn NULL, input or axis out of
+ * range, bounds not increasing, sizes < 1). */
+SJ_API sj_status sj_set_buckets(sj_fn *fn, int input, int axis, const int64_t *bounds, int n);
+SJ_API sj_status sj_set_buckets_pow2(sj_fn *fn, int input, int axis, int64_t lo, int64_t hi);
+SJ_API sj_status sj_set_buckets_multiple(sj_fn *fn, int input, int axis, int64_t n);
+SJ_API sj_status sj_set_profile(sj_fn *fn, int input, int axis, int64_t min, int64_t opt, int64_t max);
 
 /* Run fn on inputs, writing n_outputs results.
  *
@@ -429,31 +565,62 @@ SJ_API sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj
  *     result exactly (SJ_ESHAPE / SJ_EDTYPE otherwise, naming the output,
  *     axis, expected and actual); any strides >= 0 without self-overlap.
  *     Outputs must not overlap inputs or each other.
+ * The call is served by the first cached entry whose guards pass (an exact
+ * signature seen before costs one hash and one compare); otherwise the model
+ * function is traced again under the function's policy.
  * On error nothing is allocated for the caller and caller outputs may have
  * been partly written. Thread-safe (see the top of this header).
  * Errors: SJ_EINVAL (NULL pointers, counts, rank/dtype/stride out of range,
  *   NULL data in an input with elements), SJ_EDTYPE/SJ_ESHAPE (from the
- *   trace or the output check), SJ_EMODEL or the model's own status,
- *   SJ_EINDEX (gather), SJ_ENOMEM. */
+ *   trace or the output check), SJ_ECONSTRAINT (a size outside a mark or
+ *   profile, or a model that specializes a marked dimension), SJ_ELIMIT (the
+ *   recompile limit, when limit_is_error is set), SJ_EMODEL or the model's
+ *   own status, SJ_EINDEX (gather), SJ_ENOMEM. */
 SJ_API sj_status sj_call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs,
                          int n_outputs);
 
 /* Counters since sj_fn_create. Read with relaxed atomics: exact once calls
  * have stopped, approximate while they run. */
 typedef struct sj_stats {
-    uint64_t calls;        /* sj_call invocations that reached execution */
-    uint64_t errors;       /* sj_call invocations that returned an error */
-    uint64_t eager_calls;  /* calls served by eager (per-op) execution */
-    uint64_t traces;       /* successful traces of the model function */
-    uint64_t trace_errors; /* traces that failed (model or op error) */
-    uint64_t entries;      /* cached graphs */
-    uint64_t memo_hits;    /* calls served from the exact-signature memo */
+    uint64_t calls;            /* sj_call invocations that were served */
+    uint64_t errors;           /* sj_call invocations that returned an error */
+    uint64_t eager_calls;      /* calls served by eager (per-op) execution */
+    uint64_t traces;           /* successful traces of the model function */
+    uint64_t trace_errors;     /* traces that failed (model, op or constraint error) */
+    uint64_t entries;          /* cached entries (traced graphs with their guards) */
+    uint64_t static_entries;   /* entries whose sizes are all constants */
+    uint64_t symbolic_entries; /* entries with at least one symbolic size */
+    uint64_t memo_hits;        /* calls served from the exact-signature memo */
+    uint64_t guard_evals;      /* guard sets evaluated (memo misses) */
+    uint64_t guard_failures[SJ_GUARD_KIND_COUNT]; /* failed guards that led to a retrace, by kind */
+    uint64_t limit_hits;       /* misses past the recompile limit */
+    uint64_t hot_entries;      /* entries that reached hot_threshold */
+    uint64_t hot_shapes;       /* exact shapes marked for specialization */
 } sj_stats;
 SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
 
-/* A human-readable listing of the function's cached entries (signature,
- * graph size, calls) to `out`. Thread-safe. */
+/* A human-readable account of the function to `out`: its policy and limits;
+ * every entry with its guards, symbols and their ranges, relations, tier,
+ * calls and hot shapes; and the recent guard failures that caused retraces.
+ * Thread-safe. */
 SJ_API void sj_fn_explain(const sj_fn *fn, FILE *out);
+
+/* One cached entry, for programs and tests that inspect the cache. */
+typedef struct sj_entry_info {
+    int id;            /* 0, 1, ... in creation order */
+    int symbolic;      /* some size is a symbol */
+    int bucketed;      /* some size is a bucket */
+    int fallback;      /* made past the recompile limit */
+    int hot;           /* reached hot_threshold */
+    int n_symbols;
+    int n_guards;      /* instructions in its guard program */
+    uint64_t calls;
+    char what[128];    /* "static", "symbolic in x.size(0)", ... */
+} sj_entry_info;
+
+/* Fill out[0 .. max) with the entries, newest first; returns how many
+ * entries there are (which may exceed max). Thread-safe. */
+SJ_API int sj_fn_entries(const sj_fn *fn, sj_entry_info *out, int max);
 
 /* Destroy fn. NULL is a no-op. Must not race with other uses of fn. */
 SJ_API void sj_fn_destroy(sj_fn *fn);

@@ -63,6 +63,19 @@ bool sj_tensor_is_contiguous(const sj_tensor *x) {
     return true;
 }
 
+bool sj_tensor_valid(const sj_tensor *x) {
+    if ((unsigned)x->dtype >= SJ_DTYPE_COUNT || x->rank < 0 || x->rank > SJ_MAX_RANK ||
+        (x->device != SJ_HOST && x->device != SJ_CUDA))
+        return false;
+    int64_t n = 1;
+    for (int i = 0; i < x->rank; i++) {
+        int64_t d = x->shape[i];
+        if (d < 0 || x->stride[i] < 0 || (d > 0 && n > (INT64_C(1) << 48) / d)) return false;
+        n *= d;
+    }
+    return n == 0 || x->data != NULL;
+}
+
 sj_status sj_tensor_check(const sj_tensor *x, const char *what) {
     if (!sj_dtype_size(x->dtype))
         return sj_seterr(SJ_EINVAL, "%s: dtype %d is not a dtype", what, (int)x->dtype);

@@ -11,6 +11,10 @@
  * names it in the message ("input 'x'", "output 0"). */
 sj_status sj_tensor_check(const sj_tensor *x, const char *what);
 
+/* The same checks without a message, for the hot path: true when
+ * sj_tensor_check would pass. */
+bool sj_tensor_valid(const sj_tensor *x);
+
 /* Row-major contiguous (size-1 axes may have any stride). */
 bool sj_tensor_is_contiguous(const sj_tensor *x);
 

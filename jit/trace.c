@@ -16,6 +16,7 @@ struct sj_tracer {
     const sj_trace_req *req;
     sj_status err;
     char msg[768];
+    char why[128]; /* the op being traced, for the facts it records */
 };
 
 /* -- Errors ---------------------------------------------------------------- */
@@ -66,9 +67,9 @@ static void shape_of(sj_tracer *t, sj_val v, sj_shape *s) {
     memcpy(s->d, x->shape, sizeof(sj_expr) * (size_t)x->rank);
 }
 
-/* "a: f32[4, 8]" for messages. */
+/* "f32[4, 8]" for messages: sizes as this call has them. */
 static const char *desc(sj_tracer *t, sj_val v, char *buf, size_t n) {
-    return sj_graph_shape_str(t->g, v.id, buf, n);
+    return sj_graph_shape_str_concrete(t->g, v.id, buf, n);
 }
 
 /* Record a shape-inference failure: "op(f32[4, 8], f32[4, 9]): reason". */
@@ -82,6 +83,20 @@ static sj_val infer_fail(sj_tracer *t, sj_status st, const char *op, const sj_va
     }
     if (st == SJ_ENOMEM) return fail(t, st, "%s: out of memory while tracing", op);
     return fail(t, st, "%s(%s): %s", op, ops, t->inf.msg);
+}
+
+/* Name the op being traced ("add(f32[s0, 4], f32[4])") for the size facts
+ * its inference records. */
+static void set_why(sj_tracer *t, const char *op, const sj_val *ins, int n) {
+    size_t used = (size_t)snprintf(t->why, sizeof t->why, "%s(", op);
+    for (int i = 0; i < n && used < sizeof t->why; i++) {
+        char b[96];
+        if (ins[i].id < 0) continue;
+        used += (size_t)snprintf(t->why + used, sizeof t->why - used, "%s%s", i ? ", " : "",
+                                 sj_graph_shape_str(t->g, ins[i].id, b, sizeof b));
+    }
+    if (used < sizeof t->why) snprintf(t->why + used, sizeof t->why - used, ")");
+    t->inf.why = t->why;
 }
 
 static sj_val emit(sj_tracer *t, sj_op op, const int32_t *ins, int n, const sj_attrs *a, sj_dtype dt,
@@ -162,6 +177,7 @@ static bool unify(sj_tracer *t, const char *name, sj_val *ins, int n, const char
         shape_of(t, ins[i], &s[i]);
         ps[i] = &s[i];
     }
+    set_why(t, name, ins, n);
     sj_status st = sj_infer_broadcast(&t->inf, ps, n, out);
     if (st) {
         infer_fail(t, st, name, ins, n);
@@ -217,6 +233,8 @@ sj_val sj_where(sj_tracer *t, sj_val cond, sj_val a, sj_val b) {
     if (!unify(t, "where", ab, 2, names, &s_ab)) return BAD;
     sj_shape sc, s;
     shape_of(t, cond, &sc);
+    sj_val all3[3] = {cond, ab[0], ab[1]};
+    set_why(t, "where", all3, 3);
     const sj_shape *ps[2] = {&sc, &s_ab};
     sj_status st = sj_infer_broadcast(&t->inf, ps, 2, &s);
     sj_val all[3] = {cond, ab[0], ab[1]};
@@ -270,6 +288,7 @@ static sj_val reduce(sj_tracer *t, sj_op op, sj_val x, int axis, int keepdim) {
     }
     int a = axis_arg(t, name, x, axis);
     if (a < 0) return BAD;
+    set_why(t, name, &x, 1);
     if (op == SJ_OP_AMAX && sj_infer_eq(&t->inf, val(t, x)->shape[a], sj_ex_const(t->g->ex, 0))) {
         char b[128];
         return fail(t, SJ_ESHAPE, "amax(%s): axis %d is empty", desc(t, x, b, sizeof b), a);
@@ -314,6 +333,8 @@ static sj_val norm(sj_tracer *t, sj_op op, sj_val x, sj_val g, sj_val b, double 
     const char *name = sj_op_name(op);
     if (!t || !ok(t, x, name, "x") || !float_arg(t, name, x)) return BAD;
     if (val(t, x)->rank < 1) return fail(t, SJ_ESHAPE, "%s: x must have rank >= 1", name);
+    sj_val all3[3] = {x, g, b};
+    set_why(t, name, all3, op == SJ_OP_LAYER_NORM ? 3 : 2);
     if (!norm_vec(t, name, "g", x, g) || !norm_vec(t, name, "b", x, b)) return BAD;
     if (!(eps >= 0)) return fail(t, SJ_EINVAL, "%s: eps %g must be >= 0", name, eps);
     sj_shape s;
@@ -342,6 +363,7 @@ sj_val sj_matmul(sj_tracer *t, sj_val a, sj_val b) {
     sj_shape sa, sb, s;
     shape_of(t, a, &sa);
     shape_of(t, b, &sb);
+    set_why(t, "matmul", ins, 2);
     sj_status st = sj_infer_matmul(&t->inf, &sa, &sb, &s);
     if (st) return infer_fail(t, st, "matmul", ins, 2);
     int32_t ids[2] = {a.id, b.id};
@@ -368,6 +390,7 @@ sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val lengths, 
     shape_of(t, k, &sk);
     shape_of(t, v, &sv);
     if (lengths.id >= 0) shape_of(t, lengths, &sl);
+    set_why(t, "attention", ins, 4);
     sj_status st = sj_infer_attention(&t->inf, &sq, &sk, &sv, lengths.id >= 0 ? &sl : NULL, &s);
     if (st) return infer_fail(t, st, "attention", ins, 4);
     sj_attrs at = {.f = scale, .causal = causal != 0};
@@ -380,6 +403,7 @@ sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val lengths, 
 static sj_val reshape(sj_tracer *t, sj_val x, int rank, const sj_expr *dims) {
     sj_shape in, s;
     shape_of(t, x, &in);
+    set_why(t, "reshape", &x, 1);
     sj_status st = sj_infer_reshape(&t->inf, &in, rank, dims, &s);
     if (st) return infer_fail(t, st, "reshape", &x, 1);
     return emit(t, SJ_OP_RESHAPE, &x.id, 1, NULL, val(t, x)->dtype, &s);
@@ -472,6 +496,7 @@ sj_val sj_concat(sj_tracer *t, const sj_val *xs, int n, int axis) {
     }
     int a = axis_arg(t, "concat", xs[0], axis);
     if (a < 0) return BAD;
+    set_why(t, "concat", xs, n);
     sj_status st = sj_infer_concat(&t->inf, ps, n, a, &out);
     if (st) return infer_fail(t, st, "concat", xs, n);
     sj_attrs at = {.axis = a};
@@ -517,6 +542,9 @@ int64_t sj_size(sj_tracer *t, sj_val v, int axis) {
     sj_expr e = dim_expr(t, "sj_size", v, axis);
     if (e == SJ_EX_NONE) return -1;
     int64_t h = sj_ex_hint(t->g->ex, e);
+    char b[96];
+    snprintf(t->why, sizeof t->why, "sj_size(%s, axis %d)", sj_graph_shape_str(t->g, v.id, b, sizeof b), axis);
+    t->inf.why = t->why;
     /* The trace now depends on the concrete value. */
     sj_infer_eq(&t->inf, e, sj_ex_const(t->g->ex, h));
     return h;
@@ -565,15 +593,15 @@ sj_dim sj_dim_add(sj_tracer *t, sj_dim a, sj_dim b) {
 sj_dim sj_dim_div(sj_tracer *t, sj_dim a, sj_dim b) {
     if (!t || !dim_ok(t, a, "sj_dim_div") || !dim_ok(t, b, "sj_dim_div")) return (sj_dim){-2};
     sj_exprs *ex = t->g->ex;
-    char b0[64], b1[64];
+    snprintf(t->why, sizeof t->why, "sj_dim_div");
+    t->inf.why = t->why;
     if (sj_infer_eq(&t->inf, b.e, sj_ex_const(ex, 0))) {
-        fail(t, SJ_ESHAPE, "sj_dim_div: division of %s by zero", (sj_ex_print(ex, a.e, b0, sizeof b0), b0));
+        fail(t, SJ_ESHAPE, "sj_dim_div: division of %lld by zero", (long long)sj_ex_hint(ex, a.e));
         return (sj_dim){-2};
     }
     if (!sj_infer_eq(&t->inf, sj_ex_mod(ex, a.e, b.e), sj_ex_const(ex, 0))) {
-        sj_ex_print(ex, a.e, b0, sizeof b0);
-        sj_ex_print(ex, b.e, b1, sizeof b1);
-        fail(t, SJ_ESHAPE, "sj_dim_div: %s is not a multiple of %s", b0, b1);
+        fail(t, SJ_ESHAPE, "sj_dim_div: %lld is not a multiple of %lld", (long long)sj_ex_hint(ex, a.e),
+             (long long)sj_ex_hint(ex, b.e));
         return (sj_dim){-2};
     }
     return dim_result(t, sj_ex_floordiv(ex, a.e, b.e), "sj_dim_div");

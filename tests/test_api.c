@@ -209,6 +209,31 @@ static void test_allocator_and_runtime_outputs(void **state) {
     assert_int_equal(ca.allocs, ca.frees);
 }
 
+/* After warm-up, a call that hits the memo allocates nothing through the
+ * runtime (arenas come from the pool, outputs are the caller's). */
+static void test_no_allocation_on_hit(void **state) {
+    counting_alloc ca = {0};
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.allocator = (sj_allocator){ca_alloc, ca_free, &ca};
+    sj_runtime *r;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_OK);
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(r, "hit", 1, affine_model, NULL, NULL, &fn), SJ_OK);
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
+    sj_tensor in = f32(x, 1, (int64_t[]){8}), out = f32(y, 1, (int64_t[]){8});
+    for (int i = 0; i < 3; i++) assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    int warm = ca.allocs;
+    for (int i = 0; i < 1000; i++) assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    assert_int_equal(ca.allocs, warm);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.memo_hits, 1002);
+    sj_fn_destroy(fn);
+    sj_runtime_destroy(r);
+    assert_int_equal(ca.allocs, ca.frees);
+}
+
 /* -- Function and call arguments --------------------------------------------------- */
 
 static void test_fn_create_args(void **state) {
@@ -470,7 +495,7 @@ static void test_memo_by_signature(void **state) {
     sj_fn_stats(fn, &s);
     assert_int_equal(s.traces, 1);
     assert_int_equal(s.memo_hits, 2);
-    check_affine(fn, 5); /* new shape: new trace */
+    check_affine(fn, 5); /* new shape: new trace (AUTO: symbolic in axis 0) */
     check_affine(fn, 4);
     sj_fn_stats(fn, &s);
     assert_int_equal(s.traces, 2);
@@ -495,9 +520,10 @@ static void test_memo_by_signature(void **state) {
     sj_fn_explain(fn, f);
     fclose(f);
     assert_non_null(strstr(text, "fn 'memo'"));
-    assert_non_null(strstr(text, "entry 0: f32[4]"));
-    assert_non_null(strstr(text, "entry 1: f32[5]"));
-    assert_non_null(strstr(text, "entry 2: f32[4]"));
+    assert_non_null(strstr(text, "entry 0: static"));
+    assert_non_null(strstr(text, "entry 1: symbolic in in0.size(0)")); /* [5] after [4]: AUTO */
+    assert_non_null(strstr(text, "entry 2: symbolic in in0.size(0)")); /* strided: a layout guard failed */
+    assert_non_null(strstr(text, "input 0 layout mismatch"));
     free(text);
     sj_fn_destroy(fn);
 }
@@ -626,7 +652,12 @@ static void *worker_main(void *arg) {
 }
 
 static void test_concurrent_calls(void **state) {
-    sj_fn *fn = make_fn("threads", 1, affine_model, NULL);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    o.recompile_limit = 64;
+    sj_fn *fn = NULL;
+    assert_int_equal(sj_fn_create(rt, "threads", 1, affine_model, NULL, &o, &fn), SJ_OK);
     pthread_t th[8];
     worker w[8];
     for (int i = 0; i < 8; i++) {
@@ -667,6 +698,7 @@ int main(void) {
         cmocka_unit_test(test_config_env),
         cmocka_unit_test(test_log_callback),
         cmocka_unit_test(test_allocator_and_runtime_outputs),
+        cmocka_unit_test(test_no_allocation_on_hit),
         cmocka_unit_test(test_fn_create_args),
         cmocka_unit_test(test_call_bad_arguments_then_good),
         cmocka_unit_test(test_output_checks),

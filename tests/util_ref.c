@@ -387,10 +387,13 @@ int tu_check_mag(const sj_tensor *out, const double *ref, const double *mag, dou
 
 int tu_check_gaps(const sj_tensor *t, const char *what) {
     const block *b = NULL;
-    for (int i = 0; i < nblocks; i++)
-        if ((char *)t->data >= blocks[i].base &&
-            (char *)t->data <= blocks[i].base + blocks[i].bytes)
+    /* The block holding t->data: inside it, or at the base of an empty one
+     * (an empty block may sit right at the end of another). */
+    for (int i = 0; i < nblocks; i++) {
+        char *p = (char *)t->data, *base = blocks[i].base;
+        if ((p >= base && p < base + blocks[i].bytes) || (blocks[i].bytes == 0 && p == base))
             b = &blocks[i];
+    }
     assert(b);
     char *mark = calloc(b->bytes + 1, 1);
     size_t es = esize(t->dtype);
