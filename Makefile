@@ -45,7 +45,7 @@ DEB_PKGS := uthash-dev libcmocka-dev libopenblas-dev pkg-config
 
 LIB_DIRS := jit guards shapes specialize kernels kernels/cpu
 LIB_SRC  := $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/sj_kernel_rt_text.o
 
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -74,6 +74,20 @@ $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+# The runtime header of generated kernels, embedded as a C string.
+$(BUILD)/gen/sj_kernel_rt_text.c: kernels/sj_kernel_rt.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  GEN     $@")
+	$(Q){ echo '/* generated from kernels/sj_kernel_rt.h: do not edit */'; \
+	  echo 'const char sj_kernel_rt_text[] ='; \
+	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; \
+	  echo ';'; } > $@
+
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c | deps
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

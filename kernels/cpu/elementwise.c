@@ -12,7 +12,8 @@
  * - everything else (f16/bf16, any stride) goes through CHUNK-element f32
  *   (or int64) buffers on the stack: load, the same f32 loops, store.
  * f16/bf16 are computed in f32; integers in int64, wrapping, then narrowed.
- * The f32 math is cpu_int.h's (see the definitions there).
+ * The f32 math is kernels/sj_kernel_rt.h's (see the definitions there),
+ * shared with generated kernels.
  */
 #include <assert.h>
 #include <math.h>
@@ -42,7 +43,7 @@ CPU_CLONES static void unary_f32(sj_op op, float *restrict y, const float *restr
     case SJ_OP_EXP: CPU_VLOOP(i, n, y[i] = cpu_expf(x[i])); break;
     case SJ_OP_TANH: CPU_VLOOP(i, n, y[i] = cpu_tanhf(x[i])); break;
     case SJ_OP_SIGMOID: CPU_VLOOP(i, n, y[i] = cpu_sigmoidf(x[i])); break;
-    case SJ_OP_RELU: CPU_VLOOP(i, n, y[i] = x[i] < 0.0f ? 0.0f : x[i]); break;
+    case SJ_OP_RELU: CPU_VLOOP(i, n, y[i] = sj_rt_reluf(x[i])); break;
     case SJ_OP_GELU: CPU_VLOOP(i, n, y[i] = cpu_geluf(x[i])); break;
     case SJ_OP_GELU_TANH: CPU_VLOOP(i, n, y[i] = cpu_gelu_tanhf(x[i])); break;
     case SJ_OP_SILU: CPU_VLOOP(i, n, y[i] = cpu_siluf(x[i])); break;
@@ -65,10 +66,10 @@ static void unary_i64(sj_op op, int64_t *y, const int64_t *x, int64_t n) {
     int64_t i;
     switch (op) {
     case SJ_OP_NEG:
-        for (i = 0; i < n; i++) y[i] = cpu_i64_from_u(0u - (uint64_t)x[i]);
+        for (i = 0; i < n; i++) y[i] = sj_rt_ineg(x[i]);
         break;
     case SJ_OP_ABS:
-        for (i = 0; i < n; i++) y[i] = x[i] < 0 ? cpu_i64_from_u(0u - (uint64_t)x[i]) : x[i];
+        for (i = 0; i < n; i++) y[i] = sj_rt_iabs(x[i]);
         break;
     case SJ_OP_RELU:
         for (i = 0; i < n; i++) y[i] = x[i] < 0 ? 0 : x[i];
@@ -173,8 +174,8 @@ BIN_F32(bin_add, A + B)
 BIN_F32(bin_sub, A - B)
 BIN_F32(bin_mul, A *B)
 BIN_F32(bin_div, A / B)
-BIN_F32(bin_max, (A != A || A > B) ? A : B)
-BIN_F32(bin_min, (A != A || A < B) ? A : B)
+BIN_F32(bin_max, sj_rt_maxf(A, B))
+BIN_F32(bin_min, sj_rt_minf(A, B))
 BIN_F32(bin_pow, powf(A, B))
 CMP_F32(cmp_eq, A == B)
 CMP_F32(cmp_ne, A != B)
@@ -196,28 +197,9 @@ static const cmp_f32_fn cmp_f32[SJ_OP_COUNT] = {
 /* -- Integer binary and comparisons ------------------------------------------
  *
  * int64, wrapping: div truncates toward zero, x / 0 = 0, min / -1 = min;
- * pow by squaring, a negative exponent gives 0 except for bases 1 and -1.
+ * pow by squaring, a negative exponent gives 0 except for bases 1 and -1
+ * (sj_rt_idiv, sj_rt_ipow in kernels/sj_kernel_rt.h).
  */
-
-static int64_t ipow(int64_t base, int64_t e) {
-    if (e < 0)
-        return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
-    uint64_t r = 1, b = (uint64_t)base;
-    for (; e; e >>= 1) {
-        if (e & 1)
-            r *= b;
-        b *= b;
-    }
-    return cpu_i64_from_u(r);
-}
-
-static int64_t idiv(int64_t a, int64_t b) {
-    if (b == 0)
-        return 0;
-    if (b == -1)
-        return cpu_i64_from_u(0u - (uint64_t)a);
-    return a / b;
-}
 
 static void bin_i64(sj_op op, int64_t *y, const int64_t *a, int64_t sa, const int64_t *b,
                     int64_t sb, int64_t n) {
@@ -229,13 +211,13 @@ static void bin_i64(sj_op op, int64_t *y, const int64_t *a, int64_t sa, const in
     }                                                                                              \
     break
     switch (op) {
-    case SJ_OP_ADD: ILOOP(cpu_i64_from_u((uint64_t)A + (uint64_t)B));
-    case SJ_OP_SUB: ILOOP(cpu_i64_from_u((uint64_t)A - (uint64_t)B));
-    case SJ_OP_MUL: ILOOP(cpu_i64_from_u((uint64_t)A * (uint64_t)B));
-    case SJ_OP_DIV: ILOOP(idiv(A, B));
+    case SJ_OP_ADD: ILOOP(sj_rt_iadd(A, B));
+    case SJ_OP_SUB: ILOOP(sj_rt_isub(A, B));
+    case SJ_OP_MUL: ILOOP(sj_rt_imul(A, B));
+    case SJ_OP_DIV: ILOOP(sj_rt_idiv(A, B));
     case SJ_OP_MAXIMUM: ILOOP(A > B ? A : B);
     case SJ_OP_MINIMUM: ILOOP(A < B ? A : B);
-    case SJ_OP_POW: ILOOP(ipow(A, B));
+    case SJ_OP_POW: ILOOP(sj_rt_ipow(A, B));
     default: assert(!"not a binary op"); break;
     }
 #undef ILOOP
@@ -413,21 +395,6 @@ sj_status sj_cpu_where(const sj_tensor *c, const sj_tensor *a, const sj_tensor *
  * (NaN -> 1); bool reads as 0/1.
  */
 
-static int64_t f32_to_i64_sat(float v, sj_dtype to) {
-    int64_t r;
-    if (v != v)
-        return 0;
-    if (v >= 9223372036854775808.0f)
-        r = INT64_MAX;
-    else if (v < -9223372036854775808.0f)
-        r = INT64_MIN;
-    else
-        r = (int64_t)v;
-    if (to == SJ_I32)
-        r = r > INT32_MAX ? INT32_MAX : r < INT32_MIN ? INT32_MIN : r;
-    return r;
-}
-
 typedef struct copy_job {
     sj_dtype from, to;
     cpu_plan p; /* y, x */
@@ -468,7 +435,7 @@ static void cast_chunk(sj_dtype from, sj_dtype to, char *y, int64_t sy, const ch
     }
     if (cpu_is_float(from)) {
         cpu_load_f32(f, x, from, sx, m);
-        for (i = 0; i < m; i++) v[i] = to == SJ_BOOL ? f[i] != 0.0f : f32_to_i64_sat(f[i], to);
+        for (i = 0; i < m; i++) v[i] = to == SJ_BOOL ? f[i] != 0.0f : sj_rt_f32_to_int(f[i], to == SJ_I32);
     } else {
         cpu_load_i64(v, x, from, sx, m);
     }

@@ -56,7 +56,7 @@ static double reduce_run_f(const reduce_job *j, const char *x) {
             cpu_load_f32(buf, x + c * j->sr * es, j->dt, j->sr, k);
         if (j->op == SJ_OP_AMAX) {
             float mk = cpu_max_f32(v, k);
-            m = (mk > m || mk != mk) ? mk : m; /* a NaN m stays */
+            m = sj_rt_max_combine(m, mk); /* a NaN m stays */
         } else {
             s += cpu_sum_f32(v, k);
         }

@@ -1,0 +1,468 @@
+/* The runtime header of generated kernels: self-contained C (standard
+ * headers only), embedded as text into every generated translation unit and
+ * included by the eager CPU kernels, so both compute with the same
+ * functions: f32 math, f16/bf16 conversions, integer semantics, and the
+ * double-accumulating row reductions.
+ *
+ * Everything is SJ_RT_FN with an sj_rt_ prefix (the conversions keep
+ * their historical sj_f16_* / sj_bf16_* names), so a unit that includes it
+ * exports nothing.
+ */
+#ifndef SJ_KERNEL_RT_H
+#define SJ_KERNEL_RT_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __FAST_MATH__
+#error "sj_kernel_rt.h needs IEEE semantics (NaN checks, rounding tricks): no -ffast-math"
+#endif
+
+/* static inline, and quiet when a unit leaves one unused (clang warns about
+ * those in a main file, which is what a generated unit is) */
+#if defined(__GNUC__)
+#define SJ_RT_FN static inline __attribute__((unused))
+#else
+#define SJ_RT_FN static inline
+#endif
+
+/* -- Shape arithmetic -------------------------------------------------------
+ *
+ * Python-style integer division and modulo (floor; sign of the divisor),
+ * 0 for a zero divisor, as shapes/expr.h defines them. */
+
+SJ_RT_FN int64_t sj_rt_floordiv(int64_t a, int64_t b) {
+    if (b == 0 || (a == INT64_MIN && b == -1)) return b == 0 ? 0 : INT64_MIN;
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+SJ_RT_FN int64_t sj_rt_mod(int64_t a, int64_t b) {
+    if (b == 0 || b == -1) return 0;
+    int64_t r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+#define SJ_FLOORDIV(a, b) sj_rt_floordiv((a), (b))
+#define SJ_MOD(a, b) sj_rt_mod((a), (b))
+#define SJ_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SJ_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* -- Bits -------------------------------------------------------------------- */
+
+SJ_RT_FN uint32_t sj_rt_f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+SJ_RT_FN float sj_rt_u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* c ? a : b on bit patterns. */
+SJ_RT_FN uint32_t sj_rt_sel32(int c, uint32_t a, uint32_t b) {
+    uint32_t m = 0u - (uint32_t)(c != 0);
+    return (a & m) | (b & ~m);
+}
+
+/* c ? a : b on floats, as bit masks. gcc -O2 does not vectorize a float ?:
+ * whose arms it has sunk into branches (they may trap), so the math below
+ * selects with this. */
+SJ_RT_FN float sj_rt_sel(int c, float a, float b) {
+    return sj_rt_u2f(sj_rt_sel32(c, sj_rt_f2u(a), sj_rt_f2u(b)));
+}
+
+/* -- Half precision ------------------------------------------------------------
+ *
+ * IEEE binary16 (f16) and bfloat16 (bf16), both stored as uint16_t.
+ * Widening to f32 is exact. Narrowing rounds to nearest, ties to even; NaN
+ * stays NaN (made quiet, sign and the top payload bits kept), infinities
+ * stay infinite, values past the largest finite number round to infinity,
+ * and f16 subnormals are produced and read exactly. The f16 ones are
+ * written without branches (all cases computed, then selected with masks)
+ * so that loops over arrays vectorize.
+ */
+
+SJ_RT_FN float sj_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu; /* exponent and mantissa */
+    /* normal: rebias the exponent by 127 - 15; inf/NaN (exponent 31) by
+     * twice that, which lands on 255 and keeps the payload (the f16 quiet
+     * bit becomes the f32 quiet bit) */
+    uint32_t bits = (em << 13) + 0x38000000u;
+    bits += sj_rt_sel32(em >= 0x7c00u, 0x38000000u, 0u);
+    /* zero or subnormal: em * 2^-24, exact in f32 */
+    float sub = (float)(int32_t)em * 0x1p-24f;
+    bits = sj_rt_sel32(em < 0x0400u, sj_rt_f2u(sub), bits) | sign;
+    return sj_rt_u2f(bits);
+}
+
+SJ_RT_FN uint16_t sj_f32_to_f16(float f) {
+    uint32_t x = sj_rt_f2u(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    x &= 0x7fffffffu;
+    /* normal result (2^-14 <= |f| < 65520): round the 13 dropped bits to
+     * nearest even, then rebias; a mantissa carry moves into the exponent */
+    uint32_t norm = (x + 0xfffu + ((x >> 13) & 1u) - 0x38000000u) >> 13;
+    /* subnormal result (|f| < 2^-14): |f| + 0.5 rounds |f| to a multiple of
+     * 2^-24, the ulp of 0.5 (round to nearest even, the default mode) */
+    float a = sj_rt_u2f(x) + 0.5f;
+    uint32_t sub = sj_rt_f2u(a) - 0x3f000000u;
+    uint32_t nan = 0x7e00u | ((x >> 13) & 0x3ffu); /* quiet, top payload bits */
+    uint32_t r = sj_rt_sel32(x < 0x38800000u, sub, norm);
+    r = sj_rt_sel32(x >= 0x477ff000u, 0x7c00u, r); /* >= 65520: inf */
+    r = sj_rt_sel32(x > 0x7f800000u, nan, r);
+    return (uint16_t)(r | sign);
+}
+
+SJ_RT_FN float sj_bf16_to_f32(uint16_t h) { return sj_rt_u2f((uint32_t)h << 16); }
+
+SJ_RT_FN uint16_t sj_f32_to_bf16(float f) {
+    uint32_t x = sj_rt_f2u(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x0040u); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);            /* round to nearest even */
+    return (uint16_t)(x >> 16);
+}
+
+/* -- f32 math ----------------------------------------------------------------
+ *
+ * Branch-free approximations that gcc vectorizes (selects, not branches;
+ * no libm calls). Bounds asserted by test_approximations against double
+ * libm on every 1021st f32 bit pattern (measured maxima in brackets):
+ *   sj_rt_expf   relative < 2e-7 [9.2e-8] where exp(x) >= 1e-30, absolute
+ *                < 2e-37 below; inf past ~88.72, subnormals, 0 below ~-103.9
+ *   sj_rt_tanhf  relative < 2e-7 [1.6e-7]
+ *   sj_rt_erff   absolute < 1.5e-7 [8.9e-8]; relative [1.6e-7] for |x| < 1
+ *   sigmoid      relative < 2e-7 [1.3e-7]
+ *   gelu         |err| / max(|ref|, 1) < 3e-7 [1.1e-7]
+ *   gelu_tanh    |err| / max(|ref|, 1) < 4e-7 [2.9e-7] (1 + tanh cancels for
+ *                negative x: the f32 formula's own limit)
+ * NaN in gives NaN out; +-inf give the limits.
+ */
+
+#define SJ_RT_LOG2E 1.44269504089f
+#define SJ_RT_LN2_HI 0.693145751953125f /* 15 significant bits: n * HI is exact */
+#define SJ_RT_LN2_LO 1.42860682030941723e-6f
+#define SJ_RT_RMAGIC 12582912.0f /* 1.5 * 2^23: x + RMAGIC rounds x to an integer */
+
+/* Split x = n ln2 + r with n = round(x / ln2) (x already clamped to a range
+ * where |n| < 2^21); returns r, stores n. */
+SJ_RT_FN float sj_rt_reduce_ln2(float x, int32_t *n) {
+    float t = x * SJ_RT_LOG2E + SJ_RT_RMAGIC;
+    float nf = t - SJ_RT_RMAGIC;
+    /* the low mantissa bits of t hold n (two's complement); for a NaN x
+     * they are arbitrary, harmless since r is NaN too */
+    *n = (int32_t)(sj_rt_f2u(t) - sj_rt_f2u(SJ_RT_RMAGIC));
+    float r = x - nf * SJ_RT_LN2_HI;
+    return r - nf * SJ_RT_LN2_LO;
+}
+
+/* 2^n for n in [-126, 127]. */
+SJ_RT_FN float sj_rt_pow2i(int32_t n) { return sj_rt_u2f((uint32_t)(n + 127) << 23); }
+
+/* exp(x) = 2^n * exp(r): exp(r) by its Taylor series to r^7/7! (truncation
+ * below 6e-9 for |r| <= 0.35); 2^n applied as two factors so results that
+ * overflow become inf and tiny ones pass through the subnormals to 0. */
+SJ_RT_FN float sj_rt_expf(float x) {
+    /* one clamp of |x| (two chained ones are not vectorized); NaN passes */
+    float xc = sj_rt_sel(fabsf(x) > 110.0f, copysignf(110.0f, x), x);
+    int32_t n;
+    float r = sj_rt_reduce_ln2(xc, &n);
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t n1 = n / 2, n2 = n - n1;
+    return p * sj_rt_pow2i(n1) * sj_rt_pow2i(n2);
+}
+
+/* expm1(x) for x in [-20, 0]: 2^n expm1(r) + (2^n - 1), expm1(r) by its
+ * Taylor series to r^8/8!; exact cancellation-free for n = 0. */
+SJ_RT_FN float sj_rt_expm1_neg(float x) {
+    int32_t n;
+    float r = sj_rt_reduce_ln2(x, &n);
+    float q = 1.0f / 40320.0f;
+    q = q * r + 1.0f / 5040.0f;
+    q = q * r + 1.0f / 720.0f;
+    q = q * r + 1.0f / 120.0f;
+    q = q * r + 1.0f / 24.0f;
+    q = q * r + 1.0f / 6.0f;
+    q = q * r + 0.5f;
+    q = q * r + 1.0f;
+    q = q * r;
+    float s = sj_rt_pow2i(n);
+    return s * q + (s - 1.0f);
+}
+
+/* tanh: for |x| < 0.6, x + x u P(u) with u = x^2 and P a degree-5 fit
+ * (mpmath.chebyfit) of (tanh(x)/x - 1)/u on u in [0, 0.36] (error 9e-11);
+ * otherwise tanh(|x|) = -e / (e + 2) with e = expm1(-2|x|), which does not
+ * cancel; |x| >= 10 gives exactly 1. The sign is copied from x. */
+SJ_RT_FN float sj_rt_tanhf(float x) {
+    float a = fabsf(x);
+    float u = a * a;
+    float p = 2.212133989e-03f;
+    p = p * u - 8.245524711e-03f;
+    p = p * u + 2.172505575e-02f;
+    p = p * u - 5.395053585e-02f;
+    p = p * u + 1.333322862e-01f;
+    p = p * u - 3.333333100e-01f;
+    float small = a + a * (u * p);
+    float ac = sj_rt_sel(a > 10.0f, 10.0f, a); /* NaN stays NaN */
+    float e = sj_rt_expm1_neg(-2.0f * ac);
+    float big = -e / (e + 2.0f);
+    return copysignf(sj_rt_sel(a < 0.6f, small, big), x);
+}
+
+/* erf: for |x| < 0.8, x + x (c + u P(u)) with u = x^2, c = 2/sqrt(pi) - 1
+ * and P a degree-5 fit of erf(x)/x on u in [0, 0.64] (error 6e-11); for
+ * |x| >= 0.8 (clamped to 4, past which erf is 1 in f32),
+ * 1 - exp(-x^2) t Q(t) with t = 1 / (1 + x/2) and Q a degree-7 fit of
+ * erfc(x) exp(x^2) / t on t in [1/3, 1/1.4] (error 1.1e-9). Both fits are
+ * mpmath.chebyfit polynomials. */
+SJ_RT_FN float sj_rt_erff(float x) {
+    float a = fabsf(x);
+    float u = a * a;
+    float p = 9.164211901e-05f;
+    p = p * u - 8.306234622e-04f;
+    p = p * u + 5.213663502e-03f;
+    p = p * u - 2.686389065e-02f;
+    p = p * u + 1.128376753e-01f;
+    p = p * u - 3.761263794e-01f;
+    float small = a + a * (0.1283791671f + u * p);
+    /* below 0.8 this branch is computed and discarded (finite there) */
+    float ac = sj_rt_sel(a > 4.0f, 4.0f, a); /* NaN stays NaN */
+    float t = 1.0f / (1.0f + 0.5f * ac);
+    float q = 3.775557577e-02f;
+    q = q * t - 3.789780600e-02f;
+    q = q * t - 1.874095158e-01f;
+    q = q * t + 2.734599064e-01f;
+    q = q * t + 7.951600000e-02f;
+    q = q * t + 2.744937771e-01f;
+    q = q * t + 2.778417892e-01f;
+    q = q * t + 2.823700053e-01f;
+    float big = 1.0f - sj_rt_expf(-(ac * ac)) * (t * q);
+    return copysignf(sj_rt_sel(a < 0.8f, small, big), x);
+}
+
+/* The definitions every kernel (eager and fused) computes, in f32:
+ *   sigmoid(x)   = 1 / (1 + exp(-x))
+ *   silu(x)      = x * sigmoid(x)
+ *   gelu(x)      = 0.5 x (1 + erf(x / sqrt(2)))
+ *   gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ *   relu(x)      = x < 0 ? 0 : x   (NaN stays NaN)
+ *   rsqrt(x)     = 1 / sqrt(x)
+ *   maximum(a,b) = a is NaN or a > b ? a : b   (NaN from either side)
+ *   minimum(a,b) = a is NaN or a < b ? a : b
+ * At x = -inf, silu and both gelus are NaN (-inf * 0), as the formulas say. */
+SJ_RT_FN float sj_rt_sigmoidf(float x) { return 1.0f / (1.0f + sj_rt_expf(-x)); }
+SJ_RT_FN float sj_rt_siluf(float x) { return x * sj_rt_sigmoidf(x); }
+SJ_RT_FN float sj_rt_geluf(float x) {
+    return 0.5f * x * (1.0f + sj_rt_erff(x * 0.70710678118654752f));
+}
+SJ_RT_FN float sj_rt_gelu_tanhf(float x) {
+    float inner = 0.79788456080286536f * (x + 0.044715f * (x * x * x));
+    return 0.5f * x * (1.0f + sj_rt_tanhf(inner));
+}
+SJ_RT_FN float sj_rt_reluf(float x) { return x < 0.0f ? 0.0f : x; }
+SJ_RT_FN float sj_rt_maxf(float a, float b) { return (a != a || a > b) ? a : b; }
+SJ_RT_FN float sj_rt_minf(float a, float b) { return (a != a || a < b) ? a : b; }
+
+/* -- Integers ------------------------------------------------------------------
+ *
+ * Integer tensors compute in int64 with wrapping (through uint64, so
+ * overflow is defined), then narrow on store: i32 wraps, bool is != 0.
+ */
+
+/* uint64 -> int64 by wrapping (no implementation-defined conversion). */
+SJ_RT_FN int64_t sj_rt_i64_from_u(uint64_t u) {
+    return u <= INT64_MAX ? (int64_t)u : (int64_t)(u - 0x8000000000000000u) + INT64_MIN;
+}
+
+/* Narrow an int64 to int32 by wrapping. */
+SJ_RT_FN int32_t sj_rt_wrap32(int64_t v) {
+    uint32_t u = (uint32_t)(uint64_t)v;
+    return u <= INT32_MAX ? (int32_t)u : (int32_t)(u - 0x80000000u) + INT32_MIN;
+}
+
+SJ_RT_FN int64_t sj_rt_iadd(int64_t a, int64_t b) { return sj_rt_i64_from_u((uint64_t)a + (uint64_t)b); }
+SJ_RT_FN int64_t sj_rt_isub(int64_t a, int64_t b) { return sj_rt_i64_from_u((uint64_t)a - (uint64_t)b); }
+SJ_RT_FN int64_t sj_rt_imul(int64_t a, int64_t b) { return sj_rt_i64_from_u((uint64_t)a * (uint64_t)b); }
+SJ_RT_FN int64_t sj_rt_ineg(int64_t a) { return sj_rt_i64_from_u(0u - (uint64_t)a); }
+SJ_RT_FN int64_t sj_rt_iabs(int64_t a) { return a < 0 ? sj_rt_ineg(a) : a; }
+
+/* Division truncating toward zero; x / 0 = 0; INT64_MIN / -1 wraps to
+ * INT64_MIN. */
+SJ_RT_FN int64_t sj_rt_idiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return sj_rt_ineg(a);
+    return a / b;
+}
+
+/* Power by squaring, wrapping; a negative exponent gives 0 except for
+ * bases 1 and -1. */
+SJ_RT_FN int64_t sj_rt_ipow(int64_t base, int64_t e) {
+    if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
+    uint64_t r = 1, b = (uint64_t)base;
+    for (; e; e >>= 1) {
+        if (e & 1) r *= b;
+        b *= b;
+    }
+    return sj_rt_i64_from_u(r);
+}
+
+/* float -> int64 truncating toward zero; NaN gives 0, out-of-range values
+ * saturate (to the int32 range when to_i32). */
+SJ_RT_FN int64_t sj_rt_f32_to_int(float v, int to_i32) {
+    int64_t r;
+    if (v != v) return 0;
+    if (v >= 9223372036854775808.0f)
+        r = INT64_MAX;
+    else if (v < -9223372036854775808.0f)
+        r = INT64_MIN;
+    else
+        r = (int64_t)v;
+    if (to_i32) r = r > INT32_MAX ? INT32_MAX : r < INT32_MIN ? INT32_MIN : r;
+    return r;
+}
+
+/* -- Row reductions -------------------------------------------------------------
+ *
+ * Sums of floats accumulate in double in SJ_RT_LANES partial sums (one per
+ * position modulo SJ_RT_LANES, vectorized), then the tail in order, then the
+ * partials in order. A sum may be fed in pieces (sj_rt_dsum_add): as long as
+ * every piece but the last is a multiple of SJ_RT_LANES long, the result is
+ * bit-identical to one call over the whole row.
+ */
+
+#define SJ_RT_LANES 16
+
+typedef struct sj_rt_dsum {
+    double acc[SJ_RT_LANES];
+    double tail;
+} sj_rt_dsum;
+
+SJ_RT_FN void sj_rt_dsum_init(sj_rt_dsum *a) {
+    for (int j = 0; j < SJ_RT_LANES; j++) a->acc[j] = 0.0;
+    a->tail = 0.0;
+}
+
+/* Add x[0 .. n). */
+SJ_RT_FN void sj_rt_dsum_add(sj_rt_dsum *a, const float *x, int64_t n) {
+    double acc[SJ_RT_LANES], s = a->tail;
+    int64_t i = 0, nb = n - n % SJ_RT_LANES; /* not i + LANES <= n: gcc 12 -O3 warns */
+    for (int j = 0; j < SJ_RT_LANES; j++) acc[j] = a->acc[j];
+    for (; i < nb; i += SJ_RT_LANES)
+        for (int j = 0; j < SJ_RT_LANES; j++) acc[j] += x[i + j];
+    for (; i < n; i++) s += x[i];
+    for (int j = 0; j < SJ_RT_LANES; j++) a->acc[j] = acc[j];
+    a->tail = s;
+}
+
+/* Add the squares (x[i] - c)^2. */
+SJ_RT_FN void sj_rt_dsum_addsq(sj_rt_dsum *a, const float *x, double c, int64_t n) {
+    double acc[SJ_RT_LANES], s = a->tail;
+    int64_t i = 0, nb = n - n % SJ_RT_LANES; /* not i + LANES <= n: gcc 12 -O3 warns */
+    for (int j = 0; j < SJ_RT_LANES; j++) acc[j] = a->acc[j];
+    for (; i < nb; i += SJ_RT_LANES)
+        for (int j = 0; j < SJ_RT_LANES; j++) {
+            double d = x[i + j] - c;
+            acc[j] += d * d;
+        }
+    for (; i < n; i++) s += (x[i] - c) * (x[i] - c);
+    for (int j = 0; j < SJ_RT_LANES; j++) a->acc[j] = acc[j];
+    a->tail = s;
+}
+
+SJ_RT_FN double sj_rt_dsum_get(const sj_rt_dsum *a) {
+    double s = a->tail;
+    for (int j = 0; j < SJ_RT_LANES; j++) s += a->acc[j];
+    return s;
+}
+
+/* Sum of n floats in double (what one sj_rt_dsum_add over the row gives,
+ * without the struct). */
+SJ_RT_FN double sj_rt_sum_f32(const float *x, int64_t n) {
+    double acc[SJ_RT_LANES] = {0}, s = 0.0;
+    int64_t i = 0, nb = n - n % SJ_RT_LANES;
+    for (; i < nb; i += SJ_RT_LANES)
+        for (int j = 0; j < SJ_RT_LANES; j++) acc[j] += x[i + j];
+    for (; i < n; i++) s += x[i];
+    for (int j = 0; j < SJ_RT_LANES; j++) s += acc[j];
+    return s;
+}
+
+/* Sum of (x - c)^2 in double. */
+SJ_RT_FN double sj_rt_sumsq_f32(const float *x, double c, int64_t n) {
+    double acc[SJ_RT_LANES] = {0}, s = 0.0;
+    int64_t i = 0, nb = n - n % SJ_RT_LANES;
+    for (; i < nb; i += SJ_RT_LANES)
+        for (int j = 0; j < SJ_RT_LANES; j++) {
+            double d = x[i + j] - c;
+            acc[j] += d * d;
+        }
+    for (; i < n; i++) s += (x[i] - c) * (x[i] - c);
+    for (int j = 0; j < SJ_RT_LANES; j++) s += acc[j];
+    return s;
+}
+
+/* NaN-propagating max of n floats (-inf for n = 0). Written with GCC/Clang
+ * vector extensions (4 lanes, four accumulators; 16-byte vectors need
+ * nothing beyond the x86-64 and AArch64 baselines): the auto-vectoriser turns
+ * the scalar form into slow code at -O3. Alongside the max, a lane sum of
+ * v - v turns NaN if any v is NaN or infinite; only then does a scalar pass
+ * decide exactly. */
+typedef float sj_rt_v4f __attribute__((vector_size(16)));
+typedef int32_t sj_rt_v4i __attribute__((vector_size(16)));
+
+static inline sj_rt_v4f sj_rt_v4_max(sj_rt_v4f a, sj_rt_v4f b) {
+    sj_rt_v4i k = a > b;
+    return (sj_rt_v4f)(((sj_rt_v4i)a & k) | ((sj_rt_v4i)b & ~k));
+}
+
+static inline float sj_rt_max_f32(const float *x, int64_t n) {
+    const float ninf = -INFINITY;
+    sj_rt_v4f a[4], p[4];
+    for (int k = 0; k < 4; k++) {
+        a[k] = (sj_rt_v4f){ninf, ninf, ninf, ninf};
+        p[k] = (sj_rt_v4f){0, 0, 0, 0};
+    }
+    int64_t nb = n > 0 ? n - n % 16 : 0, i;
+    for (i = 0; i < nb; i += 16)
+        for (int k = 0; k < 4; k++) {
+            sj_rt_v4f v;
+            memcpy(&v, x + i + 4 * k, sizeof v);
+            a[k] = sj_rt_v4_max(a[k], v);
+            p[k] += v - v;
+        }
+    float m = ninf, q = 0.0f;
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 4; j++) {
+            m = a[k][j] > m ? a[k][j] : m;
+            q += p[k][j];
+        }
+    for (i = nb; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        q += x[i] - x[i];
+    }
+    if (q != q) { /* a NaN or an infinity somewhere: decide exactly */
+        m = ninf;
+        for (i = 0; i < n; i++) {
+            if (x[i] != x[i]) return x[i];
+            m = x[i] > m ? x[i] : m;
+        }
+    }
+    return m;
+}
+
+/* Combine two maxima, keeping a NaN. */
+SJ_RT_FN float sj_rt_max_combine(float m, float v) { return (v > m || v != v) ? v : m; }
+
+#endif /* SJ_KERNEL_RT_H */
