@@ -1,0 +1,55 @@
+/* The persistent kernel cache: compiled artifacts on disk, keyed by a hash
+ * of everything that determines them (source, backend, toolchain identity,
+ * flags, device), so a second process reaches fused execution without
+ * compiling.
+ *
+ * Layout: <dir>/<key>.<ext> is the artifact exactly as the backend loads it
+ * (a shared object for the CPU, a CUBIN for CUDA) and <dir>/<key>.meta
+ * records its size and checksum. Both are written atomically (a temporary
+ * file, then rename). A lookup verifies the checksum; a corrupt, truncated or
+ * orphaned artifact is deleted and reported as a miss. The directory is kept
+ * under a size cap by deleting the least recently used artifacts (use
+ * refreshes the artifact's modification time).
+ *
+ * Safe for several threads and several processes sharing the directory.
+ */
+#ifndef SJ_CACHE_H
+#define SJ_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "jit/shapejit.h"
+
+typedef struct sj_cache sj_cache;
+
+typedef struct sj_cache_stats {
+    uint64_t hits, misses, stores, corrupt, evictions;
+} sj_cache_stats;
+
+/* Open (creating the directory, and its parents, if needed). max_bytes 0:
+ * no cap. SJ_EINVAL when dir is NULL or empty or cannot be created. */
+sj_status sj_cache_open(const char *dir, uint64_t max_bytes, sj_cache **out);
+void sj_cache_close(sj_cache *c); /* NULL is a no-op */
+
+/* A 64-hex-digit key from any number of byte strings (NUL-terminated,
+ * hashed with their lengths so concatenations differ). */
+void sj_cache_key(char out[65], const char *const *parts, int n_parts);
+
+/* Verified lookup. On a hit writes the artifact's path (ext: "so", "cubin")
+ * to path and returns true; the file stays valid until evicted. */
+bool sj_cache_lookup(sj_cache *c, const char *key, const char *ext, char *path, size_t n);
+/* The same, reading the artifact into a malloc'd buffer (caller frees). */
+bool sj_cache_load(sj_cache *c, const char *key, const char *ext, void **data, size_t *len);
+
+/* Store an artifact from a file (moved or copied into the cache) or from
+ * memory; then evict past the cap. Failures are reported and harmless (the
+ * artifact is simply not cached). */
+sj_status sj_cache_store_file(sj_cache *c, const char *key, const char *ext, const char *file);
+sj_status sj_cache_store(sj_cache *c, const char *key, const char *ext, const void *data, size_t len);
+
+void sj_cache_get_stats(const sj_cache *c, sj_cache_stats *out);
+const char *sj_cache_dir(const sj_cache *c);
+
+#endif

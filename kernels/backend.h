@@ -1,0 +1,51 @@
+/* A backend: the table of functions the JIT compiles and loads kernels
+ * through. CPU (system C compiler + dlopen) and CUDA (NVRTC + the driver
+ * API) sit behind the same table; the JIT never calls either directly.
+ *
+ * A backend is created once per runtime and used from the compile workers
+ * (compile, unload) and from calling threads (nothing else): compile must be
+ * safe to call from several threads at once.
+ */
+#ifndef SJ_BACKEND_H
+#define SJ_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "jit/shapejit.h"
+
+typedef struct sj_module sj_module; /* a loaded compiled unit, owned by its backend */
+
+typedef struct sj_compile_req {
+    const char *source;           /* the whole translation unit */
+    size_t source_len;
+    const char *const *symbols;   /* functions to resolve after loading */
+    int n_symbols;
+    const char *tag;              /* names the unit in logs and dumps ("enc.e1.sym") */
+} sj_compile_req;
+
+typedef struct sj_compile_result {
+    sj_module *module;    /* NULL on failure */
+    void *fns[64];        /* the resolved symbols, in request order (owned by module) */
+    bool from_cache;      /* loaded from the persistent cache, no compiler run */
+    double compile_ms;    /* wall time of the compiler run (0 on a cache hit) */
+    char key[65];         /* the cache key (hex) */
+    char log[2048];       /* compiler diagnostics on failure, truncated */
+} sj_compile_result;
+
+typedef struct sj_backend sj_backend;
+struct sj_backend {
+    const char *name; /* "cpu", "cuda" */
+    /* Compile (or load from the cache) and resolve req->symbols. SJ_OK, or
+     * SJ_EBACKEND with out->log set (compiler missing, compile error, load
+     * failure). Thread-safe. */
+    sj_status (*compile)(sj_backend *b, const sj_compile_req *req, sj_compile_result *out);
+    /* Unload a module (NULL is a no-op). */
+    void (*unload)(sj_backend *b, sj_module *m);
+    /* A line describing the toolchain, for explain and cache keys
+     * ("cc: gcc (Debian 12.2.0-14) 12.2.0; -O3 -march=native ..."). */
+    const char *(*identity)(sj_backend *b);
+    void (*destroy)(sj_backend *b);
+};
+
+#endif /* SJ_BACKEND_H */

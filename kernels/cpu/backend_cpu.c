@@ -1,0 +1,476 @@
+/* The CPU backend (see backend_cpu.h): generated C is compiled by the system
+ * C compiler into a shared object, which is loaded with dlopen.
+ *
+ * The compiler runs through posix_spawnp (no shell), its stdout and stderr
+ * captured through one pipe, in a private temporary directory per compile,
+ * so any number of compile workers may run at once. After the create-time
+ * probe the backend is immutable: compile shares no mutable state between
+ * threads (dlerror is per thread).
+ *
+ * A compile: key -> cache hit (dlopen + dlsym; any failure is a miss) ->
+ * else write k.c, run the compiler, dlopen k.so, resolve the symbols, move
+ * k.so into the cache. Loading before storing means no other process can
+ * evict or replace the file between our store and our load.
+ */
+#include "kernels/cpu/backend_cpu.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jit/error.h"
+
+extern char **environ;
+
+#define DEFAULT_CFLAGS "-O3 -march=native -fPIC -shared -fno-math-errno -fno-trapping-math -std=gnu11 -w"
+#define MAX_FLAGS 128
+
+typedef struct cpu_backend {
+    sj_backend base; /* first: the table the JIT sees */
+    char *cc, *cflags, *dump_dir;
+    char *flag_text;       /* cflags split in place; flags[] point into it */
+    char *flags[MAX_FLAGS];
+    int n_flags;
+    sj_cache *cache;
+    const sj_runtime *rt;
+    int test_delay_ms, test_fail;
+    bool cc_missing;
+    char identity[1024];
+} cpu_backend;
+
+struct sj_module {
+    void *handle;
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* -- Running the compiler -------------------------------------------------- */
+
+typedef struct run_result {
+    int spawn_errno; /* nonzero: the program could not be started */
+    int exit_code;   /* valid when !signal */
+    int signal;
+    size_t out_len;  /* bytes kept in out */
+} run_result;
+
+/* Runs argv[0] (searched in PATH) with stdin from /dev/null and stdout and
+ * stderr into out (truncated to n-1 bytes; the rest is drained). Returns 0
+ * when the child ran and was reaped, -1 otherwise (r->spawn_errno says why). */
+static int run_program(char *const argv[], char *out, size_t n, run_result *r) {
+    memset(r, 0, sizeof *r);
+    if (n) out[0] = '\0';
+    int p[2];
+    if (pipe2(p, O_CLOEXEC)) {
+        r->spawn_errno = errno;
+        return -1;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    int err = posix_spawn_file_actions_init(&fa);
+    if (err) {
+        close(p[0]), close(p[1]);
+        r->spawn_errno = err;
+        return -1;
+    }
+    if ((err = posix_spawnattr_init(&at))) {
+        posix_spawn_file_actions_destroy(&fa);
+        close(p[0]), close(p[1]);
+        r->spawn_errno = err;
+        return -1;
+    }
+    /* The child gets default signal handling and an empty mask, whatever
+     * the calling worker blocks or ignores. */
+    sigset_t none, dflt;
+    sigemptyset(&none);
+    sigemptyset(&dflt);
+    sigaddset(&dflt, SIGPIPE);
+    sigaddset(&dflt, SIGCHLD);
+    if (!err) err = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (!err) err = posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    if (!err) err = posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+    if (!err) err = posix_spawnattr_setsigmask(&at, &none);
+    if (!err) err = posix_spawnattr_setsigdefault(&at, &dflt);
+    if (!err) err = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    pid_t pid = -1;
+    if (!err) err = posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    close(p[1]);
+    if (err) {
+        close(p[0]);
+        r->spawn_errno = err;
+        return -1;
+    }
+    char drain[4096];
+    for (;;) {
+        size_t room = r->out_len + 1 < n ? n - 1 - r->out_len : 0;
+        char *dst = room ? out + r->out_len : drain;
+        ssize_t got = read(p[0], dst, room ? room : sizeof drain);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        if (room) r->out_len += (size_t)got;
+    }
+    close(p[0]);
+    if (n) out[r->out_len] = '\0';
+    int status;
+    pid_t w;
+    while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+    }
+    if (w < 0) {
+        /* ECHILD: the program reaps children itself (SIGCHLD ignored). The
+         * status is lost; the caller's next step (dlopen) decides. */
+        r->exit_code = 0;
+        return 0;
+    }
+    if (WIFSIGNALED(status)) r->signal = WTERMSIG(status);
+    else r->exit_code = WEXITSTATUS(status);
+    return 0;
+}
+
+static bool not_found(const run_result *r, int rc) {
+    return (rc && (r->spawn_errno == ENOENT || r->spawn_errno == EACCES || r->spawn_errno == ENOTDIR)) ||
+           (!rc && !r->signal && r->exit_code == 127);
+}
+
+/* -- Identity ------------------------------------------------------------- */
+
+/* "model name/hash of the flags line" from /proc/cpuinfo. */
+static void cpu_identity(char *buf, size_t n) {
+    char model[256] = "unknown", line[8192];
+    char key[65] = "";
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        char *v = colon + 1 + (colon[1] == ' ');
+        v[strcspn(v, "\n")] = '\0';
+        if (!strncmp(line, "model name", 10) && !strcmp(model, "unknown")) snprintf(model, sizeof model, "%s", v);
+        else if ((!strncmp(line, "flags", 5) || !strncmp(line, "Features", 8)) && !key[0]) {
+            const char *parts[] = {v};
+            sj_cache_key(key, parts, 1);
+        }
+    }
+    if (f) fclose(f);
+    snprintf(buf, n, "%s/%.8s", model, key[0] ? key : "noflags");
+}
+
+static void probe(cpu_backend *b) {
+    char out[1024];
+    char *argv[] = {b->cc, "--version", NULL};
+    run_result r;
+    int rc = run_program(argv, out, sizeof out, &r);
+    char version[256] = "unknown version";
+    if (not_found(&r, rc)) {
+        b->cc_missing = true;
+        snprintf(version, sizeof version, "not found");
+    } else if (!rc && !r.signal && r.exit_code == 0 && out[0]) {
+        out[strcspn(out, "\n")] = '\0';
+        snprintf(version, sizeof version, "%s", out);
+    }
+    char cpu[320];
+    cpu_identity(cpu, sizeof cpu);
+    snprintf(b->identity, sizeof b->identity, "%s (%s) %s cpu:%s", b->cc, version, b->cflags, cpu);
+}
+
+/* -- Files ----------------------------------------------------------------- */
+
+static int write_file(const char *path, const char *data, size_t len) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    while (len > 0) {
+        ssize_t w = write(fd, data, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            errno = e ? e : EIO;
+            return -1;
+        }
+        data += w, len -= (size_t)w;
+    }
+    return close(fd);
+}
+
+static int mkdir_p(const char *dir) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return errno = ENAMETOOLONG, -1;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = '\0';
+        if (mkdir(p, 0755) && errno != EEXIST) return -1;
+        *s = '/';
+    }
+    return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+/* <dump_dir>/<tag>.c; a '/' in the tag becomes '_'. Failures are logged. */
+static void dump_source(const cpu_backend *b, const char *tag, const char *src, size_t len) {
+    char name[256], path[PATH_MAX];
+    snprintf(name, sizeof name, "%s", tag);
+    for (char *s = name; *s; s++)
+        if (*s == '/') *s = '_';
+    if (mkdir_p(b->dump_dir) || snprintf(path, sizeof path, "%s/%s.c", b->dump_dir, name) >= (int)sizeof path ||
+        write_file(path, src, len))
+        sj_logf(b->rt, SJ_LOG_WARN, "cpu: cannot dump %s to %s: %s", tag, b->dump_dir, strerror(errno));
+}
+
+/* -- Loading ---------------------------------------------------------------- */
+
+/* dlopen path and resolve every symbol into out. On failure writes why to
+ * out->log and returns false with nothing loaded. */
+static bool load(const char *path, const sj_compile_req *req, sj_compile_result *out) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(out->log, sizeof out->log, "dlopen failed: %s", e ? e : "unknown error");
+        return false;
+    }
+    for (int i = 0; i < req->n_symbols; i++) {
+        dlerror();
+        void *f = dlsym(h, req->symbols[i]);
+        if (!f) {
+            snprintf(out->log, sizeof out->log, "symbol '%s' not found in the compiled unit", req->symbols[i]);
+            dlclose(h);
+            return false;
+        }
+        out->fns[i] = f;
+    }
+    sj_module *m = malloc(sizeof *m);
+    if (!m) {
+        snprintf(out->log, sizeof out->log, "out of memory");
+        dlclose(h);
+        return false;
+    }
+    m->handle = h;
+    out->module = m;
+    return true;
+}
+
+/* -- Compile ----------------------------------------------------------------- */
+
+static void sleep_ms(int ms) {
+    double end = now_ms() + ms;
+    for (double left; (left = end - now_ms()) > 0;) {
+        double step = left < 5 ? left : 5;
+        struct timespec ts = {0, (long)(step * 1e6)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static sj_status fail(const cpu_backend *b, sj_compile_result *out, const char *tag, const char *what) {
+    out->module = NULL;
+    memset(out->fns, 0, sizeof out->fns);
+    sj_logf(b->rt, SJ_LOG_COMPILE, "cpu: %s: %s", tag, what);
+    return sj_seterr(SJ_EBACKEND, "cpu backend: %s: %s", tag, what);
+}
+
+/* The compiler's first line that mentions an error (else its first line). */
+static const char *error_line(const char *log, int *len) {
+    const char *line = log;
+    for (const char *p = log; *p; p += strcspn(p, "\n"), p += *p == '\n') {
+        int n = (int)strcspn(p, "\n");
+        if (memmem(p, (size_t)n, "error", 5)) {
+            line = p;
+            break;
+        }
+    }
+    *len = (int)strcspn(line, "\n");
+    return line;
+}
+
+static void remove_tmpdir(const char *dir) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/k.c", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/k.so", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+/* Runs the compiler on req in a fresh temporary dir and loads the result. */
+static sj_status compile_fresh(cpu_backend *b, const sj_compile_req *req, const char *src, const char *tag,
+                               const char *note, sj_compile_result *out) {
+    const char *tmp = getenv("TMPDIR");
+    char dir[PATH_MAX], cfile[PATH_MAX], sofile[PATH_MAX], msg[512];
+    if (!tmp || !*tmp) tmp = "/tmp";
+    if (snprintf(dir, sizeof dir, "%s/sjcc-XXXXXX", tmp) >= (int)sizeof dir - 8 || !mkdtemp(dir)) {
+        snprintf(msg, sizeof msg, "cannot create a temporary directory in %s: %s", tmp, strerror(errno));
+        snprintf(out->log, sizeof out->log, "%s", msg);
+        return fail(b, out, tag, msg);
+    }
+    snprintf(cfile, sizeof cfile, "%s/k.c", dir);
+    snprintf(sofile, sizeof sofile, "%s/k.so", dir);
+    if (write_file(cfile, src, req->source_len)) {
+        snprintf(msg, sizeof msg, "cannot write %s: %s", cfile, strerror(errno));
+        remove_tmpdir(dir);
+        snprintf(out->log, sizeof out->log, "%s", msg);
+        return fail(b, out, tag, msg);
+    }
+
+    char *argv[MAX_FLAGS + 8];
+    int argc = 0;
+    argv[argc++] = b->cc;
+    for (int i = 0; i < b->n_flags; i++) argv[argc++] = b->flags[i];
+    argv[argc++] = "-o";
+    argv[argc++] = sofile;
+    argv[argc++] = cfile;
+    argv[argc++] = "-lm";
+    argv[argc] = NULL;
+
+    run_result r;
+    double t0 = now_ms();
+    int rc = run_program(argv, out->log, sizeof out->log, &r);
+    out->compile_ms = now_ms() - t0;
+    if (not_found(&r, rc)) {
+        remove_tmpdir(dir);
+        snprintf(msg, sizeof msg, "compiler '%s' not found", b->cc);
+        snprintf(out->log, sizeof out->log, "%s", msg);
+        return fail(b, out, tag, msg);
+    }
+    if (rc || r.signal || r.exit_code) {
+        remove_tmpdir(dir);
+        if (rc) snprintf(msg, sizeof msg, "compile failed: cannot run '%s': %s", b->cc, strerror(r.spawn_errno));
+        else if (r.signal) snprintf(msg, sizeof msg, "compile failed: '%s' killed by signal %d", b->cc, r.signal);
+        else {
+            int n;
+            const char *line = error_line(out->log, &n);
+            snprintf(msg, sizeof msg, "compile failed: '%s' exited with %d: %.*s", b->cc, r.exit_code, n, line);
+        }
+        if (rc || !out->log[0]) snprintf(out->log, sizeof out->log, "%s", msg);
+        return fail(b, out, tag, msg);
+    }
+    if (!load(sofile, req, out)) {
+        remove_tmpdir(dir);
+        return fail(b, out, tag, out->log);
+    }
+    out->log[0] = '\0';
+    if (b->cache && sj_cache_store_file(b->cache, out->key, "so", sofile))
+        sj_logf(b->rt, SJ_LOG_WARN, "cpu: %s: not cached: %s", tag, sj_last_error());
+    remove_tmpdir(dir);
+    sj_logf(b->rt, SJ_LOG_COMPILE, "cpu: %s: compiled in %.1f ms (key %.16s)%s", tag, out->compile_ms, out->key,
+            note);
+    return SJ_OK;
+}
+
+static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
+    cpu_backend *b = (cpu_backend *)base;
+    if (!out) return sj_seterr(SJ_EINVAL, "cpu backend: compile: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (b->test_delay_ms > 0) sleep_ms(b->test_delay_ms);
+    if (!req || !req->source || req->n_symbols < 0 || req->n_symbols > 64 || (req->n_symbols && !req->symbols)) {
+        snprintf(out->log, sizeof out->log, "invalid compile request");
+        return sj_seterr(SJ_EINVAL, "cpu backend: invalid compile request");
+    }
+    for (int i = 0; i < req->n_symbols; i++)
+        if (!req->symbols[i]) return sj_seterr(SJ_EINVAL, "cpu backend: symbol %d is NULL", i);
+    const char *tag = req->tag && req->tag[0] ? req->tag : "unit";
+    if (memchr(req->source, '\0', req->source_len))
+        return sj_seterr(SJ_EINVAL, "cpu backend: %s: the source contains a NUL byte", tag);
+    char *src = malloc(req->source_len + 1); /* NUL-terminated for the key */
+    if (!src) return sj_seterr(SJ_ENOMEM, "cpu backend: out of memory");
+    memcpy(src, req->source, req->source_len);
+    src[req->source_len] = '\0';
+    const char *parts[] = {src, "cpu", b->identity};
+    sj_cache_key(out->key, parts, 3);
+    if (b->dump_dir) dump_source(b, tag, src, req->source_len);
+
+    sj_status st;
+    char path[PATH_MAX];
+    char note[sizeof out->log + 64] = "";
+    bool hit = false;
+    if (!b->test_fail && b->cache && sj_cache_lookup(b->cache, out->key, "so", path, sizeof path)) {
+        hit = load(path, req, out);
+        if (!hit) snprintf(note, sizeof note, "; cached artifact unusable: %s", out->log);
+    }
+    if (b->test_fail) {
+        snprintf(out->log, sizeof out->log, "compile failed (test hook)");
+        st = fail(b, out, tag, out->log);
+    } else if (hit) {
+        out->from_cache = true;
+        out->log[0] = '\0';
+        sj_logf(b->rt, SJ_LOG_COMPILE, "cpu: %s: cache hit (key %.16s)", tag, out->key);
+        st = SJ_OK;
+    } else if (b->cc_missing) {
+        snprintf(out->log, sizeof out->log, "compiler '%s' not found", b->cc);
+        st = fail(b, out, tag, out->log);
+    } else {
+        out->log[0] = '\0'; /* a failed cache load is just a miss */
+        st = compile_fresh(b, req, src, tag, note, out);
+    }
+    free(src);
+    return st;
+}
+
+/* -- Table and lifecycle ----------------------------------------------------- */
+
+static void cpu_unload(sj_backend *b, sj_module *m) {
+    (void)b;
+    if (!m) return;
+    dlclose(m->handle);
+    free(m);
+}
+
+static const char *cpu_identity_fn(sj_backend *base) { return ((cpu_backend *)base)->identity; }
+
+static void cpu_destroy(sj_backend *base) {
+    cpu_backend *b = (cpu_backend *)base;
+    if (!b) return;
+    free(b->cc);
+    free(b->cflags);
+    free(b->dump_dir);
+    free(b->flag_text);
+    free(b);
+}
+
+sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **out) {
+    if (!out) return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: out is NULL");
+    *out = NULL;
+    sj_cpu_backend_config c = {0};
+    if (cfg) c = *cfg;
+    if (c.test_delay_ms < 0) return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: test_delay_ms < 0");
+    cpu_backend *b = calloc(1, sizeof *b);
+    if (!b) return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
+    b->cc = strdup(c.cc && c.cc[0] ? c.cc : "cc");
+    b->cflags = strdup(c.cflags ? c.cflags : DEFAULT_CFLAGS);
+    b->flag_text = b->cflags ? strdup(b->cflags) : NULL;
+    b->dump_dir = c.dump_dir && c.dump_dir[0] ? strdup(c.dump_dir) : NULL;
+    if (!b->cc || !b->cflags || !b->flag_text || (c.dump_dir && c.dump_dir[0] && !b->dump_dir)) {
+        cpu_destroy(&b->base);
+        return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
+    }
+    char *save = NULL;
+    for (char *f = strtok_r(b->flag_text, " \t\n", &save); f; f = strtok_r(NULL, " \t\n", &save)) {
+        if (b->n_flags == MAX_FLAGS) {
+            cpu_destroy(&b->base);
+            return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: more than %d compiler flags", MAX_FLAGS);
+        }
+        b->flags[b->n_flags++] = f;
+    }
+    b->cache = c.cache;
+    b->rt = c.rt;
+    b->test_delay_ms = c.test_delay_ms;
+    b->test_fail = c.test_fail;
+    b->base.name = "cpu";
+    b->base.compile = cpu_compile;
+    b->base.unload = cpu_unload;
+    b->base.identity = cpu_identity_fn;
+    b->base.destroy = cpu_destroy;
+    probe(b);
+    if (b->cc_missing) sj_logf(b->rt, SJ_LOG_WARN, "cpu: compiler '%s' not found; kernels will not be compiled", b->cc);
+    *out = &b->base;
+    return SJ_OK;
+}

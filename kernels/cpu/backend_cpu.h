@@ -1,0 +1,27 @@
+/* The CPU backend: generated C compiled by the system compiler into a shared
+ * object and loaded with dlopen. */
+#ifndef SJ_BACKEND_CPU_H
+#define SJ_BACKEND_CPU_H
+
+#include "jit/cache.h"
+#include "jit/runtime.h"
+#include "kernels/backend.h"
+
+typedef struct sj_cpu_backend_config {
+    const char *cc;        /* compiler command; NULL: "cc" */
+    const char *cflags;    /* NULL: the default flags (see backend_cpu.c) */
+    const char *dump_dir;  /* NULL: none; else every source is written there as <tag>.c */
+    sj_cache *cache;       /* NULL: no persistent cache (borrowed; outlives the backend) */
+    const sj_runtime *rt;  /* for logging (SJ_LOG_COMPILE) */
+    /* Test hooks: sleep this long inside every compile (ms); make every
+     * compile fail as if the compiler had reported an error. */
+    int test_delay_ms;
+    int test_fail;
+} sj_cpu_backend_config;
+
+/* Create the backend. Probes the compiler once (`cc --version`): a missing
+ * compiler is not an error here; every compile then fails with a clear
+ * SJ_EBACKEND and log ("compiler 'cc' not found"). */
+sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **out);
+
+#endif

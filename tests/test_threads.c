@@ -1,0 +1,308 @@
+/* Tests for jit/threads: every index covered exactly once for many sizes and
+ * chunk sizes, chunk sizes respected, pools of 0 (online CPUs), 1, 2, 3 and
+ * 8 threads, a NULL pool, several callers at once (a busy pool runs the
+ * caller inline), nested calls, deterministic results, and create/destroy
+ * without jobs, idle workers that sleep. Clean under ThreadSanitizer. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jit/threads.h"
+
+/* -- Helpers --------------------------------------------------------------- */
+
+typedef struct cover {
+    int64_t n, min_chunk;
+    _Atomic int *hits;
+    _Atomic int bad_ranges;  /* empty, reversed or out of [0, n) */
+    _Atomic int short_chunks; /* shorter than min_chunk and not the tail */
+    _Atomic int calls;
+} cover;
+
+static void cover_fn(void *ctx, int64_t b, int64_t e) {
+    cover *c = ctx;
+    atomic_fetch_add(&c->calls, 1);
+    if (b < 0 || e > c->n || b >= e) {
+        atomic_fetch_add(&c->bad_ranges, 1);
+        return;
+    }
+    if (e - b < c->min_chunk && e != c->n) atomic_fetch_add(&c->short_chunks, 1);
+    for (int64_t i = b; i < e; i++) atomic_fetch_add_explicit(&c->hits[i], 1, memory_order_relaxed);
+}
+
+/* Runs one parallel_for and checks the coverage; returns the fn calls. */
+static int check_cover(sj_threads *t, int64_t n, int64_t min_chunk) {
+    cover c;
+    memset(&c, 0, sizeof c);
+    c.n = n;
+    c.min_chunk = min_chunk < 1 ? 1 : min_chunk;
+    c.hits = calloc((size_t)(n > 0 ? n : 1), sizeof *c.hits);
+    assert_non_null(c.hits);
+    sj_threads_parallel_for(t, n, min_chunk, cover_fn, &c);
+    for (int64_t i = 0; i < n; i++)
+        if (atomic_load(&c.hits[i]) != 1) fail_msg("n=%lld chunk=%lld: index %lld hit %d times", (long long)n,
+                                                   (long long)min_chunk, (long long)i, atomic_load(&c.hits[i]));
+    assert_int_equal(atomic_load(&c.bad_ranges), 0);
+    assert_int_equal(atomic_load(&c.short_chunks), 0);
+    free(c.hits);
+    return atomic_load(&c.calls);
+}
+
+static const int64_t SIZES[] = {0, 1, 2, 3, 7, 8, 31, 63, 64, 65, 100, 1000, 4097, 65536, 100003};
+static const int64_t CHUNKS[] = {0, 1, 2, 7, 64, 1000, 100000};
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static void cover_all(sj_threads *t) {
+    for (size_t i = 0; i < COUNT(SIZES); i++)
+        for (size_t j = 0; j < COUNT(CHUNKS); j++) check_cover(t, SIZES[i], CHUNKS[j]);
+}
+
+/* -- Coverage -------------------------------------------------------------- */
+
+static void test_cover_pools(void **state) {
+    (void)state;
+    const int sizes[] = {0, 1, 2, 3, 8};
+    for (size_t k = 0; k < COUNT(sizes); k++) {
+        sj_threads *t = sj_threads_create(sizes[k]);
+        assert_non_null(t);
+        if (sizes[k] == 0) assert_int_equal(sj_threads_count(t), (int)sysconf(_SC_NPROCESSORS_ONLN));
+        else assert_int_equal(sj_threads_count(t), sizes[k]);
+        for (int rep = 0; rep < 3; rep++) cover_all(t);
+        sj_threads_destroy(t);
+    }
+}
+
+static void test_null_pool_inline(void **state) {
+    (void)state;
+    assert_int_equal(sj_threads_count(NULL), 1);
+    assert_int_equal(check_cover(NULL, 1000, 1), 1);
+    assert_int_equal(check_cover(NULL, 0, 1), 0);
+    sj_threads_parallel_for(NULL, 10, 1, NULL, NULL); /* no fn: nothing happens */
+}
+
+static void test_small_ranges_inline(void **state) {
+    (void)state;
+    sj_threads *t = sj_threads_create(4);
+    assert_non_null(t);
+    assert_int_equal(check_cover(t, 0, 1), 0);   /* nothing to do: fn not called */
+    assert_int_equal(check_cover(t, 1, 1), 1);   /* n <= min_chunk: one inline call */
+    assert_int_equal(check_cover(t, 50, 64), 1); /* n < chunk */
+    assert_int_equal(check_cover(t, 64, 64), 1);
+    assert_true(check_cover(t, 65, 64) == 2);    /* just past: two chunks */
+    assert_true(check_cover(t, 100000, 1) > 1);  /* split */
+    sj_threads *one = sj_threads_create(1);
+    assert_non_null(one);
+    assert_int_equal(check_cover(one, 100000, 1), 1); /* 1 thread: inline */
+    sj_threads_destroy(one);
+    sj_threads_destroy(t);
+}
+
+static void test_create_destroy(void **state) {
+    (void)state;
+    sj_threads_destroy(NULL);
+    assert_null(sj_threads_create(-1));
+    for (int i = 0; i < 20; i++) {
+        sj_threads *t = sj_threads_create(1 + i % 6);
+        assert_non_null(t);
+        sj_threads_destroy(t); /* no job ever ran */
+    }
+}
+
+/* -- Concurrency ----------------------------------------------------------- */
+
+typedef struct caller_arg {
+    sj_threads *t;
+    int id;
+} caller_arg;
+
+static void *caller_main(void *p) {
+    caller_arg *a = p;
+    for (int rep = 0; rep < 40; rep++) {
+        int64_t n = 1 + (a->id * 7919 + rep * 104729) % 20000;
+        check_cover(a->t, n, 1 + rep % 17);
+    }
+    return NULL;
+}
+
+static void test_concurrent_callers(void **state) {
+    (void)state;
+    sj_threads *t = sj_threads_create(4);
+    assert_non_null(t);
+    enum { CALLERS = 6 };
+    pthread_t th[CALLERS];
+    caller_arg args[CALLERS];
+    for (int i = 0; i < CALLERS; i++) {
+        args[i] = (caller_arg){t, i};
+        assert_int_equal(pthread_create(&th[i], NULL, caller_main, &args[i]), 0);
+    }
+    for (int i = 0; i < CALLERS; i++) pthread_join(th[i], NULL);
+    sj_threads_destroy(t);
+}
+
+/* A busy pool runs a second caller inline: hold the pool inside fn and call
+ * from another thread. */
+typedef struct hold {
+    sj_threads *t;
+    _Atomic int entered, release, other_calls;
+} hold;
+
+static void other_fn(void *ctx, int64_t b, int64_t e) {
+    hold *h = ctx;
+    atomic_fetch_add(&h->other_calls, 1);
+    (void)b, (void)e;
+}
+
+static void *other_caller(void *p) {
+    hold *h = p;
+    while (!atomic_load(&h->entered)) usleep(100);
+    sj_threads_parallel_for(h->t, 100000, 1, other_fn, h);
+    atomic_store(&h->release, 1);
+    return NULL;
+}
+
+static void holding_fn(void *ctx, int64_t b, int64_t e) {
+    hold *h = ctx;
+    if (b == 0) {
+        atomic_store(&h->entered, 1);
+        while (!atomic_load(&h->release)) usleep(100);
+    }
+    (void)e;
+}
+
+static void test_busy_pool_runs_inline(void **state) {
+    (void)state;
+    sj_threads *t = sj_threads_create(3);
+    assert_non_null(t);
+    hold h;
+    memset(&h, 0, sizeof h);
+    h.t = t;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, other_caller, &h), 0);
+    sj_threads_parallel_for(t, 1000, 1, holding_fn, &h);
+    pthread_join(th, NULL);
+    assert_int_equal(atomic_load(&h.other_calls), 1); /* the whole range in one inline call */
+    sj_threads_destroy(t);
+}
+
+/* fn calling parallel_for on the same pool: runs inline, no deadlock. */
+typedef struct nested {
+    sj_threads *t;
+    _Atomic int64_t total;
+} nested;
+
+static void inner_fn(void *ctx, int64_t b, int64_t e) {
+    nested *n = ctx;
+    atomic_fetch_add(&n->total, e - b);
+}
+
+static void outer_fn(void *ctx, int64_t b, int64_t e) {
+    nested *n = ctx;
+    for (int64_t i = b; i < e; i++) sj_threads_parallel_for(n->t, 100, 1, inner_fn, n);
+}
+
+static void test_nested(void **state) {
+    (void)state;
+    nested n = {sj_threads_create(4), 0};
+    assert_non_null(n.t);
+    sj_threads_parallel_for(n.t, 64, 1, outer_fn, &n);
+    assert_int_equal(atomic_load(&n.total), 64 * 100);
+    sj_threads_destroy(n.t);
+}
+
+/* -- Determinism ------------------------------------------------------------ */
+
+typedef struct det {
+    const float *x;
+    float *y;
+} det;
+
+static void det_fn(void *ctx, int64_t b, int64_t e) {
+    det *d = ctx;
+    for (int64_t i = b; i < e; i++) {
+        float acc = 0;
+        for (int k = 0; k < 16; k++) acc += d->x[(i + k) % 4096] * (float)(k + 1) * 0.37f;
+        d->y[i] = acc;
+    }
+}
+
+static void test_deterministic(void **state) {
+    (void)state;
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof *x), *ref = malloc(N * sizeof *ref), *y = malloc(N * sizeof *y);
+    assert_non_null(x);
+    assert_non_null(ref);
+    assert_non_null(y);
+    for (int i = 0; i < N; i++) x[i] = (float)((i * 2654435761u) % 1000) / 999.0f - 0.5f;
+    det d = {x, ref};
+    sj_threads_parallel_for(NULL, N, 1, det_fn, &d);
+    const int pools[] = {1, 2, 3, 5, 8};
+    for (size_t p = 0; p < COUNT(pools); p++) {
+        sj_threads *t = sj_threads_create(pools[p]);
+        assert_non_null(t);
+        for (int rep = 0; rep < 5; rep++) {
+            memset(y, 0, N * sizeof *y);
+            d.y = y;
+            sj_threads_parallel_for(t, N, 1 + rep * 13, det_fn, &d);
+            assert_memory_equal(y, ref, N * sizeof *y);
+        }
+        sj_threads_destroy(t);
+    }
+    free(x);
+    free(ref);
+    free(y);
+}
+
+/* Many back-to-back small jobs: exercises the job-slot reuse (stragglers of
+ * one job against the publication of the next). */
+static void test_many_jobs(void **state) {
+    (void)state;
+    sj_threads *t = sj_threads_create(4);
+    assert_non_null(t);
+    for (int rep = 0; rep < 3000; rep++) check_cover(t, 8 + rep % 57, 1);
+    sj_threads_destroy(t);
+}
+
+/* Idle workers sleep: the process burns (almost) no CPU between jobs. */
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void test_idle_workers_sleep(void **state) {
+    (void)state;
+    sj_threads *t = sj_threads_create(4);
+    assert_non_null(t);
+    check_cover(t, 10000, 1);
+    usleep(20000); /* past the spin */
+    double c0 = cpu_seconds();
+    usleep(300000);
+    double used = cpu_seconds() - c0;
+    sj_threads_destroy(t);
+    if (used > 0.05) fail_msg("idle pool used %.3f s of CPU in 0.3 s", used);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cover_pools),
+        cmocka_unit_test(test_null_pool_inline),
+        cmocka_unit_test(test_small_ranges_inline),
+        cmocka_unit_test(test_create_destroy),
+        cmocka_unit_test(test_concurrent_callers),
+        cmocka_unit_test(test_busy_pool_runs_inline),
+        cmocka_unit_test(test_nested),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_many_jobs),
+        cmocka_unit_test(test_idle_workers_sleep),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
