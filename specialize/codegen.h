@@ -1,0 +1,42 @@
+/* Code generation: C (CPU) source for the generated groups of a fused plan.
+ *
+ * Every POINTWISE and ROW group becomes one function
+ *
+ *   void <prefix><group name>(void *const *p, const int64_t *s,
+ *                             int64_t begin, int64_t end);
+ *
+ *   p      base pointers of the group's stores, in access order: loads first
+ *          (plan group->loads), then stores (group->stores); a store's base
+ *          is the start of its buffer (the access offset is added inside);
+ *   s      the symbol values (one per symbol of the graph's pool);
+ *   [begin, end)  the work items to do: POINTWISE, elements of the
+ *          iteration space in row-major order (group->numel in all); ROW,
+ *          rows (group->rows in all).
+ *
+ * Disjoint ranges may run concurrently on different threads.
+ *
+ * Two forms: specialized (sym_vals given: every size, stride and offset a
+ * literal) and symbolic (sym_vals NULL: sizes computed from s[] by the
+ * expressions' C forms). Numerics follow the eager kernels exactly where
+ * the order of operations allows: the same f32 math functions (from
+ * kernels/sj_kernel_rt.h, embedded in every unit), f16/bf16 computed in f32,
+ * integers in int64, reductions accumulated in double.
+ */
+#ifndef SJ_CODEGEN_H
+#define SJ_CODEGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "specialize/fusion.h"
+
+/* The text of kernels/sj_kernel_rt.h, embedded at build time. */
+extern const char sj_kernel_rt_text[];
+
+/* A malloc'd, NUL-terminated C translation unit (the runtime header's text,
+ * then the functions), or NULL on allocation failure. *len (if not NULL)
+ * receives its length. */
+char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix,
+                   size_t *len);
+
+#endif

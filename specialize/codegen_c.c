@@ -1,0 +1,753 @@
+/* C code generation for the generated groups of a fused plan.
+ *
+ * A unit is the runtime header's text followed by one function per
+ * POINTWISE or ROW group (signature in codegen.h). Every size, stride and
+ * offset is a local `const int64_t`: a literal in the specialized form, the
+ * expression's C form over s0, s1, ... in the symbolic one.
+ *
+ * POINTWISE: `begin` is decomposed into an index tuple once; then segment by
+ * segment along the last axis: each access gets its segment's base pointer
+ * (restrict), loads whose innermost stride is 0 are read once, and the
+ * innermost loop indexes x[i] (stride 1) or x[i * stride], so gcc -O3
+ * vectorizes it (only static inline calls inside, but for libm's logf,
+ * powf and sqrtf, which the eager kernels use too). Then the indices
+ * carry.
+ *
+ * ROW: a loop over rows with the same pointer set-up. Softmax and the norms
+ * keep the row's input (the prologue's result) in a stack buffer when the
+ * row has at most ROWBUF elements, and run the eager kernels' passes over
+ * it with the same sj_rt_ functions; longer rows recompute the prologue in
+ * every pass, in chunks of CHUNK (a multiple of the partial-sum width, so
+ * the sums come out bit-identical). A symbolic row length gets both, chosen
+ * at run time. Reductions are one chunked pass; their epilogue runs once
+ * per row.
+ *
+ * Values: float for f32/f16/bf16, int64_t for i32/i64/bool (bool as 0/1);
+ * an i32 result wraps at once, as the eager kernels' i32 stores do. f16 and
+ * bf16 intermediates are not rounded (only explicit casts round).
+ */
+#include "specialize/codegen.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/sj_kernel_rt.h"
+
+#define ROWBUF 8192 /* floats a row keeps on the stack */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define CHUNK 2048  /* recomputed prologue per pass, a multiple of SJ_RT_LANES */
+#define RCHUNK 256  /* reductions: the eager kernel's chunk */
+_Static_assert(CHUNK % SJ_RT_LANES == 0 && RCHUNK % SJ_RT_LANES == 0, "chunks keep sums bit-identical");
+
+/* -- Output buffer ----------------------------------------------------------- */
+
+typedef struct sbuf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} sbuf;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void put(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    if (!b->s) {
+        b->cap = 1 << 16;
+        if (!(b->s = malloc(b->cap))) {
+            b->oom = true;
+            return;
+        }
+    }
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = true;
+            return;
+        }
+        if (b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n + 1;
+        char *s = realloc(b->s, cap);
+        if (!s) {
+            b->oom = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+/* -- Context ------------------------------------------------------------------ */
+
+typedef struct cg {
+    const sj_graph *g;
+    const sj_fplan *p;
+    const int64_t *sym;    /* NULL: symbolic form */
+    sbuf o;
+    const sj_group *G;
+    int32_t *vpos;         /* per value: position in G->nodes of its node, or -1 */
+    int n_acc;             /* loads then stores */
+    const sj_access *acc[2 * SJ_MAX_INPUTS + 64];
+    int rp;                /* ROW: position of the row node */
+    bool *want, *avail;    /* per position */
+    bool lw[2 * SJ_MAX_INPUTS + 64]; /* loads a block reads */
+} cg;
+
+static bool kconst(const cg *c, sj_expr e, int64_t *v) {
+    if (c->sym) {
+        *v = sj_ex_eval(c->g->ex, e, c->sym);
+        return true;
+    }
+    return sj_ex_is_const(c->g->ex, e, v);
+}
+
+/* e as a C expression of type int64_t. */
+static void put_ex(cg *c, sj_expr e) {
+    int64_t v;
+    if (kconst(c, e, &v)) {
+        put(&c->o, "INT64_C(%" PRId64 ")", v);
+        return;
+    }
+    int n = sj_ex_print_c(c->g->ex, e, "s", NULL, 0);
+    char *s = malloc((size_t)n + 1);
+    if (!s) {
+        c->o.oom = true;
+        return;
+    }
+    sj_ex_print_c(c->g->ex, e, "s", s, (size_t)n + 1);
+    put(&c->o, "(%s)", s);
+    free(s);
+}
+
+static bool is_f(sj_dtype dt) { return dt == SJ_F32 || dt == SJ_F16 || dt == SJ_BF16; }
+static const char *ctype(sj_dtype dt) { return is_f(dt) ? "float" : "int64_t"; }
+
+static const char *stype(sj_dtype dt) {
+    switch (dt) {
+    case SJ_F32: return "float";
+    case SJ_F16:
+    case SJ_BF16: return "uint16_t";
+    case SJ_I32: return "int32_t";
+    case SJ_I64: return "int64_t";
+    default: return "uint8_t";
+    }
+}
+
+static sj_dtype acc_dtype(const cg *c, int k) { return c->g->vals[c->acc[k]->val].dtype; }
+static int last_axis(const cg *c) { return c->G->rank - 1; }
+
+/* The access's innermost stride if known: 0, 1, or -1 (anything else). */
+static int inner(const cg *c, int k) {
+    int64_t v;
+    if (!kconst(c, c->acc[k]->stride[last_axis(c)], &v)) return -1;
+    return v == 0 ? 0 : v == 1 ? 1 : -1;
+}
+
+/* Element `ix` of access k: "P3[i]", "P3[i * st3_1]", "P3[0]". */
+static void put_elem(cg *c, int k, const char *ix) {
+    int in = inner(c, k);
+    if (!ix || in == 0) put(&c->o, "P%d[0]", k);
+    else if (in == 1) put(&c->o, "P%d[%s]", k, ix);
+    else put(&c->o, "P%d[%s * st%d_%d]", k, ix, k, last_axis(c));
+}
+
+static void put_load(cg *c, int k, const char *ix) {
+    sj_dtype dt = acc_dtype(c, k);
+    put(&c->o, "const %s L%d = ", ctype(dt), k);
+    switch (dt) {
+    case SJ_F32: put_elem(c, k, ix); break;
+    case SJ_F16: put(&c->o, "sj_f16_to_f32("), put_elem(c, k, ix), put(&c->o, ")"); break;
+    case SJ_BF16: put(&c->o, "sj_bf16_to_f32("), put_elem(c, k, ix), put(&c->o, ")"); break;
+    case SJ_BOOL: put(&c->o, "(int64_t)("), put_elem(c, k, ix), put(&c->o, " != 0)"); break;
+    default: put(&c->o, "(int64_t)"), put_elem(c, k, ix); break;
+    }
+    put(&c->o, ";\n");
+}
+
+static void put_store(cg *c, int k, const char *ix) {
+    sj_dtype dt = acc_dtype(c, k);
+    int32_t v = c->acc[k]->val;
+    put_elem(c, k, ix);
+    switch (dt) {
+    case SJ_F32: put(&c->o, " = v%d;\n", v); break;
+    case SJ_F16: put(&c->o, " = sj_f32_to_f16(v%d);\n", v); break;
+    case SJ_BF16: put(&c->o, " = sj_f32_to_bf16(v%d);\n", v); break;
+    case SJ_I32: put(&c->o, " = sj_rt_wrap32(v%d);\n", v); break;
+    case SJ_I64: put(&c->o, " = v%d;\n", v); break;
+    default: put(&c->o, " = (uint8_t)(v%d != 0);\n", v); break;
+    }
+}
+
+/* -- Values ---------------------------------------------------------------------- */
+
+static int load_of(const cg *c, int32_t u) {
+    for (int k = 0; k < c->G->n_loads; k++)
+        if (c->acc[k]->val == u) return k;
+    return -1;
+}
+
+/* A float literal that reads back exactly. */
+static void put_float(cg *c, float f) {
+    if (f != f) put(&c->o, "NAN");
+    else if (f == INFINITY) put(&c->o, "INFINITY");
+    else if (f == -INFINITY) put(&c->o, "(-INFINITY)");
+    else put(&c->o, "(%af)", (double)f);
+}
+
+/* Operand u as an expression of its compute type. */
+static void put_ref(cg *c, int32_t u) {
+    const sj_value *v = &c->g->vals[u];
+    if (v->kind == SJ_VAL_CONST) {
+        int64_t bits = c->g->consts[v->index].bits;
+        uint16_t h;
+        memcpy(&h, &bits, sizeof h);
+        switch (v->dtype) {
+        case SJ_F32: {
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            put_float(c, f);
+            break;
+        }
+        case SJ_F16: put_float(c, sj_f16_to_f32(h)); break;
+        case SJ_BF16: put_float(c, sj_bf16_to_f32(h)); break;
+        case SJ_I32: {
+            int32_t i;
+            memcpy(&i, &bits, sizeof i);
+            put(&c->o, "INT64_C(%" PRId32 ")", i);
+            break;
+        }
+        case SJ_I64: put(&c->o, "INT64_C(%" PRId64 ")", bits); break;
+        default: put(&c->o, "INT64_C(%d)", (int)((uint8_t)bits != 0)); break;
+        }
+    } else if (c->vpos[u] >= 0) {
+        put(&c->o, "v%d", (int)u);
+    } else {
+        int k = load_of(c, u);
+        assert(k >= 0);
+        put(&c->o, "L%d", k);
+    }
+}
+
+static const char *const f_fn[SJ_OP_COUNT] = {
+    [SJ_OP_ABS] = "fabsf",          [SJ_OP_EXP] = "sj_rt_expf",   [SJ_OP_LOG] = "logf",
+    [SJ_OP_SQRT] = "sqrtf",         [SJ_OP_TANH] = "sj_rt_tanhf", [SJ_OP_SIGMOID] = "sj_rt_sigmoidf",
+    [SJ_OP_RELU] = "sj_rt_reluf",   [SJ_OP_GELU] = "sj_rt_geluf", [SJ_OP_GELU_TANH] = "sj_rt_gelu_tanhf",
+    [SJ_OP_SILU] = "sj_rt_siluf",   [SJ_OP_MAXIMUM] = "sj_rt_maxf", [SJ_OP_MINIMUM] = "sj_rt_minf",
+    [SJ_OP_POW] = "powf",
+};
+static const char *const i_fn[SJ_OP_COUNT] = {
+    [SJ_OP_NEG] = "sj_rt_ineg", [SJ_OP_ABS] = "sj_rt_iabs", [SJ_OP_ADD] = "sj_rt_iadd",
+    [SJ_OP_SUB] = "sj_rt_isub", [SJ_OP_MUL] = "sj_rt_imul", [SJ_OP_DIV] = "sj_rt_idiv",
+    [SJ_OP_POW] = "sj_rt_ipow",
+};
+static const char *const infix[SJ_OP_COUNT] = {
+    [SJ_OP_ADD] = "+", [SJ_OP_SUB] = "-", [SJ_OP_MUL] = "*", [SJ_OP_DIV] = "/",
+    [SJ_OP_EQ] = "==", [SJ_OP_NE] = "!=", [SJ_OP_LT] = "<", [SJ_OP_LE] = "<=", [SJ_OP_GT] = ">", [SJ_OP_GE] = ">=",
+};
+
+static void put_cast(cg *c, int32_t x, sj_dtype from, sj_dtype to) {
+    if (is_f(to)) {
+        const char *pre = to == SJ_F16    ? "sj_f16_to_f32(sj_f32_to_f16("
+                          : to == SJ_BF16 ? "sj_bf16_to_f32(sj_f32_to_bf16("
+                                          : "(";
+        put(&c->o, "%s%s", pre, is_f(from) ? "" : "(float)");
+        put_ref(c, x);
+        put(&c->o, to == SJ_F32 ? ")" : "))");
+    } else if (to == SJ_BOOL) {
+        put(&c->o, "(int64_t)(");
+        put_ref(c, x);
+        put(&c->o, is_f(from) ? " != 0.0f)" : " != 0)");
+    } else if (is_f(from)) {
+        put(&c->o, "sj_rt_f32_to_int(");
+        put_ref(c, x);
+        put(&c->o, ", %d)", to == SJ_I32);
+    } else {
+        put_ref(c, x);
+    }
+}
+
+static void put_node(cg *c, const sj_node *n) {
+    const int32_t *in = sj_node_ins(c->g, n);
+    sj_dtype dt = c->g->vals[n->out].dtype, xt = c->g->vals[in[0]].dtype;
+    bool f = is_f(xt), wrap = dt == SJ_I32;
+    put(&c->o, "const %s v%d = %s", ctype(dt), (int)n->out, wrap ? "sj_rt_wrap32(" : "");
+    switch (sj_op_kind_of(n->op)) {
+    case SJ_K_UNARY:
+        if (n->op == SJ_OP_NEG) {
+            put(&c->o, f ? "(-" : "sj_rt_ineg(");
+            put_ref(c, in[0]);
+            put(&c->o, ")");
+        } else if (n->op == SJ_OP_RSQRT) {
+            put(&c->o, "(1.0f / sqrtf(");
+            put_ref(c, in[0]);
+            put(&c->o, "))");
+        } else if (!f && n->op == SJ_OP_RELU) {
+            put(&c->o, "("), put_ref(c, in[0]), put(&c->o, " < 0 ? 0 : "), put_ref(c, in[0]), put(&c->o, ")");
+        } else {
+            put(&c->o, "%s(", f ? f_fn[n->op] : i_fn[n->op]);
+            put_ref(c, in[0]);
+            put(&c->o, ")");
+        }
+        break;
+    case SJ_K_BINARY:
+    case SJ_K_COMPARE: {
+        bool cmp = sj_op_kind_of(n->op) == SJ_K_COMPARE;
+        if (cmp || (f && infix[n->op])) {
+            put(&c->o, cmp ? "(int64_t)(" : "(");
+            put_ref(c, in[0]), put(&c->o, " %s ", infix[n->op]), put_ref(c, in[1]);
+            put(&c->o, ")");
+        } else if (!f && (n->op == SJ_OP_MAXIMUM || n->op == SJ_OP_MINIMUM)) {
+            const char *op = n->op == SJ_OP_MAXIMUM ? ">" : "<";
+            put(&c->o, "("), put_ref(c, in[0]), put(&c->o, " %s ", op), put_ref(c, in[1]);
+            put(&c->o, " ? "), put_ref(c, in[0]), put(&c->o, " : "), put_ref(c, in[1]), put(&c->o, ")");
+        } else {
+            put(&c->o, "%s(", f ? f_fn[n->op] : i_fn[n->op]);
+            put_ref(c, in[0]), put(&c->o, ", "), put_ref(c, in[1]);
+            put(&c->o, ")");
+        }
+        break;
+    }
+    case SJ_K_WHERE:
+        put(&c->o, "("), put_ref(c, in[0]), put(&c->o, " ? "), put_ref(c, in[1]), put(&c->o, " : ");
+        put_ref(c, in[2]), put(&c->o, ")");
+        break;
+    case SJ_K_CAST:
+        put_cast(c, in[0], xt, dt);
+        break;
+    case SJ_K_VIEW: /* a copying view: element for element */
+        put_ref(c, in[0]);
+        break;
+    default:
+        assert(!"not an elementwise node");
+        break;
+    }
+    put(&c->o, "%s;\n", wrap ? ")" : "");
+}
+
+/* -- Blocks ----------------------------------------------------------------------
+ *
+ * A block computes some of the group's values at one element: c->want marks
+ * the nodes (by position) to compute, c->avail the ones already defined.
+ */
+
+static void want_val(cg *c, int32_t u) {
+    int q = u >= 0 ? c->vpos[u] : -1;
+    if (q >= 0 && !c->avail[q]) c->want[q] = true;
+}
+
+/* Close c->want over in-group operands (not through the row node: each
+ * pass says which of its operands it needs). */
+static void close_want(cg *c) {
+    for (int q = c->G->n_nodes - 1; q >= 0; q--) {
+        if (!c->want[q] || q == c->rp) continue;
+        const sj_node *n = &c->g->nodes[c->G->nodes[q]];
+        for (int a = 0; a < n->n_in; a++) want_val(c, sj_node_ins(c->g, n)[a]);
+    }
+}
+
+static void reset_want(cg *c) {
+    memset(c->want, 0, (size_t)c->G->n_nodes * sizeof *c->want);
+    memset(c->avail, 0, (size_t)c->G->n_nodes * sizeof *c->avail);
+}
+
+/* Mark the values stored from positions [lo, hi). */
+static void want_stores(cg *c, int lo, int hi) {
+    for (int k = c->G->n_loads; k < c->n_acc; k++) {
+        int q = c->vpos[c->acc[k]->val];
+        if (q >= lo && q < hi) c->want[q] = true;
+    }
+}
+
+/* Is load k hoisted (read once per segment or row)? */
+static bool hoisted(const cg *c, int k) { return inner(c, k) == 0; }
+
+/* The loads a block reads at element ix (hoisted ones are already
+ * defined): those of the wanted nodes, and of the values in `extra` (-1
+ * and values that are not loads are skipped). */
+static void put_loads(cg *c, const char *ix, const int32_t *extra, int n_extra) {
+    const sj_graph *g = c->g;
+    memset(c->lw, 0, sizeof c->lw);
+    for (int q = 0; q < c->G->n_nodes; q++) {
+        if (!c->want[q] || q == c->rp) continue;
+        const sj_node *n = &g->nodes[c->G->nodes[q]];
+        for (int a = 0; a < n->n_in; a++) {
+            int32_t u = sj_node_ins(g, n)[a];
+            int k = u >= 0 && c->vpos[u] < 0 ? load_of(c, u) : -1;
+            if (k >= 0) c->lw[k] = true;
+        }
+    }
+    for (int i = 0; i < n_extra; i++) {
+        int k = extra[i] >= 0 && c->vpos[extra[i]] < 0 ? load_of(c, extra[i]) : -1;
+        if (k >= 0) c->lw[k] = true;
+    }
+    for (int k = 0; k < c->G->n_loads; k++)
+        if (c->lw[k] && !hoisted(c, k)) put_load(c, k, ix);
+}
+
+/* The wanted nodes at positions [lo, hi) (never the row node: the caller
+ * defines that one). */
+static void put_nodes(cg *c, int lo, int hi) {
+    for (int q = lo; q < hi; q++)
+        if (c->want[q] && q != c->rp) put_node(c, &c->g->nodes[c->G->nodes[q]]);
+}
+
+/* Stores of the values at positions [lo, hi), at element ix. */
+static void put_stores(cg *c, int lo, int hi, const char *ix) {
+    for (int k = c->G->n_loads; k < c->n_acc; k++) {
+        int q = c->vpos[c->acc[k]->val];
+        if (q >= lo && q < hi) put_store(c, k, ix);
+    }
+}
+
+/* -- Function frame ----------------------------------------------------------------- */
+
+static void put_head(cg *c, const char *prefix) {
+    const sj_group *G = c->G;
+    int ns = sj_sym_count(c->g->ex);
+    put(&c->o, "\nvoid %s%s(void *const *p, const int64_t *s, int64_t begin, int64_t end);\n", prefix, G->name);
+    put(&c->o, "void %s%s(void *const *p, const int64_t *s, int64_t begin, int64_t end) {\n", prefix, G->name);
+    put(&c->o, "(void)s;\n");
+    if (!c->sym && ns > 0) {
+        put(&c->o, "const int64_t ");
+        for (int i = 0; i < ns; i++) put(&c->o, "%ss%d = s[%d]", i ? ", " : "", i, i);
+        put(&c->o, ";\n");
+        for (int i = 0; i < ns; i++) put(&c->o, "(void)s%d;\n", i);
+    }
+    put(&c->o, "if (begin >= end) return;\n");
+    for (int a = 0; a < G->rank; a++) {
+        put(&c->o, "const int64_t n%d = ", a);
+        put_ex(c, G->shape[a]);
+        put(&c->o, "; (void)n%d;\n", a);
+    }
+    for (int k = 0; k < c->n_acc; k++) {
+        const sj_access *x = c->acc[k];
+        bool ld = k < G->n_loads;
+        sj_dtype dt = acc_dtype(c, k);
+        put(&c->o, "%s%s *const B%d = (%s%s *)p[%d] + ", ld ? "const " : "", stype(dt), k, ld ? "const " : "",
+            stype(dt), k);
+        put_ex(c, x->offset);
+        put(&c->o, ";\n");
+        for (int a = 0; a < G->rank; a++) {
+            put(&c->o, "const int64_t st%d_%d = ", k, a);
+            put_ex(c, x->stride[a]);
+            put(&c->o, "; (void)st%d_%d;\n", k, a);
+        }
+    }
+}
+
+/* The index tuple ix[0 .. r) of work item `begin` over axes [0, r). */
+static void put_decompose(cg *c, int r) {
+    if (r <= 0) return;
+    put(&c->o, "int64_t ix[%d];\n{\nint64_t t = begin;\n", r);
+    for (int a = r - 1; a > 0; a--) put(&c->o, "ix[%d] = t %% n%d;\nt /= n%d;\n", a, a, a);
+    put(&c->o, "ix[0] = t;\n}\n");
+}
+
+/* Base pointers P<k> of the segment or row at ix (axes [0, r) of them). */
+static void put_pointers(cg *c, int r) {
+    for (int k = 0; k < c->n_acc; k++) {
+        bool ld = k < c->G->n_loads;
+        const char *t = stype(acc_dtype(c, k));
+        put(&c->o, "%s%s *restrict P%d = B%d", ld ? "const " : "", t, k, k);
+        for (int a = 0; a < r; a++) put(&c->o, " + ix[%d] * st%d_%d", a, k, a);
+        put(&c->o, ";\n");
+    }
+    for (int k = 0; k < c->G->n_loads; k++)
+        if (hoisted(c, k)) {
+            put_load(c, k, NULL);
+            put(&c->o, "(void)L%d;\n", k);
+        }
+}
+
+/* Advance ix over axes [0, top] by one (the outermost never wraps). */
+static void put_carry(cg *c, int top) {
+    for (int a = top; a > 0; a--) put(&c->o, "if (++ix[%d] == n%d) { ix[%d] = 0;\n", a, a, a);
+    if (top >= 0) put(&c->o, "++ix[0];\n");
+    for (int a = top; a > 0; a--) put(&c->o, "}\n");
+}
+
+/* -- POINTWISE ---------------------------------------------------------------------- */
+
+static void gen_pointwise(cg *c) {
+    int r = c->G->rank, L = r - 1;
+    put_decompose(c, r);
+    put(&c->o, "int64_t left = end - begin;\nfor (;;) {\n");
+    put(&c->o, "int64_t cnt = n%d - ix[%d];\nif (cnt > left) cnt = left;\n", L, L);
+    put_pointers(c, r);
+    reset_want(c);
+    want_stores(c, 0, c->G->n_nodes);
+    close_want(c);
+    put(&c->o, "for (int64_t i = 0; i < cnt; i++) {\n");
+    put_loads(c, "i", NULL, 0);
+    put_nodes(c, 0, c->G->n_nodes);
+    put_stores(c, 0, c->G->n_nodes, "i");
+    put(&c->o, "}\nleft -= cnt;\nif (left <= 0) break;\nix[%d] = 0;\n", L);
+    put_carry(c, L - 1);
+    put(&c->o, "}\n");
+}
+
+/* -- ROW ------------------------------------------------------------------------------- */
+
+typedef struct rowop {
+    const sj_node *n;
+    int32_t x, gw, bw;   /* operands (-1 absent) */
+    sj_dtype dt;
+    bool reduce;
+} rowop;
+
+/* Operand u at the current element, or dflt when absent (a norm's g and b
+ * default to 1 and 0). */
+static void put_opt(cg *c, int32_t u, const char *dflt) {
+    if (u < 0) put(&c->o, "%s", dflt);
+    else put_ref(c, u);
+}
+
+/* A loop filling dst with the row op's input (the prologue's result),
+ * storing the prologue's stored values when `stores`: over the whole row
+ * into dst[j], or (chunked) over [c0, c0 + k) into dst[jj]. */
+static void put_fill(cg *c, const rowop *R, const char *dst, bool chunked, bool stores) {
+    reset_want(c);
+    want_val(c, R->x);
+    if (stores) want_stores(c, 0, c->rp);
+    close_want(c);
+    if (chunked) put(&c->o, "for (int64_t jj = 0; jj < k; jj++) {\nconst int64_t j = c0 + jj;\n");
+    else put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", last_axis(c));
+    put_loads(c, "j", &R->x, 1);
+    put_nodes(c, 0, c->rp);
+    put(&c->o, "%s[%s] = ", dst, chunked ? "jj" : "j");
+    put_ref(c, R->x);
+    put(&c->o, ";\n");
+    if (stores) put_stores(c, 0, c->rp, "j");
+    put(&c->o, "}\n");
+}
+
+/* Chunked pass: for each chunk, fill cb then run `then`. */
+static void put_chunks(cg *c, const rowop *R, int chunk, bool stores, const char *then) {
+    int L = last_axis(c);
+    put(&c->o, "for (int64_t c0 = 0; c0 < n%d; c0 += %d) {\nconst int64_t k = n%d - c0 < %d ? n%d - c0 : %d;\n", L,
+        chunk, L, chunk, L, chunk);
+    put_fill(c, R, "cb", true, stores);
+    put(&c->o, "%s}\n", then);
+}
+
+/* The per-element output pass of softmax and the norms: the row op's value
+ * (from buf[j] when buffered, else recomputed), the epilogue, the stores. */
+static void put_out_pass(cg *c, const rowop *R, bool buffered) {
+    int L = last_axis(c), n_pos = c->G->n_nodes;
+    bool softmax = R->n->op == SJ_OP_SOFTMAX;
+    bool x_in_buf = buffered && !softmax; /* buf holds x (softmax: exp) */
+    int32_t extra[3] = {buffered ? -1 : R->x, R->gw, R->bw};
+    reset_want(c);
+    c->want[c->rp] = true;
+    want_stores(c, c->rp + 1, n_pos);
+    if (x_in_buf && c->vpos[R->x] >= 0) c->avail[c->vpos[R->x]] = true;
+    for (int i = 0; i < 3; i++) want_val(c, extra[i]);
+    close_want(c);
+    put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", L);
+    if (x_in_buf && c->vpos[R->x] >= 0) put(&c->o, "const float v%d = buf[j];\n", (int)R->x);
+    put_loads(c, "j", extra, 3);
+    put_nodes(c, 0, c->rp);
+    put(&c->o, "const float v%d = ", (int)R->n->out);
+    if (softmax) {
+        if (buffered) put(&c->o, "buf[j] * inv;\n");
+        else put(&c->o, "sj_rt_expf("), put_ref(c, R->x), put(&c->o, " - m) * inv;\n");
+    } else {
+        put(&c->o, "(float)(((double)");
+        if (x_in_buf && c->vpos[R->x] < 0) put(&c->o, "buf[j]");
+        else put_ref(c, R->x);
+        if (R->n->op == SJ_OP_LAYER_NORM) {
+            put(&c->o, " - mean) * rstd * ");
+            put_opt(c, R->gw, "1.0f");
+            put(&c->o, " + ");
+            put_opt(c, R->bw, "0.0f");
+        } else {
+            put(&c->o, ") * r * ");
+            put_opt(c, R->gw, "1.0f");
+        }
+        put(&c->o, ");\n");
+    }
+    put_nodes(c, c->rp + 1, n_pos);
+    put_stores(c, c->rp, n_pos, "j");
+    put(&c->o, "}\n");
+}
+
+/* Softmax or a norm over one row, buffered or recomputing. */
+static void put_row_body(cg *c, const rowop *R, bool buffered, const char *buflen) {
+    int L = last_axis(c);
+    char eps[64];
+    snprintf(eps, sizeof eps, "%.17g", R->n->a.f);
+    if (buffered) {
+        put(&c->o, "float buf[%s];\n", buflen);
+        put_fill(c, R, "buf", false, true);
+    } else {
+        put(&c->o, "float cb[%d];\n", CHUNK);
+    }
+    switch (R->n->op) {
+    case SJ_OP_SOFTMAX:
+        if (buffered) {
+            put(&c->o, "float m = sj_rt_max_f32(buf, n%d), inv;\n", L);
+            put(&c->o, "if (m == -INFINITY) {\nfor (int64_t j = 0; j < n%d; j++) buf[j] = 0.0f;\n", L);
+            put(&c->o, "inv = 0.0f;\n} else {\n");
+            put(&c->o, "for (int64_t j = 0; j < n%d; j++) buf[j] = sj_rt_expf(buf[j] - m);\n", L);
+            put(&c->o, "inv = (float)(1.0 / sj_rt_sum_f32(buf, n%d));\n}\n", L);
+        } else {
+            put(&c->o, "float m = -INFINITY, inv;\n");
+            put_chunks(c, R, CHUNK, true, "m = sj_rt_max_combine(m, sj_rt_max_f32(cb, k));\n");
+            put(&c->o, "if (m == -INFINITY) {\ninv = 0.0f;\nm = 0.0f;\n} else {\n");
+            put(&c->o, "sj_rt_dsum acc;\nsj_rt_dsum_init(&acc);\n");
+            put_chunks(c, R, CHUNK, false,
+                       "for (int64_t jj = 0; jj < k; jj++) cb[jj] = sj_rt_expf(cb[jj] - m);\n"
+                       "sj_rt_dsum_add(&acc, cb, k);\n");
+            put(&c->o, "inv = (float)(1.0 / sj_rt_dsum_get(&acc));\n}\n");
+        }
+        break;
+    case SJ_OP_LAYER_NORM:
+        if (buffered) {
+            put(&c->o, "const double mean = sj_rt_sum_f32(buf, n%d) / (double)n%d;\n", L, L);
+            put(&c->o, "const double var = sj_rt_sumsq_f32(buf, mean, n%d) / (double)n%d;\n", L, L);
+        } else {
+            put(&c->o, "sj_rt_dsum acc, acc2;\nsj_rt_dsum_init(&acc);\nsj_rt_dsum_init(&acc2);\n");
+            put_chunks(c, R, CHUNK, true, "sj_rt_dsum_add(&acc, cb, k);\n");
+            put(&c->o, "const double mean = sj_rt_dsum_get(&acc) / (double)n%d;\n", L);
+            put_chunks(c, R, CHUNK, false, "sj_rt_dsum_addsq(&acc2, cb, mean, k);\n");
+            put(&c->o, "const double var = sj_rt_dsum_get(&acc2) / (double)n%d;\n", L);
+        }
+        put(&c->o, "const double rstd = 1.0 / sqrt(var + %s);\n", eps);
+        break;
+    default: /* RMS norm */
+        if (buffered) {
+            put(&c->o, "const double ms = sj_rt_sumsq_f32(buf, 0.0, n%d) / (double)n%d;\n", L, L);
+        } else {
+            put(&c->o, "sj_rt_dsum acc;\nsj_rt_dsum_init(&acc);\n");
+            put_chunks(c, R, CHUNK, true, "sj_rt_dsum_addsq(&acc, cb, 0.0, k);\n");
+            put(&c->o, "const double ms = sj_rt_dsum_get(&acc) / (double)n%d;\n", L);
+        }
+        put(&c->o, "const double r = 1.0 / sqrt(ms + %s);\n", eps);
+        break;
+    }
+    put_out_pass(c, R, buffered);
+}
+
+/* sum / mean / amax: one chunked pass, then the epilogue once per row. */
+static void put_reduce_body(cg *c, const rowop *R) {
+    int L = last_axis(c), n_pos = c->G->n_nodes;
+    int32_t y = R->n->out;
+    sj_dtype dt = R->dt;
+    if (is_f(dt)) {
+        put(&c->o, "float cb[%d];\ndouble sum = 0.0;\nfloat m = -INFINITY;\n(void)sum;\n(void)m;\n", RCHUNK);
+        put_chunks(c, R, RCHUNK, true,
+                   R->n->op == SJ_OP_AMAX ? "m = sj_rt_max_combine(m, sj_rt_max_f32(cb, k));\n"
+                                          : "sum += sj_rt_sum_f32(cb, k);\n");
+        if (R->n->op == SJ_OP_AMAX) put(&c->o, "const float v%d = m;\n", (int)y);
+        else if (R->n->op == SJ_OP_MEAN)
+            put(&c->o, "const float v%d = (float)(n%d ? sum / (double)n%d : NAN);\n", (int)y, L, L);
+        else put(&c->o, "const float v%d = (float)sum;\n", (int)y);
+    } else {
+        bool amax = R->n->op == SJ_OP_AMAX;
+        put(&c->o, "uint64_t us = 0;\nint64_t im = INT64_MIN;\n(void)us;\n(void)im;\n");
+        reset_want(c);
+        want_val(c, R->x);
+        want_stores(c, 0, c->rp);
+        close_want(c);
+        put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", L);
+        put_loads(c, "j", &R->x, 1);
+        put_nodes(c, 0, c->rp);
+        put(&c->o, amax ? "im = " : "us += (uint64_t)");
+        put_ref(c, R->x);
+        if (amax) put(&c->o, " > im ? "), put_ref(c, R->x), put(&c->o, " : im");
+        put(&c->o, ";\n");
+        put_stores(c, 0, c->rp, "j");
+        put(&c->o, "}\n");
+        put(&c->o, "const int64_t v%d = %s(%s);\n", (int)y, dt == SJ_I32 ? "sj_rt_wrap32" : "",
+            amax ? "im" : "sj_rt_i64_from_u(us)");
+    }
+    reset_want(c);
+    c->avail[c->rp] = true;
+    want_stores(c, c->rp + 1, n_pos);
+    close_want(c);
+    put_loads(c, NULL, NULL, 0);
+    put_nodes(c, c->rp + 1, n_pos);
+    put_stores(c, c->rp, n_pos, NULL);
+}
+
+static void gen_row(cg *c) {
+    const sj_group *G = c->G;
+    int r = G->rank, L = r - 1;
+    rowop R = {.n = &c->g->nodes[G->row_node]};
+    const int32_t *in = sj_node_ins(c->g, R.n);
+    R.x = in[0];
+    R.gw = R.n->n_in > 1 ? in[1] : -1;
+    R.bw = R.n->n_in > 2 ? in[2] : -1;
+    R.dt = c->g->vals[R.x].dtype;
+    R.reduce = sj_op_kind_of(R.n->op) == SJ_K_REDUCE;
+    c->rp = c->vpos[R.n->out];
+    put_decompose(c, L);
+    put(&c->o, "for (int64_t row = begin; row < end; row++) {\n");
+    put_pointers(c, L);
+    if (R.reduce) {
+        put_reduce_body(c, &R);
+    } else {
+        int64_t nl;
+        if (kconst(c, G->shape[L], &nl)) {
+            char len[32];
+            snprintf(len, sizeof len, "%" PRId64, nl > 0 ? nl : 1);
+            put_row_body(c, &R, nl <= ROWBUF, len);
+        } else {
+            put(&c->o, "if (n%d <= %d) {\n", L, ROWBUF);
+            put_row_body(c, &R, true, STR(ROWBUF));
+            put(&c->o, "} else {\n");
+            put_row_body(c, &R, false, NULL);
+            put(&c->o, "}\n");
+        }
+    }
+    put_carry(c, L - 1);
+    put(&c->o, "}\n");
+}
+
+/* -- Entry point ------------------------------------------------------------------------- */
+
+char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix, size_t *len) {
+    cg c = {.g = g, .p = p, .sym = sym_vals};
+    c.vpos = malloc(((size_t)g->n_vals + 1) * sizeof *c.vpos);
+    c.want = malloc(((size_t)g->n_nodes + 1) * sizeof *c.want);
+    c.avail = malloc(((size_t)g->n_nodes + 1) * sizeof *c.avail);
+    if (!prefix) prefix = "";
+    if (!c.vpos || !c.want || !c.avail) c.o.oom = true;
+    put(&c.o, "%s", sj_kernel_rt_text);
+    put(&c.o, "\n/* -- generated: %d groups, %s form -- */\n", p->n_generated, sym_vals ? "specialized" : "symbolic");
+    for (int gi = 0; gi < p->n_groups && !c.o.oom; gi++) {
+        const sj_group *G = &p->groups[gi];
+        if (G->kind == SJ_G_NODE) continue;
+        c.G = G;
+        c.rp = -1;
+        c.n_acc = 0;
+        for (int k = 0; k < G->n_loads; k++) c.acc[c.n_acc++] = &G->loads[k];
+        for (int k = 0; k < G->n_stores; k++) c.acc[c.n_acc++] = &G->stores[k];
+        for (int32_t v = 0; v < g->n_vals; v++) c.vpos[v] = -1;
+        for (int q = 0; q < G->n_nodes; q++) c.vpos[g->nodes[G->nodes[q]].out] = q;
+        put_head(&c, prefix);
+        if (G->kind == SJ_G_POINTWISE) gen_pointwise(&c);
+        else gen_row(&c);
+        put(&c.o, "}\n");
+    }
+    free(c.vpos);
+    free(c.want);
+    free(c.avail);
+    if (c.o.oom) {
+        free(c.o.s);
+        return NULL;
+    }
+    if (len) *len = c.o.len;
+    return c.o.s;
+}

@@ -1,0 +1,134 @@
+/* Fusion and memory planning: a traced graph becomes a fused plan, a list
+ * of kernel groups run in order, over storage whose addresses are symbolic
+ * expressions evaluated per call.
+ *
+ * Groups
+ *   POINTWISE  a DAG of elementwise nodes (unary, binary, compare, where,
+ *              cast) with one iteration space: the shape every value the
+ *              group stores has. Generated code.
+ *   ROW        one row op over the innermost axis (softmax, layer norm,
+ *              RMS norm, or sum/mean/amax over the last axis) with its
+ *              elementwise prologue (nodes over the row op's input shape,
+ *              before it) and epilogue (nodes over its output shape, after
+ *              it). Iteration space: the row op's input shape; the last axis
+ *              is the row. Generated code.
+ *   NODE       one graph node run by its eager kernel (matmul through BLAS,
+ *              attention, gather, concat).
+ * View nodes (reshape, permute, slice) fold into layouts and belong to no
+ * group. A reshape whose operand's layout cannot be viewed in the new shape
+ * becomes a POINTWISE group copying the operand into a contiguous buffer.
+ *
+ * Memory
+ *   Every value that is read from memory has a layout: a store plus an
+ *   element offset and element strides over its own shape (all
+ *   expressions). Stores are the call's inputs, the parameters, the caller's
+ *   outputs (contiguous), and arena buffers. Arena buffers whose lifetimes
+ *   (first writing group .. last reading group) do not overlap share bytes;
+ *   their offsets and the arena size are expressions.
+ *
+ * Accesses
+ *   For generated groups the plan gives every load and store as an access
+ *   over the group's iteration space (already collapsed: adjacent axes merged
+ *   where every access allows, never the row axis of a ROW group): an
+ *   element offset and one stride per iteration axis, 0 on broadcast axes.
+ *   Code generators need no knowledge of views or broadcasting.
+ *
+ * All expressions live in the graph's pool (added when the plan is built,
+ * before the entry is published), so one sj_ex_eval_all gives them all.
+ */
+#ifndef SJ_FUSION_H
+#define SJ_FUSION_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "jit/graph.h"
+
+typedef enum sj_store_kind {
+    SJ_ST_INPUT,  /* index: input position */
+    SJ_ST_PARAM,  /* index: param position (g->params) */
+    SJ_ST_OUTPUT, /* index: output position; the caller's contiguous buffer */
+    SJ_ST_ARENA,  /* bytes at `offset` in the call's arena */
+} sj_store_kind;
+
+typedef struct sj_store {
+    sj_store_kind kind;
+    int32_t index;
+    sj_dtype dtype;
+    sj_expr bytes;  /* ARENA: size in bytes, a multiple of 64 */
+    sj_expr offset; /* ARENA: byte offset in the arena, a multiple of 64 */
+} sj_store;
+
+/* Where a value's elements are: store base + (offset + sum idx[k]*stride[k])
+ * elements, over the value's own shape. */
+typedef struct sj_layout {
+    int32_t store; /* index into plan->stores; -1: no memory (a constant, or a
+                      value that lives only inside a generated group) */
+    sj_expr offset;
+    sj_expr stride[SJ_MAX_RANK];
+} sj_layout;
+
+/* A load or store of one value in a generated group, over the group's
+ * (collapsed) iteration space. */
+typedef struct sj_access {
+    int32_t val;                  /* graph value */
+    int32_t store;                /* plan->stores index */
+    sj_expr offset;               /* elements */
+    sj_expr stride[SJ_MAX_RANK];  /* elements per step of each iteration axis; 0: broadcast */
+} sj_access;
+
+typedef enum sj_group_kind { SJ_G_POINTWISE, SJ_G_ROW, SJ_G_NODE } sj_group_kind;
+
+typedef struct sj_group {
+    sj_group_kind kind;
+    char name[16];        /* "k3": the generated function's name */
+    int32_t *nodes;       /* graph nodes in topological order (views excluded);
+                             NODE: exactly one */
+    int n_nodes;
+    int32_t row_node;     /* ROW: the row op (also in nodes); else -1 */
+    /* Iteration space (generated groups), collapsed. ROW: the last axis is
+     * the row (length = the row op's input last size). */
+    int rank;
+    sj_expr shape[SJ_MAX_RANK];
+    sj_expr numel;        /* product of shape */
+    sj_expr rows;         /* ROW: numel / row length; POINTWISE: numel / last size */
+    sj_access *loads;     /* values read from memory (not computed in the group) */
+    int n_loads;
+    sj_access *stores;    /* values the group writes (used elsewhere, or outputs) */
+    int n_stores;
+} sj_group;
+
+typedef struct sj_fplan {
+    sj_group *groups;
+    int n_groups;
+    sj_store *stores;
+    int n_stores;
+    sj_layout *layouts;   /* one per graph value (g->n_vals) */
+    sj_expr arena_bytes;  /* the planned arena */
+    sj_expr naive_bytes;  /* every arena buffer on its own (for explain) */
+    int n_generated;      /* POINTWISE + ROW groups */
+    /* Outputs the plan cannot write in place (an input, a parameter, a
+     * constant, a view, or the same value twice): copied after the groups
+     * run, from the value's layout. */
+    bool *output_copy;    /* g->n_outputs */
+} sj_fplan;
+
+/* Build the plan for g, adding its expressions to g->ex. traced: the
+ * inputs the graph was traced with: an input that was contiguous is
+ * addressed with contiguous strides computed from its (symbolic) sizes, any
+ * other with its exact strides (the entry's guards pin exactly that). NULL
+ * on allocation failure. Every graph is plannable (any node can be a NODE
+ * group). */
+sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced);
+void sj_fplan_free(sj_fplan *p);
+
+/* One line per group ("k0 pointwise [s0, 4096]: mul add gelu sigmoid mul;
+ * loads x a b; stores y") and the memory plan, for explain and the fusion
+ * log. sym_vals (may be NULL) evaluates sizes. */
+void sj_fplan_print(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, FILE *out, const char *indent);
+
+/* Is the node a row op that a ROW group can be built around (softmax, norms,
+ * reductions over the last axis)? */
+bool sj_fuse_is_row_op(const sj_graph *g, const sj_node *n);
+
+#endif /* SJ_FUSION_H */

@@ -1,0 +1,463 @@
+/* Fusion, second half: from groups to a plan.
+ *
+ * Order   groups are sorted topologically over their dependencies (ties:
+ *         the group with the earliest node first).
+ * Stores  a computed value is stored when another group reads it (directly
+ *         or through a view), a view of it is read at all, it is an output,
+ *         or a NODE group computes it. An output computed by a group goes
+ *         to the caller's buffer at its first position; every other output
+ *         position is copied after the groups run. The rest go to the
+ *         arena.
+ * Arena   a buffer lives from its writing group to its last reader (output
+ *         copies read after the last group). Buffers are placed greedily in
+ *         group order into slots: a slot is reused once the lifetime of its
+ *         last buffer has ended before the new one starts; its size is the
+ *         symbolic max of what it holds, and offsets are prefix sums, so
+ *         buffers whose lifetimes overlap are disjoint for every value of
+ *         the symbols.
+ * Access  every load and store of a generated group over its iteration
+ *         space: shapes right-aligned (a reduction without keepdim
+ *         addresses its epilogue over the reduced shape, with stride 0 on
+ *         the row), stride 0 where the value broadcasts; then size-1 axes
+ *         dropped and neighbours merged where every access allows.
+ */
+#include <assert.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "specialize/fusion.h"
+#include "specialize/fusion_int.h"
+
+/* -- Order ------------------------------------------------------------------ */
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Kahn's algorithm over the live groups; ord[k] = builder group of plan
+ * group k, pos[builder group] = k. Returns the count. */
+static int order_groups(sj_fuse_st *b, int *ord, int *pos) {
+    int n = 0, done = 0;
+    for (int i = 0; i < b->n_gr; i++) {
+        pos[i] = -1;
+        if (!b->gr[i].alive) continue;
+        qsort(b->gr[i].nodes, (size_t)b->gr[i].n_nodes, sizeof(int32_t), cmp_i32);
+        n++;
+    }
+    while (done < n) {
+        int pick = -1;
+        for (int i = 0; i < b->n_gr; i++) {
+            if (!b->gr[i].alive || pos[i] >= 0) continue;
+            const uint64_t *d = &b->dep[(size_t)i * (size_t)b->words];
+            bool ready = true;
+            for (int h = 0; h < b->n_gr && ready; h++)
+                if ((d[h >> 6] >> (h & 63)) & 1) ready = pos[h] >= 0;
+            if (ready && (pick < 0 || b->gr[i].nodes[0] < b->gr[pick].nodes[0])) pick = i;
+        }
+        assert(pick >= 0); /* the groups form a DAG */
+        pos[pick] = done;
+        ord[done++] = pick;
+    }
+    return n;
+}
+
+/* -- Stores ------------------------------------------------------------------- */
+
+typedef struct plan_ctx {
+    sj_fuse_st *b;
+    sj_fplan *p;
+    int *ord, *pos;   /* see order_groups */
+    bool *need;       /* per value: computed and stored */
+    int *last;        /* per value: plan index of its last reader */
+    int *first_out;   /* per value: first output position, or -1 */
+} plan_ctx;
+
+static bool computed(const sj_fuse_st *b, int32_t v) { return b->root[v] == v && b->vgroup[v] >= 0; }
+
+static void mark_reads(plan_ctx *c) {
+    sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
+    for (int k = 0; k < c->p->n_groups; k++) {
+        int gi = c->ord[k];
+        const sj_fuse_grp *gr = &b->gr[gi];
+        for (int j = 0; j < gr->n_nodes; j++) {
+            const sj_node *n = &g->nodes[gr->nodes[j]];
+            const int32_t *in = sj_node_ins(g, n);
+            if (gr->kind == SJ_G_NODE) c->need[n->out] = true;
+            for (int a = 0; a < n->n_in; a++) {
+                if (in[a] < 0) continue;
+                int32_t r = b->root[in[a]];
+                if (!computed(b, r) || (r == in[a] && b->vgroup[r] == gi)) continue;
+                c->need[r] = true;
+                if (k > c->last[r]) c->last[r] = k;
+            }
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        int32_t u = g->outputs[i], r = b->root[u];
+        bool comp = computed(b, u);
+        if (comp && c->first_out[u] < 0) {
+            c->first_out[u] = i;
+        } else {
+            c->p->output_copy[i] = true;
+            if (computed(b, r)) c->last[r] = c->p->n_groups; /* read after the groups */
+        }
+        if (computed(b, r)) c->need[r] = true;
+    }
+}
+
+static int add_store(sj_fplan *p, sj_store_kind kind, int32_t index, sj_dtype dt) {
+    sj_store *s = &p->stores[p->n_stores];
+    s->kind = kind;
+    s->index = index;
+    s->dtype = dt;
+    s->bytes = s->offset = SJ_EX_NONE;
+    return p->n_stores++;
+}
+
+/* Stores and layouts of every value. */
+static void make_stores(plan_ctx *c) {
+    sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
+    sj_fplan *p = c->p;
+    int *in_store = c->last + g->n_vals; /* scratch: input stores, then params */
+    for (int i = 0; i < g->n_inputs; i++) in_store[i] = -1;
+    for (int32_t v = 0; v < g->n_vals; v++) {
+        const sj_value *val = &g->vals[v];
+        sj_layout *l = &p->layouts[v];
+        l->store = -1;
+        l->offset = b->voff[v];
+        memcpy(l->stride, &b->vst[(size_t)v * SJ_MAX_RANK], sizeof l->stride);
+        if (val->kind == SJ_VAL_INPUT) {
+            if (in_store[val->index] < 0) in_store[val->index] = add_store(p, SJ_ST_INPUT, val->index, val->dtype);
+            l->store = in_store[val->index];
+        } else if (val->kind == SJ_VAL_PARAM) {
+            l->store = add_store(p, SJ_ST_PARAM, val->index, val->dtype);
+        } else if (computed(b, v) && c->first_out[v] >= 0) {
+            l->store = add_store(p, SJ_ST_OUTPUT, c->first_out[v], val->dtype);
+        }
+    }
+    /* arena buffers in the order they are written */
+    for (int k = 0; k < p->n_groups; k++) {
+        const sj_fuse_grp *gr = &b->gr[c->ord[k]];
+        for (int j = 0; j < gr->n_nodes; j++) {
+            int32_t v = g->nodes[gr->nodes[j]].out;
+            const sj_value *val = &g->vals[v];
+            if (!c->need[v] || c->first_out[v] >= 0) continue;
+            int s = add_store(p, SJ_ST_ARENA, -1, val->dtype);
+            sj_expr n = sj_fuse_const(b, (int64_t)sj_dtype_size(val->dtype));
+            for (int a = 0; a < val->rank; a++) n = sj_fuse_mul(b, n, val->shape[a]);
+            n = sj_fuse_chk(b, sj_ex_floordiv(b->ex, sj_fuse_add(b, n, sj_fuse_const(b, 63)), sj_fuse_const(b, 64)));
+            p->stores[s].bytes = sj_fuse_mul(b, n, sj_fuse_const(b, 64));
+            p->layouts[v].store = s;
+        }
+    }
+    /* views point into their root's store */
+    for (int32_t v = 0; v < g->n_vals; v++)
+        if (b->root[v] != v) p->layouts[v].store = p->layouts[b->root[v]].store;
+}
+
+/* -- Arena ------------------------------------------------------------------------ */
+
+static void plan_arena(plan_ctx *c) {
+    sj_fuse_st *b = c->b;
+    sj_fplan *p = c->p;
+    int n = p->n_stores, n_slots = 0;
+    int *slot_of = calloc((size_t)n + 1, sizeof *slot_of), *slot_end = calloc((size_t)n + 1, sizeof *slot_end);
+    sj_expr *slot_size = calloc((size_t)n + 1, sizeof *slot_size);
+    int *start = calloc((size_t)n + 1, sizeof *start), *end = calloc((size_t)n + 1, sizeof *end);
+    if (!slot_of || !slot_end || !slot_size || !start || !end) {
+        b->oom = true;
+        goto out;
+    }
+    for (int32_t v = 0; v < b->g->n_vals; v++) {
+        int s = p->layouts[v].store;
+        if (s < 0 || b->root[v] != v || p->stores[s].kind != SJ_ST_ARENA) continue;
+        start[s] = c->pos[b->vgroup[v]];
+        end[s] = c->last[v] > start[s] ? c->last[v] : start[s];
+    }
+    p->naive_bytes = sj_fuse_const(b, 0);
+    /* stores are already in writing order */
+    for (int s = 0; s < n; s++) {
+        if (p->stores[s].kind != SJ_ST_ARENA) continue;
+        int pick = -1;
+        for (int k = 0; k < n_slots; k++) {
+            if (slot_end[k] >= start[s]) continue;
+            if (pick < 0 || slot_size[k] == p->stores[s].bytes) pick = k;
+        }
+        if (pick < 0) {
+            pick = n_slots++;
+            slot_size[pick] = p->stores[s].bytes;
+        } else {
+            slot_size[pick] = sj_fuse_chk(b, sj_ex_max(b->ex, slot_size[pick], p->stores[s].bytes));
+        }
+        slot_end[pick] = end[s];
+        slot_of[s] = pick;
+        p->naive_bytes = sj_fuse_add(b, p->naive_bytes, p->stores[s].bytes);
+    }
+    sj_expr off = sj_fuse_const(b, 0);
+    sj_expr *slot_off = start; /* reuse: offsets per slot */
+    for (int k = 0; k < n_slots; k++) {
+        slot_off[k] = off;
+        off = sj_fuse_add(b, off, slot_size[k]);
+    }
+    for (int s = 0; s < n; s++)
+        if (p->stores[s].kind == SJ_ST_ARENA) p->stores[s].offset = slot_off[slot_of[s]];
+    p->arena_bytes = off;
+out:
+    free(slot_of);
+    free(slot_end);
+    free(slot_size);
+    free(start);
+    free(end);
+}
+
+/* -- Accesses ----------------------------------------------------------------------- */
+
+/* Is value u read in group gi from memory (not computed there, not a
+ * constant)? */
+static bool is_load(const sj_fuse_st *b, int gi, int32_t u) {
+    if (u < 0 || b->g->vals[u].kind == SJ_VAL_CONST) return false;
+    return !(computed(b, u) && b->vgroup[u] == gi);
+}
+
+/* Does node ni of the group address `what` (its operands: reading; its
+ * result: writing) over the reduced shape (a reduction without keepdim:
+ * its result and the epilogue)? */
+static bool out_space(const sj_graph *g, const sj_fuse_grp *gr, int32_t ni, bool writing) {
+    if (gr->kind != SJ_G_ROW || ni < gr->row_node || (ni == gr->row_node && !writing)) return false;
+    const sj_node *rn = &g->nodes[gr->row_node];
+    return sj_op_kind_of(rn->op) == SJ_K_REDUCE && !rn->a.keepdim;
+}
+
+static void make_access(plan_ctx *c, const sj_fuse_grp *gr, int32_t u, bool out, sj_access *acc) {
+    sj_fuse_st *b = c->b;
+    const sj_value *v = &b->g->vals[u];
+    const sj_layout *l = &c->p->layouts[u];
+    int rs = out ? gr->rank - 1 : gr->rank;
+    acc->val = u;
+    acc->store = l->store;
+    acc->offset = l->offset;
+    if (b->copy[u] && computed(b, u) && b->vgroup[u] == (int)(gr - b->gr)) {
+        /* a copying view written by this group: in row-major order of the
+         * operand's shape, the group's */
+        acc->offset = sj_fuse_const(b, 0);
+        sj_fuse_contig(b, gr->rank, gr->shape, acc->stride);
+        return;
+    }
+    assert(v->rank <= rs);
+    for (int a = 0; a < rs; a++) {
+        int k = a - (rs - v->rank);
+        bool bcast = k < 0 || (sj_fuse_is_one(b, v->shape[k]) && !sj_fuse_is_one(b, gr->shape[a]));
+        acc->stride[a] = bcast ? sj_fuse_const(b, 0) : l->stride[k];
+    }
+    if (out) acc->stride[gr->rank - 1] = sj_fuse_const(b, 0);
+}
+
+/* Drop size-1 axes and merge neighbours every access allows (never the
+ * row axis of a ROW group). */
+static void collapse(sj_fuse_st *b, sj_group *G) {
+    int n_acc = G->n_loads + G->n_stores, r = 0;
+    sj_access *acc[SJ_FUSE_MAX_ACCESSES];
+    assert(n_acc <= (int)(sizeof acc / sizeof acc[0]));
+    for (int i = 0; i < G->n_loads; i++) acc[i] = &G->loads[i];
+    for (int i = 0; i < G->n_stores; i++) acc[G->n_loads + i] = &G->stores[i];
+    for (int a = 0; a < G->rank; a++) {
+        bool keep = !sj_fuse_is_one(b, G->shape[a]) || (G->kind == SJ_G_ROW && a == G->rank - 1);
+        if (!keep) continue;
+        G->shape[r] = G->shape[a];
+        for (int i = 0; i < n_acc; i++) acc[i]->stride[r] = acc[i]->stride[a];
+        r++;
+    }
+    if (r == 0) {
+        G->shape[0] = sj_fuse_const(b, 1);
+        for (int i = 0; i < n_acc; i++) acc[i]->stride[0] = sj_fuse_const(b, 0);
+        r = 1;
+    }
+    for (int a = r - 2; a >= 0; a--) {
+        if (G->kind == SJ_G_ROW && a + 1 == r - 1) continue;
+        bool ok = true;
+        for (int i = 0; i < n_acc && ok; i++)
+            ok = acc[i]->stride[a] == sj_fuse_mul(b, acc[i]->stride[a + 1], G->shape[a + 1]);
+        if (!ok) continue;
+        G->shape[a] = sj_fuse_mul(b, G->shape[a], G->shape[a + 1]);
+        for (int i = 0; i < n_acc; i++) acc[i]->stride[a] = acc[i]->stride[a + 1];
+        for (int k = a + 1; k + 1 < r; k++) {
+            G->shape[k] = G->shape[k + 1];
+            for (int i = 0; i < n_acc; i++) acc[i]->stride[k] = acc[i]->stride[k + 1];
+        }
+        r--;
+    }
+    G->rank = r;
+    G->rows = sj_fuse_const(b, 1);
+    for (int a = 0; a < r - 1; a++) G->rows = sj_fuse_mul(b, G->rows, G->shape[a]);
+    G->numel = sj_fuse_mul(b, G->rows, G->shape[r - 1]);
+}
+
+static int make_accesses(plan_ctx *c, int k) {
+    sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
+    int gi = c->ord[k];
+    const sj_fuse_grp *gr = &b->gr[gi];
+    sj_group *G = &c->p->groups[k];
+    int cap = 1;
+    for (int j = 0; j < gr->n_nodes; j++) cap += g->nodes[gr->nodes[j]].n_in + 1;
+    G->loads = calloc((size_t)cap, sizeof *G->loads);
+    G->stores = calloc((size_t)cap, sizeof *G->stores);
+    if (!G->loads || !G->stores) return -1;
+    for (int j = 0; j < gr->n_nodes; j++) {
+        const sj_node *n = &g->nodes[gr->nodes[j]];
+        const int32_t *in = sj_node_ins(g, n);
+        for (int a = 0; a < n->n_in; a++) {
+            if (!is_load(b, gi, in[a])) continue;
+            bool dup = false;
+            for (int i = 0; i < G->n_loads && !dup; i++) dup = G->loads[i].val == in[a];
+            if (!dup) make_access(c, gr, in[a], out_space(g, gr, gr->nodes[j], false), &G->loads[G->n_loads++]);
+        }
+    }
+    for (int j = 0; j < gr->n_nodes; j++) {
+        int32_t v = g->nodes[gr->nodes[j]].out;
+        if (c->need[v]) make_access(c, gr, v, out_space(g, gr, gr->nodes[j], true), &G->stores[G->n_stores++]);
+    }
+    assert(G->n_loads + G->n_stores <= SJ_FUSE_MAX_ACCESSES);
+    collapse(b, G);
+    return 0;
+}
+
+/* -- Plan -------------------------------------------------------------------------- */
+
+void sj_fplan_free(sj_fplan *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n_groups; i++) {
+        free(p->groups[i].nodes);
+        free(p->groups[i].loads);
+        free(p->groups[i].stores);
+    }
+    free(p->groups);
+    free(p->stores);
+    free(p->layouts);
+    free(p->output_copy);
+    free(p);
+}
+
+static int fill_groups(plan_ctx *c) {
+    sj_fuse_st *b = c->b;
+    sj_fplan *p = c->p;
+    for (int k = 0; k < p->n_groups; k++) {
+        sj_fuse_grp *gr = &b->gr[c->ord[k]];
+        sj_group *G = &p->groups[k];
+        G->kind = gr->kind;
+        snprintf(G->name, sizeof G->name, "k%d", k);
+        G->nodes = gr->nodes; /* taken over */
+        G->n_nodes = gr->n_nodes;
+        gr->nodes = NULL;
+        gr->n_nodes = 0;
+        G->row_node = gr->row_node;
+        G->rank = gr->rank;
+        memcpy(G->shape, gr->shape, sizeof G->shape);
+        G->numel = G->rows = SJ_EX_NONE;
+        if (G->kind == SJ_G_NODE) continue;
+        p->n_generated++;
+        gr->nodes = G->nodes; /* make_accesses reads the builder group */
+        gr->n_nodes = G->n_nodes;
+        int st = make_accesses(c, k);
+        gr->nodes = NULL;
+        gr->n_nodes = 0;
+        if (st) return -1;
+    }
+    return 0;
+}
+
+sj_fplan *sj_fuse_finish(sj_fuse_st *b) {
+    const sj_graph *g = b->g;
+    size_t nv = (size_t)g->n_vals + 1;
+    plan_ctx c = {.b = b};
+    sj_fplan *p = calloc(1, sizeof *p);
+    c.p = p;
+    c.ord = malloc(((size_t)b->n_gr + 1) * sizeof *c.ord);
+    c.pos = malloc(((size_t)b->n_gr + 1) * sizeof *c.pos);
+    c.need = calloc(nv, sizeof *c.need);
+    c.last = malloc((nv + (size_t)g->n_inputs) * sizeof *c.last);
+    c.first_out = malloc(nv * sizeof *c.first_out);
+    if (!p || !c.ord || !c.pos || !c.need || !c.last || !c.first_out) goto fail;
+    for (size_t v = 0; v < nv; v++) c.last[v] = c.first_out[v] = -1;
+    p->n_groups = order_groups(b, c.ord, c.pos);
+    p->groups = calloc((size_t)p->n_groups + 1, sizeof *p->groups);
+    p->layouts = calloc(nv, sizeof *p->layouts);
+    p->output_copy = calloc((size_t)g->n_outputs + 1, sizeof *p->output_copy);
+    p->stores = calloc((size_t)(g->n_inputs + g->n_params + g->n_vals) + 1, sizeof *p->stores);
+    if (!p->groups || !p->layouts || !p->output_copy || !p->stores) goto fail;
+    mark_reads(&c);
+    make_stores(&c);
+    plan_arena(&c);
+    if (b->oom || fill_groups(&c) || b->oom) goto fail;
+    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out);
+    return p;
+fail:
+    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out);
+    sj_fplan_free(p);
+    return NULL;
+}
+
+/* -- Printing ------------------------------------------------------------------------ */
+
+static const char *const kind_names[] = {"pointwise", "row", "node"};
+
+/* A value's name: where its memory is ("in0", "w1", "out0", "t3" for arena
+ * store 3, "v7" for a value that lives only in its group); a folded view
+ * gets a quote ("in0'"). */
+static void val_name(const sj_graph *g, const sj_fplan *p, int32_t v, char *buf, size_t n) {
+    const sj_layout *l = &p->layouts[v];
+    const sj_store *s = l->store >= 0 ? &p->stores[l->store] : NULL;
+    const sj_value *val = &g->vals[v];
+    bool view = false;
+    if (val->kind == SJ_VAL_NODE && sj_op_kind_of(g->nodes[val->index].op) == SJ_K_VIEW) {
+        int32_t x = sj_node_ins(g, &g->nodes[val->index])[0];
+        view = p->layouts[x].store == l->store;
+    }
+    const char *q = view ? "'" : "";
+    if (!s) snprintf(buf, n, "v%d", (int)v);
+    else if (s->kind == SJ_ST_INPUT) snprintf(buf, n, "in%d%s", (int)s->index, q);
+    else if (s->kind == SJ_ST_PARAM) snprintf(buf, n, "w%d%s", (int)s->index, q);
+    else if (s->kind == SJ_ST_OUTPUT) snprintf(buf, n, "out%d%s", (int)s->index, q);
+    else snprintf(buf, n, "t%d%s", l->store, q);
+}
+
+static int64_t val_at(const sj_graph *g, sj_expr e, const int64_t *sym_vals) {
+    return sym_vals ? sj_ex_eval(g->ex, e, sym_vals) : sj_ex_hint(g->ex, e);
+}
+
+void sj_fplan_print(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, FILE *out, const char *indent) {
+    char buf[128];
+    if (!indent) indent = "";
+    for (int k = 0; k < p->n_groups; k++) {
+        const sj_group *G = &p->groups[k];
+        fprintf(out, "%s%s %s [", indent, G->name, kind_names[G->kind]);
+        for (int a = 0; a < G->rank; a++) {
+            sj_ex_print(g->ex, G->shape[a], buf, sizeof buf);
+            fprintf(out, "%s%s", a ? ", " : "", buf);
+        }
+        fprintf(out, "]:");
+        for (int j = 0; j < G->n_nodes; j++) fprintf(out, " %s", sj_op_name(g->nodes[G->nodes[j]].op));
+        if (G->kind != SJ_G_NODE) {
+            fprintf(out, "; loads");
+            for (int i = 0; i < G->n_loads; i++) {
+                val_name(g, p, G->loads[i].val, buf, sizeof buf);
+                fprintf(out, " %s", buf);
+            }
+            fprintf(out, "; stores");
+            for (int i = 0; i < G->n_stores; i++) {
+                val_name(g, p, G->stores[i].val, buf, sizeof buf);
+                fprintf(out, " %s", buf);
+            }
+        }
+        fprintf(out, "\n");
+    }
+    int n_arena = 0;
+    for (int s = 0; s < p->n_stores; s++) n_arena += p->stores[s].kind == SJ_ST_ARENA;
+    fprintf(out, "%smemory: arena %" PRId64 " bytes (naive %" PRId64 ") for %d buffers%s\n", indent,
+            val_at(g, p->arena_bytes, sym_vals), val_at(g, p->naive_bytes, sym_vals), n_arena,
+            sym_vals ? "" : " at the hints");
+}
