@@ -1,6 +1,8 @@
 /* CPU benchmarks for the shared workloads (../shared/workloads/README.md).
  *
- *   bench_cpu [--quick] [--workloads ceiling,w0,w1,w2,w3,kernels]
+ *   bench_cpu [--quick] [--workloads ceiling,w0,w1,w2,w3,kernels,time_to_fused,warm_start]
+ *
+ * w1-w3 run in three modes: eager, fused_static, fused_symbolic.
  *
  * Prints one JSON object per line. Times are wall-clock medians of many
  * repetitions after a warm-up; inputs are random (never zeros). The memcpy
@@ -12,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "jit/shapejit.h"
 #include "kernels/cpu/eager.h"
@@ -84,7 +88,33 @@ static double median_ms(call_ctx *c) {
 
 /* -- Ceiling -------------------------------------------------------------------- */
 
-static double ceiling_GBps;
+static double ceiling_GBps, ceiling_mt_GBps;
+
+typedef struct copy_part {
+    char *dst;
+    const char *src;
+    size_t n;
+} copy_part;
+
+static void *copy_main(void *arg) {
+    copy_part *p = arg;
+    memcpy(p->dst, p->src, p->n);
+    return NULL;
+}
+
+/* memcpy split over n threads: the bandwidth threaded kernels can reach. */
+static double copy_mt(char *dst, const char *src, size_t n, int threads) {
+    pthread_t th[64];
+    copy_part parts[64];
+    double t0 = now_s();
+    for (int i = 0; i < threads; i++) {
+        size_t a = n / (size_t)threads * (size_t)i, b = i == threads - 1 ? n : n / (size_t)threads * (size_t)(i + 1);
+        parts[i] = (copy_part){dst + a, src + a, b - a};
+        pthread_create(&th[i], NULL, copy_main, &parts[i]);
+    }
+    for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
+    return now_s() - t0;
+}
 
 static void bench_ceiling(void) {
     size_t n = (size_t)(quick ? 32 : 128) << 20; /* bytes per buffer */
@@ -97,8 +127,14 @@ static void bench_ceiling(void) {
     }
     qsort(best, 9, sizeof best[0], cmp_double);
     ceiling_GBps = 2.0 * (double)n / best[4] / 1e9;
-    printf("{\"workload\": \"ceiling\", \"backend\": \"cpu\", \"copy_GBps_read_plus_write\": %.2f, \"bytes\": %zu}\n",
-           ceiling_GBps, n);
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    for (int i = 0; i < 9; i++) best[i] = copy_mt(dst, src, n, threads);
+    qsort(best, 9, sizeof best[0], cmp_double);
+    ceiling_mt_GBps = 2.0 * (double)n / best[4] / 1e9;
+    printf("{\"workload\": \"ceiling\", \"backend\": \"cpu\", \"copy_GBps_read_plus_write\": %.2f, "
+           "\"copy_mt_GBps\": %.2f, \"threads\": %d, \"bytes\": %zu}\n",
+           ceiling_GBps, ceiling_mt_GBps, threads, n);
     free(src);
     free(dst);
 }
@@ -162,72 +198,224 @@ static sj_status w3_model(sj_tracer *t, const sj_val *in, int n, void *u) {
     return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
 }
 
-static void emit(const char *w, int64_t S, double ms, double bytes) {
-    printf("{\"workload\": \"%s\", \"mode\": \"eager\", \"backend\": \"cpu\", \"dtype\": \"float32\", \"S\": %lld, "
-           "\"median_ms\": %.4f, \"GBps\": %.3f, \"of_ceiling\": %.3f}\n",
-           w, (long long)S, ms, bytes / (ms * 1e-3) / 1e9, bytes / (ms * 1e-3) / 1e9 / ceiling_GBps);
-    fflush(stdout);
+/* Inputs of one workload at size S. */
+typedef struct wl_case {
+    sj_tensor in[4], out[2];
+    void *bufs[6];
+    int n_in, n_out;
+    double bytes;
+} wl_case;
+
+static void case_free(wl_case *c) {
+    for (int i = 0; i < 6; i++) free(c->bufs[i]);
 }
 
-static void bench_w1(sj_runtime *rt) {
-    sj_fn *fn;
-    if (sj_fn_create(rt, "w1", 3, w1_model, NULL, NULL, &fn)) exit(1);
-    int64_t sizes[] = {1, 17, 128, 1000, 4096, 16384};
-    int ns = quick ? 5 : 6;
-    for (int i = 0; i < ns; i++) {
-        int64_t S = sizes[i], Hd = 4096;
-        float *x = rand_f32((size_t)(S * Hd), -2, 2), *a = rand_f32(Hd, -2, 2), *b = rand_f32(Hd, -2, 2);
-        float *y = rand_f32((size_t)(S * Hd), -1, 1);
-        sj_tensor in[3] = {sj_tensor_make(x, SJ_F32, 2, (int64_t[]){S, Hd}), sj_tensor_make(a, SJ_F32, 1, &Hd),
-                           sj_tensor_make(b, SJ_F32, 1, &Hd)};
-        sj_tensor out = sj_tensor_make(y, SJ_F32, 2, (int64_t[]){S, Hd});
-        call_ctx c = {fn, in, &out, 3, 1};
-        emit("w1", S, median_ms(&c), (2.0 * S * Hd + 2.0 * Hd) * 4);
-        free(x), free(a), free(b), free(y);
-    }
-    sj_fn_destroy(fn);
+static sj_tensor rand_t(wl_case *c, int k, int rank, const int64_t *shape, float lo, float hi) {
+    size_t n = 1;
+    for (int i = 0; i < rank; i++) n *= (size_t)shape[i];
+    c->bufs[k] = rand_f32(n ? n : 1, lo, hi);
+    return sj_tensor_make(c->bufs[k], SJ_F32, rank, shape);
 }
 
-static void bench_w2(sj_runtime *rt) {
-    sj_fn *fn;
-    if (sj_fn_create(rt, "w2", 4, w2_model, NULL, NULL, &fn)) exit(1);
-    int64_t sizes[] = {1, 17, 128, 1000, 4096, 32768};
-    int ns = quick ? 5 : 6;
-    for (int i = 0; i < ns; i++) {
-        int64_t S = sizes[i], Hd = 768;
-        float *x = rand_f32((size_t)(S * Hd), -2, 2), *r = rand_f32((size_t)(S * Hd), -2, 2);
-        float *g = rand_f32(Hd, 0.5f, 1.5f), *b = rand_f32(Hd, -0.5f, 0.5f);
-        float *y = rand_f32((size_t)(S * Hd), -1, 1), *h = rand_f32((size_t)(S * Hd), -1, 1);
-        sj_tensor in[4] = {sj_tensor_make(x, SJ_F32, 2, (int64_t[]){S, Hd}),
-                           sj_tensor_make(r, SJ_F32, 2, (int64_t[]){S, Hd}), sj_tensor_make(g, SJ_F32, 1, &Hd),
-                           sj_tensor_make(b, SJ_F32, 1, &Hd)};
-        sj_tensor out[2] = {sj_tensor_make(y, SJ_F32, 2, (int64_t[]){S, Hd}),
-                            sj_tensor_make(h, SJ_F32, 2, (int64_t[]){S, Hd})};
-        call_ctx c = {fn, in, out, 4, 2};
-        emit("w2", S, median_ms(&c), (4.0 * S * Hd + 2.0 * Hd) * 4);
-        free(x), free(r), free(g), free(b), free(y), free(h);
-    }
-    sj_fn_destroy(fn);
+static void w1_case(wl_case *c, int64_t S) {
+    int64_t H = 4096;
+    memset(c, 0, sizeof *c);
+    c->n_in = 3, c->n_out = 1;
+    c->in[0] = rand_t(c, 0, 2, (int64_t[]){S, H}, -2, 2);
+    c->in[1] = rand_t(c, 1, 1, &H, -2, 2);
+    c->in[2] = rand_t(c, 2, 1, &H, -2, 2);
+    c->out[0] = rand_t(c, 3, 2, (int64_t[]){S, H}, -1, 1);
+    c->bytes = (2.0 * S * H + 2.0 * H) * 4;
 }
 
-static void bench_w3(sj_runtime *rt) {
-    sj_fn *fn;
-    if (sj_fn_create(rt, "w3", 2, w3_model, NULL, NULL, &fn)) exit(1);
-    int64_t sizes[] = {16, 100, 512, 1024, 2048};
-    int ns = quick ? 4 : 5;
-    for (int i = 0; i < ns; i++) {
-        int64_t S = sizes[i], BH = 12;
-        float *s = rand_f32((size_t)(BH * S * S), -3, 3), *m = rand_f32((size_t)(BH * S), 0, 0);
-        for (int64_t k = 0; k < BH * S; k++) m[k] = (k % S) < (S * 3) / 4 ? 0.0f : -1e4f;
-        float *y = rand_f32((size_t)(BH * S * S), -1, 1);
-        sj_tensor in[2] = {sj_tensor_make(s, SJ_F32, 3, (int64_t[]){BH, S, S}),
-                           sj_tensor_make(m, SJ_F32, 3, (int64_t[]){BH, 1, S})};
-        sj_tensor out = sj_tensor_make(y, SJ_F32, 3, (int64_t[]){BH, S, S});
-        call_ctx c = {fn, in, &out, 2, 1};
-        emit("w3", S, median_ms(&c), (2.0 * BH * S * S + BH * S) * 4);
-        free(s), free(m), free(y);
+static void w2_case(wl_case *c, int64_t S) {
+    int64_t H = 768;
+    memset(c, 0, sizeof *c);
+    c->n_in = 4, c->n_out = 2;
+    c->in[0] = rand_t(c, 0, 2, (int64_t[]){S, H}, -2, 2);
+    c->in[1] = rand_t(c, 1, 2, (int64_t[]){S, H}, -2, 2);
+    c->in[2] = rand_t(c, 2, 1, &H, 0.5f, 1.5f);
+    c->in[3] = rand_t(c, 3, 1, &H, -0.5f, 0.5f);
+    c->out[0] = rand_t(c, 4, 2, (int64_t[]){S, H}, -1, 1);
+    c->out[1] = rand_t(c, 5, 2, (int64_t[]){S, H}, -1, 1);
+    c->bytes = (4.0 * S * H + 2.0 * H) * 4;
+}
+
+static void w3_case(wl_case *c, int64_t S) {
+    int64_t BH = 12;
+    memset(c, 0, sizeof *c);
+    c->n_in = 2, c->n_out = 1;
+    c->in[0] = rand_t(c, 0, 3, (int64_t[]){BH, S, S}, -3, 3);
+    c->in[1] = rand_t(c, 1, 3, (int64_t[]){BH, 1, S}, -1, 1);
+    float *m = c->bufs[1];
+    for (int64_t k = 0; k < BH * S; k++) m[k] = (k % S) < (S * 3) / 4 ? 0.0f : -1e4f;
+    c->out[0] = rand_t(c, 2, 3, (int64_t[]){BH, S, S}, -1, 1);
+    c->bytes = (2.0 * BH * S * S + BH * S) * 4;
+}
+
+typedef struct workload {
+    const char *name;
+    sj_model_fn model;
+    void (*make)(wl_case *c, int64_t S);
+    int64_t sizes[6];
+    int n_sizes, n_quick;
+} workload;
+
+static const workload workloads[] = {
+    {"w1", w1_model, w1_case, {1, 17, 128, 1000, 4096, 16384}, 6, 4},
+    {"w2", w2_model, w2_case, {1, 17, 128, 1000, 4096, 32768}, 6, 4},
+    {"w3", w3_model, w3_case, {16, 100, 512, 1024, 2048}, 5, 3},
+};
+
+/* Modes: eager (no compiling), fused_static (each size its own entry, every
+ * size a constant), fused_symbolic (one entry, sizes passed at run time:
+ * specialization of hot shapes disabled). Compiles are synchronous and out
+ * of the timed region (the first call compiles, the timing starts after). */
+typedef enum { MODE_EAGER, MODE_STATIC, MODE_SYMBOLIC } mode_t_;
+static const char *const mode_names[] = {"eager", "fused_static", "fused_symbolic"};
+
+static sj_runtime *mode_runtime(mode_t_ mode) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = mode == MODE_EAGER ? SJ_COMPILE_OFF : SJ_COMPILE_SYNC;
+    cfg.cache_dir = NULL;
+    sj_runtime *rt;
+    if (sj_runtime_create(&cfg, &rt)) {
+        fprintf(stderr, "%s\n", sj_last_error());
+        exit(1);
     }
-    sj_fn_destroy(fn);
+    return rt;
+}
+
+static sj_fn *mode_fn(sj_runtime *rt, const workload *w, mode_t_ mode, int n_in) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = mode == MODE_SYMBOLIC ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
+    o.hot_threshold = 1;
+    o.recompile_limit = 64;
+    o.specialize_threshold = 1000000;
+    sj_fn *fn;
+    if (sj_fn_create(rt, w->name, n_in, w->model, NULL, &o, &fn)) {
+        fprintf(stderr, "%s\n", sj_last_error());
+        exit(1);
+    }
+    return fn;
+}
+
+static void bench_workload(const workload *w) {
+    for (int mode = 0; mode < 3; mode++) {
+        sj_runtime *rt = mode_runtime((mode_t_)mode);
+        sj_fn *fn = NULL;
+        int ns = quick ? w->n_quick : w->n_sizes;
+        for (int i = 0; i < ns; i++) {
+            wl_case c;
+            w->make(&c, w->sizes[i]);
+            if (!fn) fn = mode_fn(rt, w, (mode_t_)mode, c.n_in);
+            call_ctx cc = {fn, c.in, c.out, c.n_in, c.n_out};
+            double ms = median_ms(&cc);
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            double gbs = c.bytes / (ms * 1e-3) / 1e9;
+            printf("{\"workload\": \"%s\", \"mode\": \"%s\", \"backend\": \"cpu\", \"dtype\": \"float32\", \"S\": %lld, "
+                   "\"median_ms\": %.4f, \"GBps\": %.3f, \"of_ceiling\": %.3f, \"of_ceiling_mt\": %.3f, \"compiles\": %llu, "
+                   "\"eager_calls\": %llu}\n",
+                   w->name, mode_names[mode], (long long)w->sizes[i], ms, gbs, gbs / ceiling_GBps, gbs / ceiling_mt_GBps,
+                   (unsigned long long)st.compiles, (unsigned long long)st.eager_calls);
+            fflush(stdout);
+            case_free(&c);
+        }
+        sj_runtime_destroy(rt);
+    }
+}
+
+/* Time from the first sight of a shape to its fused kernels being ready, in
+ * the default (async) mode: one call, then wait for the background compile. */
+static void bench_time_to_fused(void) {
+    double t[32];
+    int n = 0;
+    for (size_t k = 0; k < sizeof workloads / sizeof workloads[0]; k++) {
+        const workload *w = &workloads[k];
+        for (int i = 0; i < 3 && n < 32; i++) {
+            sj_runtime_config cfg;
+            sj_runtime_config_init(&cfg);
+            cfg.cache_dir = NULL;
+            sj_runtime *rt;
+            if (sj_runtime_create(&cfg, &rt)) exit(1);
+            wl_case c;
+            w->make(&c, w->sizes[i + 1]);
+            sj_fn_options o;
+            sj_fn_options_init(&o);
+            o.hot_threshold = 1;
+            sj_fn *fn;
+            if (sj_fn_create(rt, w->name, c.n_in, w->model, NULL, &o, &fn)) exit(1);
+            call_ctx cc = {fn, c.in, c.out, c.n_in, c.n_out};
+            time_call_ms(&cc);
+            sj_fn_wait_idle(fn, -1);
+            sj_entry_info info;
+            sj_fn_entries(fn, &info, 1);
+            if (info.time_to_fused_ms >= 0) t[n++] = info.time_to_fused_ms;
+            case_free(&c);
+            sj_runtime_destroy(rt);
+        }
+    }
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    printf("{\"workload\": \"time_to_fused\", \"backend\": \"cpu\", \"shapes\": %d, \"median_ms\": %.1f, \"max_ms\": %.1f}\n",
+           n, n ? t[n / 2] : -1.0, n ? t[n - 1] : -1.0);
+}
+
+/* A warm second process: run the child twice over one cache directory; the
+ * second must reach fused execution without running the compiler. */
+static int child_warm(const char *dir) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.cache_dir = dir;
+    cfg.compile_mode = SJ_COMPILE_SYNC;
+    sj_runtime *rt;
+    if (sj_runtime_create(&cfg, &rt)) return 1;
+    uint64_t compiles = 0, hits = 0, fused = 0;
+    for (size_t k = 0; k < sizeof workloads / sizeof workloads[0]; k++) {
+        const workload *w = &workloads[k];
+        wl_case c;
+        w->make(&c, w->sizes[1]);
+        sj_fn_options o;
+        sj_fn_options_init(&o);
+        o.hot_threshold = 1;
+        sj_fn *fn;
+        if (sj_fn_create(rt, w->name, c.n_in, w->model, NULL, &o, &fn)) return 1;
+        call_ctx cc = {fn, c.in, c.out, c.n_in, c.n_out};
+        time_call_ms(&cc);
+        sj_stats st;
+        sj_fn_stats(fn, &st);
+        compiles += st.compiles, hits += st.compile_cache_hits;
+        fused += st.fused_specialized_calls + st.fused_symbolic_calls;
+        case_free(&c);
+    }
+    printf("%llu %llu %llu\n", (unsigned long long)compiles, (unsigned long long)hits, (unsigned long long)fused);
+    sj_runtime_destroy(rt);
+    return 0;
+}
+
+static void bench_warm_start(const char *self) {
+    char dir[] = "/tmp/sj_bench_cache_XXXXXX", cmd[512];
+    if (!mkdtemp(dir)) return;
+    unsigned long long r[2][3] = {{0}};
+    for (int run = 0; run < 2; run++) {
+        snprintf(cmd, sizeof cmd, "'%s' --child-warm '%s'", self, dir);
+        FILE *p = popen(cmd, "r");
+        if (!p || fscanf(p, "%llu %llu %llu", &r[run][0], &r[run][1], &r[run][2]) != 3) {
+            fprintf(stderr, "warm-start child failed\n");
+            if (p) pclose(p);
+            return;
+        }
+        pclose(p);
+    }
+    printf("{\"workload\": \"warm_start\", \"backend\": \"cpu\", \"first_compiler_runs\": %llu, "
+           "\"second_compiler_runs\": %llu, \"second_cache_hits\": %llu, \"second_fused_calls\": %llu}\n",
+           r[0][0] - r[0][1], r[1][0] - r[1][1], r[1][1], r[1][2]);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) { /* best effort */
+    }
 }
 
 /* -- Single eager kernels ---------------------------------------------------------- */
@@ -266,18 +454,21 @@ static void bench_kernels(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *wl = "ceiling,w0,w1,w2,w3,kernels";
+    const char *wl = "ceiling,w0,w1,w2,w3,kernels,time_to_fused,warm_start";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
+        else if (!strcmp(argv[i], "--child-warm") && i + 1 < argc) return child_warm(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,kernels]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,kernels,time_to_fused,warm_start]\n",
+                    argv[0]);
             return 2;
         }
     }
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = SJ_COMPILE_OFF;
     sj_runtime *rt;
     if (sj_runtime_create(&cfg, &rt)) {
         fprintf(stderr, "%s\n", sj_last_error());
@@ -285,10 +476,18 @@ int main(int argc, char **argv) {
     }
     bench_ceiling(); /* always: every bandwidth figure is read against it */
     if (strstr(wl, "w0")) bench_w0(rt);
-    if (strstr(wl, "w1")) bench_w1(rt);
-    if (strstr(wl, "w2")) bench_w2(rt);
-    if (strstr(wl, "w3")) bench_w3(rt);
+    for (size_t k = 0; k < sizeof workloads / sizeof workloads[0]; k++)
+        if (strstr(wl, workloads[k].name)) bench_workload(&workloads[k]);
     if (strstr(wl, "kernels")) bench_kernels();
+    if (strstr(wl, "time_to_fused")) bench_time_to_fused();
+    if (strstr(wl, "warm_start")) {
+        char self[4096];
+        ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (len > 0) {
+            self[len] = '\0';
+            bench_warm_start(self);
+        }
+    }
     sj_runtime_destroy(rt);
     return 0;
 }

@@ -40,6 +40,8 @@ int sj_table_init(sj_table *t) {
 
 void sj_entry_free(sj_entry *e) {
     if (!e) return;
+    sj_ctarget_release(&e->ct);
+    sj_fplan_free(e->plan);
     sj_guard_free(e->guards);
     sj_graph_destroy(e->g);
     free(e);
@@ -49,6 +51,7 @@ void sj_table_destroy(sj_table *t) {
     sj_memo *m, *tmp;
     HASH_ITER(hh, t->memo, m, tmp) {
         HASH_DELETE(hh, t->memo, m);
+        sj_ctarget_release(&m->ct);
         free(m);
     }
     sj_entry *e = atomic_load(&t->entries);
@@ -96,6 +99,7 @@ sj_memo *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned h
         m = calloc(1, sizeof *m + key_bytes + (size_t)e->n_syms * sizeof(int64_t));
         if (m) {
             m->entry = e;
+            sj_ctarget_init(&m->ct);
             m->key_words = words;
             memcpy(m->key, sig, key_bytes);
             m->syms = m->key + words;

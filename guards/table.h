@@ -21,7 +21,9 @@
 #include <uthash.h>
 
 #include "guards/guard.h"
+#include "jit/compile.h"
 #include "jit/graph.h"
+#include "specialize/fusion.h"
 
 /* An input signature, packed as int64 words: per input, one word of
  * dtype | rank << 8 | device << 16, then its sizes, then its strides. */
@@ -45,6 +47,9 @@ typedef struct sj_entry {
     _Atomic uint64_t calls;
     _Atomic size_t arena_hint;
     _Atomic bool hot;      /* reached the hot threshold */
+    sj_fplan *plan;        /* fused plan; NULL: eager only */
+    sj_ctarget ct;         /* the plan compiled (symbolic form; specialized if no symbols) */
+    int64_t created_ns;
 } sj_entry;
 
 /* One exact signature -> its entry and symbol values. */
@@ -53,6 +58,7 @@ typedef struct sj_memo {
     sj_entry *entry;
     _Atomic uint64_t calls;
     _Atomic bool hot;      /* marked for a specialized compile */
+    sj_ctarget ct;         /* the entry's plan specialized to this shape */
     int key_words;
     int64_t *syms;         /* entry->n_syms values, after the key */
     int64_t key[];

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jit/compile.h"
 #include "jit/error.h"
 #include "jit/exec.h"
 #include "jit/fn.h"
@@ -50,13 +51,18 @@ static bool at_limit(const sj_fn *fn) {
            atomic_load_explicit(&fn->rt->total_entries, RELAXED) >= fn->rt->cfg.total_recompile_limit;
 }
 
+/* Count a call of entry e; a hot entry asks for its plan to be compiled
+ * (again, if a queued compile was dropped as cold). */
 static void note_call(sj_fn *fn, sj_entry *e) {
     uint64_t c = atomic_fetch_add_explicit(&e->calls, 1, RELAXED) + 1;
+    if (c < (uint64_t)fn->policy.hot_threshold) return;
     if (c == (uint64_t)fn->policy.hot_threshold && !atomic_exchange(&e->hot, true)) {
         atomic_fetch_add_explicit(&fn->c.hot_entries, 1, RELAXED);
         sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
                 (unsigned long long)c);
     }
+    if (e->plan && atomic_load_explicit(&e->ct.state, RELAXED) == SJ_CS_NONE)
+        sj_compiler_request(fn->rt->compiler, fn, e, NULL);
 }
 
 /* A symbolic entry counts the exact shapes it serves; a shape that reaches
@@ -65,6 +71,9 @@ static void note_call(sj_fn *fn, sj_entry *e) {
 static void note_shape(sj_fn *fn, sj_memo *m) {
     if (!m->entry->symbolic) return;
     uint64_t c = atomic_fetch_add_explicit(&m->calls, 1, RELAXED) + 1;
+    if (c > (uint64_t)fn->policy.specialize_threshold && atomic_load_explicit(&m->hot, RELAXED) &&
+        atomic_load_explicit(&m->ct.state, RELAXED) == SJ_CS_NONE)
+        sj_compiler_request(fn->rt->compiler, fn, m->entry, m); /* re-queue after a cold drop */
     if (c != (uint64_t)fn->policy.specialize_threshold) return;
     int used = atomic_load_explicit(&fn->specializations, RELAXED);
     if (used >= fn->policy.specialize_budget ||
@@ -75,6 +84,7 @@ static void note_shape(sj_fn *fn, sj_memo *m) {
     atomic_fetch_add_explicit(&fn->c.hot_shapes, 1, RELAXED);
     sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': a shape of entry %d is hot after %llu calls: marked for specialization",
             fn->name, m->entry->id, (unsigned long long)c);
+    if (m->entry->plan) sj_compiler_request(fn->rt->compiler, fn, m->entry, m);
 }
 
 /* -- Retracing ---------------------------------------------------------------- */
@@ -161,6 +171,10 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
         for (int a = 0; a < in[i].rank; a++) e->bucketed |= plan->dims[i][a].bucketed;
     e->fallback = plan->fallback;
     sj_plan_describe(plan, in, e->what, sizeof e->what);
+    sj_ctarget_init(&e->ct);
+    e->created_ns = sj_now_ns();
+    e->plan = sj_fuse(g, in); /* before publishing: it adds to the graph's expressions */
+    if (!e->plan) sj_logf(fn->rt, SJ_LOG_WARN, "fn '%s': out of memory planning fusion; the entry runs eagerly", fn->name);
     *out = e;
     return SJ_OK;
 }
@@ -227,6 +241,19 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
     else
         sj_logf(fn->rt, SJ_LOG_TRACE, "fn '%s': traced entry %d (%s): %d nodes", fn->name, e->id, e->what, e->g->n_nodes);
     log_guards(fn, e);
+    if (e->plan && sj_log_on(fn->rt, SJ_LOG_FUSION)) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        if (f) {
+            sj_fplan_print(e->g, e->plan, NULL, f, "  ");
+            fclose(f);
+            sj_logf(fn->rt, SJ_LOG_FUSION, "fn '%s': entry %d: %d kernels:", fn->name, e->id, e->plan->n_groups);
+            for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+                sj_logf(fn->rt, SJ_LOG_FUSION, "%s", line);
+            free(text);
+        }
+    }
     if (!*transient) {
         sj_table_publish(&fn->table, e);
         atomic_fetch_add(&fn->rt->total_entries, 1);
@@ -273,16 +300,30 @@ sj_status sj_call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *o
     if (e->g->n_outputs != n_outputs) {
         st = sj_seterr(SJ_EINVAL, "fn '%s': called with %d outputs, the model produces %d", fn->name, n_outputs,
                        e->g->n_outputs);
+        if (transient) sj_entry_free(e);
+        goto fail;
+    }
+    if (!transient) note_call(fn, e); /* may compile here in sync mode */
+
+    /* The best code ready: this shape's specialization, else the entry's. */
+    sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
+    _Atomic uint64_t *tier = &fn->c.fused_spec_calls;
+    if (!cd && !transient) {
+        cd = atomic_load_explicit(&e->ct.ready, memory_order_acquire);
+        if (e->n_syms) tier = &fn->c.fused_sym_calls;
+    }
+    sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
+                 .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint};
+    if (cd && sj_exec_fused_ok(&x)) {
+        st = sj_exec_fused(&x, e->plan, cd->fns, fn->rt->threads);
     } else {
-        sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
-                     .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint};
         st = sj_exec_eager(&x);
+        tier = &fn->c.eager_calls;
     }
     if (transient) sj_entry_free(e);
     if (st) goto fail;
-    if (!transient) note_call(fn, e);
     atomic_fetch_add_explicit(&fn->c.calls, 1, RELAXED);
-    atomic_fetch_add_explicit(&fn->c.eager_calls, 1, RELAXED);
+    atomic_fetch_add_explicit(tier, 1, RELAXED);
     return SJ_OK;
 
 fail:

@@ -31,13 +31,15 @@ typedef struct run {
     unsigned char *direct; /* per value: index+1 of the output it writes, or 0 */
 } run;
 
-static void shape_of(const run *r, int32_t v, sj_tensor *t) {
-    const sj_value *val = &r->x->g->vals[v];
+static void shape_from(const sj_graph *g, const int64_t *exv, int32_t v, sj_tensor *t) {
+    const sj_value *val = &g->vals[v];
     t->dtype = val->dtype;
     t->rank = val->rank;
     t->device = SJ_HOST;
-    for (int i = 0; i < val->rank; i++) t->shape[i] = r->exv[val->shape[i]];
+    for (int i = 0; i < val->rank; i++) t->shape[i] = exv[val->shape[i]];
 }
+
+static void shape_of(const run *r, int32_t v, sj_tensor *t) { shape_from(r->x->g, r->exv, v, t); }
 
 static size_t value_bytes(const run *r, int32_t v) {
     const sj_value *val = &r->x->g->vals[v];
@@ -107,10 +109,8 @@ static sj_status view(run *r, const sj_node *n, sj_tensor *y) {
 
 /* -- Compute nodes --------------------------------------------------------- */
 
-static sj_status compute(run *r, const sj_node *n, const sj_tensor *y) {
-    const sj_graph *g = r->x->g;
+sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
     const int32_t *in = sj_node_ins(g, n);
-    const sj_tensor *rv = r->rv;
     switch (sj_op_kind_of(n->op)) {
     case SJ_K_UNARY:
         return sj_cpu_unary(n->op, &rv[in[0]], y);
@@ -170,22 +170,26 @@ static sj_status compute(run *r, const sj_node *n, const sj_tensor *y) {
     }
     case SJ_K_GATHER:
         return sj_cpu_gather(&rv[in[0]], &rv[in[1]], y);
-    case SJ_K_VIEW:
-        break;
+    case SJ_K_VIEW: { /* a reshape that must copy: copy in the operand's shape, contiguously */
+        sj_tensor yc = *y;
+        yc.rank = rv[in[0]].rank;
+        memcpy(yc.shape, rv[in[0]].shape, sizeof yc.shape);
+        sj_tensor_set_contiguous(&yc);
+        return sj_cpu_copy(&rv[in[0]], &yc);
+    }
     }
     return sj_seterr(SJ_EINTERNAL, "exec: no eager kernel for %s", sj_op_name(n->op));
 }
 
 /* -- Outputs ----------------------------------------------------------------- */
 
-static sj_status check_outputs(const run *r) {
-    const sj_exec *x = r->x;
+sj_status sj_exec_check_outputs(const sj_exec *x, const int64_t *exv) {
     const sj_graph *g = x->g;
     for (int i = 0; i < g->n_outputs; i++) {
         const sj_tensor *o = &x->outputs[i];
         if (!o->data) continue;
         sj_tensor want;
-        shape_of(r, g->outputs[i], &want);
+        shape_from(g, exv, g->outputs[i], &want);
         if (o->dtype != want.dtype)
             return sj_seterr(SJ_EDTYPE, "fn '%s': output %d has dtype %s, expected %s", x->fn_name, i,
                              sj_dtype_name(o->dtype), sj_dtype_name(want.dtype));
@@ -208,13 +212,12 @@ static sj_status check_outputs(const run *r) {
     return SJ_OK;
 }
 
-static sj_status alloc_outputs(const run *r, unsigned char *allocated) {
-    const sj_exec *x = r->x;
+sj_status sj_exec_alloc_outputs(const sj_exec *x, const int64_t *exv, unsigned char *allocated) {
     const sj_graph *g = x->g;
     for (int i = 0; i < g->n_outputs; i++) {
         sj_tensor *o = &x->outputs[i];
         if (o->data) continue;
-        shape_of(r, g->outputs[i], o);
+        shape_from(g, exv, g->outputs[i], o);
         sj_tensor_set_contiguous(o);
         o->data = sj_host_alloc(x->rt, sj_tensor_nbytes(o), ALIGN);
         if (!o->data) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory allocating output %d", x->fn_name, i);
@@ -270,8 +273,8 @@ sj_status sj_exec_eager(const sj_exec *x) {
     }
 
     unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
-    sj_status st = check_outputs(&r);
-    if (!st) st = alloc_outputs(&r, allocated);
+    sj_status st = sj_exec_check_outputs(x, r.exv);
+    if (!st) st = sj_exec_alloc_outputs(x, r.exv, allocated);
 
     /* Operand descriptors, and which values write straight into an output. */
     memset(r.direct, 0, (size_t)g->n_vals);
@@ -311,7 +314,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
             y->data = take(&r, sj_tensor_nbytes(y));
             if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
         }
-        if (!st) st = compute(&r, n, y);
+        if (!st) st = sj_exec_node(g, n, r.rv, y);
         if (st) sj_err_prefix("fn '%s': %s: ", x->fn_name, sj_op_name(n->op));
     }
 
@@ -324,13 +327,15 @@ sj_status sj_exec_eager(const sj_exec *x) {
         if (!written) st = sj_cpu_copy(&r.rv[v], &x->outputs[i]);
     }
 
-    if (st) {
-        for (int i = 0; i < g->n_outputs; i++)
-            if (allocated[i]) {
-                sj_host_free(x->rt, x->outputs[i].data);
-                x->outputs[i].data = NULL;
-            }
-    }
+    if (st) sj_exec_release_outputs(x, allocated);
     sj_pool_put(x->pool, b);
     return st;
+}
+
+void sj_exec_release_outputs(const sj_exec *x, const unsigned char *allocated) {
+    for (int i = 0; i < x->g->n_outputs; i++)
+        if (allocated[i]) {
+            sj_host_free(x->rt, x->outputs[i].data);
+            x->outputs[i].data = NULL;
+        }
 }

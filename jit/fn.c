@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jit/compile.h"
 #include "jit/error.h"
+#include "kernels/backend.h"
 
 #define RELAXED memory_order_relaxed
 
@@ -144,6 +146,7 @@ void sj_runtime_unlink_fn(sj_runtime *rt, sj_fn *fn) {
 
 void sj_fn_destroy(sj_fn *fn) {
     if (!fn) return;
+    sj_compiler_cancel_fn(fn->rt->compiler, fn); /* no compile touches fn after this */
     sj_runtime_unlink_fn(fn->rt, fn);
     atomic_fetch_sub(&fn->rt->total_entries, atomic_load(&fn->table.n_entries));
     sj_table_destroy(&fn->table);
@@ -242,7 +245,45 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->static_entries = atomic_load_explicit(&c->static_entries, RELAXED);
     out->symbolic_entries = atomic_load_explicit(&c->symbolic_entries, RELAXED);
     out->entries = out->static_entries + out->symbolic_entries;
+    out->fused_symbolic_calls = atomic_load_explicit(&c->fused_sym_calls, RELAXED);
+    out->fused_specialized_calls = atomic_load_explicit(&c->fused_spec_calls, RELAXED);
+    out->compiles = atomic_load_explicit(&c->compiles, RELAXED);
+    out->compile_cache_hits = atomic_load_explicit(&c->compile_cache_hits, RELAXED);
+    out->compile_failures = atomic_load_explicit(&c->compile_failures, RELAXED);
+    out->compiles_dropped = atomic_load_explicit(&c->compiles_dropped, RELAXED);
+    out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
 }
+
+sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
+    sj_clearerr();
+    if (!fn) return sj_seterr(SJ_EINVAL, "sj_fn_wait_idle: fn is NULL");
+    return sj_compiler_wait_fn(fn->rt->compiler, fn, timeout_ms);
+}
+
+/* The tier an entry serves from, in words. */
+static const char *tier_name(const sj_entry *e) {
+    if (!e->plan) return "eager (no plan)";
+    switch ((sj_cstate)atomic_load_explicit(&((sj_entry *)e)->ct.state, RELAXED)) {
+    case SJ_CS_NONE: return "eager";
+    case SJ_CS_QUEUED: return "queued";
+    case SJ_CS_COMPILING: return "compiling";
+    case SJ_CS_READY: return e->n_syms ? "fused symbolic" : "fused specialized";
+    case SJ_CS_FAILED: return "compile failed";
+    }
+    return "?";
+}
+
+/* Ready specialized shapes of an entry (memo items with their own code). */
+static int specialized_shapes(sj_fn *fn, const sj_entry *e) {
+    int n = 0;
+    pthread_rwlock_rdlock(&fn->table.lock);
+    for (sj_memo *m = fn->table.memo; m; m = m->hh.next)
+        if (m->entry == e && atomic_load_explicit(&m->ct.ready, memory_order_acquire)) n++;
+    pthread_rwlock_unlock(&fn->table.lock);
+    return n;
+}
+
+static int64_t hint_of(const sj_entry *e, sj_expr x) { return x == SJ_EX_NONE ? 0 : sj_ex_hint(e->g->ex, x); }
 
 int sj_fn_entries(const sj_fn *cfn, sj_entry_info *out, int max) {
     if (!cfn) return 0;
@@ -261,6 +302,14 @@ int sj_fn_entries(const sj_fn *cfn, sj_entry_info *out, int max) {
         i->n_guards = sj_guard_size(e->guards);
         i->calls = atomic_load_explicit(&e->calls, RELAXED);
         snprintf(i->what, sizeof i->what, "%s", e->what);
+        snprintf(i->tier, sizeof i->tier, "%s", tier_name(e));
+        i->specialized_shapes = specialized_shapes(fn, e);
+        int64_t ready = atomic_load_explicit(&e->ct.ready_ns, RELAXED);
+        i->time_to_fused_ms = ready ? (double)(ready - e->created_ns) / 1e6 : -1.0;
+        if (e->plan) {
+            i->planned_bytes = hint_of(e, e->plan->arena_bytes);
+            i->naive_bytes = hint_of(e, e->plan->naive_bytes);
+        }
     }
     return n;
 }
@@ -313,11 +362,16 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
     fprintf(out, "fn '%s': %d inputs, policy %s, recompile limit %d%s, hot threshold %d, specialize threshold %d, budget %d\n",
             fn->name, fn->n_inputs, dynamic_name(p->dynamic), p->limit, p->limit_is_error ? " (error)" : "",
             p->hot_threshold, p->specialize_threshold, p->specialize_budget);
-    fprintf(out, "  %llu calls (%llu eager, %llu memo hits, %llu guard evaluations), %llu traces, %llu trace errors, "
-                 "%llu errors, %llu limit hits\n",
-            (unsigned long long)s.calls, (unsigned long long)s.eager_calls, (unsigned long long)s.memo_hits,
+    fprintf(out, "  %llu calls (%llu eager, %llu fused symbolic, %llu fused specialized; %llu memo hits, %llu guard "
+                 "evaluations), %llu traces, %llu trace errors, %llu errors, %llu limit hits\n",
+            (unsigned long long)s.calls, (unsigned long long)s.eager_calls, (unsigned long long)s.fused_symbolic_calls,
+            (unsigned long long)s.fused_specialized_calls, (unsigned long long)s.memo_hits,
             (unsigned long long)s.guard_evals, (unsigned long long)s.traces, (unsigned long long)s.trace_errors,
             (unsigned long long)s.errors, (unsigned long long)s.limit_hits);
+    fprintf(out, "  compiles: %llu ready (%llu from the cache), %llu failed, %llu dropped, %.1f ms compiling; backend %s\n",
+            (unsigned long long)s.compiles, (unsigned long long)s.compile_cache_hits,
+            (unsigned long long)s.compile_failures, (unsigned long long)s.compiles_dropped, s.compile_ms,
+            fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
     for (int i = 0; i < fn->n_inputs; i++)
         for (int a = 0; a < SJ_MAX_RANK; a++) {
             const sj_dim_rule *r = sj_policy_rule(p, i, a);
@@ -334,10 +388,19 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
     fprintf(out, "  %llu entries (%llu static, %llu symbolic), newest first:\n", (unsigned long long)s.entries,
             (unsigned long long)s.static_entries, (unsigned long long)s.symbolic_entries);
     for (sj_entry *e = atomic_load(&fn->table.entries); e; e = e->next) {
-        fprintf(out, "  entry %d: %s%s; tier eager; %llu calls%s; %d nodes\n", e->id, e->what, e->fallback ? " (past the limit)" : "",
+        fprintf(out, "  entry %d: %s%s; tier %s; %llu calls%s; %d nodes\n", e->id, e->what,
+                e->fallback ? " (past the limit)" : "", tier_name(e),
                 (unsigned long long)atomic_load_explicit(&e->calls, RELAXED),
                 atomic_load_explicit(&e->hot, RELAXED) ? " (hot)" : "", e->g->n_nodes);
         fprintf(out, "    traced because: %s\n", e->reason);
+        if (atomic_load_explicit(&e->ct.state, RELAXED) == SJ_CS_FAILED)
+            fprintf(out, "    compile failed: %s\n", e->ct.error);
+        if (e->plan) {
+            fprintf(out, "    fused plan (%d kernels, %d generated); arena %lld bytes planned vs %lld naive at the first sizes:\n",
+                    e->plan->n_groups, e->plan->n_generated, (long long)hint_of(e, e->plan->arena_bytes),
+                    (long long)hint_of(e, e->plan->naive_bytes));
+            sj_fplan_print(e->g, e->plan, NULL, out, "      ");
+        }
         fprintf(out, "    guards:\n");
         sj_guard_print(e->guards, out, "      ");
         explain_symbols(e, out);

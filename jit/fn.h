@@ -22,6 +22,8 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t calls, errors, eager_calls, traces, trace_errors, memo_hits, guard_evals;
     _Atomic uint64_t guard_failures[SJ_GUARD_KIND_COUNT];
     _Atomic uint64_t limit_hits, hot_entries, hot_shapes, static_entries, symbolic_entries;
+    _Atomic uint64_t fused_sym_calls, fused_spec_calls, compiles, compile_cache_hits, compile_failures,
+        compiles_dropped, compile_us;
 } sj_fn_counters;
 
 struct sj_fn {
@@ -44,6 +46,11 @@ struct sj_fn {
     bool fallback_made;       /* a fallback entry exists (under trace_lock) */
     sj_guard_failure recent[SJ_RECENT_FAILURES]; /* ring, under trace_lock */
     int n_recent;
+
+    /* Compiles, under the compiler's lock. */
+    int compiles_pending;     /* queued or running */
+    bool cancelled;           /* being destroyed: no new compiles */
+    bool compile_fail_logged;
 
     sj_pool pool;
     sj_fn_counters c;

@@ -4,7 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jit/cache.h"
+#include "jit/compile.h"
 #include "jit/error.h"
+#include "jit/threads.h"
+#include "kernels/cpu/backend_cpu.h"
 
 /* -- Configuration --------------------------------------------------------- */
 
@@ -24,6 +28,17 @@ static void env_warn(const char *var, const char *value, const char *why) {
     fprintf(stderr, "shapejit: ignoring %s=%s (%s)\n", var, value, why);
 }
 
+/* The default cache dir: $XDG_CACHE_HOME/shapejit or ~/.cache/shapejit,
+ * found once per process. */
+static char dflt_cache[512];
+static pthread_once_t dflt_cache_once = PTHREAD_ONCE_INIT;
+
+static void find_default_cache(void) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg) snprintf(dflt_cache, sizeof dflt_cache, "%s/shapejit", xdg);
+    else if (home && *home) snprintf(dflt_cache, sizeof dflt_cache, "%s/.cache/shapejit", home);
+}
+
 void sj_runtime_config_init(sj_runtime_config *cfg) {
     if (!cfg) return;
     memset(cfg, 0, sizeof *cfg);
@@ -36,6 +51,15 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     cfg->specialize_threshold = 16;
     cfg->specialize_budget = 4;
     cfg->buckets = NULL;
+    cfg->compile_mode = SJ_COMPILE_ASYNC;
+    cfg->compile_threads = 1;
+    cfg->exec_threads = 0;
+    cfg->cache_max_bytes = UINT64_C(1) << 30;
+    cfg->cc = NULL;
+    cfg->cflags = NULL;
+    cfg->dump_dir = NULL;
+    pthread_once(&dflt_cache_once, find_default_cache);
+    cfg->cache_dir = dflt_cache[0] ? dflt_cache : NULL;
 
     const char *v = getenv("SHAPEJIT_BACKEND");
     if (v && *v) {
@@ -58,6 +82,30 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
         if (*end || n < 1 || n > 1000000) env_warn("SHAPEJIT_RECOMPILE_LIMIT", v, "expected an integer in [1, 1000000]");
         else cfg->recompile_limit = (int)n;
     }
+    v = getenv("SHAPEJIT_COMPILE");
+    if (v && *v) {
+        if (!strcmp(v, "async")) cfg->compile_mode = SJ_COMPILE_ASYNC;
+        else if (!strcmp(v, "sync")) cfg->compile_mode = SJ_COMPILE_SYNC;
+        else if (!strcmp(v, "off")) cfg->compile_mode = SJ_COMPILE_OFF;
+        else env_warn("SHAPEJIT_COMPILE", v, "expected async, sync or off");
+    }
+    const struct {
+        const char *name;
+        int *field;
+        int lo;
+    } ints[] = {{"SHAPEJIT_COMPILE_THREADS", &cfg->compile_threads, 1}, {"SHAPEJIT_THREADS", &cfg->exec_threads, 0}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        v = getenv(ints[i].name);
+        if (!v || !*v) continue;
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end || n < ints[i].lo || n > 1024) env_warn(ints[i].name, v, "expected an integer in range");
+        else *ints[i].field = (int)n;
+    }
+    if ((v = getenv("SHAPEJIT_CACHE_DIR"))) cfg->cache_dir = *v ? v : NULL;
+    if ((v = getenv("SHAPEJIT_CC")) && *v) cfg->cc = v;
+    if ((v = getenv("SHAPEJIT_CFLAGS")) && *v) cfg->cflags = v;
+    if ((v = getenv("SHAPEJIT_DUMP")) && *v) cfg->dump_dir = v;
     v = getenv("SHAPEJIT_BUCKETS");
     if (v && *v) {
         sj_bucket_rule *rules;
@@ -80,6 +128,48 @@ static sj_status check_tunable(const char *name, int v) {
 
 /* -- Lifecycle ------------------------------------------------------------- */
 
+static int test_delay_ms, test_fail; /* sj_runtime_test_hooks, read by start_services */
+
+/* The cache, the compiler backend, the compile workers, the kernel threads. A
+ * cache that cannot be opened only costs warm starts: warned about, not
+ * fatal. */
+static sj_status start_services(sj_runtime *rt) {
+    const sj_runtime_config *c = &rt->cfg;
+    if (c->cache_dir && *c->cache_dir && sj_cache_open(c->cache_dir, c->cache_max_bytes, &rt->cache)) {
+        snprintf(rt->cache_error, sizeof rt->cache_error, "%s", sj_last_error());
+        sj_logf(rt, SJ_LOG_WARN, "no persistent kernel cache: %s", rt->cache_error);
+        sj_clearerr();
+    }
+    sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .dump_dir = c->dump_dir, .cache = rt->cache,
+                                .rt = rt, .test_delay_ms = test_delay_ms, .test_fail = test_fail};
+    sj_status st = sj_cpu_backend_create(&bc, &rt->backend);
+    if (!st) {
+        int mode = c->compile_mode == SJ_COMPILE_SYNC ? SJ_CM_SYNC : c->compile_mode == SJ_COMPILE_OFF ? SJ_CM_OFF : SJ_CM_ASYNC;
+        st = sj_compiler_create(rt->backend, c->compile_threads, mode, rt, &rt->compiler);
+    }
+    if (!st && !(rt->threads = sj_threads_create(c->exec_threads)))
+        st = sj_seterr(SJ_ENOMEM, "sj_runtime_create: cannot start %d kernel threads", c->exec_threads);
+    if (st) sj_err_prefix("sj_runtime_create: ");
+    return st;
+}
+
+void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail) {
+    test_delay_ms = delay_ms;
+    test_fail = fail;
+    if (!rt) return;
+    /* remake the backend with the hooks (no function may exist yet) */
+    sj_compiler_destroy(rt->compiler);
+    rt->compiler = NULL;
+    if (rt->backend) rt->backend->destroy(rt->backend);
+    rt->backend = NULL;
+    sj_threads_destroy(rt->threads);
+    rt->threads = NULL;
+    sj_cache_close(rt->cache);
+    rt->cache = NULL;
+    start_services(rt);
+    test_delay_ms = test_fail = 0;
+}
+
 sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     sj_clearerr();
     if (!out) return sj_seterr(SJ_EINVAL, "sj_runtime_create: rt is NULL");
@@ -101,6 +191,11 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
         (st = check_tunable("specialize_threshold", c.specialize_threshold)) ||
         (st = check_tunable("specialize_budget", c.specialize_budget)))
         return st;
+    if ((unsigned)c.compile_mode > SJ_COMPILE_OFF)
+        return sj_seterr(SJ_EINVAL, "sj_runtime_create: compile_mode %d is not a mode", (int)c.compile_mode);
+    if (c.compile_threads < 1 || c.compile_threads > 1024 || c.exec_threads < 0 || c.exec_threads > 1024)
+        return sj_seterr(SJ_EINVAL, "sj_runtime_create: compile_threads %d / exec_threads %d out of range",
+                         c.compile_threads, c.exec_threads);
     sj_bucket_rule *rules = NULL;
     int n_rules = 0;
     if ((st = sj_bucket_parse(c.buckets, &rules, &n_rules))) {
@@ -112,34 +207,51 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
                                       "use SJ_BACKEND_CPU or SJ_BACKEND_AUTO");
 
     sj_runtime *rt = calloc(1, sizeof *rt);
-    char *text = c.buckets ? strdup(c.buckets) : NULL;
-    if (!rt || (c.buckets && !text) || pthread_mutex_init(&rt->lock, NULL)) {
+    if (!rt || pthread_mutex_init(&rt->lock, NULL)) {
         free(rt);
-        free(text);
         free(rules);
         return sj_seterr(SJ_ENOMEM, "sj_runtime_create: out of memory");
     }
     rt->cfg = c;
-    rt->cfg.buckets = text;
-    rt->buckets_text = text;
+    const char **fields[5] = {&rt->cfg.buckets, &rt->cfg.cache_dir, &rt->cfg.cc, &rt->cfg.cflags, &rt->cfg.dump_dir};
+    bool oom = false;
+    for (int i = 0; i < 5; i++) {
+        if (!*fields[i]) continue;
+        rt->strings[i] = strdup(*fields[i]);
+        oom |= !rt->strings[i];
+        *fields[i] = rt->strings[i];
+    }
     rt->bucket_rules = rules;
     rt->n_bucket_rules = n_rules;
-    rt->backend = SJ_BACKEND_CPU;
+    rt->backend_kind = SJ_BACKEND_CPU;
     atomic_init(&rt->total_entries, 0);
+    if (oom) {
+        sj_runtime_destroy(rt);
+        return sj_seterr(SJ_ENOMEM, "sj_runtime_create: out of memory");
+    }
+    sj_status st2 = start_services(rt);
+    if (st2) {
+        sj_runtime_destroy(rt);
+        return st2;
+    }
     *out = rt;
     return SJ_OK;
 }
 
-sj_backend_kind sj_runtime_backend(const sj_runtime *rt) { return rt ? rt->backend : SJ_BACKEND_CPU; }
+sj_backend_kind sj_runtime_backend(const sj_runtime *rt) { return rt ? rt->backend_kind : SJ_BACKEND_CPU; }
 
 void sj_fn_destroy(sj_fn *fn);
 
 void sj_runtime_destroy(sj_runtime *rt) {
     if (!rt) return;
-    while (rt->fns) sj_fn_destroy(rt->fns); /* unlinks itself */
+    while (rt->fns) sj_fn_destroy(rt->fns); /* unlinks itself, after its compiles */
+    sj_compiler_destroy(rt->compiler);
+    if (rt->backend) rt->backend->destroy(rt->backend);
+    sj_cache_close(rt->cache);
+    sj_threads_destroy(rt->threads);
     pthread_mutex_destroy(&rt->lock);
     free(rt->bucket_rules);
-    free(rt->buckets_text);
+    for (int i = 0; i < 5; i++) free(rt->strings[i]);
     free(rt);
 }
 

@@ -9,16 +9,30 @@
 #include "jit/shapejit.h"
 #include "shapes/bucket.h"
 
+struct sj_backend;
+struct sj_cache;
+struct sj_compiler;
+struct sj_threads;
+
 struct sj_runtime {
-    sj_runtime_config cfg;        /* cfg.buckets points at buckets_text */
-    sj_backend_kind backend;
+    sj_runtime_config cfg;        /* strings point at copies owned here */
+    sj_backend_kind backend_kind;
     pthread_mutex_t lock;         /* guards fns; never held while calling out */
     struct sj_fn *fns;            /* live functions (for destroy) */
-    char *buckets_text;
     sj_bucket_rule *bucket_rules; /* parsed cfg.buckets */
     int n_bucket_rules;
     _Atomic int total_entries;    /* entries of all functions (total_recompile_limit) */
+    char *strings[5];             /* copies of cfg's buckets, cache_dir, cc, cflags, dump_dir */
+    struct sj_cache *cache;       /* NULL: no persistent cache */
+    struct sj_backend *backend;   /* compiles and loads fused kernels */
+    struct sj_compiler *compiler; /* background compile workers */
+    struct sj_threads *threads;   /* runs fused kernels in parallel */
+    char cache_error[256];        /* why the cache could not be opened ("" if fine) */
 };
+
+/* Test hooks (tests only): make every compile sleep delay_ms first, or fail
+ * as a compile error. Call before any sj_fn exists. */
+void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail);
 
 /* Log a line under `topic` if the runtime's mask enables it. */
 void sj_logf(const sj_runtime *rt, unsigned topic, const char *fmt, ...)

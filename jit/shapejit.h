@@ -190,6 +190,13 @@ typedef struct sj_allocator {
     void *user;
 } sj_allocator;
 
+/* When fused kernels are compiled (SHAPEJIT_COMPILE=async|sync|off). */
+typedef enum sj_compile_mode {
+    SJ_COMPILE_ASYNC = 0, /* on background workers; calls run eagerly until ready */
+    SJ_COMPILE_SYNC = 1,  /* on the calling thread, before the call runs (tests, warm-up) */
+    SJ_COMPILE_OFF = 2,   /* never: eager execution only */
+} sj_compile_mode;
+
 /* Runtime configuration. Fill it with sj_runtime_config_init() (built-in
  * defaults, then the SHAPEJIT_* environment variables applied on top), then
  * change what the program wants to set itself.
@@ -198,7 +205,13 @@ typedef struct sj_allocator {
  *   SHAPEJIT_BACKEND=auto|cpu|cuda      -> backend
  *   SHAPEJIT_LOG=topic,topic,...|all|none -> log_mask (default "warn")
  *   SHAPEJIT_RECOMPILE_LIMIT=n          -> recompile_limit
- *   SHAPEJIT_BUCKETS=spec;spec;...      -> buckets (syntax below) 
+ *   SHAPEJIT_BUCKETS=spec;spec;...      -> buckets (syntax below)
+ *   SHAPEJIT_COMPILE=async|sync|off     -> compile_mode
+ *   SHAPEJIT_COMPILE_THREADS=n          -> compile_threads
+ *   SHAPEJIT_THREADS=n                  -> exec_threads
+ *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
+ *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc, cflags
+ *   SHAPEJIT_DUMP=dir                   -> dump_dir
  * An unparsable value is reported once on stderr and ignored. */
 typedef struct sj_runtime_config {
     sj_backend_kind backend; /* default SJ_BACKEND_AUTO */
@@ -221,6 +234,18 @@ typedef struct sj_runtime_config {
      * NAME may be '*' for every function. Example:
      *   encoder:0:1=pow2:16,512;*:0:0=list:1,8 */
     const char *buckets;
+    /* Fused kernels (the CPU backend compiles generated C with the system
+     * compiler and loads it with dlopen). */
+    sj_compile_mode compile_mode; /* default SJ_COMPILE_ASYNC */
+    int compile_threads;          /* background compile workers; default 1 */
+    int exec_threads;             /* threads a fused kernel may use; 0 (default): online CPUs */
+    const char *cache_dir;        /* persistent kernel cache; NULL or "": none.
+                                     Default $SHAPEJIT_CACHE_DIR, else
+                                     $XDG_CACHE_HOME/shapejit or ~/.cache/shapejit */
+    uint64_t cache_max_bytes;     /* least recently used kernels are evicted past it; default 1 GiB */
+    const char *cc;               /* C compiler command; default "cc" */
+    const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
+    const char *dump_dir;         /* write every generated source there; NULL: no */
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -596,6 +621,13 @@ typedef struct sj_stats {
     uint64_t limit_hits;       /* misses past the recompile limit */
     uint64_t hot_entries;      /* entries that reached hot_threshold */
     uint64_t hot_shapes;       /* exact shapes marked for specialization */
+    uint64_t fused_symbolic_calls;    /* calls served by an entry's symbolic fused kernels */
+    uint64_t fused_specialized_calls; /* calls served by kernels with every size constant */
+    uint64_t compiles;         /* kernels made ready (compiled or loaded from the cache) */
+    uint64_t compile_cache_hits; /* of which loaded from the persistent cache */
+    uint64_t compile_failures; /* compiles that failed (those entries stay eager) */
+    uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
+    double compile_ms;         /* compiler time, total */
 } sj_stats;
 SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
 
@@ -604,6 +636,10 @@ SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
  * calls and hot shapes; and the recent guard failures that caused retraces.
  * Thread-safe. */
 SJ_API void sj_fn_explain(const sj_fn *fn, FILE *out);
+
+/* Wait until fn has no compiles queued or running. timeout_ms < 0: no
+ * limit. Errors: SJ_EINVAL (fn NULL), SJ_ETIMEOUT. Thread-safe. */
+SJ_API sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms);
 
 /* One cached entry, for programs and tests that inspect the cache. */
 typedef struct sj_entry_info {
@@ -616,6 +652,13 @@ typedef struct sj_entry_info {
     int n_guards;      /* instructions in its guard program */
     uint64_t calls;
     char what[128];    /* "static", "symbolic in x.size(0)", ... */
+    /* "eager", "queued", "compiling", "fused symbolic", "fused specialized",
+     * "compile failed" */
+    char tier[32];
+    int specialized_shapes;  /* exact shapes with their own specialized kernels ready */
+    double time_to_fused_ms; /* from the entry's creation to its kernels being ready; -1 if not */
+    int64_t planned_bytes;   /* arena bytes at the sizes first traced (memory plan) */
+    int64_t naive_bytes;     /* without sharing */
 } sj_entry_info;
 
 /* Fill out[0 .. max) with the entries, newest first; returns how many

@@ -22,6 +22,8 @@ static int setup(void **state) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = SJ_COMPILE_OFF; /* eager only: this suite is not about fused kernels */
+    cfg.cache_dir = NULL;
     cfg.log_mask = 0;
     return sj_runtime_create(&cfg, &rt) == SJ_OK ? 0 : -1;
 }
@@ -76,15 +78,18 @@ static void test_runtime_args(void **state) {
     assert_msg_has("rt is NULL");
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.backend = (sj_backend_kind)42;
     sj_runtime *r = (sj_runtime *)0x1;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
     assert_null(r);
     assert_msg_has("backend 42");
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.log_mask = 1u << 30;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.allocator.free = NULL;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
     assert_msg_has("allocator");
@@ -95,6 +100,7 @@ static void test_runtime_args(void **state) {
 static void test_runtime_cuda_unavailable(void **state) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.backend = SJ_BACKEND_CUDA;
     sj_runtime *r = NULL;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EBACKEND);
@@ -111,19 +117,23 @@ static void test_config_env(void **state) {
     unsetenv("SHAPEJIT_LOG");
     unsetenv("SHAPEJIT_BACKEND");
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     assert_int_equal(cfg.log_mask, SJ_LOG_WARN);
     assert_int_equal(cfg.backend, SJ_BACKEND_AUTO);
     setenv("SHAPEJIT_LOG", "recompiles,guards", 1);
     setenv("SHAPEJIT_BACKEND", "cpu", 1);
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     assert_int_equal(cfg.log_mask, SJ_LOG_RECOMPILES | SJ_LOG_GUARDS);
     assert_int_equal(cfg.backend, SJ_BACKEND_CPU);
     setenv("SHAPEJIT_LOG", "all", 1);
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     assert_int_equal(cfg.log_mask, SJ_LOG_ALL);
     setenv("SHAPEJIT_LOG", "bogus", 1); /* ignored, with a note on stderr */
     setenv("SHAPEJIT_BACKEND", "tpu", 1);
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     assert_int_equal(cfg.log_mask, SJ_LOG_WARN);
     assert_int_equal(cfg.backend, SJ_BACKEND_AUTO);
     unsetenv("SHAPEJIT_LOG");
@@ -146,6 +156,7 @@ static void sink_fn(void *user, unsigned topic, const char *msg) {
 static void test_log_callback(void **state) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     log_sink sink = {0};
     cfg.log_mask = SJ_LOG_TRACE;
     cfg.log_fn = sink_fn;
@@ -182,6 +193,7 @@ static void test_allocator_and_runtime_outputs(void **state) {
     counting_alloc ca = {0};
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.allocator = (sj_allocator){ca_alloc, ca_free, &ca};
     sj_runtime *r;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_OK);
@@ -213,8 +225,10 @@ static void test_allocator_and_runtime_outputs(void **state) {
  * runtime (arenas come from the pool, outputs are the caller's). */
 static void test_no_allocation_on_hit(void **state) {
     counting_alloc ca = {0};
+    for (int mode = 0; mode < 2; mode++) { /* eager, then fused (compiled synchronously when hot) */
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.allocator = (sj_allocator){ca_alloc, ca_free, &ca};
     sj_runtime *r;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_OK);
@@ -229,9 +243,11 @@ static void test_no_allocation_on_hit(void **state) {
     sj_stats s;
     sj_fn_stats(fn, &s);
     assert_int_equal(s.memo_hits, 1002);
+    assert_int_equal(mode ? s.fused_specialized_calls : s.eager_calls, mode ? 1002 : 1003);
     sj_fn_destroy(fn);
     sj_runtime_destroy(r);
     assert_int_equal(ca.allocs, ca.frees);
+    }
 }
 
 /* -- Function and call arguments --------------------------------------------------- */

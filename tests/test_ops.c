@@ -23,6 +23,8 @@ static int setup(void **state) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = SJ_COMPILE_OFF; /* eager only: this suite is not about fused kernels */
+    cfg.cache_dir = NULL;
     return sj_runtime_create(&cfg, &rt) == SJ_OK ? 0 : -1;
 }
 static int teardown(void **state) {

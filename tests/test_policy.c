@@ -51,6 +51,8 @@ static int setup(void **state) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = SJ_COMPILE_OFF; /* eager only: this suite is not about fused kernels */
+    cfg.cache_dir = NULL;
     cfg.log_mask = SJ_LOG_WARN | SJ_LOG_RECOMPILES | SJ_LOG_GUARDS;
     cfg.log_fn = log_fn;
     cfg.log_user = &logs;
@@ -305,6 +307,7 @@ static void test_limit_as_error(void **state) {
 static void test_runtime_total_limit(void **state) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.total_recompile_limit = 3;
     cfg.log_mask = 0;
     sj_runtime *r;
@@ -667,6 +670,7 @@ static void test_buckets_list_multiple_profile(void **state) {
 static void test_buckets_from_config(void **state) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.log_mask = 0;
     cfg.buckets = "enc:0:0=mult:4;*:0:5=list:3";
     sj_runtime *r;
@@ -703,6 +707,7 @@ static void test_buckets_from_config(void **state) {
     setenv("SHAPEJIT_BUCKETS", "a:0:1=pow2:16,512", 1);
     setenv("SHAPEJIT_RECOMPILE_LIMIT", "5", 1);
     sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     assert_string_equal(cfg.buckets, "a:0:1=pow2:16,512");
     assert_int_equal(cfg.recompile_limit, 5);
     unsetenv("SHAPEJIT_BUCKETS");

@@ -185,19 +185,48 @@ int main(int argc, char **argv) {
         sj_stats after;
         sj_fn_stats(fn, &after);
         checksum += y[0] + y[(size_t)lens[i] * H - 1];
-        if (!quiet)
-            printf("request %4d  S=%4d  %8.2f ms%s\n", i, lens[i], lat[i],
-                   after.traces > before.traces ? "  (traced)" : "");
+        const char *how = after.traces > before.traces                       ? "traced, eager"
+                          : after.eager_calls > before.eager_calls           ? "eager"
+                          : after.fused_specialized_calls > before.fused_specialized_calls ? "fused specialized"
+                                                                               : "fused symbolic";
+        if (!quiet) printf("request %4d  S=%4d  %8.2f ms  %s\n", i, lens[i], lat[i], how);
     }
     double total = now_ms() - t_start;
 
+    /* Latency against the steady state: a least-squares fit lat = a + b*S
+     * over the second half of the stream (fused, warm), so that short and
+     * long requests are each compared with what their length costs. */
+    int half = n / 2;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int i = half; i < n; i++) {
+        sx += lens[i], sy += lat[i], sxx += (double)lens[i] * lens[i], sxy += (double)lens[i] * lat[i];
+    }
+    double m = n - half, b = (m * sxy - sx * sy) / (m * sxx - sx * sx), a = (sy - b * sx) / m;
+    int slow = 0, worst = 0;
+    double worst_ratio = 0;
+    for (int i = 0; i < n; i++) {
+        double ratio = lat[i] / (a + b * lens[i]);
+        if (ratio > 3) slow++;
+        if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+    }
+    double worst_ms = lat[worst];
+    int worst_len = lens[worst];
+
     qsort(lat, (size_t)n, sizeof *lat, cmp_double);
+    sj_fn_wait_idle(fn, -1);
     sj_stats s;
     sj_fn_stats(fn, &s);
     printf("\nsummary: %d requests in %.2f s; latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", n, total / 1e3,
            lat[n / 2], lat[(int)(0.99 * (n - 1))], lat[n - 1]);
-    printf("         %llu traces, %llu entries, %llu eager calls, checksum %.6f\n", (unsigned long long)s.traces,
-           (unsigned long long)s.entries, (unsigned long long)s.eager_calls, checksum);
+    printf("         steady state: %.3f ms + %.4f ms per token; slowest request %d (S=%d, %.2f ms) at %.2fx of "
+           "that; %d requests over 3x\n",
+           a, b, worst, worst_len, worst_ms, worst_ratio, slow);
+    printf("         %llu traces, %llu entries; calls: %llu eager, %llu fused symbolic, %llu fused specialized; "
+           "%llu compiles (%llu from the cache), %.0f ms compiling in the background\n",
+           (unsigned long long)s.traces, (unsigned long long)s.entries, (unsigned long long)s.eager_calls,
+           (unsigned long long)s.fused_symbolic_calls, (unsigned long long)s.fused_specialized_calls,
+           (unsigned long long)s.compiles, (unsigned long long)s.compile_cache_hits, s.compile_ms);
+    printf("         checksum %.6f\n", checksum);
 
     free(lat);
     free(x);

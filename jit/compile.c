@@ -1,0 +1,388 @@
+/* Background compilation of fused plans (see compile.h). */
+#include "jit/compile.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jit/error.h"
+#include "jit/fn.h"
+#include "specialize/codegen.h"
+
+#define RELAXED memory_order_relaxed
+/* A job that waited this long while its entry got no calls is dropped. */
+#define COLD_NS_DEFAULT (INT64_C(60) * 1000000000)
+
+typedef struct job {
+    struct sj_fn *fn;
+    sj_entry *entry;
+    sj_memo *memo; /* NULL: the entry's own target */
+    uint64_t priority, seq;
+    int64_t queued_ns;
+} job;
+
+struct sj_compiler {
+    sj_backend *backend;
+    const sj_runtime *rt;
+    int mode;
+    pthread_mutex_t lock;
+    pthread_cond_t work; /* a job was queued, or stop */
+    pthread_cond_t done; /* a job finished or was dropped */
+    job *heap;           /* max-heap by (priority, -seq) */
+    int n_jobs, cap_jobs;
+    uint64_t seq;
+    bool stop;
+    int64_t cold_ns;
+    pthread_t *workers;
+    int n_workers;
+};
+
+int64_t sj_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* -- Targets ---------------------------------------------------------------------- */
+
+void sj_ctarget_init(sj_ctarget *t) {
+    memset(t, 0, sizeof *t);
+    atomic_init(&t->state, SJ_CS_NONE);
+    atomic_init(&t->ready, NULL);
+    atomic_init(&t->ready_ns, 0);
+}
+
+/* The one writer of a target's state. Legal moves only. */
+static void target_transition(sj_ctarget *t, sj_cstate to) {
+    sj_cstate from = (sj_cstate)atomic_load_explicit(&t->state, RELAXED);
+    assert((from == SJ_CS_NONE && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)) ||
+           (from == SJ_CS_QUEUED && (to == SJ_CS_COMPILING || to == SJ_CS_NONE)) ||
+           (from == SJ_CS_COMPILING && (to == SJ_CS_READY || to == SJ_CS_FAILED)));
+    (void)from;
+    atomic_store_explicit(&t->state, to, memory_order_release);
+}
+
+static sj_ctarget *target_of(sj_entry *e, sj_memo *m) { return m ? &m->ct : &e->ct; }
+
+void sj_ctarget_release(sj_ctarget *t) {
+    sj_compiled *c = atomic_exchange(&t->ready, NULL);
+    if (!c) return;
+    c->backend->unload(c->backend, c->module);
+    free(c->fns);
+    free(c);
+}
+
+/* -- Compiling one target (no lock held) ------------------------------------------- */
+
+static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj_compiled **out,
+                                char *err, size_t errn) {
+    const sj_fplan *plan = e->plan;
+    *out = NULL;
+    if (plan->n_generated > 64) {
+        snprintf(err, errn, "the plan has %d generated kernels (at most 64 per unit)", plan->n_generated);
+        return SJ_EBACKEND;
+    }
+    size_t len;
+    char *src = sj_codegen_c(e->g, plan, m ? m->syms : NULL, "sj_", &len);
+    if (!src) {
+        snprintf(err, errn, "out of memory generating code");
+        return SJ_ENOMEM;
+    }
+    char names[64][24];
+    const char *syms[64];
+    int n = 0;
+    for (int gi = 0; gi < plan->n_groups; gi++) {
+        if (plan->groups[gi].kind == SJ_G_NODE) continue;
+        snprintf(names[n], sizeof names[n], "sj_%s", plan->groups[gi].name);
+        syms[n] = names[n];
+        n++;
+    }
+    char tag[160];
+    if (m) {
+        size_t used = (size_t)snprintf(tag, sizeof tag, "%s.e%d.spec", fn->name, e->id);
+        for (int s = 0; s < e->n_syms && used < sizeof tag; s++)
+            used += (size_t)snprintf(tag + used, sizeof tag - used, ".%lld", (long long)m->syms[s]);
+    } else {
+        snprintf(tag, sizeof tag, "%s.e%d.%s", fn->name, e->id, e->n_syms ? "sym" : "static");
+    }
+    sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag};
+    sj_compile_result *res = calloc(1, sizeof *res);
+    sj_compiled *cd = calloc(1, sizeof *cd);
+    void **fns = calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *fns);
+    sj_status st = (!res || !cd || !fns) ? SJ_ENOMEM : c->backend->compile(c->backend, &req, res);
+    free(src);
+    if (st) {
+        snprintf(err, errn, "%s", !res ? "out of memory" : res->log[0] ? res->log : sj_last_error());
+        free(res);
+        free(cd);
+        free(fns);
+        return st;
+    }
+    for (int gi = 0, k = 0; gi < plan->n_groups; gi++)
+        if (plan->groups[gi].kind != SJ_G_NODE) fns[gi] = res->fns[k++];
+    cd->backend = c->backend;
+    cd->module = res->module;
+    cd->fns = fns;
+    cd->specialized = m != NULL || e->n_syms == 0;
+    cd->from_cache = res->from_cache;
+    cd->compile_ms = res->compile_ms;
+    free(res);
+    *out = cd;
+    return SJ_OK;
+}
+
+/* Publish or fail a target (compiler lock held). */
+static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj_status st, sj_compiled *cd,
+                   const char *err) {
+    sj_ctarget *t = target_of(e, m);
+    if (!st) {
+        atomic_store_explicit(&t->ready, cd, memory_order_release); /* the hot swap */
+        atomic_store_explicit(&t->ready_ns, sj_now_ns(), RELAXED);
+        target_transition(t, SJ_CS_READY);
+        atomic_fetch_add_explicit(&fn->c.compiles, 1, RELAXED);
+        if (cd->from_cache) atomic_fetch_add_explicit(&fn->c.compile_cache_hits, 1, RELAXED);
+        atomic_fetch_add_explicit(&fn->c.compile_us, (uint64_t)(cd->compile_ms * 1000), RELAXED);
+        sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s, %.1f ms)", fn->name, e->id,
+                m ? " shape" : "", cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
+    } else {
+        snprintf(t->error, sizeof t->error, "%s", err);
+        target_transition(t, SJ_CS_FAILED);
+        atomic_fetch_add_explicit(&fn->c.compile_failures, 1, RELAXED);
+        if (!fn->compile_fail_logged) {
+            fn->compile_fail_logged = true;
+            sj_logf(c->rt, SJ_LOG_WARN, "fn '%s': compile failed, entry %d stays eager: %s", fn->name, e->id, err);
+        }
+    }
+    fn->compiles_pending--;
+    pthread_cond_broadcast(&c->done);
+}
+
+/* -- The queue (compiler lock held) ------------------------------------------------- */
+
+static bool before(const job *a, const job *b) {
+    return a->priority != b->priority ? a->priority > b->priority : a->seq < b->seq;
+}
+
+static void heap_up(job *h, int i) {
+    while (i > 0 && before(&h[i], &h[(i - 1) / 2])) {
+        job t = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+static void heap_down(job *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, best = i;
+        if (l < n && before(&h[l], &h[best])) best = l;
+        if (r < n && before(&h[r], &h[best])) best = r;
+        if (best == i) return;
+        job t = h[i];
+        h[i] = h[best];
+        h[best] = t;
+        i = best;
+    }
+}
+
+static job pop(sj_compiler *c) {
+    job top = c->heap[0];
+    c->heap[0] = c->heap[--c->n_jobs];
+    heap_down(c->heap, c->n_jobs, 0);
+    return top;
+}
+
+/* -- Workers -------------------------------------------------------------------------- */
+
+/* Compile workers run in the idle scheduling class (Linux SCHED_IDLE), and
+ * so do the compiler processes they start (children inherit the spawning
+ * thread's policy): a request thread that wants a core takes it at once, so
+ * no request waits on a compile, not even for cycles. Where that is not
+ * available the worker only lowers its nice value. */
+static void lower_priority(void) {
+#if defined(__linux__) && defined(SCHED_IDLE)
+    struct sched_param sp = {.sched_priority = 0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) == 0) return;
+#endif
+#if defined(__linux__)
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    if (errno == 0) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), cur + 10 > 19 ? 19 : cur + 10);
+#endif
+}
+
+static void *worker_main(void *arg) {
+    sj_compiler *c = arg;
+    lower_priority();
+    pthread_mutex_lock(&c->lock);
+    while (!c->stop) {
+        if (c->n_jobs == 0) {
+            pthread_cond_wait(&c->work, &c->lock);
+            continue;
+        }
+        job j = pop(c);
+        sj_ctarget *t = target_of(j.entry, j.memo);
+        uint64_t calls = atomic_load_explicit(&j.entry->calls, RELAXED);
+        if (sj_now_ns() - j.queued_ns > c->cold_ns && calls == t->queued_calls) {
+            target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
+            atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
+            j.fn->compiles_pending--;
+            pthread_cond_broadcast(&c->done);
+            continue;
+        }
+        target_transition(t, SJ_CS_COMPILING);
+        pthread_mutex_unlock(&c->lock);
+        char err[256] = "";
+        sj_compiled *cd = NULL;
+        sj_status st = compile_target(c, j.fn, j.entry, j.memo, &cd, err, sizeof err);
+        pthread_mutex_lock(&c->lock);
+        finish(c, j.fn, j.entry, j.memo, st, cd, err);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+sj_status sj_compiler_create(sj_backend *backend, int n_workers, int mode, const sj_runtime *rt,
+                             sj_compiler **out) {
+    sj_compiler *c = calloc(1, sizeof *c);
+    if (!c) return sj_seterr(SJ_ENOMEM, "compiler: out of memory");
+    c->backend = backend;
+    c->rt = rt;
+    c->mode = mode;
+    c->cold_ns = COLD_NS_DEFAULT;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->work, NULL);
+    pthread_cond_init(&c->done, NULL);
+    if (mode == SJ_CM_ASYNC && n_workers > 0) {
+        c->workers = calloc((size_t)n_workers, sizeof *c->workers);
+        if (!c->workers) {
+            sj_compiler_destroy(c);
+            return sj_seterr(SJ_ENOMEM, "compiler: out of memory");
+        }
+        for (int i = 0; i < n_workers; i++) {
+            if (pthread_create(&c->workers[i], NULL, worker_main, c)) {
+                sj_compiler_destroy(c);
+                return sj_seterr(SJ_ENOMEM, "compiler: cannot start worker thread %d", i);
+            }
+            c->n_workers++;
+        }
+    }
+    *out = c;
+    return SJ_OK;
+}
+
+void sj_compiler_destroy(sj_compiler *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    c->stop = true;
+    pthread_cond_broadcast(&c->work);
+    pthread_mutex_unlock(&c->lock);
+    for (int i = 0; i < c->n_workers; i++) pthread_join(c->workers[i], NULL);
+    free(c->workers);
+    free(c->heap);
+    pthread_cond_destroy(&c->work);
+    pthread_cond_destroy(&c->done);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+void sj_compiler_set_cold_ms(sj_compiler *c, int ms) {
+    pthread_mutex_lock(&c->lock);
+    c->cold_ns = (int64_t)ms * 1000000;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* -- Requests ---------------------------------------------------------------------------- */
+
+void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) {
+    if (!c || c->mode == SJ_CM_OFF || !e->plan) return;
+    sj_ctarget *t = target_of(e, m);
+    if (atomic_load_explicit(&t->state, memory_order_acquire) != SJ_CS_NONE && c->mode == SJ_CM_ASYNC) return;
+    pthread_mutex_lock(&c->lock);
+    if (c->mode == SJ_CM_ASYNC) {
+        if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !c->stop && !fn->cancelled) {
+            if (c->n_jobs == c->cap_jobs) {
+                int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
+                job *h = realloc(c->heap, (size_t)cap * sizeof *h);
+                if (!h) { /* not queued: the entry stays eager until a later request */
+                    pthread_mutex_unlock(&c->lock);
+                    return;
+                }
+                c->heap = h;
+                c->cap_jobs = cap;
+            }
+            t->queued_calls = atomic_load_explicit(&e->calls, RELAXED);
+            c->heap[c->n_jobs] = (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns()};
+            heap_up(c->heap, c->n_jobs++);
+            target_transition(t, SJ_CS_QUEUED);
+            fn->compiles_pending++;
+            pthread_cond_signal(&c->work);
+        }
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    /* sync: compile here, or wait for the thread compiling it */
+    if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !fn->cancelled) {
+        target_transition(t, SJ_CS_COMPILING);
+        fn->compiles_pending++;
+        pthread_mutex_unlock(&c->lock);
+        char err[256] = "";
+        sj_compiled *cd = NULL;
+        sj_status st = compile_target(c, fn, e, m, &cd, err, sizeof err);
+        pthread_mutex_lock(&c->lock);
+        finish(c, fn, e, m, st, cd, err);
+    } else {
+        while (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_COMPILING) pthread_cond_wait(&c->done, &c->lock);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    fn->cancelled = true;
+    for (int i = 0; i < c->n_jobs;) {
+        if (c->heap[i].fn != fn) {
+            i++;
+            continue;
+        }
+        target_transition(target_of(c->heap[i].entry, c->heap[i].memo), SJ_CS_NONE);
+        fn->compiles_pending--;
+        c->heap[i] = c->heap[--c->n_jobs];
+        for (int k = c->n_jobs / 2; k >= 0; k--) heap_down(c->heap, c->n_jobs, k); /* re-heapify */
+        i = 0;
+    }
+    while (fn->compiles_pending > 0) pthread_cond_wait(&c->done, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+}
+
+sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms) {
+    if (!c) return SJ_OK;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    if (timeout_ms >= 0) {
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+        if (deadline.tv_nsec >= 1000000000) deadline.tv_sec++, deadline.tv_nsec -= 1000000000;
+    }
+    sj_status st = SJ_OK;
+    pthread_mutex_lock(&c->lock);
+    while (fn->compiles_pending > 0) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&c->done, &c->lock);
+        } else if (pthread_cond_timedwait(&c->done, &c->lock, &deadline) == ETIMEDOUT) {
+            st = sj_seterr(SJ_ETIMEOUT, "fn '%s': %d compiles still pending after %d ms", fn->name,
+                           fn->compiles_pending, timeout_ms);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
