@@ -38,14 +38,7 @@ void sj_pool_put(sj_pool *p, sj_block *b) {
                                                     memory_order_relaxed))
             return;
     }
-    /* every slot full: keep the larger block (large ones are costly to remake) */
-    for (int i = 0; i < SJ_POOL_SLOTS; i++) {
-        sj_block *cur = atomic_load_explicit(&p->slot[i], memory_order_relaxed);
-        if (cur && cur->cap < b->cap &&
-            atomic_compare_exchange_strong_explicit(&p->slot[i], &cur, b, memory_order_acq_rel, memory_order_relaxed)) {
-            b = cur;
-            break;
-        }
-    }
+    /* Every slot full: free it. A block in a slot belongs to whichever
+     * thread takes it next, so this thread never looks inside one. */
     sj_host_free(p->rt, b);
 }
