@@ -41,11 +41,32 @@ endif
 # Debian packages the build, the tests and the sample need.
 DEB_PKGS := uthash-dev libcmocka-dev libopenblas-dev pkg-config
 
+# -- CUDA (optional) -------------------------------------------------------
+# With the CUDA toolkit (headers and nvcc) the CUDA backend is built in: its
+# driver API, NVRTC and cuBLASLt are loaded with dlopen at run time, so the
+# same library runs on machines without a GPU. The eager CUDA kernels are
+# compiled ahead of time into a fatbin embedded in the library.
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+WITH_CUDA ?= $(shell test -f $(CUDA_HOME)/include/cuda.h && test -x $(NVCC) && echo 1)
+CUDA_GEN  := build/cuda-gen
+NVCC_FLAGS ?= -O3 --std=c++17 -Xptxas -O3 \
+  -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
+  -gencode arch=compute_90,code=compute_90
+
 # -- Sources ---------------------------------------------------------------
 
 LIB_DIRS := jit guards shapes specialize kernels kernels/cpu
+ifeq ($(WITH_CUDA),1)
+LIB_DIRS += kernels/cuda
+CFLAGS   += -I$(CUDA_HOME)/include -DSJ_WITH_CUDA
+endif
 LIB_SRC  := $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/sj_kernel_rt_text.o
+ifeq ($(WITH_CUDA),1)
+LIB_OBJ  += $(BUILD)/obj/gen/eager_cuda_fatbin.o
+endif
 
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -65,7 +86,7 @@ SHARED := $(BUILD)/lib/libshapejit.so
 
 .SECONDARY:
 
-.PHONY: all lib deps run test test-asan test-tsan bench install check-symbols clean help
+.PHONY: all lib binaries deps run test test-asan test-tsan bench install check-symbols clean help
 
 all: lib
 lib: deps $(STATIC) $(SHARED)
@@ -83,6 +104,22 @@ $(BUILD)/gen/sj_kernel_rt_text.c: kernels/sj_kernel_rt.h
 	  echo 'const char sj_kernel_rt_text[] ='; \
 	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; \
 	  echo ';'; } > $@
+
+# The eager CUDA kernels: one fatbin for every build flavour (no sanitizer
+# reaches device code), embedded as a byte array.
+$(CUDA_GEN)/eager_cuda.fatbin: kernels/cuda/eager.cu kernels/sj_kernel_rt.h $(wildcard kernels/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCC_FLAGS) -I. -fatbin -o $@ $<
+
+$(BUILD)/gen/eager_cuda_fatbin.c: $(CUDA_GEN)/eager_cuda.fatbin
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  GEN     $@")
+	$(Q){ echo '/* generated from kernels/cuda/eager.cu: do not edit */'; \
+	  echo 'const unsigned char sj_eager_cuda_fatbin[] __attribute__((aligned(64))) = {'; \
+	  od -An -v -tu1 $< | sed -e 's/  */,/g' -e 's/^,//' -e 's/$$/,/'; \
+	  echo '};'; \
+	  echo "const unsigned long sj_eager_cuda_fatbin_len = $$(wc -c < $<);"; } > $@
 
 $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c | deps
 	@mkdir -p $(dir $@)
@@ -161,6 +198,9 @@ $(BUILD)/bench/%: bench/%.c $(STATIC)
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< -o $@ $(STATIC) $(LDLIBS)
 
+# Every test, benchmark and sample binary, built but not run.
+binaries: deps $(TEST_BIN) $(BENCH_BIN) $(SAMPLE_BIN)
+
 run: deps $(BUILD)/samples/varlen_encoder
 	$(BUILD)/samples/varlen_encoder samples/varlen_encoder/lengths.txt
 
@@ -184,7 +224,7 @@ check-symbols: $(SHARED)
 	echo "  OK      $(SHARED) exports only sj_ symbols ($$(nm -D --defined-only $(SHARED) | wc -l))"
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(CUDA_GEN)
 
 help:
 	@sed -n '1,13p' Makefile

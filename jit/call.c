@@ -15,6 +15,7 @@
 #include "jit/compile.h"
 #include "jit/error.h"
 #include "jit/exec.h"
+#include "jit/exec_cuda.h"
 #include "jit/fn.h"
 #include "jit/tensor.h"
 #include "jit/trace.h"
@@ -32,12 +33,16 @@ static sj_status check_args(const sj_fn *fn, const sj_tensor *inputs, int n_inpu
     if (n_outputs < 0 || n_outputs > SJ_MAX_OUTPUTS)
         return sj_seterr(SJ_EINVAL, "fn '%s': n_outputs %d out of range [0, %d]", fn->name, n_outputs, SJ_MAX_OUTPUTS);
     if (n_outputs > 0 && !outputs) return sj_seterr(SJ_EINVAL, "fn '%s': outputs is NULL", fn->name);
+    sj_device dev = fn->rt->backend_kind == SJ_BACKEND_CUDA ? SJ_CUDA : SJ_HOST;
     for (int i = 0; i < n_inputs; i++) {
-        if (sj_tensor_valid(&inputs[i]) && inputs[i].device == SJ_HOST) continue;
+        if (sj_tensor_valid(&inputs[i]) && inputs[i].device == dev) continue;
         char what[64]; /* the slow path: name the input in the message */
         sj_input_name((const char *const *)fn->input_names, i, what, sizeof what);
         sj_status st = sj_tensor_check(&inputs[i], what);
-        if (!st) st = sj_seterr(SJ_EINVAL, "%s is device memory; the CPU backend takes host memory", what);
+        if (!st)
+            st = sj_seterr(SJ_EINVAL, "%s is %s memory; the %s backend takes %s memory", what,
+                           inputs[i].device == SJ_HOST ? "host" : "device", dev == SJ_HOST ? "CPU" : "CUDA",
+                           dev == SJ_HOST ? "host" : "device (CUdeviceptr)");
         sj_err_prefix("fn '%s': ", fn->name);
         return st;
     }
@@ -175,6 +180,13 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
     e->created_ns = sj_now_ns();
     e->plan = sj_fuse(g, in); /* before publishing: it adds to the graph's expressions */
     if (!e->plan) sj_logf(fn->rt, SJ_LOG_WARN, "fn '%s': out of memory planning fusion; the entry runs eagerly", fn->name);
+#ifdef SJ_WITH_CUDA
+    if (fn->rt->cuda && (st = sj_cuda_upload_graph(fn->rt->cuda, g))) {
+        sj_err_prefix("fn '%s': ", fn->name);
+        sj_entry_free(e);
+        return st;
+    }
+#endif
     *out = e;
     return SJ_OK;
 }
@@ -267,7 +279,20 @@ done:
 
 /* -- sj_call ------------------------------------------------------------------ */
 
+static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs, int n_outputs,
+                      void *stream, bool sync);
+
 sj_status sj_call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs, int n_outputs) {
+    return call(fn, inputs, n_inputs, outputs, n_outputs, NULL, true);
+}
+
+sj_status sj_call_stream(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs, int n_outputs,
+                         void *stream) {
+    return call(fn, inputs, n_inputs, outputs, n_outputs, stream, false);
+}
+
+static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs, int n_outputs,
+                      void *stream, bool sync) {
     sj_clearerr();
     if (!fn) return sj_seterr(SJ_EINVAL, "sj_call: fn is NULL");
     sj_status st = check_args(fn, inputs, n_inputs, outputs, n_outputs);
@@ -313,9 +338,21 @@ sj_status sj_call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *o
         if (e->n_syms) tier = &fn->c.fused_sym_calls;
     }
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
-                 .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint};
+                 .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
+                 .ops = &sj_cpu_exec_ops, .ops_ctx = fn->rt->threads};
+#ifdef SJ_WITH_CUDA
+    sj_cuda_call cc;
+    if (fn->rt->cuda) {
+        sj_cuda_call_init(&cc, fn->rt->cuda, stream ? (CUstream)stream : fn->rt->cuda->stream, sync,
+                          sj_sym_count(e->g->ex));
+        x.ops = &sj_cuda_exec_ops;
+        x.ops_ctx = &cc;
+    }
+#else
+    (void)stream, (void)sync;
+#endif
     if (cd && sj_exec_fused_ok(&x)) {
-        st = sj_exec_fused(&x, e->plan, cd->fns, fn->rt->threads);
+        st = sj_exec_fused(&x, e->plan, cd->fns);
     } else {
         st = sj_exec_eager(&x);
         tier = &fn->c.eager_calls;

@@ -30,6 +30,7 @@ typedef struct job {
 
 struct sj_compiler {
     sj_backend *backend;
+    sj_codegen_fn codegen;
     const sj_runtime *rt;
     int mode;
     pthread_mutex_t lock;
@@ -90,7 +91,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         return SJ_EBACKEND;
     }
     size_t len;
-    char *src = sj_codegen_c(e->g, plan, m ? m->syms : NULL, "sj_", &len);
+    char *src = c->codegen(e->g, plan, m ? m->syms : NULL, "sj_", &len);
     if (!src) {
         snprintf(err, errn, "out of memory generating code");
         return SJ_ENOMEM;
@@ -249,11 +250,12 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-sj_status sj_compiler_create(sj_backend *backend, int n_workers, int mode, const sj_runtime *rt,
-                             sj_compiler **out) {
+sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_workers, int mode,
+                             const sj_runtime *rt, sj_compiler **out) {
     sj_compiler *c = calloc(1, sizeof *c);
     if (!c) return sj_seterr(SJ_ENOMEM, "compiler: out of memory");
     c->backend = backend;
+    c->codegen = codegen;
     c->rt = rt;
     c->mode = mode;
     c->cold_ns = COLD_NS_DEFAULT;

@@ -30,6 +30,7 @@
 
 #include "jit/shapejit.h"
 #include "kernels/backend.h"
+#include "specialize/codegen.h"
 
 typedef enum sj_cstate { SJ_CS_NONE, SJ_CS_QUEUED, SJ_CS_COMPILING, SJ_CS_READY, SJ_CS_FAILED } sj_cstate;
 
@@ -59,8 +60,10 @@ typedef struct sj_compiler sj_compiler;
 
 typedef enum sj_compile_mode_internal { SJ_CM_ASYNC, SJ_CM_SYNC, SJ_CM_OFF } sj_compile_mode_internal;
 
-sj_status sj_compiler_create(sj_backend *backend, int n_workers, int mode, const sj_runtime *rt,
-                             sj_compiler **out);
+/* codegen: the generator whose source the backend compiles (see
+ * specialize/codegen.h: sj_codegen_fn). */
+sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_workers, int mode,
+                             const sj_runtime *rt, sj_compiler **out);
 /* Stops the workers (jobs still queued are dropped) and joins them. Every
  * function must have been destroyed (or cancelled) first. */
 void sj_compiler_destroy(sj_compiler *c);

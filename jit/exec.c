@@ -16,7 +16,9 @@
 
 #include "jit/error.h"
 #include "jit/tensor.h"
+#include "jit/threads.h"
 #include "kernels/cpu/eager.h"
+#include "specialize/fusion.h"
 
 #define ALIGN 64
 static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
@@ -39,7 +41,10 @@ static void shape_from(const sj_graph *g, const int64_t *exv, int32_t v, sj_tens
     for (int i = 0; i < val->rank; i++) t->shape[i] = exv[val->shape[i]];
 }
 
-static void shape_of(const run *r, int32_t v, sj_tensor *t) { shape_from(r->x->g, r->exv, v, t); }
+static void shape_of(const run *r, int32_t v, sj_tensor *t) {
+    shape_from(r->x->g, r->exv, v, t);
+    t->device = r->x->ops->device;
+}
 
 static size_t value_bytes(const run *r, int32_t v) {
     const sj_value *val = &r->x->g->vals[v];
@@ -82,7 +87,7 @@ static sj_status view(run *r, const sj_node *n, sj_tensor *y) {
             sj_tensor_set_contiguous(&c);
             c.data = take(r, sj_tensor_nbytes(x));
             if (!c.data) return sj_seterr(SJ_EINTERNAL, "exec: arena overflow in reshape");
-            sj_status st = sj_cpu_copy(x, &c);
+            sj_status st = r->x->ops->copy(r->x->ops_ctx, x, &c);
             if (st) return st;
             src = c.data;
         }
@@ -109,24 +114,25 @@ static sj_status view(run *r, const sj_node *n, sj_tensor *y) {
 
 /* -- Compute nodes --------------------------------------------------------- */
 
-sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
+sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
+                          const sj_tensor *y) {
     const int32_t *in = sj_node_ins(g, n);
     switch (sj_op_kind_of(n->op)) {
     case SJ_K_UNARY:
-        return sj_cpu_unary(n->op, &rv[in[0]], y);
+        return k->unary(c, n->op, &rv[in[0]], y);
     case SJ_K_BINARY:
     case SJ_K_COMPARE: {
         sj_tensor a = expand(&rv[in[0]], y->rank, y->shape), b = expand(&rv[in[1]], y->rank, y->shape);
-        return sj_cpu_binary(n->op, &a, &b, y);
+        return k->binary(c, n->op, &a, &b, y);
     }
     case SJ_K_WHERE: {
-        sj_tensor c = expand(&rv[in[0]], y->rank, y->shape), a = expand(&rv[in[1]], y->rank, y->shape),
+        sj_tensor w = expand(&rv[in[0]], y->rank, y->shape), a = expand(&rv[in[1]], y->rank, y->shape),
                   b = expand(&rv[in[2]], y->rank, y->shape);
-        return sj_cpu_where(&c, &a, &b, y);
+        return k->where(c, &w, &a, &b, y);
     }
     case SJ_K_CAST:
     case SJ_K_COPY:
-        return sj_cpu_copy(&rv[in[0]], y);
+        return k->copy(c, &rv[in[0]], y);
     case SJ_K_REDUCE: {
         sj_tensor yk = *y; /* y with the reduced axis kept (size 1) */
         if (!n->a.keepdim) {
@@ -138,14 +144,14 @@ sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv,
             yk.stride[n->a.axis] = 0;
             yk.rank = y->rank + 1;
         }
-        return sj_cpu_reduce(n->op, &rv[in[0]], n->a.axis, &yk);
+        return k->reduce(c, n->op, &rv[in[0]], n->a.axis, &yk);
     }
     case SJ_K_SOFTMAX:
-        return sj_cpu_softmax(&rv[in[0]], n->a.axis, y);
+        return k->softmax(c, &rv[in[0]], n->a.axis, y);
     case SJ_K_NORM: {
         const sj_tensor *gw = in[1] >= 0 ? &rv[in[1]] : NULL;
-        if (n->op == SJ_OP_RMS_NORM) return sj_cpu_rms_norm(&rv[in[0]], gw, n->a.f, y);
-        return sj_cpu_layer_norm(&rv[in[0]], gw, in[2] >= 0 ? &rv[in[2]] : NULL, n->a.f, y);
+        if (n->op == SJ_OP_RMS_NORM) return k->rms_norm(c, &rv[in[0]], gw, n->a.f, y);
+        return k->layer_norm(c, &rv[in[0]], gw, in[2] >= 0 ? &rv[in[2]] : NULL, n->a.f, y);
     }
     case SJ_K_MATMUL: {
         /* bring both operands to y's batch axes */
@@ -158,27 +164,31 @@ sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv,
         sb[y->rank - 1] = b->shape[b->rank - 1];
         sb[y->rank - 2] = b->shape[b->rank - 2];
         sj_tensor ea = expand(a, y->rank, sa), eb = expand(b, y->rank, sb);
-        return sj_cpu_matmul(&ea, &eb, y);
+        return k->matmul(c, &ea, &eb, y);
     }
     case SJ_K_ATTENTION:
-        return sj_cpu_attention(&rv[in[0]], &rv[in[1]], &rv[in[2]], in[3] >= 0 ? &rv[in[3]] : NULL, n->a.f,
+        return k->attention(c, &rv[in[0]], &rv[in[1]], &rv[in[2]], in[3] >= 0 ? &rv[in[3]] : NULL, n->a.f,
                                 n->a.causal, y);
     case SJ_K_CONCAT: {
         sj_tensor xs[64];
         for (int i = 0; i < n->n_in; i++) xs[i] = rv[in[i]];
-        return sj_cpu_concat(xs, n->n_in, n->a.axis, y);
+        return k->concat(c, xs, n->n_in, n->a.axis, y);
     }
     case SJ_K_GATHER:
-        return sj_cpu_gather(&rv[in[0]], &rv[in[1]], y);
+        return k->gather(c, &rv[in[0]], &rv[in[1]], y);
     case SJ_K_VIEW: { /* a reshape that must copy: copy in the operand's shape, contiguously */
         sj_tensor yc = *y;
         yc.rank = rv[in[0]].rank;
         memcpy(yc.shape, rv[in[0]].shape, sizeof yc.shape);
         sj_tensor_set_contiguous(&yc);
-        return sj_cpu_copy(&rv[in[0]], &yc);
+        return k->copy(c, &rv[in[0]], &yc);
     }
     }
     return sj_seterr(SJ_EINTERNAL, "exec: no eager kernel for %s", sj_op_name(n->op));
+}
+
+sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
+    return sj_exec_node_on(&sj_cpu_kernels, NULL, g, n, rv, y);
 }
 
 /* -- Outputs ----------------------------------------------------------------- */
@@ -205,9 +215,9 @@ sj_status sj_exec_check_outputs(const sj_exec *x, const int64_t *exv) {
             sj_err_prefix("fn '%s': output %d: ", x->fn_name, i);
             return st;
         }
-        if (o->device != SJ_HOST)
-            return sj_seterr(SJ_EINVAL, "fn '%s': output %d is device memory; this backend writes host memory",
-                             x->fn_name, i);
+        if (o->device != x->ops->device)
+            return sj_seterr(SJ_EINVAL, "fn '%s': output %d is %s memory; this backend writes %s memory", x->fn_name, i,
+                             o->device == SJ_HOST ? "host" : "device", x->ops->device == SJ_HOST ? "host" : "device");
     }
     return SJ_OK;
 }
@@ -219,7 +229,9 @@ sj_status sj_exec_alloc_outputs(const sj_exec *x, const int64_t *exv, unsigned c
         if (o->data) continue;
         shape_from(g, exv, g->outputs[i], o);
         sj_tensor_set_contiguous(o);
-        o->data = sj_host_alloc(x->rt, sj_tensor_nbytes(o), ALIGN);
+        o->device = x->ops->device;
+        o->data = x->ops->out_alloc ? x->ops->out_alloc(x->ops_ctx, sj_tensor_nbytes(o))
+                                    : sj_host_alloc(x->rt, sj_tensor_nbytes(o), ALIGN);
         if (!o->data) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory allocating output %d", x->fn_name, i);
         allocated[i] = 1;
     }
@@ -258,18 +270,30 @@ static size_t prepare(run *r, sj_block *b) {
 
 sj_status sj_exec_eager(const sj_exec *x) {
     const sj_graph *g = x->g;
+    const sj_exec_ops *ops = x->ops;
     run r = {.x = x};
     size_t head = header_bytes(g);
-    size_t hint = atomic_load_explicit(x->arena_hint, memory_order_relaxed);
+    bool device_bufs = ops->buf_alloc != NULL; /* intermediates elsewhere than the host block */
+    size_t hint = device_bufs ? 0 : atomic_load_explicit(x->arena_hint, memory_order_relaxed);
     sj_block *b = sj_pool_get(x->pool, head + hint);
     if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for the execution arena", x->fn_name);
     size_t need = prepare(&r, b);
-    if (head + need > b->cap) {
+    if (!device_bufs && head + need > b->cap) {
         sj_pool_put(x->pool, b);
         atomic_store_explicit(x->arena_hint, need, memory_order_relaxed);
         b = sj_pool_get(x->pool, head + need);
         if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for a %zu-byte arena", x->fn_name, head + need);
         prepare(&r, b);
+    }
+    void *dev_buf = NULL;
+    if (device_bufs) {
+        dev_buf = ops->buf_alloc(x->ops_ctx, need);
+        if (!dev_buf && need) {
+            sj_pool_put(x->pool, b);
+            return sj_seterr(SJ_ENOMEM, "fn '%s': out of device memory for %zu bytes of intermediates", x->fn_name, need);
+        }
+        r.buf = dev_buf;
+        r.buf_end = (char *)dev_buf + need;
     }
 
     unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
@@ -286,12 +310,13 @@ sj_status sj_exec_eager(const sj_exec *x) {
             r.rv[v] = x->inputs[val->index];
             break;
         case SJ_VAL_PARAM:
-            r.rv[v] = g->params[val->index];
+            r.rv[v] = sj_graph_param(g, val->index, ops->device);
             break;
         case SJ_VAL_CONST:
             memset(&r.rv[v], 0, sizeof r.rv[v]);
             r.rv[v].dtype = val->dtype;
-            r.rv[v].data = (void *)&g->consts[val->index].bits;
+            r.rv[v].device = ops->device;
+            r.rv[v].data = sj_graph_const_data(g, val->index, ops->device);
             break;
         default:
             break;
@@ -314,7 +339,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
             y->data = take(&r, sj_tensor_nbytes(y));
             if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
         }
-        if (!st) st = sj_exec_node(g, n, r.rv, y);
+        if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, y);
         if (st) sj_err_prefix("fn '%s': %s: ", x->fn_name, sj_op_name(n->op));
     }
 
@@ -324,10 +349,14 @@ sj_status sj_exec_eager(const sj_exec *x) {
         int32_t v = g->outputs[i];
         bool written = g->vals[v].kind == SJ_VAL_NODE && r.direct[v] == i + 1 &&
                        sj_op_kind_of(g->nodes[g->vals[v].index].op) != SJ_K_VIEW;
-        if (!written) st = sj_cpu_copy(&r.rv[v], &x->outputs[i]);
+        if (!written) st = ops->copy(x->ops_ctx, &r.rv[v], &x->outputs[i]);
     }
-
+    if (ops->finish) {
+        sj_status fst = ops->finish(x->ops_ctx);
+        if (!st) st = fst;
+    }
     if (st) sj_exec_release_outputs(x, allocated);
+    if (dev_buf) ops->buf_free(x->ops_ctx, dev_buf);
     sj_pool_put(x->pool, b);
     return st;
 }
@@ -335,7 +364,95 @@ sj_status sj_exec_eager(const sj_exec *x) {
 void sj_exec_release_outputs(const sj_exec *x, const unsigned char *allocated) {
     for (int i = 0; i < x->g->n_outputs; i++)
         if (allocated[i]) {
-            sj_host_free(x->rt, x->outputs[i].data);
+            if (x->ops->out_free) x->ops->out_free(x->ops_ctx, x->outputs[i].data);
+            else sj_host_free(x->rt, x->outputs[i].data);
             x->outputs[i].data = NULL;
         }
 }
+
+/* -- The CPU's tables ---------------------------------------------------------- */
+
+static sj_status k_unary(void *c, sj_op op, const sj_tensor *x, const sj_tensor *y) { return sj_cpu_unary(op, x, y); }
+static sj_status k_binary(void *c, sj_op op, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    return sj_cpu_binary(op, a, b, y);
+}
+static sj_status k_where(void *c, const sj_tensor *w, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    return sj_cpu_where(w, a, b, y);
+}
+static sj_status k_copy(void *c, const sj_tensor *x, const sj_tensor *y) { return sj_cpu_copy(x, y); }
+static sj_status k_reduce(void *c, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y) {
+    return sj_cpu_reduce(op, x, axis, y);
+}
+static sj_status k_softmax(void *c, const sj_tensor *x, int axis, const sj_tensor *y) {
+    return sj_cpu_softmax(x, axis, y);
+}
+static sj_status k_layer_norm(void *c, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b, double eps,
+                              const sj_tensor *y) {
+    return sj_cpu_layer_norm(x, g, b, eps, y);
+}
+static sj_status k_rms_norm(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y) {
+    return sj_cpu_rms_norm(x, g, eps, y);
+}
+static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    return sj_cpu_matmul(a, b, y);
+}
+static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
+    return sj_cpu_attention(q, k, v, lengths, scale, causal, y);
+}
+static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
+    return sj_cpu_concat(xs, n, axis, y);
+}
+static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, const sj_tensor *y) {
+    return sj_cpu_gather(t, idx, y);
+}
+
+const sj_kernels sj_cpu_kernels = {k_unary,    k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
+                                   k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather};
+
+static sj_status cpu_node(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
+    (void)ctx;
+    return sj_exec_node(g, n, rv, y);
+}
+
+static sj_status cpu_copy(void *ctx, const sj_tensor *x, const sj_tensor *y) {
+    (void)ctx;
+    return sj_cpu_copy(x, y);
+}
+
+/* Work items per chunk handed to one thread: about this many elements. */
+#define CHUNK_ELEMS 32768
+
+typedef void (*cpu_gen_fn)(void *const *p, const int64_t *s, int64_t begin, int64_t end);
+
+typedef struct gen_call {
+    cpu_gen_fn fn;
+    void *const *ptrs;
+    const int64_t *syms;
+} gen_call;
+
+static void run_range(void *ctx, int64_t begin, int64_t end) {
+    const gen_call *c = ctx;
+    c->fn(c->ptrs, c->syms, begin, end);
+}
+
+static sj_status cpu_launch(void *ctx, const sj_group *gr, void *fn, void *const *ptrs, const int64_t *syms,
+                            const int64_t *exv) {
+    int64_t items = gr->kind == SJ_G_ROW ? exv[gr->rows] : exv[gr->numel];
+    if (items <= 0) return SJ_OK;
+    int64_t min_chunk = CHUNK_ELEMS;
+    if (gr->kind == SJ_G_ROW) {
+        int64_t row = exv[gr->shape[gr->rank - 1]];
+        min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
+    }
+    gen_call c = {(cpu_gen_fn)fn, ptrs, syms};
+    sj_threads_parallel_for((sj_threads *)ctx, items, min_chunk, run_range, &c);
+    return SJ_OK;
+}
+
+const sj_exec_ops sj_cpu_exec_ops = {
+    .device = SJ_HOST,
+    .node = cpu_node,
+    .copy = cpu_copy,
+    .launch = cpu_launch,
+};

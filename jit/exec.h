@@ -1,40 +1,78 @@
-/* Executing a graph: eager (one kernel per node) on the CPU backend. */
+/* Executing a graph: eager (one kernel per node) or fused (a plan's
+ * groups), on whichever device the runtime's backend runs.
+ *
+ * The executors are device-neutral: what touches memory or runs a kernel
+ * goes through an sj_exec_ops table, one per device (the CPU table in
+ * exec.c, the CUDA table in exec_cuda.c).
+ */
 #ifndef SJ_EXEC_H
 #define SJ_EXEC_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 
 #include "jit/graph.h"
 #include "jit/pool.h"
+
+struct sj_fplan;
+struct sj_group;
+
+/* A device's side of execution. ctx is the device's per-call context
+ * (sj_exec.ops_ctx). */
+typedef struct sj_exec_ops {
+    sj_device device; /* where inputs, outputs and intermediates live */
+    /* Run one non-view node (or a copying reshape) with the device's eager
+     * kernel; rv holds the operands' descriptors (indexed by value id). */
+    sj_status (*node)(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y);
+    /* y = x (strided, converting dtype). */
+    sj_status (*copy)(void *ctx, const sj_tensor *x, const sj_tensor *y);
+    /* Memory for a call's intermediates (bytes may be 0); NULL: use the host
+     * arena block instead (the CPU). */
+    void *(*buf_alloc)(void *ctx, size_t bytes);
+    void (*buf_free)(void *ctx, void *p);
+    /* Memory for an output the runtime allocates for the caller. */
+    void *(*out_alloc)(void *ctx, size_t bytes);
+    void (*out_free)(void *ctx, void *p);
+    /* Run a generated group: fn is the compiled function, ptrs its access
+     * base pointers (loads then stores), syms the symbol values, exv every
+     * expression's value. */
+    sj_status (*launch)(void *ctx, const struct sj_group *gr, void *fn, void *const *ptrs, const int64_t *syms,
+                        const int64_t *exv);
+    /* After the last kernel of a call (NULL: nothing): e.g. wait for the
+     * device and report a data-dependent error. */
+    sj_status (*finish)(void *ctx);
+} sj_exec_ops;
 
 typedef struct sj_exec {
     const sj_runtime *rt;
     const sj_graph *g;
     const char *fn_name;
-    const sj_tensor *inputs;   /* g->n_inputs caller descriptors */
-    sj_tensor *outputs;        /* g->n_outputs caller descriptors */
-    const int64_t *sym_vals;   /* one per symbol of g->ex; may be NULL if none */
-    sj_pool *pool;
+    const sj_tensor *inputs;    /* g->n_inputs caller descriptors */
+    sj_tensor *outputs;         /* g->n_outputs caller descriptors */
+    const int64_t *sym_vals;    /* one per symbol of g->ex; may be NULL if none */
+    sj_pool *pool;              /* host blocks: expression values, descriptors (and CPU buffers) */
     _Atomic size_t *arena_hint; /* bytes the last call needed (per entry) */
+    const sj_exec_ops *ops;
+    void *ops_ctx;
 } sj_exec;
 
-struct sj_fplan;
-struct sj_threads;
+/* The CPU's table (ctx: the runtime's sj_threads pool, may be NULL). */
+extern const sj_exec_ops sj_cpu_exec_ops;
 
 /* Run a fused plan of g: generated groups through fns[group] (the compiled
- * functions, see specialize/codegen.h; NULL entries for NODE groups), split
- * over threads (may be NULL: inline); NODE groups through their eager
- * kernels. Caller outputs must be contiguous (sj_exec_fused_ok tells);
- * output checks and allocation as sj_exec_eager. */
-sj_status sj_exec_fused(const sj_exec *x, const struct sj_fplan *plan, void *const *fns, struct sj_threads *threads);
+ * functions; NULL entries for NODE groups), NODE groups through the
+ * device's eager kernels. Caller outputs must be contiguous
+ * (sj_exec_fused_ok tells); output checks and allocation as
+ * sj_exec_eager. */
+sj_status sj_exec_fused(const sj_exec *x, const struct sj_fplan *plan, void *const *fns);
 
 /* Can this call's outputs be written by a fused plan (caller outputs absent
- * or contiguous host memory)? */
+ * or contiguous)? */
 bool sj_exec_fused_ok(const sj_exec *x);
 
-/* Run g eagerly. Checks caller outputs (dtype, rank, shape) before running
- * anything; allocates outputs whose data is NULL. On error, outputs it
- * allocated are freed and their data reset to NULL. */
+/* Run g eagerly. Checks caller outputs (dtype, rank, shape, device) before
+ * running anything; allocates outputs whose data is NULL. On error, outputs
+ * it allocated are freed and their data reset to NULL. */
 sj_status sj_exec_eager(const sj_exec *x);
 
 /* -- Shared by the executors ------------------------------------------- */
@@ -45,8 +83,33 @@ sj_status sj_exec_check_outputs(const sj_exec *x, const int64_t *exv);
 sj_status sj_exec_alloc_outputs(const sj_exec *x, const int64_t *exv, unsigned char *allocated);
 /* Free what sj_exec_alloc_outputs allocated (on an error). */
 void sj_exec_release_outputs(const sj_exec *x, const unsigned char *allocated);
-/* Run one non-view node (or a copying reshape) with its eager kernel; rv
- * holds the operands' descriptors (indexed by value id). */
+/* A device's eager kernels, one per op kind, with the contract of
+ * kernels/cpu/eager.h (c: the device's kernel context). */
+typedef struct sj_kernels {
+    sj_status (*unary)(void *c, sj_op op, const sj_tensor *x, const sj_tensor *y);
+    sj_status (*binary)(void *c, sj_op op, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+    sj_status (*where)(void *c, const sj_tensor *cond, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+    sj_status (*copy)(void *c, const sj_tensor *x, const sj_tensor *y);
+    sj_status (*reduce)(void *c, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y);
+    sj_status (*softmax)(void *c, const sj_tensor *x, int axis, const sj_tensor *y);
+    sj_status (*layer_norm)(void *c, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b, double eps,
+                            const sj_tensor *y);
+    sj_status (*rms_norm)(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y);
+    sj_status (*matmul)(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+    sj_status (*attention)(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                           const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
+    sj_status (*concat)(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
+    sj_status (*gather)(void *c, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+} sj_kernels;
+
+extern const sj_kernels sj_cpu_kernels;
+
+/* Run one non-view node (or a copying reshape) with a device's kernels:
+ * operands broadcast to the result, reductions given their kept axis,
+ * matrix batch axes expanded. rv holds the operands' descriptors. */
+sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
+                          const sj_tensor *y);
+/* The CPU's: sj_exec_node_on(&sj_cpu_kernels, NULL, ...). */
 sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y);
 
 #endif

@@ -14,87 +14,62 @@
 #include "jit/error.h"
 #include "jit/exec.h"
 #include "jit/tensor.h"
-#include "jit/threads.h"
-#include "kernels/cpu/eager.h"
 #include "specialize/fusion.h"
 
 #define ALIGN 64
 static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
 
-/* Work items per chunk handed to one thread: about this many elements. */
-#define CHUNK_ELEMS 32768
-
-typedef void (*gen_fn)(void *const *p, const int64_t *s, int64_t begin, int64_t end);
-
-typedef struct gen_call {
-    gen_fn fn;
-    void *const *ptrs;
-    const int64_t *syms;
-} gen_call;
-
-static void run_range(void *ctx, int64_t begin, int64_t end) {
-    const gen_call *c = ctx;
-    c->fn(c->ptrs, c->syms, begin, end);
-}
-
 bool sj_exec_fused_ok(const sj_exec *x) {
     for (int i = 0; i < x->g->n_outputs; i++) {
         const sj_tensor *o = &x->outputs[i];
-        if (o->data && (o->device != SJ_HOST || !sj_tensor_is_contiguous(o))) return false;
+        if (o->data && (o->device != x->ops->device || !sj_tensor_is_contiguous(o))) return false;
     }
     return true;
 }
 
 /* A descriptor for value v from its layout. */
 static void layout_desc(const sj_graph *g, const sj_fplan *p, const int64_t *exv, void *const *bases, int32_t v,
-                        sj_tensor *t) {
+                        sj_device device, sj_tensor *t) {
     const sj_value *val = &g->vals[v];
     const sj_layout *l = &p->layouts[v];
     memset(t, 0, sizeof *t);
     t->dtype = val->dtype;
     t->rank = val->rank;
-    t->device = SJ_HOST;
+    t->device = device;
     for (int i = 0; i < val->rank; i++) t->shape[i] = exv[val->shape[i]];
     if (l->store < 0) { /* a constant: rank 0 */
-        t->data = (void *)&g->consts[val->index].bits;
+        t->data = sj_graph_const_data(g, val->index, device);
         return;
     }
     t->data = (char *)bases[l->store] + (size_t)exv[l->offset] * sj_dtype_size(val->dtype);
     for (int i = 0; i < val->rank; i++) t->stride[i] = exv[l->stride[i]];
 }
 
-static sj_status run_generated(const sj_group *gr, const int64_t *exv, void *const *bases, gen_fn fn,
-                               const int64_t *syms, sj_threads *threads) {
+static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *bases,
+                               void *fn) {
     void *ptrs[2 * SJ_MAX_INPUTS + 64];
     int n = 0;
     if (gr->n_loads + gr->n_stores > (int)(sizeof ptrs / sizeof ptrs[0]))
         return sj_seterr(SJ_EINTERNAL, "exec: group %s has %d accesses", gr->name, gr->n_loads + gr->n_stores);
     for (int i = 0; i < gr->n_loads; i++) ptrs[n++] = bases[gr->loads[i].store];
     for (int i = 0; i < gr->n_stores; i++) ptrs[n++] = bases[gr->stores[i].store];
-    int64_t items = gr->kind == SJ_G_ROW ? exv[gr->rows] : exv[gr->numel];
-    if (items <= 0) return SJ_OK;
-    int64_t min_chunk = CHUNK_ELEMS;
-    if (gr->kind == SJ_G_ROW) {
-        int64_t row = exv[gr->shape[gr->rank - 1]];
-        min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
-    }
-    gen_call c = {fn, ptrs, syms};
-    sj_threads_parallel_for(threads, items, min_chunk, run_range, &c);
-    return SJ_OK;
+    return x->ops->launch(x->ops_ctx, gr, fn, ptrs, x->sym_vals, exv);
 }
 
-sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns, sj_threads *threads) {
+sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     const sj_graph *g = x->g;
+    const sj_exec_ops *ops = x->ops;
+    bool device_arena = ops->buf_alloc != NULL;
     size_t n_ex = (size_t)sj_ex_count(g->ex);
     size_t head = align_up(n_ex * sizeof(int64_t)) + align_up((size_t)p->n_stores * sizeof(void *)) +
                   align_up((size_t)g->n_vals * sizeof(sj_tensor));
-    size_t hint = atomic_load_explicit(x->arena_hint, memory_order_relaxed);
+    size_t hint = device_arena ? 0 : atomic_load_explicit(x->arena_hint, memory_order_relaxed);
     sj_block *b = sj_pool_get(x->pool, head + hint);
     if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for the execution arena", x->fn_name);
     int64_t *exv = sj_block_data(b);
     sj_ex_eval_all(g->ex, x->sym_vals, exv);
     size_t arena = (size_t)exv[p->arena_bytes];
-    if (head + arena > b->cap) {
+    if (!device_arena && head + arena > b->cap) {
         sj_pool_put(x->pool, b);
         atomic_store_explicit(x->arena_hint, arena, memory_order_relaxed);
         b = sj_pool_get(x->pool, head + arena);
@@ -108,6 +83,15 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns, s
     sj_tensor *rv = (sj_tensor *)at;
     at += align_up((size_t)g->n_vals * sizeof(sj_tensor));
     char *arena_base = at;
+    void *dev_arena = NULL;
+    if (device_arena) {
+        dev_arena = ops->buf_alloc(x->ops_ctx, arena);
+        if (!dev_arena && arena) {
+            sj_pool_put(x->pool, b);
+            return sj_seterr(SJ_ENOMEM, "fn '%s': out of device memory for a %zu-byte arena", x->fn_name, arena);
+        }
+        arena_base = dev_arena;
+    }
 
     unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
     sj_status st = sj_exec_check_outputs(x, exv);
@@ -116,7 +100,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns, s
         const sj_store *so = &p->stores[s];
         switch (so->kind) {
         case SJ_ST_INPUT: bases[s] = x->inputs[so->index].data; break;
-        case SJ_ST_PARAM: bases[s] = g->params[so->index].data; break;
+        case SJ_ST_PARAM: bases[s] = sj_graph_param(g, so->index, ops->device).data; break;
         case SJ_ST_OUTPUT: bases[s] = x->outputs[so->index].data; break;
         case SJ_ST_ARENA: bases[s] = arena_base + exv[so->offset]; break;
         }
@@ -129,26 +113,32 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns, s
                 st = sj_seterr(SJ_EINTERNAL, "exec: no compiled function for group %s", gr->name);
                 break;
             }
-            st = run_generated(gr, exv, bases, (gen_fn)fns[gi], x->sym_vals, threads);
+            st = run_generated(x, gr, exv, bases, fns[gi]);
+            if (st) sj_err_prefix("fn '%s': kernel %s: ", x->fn_name, gr->name);
             continue;
         }
         const sj_node *n = &g->nodes[gr->nodes[0]];
         const int32_t *in = sj_node_ins(g, n);
         for (int k = 0; k < n->n_in; k++)
-            if (in[k] >= 0) layout_desc(g, p, exv, bases, in[k], &rv[in[k]]);
+            if (in[k] >= 0) layout_desc(g, p, exv, bases, in[k], ops->device, &rv[in[k]]);
         sj_tensor y;
-        layout_desc(g, p, exv, bases, n->out, &y);
-        st = sj_exec_node(g, n, rv, &y);
+        layout_desc(g, p, exv, bases, n->out, ops->device, &y);
+        st = ops->node(x->ops_ctx, g, n, rv, &y);
         if (st) sj_err_prefix("fn '%s': %s: ", x->fn_name, sj_op_name(n->op));
     }
 
     for (int i = 0; i < g->n_outputs && !st; i++) {
         if (!p->output_copy[i]) continue;
         sj_tensor src;
-        layout_desc(g, p, exv, bases, g->outputs[i], &src);
-        st = sj_cpu_copy(&src, &x->outputs[i]);
+        layout_desc(g, p, exv, bases, g->outputs[i], ops->device, &src);
+        st = ops->copy(x->ops_ctx, &src, &x->outputs[i]);
+    }
+    if (ops->finish) {
+        sj_status fst = ops->finish(x->ops_ctx);
+        if (!st) st = fst;
     }
     if (st) sj_exec_release_outputs(x, allocated);
+    if (dev_arena) ops->buf_free(x->ops_ctx, dev_arena);
     sj_pool_put(x->pool, b);
     return st;
 }

@@ -55,6 +55,7 @@ sj_graph *sj_graph_create(int n_inputs) {
 
 void sj_graph_destroy(sj_graph *g) {
     if (!g) return;
+    if (g->dev_release) g->dev_release(g->dev_ctx, g);
     sj_exprs_destroy(g->ex);
     free(g->vals);
     free(g->nodes);
@@ -153,6 +154,16 @@ int sj_graph_add_output(sj_graph *g, int32_t val) {
     if (GROW(g->outputs, g->n_outputs, g->cap_outputs, 4)) return -1;
     g->outputs[g->n_outputs++] = val;
     return 0;
+}
+
+void *sj_graph_const_data(const sj_graph *g, int k, sj_device device) {
+    if (device != SJ_HOST && g->dev_consts) return (char *)g->dev_consts + (size_t)k * sizeof(int64_t);
+    return (void *)&g->consts[k].bits;
+}
+
+sj_tensor sj_graph_param(const sj_graph *g, int k, sj_device device) {
+    if (device != SJ_HOST && g->dev_params) return g->dev_params[k];
+    return g->params[k];
 }
 
 /* -- Checking -------------------------------------------------------------- */

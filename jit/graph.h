@@ -79,7 +79,19 @@ typedef struct sj_graph {
     int n_params, cap_params;
     sj_const *consts;   /* scalar constants */
     int n_consts, cap_consts;
+
+    /* Device copies, for a backend whose kernels read device memory (set
+     * when the entry is made; released with the graph): the constants' bits
+     * (8 bytes each) and the parameters. */
+    void *dev_consts;
+    sj_tensor *dev_params;
+    void (*dev_release)(void *ctx, struct sj_graph *g);
+    void *dev_ctx;
 } sj_graph;
+
+/* Where constant k's bits, and parameter k, are for a kernel on `device`. */
+void *sj_graph_const_data(const sj_graph *g, int k, sj_device device);
+sj_tensor sj_graph_param(const sj_graph *g, int k, sj_device device);
 
 sj_graph *sj_graph_create(int n_inputs);
 void sj_graph_destroy(sj_graph *g);

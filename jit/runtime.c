@@ -9,6 +9,13 @@
 #include "jit/error.h"
 #include "jit/threads.h"
 #include "kernels/cpu/backend_cpu.h"
+#include "jit/tensor.h"
+#include "specialize/codegen.h"
+#ifdef SJ_WITH_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/eager_cuda.h"
+#include "specialize/codegen_cuda.h"
+#endif
 
 /* -- Configuration --------------------------------------------------------- */
 
@@ -106,6 +113,12 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     if ((v = getenv("SHAPEJIT_CC")) && *v) cfg->cc = v;
     if ((v = getenv("SHAPEJIT_CFLAGS")) && *v) cfg->cflags = v;
     if ((v = getenv("SHAPEJIT_DUMP")) && *v) cfg->dump_dir = v;
+    if ((v = getenv("SHAPEJIT_CUDA_DEVICE")) && *v) {
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end || n < 0 || n > 1023) env_warn("SHAPEJIT_CUDA_DEVICE", v, "expected a device index");
+        else cfg->cuda_device = (int)n;
+    }
     v = getenv("SHAPEJIT_BUCKETS");
     if (v && *v) {
         sj_bucket_rule *rules;
@@ -133,21 +146,64 @@ static int test_delay_ms, test_fail; /* sj_runtime_test_hooks, read by start_ser
 /* The cache, the compiler backend, the compile workers, the kernel threads. A
  * cache that cannot be opened only costs warm starts: warned about, not
  * fatal. */
+/* The CUDA device, when the backend is CUDA or AUTO finds one. On AUTO a
+ * missing driver or device is not an error: the runtime runs on the CPU. */
+static sj_status open_device(sj_runtime *rt) {
+#ifdef SJ_WITH_CUDA
+    const sj_runtime_config *c = &rt->cfg;
+    if (c->backend == SJ_BACKEND_CPU) return SJ_OK;
+    if (rt->cuda) return SJ_OK;
+    sj_status st = sj_cuda_open(c->cuda_device, &rt->cuda);
+    if (!st && (st = sj_cuda_eager_load(rt->cuda))) {
+        sj_cuda_close(rt->cuda);
+        rt->cuda = NULL;
+    }
+    if (st && c->backend == SJ_BACKEND_CUDA) return st;
+    if (st) {
+        sj_logf(rt, SJ_LOG_PERF, "backend auto: running on the CPU (%s)", sj_last_error());
+        sj_clearerr();
+        return SJ_OK;
+    }
+    rt->backend_kind = SJ_BACKEND_CUDA;
+    sj_logf(rt, SJ_LOG_PERF, "backend: CUDA device %d, %s (sm_%d%d, %d SMs)", c->cuda_device, rt->cuda->name,
+            rt->cuda->cc_major, rt->cuda->cc_minor, rt->cuda->sm_count);
+#else
+    (void)rt;
+#endif
+    return SJ_OK;
+}
+
 static sj_status start_services(sj_runtime *rt) {
     const sj_runtime_config *c = &rt->cfg;
+    sj_status st = open_device(rt);
+    if (st) {
+        sj_err_prefix("sj_runtime_create: ");
+        return st;
+    }
     if (c->cache_dir && *c->cache_dir && sj_cache_open(c->cache_dir, c->cache_max_bytes, &rt->cache)) {
         snprintf(rt->cache_error, sizeof rt->cache_error, "%s", sj_last_error());
         sj_logf(rt, SJ_LOG_WARN, "no persistent kernel cache: %s", rt->cache_error);
         sj_clearerr();
     }
-    sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .dump_dir = c->dump_dir, .cache = rt->cache,
-                                .rt = rt, .test_delay_ms = test_delay_ms, .test_fail = test_fail};
-    sj_status st = sj_cpu_backend_create(&bc, &rt->backend);
+    sj_codegen_fn codegen = sj_codegen_c;
+#ifdef SJ_WITH_CUDA
+    if (rt->cuda) {
+        sj_cuda_backend_config bc = {.cuda = rt->cuda, .cache = rt->cache, .dump_dir = c->dump_dir, .rt = rt,
+                                     .test_delay_ms = test_delay_ms, .test_fail = test_fail};
+        st = sj_cuda_backend_create(&bc, &rt->backend);
+        codegen = sj_codegen_cuda;
+    } else
+#endif
+    {
+        sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .dump_dir = c->dump_dir, .cache = rt->cache,
+                                    .rt = rt, .test_delay_ms = test_delay_ms, .test_fail = test_fail};
+        st = sj_cpu_backend_create(&bc, &rt->backend);
+    }
     if (!st) {
         int mode = c->compile_mode == SJ_COMPILE_SYNC ? SJ_CM_SYNC : c->compile_mode == SJ_COMPILE_OFF ? SJ_CM_OFF : SJ_CM_ASYNC;
-        st = sj_compiler_create(rt->backend, c->compile_threads, mode, rt, &rt->compiler);
+        st = sj_compiler_create(rt->backend, codegen, c->compile_threads, mode, rt, &rt->compiler);
     }
-    if (!st && !(rt->threads = sj_threads_create(c->exec_threads)))
+    if (!st && !(rt->threads = sj_threads_create(rt->cuda ? 1 : c->exec_threads)))
         st = sj_seterr(SJ_ENOMEM, "sj_runtime_create: cannot start %d kernel threads", c->exec_threads);
     if (st) sj_err_prefix("sj_runtime_create: ");
     return st;
@@ -202,9 +258,12 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
         sj_err_prefix("sj_runtime_create: ");
         return st;
     }
+#ifndef SJ_WITH_CUDA
     if (c.backend == SJ_BACKEND_CUDA)
-        return sj_seterr(SJ_EBACKEND, "sj_runtime_create: the CUDA backend is not built into this library; "
-                                      "use SJ_BACKEND_CPU or SJ_BACKEND_AUTO");
+        return sj_seterr(SJ_EBACKEND, "sj_runtime_create: the CUDA backend is not built into this library "
+                                      "(built without the CUDA toolkit); use SJ_BACKEND_CPU or SJ_BACKEND_AUTO");
+#endif
+    if (c.cuda_device < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_device %d is negative", c.cuda_device);
 
     sj_runtime *rt = calloc(1, sizeof *rt);
     if (!rt || pthread_mutex_init(&rt->lock, NULL)) {
@@ -249,6 +308,9 @@ void sj_runtime_destroy(sj_runtime *rt) {
     if (rt->backend) rt->backend->destroy(rt->backend);
     sj_cache_close(rt->cache);
     sj_threads_destroy(rt->threads);
+#ifdef SJ_WITH_CUDA
+    sj_cuda_close(rt->cuda);
+#endif
     pthread_mutex_destroy(&rt->lock);
     free(rt->bucket_rules);
     for (int i = 0; i < 5; i++) free(rt->strings[i]);
@@ -267,6 +329,85 @@ void sj_host_free(const sj_runtime *rt, void *p) {
 
 void sj_tensor_free(sj_runtime *rt, sj_tensor *t) {
     if (!rt || !t || !t->data) return;
+#ifdef SJ_WITH_CUDA
+    if (t->device == SJ_CUDA && rt->cuda) {
+        sj_cuda_free(rt->cuda, (CUdeviceptr)(uintptr_t)t->data, rt->cuda->stream);
+        t->data = NULL;
+        return;
+    }
+#endif
     sj_host_free(rt, t->data);
     t->data = NULL;
+}
+
+void *sj_runtime_stream(const sj_runtime *rt) {
+#ifdef SJ_WITH_CUDA
+    if (rt && rt->cuda) return (void *)rt->cuda->stream;
+#endif
+    (void)rt;
+    return NULL;
+}
+
+sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t) {
+    sj_clearerr();
+    if (!rt || !t) return sj_seterr(SJ_EINVAL, "sj_tensor_alloc: rt or t is NULL");
+    void *keep = t->data;
+    t->data = (void *)1; /* sj_tensor_check wants data for a non-empty tensor */
+    sj_tensor_set_contiguous(t);
+    sj_status st = sj_tensor_check(t, "sj_tensor_alloc: t");
+    t->data = keep;
+    if (st) return st;
+    size_t bytes = sj_tensor_nbytes(t);
+    if (t->device == SJ_CUDA) {
+#ifdef SJ_WITH_CUDA
+        if (!rt->cuda) return sj_seterr(SJ_EINVAL, "sj_tensor_alloc: device memory asked of a CPU runtime");
+        CUdeviceptr p = sj_cuda_alloc(rt->cuda, bytes ? bytes : 1, rt->cuda->stream);
+        if (!p) return SJ_ENOMEM;
+        t->data = (void *)(uintptr_t)p;
+        return SJ_OK;
+#else
+        return sj_seterr(SJ_EINVAL, "sj_tensor_alloc: device memory asked of a CPU runtime");
+#endif
+    }
+    t->data = sj_host_alloc(rt, bytes ? bytes : 1, 64);
+    return t->data ? SJ_OK : sj_seterr(SJ_ENOMEM, "sj_tensor_alloc: out of memory for %zu bytes", bytes);
+}
+
+sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
+    sj_clearerr();
+    if (!rt || !dst || !src) return sj_seterr(SJ_EINVAL, "sj_tensor_copy: NULL argument");
+    sj_status st = sj_tensor_check(src, "sj_tensor_copy: src");
+    if (!st) st = sj_tensor_check(dst, "sj_tensor_copy: dst");
+    if (st) return st;
+    if (src->dtype != dst->dtype)
+        return sj_seterr(SJ_EDTYPE, "sj_tensor_copy: dtypes differ (%s vs %s)", sj_dtype_name(src->dtype),
+                         sj_dtype_name(dst->dtype));
+    if (src->rank != dst->rank) return sj_seterr(SJ_ESHAPE, "sj_tensor_copy: ranks differ (%d vs %d)", src->rank, dst->rank);
+    for (int a = 0; a < src->rank; a++)
+        if (src->shape[a] != dst->shape[a])
+            return sj_seterr(SJ_ESHAPE, "sj_tensor_copy: size mismatch at axis %d: %lld vs %lld", a,
+                             (long long)src->shape[a], (long long)dst->shape[a]);
+    if (!sj_tensor_is_contiguous(src) || !sj_tensor_is_contiguous(dst))
+        return sj_seterr(SJ_EINVAL, "sj_tensor_copy: both tensors must be contiguous");
+    size_t bytes = sj_tensor_nbytes(src);
+    if (!bytes) return SJ_OK;
+    if (src->device == SJ_HOST && dst->device == SJ_HOST) {
+        memcpy(dst->data, src->data, bytes);
+        return SJ_OK;
+    }
+#ifdef SJ_WITH_CUDA
+    if (!rt->cuda) return sj_seterr(SJ_EINVAL, "sj_tensor_copy: device memory on a CPU runtime");
+    sj_cuda *cu = rt->cuda;
+    sj_cuda_bind(cu);
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst->data, s = (CUdeviceptr)(uintptr_t)src->data;
+    if (src->device == SJ_HOST) return sj_cuda_to_device(cu, d, src->data, bytes);
+    if (dst->device == SJ_HOST) {
+        st = SJ_CU(cu, cu->api.StreamSynchronize(cu->stream), "sj_tensor_copy: waiting for the stream");
+        return st ? st : sj_cuda_to_host(cu, dst->data, s, bytes);
+    }
+    st = SJ_CU(cu, cu->api.MemcpyDtoDAsync(d, s, bytes, cu->stream), "sj_tensor_copy");
+    return st ? st : SJ_CU(cu, cu->api.StreamSynchronize(cu->stream), "sj_tensor_copy: waiting for the stream");
+#else
+    return sj_seterr(SJ_EINVAL, "sj_tensor_copy: device memory on a CPU runtime");
+#endif
 }

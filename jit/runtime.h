@@ -11,6 +11,7 @@
 
 struct sj_backend;
 struct sj_cache;
+struct sj_cuda;
 struct sj_compiler;
 struct sj_threads;
 
@@ -26,7 +27,8 @@ struct sj_runtime {
     struct sj_cache *cache;       /* NULL: no persistent cache */
     struct sj_backend *backend;   /* compiles and loads fused kernels */
     struct sj_compiler *compiler; /* background compile workers */
-    struct sj_threads *threads;   /* runs fused kernels in parallel */
+    struct sj_threads *threads;   /* runs fused kernels in parallel (CPU) */
+    struct sj_cuda *cuda;         /* the CUDA device (CUDA backend), else NULL */
     char cache_error[256];        /* why the cache could not be opened ("" if fine) */
 };
 

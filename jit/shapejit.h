@@ -212,6 +212,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
  *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc, cflags
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
+ *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
  * An unparsable value is reported once on stderr and ignored. */
 typedef struct sj_runtime_config {
     sj_backend_kind backend; /* default SJ_BACKEND_AUTO */
@@ -246,13 +247,24 @@ typedef struct sj_runtime_config {
     const char *cc;               /* C compiler command; default "cc" */
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
     const char *dump_dir;         /* write every generated source there; NULL: no */
+    int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
 SJ_API void sj_runtime_config_init(sj_runtime_config *cfg);
 
 /* Create a runtime. cfg may be NULL (sj_runtime_config_init defaults); it is
- * copied, so the caller may free it after the call. On success *rt owns all
+ * copied, so the caller may free it after the call.
+ *
+ * Backends. SJ_BACKEND_AUTO picks CUDA when the CUDA driver, NVRTC and
+ * cuBLASLt can be loaded and a device is present (the library loads them
+ * with dlopen: it runs without them), else the CPU. On the CUDA backend the
+ * CUDA context is created here (a few hundred milliseconds), never on a
+ * request; inputs and outputs are device memory (data holds a CUdeviceptr,
+ * device is SJ_CUDA); parameters may be device memory (used in place) or
+ * host memory (copied to the device when the function is traced). sj_call
+ * runs on the runtime's own stream and returns when the results are ready;
+ * sj_call_stream queues the work on the caller's stream and returns at once. On success *rt owns all
  * the runtime's resources until sj_runtime_destroy().
  * Errors: SJ_EINVAL (rt NULL, a field out of range, a malformed buckets
  * string), SJ_EBACKEND (CUDA asked for and not available), SJ_ENOMEM. */
@@ -266,6 +278,22 @@ SJ_API void sj_runtime_destroy(sj_runtime *rt);
 
 /* The backend the runtime runs on (never AUTO). */
 SJ_API sj_backend_kind sj_runtime_backend(const sj_runtime *rt);
+
+/* The CUDA stream (a CUstream) the runtime runs sj_call on; NULL on the CPU
+ * backend. Valid until sj_runtime_destroy. */
+SJ_API void *sj_runtime_stream(const sj_runtime *rt);
+
+/* Allocate memory for t on t->device (dtype, rank and shape set by the
+ * caller; strides are set contiguous): host memory through the runtime's
+ * allocator, device memory from the runtime's caching allocator. Free it
+ * with sj_tensor_free. Errors: SJ_EINVAL (bad descriptor, or a device this
+ * runtime lacks), SJ_ENOMEM. Thread-safe. */
+SJ_API sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t);
+
+/* Copy src into dst: same dtype and shape, both contiguous, any devices
+ * (host <-> device, device <-> device, host <-> host). Synchronous. Errors:
+ * SJ_EINVAL, SJ_EDTYPE, SJ_ESHAPE, SJ_EBACKEND. Thread-safe. */
+SJ_API sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src);
 
 /* Release an output tensor the runtime allocated in sj_call (data was NULL on
  * entry), through the runtime's allocator; rt must be the runtime that
@@ -571,6 +599,9 @@ SJ_API sj_status sj_mark_static(sj_fn *fn, int input, int axis);
  * sj_set_profile: one bucket [min, max] with opt the size to tune for (as a
  *   TensorRT optimization profile); sizes outside it fail with
  *   SJ_ECONSTRAINT.
+ * A dimension with no rule of its own whose size equals a bucketed one's in
+ * the traced call follows the bucket (one symbol for both), so a second
+ * input of the same length shares its entries.
  * Sizes 0 and 1 are specialized as always. Environment: SHAPEJIT_BUCKETS
  * (see sj_runtime_config). Errors: SJ_EINVAL (fn NULL, input or axis out of
  * range, bounds not increasing, sizes < 1). */
@@ -603,6 +634,15 @@ SJ_API sj_status sj_set_profile(sj_fn *fn, int input, int axis, int64_t min, int
  *   own status, SJ_EINDEX (gather), SJ_ENOMEM. */
 SJ_API sj_status sj_call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs,
                          int n_outputs);
+
+/* sj_call on the CUDA backend without waiting: the work is queued on
+ * `stream` (a CUstream; NULL: the runtime's own stream) and the call
+ * returns; outputs are ready when the stream reaches that point (record an
+ * event, or synchronize the stream). Runtime-allocated outputs are ordered
+ * on that stream too. A gather index out of range is not detected on this
+ * path (sj_call detects it). On the CPU backend this is sj_call. */
+SJ_API sj_status sj_call_stream(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs,
+                                int n_outputs, void *stream);
 
 /* Counters since sj_fn_create. Read with relaxed atomics: exact once calls
  * have stopped, approximate while they run. */

@@ -48,4 +48,25 @@ struct sj_backend {
     void (*destroy)(sj_backend *b);
 };
 
+/* -- Shared by the backends (kernels/backend.c) -------------------------- */
+
+/* Write len bytes to path (created or truncated, mode 0644): 0, or -1 with
+ * errno set. */
+int sj_backend_write_file(const char *path, const char *data, size_t len);
+
+/* Write a generated source to <dir>/<tag><ext> (a '/' in the tag becomes
+ * '_'; dir created as needed). A failure is logged as a warning naming
+ * `who`, never returned: dumps are for people. */
+void sj_backend_dump(const sj_runtime *rt, const char *who, const char *dir, const char *tag, const char *ext,
+                     const char *src, size_t len);
+
+/* Fail a compile: out emptied, `who: tag: what` logged (compile topic),
+ * SJ_EBACKEND returned with the same text as the last error. */
+sj_status sj_backend_fail(const sj_runtime *rt, const char *who, sj_compile_result *out, const char *tag,
+                          const char *what);
+
+/* A compiler log's first line that mentions an error (else its first
+ * line); *len its length. */
+const char *sj_backend_error_line(const char *log, int *len);
+
 #endif /* SJ_BACKEND_H */

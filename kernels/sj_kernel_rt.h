@@ -11,17 +11,26 @@
 #ifndef SJ_KERNEL_RT_H
 #define SJ_KERNEL_RT_H
 
+/* NVRTC has no system headers: a generated CUDA unit defines what these
+ * give (the <stdint.h> types and limits, INFINITY and NAN) before this
+ * text; memcpy and the math functions are device built-ins there. */
+#if !defined(__CUDACC_RTC__)
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#endif
 
 #ifdef __FAST_MATH__
 #error "sj_kernel_rt.h needs IEEE semantics (NaN checks, rounding tricks): no -ffast-math"
 #endif
 
 /* static inline, and quiet when a unit leaves one unused (clang warns about
- * those in a main file, which is what a generated unit is) */
-#if defined(__GNUC__)
+ * those in a main file, which is what a generated unit is). Under nvcc
+ * (__CUDACC__) every function is also __host__ __device__, so CUDA kernels
+ * (kernels/cuda/eager.cu) compute with the very same definitions. */
+#if defined(__CUDACC__)
+#define SJ_RT_FN static inline __host__ __device__ __attribute__((unused))
+#elif defined(__GNUC__)
 #define SJ_RT_FN static inline __attribute__((unused))
 #else
 #define SJ_RT_FN static inline
@@ -141,6 +150,13 @@ SJ_RT_FN uint16_t sj_f32_to_bf16(float f) {
  *   gelu_tanh    |err| / max(|ref|, 1) < 4e-7 [2.9e-7] (1 + tanh cancels for
  *                negative x: the f32 formula's own limit)
  * NaN in gives NaN out; +-inf give the limits.
+ *
+ * On a CUDA device (__CUDA_ARCH__) exp, tanh and erf are the CUDA math
+ * library's expf, tanhf and erff instead (at most 2 ulp, IEEE specials):
+ * its special-function unit makes them a few instructions, where the
+ * polynomials above, both branches computed, would make a fused kernel
+ * compute-bound. Results agree with the CPU's within the bounds above plus
+ * 2 ulp.
  */
 
 #define SJ_RT_LOG2E 1.44269504089f
@@ -167,6 +183,9 @@ SJ_RT_FN float sj_rt_pow2i(int32_t n) { return sj_rt_u2f((uint32_t)(n + 127) << 
  * below 6e-9 for |r| <= 0.35); 2^n applied as two factors so results that
  * overflow become inf and tiny ones pass through the subnormals to 0. */
 SJ_RT_FN float sj_rt_expf(float x) {
+#if defined(__CUDA_ARCH__)
+    return expf(x);
+#else
     /* one clamp of |x| (two chained ones are not vectorized); NaN passes */
     float xc = sj_rt_sel(fabsf(x) > 110.0f, copysignf(110.0f, x), x);
     int32_t n;
@@ -181,6 +200,7 @@ SJ_RT_FN float sj_rt_expf(float x) {
     p = p * r + 1.0f;
     int32_t n1 = n / 2, n2 = n - n1;
     return p * sj_rt_pow2i(n1) * sj_rt_pow2i(n2);
+#endif
 }
 
 /* expm1(x) for x in [-20, 0]: 2^n expm1(r) + (2^n - 1), expm1(r) by its
@@ -206,6 +226,9 @@ SJ_RT_FN float sj_rt_expm1_neg(float x) {
  * otherwise tanh(|x|) = -e / (e + 2) with e = expm1(-2|x|), which does not
  * cancel; |x| >= 10 gives exactly 1. The sign is copied from x. */
 SJ_RT_FN float sj_rt_tanhf(float x) {
+#if defined(__CUDA_ARCH__)
+    return tanhf(x);
+#else
     float a = fabsf(x);
     float u = a * a;
     float p = 2.212133989e-03f;
@@ -219,6 +242,7 @@ SJ_RT_FN float sj_rt_tanhf(float x) {
     float e = sj_rt_expm1_neg(-2.0f * ac);
     float big = -e / (e + 2.0f);
     return copysignf(sj_rt_sel(a < 0.6f, small, big), x);
+#endif
 }
 
 /* erf: for |x| < 0.8, x + x (c + u P(u)) with u = x^2, c = 2/sqrt(pi) - 1
@@ -228,6 +252,9 @@ SJ_RT_FN float sj_rt_tanhf(float x) {
  * erfc(x) exp(x^2) / t on t in [1/3, 1/1.4] (error 1.1e-9). Both fits are
  * mpmath.chebyfit polynomials. */
 SJ_RT_FN float sj_rt_erff(float x) {
+#if defined(__CUDA_ARCH__)
+    return erff(x);
+#else
     float a = fabsf(x);
     float u = a * a;
     float p = 9.164211901e-05f;
@@ -250,6 +277,7 @@ SJ_RT_FN float sj_rt_erff(float x) {
     q = q * t + 2.823700053e-01f;
     float big = 1.0f - sj_rt_expf(-(ac * ac)) * (t * q);
     return copysignf(sj_rt_sel(a < 0.8f, small, big), x);
+#endif
 }
 
 /* The definitions every kernel (eager and fused) computes, in f32:
@@ -419,6 +447,7 @@ SJ_RT_FN double sj_rt_sumsq_f32(const float *x, double c, int64_t n) {
  * the scalar form into slow code at -O3. Alongside the max, a lane sum of
  * v - v turns NaN if any v is NaN or infinite; only then does a scalar pass
  * decide exactly. */
+#ifndef __CUDACC__
 typedef float sj_rt_v4f __attribute__((vector_size(16)));
 typedef int32_t sj_rt_v4i __attribute__((vector_size(16)));
 
@@ -461,6 +490,18 @@ static inline float sj_rt_max_f32(const float *x, int64_t n) {
     }
     return m;
 }
+#else
+/* Device code: the same result with a plain loop (the first NaN, else the
+ * largest value; -inf for n = 0). */
+SJ_RT_FN float sj_rt_max_f32(const float *x, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        if (x[i] != x[i]) return x[i];
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+#endif /* __CUDACC__ */
 
 /* Combine two maxima, keeping a NaN. */
 SJ_RT_FN float sj_rt_max_combine(float m, float v) { return (v > m || v != v) ? v : m; }

@@ -39,4 +39,9 @@ extern const char sj_kernel_rt_text[];
 char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix,
                    size_t *len);
 
+/* A code generator (sj_codegen_c, sj_codegen_cuda): what the compiler emits for
+ * its backend. */
+typedef char *(*sj_codegen_fn)(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix,
+                               size_t *len);
+
 #endif

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "kernels/sj_kernel_rt.h"
+#include "specialize/codegen_int.h"
 
 #define ROWBUF 8192 /* floats a row keeps on the stack */
 #define STR_(x) #x
@@ -46,16 +47,7 @@ _Static_assert(CHUNK % SJ_RT_LANES == 0 && RCHUNK % SJ_RT_LANES == 0, "chunks ke
 
 /* -- Output buffer ----------------------------------------------------------- */
 
-typedef struct sbuf {
-    char *s;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static void put(sbuf *b, const char *fmt, ...) {
+void sj_cg_vput(sj_sbuf *b, const char *fmt, va_list ap0) {
     if (b->oom) return;
     if (!b->s) {
         b->cap = 1 << 16;
@@ -66,7 +58,7 @@ static void put(sbuf *b, const char *fmt, ...) {
     }
     for (;;) {
         va_list ap;
-        va_start(ap, fmt);
+        va_copy(ap, ap0);
         int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
         va_end(ap);
         if (n < 0) {
@@ -88,23 +80,21 @@ static void put(sbuf *b, const char *fmt, ...) {
     }
 }
 
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void put(sj_sbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    sj_cg_vput(b, fmt, ap);
+    va_end(ap);
+}
+
 /* -- Context ------------------------------------------------------------------ */
 
-typedef struct cg {
-    const sj_graph *g;
-    const sj_fplan *p;
-    const int64_t *sym;    /* NULL: symbolic form */
-    sbuf o;
-    const sj_group *G;
-    int32_t *vpos;         /* per value: position in G->nodes of its node, or -1 */
-    int n_acc;             /* loads then stores */
-    const sj_access *acc[2 * SJ_MAX_INPUTS + 64];
-    int rp;                /* ROW: position of the row node */
-    bool *want, *avail;    /* per position */
-    bool lw[2 * SJ_MAX_INPUTS + 64]; /* loads a block reads */
-} cg;
+typedef sj_cg cg; /* codegen_int.h */
 
-static bool kconst(const cg *c, sj_expr e, int64_t *v) {
+bool sj_cg_kconst(const cg *c, sj_expr e, int64_t *v) {
     if (c->sym) {
         *v = sj_ex_eval(c->g->ex, e, c->sym);
         return true;
@@ -112,10 +102,9 @@ static bool kconst(const cg *c, sj_expr e, int64_t *v) {
     return sj_ex_is_const(c->g->ex, e, v);
 }
 
-/* e as a C expression of type int64_t. */
-static void put_ex(cg *c, sj_expr e) {
+void sj_cg_put_ex(cg *c, sj_expr e) {
     int64_t v;
-    if (kconst(c, e, &v)) {
+    if (sj_cg_kconst(c, e, &v)) {
         put(&c->o, "INT64_C(%" PRId64 ")", v);
         return;
     }
@@ -131,9 +120,9 @@ static void put_ex(cg *c, sj_expr e) {
 }
 
 static bool is_f(sj_dtype dt) { return dt == SJ_F32 || dt == SJ_F16 || dt == SJ_BF16; }
-static const char *ctype(sj_dtype dt) { return is_f(dt) ? "float" : "int64_t"; }
+const char *sj_cg_ctype(sj_dtype dt) { return is_f(dt) ? "float" : "int64_t"; }
 
-static const char *stype(sj_dtype dt) {
+const char *sj_cg_stype(sj_dtype dt) {
     switch (dt) {
     case SJ_F32: return "float";
     case SJ_F16:
@@ -144,41 +133,40 @@ static const char *stype(sj_dtype dt) {
     }
 }
 
-static sj_dtype acc_dtype(const cg *c, int k) { return c->g->vals[c->acc[k]->val].dtype; }
+sj_dtype sj_cg_acc_dtype(const cg *c, int k) { return c->g->vals[c->acc[k]->val].dtype; }
 static int last_axis(const cg *c) { return c->G->rank - 1; }
 
-/* The access's innermost stride if known: 0, 1, or -1 (anything else). */
-static int inner(const cg *c, int k) {
+int sj_cg_inner(const cg *c, int k) {
     int64_t v;
-    if (!kconst(c, c->acc[k]->stride[last_axis(c)], &v)) return -1;
+    if (!sj_cg_kconst(c, c->acc[k]->stride[last_axis(c)], &v)) return -1;
     return v == 0 ? 0 : v == 1 ? 1 : -1;
 }
 
 /* Element `ix` of access k: "P3[i]", "P3[i * st3_1]", "P3[0]". */
 static void put_elem(cg *c, int k, const char *ix) {
-    int in = inner(c, k);
+    int in = sj_cg_inner(c, k);
     if (!ix || in == 0) put(&c->o, "P%d[0]", k);
     else if (in == 1) put(&c->o, "P%d[%s]", k, ix);
     else put(&c->o, "P%d[%s * st%d_%d]", k, ix, k, last_axis(c));
 }
 
-static void put_load(cg *c, int k, const char *ix) {
-    sj_dtype dt = acc_dtype(c, k);
-    put(&c->o, "const %s L%d = ", ctype(dt), k);
+void sj_cg_put_load(cg *c, int k, const char *ix) {
+    sj_dtype dt = sj_cg_acc_dtype(c, k);
+    put(&c->o, "const %s L%d = ", sj_cg_ctype(dt), k);
     switch (dt) {
-    case SJ_F32: put_elem(c, k, ix); break;
-    case SJ_F16: put(&c->o, "sj_f16_to_f32("), put_elem(c, k, ix), put(&c->o, ")"); break;
-    case SJ_BF16: put(&c->o, "sj_bf16_to_f32("), put_elem(c, k, ix), put(&c->o, ")"); break;
-    case SJ_BOOL: put(&c->o, "(int64_t)("), put_elem(c, k, ix), put(&c->o, " != 0)"); break;
-    default: put(&c->o, "(int64_t)"), put_elem(c, k, ix); break;
+    case SJ_F32: c->elem(c, k, ix); break;
+    case SJ_F16: put(&c->o, "sj_f16_to_f32("), c->elem(c, k, ix), put(&c->o, ")"); break;
+    case SJ_BF16: put(&c->o, "sj_bf16_to_f32("), c->elem(c, k, ix), put(&c->o, ")"); break;
+    case SJ_BOOL: put(&c->o, "(int64_t)("), c->elem(c, k, ix), put(&c->o, " != 0)"); break;
+    default: put(&c->o, "(int64_t)"), c->elem(c, k, ix); break;
     }
     put(&c->o, ";\n");
 }
 
-static void put_store(cg *c, int k, const char *ix) {
-    sj_dtype dt = acc_dtype(c, k);
+void sj_cg_put_store(cg *c, int k, const char *ix) {
+    sj_dtype dt = sj_cg_acc_dtype(c, k);
     int32_t v = c->acc[k]->val;
-    put_elem(c, k, ix);
+    c->elem(c, k, ix);
     switch (dt) {
     case SJ_F32: put(&c->o, " = v%d;\n", v); break;
     case SJ_F16: put(&c->o, " = sj_f32_to_f16(v%d);\n", v); break;
@@ -197,16 +185,14 @@ static int load_of(const cg *c, int32_t u) {
     return -1;
 }
 
-/* A float literal that reads back exactly. */
-static void put_float(cg *c, float f) {
+void sj_cg_put_float(cg *c, float f) {
     if (f != f) put(&c->o, "NAN");
     else if (f == INFINITY) put(&c->o, "INFINITY");
     else if (f == -INFINITY) put(&c->o, "(-INFINITY)");
     else put(&c->o, "(%af)", (double)f);
 }
 
-/* Operand u as an expression of its compute type. */
-static void put_ref(cg *c, int32_t u) {
+void sj_cg_put_ref(cg *c, int32_t u) {
     const sj_value *v = &c->g->vals[u];
     if (v->kind == SJ_VAL_CONST) {
         int64_t bits = c->g->consts[v->index].bits;
@@ -216,11 +202,11 @@ static void put_ref(cg *c, int32_t u) {
         case SJ_F32: {
             float f;
             memcpy(&f, &bits, sizeof f);
-            put_float(c, f);
+            sj_cg_put_float(c, f);
             break;
         }
-        case SJ_F16: put_float(c, sj_f16_to_f32(h)); break;
-        case SJ_BF16: put_float(c, sj_bf16_to_f32(h)); break;
+        case SJ_F16: sj_cg_put_float(c, sj_f16_to_f32(h)); break;
+        case SJ_BF16: sj_cg_put_float(c, sj_bf16_to_f32(h)); break;
         case SJ_I32: {
             int32_t i;
             memcpy(&i, &bits, sizeof i);
@@ -262,41 +248,41 @@ static void put_cast(cg *c, int32_t x, sj_dtype from, sj_dtype to) {
                           : to == SJ_BF16 ? "sj_bf16_to_f32(sj_f32_to_bf16("
                                           : "(";
         put(&c->o, "%s%s", pre, is_f(from) ? "" : "(float)");
-        put_ref(c, x);
+        sj_cg_put_ref(c, x);
         put(&c->o, to == SJ_F32 ? ")" : "))");
     } else if (to == SJ_BOOL) {
         put(&c->o, "(int64_t)(");
-        put_ref(c, x);
+        sj_cg_put_ref(c, x);
         put(&c->o, is_f(from) ? " != 0.0f)" : " != 0)");
     } else if (is_f(from)) {
         put(&c->o, "sj_rt_f32_to_int(");
-        put_ref(c, x);
+        sj_cg_put_ref(c, x);
         put(&c->o, ", %d)", to == SJ_I32);
     } else {
-        put_ref(c, x);
+        sj_cg_put_ref(c, x);
     }
 }
 
-static void put_node(cg *c, const sj_node *n) {
+void sj_cg_put_node(cg *c, const sj_node *n) {
     const int32_t *in = sj_node_ins(c->g, n);
     sj_dtype dt = c->g->vals[n->out].dtype, xt = c->g->vals[in[0]].dtype;
     bool f = is_f(xt), wrap = dt == SJ_I32;
-    put(&c->o, "const %s v%d = %s", ctype(dt), (int)n->out, wrap ? "sj_rt_wrap32(" : "");
+    put(&c->o, "const %s v%d = %s", sj_cg_ctype(dt), (int)n->out, wrap ? "sj_rt_wrap32(" : "");
     switch (sj_op_kind_of(n->op)) {
     case SJ_K_UNARY:
         if (n->op == SJ_OP_NEG) {
             put(&c->o, f ? "(-" : "sj_rt_ineg(");
-            put_ref(c, in[0]);
+            sj_cg_put_ref(c, in[0]);
             put(&c->o, ")");
         } else if (n->op == SJ_OP_RSQRT) {
             put(&c->o, "(1.0f / sqrtf(");
-            put_ref(c, in[0]);
+            sj_cg_put_ref(c, in[0]);
             put(&c->o, "))");
         } else if (!f && n->op == SJ_OP_RELU) {
-            put(&c->o, "("), put_ref(c, in[0]), put(&c->o, " < 0 ? 0 : "), put_ref(c, in[0]), put(&c->o, ")");
+            put(&c->o, "("), sj_cg_put_ref(c, in[0]), put(&c->o, " < 0 ? 0 : "), sj_cg_put_ref(c, in[0]), put(&c->o, ")");
         } else {
             put(&c->o, "%s(", f ? f_fn[n->op] : i_fn[n->op]);
-            put_ref(c, in[0]);
+            sj_cg_put_ref(c, in[0]);
             put(&c->o, ")");
         }
         break;
@@ -305,28 +291,28 @@ static void put_node(cg *c, const sj_node *n) {
         bool cmp = sj_op_kind_of(n->op) == SJ_K_COMPARE;
         if (cmp || (f && infix[n->op])) {
             put(&c->o, cmp ? "(int64_t)(" : "(");
-            put_ref(c, in[0]), put(&c->o, " %s ", infix[n->op]), put_ref(c, in[1]);
+            sj_cg_put_ref(c, in[0]), put(&c->o, " %s ", infix[n->op]), sj_cg_put_ref(c, in[1]);
             put(&c->o, ")");
         } else if (!f && (n->op == SJ_OP_MAXIMUM || n->op == SJ_OP_MINIMUM)) {
             const char *op = n->op == SJ_OP_MAXIMUM ? ">" : "<";
-            put(&c->o, "("), put_ref(c, in[0]), put(&c->o, " %s ", op), put_ref(c, in[1]);
-            put(&c->o, " ? "), put_ref(c, in[0]), put(&c->o, " : "), put_ref(c, in[1]), put(&c->o, ")");
+            put(&c->o, "("), sj_cg_put_ref(c, in[0]), put(&c->o, " %s ", op), sj_cg_put_ref(c, in[1]);
+            put(&c->o, " ? "), sj_cg_put_ref(c, in[0]), put(&c->o, " : "), sj_cg_put_ref(c, in[1]), put(&c->o, ")");
         } else {
             put(&c->o, "%s(", f ? f_fn[n->op] : i_fn[n->op]);
-            put_ref(c, in[0]), put(&c->o, ", "), put_ref(c, in[1]);
+            sj_cg_put_ref(c, in[0]), put(&c->o, ", "), sj_cg_put_ref(c, in[1]);
             put(&c->o, ")");
         }
         break;
     }
     case SJ_K_WHERE:
-        put(&c->o, "("), put_ref(c, in[0]), put(&c->o, " ? "), put_ref(c, in[1]), put(&c->o, " : ");
-        put_ref(c, in[2]), put(&c->o, ")");
+        put(&c->o, "("), sj_cg_put_ref(c, in[0]), put(&c->o, " ? "), sj_cg_put_ref(c, in[1]), put(&c->o, " : ");
+        sj_cg_put_ref(c, in[2]), put(&c->o, ")");
         break;
     case SJ_K_CAST:
         put_cast(c, in[0], xt, dt);
         break;
     case SJ_K_VIEW: /* a copying view: element for element */
-        put_ref(c, in[0]);
+        sj_cg_put_ref(c, in[0]);
         break;
     default:
         assert(!"not an elementwise node");
@@ -337,45 +323,38 @@ static void put_node(cg *c, const sj_node *n) {
 
 /* -- Blocks ----------------------------------------------------------------------
  *
- * A block computes some of the group's values at one element: c->want marks
- * the nodes (by position) to compute, c->avail the ones already defined.
+ * A block computes some of the group's values at one element (see
+ * codegen_int.h).
  */
 
-static void want_val(cg *c, int32_t u) {
+void sj_cg_want_val(cg *c, int32_t u) {
     int q = u >= 0 ? c->vpos[u] : -1;
     if (q >= 0 && !c->avail[q]) c->want[q] = true;
 }
 
-/* Close c->want over in-group operands (not through the row node: each
- * pass says which of its operands it needs). */
-static void close_want(cg *c) {
+void sj_cg_close_want(cg *c) {
     for (int q = c->G->n_nodes - 1; q >= 0; q--) {
         if (!c->want[q] || q == c->rp) continue;
         const sj_node *n = &c->g->nodes[c->G->nodes[q]];
-        for (int a = 0; a < n->n_in; a++) want_val(c, sj_node_ins(c->g, n)[a]);
+        for (int a = 0; a < n->n_in; a++) sj_cg_want_val(c, sj_node_ins(c->g, n)[a]);
     }
 }
 
-static void reset_want(cg *c) {
+void sj_cg_reset_want(cg *c) {
     memset(c->want, 0, (size_t)c->G->n_nodes * sizeof *c->want);
     memset(c->avail, 0, (size_t)c->G->n_nodes * sizeof *c->avail);
 }
 
-/* Mark the values stored from positions [lo, hi). */
-static void want_stores(cg *c, int lo, int hi) {
+void sj_cg_want_stores(cg *c, int lo, int hi) {
     for (int k = c->G->n_loads; k < c->n_acc; k++) {
         int q = c->vpos[c->acc[k]->val];
         if (q >= lo && q < hi) c->want[q] = true;
     }
 }
 
-/* Is load k hoisted (read once per segment or row)? */
-static bool hoisted(const cg *c, int k) { return inner(c, k) == 0; }
+bool sj_cg_hoisted(const cg *c, int k) { return sj_cg_inner(c, k) == 0; }
 
-/* The loads a block reads at element ix (hoisted ones are already
- * defined): those of the wanted nodes, and of the values in `extra` (-1
- * and values that are not loads are skipped). */
-static void put_loads(cg *c, const char *ix, const int32_t *extra, int n_extra) {
+void sj_cg_mark_loads(cg *c, const int32_t *extra, int n_extra) {
     const sj_graph *g = c->g;
     memset(c->lw, 0, sizeof c->lw);
     for (int q = 0; q < c->G->n_nodes; q++) {
@@ -391,22 +370,25 @@ static void put_loads(cg *c, const char *ix, const int32_t *extra, int n_extra) 
         int k = extra[i] >= 0 && c->vpos[extra[i]] < 0 ? load_of(c, extra[i]) : -1;
         if (k >= 0) c->lw[k] = true;
     }
+}
+
+/* The loads a block reads at element ix (hoisted ones are already
+ * defined). */
+void sj_cg_put_loads(cg *c, const char *ix, const int32_t *extra, int n_extra) {
+    sj_cg_mark_loads(c, extra, n_extra);
     for (int k = 0; k < c->G->n_loads; k++)
-        if (c->lw[k] && !hoisted(c, k)) put_load(c, k, ix);
+        if (c->lw[k] && !sj_cg_hoisted(c, k)) sj_cg_put_load(c, k, ix);
 }
 
-/* The wanted nodes at positions [lo, hi) (never the row node: the caller
- * defines that one). */
-static void put_nodes(cg *c, int lo, int hi) {
+void sj_cg_put_nodes(cg *c, int lo, int hi) {
     for (int q = lo; q < hi; q++)
-        if (c->want[q] && q != c->rp) put_node(c, &c->g->nodes[c->G->nodes[q]]);
+        if (c->want[q] && q != c->rp) sj_cg_put_node(c, &c->g->nodes[c->G->nodes[q]]);
 }
 
-/* Stores of the values at positions [lo, hi), at element ix. */
-static void put_stores(cg *c, int lo, int hi, const char *ix) {
+void sj_cg_put_stores(cg *c, int lo, int hi, const char *ix) {
     for (int k = c->G->n_loads; k < c->n_acc; k++) {
         int q = c->vpos[c->acc[k]->val];
-        if (q >= lo && q < hi) put_store(c, k, ix);
+        if (q >= lo && q < hi) sj_cg_put_store(c, k, ix);
     }
 }
 
@@ -427,20 +409,20 @@ static void put_head(cg *c, const char *prefix) {
     put(&c->o, "if (begin >= end) return;\n");
     for (int a = 0; a < G->rank; a++) {
         put(&c->o, "const int64_t n%d = ", a);
-        put_ex(c, G->shape[a]);
+        sj_cg_put_ex(c, G->shape[a]);
         put(&c->o, "; (void)n%d;\n", a);
     }
     for (int k = 0; k < c->n_acc; k++) {
         const sj_access *x = c->acc[k];
         bool ld = k < G->n_loads;
-        sj_dtype dt = acc_dtype(c, k);
-        put(&c->o, "%s%s *const B%d = (%s%s *)p[%d] + ", ld ? "const " : "", stype(dt), k, ld ? "const " : "",
-            stype(dt), k);
-        put_ex(c, x->offset);
+        sj_dtype dt = sj_cg_acc_dtype(c, k);
+        put(&c->o, "%s%s *const B%d = (%s%s *)p[%d] + ", ld ? "const " : "", sj_cg_stype(dt), k, ld ? "const " : "",
+            sj_cg_stype(dt), k);
+        sj_cg_put_ex(c, x->offset);
         put(&c->o, ";\n");
         for (int a = 0; a < G->rank; a++) {
             put(&c->o, "const int64_t st%d_%d = ", k, a);
-            put_ex(c, x->stride[a]);
+            sj_cg_put_ex(c, x->stride[a]);
             put(&c->o, "; (void)st%d_%d;\n", k, a);
         }
     }
@@ -458,14 +440,14 @@ static void put_decompose(cg *c, int r) {
 static void put_pointers(cg *c, int r) {
     for (int k = 0; k < c->n_acc; k++) {
         bool ld = k < c->G->n_loads;
-        const char *t = stype(acc_dtype(c, k));
+        const char *t = sj_cg_stype(sj_cg_acc_dtype(c, k));
         put(&c->o, "%s%s *restrict P%d = B%d", ld ? "const " : "", t, k, k);
         for (int a = 0; a < r; a++) put(&c->o, " + ix[%d] * st%d_%d", a, k, a);
         put(&c->o, ";\n");
     }
     for (int k = 0; k < c->G->n_loads; k++)
-        if (hoisted(c, k)) {
-            put_load(c, k, NULL);
+        if (sj_cg_hoisted(c, k)) {
+            sj_cg_put_load(c, k, NULL);
             put(&c->o, "(void)L%d;\n", k);
         }
 }
@@ -485,13 +467,13 @@ static void gen_pointwise(cg *c) {
     put(&c->o, "int64_t left = end - begin;\nfor (;;) {\n");
     put(&c->o, "int64_t cnt = n%d - ix[%d];\nif (cnt > left) cnt = left;\n", L, L);
     put_pointers(c, r);
-    reset_want(c);
-    want_stores(c, 0, c->G->n_nodes);
-    close_want(c);
+    sj_cg_reset_want(c);
+    sj_cg_want_stores(c, 0, c->G->n_nodes);
+    sj_cg_close_want(c);
     put(&c->o, "for (int64_t i = 0; i < cnt; i++) {\n");
-    put_loads(c, "i", NULL, 0);
-    put_nodes(c, 0, c->G->n_nodes);
-    put_stores(c, 0, c->G->n_nodes, "i");
+    sj_cg_put_loads(c, "i", NULL, 0);
+    sj_cg_put_nodes(c, 0, c->G->n_nodes);
+    sj_cg_put_stores(c, 0, c->G->n_nodes, "i");
     put(&c->o, "}\nleft -= cnt;\nif (left <= 0) break;\nix[%d] = 0;\n", L);
     put_carry(c, L - 1);
     put(&c->o, "}\n");
@@ -510,25 +492,25 @@ typedef struct rowop {
  * default to 1 and 0). */
 static void put_opt(cg *c, int32_t u, const char *dflt) {
     if (u < 0) put(&c->o, "%s", dflt);
-    else put_ref(c, u);
+    else sj_cg_put_ref(c, u);
 }
 
 /* A loop filling dst with the row op's input (the prologue's result),
  * storing the prologue's stored values when `stores`: over the whole row
  * into dst[j], or (chunked) over [c0, c0 + k) into dst[jj]. */
 static void put_fill(cg *c, const rowop *R, const char *dst, bool chunked, bool stores) {
-    reset_want(c);
-    want_val(c, R->x);
-    if (stores) want_stores(c, 0, c->rp);
-    close_want(c);
+    sj_cg_reset_want(c);
+    sj_cg_want_val(c, R->x);
+    if (stores) sj_cg_want_stores(c, 0, c->rp);
+    sj_cg_close_want(c);
     if (chunked) put(&c->o, "for (int64_t jj = 0; jj < k; jj++) {\nconst int64_t j = c0 + jj;\n");
     else put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", last_axis(c));
-    put_loads(c, "j", &R->x, 1);
-    put_nodes(c, 0, c->rp);
+    sj_cg_put_loads(c, "j", &R->x, 1);
+    sj_cg_put_nodes(c, 0, c->rp);
     put(&c->o, "%s[%s] = ", dst, chunked ? "jj" : "j");
-    put_ref(c, R->x);
+    sj_cg_put_ref(c, R->x);
     put(&c->o, ";\n");
-    if (stores) put_stores(c, 0, c->rp, "j");
+    if (stores) sj_cg_put_stores(c, 0, c->rp, "j");
     put(&c->o, "}\n");
 }
 
@@ -548,24 +530,24 @@ static void put_out_pass(cg *c, const rowop *R, bool buffered) {
     bool softmax = R->n->op == SJ_OP_SOFTMAX;
     bool x_in_buf = buffered && !softmax; /* buf holds x (softmax: exp) */
     int32_t extra[3] = {buffered ? -1 : R->x, R->gw, R->bw};
-    reset_want(c);
+    sj_cg_reset_want(c);
     c->want[c->rp] = true;
-    want_stores(c, c->rp + 1, n_pos);
+    sj_cg_want_stores(c, c->rp + 1, n_pos);
     if (x_in_buf && c->vpos[R->x] >= 0) c->avail[c->vpos[R->x]] = true;
-    for (int i = 0; i < 3; i++) want_val(c, extra[i]);
-    close_want(c);
+    for (int i = 0; i < 3; i++) sj_cg_want_val(c, extra[i]);
+    sj_cg_close_want(c);
     put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", L);
     if (x_in_buf && c->vpos[R->x] >= 0) put(&c->o, "const float v%d = buf[j];\n", (int)R->x);
-    put_loads(c, "j", extra, 3);
-    put_nodes(c, 0, c->rp);
+    sj_cg_put_loads(c, "j", extra, 3);
+    sj_cg_put_nodes(c, 0, c->rp);
     put(&c->o, "const float v%d = ", (int)R->n->out);
     if (softmax) {
         if (buffered) put(&c->o, "buf[j] * inv;\n");
-        else put(&c->o, "sj_rt_expf("), put_ref(c, R->x), put(&c->o, " - m) * inv;\n");
+        else put(&c->o, "sj_rt_expf("), sj_cg_put_ref(c, R->x), put(&c->o, " - m) * inv;\n");
     } else {
         put(&c->o, "(float)(((double)");
         if (x_in_buf && c->vpos[R->x] < 0) put(&c->o, "buf[j]");
-        else put_ref(c, R->x);
+        else sj_cg_put_ref(c, R->x);
         if (R->n->op == SJ_OP_LAYER_NORM) {
             put(&c->o, " - mean) * rstd * ");
             put_opt(c, R->gw, "1.0f");
@@ -577,8 +559,8 @@ static void put_out_pass(cg *c, const rowop *R, bool buffered) {
         }
         put(&c->o, ");\n");
     }
-    put_nodes(c, c->rp + 1, n_pos);
-    put_stores(c, c->rp, n_pos, "j");
+    sj_cg_put_nodes(c, c->rp + 1, n_pos);
+    sj_cg_put_stores(c, c->rp, n_pos, "j");
     put(&c->o, "}\n");
 }
 
@@ -656,29 +638,29 @@ static void put_reduce_body(cg *c, const rowop *R) {
     } else {
         bool amax = R->n->op == SJ_OP_AMAX;
         put(&c->o, "uint64_t us = 0;\nint64_t im = INT64_MIN;\n(void)us;\n(void)im;\n");
-        reset_want(c);
-        want_val(c, R->x);
-        want_stores(c, 0, c->rp);
-        close_want(c);
+        sj_cg_reset_want(c);
+        sj_cg_want_val(c, R->x);
+        sj_cg_want_stores(c, 0, c->rp);
+        sj_cg_close_want(c);
         put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", L);
-        put_loads(c, "j", &R->x, 1);
-        put_nodes(c, 0, c->rp);
+        sj_cg_put_loads(c, "j", &R->x, 1);
+        sj_cg_put_nodes(c, 0, c->rp);
         put(&c->o, amax ? "im = " : "us += (uint64_t)");
-        put_ref(c, R->x);
-        if (amax) put(&c->o, " > im ? "), put_ref(c, R->x), put(&c->o, " : im");
+        sj_cg_put_ref(c, R->x);
+        if (amax) put(&c->o, " > im ? "), sj_cg_put_ref(c, R->x), put(&c->o, " : im");
         put(&c->o, ";\n");
-        put_stores(c, 0, c->rp, "j");
+        sj_cg_put_stores(c, 0, c->rp, "j");
         put(&c->o, "}\n");
         put(&c->o, "const int64_t v%d = %s(%s);\n", (int)y, dt == SJ_I32 ? "sj_rt_wrap32" : "",
             amax ? "im" : "sj_rt_i64_from_u(us)");
     }
-    reset_want(c);
+    sj_cg_reset_want(c);
     c->avail[c->rp] = true;
-    want_stores(c, c->rp + 1, n_pos);
-    close_want(c);
-    put_loads(c, NULL, NULL, 0);
-    put_nodes(c, c->rp + 1, n_pos);
-    put_stores(c, c->rp, n_pos, NULL);
+    sj_cg_want_stores(c, c->rp + 1, n_pos);
+    sj_cg_close_want(c);
+    sj_cg_put_loads(c, NULL, NULL, 0);
+    sj_cg_put_nodes(c, c->rp + 1, n_pos);
+    sj_cg_put_stores(c, c->rp, n_pos, NULL);
 }
 
 static void gen_row(cg *c) {
@@ -699,7 +681,7 @@ static void gen_row(cg *c) {
         put_reduce_body(c, &R);
     } else {
         int64_t nl;
-        if (kconst(c, G->shape[L], &nl)) {
+        if (sj_cg_kconst(c, G->shape[L], &nl)) {
             char len[32];
             snprintf(len, sizeof len, "%" PRId64, nl > 0 ? nl : 1);
             put_row_body(c, &R, nl <= ROWBUF, len);
@@ -715,35 +697,57 @@ static void gen_row(cg *c) {
     put(&c->o, "}\n");
 }
 
+/* -- Context set-up (codegen_int.h) ------------------------------------------------------ */
+
+void sj_cg_init(cg *c, const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals) {
+    memset(c, 0, sizeof *c);
+    c->g = g;
+    c->p = p;
+    c->sym = sym_vals;
+    c->vpos = malloc(((size_t)g->n_vals + 1) * sizeof *c->vpos);
+    c->want = malloc(((size_t)g->n_nodes + 1) * sizeof *c->want);
+    c->avail = malloc(((size_t)g->n_nodes + 1) * sizeof *c->avail);
+    if (!c->vpos || !c->want || !c->avail) c->o.oom = true;
+}
+
+void sj_cg_group(cg *c, const sj_group *G) {
+    const sj_graph *g = c->g;
+    c->G = G;
+    c->rp = -1;
+    c->n_acc = 0;
+    for (int k = 0; k < G->n_loads; k++) c->acc[c->n_acc++] = &G->loads[k];
+    for (int k = 0; k < G->n_stores; k++) c->acc[c->n_acc++] = &G->stores[k];
+    for (int32_t v = 0; v < g->n_vals; v++) c->vpos[v] = -1;
+    for (int q = 0; q < G->n_nodes; q++) c->vpos[g->nodes[G->nodes[q]].out] = q;
+}
+
+void sj_cg_fini(cg *c) {
+    free(c->vpos);
+    free(c->want);
+    free(c->avail);
+    c->vpos = NULL;
+    c->want = c->avail = NULL;
+}
+
 /* -- Entry point ------------------------------------------------------------------------- */
 
 char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix, size_t *len) {
-    cg c = {.g = g, .p = p, .sym = sym_vals};
-    c.vpos = malloc(((size_t)g->n_vals + 1) * sizeof *c.vpos);
-    c.want = malloc(((size_t)g->n_nodes + 1) * sizeof *c.want);
-    c.avail = malloc(((size_t)g->n_nodes + 1) * sizeof *c.avail);
+    cg c;
+    sj_cg_init(&c, g, p, sym_vals);
+    c.elem = put_elem;
     if (!prefix) prefix = "";
-    if (!c.vpos || !c.want || !c.avail) c.o.oom = true;
     put(&c.o, "%s", sj_kernel_rt_text);
     put(&c.o, "\n/* -- generated: %d groups, %s form -- */\n", p->n_generated, sym_vals ? "specialized" : "symbolic");
     for (int gi = 0; gi < p->n_groups && !c.o.oom; gi++) {
         const sj_group *G = &p->groups[gi];
         if (G->kind == SJ_G_NODE) continue;
-        c.G = G;
-        c.rp = -1;
-        c.n_acc = 0;
-        for (int k = 0; k < G->n_loads; k++) c.acc[c.n_acc++] = &G->loads[k];
-        for (int k = 0; k < G->n_stores; k++) c.acc[c.n_acc++] = &G->stores[k];
-        for (int32_t v = 0; v < g->n_vals; v++) c.vpos[v] = -1;
-        for (int q = 0; q < G->n_nodes; q++) c.vpos[g->nodes[G->nodes[q]].out] = q;
+        sj_cg_group(&c, G);
         put_head(&c, prefix);
         if (G->kind == SJ_G_POINTWISE) gen_pointwise(&c);
         else gen_row(&c);
         put(&c.o, "}\n");
     }
-    free(c.vpos);
-    free(c.want);
-    free(c.avail);
+    sj_cg_fini(&c);
     if (c.o.oom) {
         free(c.o.s);
         return NULL;

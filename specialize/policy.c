@@ -135,6 +135,26 @@ sj_status sj_policy_plan(const sj_policy *p, const sj_tensor *in, bool fallback,
             }
         }
     }
+    /* A size of no rule equal to a bucketed one follows it, range and all,
+     * so that they share one symbol (duck sizing): a second input of the
+     * same length would otherwise pin the bucket's symbol to this call's
+     * size. (Marks stay exact: a marked size that the model ties to an
+     * unmarked one is an error, see sj_mark_dynamic.) */
+    for (int i = 0; i < p->n_inputs; i++)
+        for (int a = 0; a < in[i].rank; a++) {
+            sj_dim_plan *d = &plan->dims[i][a];
+            if (in[i].shape[a] < 2 || sj_policy_rule(p, i, a)->kind != SJ_RULE_NONE) continue;
+            bool done = false;
+            for (int j = 0; j < p->n_inputs && !done; j++)
+                for (int b = 0; b < in[j].rank; b++) {
+                    const sj_dim_plan *o = &plan->dims[j][b];
+                    if (o->bucketed && in[j].shape[b] == in[i].shape[a]) {
+                        d->symbolic = done = true;
+                        d->lo = o->lo, d->hi = o->hi;
+                        break;
+                    }
+                }
+        }
     return SJ_OK;
 }
 

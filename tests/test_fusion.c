@@ -174,14 +174,15 @@ static void run_and_compare(const sj_graph *g, const sj_fplan *p, void *const *f
     _Atomic size_t hint = 0;
     if (getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "  run %s\n", what);
     sj_exec x = {.rt = rt, .g = g, .fn_name = what, .inputs = ins, .outputs = eo, .sym_vals = sv,
-                 .pool = &arena_pool, .arena_hint = &hint};
+                 .pool = &arena_pool, .arena_hint = &hint, .ops = &sj_cpu_exec_ops};
     sj_status st = sj_exec_eager(&x);
     if (st) fprintf(stderr, "%s: eager: %s\n", what, sj_last_error());
     assert_int_equal(st, SJ_OK);
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < g->n_outputs; i++) tu_poison(&fo[i]);
         x.outputs = fo;
-        st = sj_exec_fused(&x, p, fns, pass ? pool4 : NULL);
+        x.ops_ctx = pass ? pool4 : NULL;
+        st = sj_exec_fused(&x, p, fns);
         if (st) fprintf(stderr, "%s: fused: %s\n", what, sj_last_error());
         assert_int_equal(st, SJ_OK);
         for (int i = 0; i < g->n_outputs; i++) {

@@ -623,6 +623,24 @@ static void test_buckets_pow2(void **state) {
     sj_fn_destroy(fn);
 }
 
+/* A second input of the same length follows the bucketed axis: one entry
+ * per bucket, not one per length pinned through the equality. */
+static void test_bucket_follows_equal_sizes(void **state) {
+    sj_fn *fn = make("follow", 2, m_bias, SJ_DYNAMIC_AUTO, NULL);
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 16, 128), SJ_OK);
+    int64_t rows[] = {17, 31, 32, 100, 3, 20, 70};
+    int want[] = {0, 0, 0, 1, 2, 0, 1};
+    for (int i = 0; i < 7; i++) {
+        sj_tensor in[2] = {mat(SJ_F32, rows[i], 8), mat(SJ_F32, rows[i], 8)};
+        assert_int_equal(call_check(fn, m_bias, in, 2), want[i]);
+    }
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.entries, 3);
+    assert_int_equal(s.traces, 3);
+    sj_fn_destroy(fn);
+}
+
 static void test_buckets_list_multiple_profile(void **state) {
     sj_fn *fn = make("list", 1, m_affine, SJ_DYNAMIC_STATIC, NULL);
     assert_int_equal(sj_set_buckets(fn, 0, 0, (int64_t[]){4, 10}, 2), SJ_OK);
@@ -847,7 +865,7 @@ int main(void) {
         T(test_runtime_total_limit),  T(test_duck_sizing),             T(test_zero_one_specialized),
         T(test_dtype_and_stride_changes), T(test_relations),           T(test_size_read_specializes),
         T(test_bad_input_leaves_no_entry), T(test_mark_dynamic),       T(test_mark_specialized_is_error),
-        T(test_mark_static_under_symbolic), T(test_buckets_pow2),      T(test_buckets_list_multiple_profile),
+        T(test_mark_static_under_symbolic), T(test_buckets_pow2), T(test_bucket_follows_equal_sizes), T(test_buckets_list_multiple_profile),
         T(test_buckets_from_config),  T(test_hotness),                 T(test_logs_explain_stats),
         T(test_threads_with_retraces),
     };

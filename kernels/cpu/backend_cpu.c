@@ -186,48 +186,6 @@ static void probe(cpu_backend *b) {
     snprintf(b->identity, sizeof b->identity, "%s (%s) %s cpu:%s", b->cc, version, b->cflags, cpu);
 }
 
-/* -- Files ----------------------------------------------------------------- */
-
-static int write_file(const char *path, const char *data, size_t len) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return -1;
-    while (len > 0) {
-        ssize_t w = write(fd, data, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            errno = e ? e : EIO;
-            return -1;
-        }
-        data += w, len -= (size_t)w;
-    }
-    return close(fd);
-}
-
-static int mkdir_p(const char *dir) {
-    char p[PATH_MAX];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return errno = ENAMETOOLONG, -1;
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/') continue;
-        *s = '\0';
-        if (mkdir(p, 0755) && errno != EEXIST) return -1;
-        *s = '/';
-    }
-    return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
-}
-
-/* <dump_dir>/<tag>.c; a '/' in the tag becomes '_'. Failures are logged. */
-static void dump_source(const cpu_backend *b, const char *tag, const char *src, size_t len) {
-    char name[256], path[PATH_MAX];
-    snprintf(name, sizeof name, "%s", tag);
-    for (char *s = name; *s; s++)
-        if (*s == '/') *s = '_';
-    if (mkdir_p(b->dump_dir) || snprintf(path, sizeof path, "%s/%s.c", b->dump_dir, name) >= (int)sizeof path ||
-        write_file(path, src, len))
-        sj_logf(b->rt, SJ_LOG_WARN, "cpu: cannot dump %s to %s: %s", tag, b->dump_dir, strerror(errno));
-}
-
 /* -- Loading ---------------------------------------------------------------- */
 
 /* dlopen path and resolve every symbol into out. On failure writes why to
@@ -272,25 +230,9 @@ static void sleep_ms(int ms) {
 }
 
 static sj_status fail(const cpu_backend *b, sj_compile_result *out, const char *tag, const char *what) {
-    out->module = NULL;
-    memset(out->fns, 0, sizeof out->fns);
-    sj_logf(b->rt, SJ_LOG_COMPILE, "cpu: %s: %s", tag, what);
-    return sj_seterr(SJ_EBACKEND, "cpu backend: %s: %s", tag, what);
+    return sj_backend_fail(b->rt, "cpu", out, tag, what);
 }
 
-/* The compiler's first line that mentions an error (else its first line). */
-static const char *error_line(const char *log, int *len) {
-    const char *line = log;
-    for (const char *p = log; *p; p += strcspn(p, "\n"), p += *p == '\n') {
-        int n = (int)strcspn(p, "\n");
-        if (memmem(p, (size_t)n, "error", 5)) {
-            line = p;
-            break;
-        }
-    }
-    *len = (int)strcspn(line, "\n");
-    return line;
-}
 
 static void remove_tmpdir(const char *dir) {
     char p[PATH_MAX];
@@ -314,7 +256,7 @@ static sj_status compile_fresh(cpu_backend *b, const sj_compile_req *req, const 
     }
     snprintf(cfile, sizeof cfile, "%s/k.c", dir);
     snprintf(sofile, sizeof sofile, "%s/k.so", dir);
-    if (write_file(cfile, src, req->source_len)) {
+    if (sj_backend_write_file(cfile, src, req->source_len)) {
         snprintf(msg, sizeof msg, "cannot write %s: %s", cfile, strerror(errno));
         remove_tmpdir(dir);
         snprintf(out->log, sizeof out->log, "%s", msg);
@@ -347,7 +289,7 @@ static sj_status compile_fresh(cpu_backend *b, const sj_compile_req *req, const 
         else if (r.signal) snprintf(msg, sizeof msg, "compile failed: '%s' killed by signal %d", b->cc, r.signal);
         else {
             int n;
-            const char *line = error_line(out->log, &n);
+            const char *line = sj_backend_error_line(out->log, &n);
             snprintf(msg, sizeof msg, "compile failed: '%s' exited with %d: %.*s", b->cc, r.exit_code, n, line);
         }
         if (rc || !out->log[0]) snprintf(out->log, sizeof out->log, "%s", msg);
@@ -386,7 +328,7 @@ static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_com
     src[req->source_len] = '\0';
     const char *parts[] = {src, "cpu", b->identity};
     sj_cache_key(out->key, parts, 3);
-    if (b->dump_dir) dump_source(b, tag, src, req->source_len);
+    if (b->dump_dir) sj_backend_dump(b->rt, "cpu", b->dump_dir, tag, ".c", src, req->source_len);
 
     sj_status st;
     char path[PATH_MAX];

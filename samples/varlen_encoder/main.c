@@ -10,6 +10,7 @@
  * a summary follows (total time, p50/p99/max latency, traces, entries).
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,11 +169,24 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     float *x = filled((size_t)max_len * H, 1.0f, 0);
     float *y = malloc((size_t)max_len * H * sizeof *y);
+    /* On the CUDA backend requests live in device memory: one buffer each
+     * for the longest request, viewed at each request's length. */
+    bool gpu = sj_runtime_backend(rt) == SJ_BACKEND_CUDA;
+    sj_tensor dx = {.dtype = SJ_F32, .rank = 3, .shape = {1, max_len, H}, .device = SJ_CUDA}, dy = dx;
+    if (gpu) {
+        sj_tensor hx = sj_tensor_make(x, SJ_F32, 3, (int64_t[]){1, max_len, H});
+        if (sj_tensor_alloc(rt, &dx) || sj_tensor_alloc(rt, &dy) || sj_tensor_copy(rt, &dx, &hx)) {
+            fprintf(stderr, "device buffers: %s\n", sj_last_error());
+            return 1;
+        }
+    }
     double *lat = malloc((size_t)n * sizeof *lat);
     double checksum = 0, t_start = now_ms();
     for (int i = 0; i < n; i++) {
         int64_t shape[3] = {1, lens[i], H};
-        sj_tensor in = sj_tensor_make(x, SJ_F32, 3, shape), out = sj_tensor_make(y, SJ_F32, 3, shape);
+        sj_tensor in = sj_tensor_make(gpu ? dx.data : x, SJ_F32, 3, shape),
+                  out = sj_tensor_make(gpu ? dy.data : y, SJ_F32, 3, shape);
+        in.device = out.device = gpu ? SJ_CUDA : SJ_HOST;
         sj_stats before;
         sj_fn_stats(fn, &before);
         double t0 = now_ms();
@@ -184,6 +198,13 @@ int main(int argc, char **argv) {
         }
         sj_stats after;
         sj_fn_stats(fn, &after);
+        if (gpu) { /* bring the result back (a server would hand the device buffer on) */
+            sj_tensor hy = sj_tensor_make(y, SJ_F32, 3, shape);
+            if (sj_tensor_copy(rt, &hy, &out)) {
+                fprintf(stderr, "copy back: %s\n", sj_last_error());
+                return 1;
+            }
+        }
         checksum += y[0] + y[(size_t)lens[i] * H - 1];
         const char *how = after.traces > before.traces                       ? "traced, eager"
                           : after.eager_calls > before.eager_calls           ? "eager"
@@ -229,6 +250,8 @@ int main(int argc, char **argv) {
     printf("         checksum %.6f\n", checksum);
 
     free(lat);
+    sj_tensor_free(rt, &dx);
+    sj_tensor_free(rt, &dy);
     free(x);
     free(y);
     free(lens);

@@ -1,0 +1,299 @@
+/* CUDA benchmarks for the shared workloads (../shared/workloads/README.md),
+ * printing JSON lines joinable with the PyTorch peer's
+ * (../shared/peers/compare.py):
+ *
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3]
+ *
+ * Modes: eager (no compiling), fused_static (an entry per size, every size a
+ * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
+ * are compiled before timing (synchronous mode, outside the timed region).
+ * Each measurement is the median of many calls timed with CUDA events
+ * around the whole call (host dispatch included), after a warm-up, on
+ * random inputs. w0 is host microseconds per sj_call, which waits for the
+ * result. Without a GPU it prints one line saying so and exits 0.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "jit/runtime.h"
+#include "jit/shapejit.h"
+
+#ifdef SJ_WITH_CUDA
+#include "kernels/cuda/cuda_dev.h"
+
+static int quick;
+static double ceiling;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_cuda: %s: %s\n", what, sj_last_error());
+    exit(1);
+}
+
+/* A device tensor of random floats in [lo, hi) (never all zeros). */
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static sj_tensor dev_rand(sj_runtime *rt, int rank, const int64_t *shape, float lo, float hi) {
+    sj_tensor t = {.dtype = SJ_F32, .rank = rank, .device = SJ_CUDA};
+    for (int i = 0; i < rank; i++) t.shape[i] = shape[i];
+    if (sj_tensor_alloc(rt, &t)) die("alloc");
+    int64_t n = sj_tensor_numel(&t);
+    float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+    for (int64_t i = 0; i < n; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        h[i] = lo + (hi - lo) * (float)((rng >> 40) * (1.0 / 16777216.0));
+    }
+    sj_tensor ht = sj_tensor_make(h, SJ_F32, rank, shape);
+    if (sj_tensor_copy(rt, &t, &ht)) die("copy");
+    free(h);
+    return t;
+}
+
+/* -- Ceiling -------------------------------------------------------------------- */
+
+static void bench_ceiling(sj_runtime *rt) {
+    sj_cuda *cu = rt->cuda;
+    size_t bytes = (size_t)1 << 30;
+    CUdeviceptr a = sj_cuda_alloc(cu, bytes, cu->stream), b = sj_cuda_alloc(cu, bytes, cu->stream);
+    if (!a || !b) die("ceiling buffers");
+    CUevent e0, e1;
+    cu->api.EventCreate(&e0, 0);
+    cu->api.EventCreate(&e1, 0);
+    double t[20];
+    cu->api.MemsetD8Async(a, 0x3c, bytes, cu->stream);
+    for (int i = 0; i < 23; i++) {
+        cu->api.EventRecord(e0, cu->stream);
+        cu->api.MemcpyDtoDAsync(b, a, bytes, cu->stream);
+        cu->api.EventRecord(e1, cu->stream);
+        cu->api.EventSynchronize(e1);
+        float ms;
+        cu->api.EventElapsedTime(&ms, e0, e1);
+        if (i >= 3) t[i - 3] = ms;
+    }
+    qsort(t, 20, sizeof t[0], cmp_double);
+    ceiling = 2.0 * (double)bytes / (t[10] * 1e-3) / 1e9;
+    printf("{\"workload\": \"ceiling\", \"backend\": \"cuda\", \"device\": \"%s\", \"copy_GBps_read_plus_write\": %.1f}\n",
+           cu->name, ceiling);
+    cu->api.EventDestroy(e0);
+    cu->api.EventDestroy(e1);
+    sj_cuda_free(cu, a, cu->stream);
+    sj_cuda_free(cu, b, cu->stream);
+    sj_cuda_release_cached(cu);
+}
+
+/* -- Models --------------------------------------------------------------------- */
+
+static sj_status w0_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_add(t, in[0], sj_scalar(t, 1.0)));
+}
+static sj_status w1_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val x = in[0];
+    return sj_output(t, sj_mul(t, sj_gelu(t, sj_add(t, sj_mul(t, x, in[1]), in[2])), sj_sigmoid(t, x)));
+}
+static sj_status w2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val h = sj_add(t, in[0], in[1]);
+    sj_output(t, sj_gelu(t, sj_layer_norm(t, h, in[2], in[3], 1e-5)));
+    return sj_output(t, h);
+}
+static sj_status w3_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
+}
+
+typedef enum { MODE_EAGER, MODE_STATIC, MODE_SYMBOLIC } bench_mode;
+static const char *const mode_names[] = {"eager", "fused_static", "fused_symbolic"};
+
+static sj_runtime *make_runtime(bench_mode m) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.compile_mode = m == MODE_EAGER ? SJ_COMPILE_OFF : SJ_COMPILE_SYNC;
+    cfg.cache_dir = NULL;
+    sj_runtime *rt;
+    if (sj_runtime_create(&cfg, &rt)) die("runtime");
+    return rt;
+}
+
+static sj_fn *make_fn(sj_runtime *rt, const char *name, int n_in, sj_model_fn m, bench_mode mode) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = mode == MODE_SYMBOLIC ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
+    o.hot_threshold = 1;
+    o.recompile_limit = 64;
+    o.specialize_threshold = 1000000; /* the symbolic mode measures the symbolic kernels */
+    sj_fn *fn;
+    if (sj_fn_create(rt, name, n_in, m, NULL, &o, &fn)) die("fn");
+    return fn;
+}
+
+/* -- w0 ---------------------------------------------------------------------------- */
+
+static void bench_w0(void) {
+    for (int mode = MODE_EAGER; mode <= MODE_STATIC; mode++) {
+        sj_runtime *rt = make_runtime((bench_mode)mode);
+        sj_fn *fn = make_fn(rt, "w0", 1, w0_model, (bench_mode)mode);
+        int64_t n = 8;
+        sj_tensor x = dev_rand(rt, 1, &n, -1, 1), y = {.dtype = SJ_F32, .rank = 1, .shape = {8}, .device = SJ_CUDA};
+        if (sj_tensor_alloc(rt, &y)) die("alloc");
+        int reps = quick ? 500 : 3000;
+        double *t = malloc(sizeof(double) * (size_t)reps);
+        for (int i = 0; i < 100; i++)
+            if (sj_call(fn, &x, 1, &y, 1)) die("w0");
+        for (int i = 0; i < reps; i++) {
+            double t0 = now_s();
+            sj_call(fn, &x, 1, &y, 1);
+            t[i] = (now_s() - t0) * 1e6;
+        }
+        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        printf("{\"workload\": \"w0\", \"mode\": \"%s\", \"backend\": \"cuda\", \"host_us_per_call\": %.3f, "
+               "\"p90_us\": %.3f}\n",
+               mode_names[mode], t[reps / 2], t[reps * 9 / 10]);
+        fflush(stdout);
+        free(t);
+        sj_tensor_free(rt, &x);
+        sj_tensor_free(rt, &y);
+        sj_runtime_destroy(rt);
+    }
+}
+
+/* -- w1-w3 ---------------------------------------------------------------------------- */
+
+typedef struct wcase {
+    sj_tensor in[4], out[2];
+    int n_in, n_out;
+    double bytes;
+} wcase;
+
+static void make_case(sj_runtime *rt, int w, int64_t S, wcase *c) {
+    memset(c, 0, sizeof *c);
+    if (w == 1) {
+        int64_t H = 4096;
+        c->n_in = 3, c->n_out = 1;
+        c->in[0] = dev_rand(rt, 2, (int64_t[]){S, H}, -2, 2);
+        c->in[1] = dev_rand(rt, 1, &H, -2, 2);
+        c->in[2] = dev_rand(rt, 1, &H, -2, 2);
+        c->bytes = (2.0 * S * H + 2.0 * H) * 4;
+    } else if (w == 2) {
+        int64_t H = 768;
+        c->n_in = 4, c->n_out = 2;
+        c->in[0] = dev_rand(rt, 2, (int64_t[]){S, H}, -2, 2);
+        c->in[1] = dev_rand(rt, 2, (int64_t[]){S, H}, -2, 2);
+        c->in[2] = dev_rand(rt, 1, &H, 0.5f, 1.5f);
+        c->in[3] = dev_rand(rt, 1, &H, -0.5f, 0.5f);
+        c->bytes = (4.0 * S * H + 2.0 * H) * 4;
+    } else {
+        int64_t BH = 12;
+        c->n_in = 2, c->n_out = 1;
+        c->in[0] = dev_rand(rt, 3, (int64_t[]){BH, S, S}, -3, 3);
+        c->in[1] = dev_rand(rt, 3, (int64_t[]){BH, 1, S}, -1, 1);
+        c->bytes = (2.0 * BH * S * S + BH * S) * 4;
+    }
+}
+
+static void free_case(sj_runtime *rt, wcase *c) {
+    for (int i = 0; i < c->n_in; i++) sj_tensor_free(rt, &c->in[i]);
+    for (int i = 0; i < c->n_out; i++) sj_tensor_free(rt, &c->out[i]);
+}
+
+static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c) {
+    sj_cuda *cu = rt->cuda;
+    CUstream s = cu->stream;
+    for (int i = 0; i < c->n_out; i++) sj_tensor_free(rt, &c->out[i]);
+    if (sj_call(fn, c->in, c->n_in, c->out, c->n_out)) die("warm-up call"); /* traces, compiles, allocates */
+    CUevent e0, e1;
+    cu->api.EventCreate(&e0, 0);
+    cu->api.EventCreate(&e1, 0);
+    int reps = quick ? 20 : 60;
+    double t[64];
+    for (int i = 0; i < 5 + reps; i++) {
+        cu->api.EventRecord(e0, s);
+        if (sj_call_stream(fn, c->in, c->n_in, c->out, c->n_out, NULL)) die("call");
+        cu->api.EventRecord(e1, s);
+        cu->api.EventSynchronize(e1);
+        float ms;
+        cu->api.EventElapsedTime(&ms, e0, e1);
+        if (i >= 5) t[i - 5] = ms;
+    }
+    cu->api.EventDestroy(e0);
+    cu->api.EventDestroy(e1);
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return t[reps / 2];
+}
+
+static void bench_w(int w) {
+    static const int64_t sizes[4][6] = {{0}, {1, 17, 128, 1000, 4096, 16384}, {1, 17, 128, 1000, 4096, 32768},
+                                        {16, 100, 512, 1024, 2048}};
+    static const sj_model_fn models[4] = {NULL, w1_model, w2_model, w3_model};
+    int ns = w == 3 ? 5 : 6;
+    for (int mode = 0; mode < 3; mode++) {
+        sj_runtime *rt = make_runtime((bench_mode)mode);
+        char name[4] = {'w', (char)('0' + w), 0};
+        sj_fn *fn = NULL;
+        for (int i = 0; i < ns; i++) {
+            if (quick && i == ns - 1) break;
+            wcase c;
+            make_case(rt, w, sizes[w][i], &c);
+            if (!fn) fn = make_fn(rt, name, c.n_in, models[w], (bench_mode)mode);
+            double ms = time_ms(rt, fn, &c);
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            double gbs = c.bytes / (ms * 1e-3) / 1e9;
+            printf("{\"workload\": \"%s\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float32\", \"S\": %lld, "
+                   "\"median_ms\": %.4f, \"GBps\": %.1f, \"of_ceiling\": %.3f, \"compiles\": %llu, \"eager_calls\": %llu}\n",
+                   name, mode_names[mode], (long long)sizes[w][i], ms, gbs, gbs / ceiling,
+                   (unsigned long long)st.compiles, (unsigned long long)st.eager_calls);
+            fflush(stdout);
+            free_case(rt, &c);
+        }
+        sj_runtime_destroy(rt);
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *wl = "ceiling,w0,w1,w2,w3";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3]\n", argv[0]);
+            return 2;
+        }
+    }
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.cache_dir = NULL;
+    sj_runtime *rt;
+    if (sj_runtime_create(&cfg, &rt)) {
+        printf("{\"workload\": \"skipped\", \"reason\": \"no CUDA device: %s\"}\n", sj_last_error());
+        return 0;
+    }
+    bench_ceiling(rt);
+    sj_runtime_destroy(rt);
+    if (strstr(wl, "w0")) bench_w0();
+    for (int w = 1; w <= 3; w++) {
+        char name[4] = {'w', (char)('0' + w), 0};
+        if (strstr(wl, name)) bench_w(w);
+    }
+    return 0;
+}
+
+#else
+
+int main(void) {
+    printf("{\"workload\": \"skipped\", \"reason\": \"built without the CUDA backend\"}\n");
+    return 0;
+}
+
+#endif

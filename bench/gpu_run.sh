@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU session's one command: run on the GPU machine (it cannot install
+# packages) from a build made on a development machine.
+#
+#   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
+#                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
+#             .peer/       ../shared/peers and ../shared/workloads
+#   usage:    bash bench/gpu_run.sh [tests|bench|sample|cpu|all]     (results under $OUT)
+#
+# The tests print their results; the benchmarks write ours.jsonl and
+# torch.jsonl (the PyTorch peer, same run) and compare.txt (ratios).
+set -u
+what=${1:-all}
+[ -f .gpu-build/pkg.tar.xz ] && tar xf .gpu-build/pkg.tar.xz
+OUT=${OUT:-/tmp/sj_out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/.devdeps:${LD_LIBRARY_PATH:-}"
+export SHAPEJIT_CACHE_DIR=/tmp/sj_cache
+B=.gpu-build/bin
+summary="$OUT/summary.txt"
+echo "== gpu_run.sh $what $(date -u +%FT%TZ)" >> "$summary"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$summary"
+echo "cpus: $(nproc); cc: $(cc --version 2>/dev/null | head -1)" | tee -a "$summary"
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+    for t in ${SJ_TESTS:-test_cuda_dev test_cuda_eager test_codegen_cuda test_cuda_jit}; do
+        [ -x "$B/$t" ] || { echo "MISSING $t" | tee -a "$summary"; continue; }
+        start=$(date +%s)
+        timeout ${SJ_TEST_TIMEOUT:-300} "$B/$t" > "/tmp/$t.log" 2>&1
+        rc=$?
+        secs=$(( $(date +%s) - start ))
+        line=$(grep -E "PASSED|FAILED|skipped" "/tmp/$t.log" | tr '\n' ' ')
+        echo "$t rc=$rc ${secs}s: $line" | tee -a "$summary"
+        [ $rc -ne 0 ] && grep -E "ERROR|FAIL|error|Failure" "/tmp/$t.log" | head -20 | tee -a "$summary"
+        cat "/tmp/$t.log" >> "$OUT/tests.log"
+    done
+fi
+
+if [ "$what" = bench ] || [ "$what" = all ]; then
+    timeout 400 "$B/bench_cuda" > "$OUT/ours.jsonl" 2> /tmp/bench_cuda.err
+    echo "bench_cuda rc=$?" | tee -a "$summary"
+    PYTHONUNBUFFERED=1 timeout 420 python3 .peer/peers/torch_peer.py --workloads ceiling,w0,w1,w2,w3 \
+        --modes eager,compile_auto,compile_dynamic > "$OUT/torch.jsonl" 2> /tmp/torch.err
+    echo "torch_peer rc=$?" | tee -a "$summary"
+    python3 .peer/peers/compare.py "$OUT/ours.jsonl" "$OUT/torch.jsonl" > "$OUT/compare.txt" 2>&1
+    grep -E "ceiling" "$OUT/ours.jsonl" "$OUT/torch.jsonl" | tee -a "$summary"
+    grep -E "^w(0|1 +16384|2 +32768|3 +2048)" "$OUT/compare.txt" | tee -a "$summary"
+fi
+
+if [ "$what" = sample ] || [ "$what" = all ]; then
+    timeout 200 "$B/varlen_encoder" samples/varlen_encoder/lengths.txt --quiet > "$OUT/sample.txt" 2>&1
+    echo "sample rc=$?" | tee -a "$summary"
+    tail -4 "$OUT/sample.txt" | tee -a "$summary"
+fi
+
+if [ "$what" = cpu ] || [ "$what" = all ]; then
+    SHAPEJIT_BACKEND=cpu timeout 300 "$B/bench_cpu" --workloads w1,w2,w3 > "$OUT/cpu16.jsonl" 2>&1
+    echo "bench_cpu rc=$?" | tee -a "$summary"
+fi

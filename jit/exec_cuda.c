@@ -1,0 +1,228 @@
+/* Execution on a CUDA device: the CUDA tables behind the device-neutral
+ * executors (exec.c, exec_fused.c), and the device copies of a graph's
+ * constants and parameters.
+ *
+ * A call's kernels are queued on one stream: the runtime's own for sj_call
+ * (which then waits for them), the caller's for sj_call_stream (which does
+ * not). Intermediates and arenas come from the caching allocator and are
+ * freed stream-ordered at the end of the call, so a warm call never reaches
+ * cuMemAlloc.
+ */
+#ifdef SJ_WITH_CUDA
+
+#include "jit/exec_cuda.h"
+
+#include <string.h>
+
+#include "jit/error.h"
+#include "jit/tensor.h"
+#include "kernels/cpu/eager.h"
+#include "specialize/codegen_cuda.h"
+
+/* -- Kernels ------------------------------------------------------------------- */
+
+#define E(c) ((const sj_cuda_exec *)&((sj_cuda_call *)(c))->e)
+
+static sj_status k_unary(void *c, sj_op op, const sj_tensor *x, const sj_tensor *y) { return sj_cuda_unary(E(c), op, x, y); }
+static sj_status k_binary(void *c, sj_op op, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    return sj_cuda_binary(E(c), op, a, b, y);
+}
+static sj_status k_where(void *c, const sj_tensor *w, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    return sj_cuda_where(E(c), w, a, b, y);
+}
+static sj_status k_copy(void *c, const sj_tensor *x, const sj_tensor *y) { return sj_cuda_copy(E(c), x, y); }
+static sj_status k_reduce(void *c, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y) {
+    return sj_cuda_reduce(E(c), op, x, axis, y);
+}
+static sj_status k_softmax(void *c, const sj_tensor *x, int axis, const sj_tensor *y) {
+    return sj_cuda_softmax(E(c), x, axis, y);
+}
+static sj_status k_layer_norm(void *c, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b, double eps,
+                              const sj_tensor *y) {
+    return sj_cuda_layer_norm(E(c), x, g, b, eps, y);
+}
+static sj_status k_rms_norm(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y) {
+    return sj_cuda_rms_norm(E(c), x, g, eps, y);
+}
+static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    return sj_cuda_matmul(E(c), a, b, y);
+}
+static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
+    return sj_cuda_attention(E(c), q, k, v, lengths, scale, causal, y);
+}
+static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
+    return sj_cuda_concat(E(c), xs, n, axis, y);
+}
+static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, const sj_tensor *y) {
+    sj_cuda_call *cc = c;
+    if (!cc->e.error_flag) { /* a device int for bad indices, zeroed in stream order */
+        cc->e.error_flag = sj_cuda_alloc(cc->e.cuda, sizeof(int), cc->e.stream);
+        if (!cc->e.error_flag) return SJ_ENOMEM;
+        sj_status st = SJ_CU(cc->e.cuda, cc->e.cuda->api.MemsetD8Async(cc->e.error_flag, 0, sizeof(int), cc->e.stream),
+                             "gather: clearing the error flag");
+        if (st) return st;
+    }
+    return sj_cuda_gather(E(c), t, idx, y);
+}
+
+const sj_kernels sj_cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
+                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather};
+
+/* -- The execution table ---------------------------------------------------------- */
+
+static sj_status node(void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
+    return sj_exec_node_on(&sj_cuda_kernels, c, g, n, rv, y);
+}
+
+static sj_status copy(void *c, const sj_tensor *x, const sj_tensor *y) { return sj_cuda_copy(E(c), x, y); }
+
+static void *buf_alloc(void *c, size_t bytes) {
+    sj_cuda_call *cc = c;
+    if (!bytes) return NULL;
+    return (void *)(uintptr_t)sj_cuda_alloc(cc->e.cuda, bytes, cc->e.stream);
+}
+
+static void buf_free(void *c, void *p) {
+    sj_cuda_call *cc = c;
+    sj_cuda_free(cc->e.cuda, (CUdeviceptr)(uintptr_t)p, cc->e.stream);
+}
+
+static sj_status launch(void *c, const sj_group *gr, void *fn, void *const *ptrs, const int64_t *syms,
+                        const int64_t *exv) {
+    sj_cuda_call *cc = c;
+    sj_cuda *cu = cc->e.cuda;
+    sj_launch L;
+    if (!sj_cuda_launch(gr, exv, cu->sm_count, &L)) return SJ_OK;
+    /* parameters: each access's base pointer, then each symbol's value */
+    int n_ptr = gr->n_loads + gr->n_stores, n_sym = cc->n_syms;
+    void *ptr_vals[2 * SJ_MAX_INPUTS + 64];
+    long long sym_vals[SJ_MAX_INPUTS * SJ_MAX_RANK];
+    void *args[2 * SJ_MAX_INPUTS + 64 + SJ_MAX_INPUTS * SJ_MAX_RANK];
+    for (int i = 0; i < n_ptr; i++) {
+        ptr_vals[i] = ptrs[i];
+        args[i] = &ptr_vals[i];
+    }
+    for (int i = 0; i < n_sym; i++) {
+        sym_vals[i] = (long long)syms[i];
+        args[n_ptr + i] = &sym_vals[i];
+    }
+    sj_cuda_bind(cu);
+    return SJ_CU(cu,
+                 cu->api.LaunchKernel((CUfunction)fn, L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
+                                      L.block[2], L.smem, cc->e.stream, args, NULL),
+                 "launching a generated kernel");
+}
+
+static sj_status finish(void *c) {
+    sj_cuda_call *cc = c;
+    sj_cuda *cu = cc->e.cuda;
+    sj_status st = SJ_OK;
+    int flag = 0;
+    if (cc->sync) {
+        sj_cuda_bind(cu);
+        if (cc->e.error_flag)
+            st = SJ_CU(cu, cu->api.MemcpyDtoHAsync(&flag, cc->e.error_flag, sizeof flag, cc->e.stream),
+                       "reading the gather error flag");
+        sj_status sst = SJ_CU(cu, cu->api.StreamSynchronize(cc->e.stream), "waiting for the call's kernels");
+        if (!st) st = sst;
+        if (!st && flag) st = sj_seterr(SJ_EINDEX, "gather: an index is out of range");
+    }
+    if (cc->e.error_flag) sj_cuda_free(cu, cc->e.error_flag, cc->e.stream);
+    cc->e.error_flag = 0;
+    return st;
+}
+
+static void *out_alloc(void *c, size_t bytes) {
+    sj_cuda_call *cc = c;
+    return (void *)(uintptr_t)sj_cuda_alloc(cc->e.cuda, bytes ? bytes : 1, cc->e.stream);
+}
+
+const sj_exec_ops sj_cuda_exec_ops = {
+    .device = SJ_CUDA,
+    .node = node,
+    .copy = copy,
+    .buf_alloc = buf_alloc,
+    .buf_free = buf_free,
+    .out_alloc = out_alloc,
+    .out_free = buf_free,
+    .launch = launch,
+    .finish = finish,
+};
+
+void sj_cuda_call_init(sj_cuda_call *c, sj_cuda *cuda, CUstream stream, bool sync, int n_syms) {
+    memset(c, 0, sizeof *c);
+    c->e.cuda = cuda;
+    c->e.stream = stream;
+    c->sync = sync;
+    c->n_syms = n_syms;
+}
+
+/* -- A graph's constants and parameters on the device --------------------------------- */
+
+static void release(void *ctx, sj_graph *g) {
+    sj_cuda *cu = ctx;
+    if (g->dev_consts) sj_cuda_free(cu, (CUdeviceptr)(uintptr_t)g->dev_consts, cu->stream);
+    if (g->dev_params) {
+        for (int i = 0; i < g->n_params; i++)
+            if (g->params[i].device == SJ_HOST && g->dev_params[i].data)
+                sj_cuda_free(cu, (CUdeviceptr)(uintptr_t)g->dev_params[i].data, cu->stream);
+        free(g->dev_params);
+    }
+    g->dev_consts = NULL;
+    g->dev_params = NULL;
+}
+
+sj_status sj_cuda_upload_graph(sj_cuda *cu, sj_graph *g) {
+    g->dev_ctx = cu;
+    g->dev_release = release;
+    if (g->n_consts) {
+        int64_t bits[256], *all = g->n_consts <= 256 ? bits : malloc(sizeof(int64_t) * (size_t)g->n_consts);
+        if (!all) return sj_seterr(SJ_ENOMEM, "out of memory uploading constants");
+        for (int i = 0; i < g->n_consts; i++) all[i] = g->consts[i].bits;
+        CUdeviceptr d = sj_cuda_alloc(cu, sizeof(int64_t) * (size_t)g->n_consts, cu->stream);
+        sj_status st = d ? sj_cuda_to_device(cu, d, all, sizeof(int64_t) * (size_t)g->n_consts) : SJ_ENOMEM;
+        if (all != bits) free(all);
+        if (st) return st == SJ_ENOMEM && !d ? sj_seterr(SJ_ENOMEM, "out of device memory for constants") : st;
+        g->dev_consts = (void *)(uintptr_t)d;
+    }
+    if (g->n_params) {
+        g->dev_params = calloc((size_t)g->n_params, sizeof *g->dev_params);
+        if (!g->dev_params) return sj_seterr(SJ_ENOMEM, "out of memory uploading parameters");
+        for (int i = 0; i < g->n_params; i++) {
+            const sj_tensor *w = &g->params[i];
+            g->dev_params[i] = *w;
+            if (w->device == SJ_CUDA) continue; /* already device memory: used in place */
+            /* a contiguous device copy of the host weight */
+            sj_tensor d = *w;
+            sj_tensor_set_contiguous(&d);
+            d.device = SJ_CUDA;
+            size_t bytes = sj_tensor_nbytes(&d);
+            CUdeviceptr p = sj_cuda_alloc(cu, bytes ? bytes : 1, cu->stream);
+            if (!p) return sj_seterr(SJ_ENOMEM, "out of device memory for parameter %d (%zu bytes)", i, bytes);
+            d.data = (void *)(uintptr_t)p;
+            g->dev_params[i] = d; /* recorded now, so release frees it on any failure below */
+            void *host = (void *)w->data;
+            void *packed = NULL;
+            if (!sj_tensor_is_contiguous(w)) { /* pack on the host first */
+                packed = malloc(bytes ? bytes : 1);
+                if (!packed) return sj_seterr(SJ_ENOMEM, "out of memory packing parameter %d", i);
+                sj_tensor hp = d;
+                hp.device = SJ_HOST;
+                hp.data = packed;
+                sj_status st = sj_cpu_copy(w, &hp);
+                if (st) {
+                    free(packed);
+                    return st;
+                }
+                host = packed;
+            }
+            sj_status st = sj_cuda_to_device(cu, p, host, bytes);
+            free(packed);
+            if (st) return st;
+        }
+    }
+    return SJ_OK;
+}
+
+#endif /* SJ_WITH_CUDA */

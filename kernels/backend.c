@@ -1,0 +1,75 @@
+/* Helpers the backends share: writing files and dumping generated sources
+ * (declared in kernels/backend.h). */
+#include "kernels/backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "jit/error.h"
+#include "jit/runtime.h"
+
+int sj_backend_write_file(const char *path, const char *data, size_t len) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    while (len > 0) {
+        ssize_t w = write(fd, data, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            errno = e ? e : EIO;
+            return -1;
+        }
+        data += w, len -= (size_t)w;
+    }
+    return close(fd);
+}
+
+static int mkdir_p(const char *dir) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return errno = ENAMETOOLONG, -1;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = '\0';
+        if (mkdir(p, 0755) && errno != EEXIST) return -1;
+        *s = '/';
+    }
+    return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+void sj_backend_dump(const sj_runtime *rt, const char *who, const char *dir, const char *tag, const char *ext,
+                     const char *src, size_t len) {
+    char name[256], path[PATH_MAX];
+    snprintf(name, sizeof name, "%s", tag);
+    for (char *s = name; *s; s++)
+        if (*s == '/') *s = '_';
+    if (mkdir_p(dir) || snprintf(path, sizeof path, "%s/%s%s", dir, name, ext) >= (int)sizeof path ||
+        sj_backend_write_file(path, src, len))
+        sj_logf(rt, SJ_LOG_WARN, "%s: cannot dump %s to %s: %s", who, tag, dir, strerror(errno));
+}
+
+sj_status sj_backend_fail(const sj_runtime *rt, const char *who, sj_compile_result *out, const char *tag,
+                          const char *what) {
+    out->module = NULL;
+    memset(out->fns, 0, sizeof out->fns);
+    sj_logf(rt, SJ_LOG_COMPILE, "%s: %s: %s", who, tag, what);
+    return sj_seterr(SJ_EBACKEND, "%s backend: %s: %s", who, tag, what);
+}
+
+const char *sj_backend_error_line(const char *log, int *len) {
+    const char *line = log;
+    for (const char *p = log; *p; p += strcspn(p, "\n"), p += *p == '\n') {
+        int n = (int)strcspn(p, "\n");
+        if (memmem(p, (size_t)n, "error", 5)) {
+            line = p;
+            break;
+        }
+    }
+    *len = (int)strcspn(line, "\n");
+    return line;
+}

@@ -1,0 +1,306 @@
+/* The CUDA backend (see backend_cuda.h): generated CUDA C compiled by NVRTC
+ * into a CUBIN for the device's own architecture, kept in the persistent
+ * cache, loaded with cuModuleLoadData.
+ *
+ * A compile: key -> cache hit (cuModuleLoadData + cuModuleGetFunction; any
+ * failure is a miss) -> else NVRTC (one program per call: NVRTC is
+ * thread-safe across programs), load the CUBIN, resolve the symbols, and
+ * only then store it, so the cache never receives an image that did not
+ * load here. After creation the backend is immutable: compiles share no
+ * mutable state; module calls bind the device's context first.
+ */
+#include "kernels/cuda/backend_cuda.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jit/error.h"
+
+typedef struct cuda_backend {
+    sj_backend base; /* first: the table the JIT sees */
+    sj_cuda *cuda;
+    sj_cache *cache;
+    char *dump_dir;
+    const sj_runtime *rt;
+    int test_delay_ms, test_fail;
+    char arch[32];       /* "sm_90" */
+    char arch_opt[64];   /* "--gpu-architecture=sm_90" */
+    char nvrtc_id[32];   /* "nvrtc 13.0" */
+    char identity[512];
+} cuda_backend;
+
+struct sj_module {
+    CUmodule mod;
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms) {
+    double end = now_ms() + ms;
+    for (double left; (left = end - now_ms()) > 0;) {
+        double step = left < 5 ? left : 5;
+        struct timespec ts = {0, (long)(step * 1e6)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* -- Loading ------------------------------------------------------------------ */
+
+/* The driver's name and text for r, into buf. */
+static void cu_error_text(const sj_cuda *c, CUresult r, char *buf, size_t n) {
+    const char *name = NULL, *str = NULL;
+    if (c->api.GetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
+    if (c->api.GetErrorString(r, &str) != CUDA_SUCCESS) str = NULL;
+    if (name) snprintf(buf, n, "%s (%s)", name, str ? str : "no description");
+    else snprintf(buf, n, "CUresult %d", (int)r);
+}
+
+/* Load a CUBIN and resolve every symbol into out. On failure writes why to
+ * out->log and returns false with nothing loaded. */
+static bool load(const cuda_backend *b, const void *image, size_t len, const sj_compile_req *req,
+                 sj_compile_result *out) {
+    sj_cuda *c = b->cuda;
+    char err[256];
+    /* cuModuleLoadData takes no length: it reads an ELF by its headers and
+     * anything else as NUL-terminated PTX. NVRTC's CUBINs are ELF; never
+     * hand the driver anything else. */
+    if (len < 64 || memcmp(image, "\x7f" "ELF", 4)) {
+        snprintf(out->log, sizeof out->log, "not a CUBIN (%zu bytes, no ELF header)", len);
+        return false;
+    }
+    sj_cuda_bind(c);
+    CUmodule mod = NULL;
+    CUresult r = c->api.ModuleLoadData(&mod, image);
+    if (r != CUDA_SUCCESS) {
+        cu_error_text(c, r, err, sizeof err);
+        snprintf(out->log, sizeof out->log, "cuModuleLoadData failed: %s (%s code from %s, driver %d)", err, b->arch,
+                 b->nvrtc_id, c->driver_version);
+        return false;
+    }
+    for (int i = 0; i < req->n_symbols; i++) {
+        CUfunction f = NULL;
+        r = c->api.ModuleGetFunction(&f, mod, req->symbols[i]);
+        if (r != CUDA_SUCCESS || !f) {
+            if (r == CUDA_ERROR_NOT_FOUND)
+                snprintf(out->log, sizeof out->log,
+                         "symbol '%s' not found in the compiled unit (a kernel needs extern \"C\" __global__)",
+                         req->symbols[i]);
+            else {
+                cu_error_text(c, r, err, sizeof err);
+                snprintf(out->log, sizeof out->log, "cuModuleGetFunction('%s') failed: %s", req->symbols[i], err);
+            }
+            c->api.ModuleUnload(mod);
+            return false;
+        }
+        out->fns[i] = (void *)f;
+    }
+    sj_module *m = malloc(sizeof *m);
+    if (!m) {
+        snprintf(out->log, sizeof out->log, "out of memory");
+        c->api.ModuleUnload(mod);
+        return false;
+    }
+    m->mod = mod;
+    out->module = m;
+    return true;
+}
+
+/* -- Compile ------------------------------------------------------------------- */
+
+static sj_status fail(const cuda_backend *b, sj_compile_result *out, const char *tag, const char *what) {
+    return sj_backend_fail(b->rt, "cuda", out, tag, what);
+}
+
+
+/* The program's log into out->log (truncated). */
+static void program_log(const sj_cuda_api *a, nvrtcProgram prog, sj_compile_result *out) {
+    out->log[0] = '\0';
+    size_t n = 0;
+    if (a->nvrtcGetProgramLogSize(prog, &n) != NVRTC_SUCCESS || n <= 1) return;
+    char *text = malloc(n);
+    if (!text) return;
+    if (a->nvrtcGetProgramLog(prog, text) == NVRTC_SUCCESS) {
+        text[n - 1] = '\0';
+        snprintf(out->log, sizeof out->log, "%s", text);
+    }
+    free(text);
+}
+
+/* Runs NVRTC on src; on success *cubin (malloc'd) and *len. */
+static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag, sj_compile_result *out,
+                               char **cubin, size_t *len) {
+    const sj_cuda_api *a = &b->cuda->api;
+    char name[256], msg[sizeof out->log + 128];
+    snprintf(name, sizeof name, "%s.cu", tag);
+    nvrtcProgram prog = NULL;
+    nvrtcResult nr = a->nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL);
+    if (nr != NVRTC_SUCCESS) {
+        snprintf(out->log, sizeof out->log, "NVRTC: nvrtcCreateProgram: %s", a->nvrtcGetErrorString(nr));
+        return fail(b, out, tag, out->log);
+    }
+    const char *opts[] = {b->arch_opt, "--std=c++17", "-default-device", "--extra-device-vectorization", "-lineinfo"};
+    double t0 = now_ms();
+    nr = a->nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
+    out->compile_ms = now_ms() - t0;
+    if (nr != NVRTC_SUCCESS) {
+        program_log(a, prog, out);
+        a->nvrtcDestroyProgram(&prog);
+        int n;
+        const char *line = sj_backend_error_line(out->log, &n);
+        snprintf(msg, sizeof msg, "NVRTC: %s: %.*s", a->nvrtcGetErrorString(nr), n, line);
+        if (!out->log[0]) snprintf(out->log, sizeof out->log, "%s", msg);
+        return fail(b, out, tag, msg);
+    }
+    size_t size = 0;
+    char *image = NULL;
+    nr = a->nvrtcGetCUBINSize(prog, &size);
+    if (nr == NVRTC_SUCCESS && size > 0) {
+        if (!(image = malloc(size))) {
+            a->nvrtcDestroyProgram(&prog);
+            snprintf(out->log, sizeof out->log, "out of memory for a %zu-byte CUBIN", size);
+            fail(b, out, tag, out->log);
+            return sj_seterr(SJ_ENOMEM, "cuda backend: %s: %s", tag, out->log);
+        }
+        nr = a->nvrtcGetCUBIN(prog, image);
+    }
+    a->nvrtcDestroyProgram(&prog);
+    if (nr != NVRTC_SUCCESS || size == 0) {
+        free(image);
+        snprintf(out->log, sizeof out->log, "NVRTC: no CUBIN for %s: %s", b->arch,
+                 nr != NVRTC_SUCCESS ? a->nvrtcGetErrorString(nr) : "empty");
+        return fail(b, out, tag, out->log);
+    }
+    *cubin = image, *len = size;
+    return SJ_OK;
+}
+
+static sj_status compile_fresh(cuda_backend *b, const sj_compile_req *req, const char *src, const char *tag,
+                               const char *note, sj_compile_result *out) {
+    char *cubin = NULL;
+    size_t len = 0;
+    sj_status st = nvrtc_compile(b, src, tag, out, &cubin, &len);
+    if (st) return st;
+    if (!load(b, cubin, len, req, out)) {
+        free(cubin);
+        return fail(b, out, tag, out->log);
+    }
+    out->log[0] = '\0';
+    if (b->cache && sj_cache_store(b->cache, out->key, "cubin", cubin, len))
+        sj_logf(b->rt, SJ_LOG_WARN, "cuda: %s: not cached: %s", tag, sj_last_error());
+    free(cubin);
+    sj_logf(b->rt, SJ_LOG_COMPILE, "cuda: %s: compiled in %.1f ms for %s (%zu-byte CUBIN, key %.16s)%s", tag,
+            out->compile_ms, b->arch, len, out->key, note);
+    return SJ_OK;
+}
+
+static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!out) return sj_seterr(SJ_EINVAL, "cuda backend: compile: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (b->test_delay_ms > 0) sleep_ms(b->test_delay_ms);
+    if (!req || !req->source || req->n_symbols < 0 || req->n_symbols > 64 || (req->n_symbols && !req->symbols)) {
+        snprintf(out->log, sizeof out->log, "invalid compile request");
+        return sj_seterr(SJ_EINVAL, "cuda backend: invalid compile request");
+    }
+    for (int i = 0; i < req->n_symbols; i++)
+        if (!req->symbols[i]) return sj_seterr(SJ_EINVAL, "cuda backend: symbol %d is NULL", i);
+    const char *tag = req->tag && req->tag[0] ? req->tag : "unit";
+    if (memchr(req->source, '\0', req->source_len))
+        return sj_seterr(SJ_EINVAL, "cuda backend: %s: the source contains a NUL byte", tag);
+    char *src = malloc(req->source_len + 1); /* NUL-terminated for the key and NVRTC */
+    if (!src) return sj_seterr(SJ_ENOMEM, "cuda backend: out of memory");
+    memcpy(src, req->source, req->source_len);
+    src[req->source_len] = '\0';
+    const char *parts[] = {src, "cuda", b->arch, b->nvrtc_id};
+    sj_cache_key(out->key, parts, 4);
+    if (b->dump_dir) sj_backend_dump(b->rt, "cuda", b->dump_dir, tag, ".cu", src, req->source_len);
+
+    sj_status st;
+    char note[sizeof out->log + 64] = "";
+    bool hit = false;
+    void *image = NULL;
+    size_t len = 0;
+    if (!b->test_fail && b->cache && sj_cache_load(b->cache, out->key, "cubin", &image, &len)) {
+        hit = load(b, image, len, req, out);
+        if (!hit) snprintf(note, sizeof note, "; cached artifact unusable: %s", out->log);
+        free(image);
+    }
+    if (b->test_fail) {
+        snprintf(out->log, sizeof out->log, "compile failed (test hook)");
+        st = fail(b, out, tag, out->log);
+    } else if (hit) {
+        out->from_cache = true;
+        out->log[0] = '\0';
+        sj_logf(b->rt, SJ_LOG_COMPILE, "cuda: %s: cache hit (key %.16s)", tag, out->key);
+        st = SJ_OK;
+    } else {
+        out->log[0] = '\0'; /* a failed cache load is just a miss */
+        memset(out->fns, 0, sizeof out->fns);
+        st = compile_fresh(b, req, src, tag, note, out);
+    }
+    free(src);
+    return st;
+}
+
+/* -- Table and lifecycle ------------------------------------------------------- */
+
+static void cuda_unload(sj_backend *base, sj_module *m) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!m) return;
+    sj_cuda_bind(b->cuda);
+    b->cuda->api.ModuleUnload(m->mod);
+    free(m);
+}
+
+static const char *cuda_identity_fn(sj_backend *base) { return ((cuda_backend *)base)->identity; }
+
+static void cuda_destroy(sj_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!b) return;
+    free(b->dump_dir);
+    free(b);
+}
+
+sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend **out) {
+    if (!out) return sj_seterr(SJ_EINVAL, "sj_cuda_backend_create: out is NULL");
+    *out = NULL;
+    if (!cfg || !cfg->cuda) return sj_seterr(SJ_EINVAL, "sj_cuda_backend_create: no CUDA device given");
+    if (cfg->test_delay_ms < 0) return sj_seterr(SJ_EINVAL, "sj_cuda_backend_create: test_delay_ms < 0");
+    const sj_cuda *c = cfg->cuda;
+    if (!c->api.nvrtcCompileProgram || !c->ctx)
+        return sj_seterr(SJ_EINVAL, "sj_cuda_backend_create: the CUDA device is not open");
+    cuda_backend *b = calloc(1, sizeof *b);
+    if (!b) return sj_seterr(SJ_ENOMEM, "sj_cuda_backend_create: out of memory");
+    if (cfg->dump_dir && cfg->dump_dir[0] && !(b->dump_dir = strdup(cfg->dump_dir))) {
+        free(b);
+        return sj_seterr(SJ_ENOMEM, "sj_cuda_backend_create: out of memory");
+    }
+    b->cuda = cfg->cuda;
+    b->cache = cfg->cache;
+    b->rt = cfg->rt;
+    b->test_delay_ms = cfg->test_delay_ms;
+    b->test_fail = cfg->test_fail;
+    snprintf(b->arch, sizeof b->arch, "sm_%d%d", c->cc_major, c->cc_minor);
+    snprintf(b->arch_opt, sizeof b->arch_opt, "--gpu-architecture=%s", b->arch);
+    snprintf(b->nvrtc_id, sizeof b->nvrtc_id, "nvrtc %d.%d", c->nvrtc_major, c->nvrtc_minor);
+    snprintf(b->identity, sizeof b->identity, "cuda %s %s %s driver %d", b->arch, c->name, b->nvrtc_id,
+             c->driver_version);
+    b->base.name = "cuda";
+    b->base.compile = cuda_compile;
+    b->base.unload = cuda_unload;
+    b->base.identity = cuda_identity_fn;
+    b->base.destroy = cuda_destroy;
+    *out = &b->base;
+    return SJ_OK;
+}

@@ -1,0 +1,29 @@
+/* The CUDA backend: generated CUDA C compiled by NVRTC for the device's own
+ * architecture (sm_90 on Hopper) into a CUBIN, cached on disk, loaded with
+ * cuModuleLoadData; the resolved symbols are CUfunction handles.
+ *
+ * The cache key covers the source, "cuda", the device architecture and the
+ * NVRTC version; artifacts are stored with the extension "cubin". NVRTC
+ * options: --gpu-architecture=sm_<major><minor>, --std=c++17,
+ * -default-device, --extra-device-vectorization (no fast math: erf, exp and
+ * division keep their IEEE behaviour, as the eager kernels do).
+ */
+#ifndef SJ_BACKEND_CUDA_H
+#define SJ_BACKEND_CUDA_H
+
+#include "jit/cache.h"
+#include "jit/runtime.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_dev.h"
+
+typedef struct sj_cuda_backend_config {
+    sj_cuda *cuda;          /* borrowed; outlives the backend */
+    sj_cache *cache;        /* NULL: no persistent cache */
+    const char *dump_dir;   /* NULL: none; else every source as <tag>.cu */
+    const sj_runtime *rt;   /* logging (SJ_LOG_COMPILE) */
+    int test_delay_ms, test_fail; /* test hooks, as the CPU backend's */
+} sj_cuda_backend_config;
+
+sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend **out);
+
+#endif

@@ -1,0 +1,87 @@
+/* One CUDA device as the runtime uses it: the driver API loaded, the
+ * device's primary context retained, the runtime's own stream, a caching
+ * allocator for device memory, a cuBLASLt handle with its workspace, and the
+ * module of eager kernels built ahead of time (kernels/cuda/eager.cu).
+ *
+ * Opening it (sj_cuda_open) creates the context, which takes a few hundred
+ * milliseconds on a cold GPU: the runtime does it in sj_runtime_create,
+ * never on a request.
+ *
+ * Threads: every function here may be called from any thread; the context
+ * is made current on the calling thread by sj_cuda_bind (cheap when it
+ * already is). The allocator is protected by a mutex held only for its
+ * bookkeeping.
+ */
+#ifndef SJ_CUDA_DEV_H
+#define SJ_CUDA_DEV_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "kernels/cuda/cuda_api.h"
+
+typedef struct sj_cuda_block sj_cuda_block; /* the allocator's bookkeeping (cuda_dev.c) */
+
+typedef struct sj_cuda {
+    sj_cuda_api api;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream;        /* the runtime's own stream (non-blocking) */
+    int ordinal;            /* device index */
+    char name[256];
+    int cc_major, cc_minor; /* compute capability (9.0 on Hopper) */
+    int sm_count;
+    int max_smem_optin;     /* bytes of shared memory a block may opt in to */
+    size_t l2_bytes, total_mem;
+    int driver_version, nvrtc_major, nvrtc_minor;
+
+    cublasLtHandle_t lt;
+    CUdeviceptr lt_workspace;
+    size_t lt_workspace_bytes;
+
+    CUmodule eager;         /* the ahead-of-time eager kernels (NULL until loaded) */
+    void *eager_fns;        /* kernels/cuda/eager_cuda.c's table of CUfunctions */
+
+    pthread_mutex_t alloc_lock;
+    sj_cuda_block *cached;  /* free blocks, by size */
+    size_t cached_bytes, live_bytes;
+    uint64_t allocs, cache_hits;
+} sj_cuda;
+
+/* Load the API, pick device `ordinal`, retain its primary context, create
+ * the stream, the cuBLASLt handle (32 MiB workspace), read the device's
+ * properties. SJ_EBACKEND with a message ("no CUDA device: ...", "no CUDA
+ * driver: ...") when there is none; nothing stays allocated then. */
+sj_status sj_cuda_open(int ordinal, sj_cuda **out);
+void sj_cuda_close(sj_cuda *c); /* NULL is a no-op; frees every cached block */
+
+/* Make c's context current on this thread. */
+void sj_cuda_bind(sj_cuda *c);
+
+/* A status for a failed driver call, with the driver's error name and
+ * string in the message ("<what>: CUDA_ERROR_OUT_OF_MEMORY (out of
+ * memory)"). SJ_ENOMEM for out-of-memory, SJ_EBACKEND otherwise. */
+sj_status sj_cuda_fail(sj_cuda *c, CUresult r, const char *what);
+static inline sj_status sj_cu_check(sj_cuda *c, CUresult r, const char *what) {
+    return r == CUDA_SUCCESS ? SJ_OK : sj_cuda_fail(c, r, what);
+}
+/* Run a driver call once; its status as an sj_status with a message. */
+#define SJ_CU(c, call, what) sj_cu_check((c), (call), (what))
+
+/* -- Memory ------------------------------------------------------------------
+ * A caching allocator: blocks are rounded up (512 B granules below 1 MiB,
+ * 2 MiB above) and kept on free after use. Use is stream-ordered: a block
+ * freed on stream s is handed out again for work on s at once, and for any
+ * other stream only after the work queued on s before the free has finished
+ * (an event recorded at free). On cuMemAlloc failure every cached block is
+ * released and the allocation retried once. Warm calls never reach
+ * cuMemAlloc. */
+CUdeviceptr sj_cuda_alloc(sj_cuda *c, size_t bytes, CUstream s); /* 0 on failure (message set) */
+void sj_cuda_free(sj_cuda *c, CUdeviceptr p, CUstream s);         /* 0 is a no-op */
+void sj_cuda_release_cached(sj_cuda *c);
+
+/* Synchronous copies, for tests and tools. */
+sj_status sj_cuda_to_device(sj_cuda *c, CUdeviceptr dst, const void *src, size_t bytes);
+sj_status sj_cuda_to_host(sj_cuda *c, void *dst, CUdeviceptr src, size_t bytes);
+
+#endif /* SJ_CUDA_DEV_H */

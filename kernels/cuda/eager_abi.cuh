@@ -1,0 +1,184 @@
+/* The interface between the eager CUDA kernels (kernels/cuda/eager.cu, nvcc)
+ * and their host side (kernels/cuda/eager_cuda.c, C11): the list of kernels
+ * and the structs they take by value. Valid C11 and C++17; both sides see
+ * the same layout (fixed-width fields, naturally aligned, no padding that
+ * the two compilers could place differently).
+ *
+ * Every kernel is `extern "C" __global__ void sj_ek_<family>_<tag>(const
+ * __grid_constant__ <args> a)`, launched through the driver API with one
+ * kernel parameter, the struct. Families and the struct each takes:
+ *
+ *   unary_c / unary_s    sj_ek_ew     dtype tag; op = the sj_op
+ *   binary_c / binary_s  sj_ek_ew     operand dtype; op = the sj_op (compare
+ *                                     ops write bool)
+ *   where_c / where_s    sj_ek_ew     element size e1..e8 (bits are moved)
+ *   copy_s               sj_ek_ew     element size (same-dtype strided copy)
+ *   cast_c / cast_s      sj_ek_ew     source dtype; aux = destination dtype
+ *   fill_s               sj_ek_ew     element size; writes zero bits
+ *   reduce_row / _col    sj_ek_rows   dtype; op = SJ_OP_SUM/MEAN/AMAX
+ *   softmax_row / _col   sj_ek_rows   float dtype
+ *   norm_row             sj_ek_rows   float dtype; op = 0 layer norm, 1 RMS
+ *   matmul_int           sj_ek_mm     i32 / i64
+ *   attention            sj_ek_att    float dtype
+ *   gather               sj_ek_gather element size
+ *
+ * _c kernels: every operand is one contiguous run (element stride 1) or a
+ * scalar (stride 0) over the flattened index [0, n); with vec set, every
+ * non-scalar operand is aligned to min(16, 4 * element size) bytes and runs
+ * are read and written 4 elements at a time. _s kernels: any strides over a
+ * collapsed shape of rank <= 8 (operand 0 is the output).
+ *
+ * Launch shapes (the host must respect the __launch_bounds__ given here):
+ *   elementwise   block (256), grid-stride over n           bound 256
+ *   *_row         block (32, W), W in {1..32}: with group 1 each warp owns
+ *                 a row; with group == W the block owns a row  bound 1024
+ *   *_col         block (32, W): 32 rows (outputs) per block, the W warps
+ *                 split the reduced axis                       bound 1024
+ *   matmul_int    block (256), grid-stride over the outputs  bound 256
+ *   attention     block (SJ_EK_ATT_THREADS), one block per (b, h, query),
+ *                 dynamic shared memory (D + Dv + SJ_EK_ATT_CHUNK) floats
+ *   gather        block (256), grid-stride                   bound 256
+ */
+#ifndef SJ_EAGER_ABI_CUH
+#define SJ_EAGER_ABI_CUH
+
+#include <stdint.h>
+
+#define SJ_EK_MAXR 8          /* rank limit of every plan (SJ_MAX_RANK) */
+#define SJ_EK_EW_OPS 4        /* elementwise operands, output first */
+#define SJ_EK_THREADS 256     /* elementwise, matmul_int and gather blocks */
+#define SJ_EK_ROW_MAX 1024    /* row and col kernels: threads per block */
+#define SJ_EK_ATT_THREADS 128 /* attention block */
+#define SJ_EK_ATT_CHUNK 64    /* attention: keys scored per step */
+
+/* -- Kernel list ---------------------------------------------------------
+ * X(family, tag): the kernel sj_ek_<family>_<tag>. Dtype tags follow
+ * sj_dtype's order (f32 f16 bf16 i32 i64 bool); element-size tags are e1,
+ * e2, e4, e8. */
+
+#define SJ_EK_FLOATS(X, fam) X(fam, f32) X(fam, f16) X(fam, bf16)
+#define SJ_EK_NUMERIC(X, fam) SJ_EK_FLOATS(X, fam) X(fam, i32) X(fam, i64)
+#define SJ_EK_ALL(X, fam) SJ_EK_NUMERIC(X, fam) X(fam, bool)
+#define SJ_EK_SIZES(X, fam) X(fam, e1) X(fam, e2) X(fam, e4) X(fam, e8)
+
+#define SJ_EK_LIST(X)                                                                              \
+    SJ_EK_NUMERIC(X, unary_c)                                                                      \
+    SJ_EK_NUMERIC(X, unary_s)                                                                      \
+    SJ_EK_ALL(X, binary_c)                                                                         \
+    SJ_EK_ALL(X, binary_s)                                                                         \
+    SJ_EK_SIZES(X, where_c)                                                                        \
+    SJ_EK_SIZES(X, where_s)                                                                        \
+    SJ_EK_SIZES(X, copy_s)                                                                         \
+    SJ_EK_ALL(X, cast_c)                                                                           \
+    SJ_EK_ALL(X, cast_s)                                                                           \
+    SJ_EK_SIZES(X, fill_s)                                                                         \
+    SJ_EK_NUMERIC(X, reduce_row)                                                                   \
+    SJ_EK_NUMERIC(X, reduce_col)                                                                   \
+    SJ_EK_FLOATS(X, softmax_row)                                                                   \
+    SJ_EK_FLOATS(X, softmax_col)                                                                   \
+    SJ_EK_FLOATS(X, norm_row)                                                                      \
+    X(matmul_int, i32)                                                                             \
+    X(matmul_int, i64)                                                                             \
+    SJ_EK_FLOATS(X, attention)                                                                     \
+    SJ_EK_SIZES(X, gather)
+
+/* -- Elementwise ---------------------------------------------------------
+ * Operand k (0 = output) is ptr[k] with element strides stride[k][0..rank)
+ * over shape[0..rank) (outermost first; collapsed by the host: no size-1
+ * axes, merged where every operand allows). n = the element count.
+ * div_mul/div_shift: shape[d] as a 32-bit magic divisor (q = (umulhi(i,
+ * mul) + i) >> shift), valid when idx32 (n < 2^31); else the kernel divides
+ * in 64 bits. */
+typedef struct sj_ek_ew {
+    uint64_t ptr[SJ_EK_EW_OPS];
+    int64_t shape[SJ_EK_MAXR];
+    int64_t stride[SJ_EK_EW_OPS][SJ_EK_MAXR];
+    uint32_t div_mul[SJ_EK_MAXR];
+    uint32_t div_shift[SJ_EK_MAXR];
+    int64_t n;
+    int32_t rank;
+    int32_t op;    /* sj_op (unary, binary) */
+    int32_t aux;   /* cast: destination sj_dtype */
+    int32_t vec;   /* _c kernels: 4-wide aligned access allowed */
+    int32_t idx32; /* n < 2^31: 32-bit index arithmetic */
+    int32_t pad_;
+} sj_ek_ew;
+
+/* -- Rows: reductions, softmax, norms ------------------------------------
+ * rows = product of shape[0..rank) (the other axes, collapsed; rank >= 1);
+ * row r starts at x + off_x(r), y + off_y(r) with the offsets from
+ * xstride/ystride; its n elements are at strides sx (x) and sy (y; the
+ * reductions write one element). g and b (norms; 0 when absent) are read
+ * at strides sg and sb. group: warps per row (1, or blockDim.y). */
+typedef struct sj_ek_rows {
+    uint64_t y, x, g, b;
+    int64_t shape[SJ_EK_MAXR];
+    int64_t ystride[SJ_EK_MAXR];
+    int64_t xstride[SJ_EK_MAXR];
+    int64_t rows, n;
+    int64_t sx, sy, sg, sb;
+    float eps;
+    int32_t rank;
+    int32_t op;
+    int32_t group;
+} sj_ek_rows;
+
+/* -- Integer matmul --------------------------------------------------------
+ * y[.., M, N] = a[.., M, K] b[.., K, N] over `batches` batches: batch index
+ * unravelled over bshape[0..brank) (collapsed), offsets from bstride[0]
+ * (y), [1] (a), [2] (b). Exact in uint64, narrowed on store. */
+typedef struct sj_ek_mm {
+    uint64_t y, a, b;
+    int64_t bshape[SJ_EK_MAXR];
+    int64_t bstride[3][SJ_EK_MAXR];
+    int64_t batches, M, N, K;
+    int64_t sam, sak, sbk, sbn, sym, syn;
+    int32_t brank;
+    int32_t pad_;
+} sj_ek_mm;
+
+/* -- Attention -------------------------------------------------------------
+ * q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,Dv], y [B,H,Sq,Dv] with element
+ * strides sq, sk, sv, sy; len: 0 or a [B] vector (i32 unless len_i64) at
+ * stride slen. */
+typedef struct sj_ek_att {
+    uint64_t q, k, v, y, len;
+    int64_t sq[4], sk[4], sv[4], sy[4];
+    int64_t slen;
+    int64_t B, H, Sq, Sk, D, Dv;
+    float scale;
+    int32_t causal;
+    int32_t len_i64;
+    int32_t pad_;
+} sj_ek_att;
+
+/* -- Gather ----------------------------------------------------------------
+ * y[p..., r...] = table[idx[p...], r...]: positions p over ishape[0..irank)
+ * (idx strides istride, y strides iystride), row elements r over
+ * rshape[0..rrank) (table strides rtstride from table axis 1 on, y strides
+ * rystride); count = positions, rowel = row elements, V = table rows at
+ * stride ts0. contig: the rows are contiguous in table and y (r is the
+ * offset). An index outside [0, V) sets *flag = 1 and writes nothing.
+ * With rowel == 0 the kernel only checks the indices. */
+typedef struct sj_ek_gather {
+    uint64_t y, table, idx, flag;
+    int64_t ishape[SJ_EK_MAXR], istride[SJ_EK_MAXR], iystride[SJ_EK_MAXR];
+    int64_t rshape[SJ_EK_MAXR], rtstride[SJ_EK_MAXR], rystride[SJ_EK_MAXR];
+    int64_t count, rowel, V, ts0;
+    int32_t irank, rrank;
+    int32_t idx_i64, contig;
+} sj_ek_gather;
+
+/* Both compilers must agree on these sizes (no hidden padding). */
+#ifdef __cplusplus
+#define SJ_EK_SIZE_CHECK(t, n) static_assert(sizeof(t) == (n), #t " layout")
+#else
+#define SJ_EK_SIZE_CHECK(t, n) _Static_assert(sizeof(t) == (n), #t " layout")
+#endif
+SJ_EK_SIZE_CHECK(sj_ek_ew, 448);
+SJ_EK_SIZE_CHECK(sj_ek_rows, 288);
+SJ_EK_SIZE_CHECK(sj_ek_mm, 368);
+SJ_EK_SIZE_CHECK(sj_ek_att, 240);
+SJ_EK_SIZE_CHECK(sj_ek_gather, 464);
+
+#endif /* SJ_EAGER_ABI_CUH */

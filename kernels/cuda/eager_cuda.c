@@ -1,0 +1,938 @@
+/* Eager CUDA ops: the host side of kernels/cuda/eager.cu.
+ *
+ * Every op builds a by-value argument struct (kernels/cuda/eager_abi.cuh),
+ * picks a kernel by op, dtype and layout, and launches it on e->stream with
+ * cuLaunchKernel; nothing synchronizes. Elementwise operands are first
+ * collapsed into a plan (size-1 axes dropped, axes ordered by the output's
+ * strides, neighbours merged where every operand allows), so contiguous
+ * tensors of any rank become one run and take the _c kernels.
+ *
+ * Float matmuls go through cuBLASLt (see "Matmul" below); everything else is
+ * an eager.cu kernel.
+ *
+ * Threads: sj_cuda_eager_load/unload run once, at device open and close.
+ * The ops may be called from any thread; the matmul algorithm cache is
+ * guarded by its own mutex (held only for the lookup and the insert).
+ */
+#include "kernels/cuda/eager_cuda.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/error.h"
+#include "kernels/cuda/eager_abi.cuh"
+
+/* -- Kernel table ------------------------------------------------------------ */
+
+enum {
+#define SJ_X(fam, tag) EK_##fam##_##tag,
+    SJ_EK_LIST(SJ_X)
+#undef SJ_X
+    EK_COUNT
+};
+
+static const char *const ek_names[EK_COUNT] = {
+#define SJ_X(fam, tag) "sj_ek_" #fam "_" #tag,
+    SJ_EK_LIST(SJ_X)
+#undef SJ_X
+};
+
+/* Families are indexed by dtype (sj_dtype order) or by log2(element size). */
+_Static_assert(SJ_F32 == 0 && SJ_F16 == 1 && SJ_BF16 == 2 && SJ_I32 == 3 && SJ_I64 == 4 && SJ_BOOL == 5,
+               "eager_abi.cuh lists dtype tags in sj_dtype order");
+_Static_assert(EK_binary_c_bool - EK_binary_c_f32 == SJ_BOOL && EK_unary_s_i64 - EK_unary_s_f32 == SJ_I64 &&
+                   EK_where_c_e8 - EK_where_c_e1 == 3,
+               "kernel families are contiguous");
+
+#define MM_CACHE 64
+
+typedef struct mm_key {
+    int64_t v[18];
+} mm_key;
+
+typedef struct mm_entry {
+    mm_key key;
+    cublasLtMatmulAlgo_t algo;
+    int used;
+} mm_entry;
+
+typedef struct eager_fns {
+    CUfunction fn[EK_COUNT];
+    pthread_mutex_t lock; /* guards cache and next */
+    mm_entry cache[MM_CACHE];
+    int next;
+} eager_fns;
+
+sj_status sj_cuda_eager_load(sj_cuda *c) {
+    if (c->eager)
+        return SJ_OK;
+    sj_cuda_bind(c);
+    eager_fns *t = calloc(1, sizeof *t);
+    if (!t)
+        return sj_seterr(SJ_ENOMEM, "eager CUDA kernels: out of memory for the kernel table");
+    CUmodule m = NULL;
+    CUresult r = c->api.ModuleLoadData(&m, sj_eager_cuda_fatbin);
+    if (r != CUDA_SUCCESS) {
+        free(t);
+        return sj_cuda_fail(c, r, "eager CUDA kernels: cuModuleLoadData of the embedded fatbin");
+    }
+    for (int i = 0; i < EK_COUNT; i++) {
+        r = c->api.ModuleGetFunction(&t->fn[i], m, ek_names[i]);
+        if (r != CUDA_SUCCESS) {
+            char what[160];
+            snprintf(what, sizeof what, "eager CUDA kernels: kernel %s missing from the module", ek_names[i]);
+            sj_status st = sj_cuda_fail(c, r, what);
+            c->api.ModuleUnload(m);
+            free(t);
+            return st;
+        }
+    }
+    pthread_mutex_init(&t->lock, NULL);
+    c->eager = m;
+    c->eager_fns = t;
+    return SJ_OK;
+}
+
+void sj_cuda_eager_unload(sj_cuda *c) {
+    if (!c || !c->eager)
+        return;
+    sj_cuda_bind(c);
+    c->api.ModuleUnload(c->eager);
+    eager_fns *t = c->eager_fns;
+    pthread_mutex_destroy(&t->lock);
+    free(t);
+    c->eager = NULL;
+    c->eager_fns = NULL;
+}
+
+/* -- Helpers ------------------------------------------------------------------ */
+
+static size_t esize(sj_dtype dt) {
+    switch (dt) {
+#define SJ_X(name, e, bytes)                                                                       \
+    case e: return bytes;
+        SJ_DTYPE_LIST(SJ_X)
+#undef SJ_X
+    default: return 0;
+    }
+}
+
+static int is_float(sj_dtype dt) { return dt == SJ_F32 || dt == SJ_F16 || dt == SJ_BF16; }
+static int log2_size(size_t es) { return es == 1 ? 0 : es == 2 ? 1 : es == 4 ? 2 : 3; }
+static uint64_t dptr(const void *p) { return (uint64_t)(uintptr_t)p; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static int64_t numel(const sj_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+    return n;
+}
+
+static void assert_same_shape(const sj_tensor *a, const sj_tensor *b) {
+    assert(a->rank == b->rank);
+    for (int i = 0; i < a->rank; i++) assert(a->shape[i] == b->shape[i]);
+    (void)a, (void)b;
+}
+
+/* A grid of ceil(work / per_block) blocks, at most 32 waves of the SMs (the
+ * kernels loop grid-stride over the rest). */
+static unsigned grid_for(const sj_cuda *c, int64_t work, int64_t per_block) {
+    int64_t g = (work + per_block - 1) / per_block, cap = (int64_t)(c->sm_count > 0 ? c->sm_count : 16) * 32;
+    g = g < 1 ? 1 : g > cap ? cap : g;
+    return (unsigned)g;
+}
+
+static sj_status launch(const sj_cuda_exec *e, int k, unsigned grid, unsigned bx, unsigned by, unsigned smem,
+                        void *args) {
+    sj_cuda *c = e->cuda;
+    eager_fns *t = c->eager_fns;
+    if (!t)
+        return sj_seterr(SJ_EBACKEND, "%s: the eager CUDA kernels are not loaded", ek_names[k]);
+    void *params[1] = {args};
+    CUresult r = c->api.LaunchKernel(t->fn[k], grid, 1, 1, bx, by, 1, smem, e->stream, params, NULL);
+    if (r != CUDA_SUCCESS) {
+        char what[160];
+        snprintf(what, sizeof what, "launching %s (grid %u, block %ux%u, smem %u)", ek_names[k], grid, bx, by,
+                 smem);
+        return sj_cuda_fail(c, r, what);
+    }
+    return SJ_OK;
+}
+
+/* -- Layout plans ----------------------------------------------------------------
+ * As kernels/cpu/cpu_int.h's cpu_plan: operands ts[0..nops) of ts[0]'s
+ * shape; size-1 axes dropped, the rest ordered by ts[0]'s strides
+ * (outermost first, stable), neighbours merged where every operand's
+ * strides allow. Rank >= 1 (a single element is shape [1], strides 0). */
+
+typedef struct plan {
+    int rank, nops;
+    int64_t shape[SJ_MAX_RANK];
+    int64_t stride[SJ_EK_EW_OPS][SJ_MAX_RANK];
+} plan;
+
+static int64_t plan_init(plan *p, int nops, const sj_tensor *const *ts) {
+    const sj_tensor *y = ts[0];
+    int ax[SJ_MAX_RANK], n = 0;
+    int64_t count = 1;
+    assert(nops >= 1 && nops <= SJ_EK_EW_OPS && y->rank >= 0 && y->rank <= SJ_MAX_RANK);
+    for (int i = 0; i < y->rank; i++) {
+        count *= y->shape[i];
+        if (y->shape[i] != 1)
+            ax[n++] = i;
+    }
+    memset(p, 0, sizeof *p);
+    p->nops = nops;
+    if (count == 0)
+        return 0;
+    for (int i = 1; i < n; i++) {
+        int a = ax[i], j = i;
+        for (; j > 0 && y->stride[ax[j - 1]] < y->stride[a]; j--) ax[j] = ax[j - 1];
+        ax[j] = a;
+    }
+    for (int i = 0; i < n; i++) {
+        int a = ax[i], merge = p->rank > 0;
+        for (int k = 0; k < nops && merge; k++)
+            merge = p->stride[k][p->rank - 1] == ts[k]->stride[a] * y->shape[a];
+        if (merge) {
+            p->shape[p->rank - 1] *= y->shape[a];
+            for (int k = 0; k < nops; k++) p->stride[k][p->rank - 1] = ts[k]->stride[a];
+        } else {
+            p->shape[p->rank] = y->shape[a];
+            for (int k = 0; k < nops; k++) p->stride[k][p->rank] = ts[k]->stride[a];
+            p->rank++;
+        }
+    }
+    if (p->rank == 0) {
+        p->rank = 1;
+        p->shape[0] = 1;
+    }
+    return count;
+}
+
+/* q = (umulhi(i, mul) + i) >> shift == i / d for i < 2^31, 1 <= d <= 2^31. */
+static void magic32(uint32_t d, uint32_t *mul, uint32_t *shift) {
+    uint32_t s = 0;
+    while (((uint64_t)1 << s) < d) s++;
+    *mul = (uint32_t)(((((uint64_t)1 << s) - d) << 32) / d + 1);
+    *shift = s;
+}
+
+/* Elementwise arguments from a plan; *contig tells whether the _c kernel
+ * applies (one run, every operand of stride 1 or 0). */
+static void ew_args(sj_ek_ew *a, const plan *p, const sj_tensor *const *ts, int64_t n, int *contig) {
+    memset(a, 0, sizeof *a);
+    a->n = n;
+    a->rank = p->rank;
+    a->idx32 = n < ((int64_t)1 << 31);
+    for (int d = 0; d < p->rank; d++) {
+        a->shape[d] = p->shape[d];
+        if (a->idx32)
+            magic32((uint32_t)p->shape[d], &a->div_mul[d], &a->div_shift[d]);
+    }
+    *contig = p->rank == 1;
+    a->vec = 1;
+    for (int k = 0; k < p->nops; k++) {
+        size_t es = esize(ts[k]->dtype), al = 4 * es > 16 ? 16 : 4 * es;
+        a->ptr[k] = dptr(ts[k]->data);
+        for (int d = 0; d < p->rank; d++) a->stride[k][d] = p->stride[k][d];
+        int64_t s = p->stride[k][0];
+        if (p->rank == 1 && s != 0 && s != 1)
+            *contig = 0;
+        if (s != 0 && a->ptr[k] % al != 0)
+            a->vec = 0;
+    }
+    if (n > 1 && p->stride[0][0] != 1)
+        *contig = 0;
+}
+
+/* -- Elementwise --------------------------------------------------------------- */
+
+sj_status sj_cuda_unary(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, const sj_tensor *y) {
+    assert(x->dtype == y->dtype && y->dtype != SJ_BOOL);
+    assert(is_float(y->dtype) || op == SJ_OP_NEG || op == SJ_OP_ABS || op == SJ_OP_RELU);
+    assert_same_shape(x, y);
+    const sj_tensor *ts[2] = {y, x};
+    plan p;
+    int64_t n = plan_init(&p, 2, ts);
+    if (n == 0)
+        return SJ_OK;
+    sj_ek_ew a;
+    int contig;
+    ew_args(&a, &p, ts, n, &contig);
+    a.op = op;
+    sj_cuda_bind(e->cuda);
+    return launch(e, (contig ? EK_unary_c_f32 : EK_unary_s_f32) + y->dtype,
+                  grid_for(e->cuda, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0, &a);
+}
+
+sj_status sj_cuda_binary(const sj_cuda_exec *e, sj_op op, const sj_tensor *a, const sj_tensor *b,
+                         const sj_tensor *y) {
+    int cmp = op >= SJ_OP_EQ && op <= SJ_OP_GE;
+    assert(cmp || (op >= SJ_OP_ADD && op <= SJ_OP_POW));
+    assert(a->dtype == b->dtype && (cmp || a->dtype != SJ_BOOL));
+    assert(cmp ? y->dtype == SJ_BOOL : y->dtype == a->dtype);
+    assert_same_shape(a, y);
+    assert_same_shape(b, y);
+    const sj_tensor *ts[3] = {y, a, b};
+    plan p;
+    int64_t n = plan_init(&p, 3, ts);
+    if (n == 0)
+        return SJ_OK;
+    sj_ek_ew args;
+    int contig;
+    ew_args(&args, &p, ts, n, &contig);
+    args.op = op;
+    sj_cuda_bind(e->cuda);
+    return launch(e, (contig ? EK_binary_c_f32 : EK_binary_s_f32) + a->dtype,
+                  grid_for(e->cuda, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0, &args);
+}
+
+sj_status sj_cuda_where(const sj_cuda_exec *e, const sj_tensor *c, const sj_tensor *a, const sj_tensor *b,
+                        const sj_tensor *y) {
+    assert(c->dtype == SJ_BOOL && a->dtype == y->dtype && b->dtype == y->dtype);
+    assert_same_shape(c, y);
+    assert_same_shape(a, y);
+    assert_same_shape(b, y);
+    const sj_tensor *ts[4] = {y, c, a, b};
+    plan p;
+    int64_t n = plan_init(&p, 4, ts);
+    if (n == 0)
+        return SJ_OK;
+    sj_ek_ew args;
+    int contig;
+    ew_args(&args, &p, ts, n, &contig);
+    sj_cuda_bind(e->cuda);
+    return launch(e, (contig ? EK_where_c_e1 : EK_where_s_e1) + log2_size(esize(y->dtype)),
+                  grid_for(e->cuda, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0, &args);
+}
+
+sj_status sj_cuda_copy(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *y) {
+    assert(x->dtype >= 0 && x->dtype < SJ_DTYPE_COUNT && y->dtype >= 0 && y->dtype < SJ_DTYPE_COUNT);
+    assert_same_shape(x, y);
+    const sj_tensor *ts[2] = {y, x};
+    plan p;
+    int64_t n = plan_init(&p, 2, ts);
+    if (n == 0)
+        return SJ_OK;
+    sj_cuda *c = e->cuda;
+    sj_cuda_bind(c);
+    if (x->dtype == y->dtype && p.rank == 1 && (n == 1 || (p.stride[0][0] == 1 && p.stride[1][0] == 1))) {
+        CUresult r = c->api.MemcpyDtoDAsync(dptr(y->data), dptr(x->data), (size_t)n * esize(y->dtype), e->stream);
+        return r == CUDA_SUCCESS ? SJ_OK : sj_cuda_fail(c, r, "copy: cuMemcpyDtoDAsync");
+    }
+    sj_ek_ew a;
+    int contig;
+    ew_args(&a, &p, ts, n, &contig);
+    int k;
+    if (x->dtype == y->dtype) {
+        k = EK_copy_s_e1 + log2_size(esize(y->dtype));
+        contig = 0;
+    } else {
+        k = (contig ? EK_cast_c_f32 : EK_cast_s_f32) + x->dtype;
+        a.aux = y->dtype;
+    }
+    return launch(e, k, grid_for(c, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0, &a);
+}
+
+/* y = 0 (zero bits, every dtype). */
+static sj_status fill_zero(const sj_cuda_exec *e, const sj_tensor *y) {
+    const sj_tensor *ts[1] = {y};
+    plan p;
+    int64_t n = plan_init(&p, 1, ts);
+    if (n == 0)
+        return SJ_OK;
+    sj_ek_ew a;
+    int contig;
+    ew_args(&a, &p, ts, n, &contig);
+    sj_cuda_bind(e->cuda);
+    return launch(e, EK_fill_s_e1 + log2_size(esize(y->dtype)), grid_for(e->cuda, n, SJ_EK_THREADS),
+                  SJ_EK_THREADS, 1, 0, &a);
+}
+
+/* -- Rows: reductions, softmax, norms ------------------------------------------------
+ * The axis is dropped from x and y (size 1) and the rest planned over
+ * (y, x). A row kernel takes short rows a warp each (block 32 x 8) and long
+ * ones a block each (256 to 1024 threads). The col kernel serves an axis
+ * that is not innermost when the rows are (x's innermost kept axis has
+ * stride 1): 32 rows per block, the block's warps splitting the axis. */
+
+static sj_tensor drop_axis(const sj_tensor *t, int axis) {
+    sj_tensor v = *t;
+    v.shape[axis] = 1;
+    return v;
+}
+
+/* Fills a's row plan; returns the row count (0: nothing to do). */
+static int64_t rows_args(sj_ek_rows *a, const sj_tensor *x, int axis, const sj_tensor *y) {
+    sj_tensor xv = drop_axis(x, axis), yv = drop_axis(y, axis);
+    const sj_tensor *ts[2] = {&yv, &xv};
+    plan p;
+    memset(a, 0, sizeof *a);
+    int64_t rows = plan_init(&p, 2, ts);
+    a->y = dptr(y->data);
+    a->x = dptr(x->data);
+    a->rank = p.rank;
+    a->rows = rows;
+    a->n = x->shape[axis];
+    a->sx = x->stride[axis];
+    a->sy = y->stride[axis];
+    for (int d = 0; d < p.rank; d++) {
+        a->shape[d] = p.shape[d];
+        a->ystride[d] = p.stride[0][d];
+        a->xstride[d] = p.stride[1][d];
+    }
+    return rows;
+}
+
+static int use_col(const sj_ek_rows *a) {
+    int r = a->rank - 1;
+    return a->shape[r] > 1 && a->xstride[r] == 1 && a->sx != 1 && a->n > 1;
+}
+
+/* Launch kernel row_k (or col_k when the col scheme applies and col_k >= 0). */
+static sj_status rows_launch(const sj_cuda_exec *e, sj_ek_rows *a, int row_k, int col_k) {
+    sj_cuda *c = e->cuda;
+    sj_cuda_bind(c);
+    if (col_k >= 0 && use_col(a)) {
+        unsigned w = 1;
+        while (w < 32 && (int64_t)w * 32 <= a->n) w *= 2; /* about 16 to 32 elements per thread */
+        a->group = (int32_t)w;
+        return launch(e, col_k, grid_for(c, a->rows, 32), 32, w, 0, a);
+    }
+    if (a->n <= 1024) {
+        a->group = 1;
+        return launch(e, row_k, grid_for(c, a->rows, 8), 32, 8, 0, a);
+    }
+    unsigned w = a->n >= 16384 ? 32 : a->n >= 4096 ? 16 : 8;
+    a->group = (int32_t)w;
+    return launch(e, row_k, grid_for(c, a->rows, 1), 32, w, 0, a);
+}
+
+sj_status sj_cuda_reduce(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y) {
+    assert(op == SJ_OP_SUM || op == SJ_OP_MEAN || op == SJ_OP_AMAX);
+    assert(x->dtype == y->dtype && x->rank == y->rank && x->dtype != SJ_BOOL);
+    assert(op != SJ_OP_MEAN || is_float(x->dtype));
+    if (axis < 0)
+        axis += x->rank;
+    assert(axis >= 0 && axis < x->rank && y->shape[axis] == 1);
+    assert(op != SJ_OP_AMAX || x->shape[axis] > 0);
+    sj_ek_rows a;
+    if (rows_args(&a, x, axis, y) == 0)
+        return SJ_OK;
+    a.op = op;
+    return rows_launch(e, &a, EK_reduce_row_f32 + x->dtype, EK_reduce_col_f32 + x->dtype);
+}
+
+sj_status sj_cuda_softmax(const sj_cuda_exec *e, const sj_tensor *x, int axis, const sj_tensor *y) {
+    assert(x->dtype == y->dtype && is_float(x->dtype));
+    assert_same_shape(x, y);
+    if (axis < 0)
+        axis += x->rank;
+    assert(axis >= 0 && axis < x->rank);
+    sj_ek_rows a;
+    if (x->shape[axis] == 0 || rows_args(&a, x, axis, y) == 0)
+        return SJ_OK;
+    return rows_launch(e, &a, EK_softmax_row_f32 + x->dtype, EK_softmax_col_f32 + x->dtype);
+}
+
+static sj_status norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b,
+                      double eps, const sj_tensor *y, int rms) {
+    assert(x->rank >= 1 && x->dtype == y->dtype && is_float(x->dtype));
+    assert_same_shape(x, y);
+    int axis = x->rank - 1;
+    sj_ek_rows a;
+    if (x->shape[axis] == 0 || rows_args(&a, x, axis, y) == 0)
+        return SJ_OK;
+    if (g) {
+        assert(g->dtype == x->dtype && g->rank == 1 && g->shape[0] == a.n);
+        a.g = dptr(g->data);
+        a.sg = g->stride[0];
+    }
+    if (b) {
+        assert(b->dtype == x->dtype && b->rank == 1 && b->shape[0] == a.n);
+        a.b = dptr(b->data);
+        a.sb = b->stride[0];
+    }
+    a.eps = (float)eps;
+    a.op = rms;
+    return rows_launch(e, &a, EK_norm_row_f32 + x->dtype, -1);
+}
+
+sj_status sj_cuda_layer_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b,
+                             double eps, const sj_tensor *y) {
+    return norm(e, x, g, b, eps, y, 0);
+}
+
+sj_status sj_cuda_rms_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *g, double eps,
+                           const sj_tensor *y) {
+    return norm(e, x, g, NULL, eps, y, 1);
+}
+
+/* -- Matmul ------------------------------------------------------------------------
+ * cuBLASLt is column-major. A matrix P (R x C, element (r, c) at r * sr +
+ * c * sc) is "column-major" when sr == 1 (ld = sc) and "row-major" when
+ * sc == 1 (ld = sr); a size-1 axis takes any stride. The product is written
+ * as D = op(A) op(B) with D column-major:
+ * - y row-major: D = y^T (N x M) = b^T a^T, A = b^T, B = a^T;
+ * - y column-major: D = y (M x N) = a b;
+ * - otherwise y goes through a contiguous temporary, then a copy.
+ * A column-major operand is passed with op N, a row-major one as its
+ * transpose with op T; any other is first packed row-major (contiguous)
+ * into the allocator. Batch axes (collapsed over y, a, b) become strided
+ * batches over the innermost one (stride 0 for a broadcast operand) and a
+ * host loop over the others; when b is shared by every batch and the batch
+ * and M axes of a and y merge, one product with M' = batch * M. f32, f16
+ * and bf16 all compute in f32 (CUBLAS_COMPUTE_32F, no TF32). The
+ * heuristic is told the real alignment of every pointer, leading dimension
+ * and batch stride (it assumes 256 bytes otherwise); should it find no
+ * algorithm, the product is retried once with every operand and the result
+ * in 16-byte-aligned padded buffers. The algorithm is cached per shape,
+ * layout and alignment (MM_CACHE entries, round robin). */
+
+typedef struct lt_mat {
+    CUdeviceptr p;
+    uint64_t rows, cols; /* as stored (column-major) */
+    int64_t ld, bstride;
+    int trans;
+} lt_mat;
+
+/* Column-major view of the logical R x C matrix with strides (sr, sc); 0
+ * when it is not one. */
+static int as_col(int64_t R, int64_t C, int64_t sr, int64_t sc, int64_t *ld) {
+    int64_t r1 = R > 1 ? R : 1;
+    if ((R <= 1 || sr == 1) && (C <= 1 || sc >= r1)) {
+        *ld = C <= 1 ? r1 : sc;
+        return *ld <= INT32_MAX;
+    }
+    return 0;
+}
+
+/* Logical R x C operand as an lt_mat: column-major (op N) or row-major
+ * (stored transposed, op T). 0 when neither. */
+static int lt_operand(lt_mat *m, CUdeviceptr p, int64_t R, int64_t C, int64_t sr, int64_t sc) {
+    int64_t ld;
+    if (as_col(R, C, sr, sc, &ld)) {
+        *m = (lt_mat){p, (uint64_t)R, (uint64_t)C, ld, 0, 0};
+        return 1;
+    }
+    if (as_col(C, R, sc, sr, &ld)) {
+        *m = (lt_mat){p, (uint64_t)C, (uint64_t)R, ld, 0, 1};
+        return 1;
+    }
+    return 0;
+}
+
+/* Largest power of two (<= 256) dividing the pointer and the byte strides. */
+static uint32_t lt_align(const lt_mat *m, size_t es, int batched) {
+    uint64_t bits = m->p | (uint64_t)m->ld * es | 256;
+    if (batched)
+        bits |= (uint64_t)m->bstride * es;
+    return (uint32_t)(bits & (~bits + 1));
+}
+
+static cudaDataType_t lt_type(sj_dtype dt) {
+    return dt == SJ_F16 ? CUDA_R_16F : dt == SJ_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+static sj_status lt_err(cublasStatus_t s, const char *what) {
+    return sj_seterr(SJ_EBACKEND, "matmul: %s failed (cublasStatus %d)", what, (int)s);
+}
+
+/* D (m x n) = op(A) op(B) over `batch` strided batches. */
+static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n, uint64_t k,
+                         const lt_mat *A, const lt_mat *B, const lt_mat *D, int batch, int *no_algo) {
+    sj_cuda *c = e->cuda;
+    eager_fns *t = c->eager_fns;
+    const sj_cuda_api *api = &c->api;
+    size_t es = esize(dt);
+    cudaDataType_t ty = lt_type(dt);
+    int batched = batch > 1;
+    uint32_t al[3] = {lt_align(A, es, batched), lt_align(B, es, batched), lt_align(D, es, batched)};
+    CUdeviceptr ws = c->lt_workspace;
+    uint64_t ws_bytes = c->lt_workspace ? c->lt_workspace_bytes : 0;
+    int own_ws = 0;
+    if (e->stream != c->stream && ws_bytes) { /* the shared workspace belongs to c->stream */
+        ws = sj_cuda_alloc(c, (size_t)ws_bytes, e->stream);
+        own_ws = ws != 0;
+        ws_bytes = ws ? ws_bytes : 0;
+    }
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t lay[3] = {NULL, NULL, NULL};
+    cublasLtMatmulPreference_t pref = NULL;
+    const lt_mat *mats[3] = {A, B, D};
+    sj_status st = SJ_OK;
+    cublasStatus_t s;
+    int32_t ta = A->trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = B->trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+#define LT(call, what)                                                                             \
+    if ((s = (call)) != CUBLAS_STATUS_SUCCESS) {                                                   \
+        st = lt_err(s, what);                                                                      \
+        goto done;                                                                                 \
+    }
+    LT(api->LtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "setting TRANSA");
+    LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "setting TRANSB");
+    for (int i = 0; i < 3; i++) {
+        const lt_mat *mm = mats[i];
+        LT(api->LtMatrixLayoutCreate(&lay[i], ty, mm->rows, mm->cols, mm->ld), "cublasLtMatrixLayoutCreate");
+        if (batched) {
+            int32_t cnt = batch;
+            int64_t bs = mm->bstride;
+            LT(api->LtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt),
+               "setting BATCH_COUNT");
+            LT(api->LtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &bs,
+                                               sizeof bs),
+               "setting STRIDED_BATCH_OFFSET");
+        }
+    }
+    mm_key key = {{dt, ta, tb, (int64_t)m, (int64_t)n, (int64_t)k, A->ld, B->ld, D->ld, batch,
+                   batched ? A->bstride : 0, batched ? B->bstride : 0, batched ? D->bstride : 0, al[0], al[1],
+                   al[2], (int64_t)ws_bytes, 0}};
+    cublasLtMatmulAlgo_t algo;
+    int found = 0;
+    pthread_mutex_lock(&t->lock);
+    for (int i = 0; i < MM_CACHE && !found; i++)
+        if (t->cache[i].used && !memcmp(&t->cache[i].key, &key, sizeof key)) {
+            algo = t->cache[i].algo;
+            found = 1;
+        }
+    pthread_mutex_unlock(&t->lock);
+    if (!found) {
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        LT(api->LtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+        LT(api->LtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                               sizeof ws_bytes),
+           "setting MAX_WORKSPACE_BYTES");
+        const cublasLtMatmulPreferenceAttributes_t aa[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4; i++)
+            LT(api->LtMatmulPreferenceSetAttribute(pref, aa[i], &al[i < 3 ? i : 2], sizeof al[0]),
+               "setting MIN_ALIGNMENT");
+        LT(api->LtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &nres),
+           "cublasLtMatmulAlgoGetHeuristic");
+        if (nres < 1) {
+            *no_algo = 1;
+            st = sj_seterr(SJ_EBACKEND, "matmul: cuBLASLt has no algorithm for %s %llux%llux%llu (batch %d)",
+                           dt == SJ_F32 ? "f32" : dt == SJ_F16 ? "f16" : "bf16", (unsigned long long)m,
+                           (unsigned long long)n, (unsigned long long)k, batch);
+            goto done;
+        }
+        algo = res.algo;
+        pthread_mutex_lock(&t->lock);
+        t->cache[t->next] = (mm_entry){key, algo, 1};
+        t->next = (t->next + 1) % MM_CACHE;
+        pthread_mutex_unlock(&t->lock);
+    }
+    const float one = 1.0f, zero = 0.0f;
+    LT(api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0], (const void *)(uintptr_t)B->p,
+                     lay[1], &zero, (const void *)(uintptr_t)D->p, lay[2], (void *)(uintptr_t)D->p, lay[2], &algo,
+                     (void *)(uintptr_t)ws, (size_t)ws_bytes, (cudaStream_t)e->stream),
+       "cublasLtMatmul");
+#undef LT
+done:
+    if (pref)
+        api->LtMatmulPreferenceDestroy(pref);
+    for (int i = 0; i < 3; i++)
+        if (lay[i])
+            api->LtMatrixLayoutDestroy(lay[i]);
+    if (op)
+        api->LtMatmulDescDestroy(op);
+    if (own_ws)
+        sj_cuda_free(c, ws, e->stream);
+    return st;
+}
+
+/* t with the last k axes given size 1 (so a plan covers the others). */
+static sj_tensor lead_axes(const sj_tensor *t, int k) {
+    sj_tensor v = *t;
+    for (int i = t->rank - k; i < t->rank; i++) v.shape[i] = 1;
+    return v;
+}
+
+/* A row-major copy of x into memory from the allocator, its broadcast
+ * (stride 0) batch axes stored once; rows padded to 16 bytes when `pad`.
+ * *view describes it with x's shape. With copy 0 the memory is only
+ * allocated (a temporary result). */
+static sj_status pack(const sj_cuda_exec *e, const sj_tensor *x0, int pad, int copy, CUdeviceptr *buf,
+                      sj_tensor *view) {
+    const sj_tensor xv = *x0, *x = &xv; /* view may be x0 */
+    sj_tensor src = xv, dst = xv;
+    int r = x->rank;
+    int64_t es = (int64_t)esize(x->dtype), s = 1;
+    for (int i = r - 1; i >= 0; i--) {
+        if (x->stride[i] == 0 && i < r - 2)
+            src.shape[i] = dst.shape[i] = 1; /* a broadcast batch axis */
+        dst.stride[i] = s;
+        s *= dst.shape[i];
+        if (i == r - 1 && pad)
+            s = (s * es + 15) / 16 * 16 / es;
+    }
+    *buf = sj_cuda_alloc(e->cuda, (size_t)(s * es), e->stream);
+    if (!*buf)
+        return sj_seterr(SJ_ENOMEM, "matmul: out of device memory for a %lld-element operand", (long long)s);
+    dst.data = (void *)(uintptr_t)*buf;
+    *view = dst;
+    for (int i = 0; i < r; i++) {
+        view->shape[i] = x->shape[i];
+        if (dst.shape[i] != x->shape[i])
+            view->stride[i] = 0;
+    }
+    return copy ? sj_cuda_copy(e, &src, &dst) : SJ_OK;
+}
+
+/* One attempt; `aligned`: every operand and the result go through padded,
+ * aligned buffers (the retry when cuBLASLt has no algorithm for the
+ * operands' own alignment). */
+static sj_status mm_float_try(const sj_cuda_exec *e, const sj_tensor *a0, const sj_tensor *b0,
+                              const sj_tensor *y0, int aligned, int *no_algo) {
+    int r = y0->rank;
+    int64_t M = y0->shape[r - 2], N = y0->shape[r - 1], K = a0->shape[r - 1], es = (int64_t)esize(y0->dtype);
+    sj_tensor a = *a0, b = *b0, y = *y0;
+    CUdeviceptr tmp[3] = {0, 0, 0};
+    sj_status st = SJ_OK;
+    int64_t ld;
+    lt_mat A, B, D;
+    /* orientation: y row-major (D = y^T), else column-major (D = y), else
+     * a row-major temporary */
+    int rowy = as_col(N, M, y.stride[r - 1], y.stride[r - 2], &ld);
+    if (aligned || (!rowy && !as_col(M, N, y.stride[r - 2], y.stride[r - 1], &ld))) {
+        st = pack(e, y0, aligned, 0, &tmp[2], &y);
+        rowy = 1;
+    }
+    sj_tensor *ops[2] = {&a, &b};
+    for (int i = 0; i < 2 && !st; i++) {
+        const sj_tensor *x = ops[i];
+        if (aligned || !lt_operand(&A, 0, x->shape[r - 2], x->shape[r - 1], x->stride[r - 2], x->stride[r - 1]))
+            st = pack(e, x, aligned, 1, &tmp[i], ops[i]);
+    }
+    /* batches over (y, a, b) */
+    sj_tensor yb = lead_axes(&y, 2), ab = lead_axes(&a, 2), bb = lead_axes(&b, 2);
+    const sj_tensor *ts[3] = {&yb, &ab, &bb};
+    plan p;
+    int64_t nb = st ? 0 : plan_init(&p, 3, ts);
+    int64_t sam = a.stride[r - 2], sym = y.stride[r - 2];
+    if (nb > 1) { /* b shared, batch and M axes of a and y merged: one product */
+        int shared = 1;
+        for (int d = 0; d < p.rank; d++) shared &= p.stride[2][d] == 0;
+        sj_tensor y2 = lead_axes(&y, 1), a2 = lead_axes(&a, 1);
+        const sj_tensor *ts2[2] = {&y2, &a2};
+        plan p2;
+        if (shared && plan_init(&p2, 2, ts2) > 0 && p2.rank == 1) {
+            int64_t M2 = M * nb, sy2 = p2.stride[0][0], sa2 = p2.stride[1][0];
+            int ok = rowy ? lt_operand(&D, 0, N, M2, y.stride[r - 1], sy2) && !D.trans &&
+                                lt_operand(&B, 0, K, M2, a.stride[r - 1], sa2)
+                          : lt_operand(&D, 0, M2, N, sy2, y.stride[r - 1]) && !D.trans &&
+                                lt_operand(&A, 0, M2, K, sa2, a.stride[r - 1]);
+            if (ok) {
+                M = M2, sym = sy2, sam = sa2;
+                nb = 1;
+                p.rank = 1, p.shape[0] = 1;
+            }
+        }
+    }
+    int last = p.rank - 1;
+    int64_t inner = nb ? p.shape[last] : 0, outer = nb ? nb / inner : 0;
+    for (int64_t o = 0; o < outer && !st; o++) {
+        int64_t off[3] = {0, 0, 0}, rem = o;
+        for (int d = last - 1; d >= 0; d--) {
+            int64_t cd = rem % p.shape[d];
+            rem /= p.shape[d];
+            for (int k = 0; k < 3; k++) off[k] += cd * p.stride[k][d];
+        }
+        for (int64_t i0 = 0; i0 < inner && !st; i0 += INT32_MAX) {
+            int cnt = (int)min64(INT32_MAX, inner - i0), ok;
+            CUdeviceptr py = dptr(y.data) + (uint64_t)((off[0] + i0 * p.stride[0][last]) * es);
+            CUdeviceptr pa = dptr(a.data) + (uint64_t)((off[1] + i0 * p.stride[1][last]) * es);
+            CUdeviceptr pb = dptr(b.data) + (uint64_t)((off[2] + i0 * p.stride[2][last]) * es);
+            if (rowy) { /* D = y^T (N x M) = b^T a^T */
+                ok = lt_operand(&D, py, N, M, y.stride[r - 1], sym) && !D.trans &&
+                     lt_operand(&A, pb, N, K, b.stride[r - 1], b.stride[r - 2]) &&
+                     lt_operand(&B, pa, K, M, a.stride[r - 1], sam);
+                D.bstride = p.stride[0][last], A.bstride = p.stride[2][last], B.bstride = p.stride[1][last];
+                if (ok)
+                    st = lt_gemm(e, y.dtype, (uint64_t)N, (uint64_t)M, (uint64_t)K, &A, &B, &D, cnt, no_algo);
+            } else { /* D = y (M x N) = a b */
+                ok = lt_operand(&D, py, M, N, sym, y.stride[r - 1]) && !D.trans &&
+                     lt_operand(&A, pa, M, K, sam, a.stride[r - 1]) &&
+                     lt_operand(&B, pb, K, N, b.stride[r - 2], b.stride[r - 1]);
+                D.bstride = p.stride[0][last], A.bstride = p.stride[1][last], B.bstride = p.stride[2][last];
+                if (ok)
+                    st = lt_gemm(e, y.dtype, (uint64_t)M, (uint64_t)N, (uint64_t)K, &A, &B, &D, cnt, no_algo);
+            }
+            if (!ok && !st)
+                st = sj_seterr(SJ_EINTERNAL, "matmul: operand layout not expressible for cuBLASLt");
+        }
+    }
+    if (!st && tmp[2])
+        st = sj_cuda_copy(e, &y, y0);
+    for (int i = 0; i < 3; i++) sj_cuda_free(e->cuda, tmp[i], e->stream);
+    return st;
+}
+
+static sj_status mm_float(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    int no_algo = 0;
+    sj_status st = mm_float_try(e, a, b, y, 0, &no_algo);
+    if (st && no_algo) {
+        no_algo = 0;
+        st = mm_float_try(e, a, b, y, 1, &no_algo);
+    }
+    return st;
+}
+
+static sj_status mm_int(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    int r = y->rank;
+    sj_tensor yb = lead_axes(y, 2), ab = lead_axes(a, 2), bb = lead_axes(b, 2);
+    const sj_tensor *ts[3] = {&yb, &ab, &bb};
+    plan p;
+    sj_ek_mm m;
+    memset(&m, 0, sizeof m);
+    m.batches = plan_init(&p, 3, ts);
+    m.y = dptr(y->data), m.a = dptr(a->data), m.b = dptr(b->data);
+    m.M = y->shape[r - 2], m.N = y->shape[r - 1], m.K = a->shape[r - 1];
+    m.sam = a->stride[r - 2], m.sak = a->stride[r - 1];
+    m.sbk = b->stride[r - 2], m.sbn = b->stride[r - 1];
+    m.sym = y->stride[r - 2], m.syn = y->stride[r - 1];
+    m.brank = p.rank;
+    for (int d = 0; d < p.rank; d++) {
+        m.bshape[d] = p.shape[d];
+        for (int k = 0; k < 3; k++) m.bstride[k][d] = p.stride[k][d];
+    }
+    sj_cuda_bind(e->cuda);
+    return launch(e, y->dtype == SJ_I64 ? EK_matmul_int_i64 : EK_matmul_int_i32,
+                  grid_for(e->cuda, m.batches * m.M * m.N, SJ_EK_THREADS), SJ_EK_THREADS, 1, 0, &m);
+}
+
+sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    int r = y->rank;
+    assert(r >= 2 && a->rank == r && b->rank == r);
+    assert(a->dtype == y->dtype && b->dtype == y->dtype && y->dtype != SJ_BOOL);
+    int64_t M = y->shape[r - 2], N = y->shape[r - 1], K = a->shape[r - 1];
+    assert(a->shape[r - 2] == M && b->shape[r - 2] == K && b->shape[r - 1] == N);
+    for (int i = 0; i < r - 2; i++) assert(a->shape[i] == y->shape[i] && b->shape[i] == y->shape[i]);
+    if (numel(y) == 0)
+        return SJ_OK;
+    if (K == 0)
+        return fill_zero(e, y);
+    sj_cuda_bind(e->cuda);
+    return is_float(y->dtype) ? mm_float(e, a, b, y) : mm_int(e, a, b, y);
+}
+
+/* -- Attention ----------------------------------------------------------------------- */
+
+sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                            const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
+    assert(q->rank == 4 && k->rank == 4 && v->rank == 4 && y->rank == 4);
+    assert(is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype && y->dtype == q->dtype);
+    sj_ek_att a;
+    memset(&a, 0, sizeof a);
+    a.B = q->shape[0], a.H = q->shape[1], a.Sq = q->shape[2], a.D = q->shape[3];
+    a.Sk = k->shape[2], a.Dv = v->shape[3];
+    assert(k->shape[0] == a.B && k->shape[1] == a.H && k->shape[3] == a.D);
+    assert(v->shape[0] == a.B && v->shape[1] == a.H && v->shape[2] == a.Sk);
+    assert(y->shape[0] == a.B && y->shape[1] == a.H && y->shape[2] == a.Sq && y->shape[3] == a.Dv);
+    assert(!lengths || (lengths->rank == 1 && lengths->shape[0] == a.B &&
+                        (lengths->dtype == SJ_I32 || lengths->dtype == SJ_I64)));
+    if (a.B == 0 || a.H == 0 || a.Sq == 0 || a.Dv == 0)
+        return SJ_OK;
+    a.q = dptr(q->data), a.k = dptr(k->data), a.v = dptr(v->data), a.y = dptr(y->data);
+    for (int i = 0; i < 4; i++) {
+        a.sq[i] = q->stride[i], a.sk[i] = k->stride[i];
+        a.sv[i] = v->stride[i], a.sy[i] = y->stride[i];
+    }
+    if (lengths) {
+        a.len = dptr(lengths->data);
+        a.slen = lengths->stride[0];
+        a.len_i64 = lengths->dtype == SJ_I64;
+    }
+    a.scale = (float)scale;
+    a.causal = causal != 0;
+    sj_cuda *c = e->cuda;
+    int64_t smem = (a.D + a.Dv + SJ_EK_ATT_CHUNK) * (int64_t)sizeof(float);
+    int kern = EK_attention_f32 + q->dtype;
+    sj_cuda_bind(c);
+    if (smem > 48 * 1024) {
+        if (smem > c->max_smem_optin)
+            return sj_seterr(SJ_EBACKEND, "attention: head sizes D %lld + Dv %lld need %lld bytes of shared memory, "
+                                          "more than the device's %d", (long long)a.D, (long long)a.Dv,
+                             (long long)smem, c->max_smem_optin);
+        CUresult rr = c->api.FuncSetAttribute(((eager_fns *)c->eager_fns)->fn[kern],
+                                              CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
+        if (rr != CUDA_SUCCESS)
+            return sj_cuda_fail(c, rr, "attention: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    }
+    int64_t blocks = a.B * a.H * a.Sq;
+    return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), SJ_EK_ATT_THREADS, 1, (unsigned)smem, &a);
+}
+
+/* -- Concat and gather ----------------------------------------------------------------- */
+
+sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
+    assert(n >= 1);
+    if (axis < 0)
+        axis += y->rank;
+    assert(axis >= 0 && axis < y->rank);
+    int64_t off = 0, es = (int64_t)esize(y->dtype);
+    for (int i = 0; i < n; i++) {
+        const sj_tensor *x = &xs[i];
+        assert(x->dtype == y->dtype && x->rank == y->rank);
+        sj_tensor dst = *y;
+        dst.shape[axis] = x->shape[axis];
+        dst.data = (char *)y->data + off * y->stride[axis] * es;
+        off += x->shape[axis];
+        assert(off <= y->shape[axis]);
+        sj_status st = sj_cuda_copy(e, x, &dst);
+        if (st)
+            return st;
+    }
+    assert(off == y->shape[axis]);
+    return SJ_OK;
+}
+
+/* Are t's axes from `from` on one contiguous run? */
+static int rest_contiguous(const sj_tensor *t, int from) {
+    int64_t expect = 1;
+    for (int i = t->rank - 1; i >= from; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != expect)
+            return 0;
+        expect *= t->shape[i];
+    }
+    return 1;
+}
+
+sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y) {
+    assert(table->rank >= 1 && table->dtype == y->dtype);
+    assert(idx->dtype == SJ_I32 || idx->dtype == SJ_I64);
+    assert(y->rank == idx->rank + table->rank - 1);
+    sj_ek_gather g;
+    memset(&g, 0, sizeof g);
+    g.count = numel(idx);
+    if (g.count == 0)
+        return SJ_OK;
+    if (!e->error_flag)
+        return sj_seterr(SJ_EINVAL, "gather: no device error flag (sj_cuda_exec.error_flag is 0)");
+    int ri = idx->rank, rr = table->rank - 1;
+    g.y = dptr(y->data), g.table = dptr(table->data), g.idx = dptr(idx->data), g.flag = e->error_flag;
+    g.V = table->shape[0], g.ts0 = table->stride[0];
+    g.irank = ri, g.rrank = rr;
+    g.idx_i64 = idx->dtype == SJ_I64;
+    g.contig = rest_contiguous(table, 1) && rest_contiguous(y, ri);
+    g.rowel = 1;
+    for (int i = 0; i < ri; i++) {
+        assert(y->shape[i] == idx->shape[i]);
+        g.ishape[i] = idx->shape[i], g.istride[i] = idx->stride[i], g.iystride[i] = y->stride[i];
+    }
+    for (int i = 0; i < rr; i++) {
+        assert(y->shape[ri + i] == table->shape[i + 1]);
+        g.rshape[i] = table->shape[i + 1], g.rtstride[i] = table->stride[i + 1];
+        g.rystride[i] = y->stride[ri + i];
+        g.rowel *= table->shape[i + 1];
+    }
+    sj_cuda_bind(e->cuda);
+    int64_t work = g.count * (g.rowel > 0 ? g.rowel : 1);
+    return launch(e, EK_gather_e1 + log2_size(esize(y->dtype)), grid_for(e->cuda, work, SJ_EK_THREADS),
+                  SJ_EK_THREADS, 1, 0, &g);
+}

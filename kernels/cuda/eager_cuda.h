@@ -1,0 +1,62 @@
+/* Eager CUDA kernels: one kernel per op for every dtype, built ahead of time
+ * with nvcc (kernels/cuda/eager.cu, sm_90 machine code plus PTX) into a
+ * fatbin that the build embeds in the library; sj_cuda_eager_load loads it
+ * with cuModuleLoadData, so the first request never waits on a compile.
+ *
+ * The same contract as the CPU eager kernels (kernels/cpu/eager.h): operands
+ * are sj_tensor descriptors, here over device memory (data is a CUdeviceptr
+ * cast to void *), element strides >= 0 (0 on broadcast axes), any layout;
+ * elementwise operands arrive broadcast to y's shape; f16/bf16 computed in
+ * f32, integers exactly in int64; reductions accumulate in f32 with
+ * pairwise/tree order (within the tolerance the tests use against the CPU
+ * and float64). Kernels are queued on e->stream and return without
+ * synchronizing; errors are launch errors (SJ_EBACKEND) and allocation
+ * failures (SJ_ENOMEM).
+ *
+ * gather with an index outside [0, V): the kernel clamps nothing and writes
+ * nothing for that element; it sets e->error_flag (a device int the caller
+ * allocated and zeroed), which the executor reads after the call to return
+ * SJ_EINDEX.
+ */
+#ifndef SJ_EAGER_CUDA_H
+#define SJ_EAGER_CUDA_H
+
+#include "jit/ops.h"
+#include "kernels/cuda/cuda_dev.h"
+
+typedef struct sj_cuda_exec {
+    sj_cuda *cuda;
+    CUstream stream;
+    CUdeviceptr error_flag; /* device int, 0 on entry; set to 1 by gather on a bad index */
+} sj_cuda_exec;
+
+/* The embedded fatbin (generated at build time from eager.cu). */
+extern const unsigned char sj_eager_cuda_fatbin[];
+extern const unsigned long sj_eager_cuda_fatbin_len;
+
+/* Load the module and resolve its kernels into c->eager / c->eager_fns. */
+sj_status sj_cuda_eager_load(sj_cuda *c);
+void sj_cuda_eager_unload(sj_cuda *c);
+
+sj_status sj_cuda_unary(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, const sj_tensor *y);
+sj_status sj_cuda_binary(const sj_cuda_exec *e, sj_op op, const sj_tensor *a, const sj_tensor *b,
+                         const sj_tensor *y);
+sj_status sj_cuda_where(const sj_cuda_exec *e, const sj_tensor *c, const sj_tensor *a, const sj_tensor *b,
+                        const sj_tensor *y);
+sj_status sj_cuda_copy(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *y);
+sj_status sj_cuda_reduce(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y);
+sj_status sj_cuda_softmax(const sj_cuda_exec *e, const sj_tensor *x, int axis, const sj_tensor *y);
+sj_status sj_cuda_layer_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b,
+                             double eps, const sj_tensor *y);
+sj_status sj_cuda_rms_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *g, double eps,
+                           const sj_tensor *y);
+/* Float dtypes through cuBLASLt (f32, f16, bf16 with f32 accumulation;
+ * strided batches; operands not in a layout cuBLASLt takes are copied into
+ * the allocator first); integers through a plain kernel. */
+sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                            const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
+sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
+sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+
+#endif /* SJ_EAGER_CUDA_H */

@@ -1,0 +1,204 @@
+/* Eager kernels that are neither elementwise nor rows (included by
+ * eager.cu): integer matmul, attention, gather.
+ */
+#ifndef SJ_EAGER_MISC_CUH
+#define SJ_EAGER_MISC_CUH
+
+#include "kernels/cuda/eager_common.cuh"
+
+/* -- Integer matmul -------------------------------------------------------------
+ * One thread per output element (grid-stride), exact: uint64 products and
+ * sums (wrapping), narrowed on store. Float matmuls go through cuBLASLt. */
+
+template <class T> SJ_DEV void matmul_int(const sj_ek_mm &p) {
+    typedef typename T::S S;
+    const S *a = reinterpret_cast<const S *>(p.a);
+    const S *b = reinterpret_cast<const S *>(p.b);
+    S *y = reinterpret_cast<S *>(p.y);
+    const int64_t total = p.batches * p.M * p.N, nt = gthreads();
+    for (int64_t o = gtid(); o < total; o += nt) {
+        int64_t j = o % p.N, rest = o / p.N;
+        int64_t i = rest % p.M, bt = rest / p.M;
+        int64_t oy = 0, oa = 0, ob = 0;
+#pragma unroll
+        for (int d = SJ_EK_MAXR - 1; d >= 0; d--) {
+            if (d < p.brank) {
+                int64_t c = bt;
+                if (d > 0) {
+                    int64_t q = bt / p.bshape[d];
+                    c = bt - q * p.bshape[d];
+                    bt = q;
+                }
+                oy += c * p.bstride[0][d];
+                oa += c * p.bstride[1][d];
+                ob += c * p.bstride[2][d];
+            }
+        }
+        const S *ar = a + oa + i * p.sam;
+        const S *bc = b + ob + j * p.sbn;
+        uint64_t acc = 0;
+        for (int64_t k = 0; k < p.K; k++)
+            acc += (uint64_t)T::ld(ar[k * p.sak]) * (uint64_t)T::ld(bc[k * p.sbk]);
+        y[oy + i * p.sym + j * p.syn] = T::st(sj_rt_i64_from_u(acc));
+    }
+}
+
+/* -- Attention -----------------------------------------------------------------------
+ * One block per (b, h, query i), looping over blocks when there are more.
+ * Key j is visible when j < lim = min(len[b] clamped to [0, Sk], causal ?
+ * i + Sk - Sq + 1 : Sk); a query with lim <= 0 gives zeros. The visible
+ * keys are taken SJ_EK_ATT_CHUNK at a time (online softmax): each warp
+ * scores keys (q in shared memory, the dot split over lanes, scaled after
+ * the sum as the CPU's sgemm alpha does), the running max m and sum l are
+ * updated with the chunk, and each thread rescales and accumulates its own
+ * output elements e (t, t + blockDim, ...). y = acc * (1 / l).
+ * Dynamic shared memory: q[D], p[CHUNK], acc[Dv] floats. */
+
+template <class T> SJ_DEV void attention(const sj_ek_att &p) {
+    typedef typename T::S S;
+    extern __shared__ float att_sm[];
+    float *qs = att_sm, *ps = att_sm + p.D, *acc = att_sm + p.D + SJ_EK_ATT_CHUNK;
+    const S *q = reinterpret_cast<const S *>(p.q);
+    const S *k = reinterpret_cast<const S *>(p.k);
+    const S *v = reinterpret_cast<const S *>(p.v);
+    S *y = reinterpret_cast<S *>(p.y);
+    const int t = (int)threadIdx.x, nthr = (int)blockDim.x;
+    const int lane = t & 31, warp = t >> 5, nwarps = nthr >> 5;
+    const int64_t total = p.B * p.H * p.Sq;
+    for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
+        const int64_t i = blk % p.Sq, bh = blk / p.Sq;
+        const int64_t h = bh % p.H, bb = bh / p.H;
+        int64_t lim = p.Sk;
+        if (p.len) {
+            int64_t L = p.len_i64 ? reinterpret_cast<const int64_t *>(p.len)[bb * p.slen]
+                                  : (int64_t) reinterpret_cast<const int32_t *>(p.len)[bb * p.slen];
+            lim = L < 0 ? 0 : L > p.Sk ? p.Sk : L;
+        }
+        if (p.causal && i + p.Sk - p.Sq + 1 < lim)
+            lim = i + p.Sk - p.Sq + 1;
+        S *yr = y + bb * p.sy[0] + h * p.sy[1] + i * p.sy[2];
+        if (lim <= 0) { /* uniform in the block */
+            for (int64_t e = t; e < p.Dv; e += nthr) yr[e * p.sy[3]] = T::st(0.0f);
+            continue;
+        }
+        const S *qr = q + bb * p.sq[0] + h * p.sq[1] + i * p.sq[2];
+        const S *kh = k + bb * p.sk[0] + h * p.sk[1];
+        const S *vh = v + bb * p.sv[0] + h * p.sv[1];
+        __syncthreads(); /* the previous query's readers of qs/acc are done */
+        for (int64_t d = t; d < p.D; d += nthr) qs[d] = T::ld(qr[d * p.sq[3]]);
+        for (int64_t e = t; e < p.Dv; e += nthr) acc[e] = 0.0f;
+        float m = -INFINITY, l = 0.0f; /* the same in every thread */
+        for (int64_t j0 = 0; j0 < lim; j0 += SJ_EK_ATT_CHUNK) {
+            const int cnt = (int)(lim - j0 < SJ_EK_ATT_CHUNK ? lim - j0 : SJ_EK_ATT_CHUNK);
+            __syncthreads(); /* qs written; the previous chunk's ps consumed */
+            for (int jj = warp; jj < cnt; jj += nwarps) {
+                const S *kr = kh + (j0 + jj) * p.sk[2];
+                float dot = 0.0f;
+                for (int64_t d = lane; d < p.D; d += 32) dot += qs[d] * T::ld(kr[d * p.sk[3]]);
+                dot = warp_reduce<r_sum_f>(dot);
+                if (lane == 0)
+                    ps[jj] = dot * p.scale;
+            }
+            __syncthreads();
+            float cm = -INFINITY;
+            for (int jj = 0; jj < cnt; jj++) cm = max_nan(cm, ps[jj]);
+            const float mn = max_nan(m, cm);
+            /* mn = -inf only when every score so far is -inf (infinite
+             * inputs): those keys get weight 0 */
+            const float alpha = m == -INFINITY ? 0.0f : sj_rt_expf(m - mn);
+            __syncthreads(); /* every thread has read the scores */
+            for (int jj = t; jj < cnt; jj += nthr) ps[jj] = mn == -INFINITY ? 0.0f : sj_rt_expf(ps[jj] - mn);
+            __syncthreads();
+            float cs = 0.0f;
+            for (int jj = 0; jj < cnt; jj++) cs += ps[jj];
+            l = l * alpha + cs;
+            m = mn;
+            for (int64_t e = t; e < p.Dv; e += nthr) {
+                const S *ve = vh + j0 * p.sv[2] + e * p.sv[3];
+                float s = acc[e] * alpha;
+                for (int jj = 0; jj < cnt; jj++) s += ps[jj] * T::ld(ve[jj * p.sv[2]]);
+                acc[e] = s;
+            }
+        }
+        const float inv = 1.0f / l;
+        for (int64_t e = t; e < p.Dv; e += nthr) yr[e * p.sy[3]] = T::st(acc[e] * inv);
+    }
+}
+
+/* -- Gather ----------------------------------------------------------------------------
+ * y[p..., r...] = table[idx[p...], r...], one thread per output element
+ * (grid-stride); an index outside [0, V) sets *flag and writes nothing. */
+
+template <class E> SJ_DEV void gather(const sj_ek_gather &p) {
+    typedef typename E::S S;
+    const S *table = reinterpret_cast<const S *>(p.table);
+    S *y = reinterpret_cast<S *>(p.y);
+    const int64_t nt = gthreads();
+    const int64_t per = p.rowel > 0 ? p.rowel : 1;
+    const int64_t total = p.count * per;
+    for (int64_t o = gtid(); o < total; o += nt) {
+        int64_t pos = o / per, r = o - pos * per;
+        int64_t io = 0, yo = 0;
+#pragma unroll
+        for (int d = SJ_EK_MAXR - 1; d >= 0; d--) {
+            if (d < p.irank) {
+                int64_t c = pos;
+                if (d > 0) {
+                    int64_t q = pos / p.ishape[d];
+                    c = pos - q * p.ishape[d];
+                    pos = q;
+                }
+                io += c * p.istride[d];
+                yo += c * p.iystride[d];
+            }
+        }
+        const int64_t ix = p.idx_i64 ? reinterpret_cast<const int64_t *>(p.idx)[io]
+                                     : (int64_t) reinterpret_cast<const int32_t *>(p.idx)[io];
+        if (ix < 0 || ix >= p.V) {
+            *reinterpret_cast<volatile int *>(p.flag) = 1;
+            continue;
+        }
+        if (p.rowel == 0)
+            continue;
+        int64_t to = ix * p.ts0;
+        if (p.contig) {
+            to += r;
+            yo += r;
+        } else {
+#pragma unroll
+            for (int d = SJ_EK_MAXR - 1; d >= 0; d--) {
+                if (d < p.rrank) {
+                    int64_t c = r;
+                    if (d > 0) {
+                        int64_t q = r / p.rshape[d];
+                        c = r - q * p.rshape[d];
+                        r = q;
+                    }
+                    to += c * p.rtstride[d];
+                    yo += c * p.rystride[d];
+                }
+            }
+        }
+        y[yo] = table[to];
+    }
+}
+
+/* -- Kernel definitions ------------------------------------------------------------------ */
+
+#define SJ_EK_DEF_matmul_int(tag)                                                                  \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
+        sj_ek_matmul_int_##tag(const __grid_constant__ sj_ek_mm a) {                               \
+        matmul_int<dt_##tag>(a);                                                                   \
+    }
+#define SJ_EK_DEF_attention(tag)                                                                   \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_THREADS)                                \
+        sj_ek_attention_##tag(const __grid_constant__ sj_ek_att a) {                               \
+        attention<dt_##tag>(a);                                                                    \
+    }
+#define SJ_EK_DEF_gather(tag)                                                                      \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
+        sj_ek_gather_##tag(const __grid_constant__ sj_ek_gather a) {                               \
+        gather<dt_##tag>(a);                                                                       \
+    }
+
+#endif /* SJ_EAGER_MISC_CUH */

@@ -1,0 +1,52 @@
+/* Code generation for CUDA: the generated groups of a fused plan as CUDA C
+ * for NVRTC, and the launch configuration of each group.
+ *
+ * Every POINTWISE and ROW group becomes
+ *
+ *   extern "C" __global__ void <prefix><group name>(
+ *       <T> *__restrict__ p0, ..., <T> *__restrict__ pN,   // accesses: loads, then stores
+ *       long long s0, ..., long long sM);                  // every symbol of the pool
+ *
+ * with <T> the access's element type (float, __half as unsigned short,
+ * ...; loads const). The host passes each base pointer (the start of the
+ * store's buffer; access offsets are added inside) and each symbol value,
+ * and launches it with the dimensions sj_cuda_launch() gives for the call's
+ * sizes. Kernels accept any block and grid the launch rule can produce:
+ *   POINTWISE  block (256); grid.x covers the last (collapsed) axis in
+ *              chunks of 2048 elements (8 per thread: two 16-byte accesses
+ *              1024 elements apart when every access is contiguous there
+ *              and aligned, else element by element); grid.y covers the rows, looping when
+ *              there are more than 65535. No 64-bit division per element.
+ *   ROW        block (32, R): R rows per block, a warp per row, when the row
+ *              is at most 1024 long; else block (T) with T a power of two in
+ *              [128, 1024], a block per row; grid.x covers the rows (looping
+ *              past 2^31 - 1). Warp shuffles and 32 floats of shared memory
+ *              for the block-wide reductions.
+ * Numerics follow the CPU's definitions (the same sj_rt functions, compiled
+ * for the device): exact erf, IEEE division and sqrt, reductions in f32
+ * (tree order), which the tests compare with the eager kernels and float64.
+ * Specialized (sym_vals given: sizes are literals) and symbolic forms.
+ */
+#ifndef SJ_CODEGEN_CUDA_H
+#define SJ_CODEGEN_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "specialize/fusion.h"
+
+/* A malloc'd CUDA C translation unit, or NULL on allocation failure. */
+char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix,
+                      size_t *len);
+
+typedef struct sj_launch {
+    unsigned grid[3], block[3];
+    unsigned smem; /* dynamic shared memory bytes */
+} sj_launch;
+
+/* The launch of generated group gr for a call whose expressions evaluate to
+ * exv (sj_ex_eval_all of the graph's pool). sm_count may guide grid sizes.
+ * Returns 0 when there is nothing to do (an empty iteration space). */
+int sj_cuda_launch(const sj_group *gr, const int64_t *exv, int sm_count, sj_launch *out);
+
+#endif

@@ -1,0 +1,463 @@
+/* The JIT on the CUDA backend, through the public API: every op eagerly on
+ * the device against the CPU runtime, fused patterns (static and symbolic)
+ * against the CPU and float64, the background compile and hot swap, NVRTC
+ * failures, buckets, limits, the stream API, bad input. Without a CUDA
+ * device it prints "skipped: no CUDA device" and passes. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/runtime.h"
+#include "jit/shapejit.h"
+#include "tests/util.h"
+
+#ifdef SJ_WITH_CUDA
+#include "kernels/cuda/cuda_dev.h"
+
+static sj_runtime *cpu;  /* the reference */
+
+static sj_runtime *gpu_runtime(sj_compile_mode mode) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.compile_mode = mode;
+    cfg.cache_dir = NULL;
+    cfg.log_mask = 0;
+    sj_runtime *rt = NULL;
+    sj_status st = sj_runtime_create(&cfg, &rt);
+    if (st) fail_msg("CUDA runtime: %s", sj_last_error());
+    return rt;
+}
+
+/* A device copy of a host test tensor, layout kept (the whole underlying
+ * buffer is copied, so strided views stay views). */
+typedef struct dbuf {
+    sj_tensor t;
+    CUdeviceptr base;
+} dbuf;
+
+static int64_t extent_elems(const sj_tensor *t) {
+    int64_t e = 1;
+    for (int i = 0; i < t->rank; i++) {
+        if (t->shape[i] == 0) return 0;
+        e += (t->shape[i] - 1) * t->stride[i];
+    }
+    return e;
+}
+
+static dbuf to_dev(sj_runtime *rt, const sj_tensor *h) {
+    dbuf d = {*h, 0};
+    size_t es = sj_dtype_size(h->dtype), bytes = (size_t)extent_elems(h) * es;
+    d.base = sj_cuda_alloc(rt->cuda, bytes ? bytes : 16, rt->cuda->stream);
+    assert_true(d.base != 0);
+    if (bytes) assert_int_equal(sj_cuda_to_device(rt->cuda, d.base, h->data, bytes), SJ_OK);
+    d.t.data = (void *)(uintptr_t)d.base;
+    d.t.device = SJ_CUDA;
+    return d;
+}
+
+static void free_dev(sj_runtime *rt, dbuf *d) { sj_cuda_free(rt->cuda, d->base, rt->cuda->stream); }
+
+/* A device output back on the host (contiguous), as a tu tensor. */
+static sj_tensor to_host(sj_runtime *rt, const sj_tensor *d) {
+    sj_tensor h = tu_tensor(d->dtype, d->rank, d->shape);
+    size_t bytes = (size_t)tu_numel(&h) * sj_dtype_size(d->dtype);
+    sj_cuda_bind(rt->cuda);
+    if (bytes) assert_int_equal(sj_cuda_to_host(rt->cuda, h.data, (CUdeviceptr)(uintptr_t)d->data, bytes), SJ_OK);
+    return h;
+}
+
+/* Run model on the GPU runtime and on the CPU, compare every output. */
+static void compare(sj_runtime *rt, sj_fn *gfn, sj_model_fn model, void *user, const sj_tensor *in, int n_in,
+                    int n_out, double tol, const char *what) {
+    dbuf d[8];
+    sj_tensor din[8], gout[4] = {{0}}, cout[4] = {{0}};
+    for (int i = 0; i < n_in; i++) d[i] = to_dev(rt, &in[i]), din[i] = d[i].t;
+    sj_status st = sj_call(gfn, din, n_in, gout, n_out);
+    if (st) fail_msg("%s: GPU: %s", what, sj_last_error());
+    sj_fn *cfn;
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    assert_int_equal(sj_fn_create(cpu, "ref", n_in, model, user, &o, &cfn), SJ_OK);
+    if (sj_call(cfn, in, n_in, cout, n_out)) fail_msg("%s: CPU: %s", what, sj_last_error());
+    for (int k = 0; k < n_out; k++) {
+        assert_int_equal(gout[k].device, SJ_CUDA);
+        sj_tensor h = to_host(rt, &gout[k]);
+        int64_t n = tu_numel(&cout[k]);
+        double *ref = malloc(sizeof(double) * (size_t)(n ? n : 1));
+        for (int64_t j = 0; j < n; j++) ref[j] = tu_get(&cout[k], j);
+        if (!tu_check(&h, ref, tol, what)) fail_msg("%s: output %d differs from the CPU", what, k);
+        free(ref);
+        sj_tensor_free(rt, &gout[k]);
+        sj_tensor_free(cpu, &cout[k]);
+    }
+    sj_fn_destroy(cfn);
+    for (int i = 0; i < n_in; i++) free_dev(rt, &d[i]);
+}
+
+/* -- Models ---------------------------------------------------------------------- */
+
+typedef struct op_spec {
+    int which;
+    sj_dtype dt;
+} op_spec;
+
+static sj_status op_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    const op_spec *s = u;
+    sj_val x = in[0], y = n > 1 ? in[1] : SJ_NONE, r;
+    switch (s->which) {
+    case 0: r = sj_neg(t, x); break;
+    case 1: r = sj_abs(t, x); break;
+    case 2: r = sj_exp(t, x); break;
+    case 3: r = sj_log(t, sj_abs(t, x)); break;
+    case 4: r = sj_sqrt(t, sj_abs(t, x)); break;
+    case 5: r = sj_rsqrt(t, sj_add(t, sj_abs(t, x), sj_scalar(t, 0.5))); break;
+    case 6: r = sj_tanh(t, x); break;
+    case 7: r = sj_sigmoid(t, x); break;
+    case 8: r = sj_relu(t, x); break;
+    case 9: r = sj_gelu(t, x); break;
+    case 10: r = sj_gelu_tanh(t, x); break;
+    case 11: r = sj_silu(t, x); break;
+    case 12: r = sj_add(t, x, y); break;
+    case 13: r = sj_sub(t, x, y); break;
+    case 14: r = sj_mul(t, x, y); break;
+    case 15: r = sj_div(t, x, y); break;
+    case 16: r = sj_maximum(t, x, y); break;
+    case 17: r = sj_minimum(t, x, y); break;
+    case 18: r = sj_pow(t, sj_abs(t, x), y); break;
+    case 19: r = sj_cast(t, sj_lt(t, x, y), s->dt); break;
+    case 20: r = sj_where(t, sj_ge(t, x, y), x, y); break;
+    case 21: r = sj_sum(t, x, 1, 0); break;
+    case 22: r = sj_mean(t, x, -1, 1); break;
+    case 23: r = sj_amax(t, x, 0, 0); break;
+    case 24: r = sj_softmax(t, x, -1); break;
+    case 25: r = sj_softmax(t, x, 0); break;
+    case 26: r = sj_layer_norm(t, x, y, y, 1e-5); break;
+    case 27: r = sj_rms_norm(t, x, y, 1e-6); break;
+    case 28: r = sj_matmul(t, x, y); break;
+    case 29: r = sj_transpose(t, sj_mul(t, sj_slice(t, x, 1, 1, -1, 2), sj_scalar(t, 3.0)), 0, 1); break;
+    case 30: r = sj_concat(t, (sj_val[]){x, sj_exp(t, x)}, 2, -1); break;
+    case 31: r = sj_cast(t, x, s->dt); break;
+    default: return sj_trace_fail(t, SJ_EINVAL, "no op %d", s->which);
+    }
+    return sj_output(t, r);
+}
+
+static void test_every_op_eager(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_OFF);
+    tu_seed(11);
+    static const sj_dtype floats[] = {SJ_F32, SJ_F16, SJ_BF16};
+    for (int w = 0; w <= 31; w++)
+        for (int d = 0; d < 3; d++) {
+            op_spec s = {w, w == 19 ? SJ_F32 : w == 31 ? SJ_BF16 : floats[d]};
+            sj_dtype dt = floats[d];
+            int64_t rows = 7, cols = 33;
+            sj_tensor in[2];
+            in[0] = tu_tensor_layout(dt, 2, (int64_t[]){rows, cols}, d == 1 ? TU_GAP : TU_CONTIG);
+            tu_fill_random(&in[0]);
+            int n_in = 2;
+            if (w >= 12 && w <= 20) in[1] = tu_tensor(dt, 1, &cols); /* row broadcast */
+            else if (w == 26 || w == 27) in[1] = tu_tensor(dt, 1, &cols);
+            else if (w == 28) in[1] = tu_tensor(dt, 2, (int64_t[]){cols, 5});
+            else n_in = 1;
+            if (n_in == 2) tu_fill_random(&in[1]);
+            sj_fn *fn;
+            assert_int_equal(sj_fn_create(rt, "op", n_in, op_model, &s, NULL, &fn), SJ_OK);
+            char what[32];
+            snprintf(what, sizeof what, "op %d %s", w, sj_dtype_name(dt));
+            double tol = dt == SJ_F32 ? (w == 28 ? 1e-4 : 1e-5) : dt == SJ_F16 ? 4e-3 : 3e-2;
+            compare(rt, fn, op_model, &s, in, n_in, 1, tol, what);
+            sj_fn_destroy(fn);
+            tu_free_all();
+        }
+    sj_runtime_destroy(rt);
+}
+
+static sj_status att_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_attention(t, in[0], in[1], in[2], in[3], 0.125, *(int *)u));
+}
+
+static sj_status gather_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_gather(t, in[0], in[1]));
+}
+
+static void test_attention_and_gather(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_OFF);
+    tu_seed(12);
+    for (int causal = 0; causal < 2; causal++) {
+        int64_t B = 2, H = 3, S = 37, D = 64;
+        sj_tensor in[4] = {tu_tensor(SJ_F32, 4, (int64_t[]){B, H, S, D}), tu_tensor(SJ_F32, 4, (int64_t[]){B, H, S, D}),
+                           tu_tensor(SJ_F32, 4, (int64_t[]){B, H, S, D}), tu_tensor(SJ_I32, 1, &B)};
+        for (int i = 0; i < 3; i++) tu_fill_random(&in[i]);
+        tu_seti(&in[3], 0, 30);
+        tu_seti(&in[3], 1, 0);
+        sj_fn *fn;
+        assert_int_equal(sj_fn_create(rt, "att", 4, att_model, &causal, NULL, &fn), SJ_OK);
+        compare(rt, fn, att_model, &causal, in, 4, 1, 1e-4, "attention");
+        sj_fn_destroy(fn);
+        tu_free_all();
+    }
+    sj_tensor in[2] = {tu_tensor(SJ_F32, 2, (int64_t[]){10, 16}), tu_tensor(SJ_I64, 1, (int64_t[]){6})};
+    tu_fill_random(&in[0]);
+    tu_fill_range(&in[1], 0, 9);
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "gather", 2, gather_model, NULL, NULL, &fn), SJ_OK);
+    compare(rt, fn, gather_model, NULL, in, 2, 1, 0, "gather");
+    tu_seti(&in[1], 3, 10); /* out of range: SJ_EINDEX, then fine again */
+    dbuf d0 = to_dev(rt, &in[0]), d1 = to_dev(rt, &in[1]);
+    sj_tensor din[2] = {d0.t, d1.t}, out = {0};
+    assert_int_equal(sj_call(fn, din, 2, &out, 1), SJ_EINDEX);
+    assert_null(out.data);
+    free_dev(rt, &d1);
+    tu_seti(&in[1], 3, 9);
+    compare(rt, fn, gather_model, NULL, in, 2, 1, 0, "gather after the error");
+    free_dev(rt, &d0);
+    sj_fn_destroy(fn);
+    tu_free_all();
+    sj_runtime_destroy(rt);
+}
+
+/* -- Fused ------------------------------------------------------------------------------ */
+
+static sj_status w1_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val x = in[0];
+    return sj_output(t, sj_mul(t, sj_gelu(t, sj_add(t, sj_mul(t, x, in[1]), in[2])), sj_sigmoid(t, x)));
+}
+
+static sj_status w2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val h = sj_add(t, in[0], in[1]);
+    sj_output(t, sj_gelu(t, sj_layer_norm(t, h, in[2], in[3], 1e-5)));
+    return sj_output(t, h);
+}
+
+static sj_status w3_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
+}
+
+static sj_status mlp_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val h = sj_gelu(t, sj_add(t, sj_matmul(t, in[0], in[1]), in[2]));
+    return sj_output(t, sj_rms_norm(t, sj_sum(t, sj_reshape_i(t, h, 3, (int64_t[]){-1, 2, 16}), 1, 0), SJ_NONE, 1e-6));
+}
+
+typedef struct wl {
+    const char *name;
+    sj_model_fn model;
+    int n_in, n_out;
+} wl;
+
+static void make_inputs(int k, int64_t S, sj_tensor *in) {
+    switch (k) {
+    case 0: {
+        int64_t H = 1027;
+        in[0] = tu_tensor(SJ_F32, 2, (int64_t[]){S, H});
+        in[1] = tu_tensor(SJ_F32, 1, &H);
+        in[2] = tu_tensor(SJ_F32, 1, &H);
+        break;
+    }
+    case 1: {
+        int64_t H = 768;
+        in[0] = tu_tensor(SJ_F32, 2, (int64_t[]){S, H});
+        in[1] = tu_tensor(SJ_F32, 2, (int64_t[]){S, H});
+        in[2] = tu_tensor(SJ_F32, 1, &H);
+        in[3] = tu_tensor(SJ_F32, 1, &H);
+        break;
+    }
+    case 2:
+        in[0] = tu_tensor(SJ_F32, 3, (int64_t[]){3, S, S + 5});
+        in[1] = tu_tensor(SJ_F32, 3, (int64_t[]){3, 1, S + 5});
+        break;
+    default:
+        in[0] = tu_tensor(SJ_F32, 2, (int64_t[]){S, 48});
+        in[1] = tu_tensor(SJ_F32, 2, (int64_t[]){48, 64});
+        in[2] = tu_tensor(SJ_F32, 1, (int64_t[]){64});
+    }
+}
+
+static void test_fused_patterns(void **state) {
+    static const wl wls[] = {{"w1", w1_model, 3, 1}, {"w2", w2_model, 4, 2}, {"w3", w3_model, 2, 1}, {"mlp", mlp_model, 3, 1}};
+    static const int64_t sizes[] = {2, 17, 130, 1000};
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    tu_seed(13);
+    for (int k = 0; k < 4; k++)
+        for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
+            sj_fn_options o;
+            sj_fn_options_init(&o);
+            o.dynamic = dyn;
+            o.hot_threshold = 1;
+            o.recompile_limit = 16;
+            sj_fn *fn;
+            assert_int_equal(sj_fn_create(rt, wls[k].name, wls[k].n_in, wls[k].model, NULL, &o, &fn), SJ_OK);
+            for (int s = 0; s < 4; s++) {
+                sj_tensor in[4];
+                make_inputs(k, sizes[s], in);
+                for (int i = 0; i < wls[k].n_in; i++) tu_fill_random(&in[i]);
+                char what[48];
+                snprintf(what, sizeof what, "%s %s S=%lld", wls[k].name, dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic",
+                         (long long)sizes[s]);
+                compare(rt, fn, wls[k].model, NULL, in, wls[k].n_in, wls[k].n_out, k == 3 ? 1e-4 : 1e-5, what);
+                tu_free_all();
+            }
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            if (st.eager_calls != 0) fail_msg("%s: %llu eager calls (compile failures %llu)", wls[k].name,
+                                              (unsigned long long)st.eager_calls, (unsigned long long)st.compile_failures);
+            assert_int_equal(st.fused_symbolic_calls + st.fused_specialized_calls, 4);
+            sj_fn_destroy(fn);
+        }
+    sj_runtime_destroy(rt);
+}
+
+/* -- Background compile, faults, streams ------------------------------------------------- */
+
+static void test_async_hot_swap_and_faults(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_ASYNC);
+    sj_runtime_test_hooks(rt, 300, 0);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "slow", 3, w1_model, NULL, &o, &fn), SJ_OK);
+    tu_seed(14);
+    sj_tensor in[4];
+    make_inputs(0, 64, in);
+    for (int i = 0; i < 3; i++) tu_fill_random(&in[i]);
+    compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "eager while compiling");
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.eager_calls, 1);
+    assert_int_equal(sj_fn_wait_idle(fn, 20000), SJ_OK);
+    compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "fused after the swap");
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.fused_specialized_calls, 1);
+    sj_runtime_destroy(rt);
+    tu_free_all();
+
+    rt = gpu_runtime(SJ_COMPILE_SYNC);
+    sj_runtime_test_hooks(rt, 0, 1); /* every NVRTC compile fails */
+    assert_int_equal(sj_fn_create(rt, "broken", 3, w1_model, NULL, &o, &fn), SJ_OK);
+    make_inputs(0, 9, in);
+    for (int i = 0; i < 3; i++) tu_fill_random(&in[i]);
+    compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "eager after a failed compile");
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.compile_failures, 1);
+    assert_int_equal(s.eager_calls, 1);
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
+static void test_stream_api_and_bad_input(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "stream", 3, w1_model, NULL, NULL, &fn), SJ_OK);
+    tu_seed(15);
+    sj_tensor in[4];
+    make_inputs(0, 5, in);
+    for (int i = 0; i < 3; i++) tu_fill_random(&in[i]);
+    /* host inputs on the CUDA backend: a clear error, then a good call */
+    sj_tensor out = {0};
+    assert_int_equal(sj_call(fn, in, 3, &out, 1), SJ_EINVAL);
+    if (!strstr(sj_last_error(), "host memory; the CUDA backend takes device")) fail_msg("%s", sj_last_error());
+    /* the caller's stream, outputs ready once it is synchronised */
+    CUstream s2;
+    sj_cuda_bind(rt->cuda);
+    assert_int_equal(rt->cuda->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    dbuf d[3];
+    sj_tensor din[3];
+    for (int i = 0; i < 3; i++) d[i] = to_dev(rt, &in[i]), din[i] = d[i].t;
+    for (int rep = 0; rep < 3; rep++) {
+        sj_tensor o = {0};
+        assert_int_equal(sj_call_stream(fn, din, 3, &o, 1, (void *)s2), SJ_OK);
+        assert_int_equal(rt->cuda->api.StreamSynchronize(s2), CUDA_SUCCESS);
+        sj_tensor h = to_host(rt, &o);
+        sj_tensor ref = {0};
+        assert_int_equal(sj_call(fn, din, 3, &ref, 1), SJ_OK);
+        sj_tensor hr = to_host(rt, &ref);
+        /* the two calls may run different tiers (eager, then fused) */
+        const float *a = h.data, *b = hr.data;
+        for (int64_t k = 0; k < tu_numel(&h); k++)
+            if (!(fabsf(a[k] - b[k]) <= 1e-5f * (1.0f + fabsf(b[k]))))
+                fail_msg("stream call differs at %lld: %.9g vs %.9g", (long long)k, a[k], b[k]);
+        sj_tensor_free(rt, &o);
+        sj_tensor_free(rt, &ref);
+    }
+    for (int i = 0; i < 3; i++) free_dev(rt, &d[i]);
+    rt->cuda->api.StreamDestroy(s2);
+    assert_true(sj_runtime_stream(rt) != NULL);
+    /* sj_tensor_alloc / sj_tensor_copy round trip */
+    sj_tensor dt = {.dtype = SJ_F32, .rank = 1, .shape = {100}, .device = SJ_CUDA};
+    assert_int_equal(sj_tensor_alloc(rt, &dt), SJ_OK);
+    sj_tensor h = tu_tensor(SJ_F32, 1, (int64_t[]){100}), back = tu_tensor(SJ_F32, 1, (int64_t[]){100});
+    tu_fill_random(&h);
+    assert_int_equal(sj_tensor_copy(rt, &dt, &h), SJ_OK);
+    assert_int_equal(sj_tensor_copy(rt, &back, &dt), SJ_OK);
+    assert_memory_equal(h.data, back.data, 400);
+    sj_tensor_free(rt, &dt);
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
+static void test_buckets_on_device(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "buckets", 4, w2_model, NULL, &o, &fn), SJ_OK);
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 16, 512), SJ_OK);
+    tu_seed(16);
+    int64_t sizes[] = {17, 31, 32, 100, 600, 3};
+    for (int i = 0; i < 6; i++) {
+        sj_tensor in[4];
+        make_inputs(1, sizes[i], in);
+        for (int k = 0; k < 4; k++) tu_fill_random(&in[k]);
+        compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "bucketed w2");
+        tu_free_all();
+    }
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.eager_calls, 0);
+    assert_int_equal(s.entries, 4); /* (16,32] for 17, 31, 32; (64,128]; (512,inf); (0,16] for 3 */
+    sj_runtime_destroy(rt);
+}
+
+int main(void) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.log_mask = 0;
+    cfg.cache_dir = NULL;
+    sj_runtime *probe = NULL;
+    if (sj_runtime_create(&cfg, &probe) != SJ_OK) {
+        printf("skipped: no CUDA device (%s)\n", sj_last_error());
+        return 0;
+    }
+    sj_runtime_destroy(probe);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = SJ_COMPILE_OFF;
+    if (sj_runtime_create(&cfg, &cpu)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_op_eager),    cmocka_unit_test(test_attention_and_gather),
+        cmocka_unit_test(test_fused_patterns),    cmocka_unit_test(test_async_hot_swap_and_faults),
+        cmocka_unit_test(test_stream_api_and_bad_input), cmocka_unit_test(test_buckets_on_device),
+    };
+    int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
+    sj_runtime_destroy(cpu);
+    return r;
+}
+
+#else /* built without the CUDA toolkit */
+
+int main(void) {
+    printf("skipped: no CUDA device (built without the CUDA backend)\n");
+    return 0;
+}
+
+#endif
