@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,4 +73,24 @@ const char *sj_backend_error_line(const char *log, int *len) {
     }
     *len = (int)strcspn(line, "\n");
     return line;
+}
+
+sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj_compile_result *out,
+                                  const char **tag, char **src) {
+    *src = NULL;
+    *tag = "unit";
+    if (!req || !req->source || req->n_symbols < 0 || req->n_symbols > 64 || (req->n_symbols && !req->symbols)) {
+        snprintf(out->log, sizeof out->log, "invalid compile request");
+        return sj_seterr(SJ_EINVAL, "%s backend: invalid compile request", who);
+    }
+    for (int i = 0; i < req->n_symbols; i++)
+        if (!req->symbols[i]) return sj_seterr(SJ_EINVAL, "%s backend: symbol %d is NULL", who, i);
+    if (req->tag && req->tag[0]) *tag = req->tag;
+    if (memchr(req->source, '\0', req->source_len))
+        return sj_seterr(SJ_EINVAL, "%s backend: %s: the source contains a NUL byte", who, *tag);
+    *src = malloc(req->source_len + 1);
+    if (!*src) return sj_seterr(SJ_ENOMEM, "%s backend: out of memory", who);
+    memcpy(*src, req->source, req->source_len);
+    (*src)[req->source_len] = '\0';
+    return SJ_OK;
 }

@@ -65,6 +65,12 @@ void sj_backend_dump(const sj_runtime *rt, const char *who, const char *dir, con
 sj_status sj_backend_fail(const sj_runtime *rt, const char *who, sj_compile_result *out, const char *tag,
                           const char *what);
 
+/* Check a compile request (source, symbols: SJ_EINVAL naming what is
+ * wrong) and copy its source, NUL-terminated, into *src (malloc'd; the
+ * caller frees it); *tag is the request's tag, or "unit". */
+sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj_compile_result *out,
+                                  const char **tag, char **src);
+
 /* A compiler log's first line that mentions an error (else its first
  * line); *len its length. */
 const char *sj_backend_error_line(const char *log, int *len);

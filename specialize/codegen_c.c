@@ -80,15 +80,13 @@ void sj_cg_vput(sj_sbuf *b, const char *fmt, va_list ap0) {
     }
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static void put(sj_sbuf *b, const char *fmt, ...) {
+void sj_cg_put(sj_sbuf *b, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     sj_cg_vput(b, fmt, ap);
     va_end(ap);
 }
+#define put sj_cg_put
 
 /* -- Context ------------------------------------------------------------------ */
 
@@ -495,6 +493,18 @@ static void put_opt(cg *c, int32_t u, const char *dflt) {
     else sj_cg_put_ref(c, u);
 }
 
+void sj_cg_put_norm_tail(cg *c, const sj_node *n, int32_t gw, int32_t bw) {
+    if (n->op == SJ_OP_LAYER_NORM) {
+        put(&c->o, " - mean) * rstd * ");
+        put_opt(c, gw, "1.0f");
+        put(&c->o, " + ");
+        put_opt(c, bw, "0.0f");
+    } else {
+        put(&c->o, ") * r * ");
+        put_opt(c, gw, "1.0f");
+    }
+}
+
 /* A loop filling dst with the row op's input (the prologue's result),
  * storing the prologue's stored values when `stores`: over the whole row
  * into dst[j], or (chunked) over [c0, c0 + k) into dst[jj]. */
@@ -548,15 +558,7 @@ static void put_out_pass(cg *c, const rowop *R, bool buffered) {
         put(&c->o, "(float)(((double)");
         if (x_in_buf && c->vpos[R->x] < 0) put(&c->o, "buf[j]");
         else sj_cg_put_ref(c, R->x);
-        if (R->n->op == SJ_OP_LAYER_NORM) {
-            put(&c->o, " - mean) * rstd * ");
-            put_opt(c, R->gw, "1.0f");
-            put(&c->o, " + ");
-            put_opt(c, R->bw, "0.0f");
-        } else {
-            put(&c->o, ") * r * ");
-            put_opt(c, R->gw, "1.0f");
-        }
+        sj_cg_put_norm_tail(c, R->n, R->gw, R->bw);
         put(&c->o, ");\n");
     }
     sj_cg_put_nodes(c, c->rp + 1, n_pos);

@@ -166,15 +166,7 @@ static const char prelude_tail[] =
 
 /* -- Output --------------------------------------------------------------------- */
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static void put(sj_sbuf *b, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    sj_cg_vput(b, fmt, ap);
-    va_end(ap);
-}
+#define put sj_cg_put
 
 /* The generator's own state (sj_cg.user). */
 typedef struct cu {
@@ -379,13 +371,6 @@ static const char *slot(rmode m) { return m == M_VREG ? "rc[i][jj]" : m == M_VSH
 /* What a pass does with the cache (M_VSHARED moves it per chunk). */
 enum { C_NONE = 0, C_READ = 1, C_WRITE = 2 };
 
-/* Operand u at the current element, or dflt when absent (a norm's g and b
- * default to 1 and 0). */
-static void put_opt(sj_cg *c, int32_t u, const char *dflt) {
-    if (u < 0) put(&c->o, "%s", dflt);
-    else sj_cg_put_ref(c, u);
-}
-
 /* Is store k (contiguous along the row) written by positions [lo, hi)? */
 static bool vstore_in(const sj_cg *c, int k, int lo, int hi) {
     int q = c->vpos[c->acc[k]->val];
@@ -490,15 +475,7 @@ static void put_out_pass(sj_cg *c, const rowop *R, rmode m) {
         put(&c->o, "(");
         if (x_in_cache && c->vpos[R->x] < 0) put(&c->o, "%s", slot(m));
         else sj_cg_put_ref(c, R->x);
-        if (R->n->op == SJ_OP_LAYER_NORM) {
-            put(&c->o, " - mean) * rstd * ");
-            put_opt(c, R->gw, "1.0f");
-            put(&c->o, " + ");
-            put_opt(c, R->bw, "0.0f");
-        } else {
-            put(&c->o, ") * r * ");
-            put_opt(c, R->gw, "1.0f");
-        }
+        sj_cg_put_norm_tail(c, R->n, R->gw, R->bw);
         put(&c->o, ";\n");
     }
     sj_cg_put_nodes(c, c->rp + 1, n_pos);

@@ -36,6 +36,10 @@ typedef struct sj_sbuf {
 } sj_sbuf;
 
 void sj_cg_vput(sj_sbuf *b, const char *fmt, va_list ap);
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void sj_cg_put(sj_sbuf *b, const char *fmt, ...);
 
 /* -- Context -------------------------------------------------------------------- */
 
@@ -94,6 +98,11 @@ void sj_cg_put_store(sj_cg *c, int k, const char *ix);
 void sj_cg_put_ref(sj_cg *c, int32_t u);
 /* `const <ctype> v<out> = <the elementwise op>;` */
 void sj_cg_put_node(sj_cg *c, const sj_node *n);
+
+/* After a norm's centred (or raw, for RMS) value: ` - mean) * rstd * g + b`
+ * for layer norm, `) * r * g` for RMS norm (gw, bw: operands, -1 absent:
+ * 1 and 0). */
+void sj_cg_put_norm_tail(sj_cg *c, const sj_node *n, int32_t gw, int32_t bw);
 
 /* -- Blocks ------------------------------------------------------------------------ */
 

@@ -428,6 +428,56 @@ static void test_buckets_on_device(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* Recompile limits on the device: STATIC entries up to the limit, then the
+ * fallback entry serves every other size (results still right); with
+ * limit_is_error, SJ_ELIMIT and the function stays usable. */
+static void test_limits_on_device(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    o.recompile_limit = 2;
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "limits", 4, w2_model, NULL, &o, &fn), SJ_OK);
+    tu_seed(17);
+    int64_t sizes[] = {3, 5, 7, 9, 3, 11};
+    for (int i = 0; i < 6; i++) {
+        sj_tensor in[4];
+        make_inputs(1, sizes[i], in);
+        for (int k = 0; k < 4; k++) tu_fill_random(&in[k]);
+        compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "limited w2");
+        tu_free_all();
+    }
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_true(s.limit_hits >= 1); /* 7 went past the two static entries */
+    assert_int_equal(s.entries, 3); /* two static, one symbolic fallback for 7, 9, 11 */
+    sj_fn_destroy(fn);
+
+    o.limit_is_error = 1;
+    assert_int_equal(sj_fn_create(rt, "limits_err", 4, w2_model, NULL, &o, &fn), SJ_OK);
+    int64_t err_sizes[] = {3, 5, 7, 3};
+    for (int i = 0; i < 4; i++) {
+        sj_tensor in[4];
+        make_inputs(1, err_sizes[i], in);
+        for (int k = 0; k < 4; k++) tu_fill_random(&in[k]);
+        if (i == 2) {
+            dbuf d[4];
+            sj_tensor din[4], out[2] = {{0}};
+            for (int k = 0; k < 4; k++) d[k] = to_dev(rt, &in[k]), din[k] = d[k].t;
+            assert_int_equal(sj_call(fn, din, 4, out, 2), SJ_ELIMIT);
+            assert_null(out[0].data);
+            for (int k = 0; k < 4; k++) free_dev(rt, &d[k]);
+        } else {
+            compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "limited w2 (error mode)");
+        }
+        tu_free_all();
+    }
+    sj_fn_destroy(fn);
+    sj_runtime_destroy(rt);
+}
+
 int main(void) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
@@ -447,6 +497,7 @@ int main(void) {
         cmocka_unit_test(test_every_op_eager),    cmocka_unit_test(test_attention_and_gather),
         cmocka_unit_test(test_fused_patterns),    cmocka_unit_test(test_async_hot_swap_and_faults),
         cmocka_unit_test(test_stream_api_and_bad_input), cmocka_unit_test(test_buckets_on_device),
+        cmocka_unit_test(test_limits_on_device),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

@@ -313,24 +313,14 @@ static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_com
     if (!out) return sj_seterr(SJ_EINVAL, "cpu backend: compile: out is NULL");
     memset(out, 0, sizeof *out);
     if (b->test_delay_ms > 0) sleep_ms(b->test_delay_ms);
-    if (!req || !req->source || req->n_symbols < 0 || req->n_symbols > 64 || (req->n_symbols && !req->symbols)) {
-        snprintf(out->log, sizeof out->log, "invalid compile request");
-        return sj_seterr(SJ_EINVAL, "cpu backend: invalid compile request");
-    }
-    for (int i = 0; i < req->n_symbols; i++)
-        if (!req->symbols[i]) return sj_seterr(SJ_EINVAL, "cpu backend: symbol %d is NULL", i);
-    const char *tag = req->tag && req->tag[0] ? req->tag : "unit";
-    if (memchr(req->source, '\0', req->source_len))
-        return sj_seterr(SJ_EINVAL, "cpu backend: %s: the source contains a NUL byte", tag);
-    char *src = malloc(req->source_len + 1); /* NUL-terminated for the key */
-    if (!src) return sj_seterr(SJ_ENOMEM, "cpu backend: out of memory");
-    memcpy(src, req->source, req->source_len);
-    src[req->source_len] = '\0';
+    const char *tag;
+    char *src;
+    sj_status st = sj_backend_take_request("cpu", req, out, &tag, &src);
+    if (st) return st;
     const char *parts[] = {src, "cpu", b->identity};
     sj_cache_key(out->key, parts, 3);
     if (b->dump_dir) sj_backend_dump(b->rt, "cpu", b->dump_dir, tag, ".c", src, req->source_len);
 
-    sj_status st;
     char path[PATH_MAX];
     char note[sizeof out->log + 64] = "";
     bool hit = false;

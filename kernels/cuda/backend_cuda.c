@@ -209,24 +209,14 @@ static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_co
     if (!out) return sj_seterr(SJ_EINVAL, "cuda backend: compile: out is NULL");
     memset(out, 0, sizeof *out);
     if (b->test_delay_ms > 0) sleep_ms(b->test_delay_ms);
-    if (!req || !req->source || req->n_symbols < 0 || req->n_symbols > 64 || (req->n_symbols && !req->symbols)) {
-        snprintf(out->log, sizeof out->log, "invalid compile request");
-        return sj_seterr(SJ_EINVAL, "cuda backend: invalid compile request");
-    }
-    for (int i = 0; i < req->n_symbols; i++)
-        if (!req->symbols[i]) return sj_seterr(SJ_EINVAL, "cuda backend: symbol %d is NULL", i);
-    const char *tag = req->tag && req->tag[0] ? req->tag : "unit";
-    if (memchr(req->source, '\0', req->source_len))
-        return sj_seterr(SJ_EINVAL, "cuda backend: %s: the source contains a NUL byte", tag);
-    char *src = malloc(req->source_len + 1); /* NUL-terminated for the key and NVRTC */
-    if (!src) return sj_seterr(SJ_ENOMEM, "cuda backend: out of memory");
-    memcpy(src, req->source, req->source_len);
-    src[req->source_len] = '\0';
+    const char *tag;
+    char *src;
+    sj_status st = sj_backend_take_request("cuda", req, out, &tag, &src);
+    if (st) return st;
     const char *parts[] = {src, "cuda", b->arch, b->nvrtc_id};
     sj_cache_key(out->key, parts, 4);
     if (b->dump_dir) sj_backend_dump(b->rt, "cuda", b->dump_dir, tag, ".cu", src, req->source_len);
 
-    sj_status st;
     char note[sizeof out->log + 64] = "";
     bool hit = false;
     void *image = NULL;
