@@ -54,8 +54,11 @@
 #include "specialize/codegen_int.h"
 
 #define PW_BLOCK 256          /* threads of a pointwise block */
-#define PW_VECS 2             /* 4-element chunks per thread */
-#define PW_CHUNK 2048         /* elements of the last axis per block */
+#ifndef SJ_CUDA_PW_VECS
+#define SJ_CUDA_PW_VECS 2
+#endif
+#define PW_VECS SJ_CUDA_PW_VECS   /* 4-element chunks per thread */
+#define PW_CHUNK (4 * PW_VECS * PW_BLOCK) /* elements of the last axis per block */
 #define ROW_WARP_MAX 1024     /* longest row a warp takes */
 #define ROW_WARPS 8           /* rows (warps) per block at most */
 #define ROW_CACHE 8192        /* floats of a row kept on chip (registers or shared memory) at most */

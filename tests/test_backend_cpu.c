@@ -12,7 +12,6 @@
 #include <cmocka.h>
 
 #include <dirent.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -27,70 +26,14 @@
 #include "jit/error.h"
 #include "jit/runtime.h"
 #include "kernels/cpu/backend_cpu.h"
+#include "tests/util.h"
 
 /* -- Helpers --------------------------------------------------------------- */
 
-/* Log lines from the backend, kept for the checks (any thread). */
-typedef struct logbook {
-    pthread_mutex_t lock;
-    char text[16384];
-    size_t len;
-} logbook;
+typedef tu_fixture fixture; /* its log: the backend's lines, kept for the checks */
 
-static void log_sink(void *user, unsigned topic, const char *msg) {
-    logbook *lb = user;
-    (void)topic;
-    pthread_mutex_lock(&lb->lock);
-    int w = snprintf(lb->text + lb->len, sizeof lb->text - lb->len, "%s\n", msg);
-    if (w > 0) lb->len += (size_t)w < sizeof lb->text - lb->len ? (size_t)w : sizeof lb->text - 1 - lb->len;
-    pthread_mutex_unlock(&lb->lock);
-}
-
-typedef struct fixture {
-    char dir[PATH_MAX];
-    sj_runtime rt; /* only its log configuration is used */
-    logbook log;
-} fixture;
-
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static int setup(void **state) {
-    fixture *f = calloc(1, sizeof *f);
-    if (!f) return -1;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(f->dir, sizeof f->dir, "%s/sjcpu-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(f->dir)) return -1;
-    pthread_mutex_init(&f->log.lock, NULL);
-    f->rt.cfg.log_mask = SJ_LOG_ALL;
-    f->rt.cfg.log_fn = log_sink;
-    f->rt.cfg.log_user = &f->log;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    fixture *f = *state;
-    nftw(f->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-    pthread_mutex_destroy(&f->log.lock);
-    free(f);
-    return 0;
-}
-
-static bool logged(fixture *f, const char *what) {
-    pthread_mutex_lock(&f->log.lock);
-    bool found = strstr(f->log.text, what) != NULL;
-    pthread_mutex_unlock(&f->log.lock);
-    return found;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+static int setup(void **state) { return tu_fixture_setup(state, "sjcpu-test"); }
+static int teardown(void **state) { return tu_fixture_teardown(state); }
 
 static sj_backend *make(fixture *f, const char *cc, sj_cache *cache) {
     sj_cpu_backend_config cfg = {0};
@@ -164,21 +107,11 @@ static void test_compile_and_call(void **state) {
     assert_non_null(strstr(id, "cpu:"));
     sj_compile_req req = req_of(SRC, "t.e0.static");
     sj_compile_result r;
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_non_null(r.module);
-    assert_false(r.from_cache);
-    assert_true(r.compile_ms > 0);
-    assert_int_equal(strlen(r.key), 64);
+    tu_compile_fresh(b, &req, &r);
     check_kernels(&r);
-    assert_true(logged(f, "cpu: t.e0.static: compiled in"));
+    assert_true(tu_logged(&f->log, "cpu: t.e0.static: compiled in"));
     /* the same request twice: same key, independent modules */
-    sj_compile_result r2;
-    assert_int_equal(b->compile(b, &req, &r2), SJ_OK);
-    assert_string_equal(r.key, r2.key);
-    b->unload(b, r.module);
-    check_kernels(&r2);
-    b->unload(b, r2.module);
-    b->unload(b, NULL);
+    tu_check_second_compile(b, &req, &r, check_kernels);
     print_message("identity: %s\ncompile_ms (cc, %zu bytes of C): %.1f\n", id, strlen(SRC), r.compile_ms);
     b->destroy(b);
 }
@@ -194,21 +127,21 @@ static void test_compile_error(void **state) {
     assert_non_null(strstr(r.log, "undeclared_thing"));
     assert_non_null(strstr(sj_last_error(), "compile failed"));
     assert_non_null(strstr(sj_last_error(), "undeclared_thing")); /* the error line, not "In function" */
-    assert_true(logged(f, "cpu: broken: compile failed"));
+    assert_true(tu_logged(&f->log, "cpu: broken: compile failed"));
     b->destroy(b);
 }
 
 static void test_missing_compiler(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, "/nonexistent/cc", NULL);
-    assert_true(logged(f, "compiler '/nonexistent/cc' not found"));
+    assert_true(tu_logged(&f->log, "compiler '/nonexistent/cc' not found"));
     assert_non_null(strstr(b->identity(b), "not found"));
     sj_compile_req req = req_of(SRC, "nocc");
     sj_compile_result r;
     for (int i = 0; i < 3; i++) { /* every compile fails, fast, without retrying */
-        double t0 = now_ms();
+        double t0 = tu_now_ms();
         assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
-        assert_true(now_ms() - t0 < 50);
+        assert_true(tu_now_ms() - t0 < 50);
         assert_null(r.module);
         assert_non_null(strstr(r.log, "compiler '/nonexistent/cc' not found"));
     }
@@ -236,15 +169,7 @@ static void test_missing_symbol(void **state) {
 static void test_invalid_requests(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL, NULL);
-    sj_compile_result r;
-    assert_int_equal(b->compile(b, NULL, &r), SJ_EINVAL);
-    sj_compile_req req = req_of(SRC, "x");
-    req.n_symbols = 65;
-    assert_int_equal(b->compile(b, &req, &r), SJ_EINVAL);
-    req = req_of(SRC, "x");
-    req.source_len = sizeof SRC; /* includes the NUL */
-    assert_int_equal(b->compile(b, &req, &r), SJ_EINVAL);
-    assert_int_equal(b->compile(b, &req, NULL), SJ_EINVAL);
+    tu_check_invalid_requests(b, req_of(SRC, "x"));
     sj_cpu_backend_config cfg = {.test_delay_ms = -1};
     sj_backend *nb = (sj_backend *)1;
     assert_int_equal(sj_cpu_backend_create(&cfg, &nb), SJ_EINVAL);
@@ -252,11 +177,8 @@ static void test_invalid_requests(void **state) {
     assert_int_equal(sj_cpu_backend_create(NULL, NULL), SJ_EINVAL);
     /* a source without a NUL at source_len is fine (only the length counts) */
     char buf[sizeof SRC + 8];
-    memcpy(buf, SRC, sizeof SRC - 1);
-    memcpy(buf + sizeof SRC - 1, "garbage", 8);
-    req = req_of(SRC, "unterminated");
-    req.source = buf;
-    req.source_len = sizeof SRC - 1;
+    sj_compile_req req = tu_unterminated(req_of(SRC, "unterminated"), buf);
+    sj_compile_result r;
     assert_int_equal(b->compile(b, &req, &r), SJ_OK);
     check_kernels(&r);
     b->unload(b, r.module);
@@ -267,18 +189,14 @@ static void test_invalid_requests(void **state) {
 
 static void test_cache_second_backend(void **state) {
     fixture *f = *state;
-    char cdir[PATH_MAX], cc[PATH_MAX], cclog[PATH_MAX];
-    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
+    char cc[PATH_MAX], cclog[PATH_MAX];
     make_wrapper(f, cc, sizeof cc, cclog, sizeof cclog);
-    sj_cache *cache;
-    assert_int_equal(sj_cache_open(cdir, 0, &cache), SJ_OK);
+    sj_cache *cache = tu_open_cache(f->dir, NULL);
 
     sj_backend *a = make(f, cc, cache);
     sj_compile_req req = req_of(SRC, "cached");
     sj_compile_result r;
-    double t0 = now_ms();
-    assert_int_equal(a->compile(a, &req, &r), SJ_OK);
-    double cold = now_ms() - t0;
+    double cold = tu_compile_timed(a, &req, &r);
     assert_false(r.from_cache);
     assert_int_equal(compiler_runs(cclog), 1);
     check_kernels(&r);
@@ -293,15 +211,10 @@ static void test_cache_second_backend(void **state) {
     assert_string_equal(a->identity(a), b->identity(b));
     assert_int_equal(unlink(cc), 0);
     sj_compile_result r2;
-    t0 = now_ms();
-    assert_int_equal(b->compile(b, &req, &r2), SJ_OK);
-    double warm = now_ms() - t0;
-    assert_true(r2.from_cache);
-    assert_true(r2.compile_ms == 0);
-    assert_string_equal(r.key, r2.key);
+    double warm = tu_compile_cached(b, &req, &r2, r.key);
     assert_int_equal(compiler_runs(cclog), 1);
     check_kernels(&r2);
-    assert_true(logged(f, "cpu: cached: cache hit"));
+    assert_true(tu_logged(&f->log, "cpu: cached: cache hit"));
     print_message("compile (cold, %zu bytes of C): %.1f ms; cache hit load: %.2f ms\n", strlen(SRC), cold, warm);
     b->unload(b, r2.module);
 
@@ -317,46 +230,13 @@ static void test_cache_second_backend(void **state) {
 
 static void test_cache_corrupt_recompiled(void **state) {
     fixture *f = *state;
-    char cdir[PATH_MAX], so[PATH_MAX];
-    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
-    sj_cache *cache;
-    assert_int_equal(sj_cache_open(cdir, 0, &cache), SJ_OK);
+    char cdir[PATH_MAX];
+    sj_cache *cache = tu_open_cache(f->dir, cdir);
     sj_backend *b = make(f, NULL, cache);
     sj_compile_req req = req_of(SRC, "corrupt");
-    sj_compile_result r;
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    b->unload(b, r.module);
-    /* flip a byte of the cached shared object */
-    snprintf(so, sizeof so, "%s/%s.so", cdir, r.key);
-    FILE *fp = fopen(so, "r+b");
-    assert_non_null(fp);
-    assert_int_equal(fseek(fp, 100, SEEK_SET), 0);
-    int ch = fgetc(fp);
-    assert_int_equal(fseek(fp, 100, SEEK_SET), 0);
-    fputc(ch ^ 0xff, fp);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_false(r.from_cache);
-    check_kernels(&r);
-    b->unload(b, r.module);
-    sj_cache_stats s;
-    sj_cache_get_stats(cache, &s);
-    assert_int_equal(s.corrupt, 1);
-    assert_int_equal(s.stores, 2);
-    /* re-stored: the next compile hits */
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_true(r.from_cache);
-    b->unload(b, r.module);
-    /* an entry that verifies but does not load (not an ELF): a miss, recompiled */
-    assert_int_equal(sj_cache_store(cache, r.key, "so", "not an ELF file", 15), SJ_OK);
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_false(r.from_cache);
-    assert_true(logged(f, "cached artifact unusable"));
-    check_kernels(&r);
-    b->unload(b, r.module);
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_true(r.from_cache);
-    b->unload(b, r.module);
+    /* a byte of the cached shared object flipped; then an entry that
+     * verifies but does not load (not an ELF) */
+    tu_check_corrupt_cache(b, cache, cdir, &req, "so", "not an ELF file", 15, &f->log, check_kernels, false);
     b->destroy(b);
     sj_cache_close(cache);
 }
@@ -372,17 +252,13 @@ static void test_hooks(void **state) {
     assert_int_equal(sj_cpu_backend_create(&cfg, &b), SJ_OK);
     sj_compile_req req = req_of(SRC, "hooked");
     sj_compile_result r;
-    assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
-    assert_null(r.module);
-    assert_string_equal(r.log, "compile failed (test hook)");
+    tu_check_hook_failure(b, &req, &r);
     assert_int_equal(compiler_runs(cclog), 0);
     b->destroy(b);
 
     cfg = (sj_cpu_backend_config){.rt = &f->rt, .test_delay_ms = 150};
     assert_int_equal(sj_cpu_backend_create(&cfg, &b), SJ_OK);
-    double t0 = now_ms();
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_true(now_ms() - t0 >= 150);
+    tu_compile_delayed(b, &req, &r, 150);
     check_kernels(&r);
     b->unload(b, r.module);
     b->destroy(b);
@@ -400,13 +276,7 @@ static void test_dump_dir(void **state) {
     assert_int_equal(b->compile(b, &req, &r), SJ_OK);
     b->unload(b, r.module);
     snprintf(path, sizeof path, "%s/enc.e1.sym.c", dump);
-    FILE *fp = fopen(path, "r");
-    assert_non_null(fp);
-    char text[sizeof SRC + 16];
-    size_t n = fread(text, 1, sizeof text, fp);
-    fclose(fp);
-    assert_int_equal(n, strlen(SRC));
-    assert_memory_equal(text, SRC, n);
+    tu_expect_file(path, SRC, strlen(SRC));
     /* a tag with a slash stays inside the dump dir */
     req.tag = "../escape";
     assert_int_equal(b->compile(b, &req, &r), SJ_OK);
@@ -419,22 +289,15 @@ static void test_dump_dir(void **state) {
     cfg.dump_dir = path;
     assert_int_equal(sj_cpu_backend_create(&cfg, &b), SJ_OK);
     assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_true(logged(f, "cannot dump"));
+    assert_true(tu_logged(&f->log, "cannot dump"));
     b->unload(b, r.module);
     b->destroy(b);
 }
 
 /* -- Concurrency ------------------------------------------------------------------ */
 
-typedef struct job {
-    sj_backend *b;
-    int id;
-    sj_status st;
-    int wrong;
-} job;
-
 static void *compile_thread(void *p) {
-    job *j = p;
+    tu_compile_job *j = p;
     char src[512], tag[32];
     snprintf(src, sizeof src,
              "void k0(float *y, const float *x, long n) { for (long i = 0; i < n; i++) y[i] = x[i] * %d.0f; }\n"
@@ -457,29 +320,9 @@ static void *compile_thread(void *p) {
 
 static void test_concurrent_compiles(void **state) {
     fixture *f = *state;
-    char cdir[PATH_MAX];
-    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
-    sj_cache *cache;
-    assert_int_equal(sj_cache_open(cdir, 0, &cache), SJ_OK);
+    sj_cache *cache = tu_open_cache(f->dir, NULL);
     sj_backend *b = make(f, NULL, cache);
-    for (int round = 0; round < 2; round++) { /* compiled, then from the cache */
-        enum { N = 4 };
-        pthread_t th[N];
-        job jobs[N];
-        for (int i = 0; i < N; i++) {
-            jobs[i] = (job){b, i, SJ_EINTERNAL, 0};
-            assert_int_equal(pthread_create(&th[i], NULL, compile_thread, &jobs[i]), 0);
-        }
-        for (int i = 0; i < N; i++) {
-            pthread_join(th[i], NULL);
-            assert_int_equal(jobs[i].st, SJ_OK);
-            assert_int_equal(jobs[i].wrong, 0);
-        }
-    }
-    sj_cache_stats s;
-    sj_cache_get_stats(cache, &s);
-    assert_int_equal(s.stores, 4);
-    assert_int_equal(s.hits, 4);
+    tu_check_concurrent_compiles(b, cache, compile_thread, false);
     b->destroy(b);
     sj_cache_close(cache);
 }
@@ -501,15 +344,13 @@ static int count_entries(const char *dir, const char *prefix) {
  * cache hit, corrupt cache) leaves no fd, child or temporary behind. */
 static void test_no_leaks(void **state) {
     fixture *f = *state;
-    char cdir[PATH_MAX], tmp[PATH_MAX];
-    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
+    char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s/tmp", f->dir);
     assert_int_equal(mkdir(tmp, 0700), 0);
     const char *old_tmp = getenv("TMPDIR");
     char *saved = old_tmp ? strdup(old_tmp) : NULL;
     setenv("TMPDIR", tmp, 1);
-    sj_cache *cache;
-    assert_int_equal(sj_cache_open(cdir, 0, &cache), SJ_OK);
+    sj_cache *cache = tu_open_cache(f->dir, NULL);
     sj_backend *b = make(f, NULL, cache), *nocc = make(f, "/nonexistent/cc", NULL);
     int fds = count_entries("/proc/self/fd", "");
     const char *bad = "int k0(void) { return nope; }\n";

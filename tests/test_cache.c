@@ -12,7 +12,6 @@
 #include <cmocka.h>
 
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,6 +22,7 @@
 #include <unistd.h>
 
 #include "jit/cache.h"
+#include "tests/util.h"
 
 /* -- Helpers --------------------------------------------------------------- */
 
@@ -31,17 +31,13 @@ typedef struct fixture {
     char cdir[PATH_MAX]; /* the cache directory inside it */
 } fixture;
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
 static int setup(void **state) {
     fixture *f = calloc(1, sizeof *f);
     if (!f) return -1;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(f->dir, sizeof f->dir, "%s/sjcache-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(f->dir)) return -1;
+    if (tu_mkdtemp(f->dir, sizeof f->dir, "sjcache-test")) {
+        free(f);
+        return -1;
+    }
     snprintf(f->cdir, sizeof f->cdir, "%s/cache", f->dir);
     *state = f;
     return 0;
@@ -49,7 +45,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     fixture *f = *state;
-    nftw(f->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    tu_rmtree(f->dir);
     free(f);
     return 0;
 }

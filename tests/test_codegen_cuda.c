@@ -1,6 +1,7 @@
 /* CUDA code generation through the real pipeline: the fusion tests' model
- * functions are traced (static, or every size >= 2 symbolic), fused, and
- * every plan's generated groups emitted in both forms.
+ * functions (tests/util_patterns.c, shared with test_fusion) are traced
+ * (static, or every size >= 2 symbolic), fused, and every plan's generated
+ * groups emitted in both forms.
  *
  * Everywhere (no GPU needed): each unit compiles with NVRTC for sm_90,
  * with the CUDA backend's options, without errors or warnings; the launch
@@ -46,13 +47,12 @@
 #include "kernels/cpu/eager.h"
 #include "specialize/codegen_cuda.h"
 #include "specialize/fusion.h"
-#include "tests/util.h"
+#include "tests/util_patterns.h"
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
-#define MAXD 4
 
 /* -- NVRTC (types from nvrtc.h, restated: the compile checks need no headers) -- */
 
@@ -191,278 +191,6 @@ static int teardown_all(void **state) {
     sj_runtime_destroy(rt);
     return 0;
 }
-
-static int teardown(void **state) {
-    tu_free_all();
-    return 0;
-}
-
-/* -- Dim policy: equal sizes share a symbol (as test_fusion) --------------------- */
-
-typedef struct pol {
-    bool sym;
-    const int64_t *fixed; /* sizes kept constant (0 ends) */
-    int n;
-    int64_t size[64];
-    int sym_of[64];
-    int in[64], ax[64]; /* where each symbol was first seen */
-} pol;
-
-static sj_expr policy(void *ctx, sj_exprs *ex, int input, int axis, int64_t size) {
-    pol *p = ctx;
-    bool fixed = false;
-    for (int i = 0; p->fixed && p->fixed[i]; i++) fixed |= p->fixed[i] == size;
-    if (!p->sym || size < 2 || fixed) return sj_ex_const(ex, size);
-    for (int i = 0; i < p->n; i++)
-        if (p->size[i] == size) return sj_ex_sym(ex, p->sym_of[i]);
-    int s = sj_sym_new(ex, size, 2, SJ_EX_INF);
-    p->size[p->n] = size;
-    p->sym_of[p->n] = s;
-    p->in[s] = input;
-    p->ax[s] = axis;
-    p->n++;
-    return sj_ex_sym(ex, s);
-}
-
-/* -- Patterns --------------------------------------------------------------------- */
-
-typedef void (*make_fn)(const int64_t *d, sj_dtype dt, sj_tensor *ins);
-
-typedef struct pattern {
-    const char *name;
-    sj_model_fn model;
-    int n_in;
-    make_fn make;
-    int n_dims;
-    int64_t lo[MAXD], hi[MAXD];
-    bool vary;        /* the symbolic plan may run at other sizes */
-    int64_t fixed[4]; /* sizes the policy keeps constant */
-} pattern;
-
-static sj_tensor params[4]; /* parameters the models capture */
-
-static sj_tensor rnd(sj_dtype dt, int rank, const int64_t *shape) {
-    sj_tensor t = tu_tensor(dt, rank, shape);
-    tu_fill_random(&t);
-    return t;
-}
-
-/* w1: y = gelu(x*a + b) * sigmoid(x); x [S, H], a, b [H] */
-static sj_status m_w1(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val y = sj_mul(t, sj_gelu(t, sj_add(t, sj_mul(t, in[0], in[1]), in[2])), sj_sigmoid(t, in[0]));
-    return sj_output(t, y);
-}
-static void mk_w1(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 1, S(d[1]));
-    in[2] = rnd(dt, 1, S(d[1]));
-}
-
-/* w2: h = x + r; y = gelu(layer_norm(h, g, b)); outputs y, h */
-static sj_status m_w2(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val h = sj_add(t, in[0], in[1]);
-    sj_output(t, sj_gelu(t, sj_layer_norm(t, h, in[2], in[3], 1e-5)));
-    return sj_output(t, h);
-}
-static void mk_w2(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 2, S(d[0], d[1]));
-    in[2] = rnd(dt, 1, S(d[1]));
-    in[3] = rnd(dt, 1, S(d[1]));
-}
-
-/* w3: softmax(scores * 0.125 + mask [NH, 1, S], -1) */
-static sj_status m_w3(sj_tracer *t, const sj_val *in, int n, void *u) {
-    return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
-}
-static void mk_w3(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 3, S(d[0], d[1], d[1]));
-    in[1] = rnd(dt, 3, S(d[0], 1, d[1]));
-}
-
-/* w3 with a mask of -inf: head 0 entirely (its rows softmax to zeros),
- * every third column elsewhere */
-static void mk_w3_masked(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    mk_w3(d, dt, in);
-    for (int64_t i = 0; i < tu_numel(&in[1]); i++)
-        if (i < d[1] || i % 3 == 0) tu_set(&in[1], i, -INFINITY);
-}
-
-/* bias + gelu after a matmul (W [24, 40], bias [40] parameters) */
-static sj_status m_mmgelu(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val m = sj_matmul(t, in[0], sj_param(t, &params[0]));
-    return sj_output(t, sj_gelu(t, sj_add(t, m, sj_param(t, &params[1]))));
-}
-static void mk_mmgelu(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(d[0], 24)); }
-
-/* a transposed input and a slice with a symbolic end; x [A, B], z [B, A + 4] */
-static sj_status m_views(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val xt = sj_transpose(t, in[0], 0, 1);
-    sj_val zs = sj_slice(t, in[1], 1, 2, -2, 1);
-    sj_val y = sj_relu(t, sj_add(t, sj_mul(t, xt, sj_scalar(t, 2.0)), zs));
-    sj_output(t, y);
-    sj_output(t, sj_softmax(t, xt, -1)); /* a row op over strided rows */
-    return sj_output(t, sj_exp(t, sj_neg(t, xt)));
-}
-static void mk_views(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 2, S(d[1], d[0] + 4));
-}
-
-/* a non-contiguous input (exact strides), a permute and a stepped slice */
-static sj_status m_strided(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val xt = sj_permute(t, in[0], (const int[]){1, 0});
-    sj_val s = sj_slice(t, xt, 0, 1, 1000, 2);
-    return sj_output(t, sj_add(t, sj_exp(t, s), sj_scalar(t, 1.0)));
-}
-static void mk_strided(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = tu_tensor_layout(dt, 2, S(d[0], d[1]), TU_GAP);
-    tu_fill_random(&in[0]);
-}
-
-/* a reshape after a slice (a view) and a reshape needing a copy;
- * x [S, 48], u [A, B] */
-static sj_status m_reshape(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val sl = sj_slice(t, in[0], 1, 16, 32, 1);
-    sj_dim d3[3] = {sj_dim_of(t, in[0], 0), sj_dim_const(t, 4), sj_dim_const(t, 4)};
-    sj_output(t, sj_mul(t, sj_reshape(t, sl, 3, d3), sj_scalar(t, 2.0)));
-    sj_val ut = sj_transpose(t, in[1], 0, 1);
-    sj_dim d1[1] = {sj_dim_mul(t, sj_dim_of(t, in[1], 0), sj_dim_of(t, in[1], 1))};
-    return sj_output(t, sj_add(t, sj_reshape(t, ut, 1, d1), sj_scalar(t, 1.0)));
-}
-static void mk_reshape(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], 48));
-    in[1] = rnd(dt, 2, S(d[1], d[2]));
-}
-
-/* sum / mean / amax over the last axis, keepdim 0 and 1, with epilogues;
- * x [S, N], c [S], c1 [S, 1], xi i32 [S, N] */
-static sj_status m_reduce(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val x = in[0];
-    sj_val e = sj_exp(t, sj_mul(t, x, sj_scalar(t, 0.5)));
-    sj_output(t, sj_add(t, sj_mul(t, sj_sum(t, e, -1, 0), sj_scalar(t, 2.0)), in[1]));
-    sj_output(t, sj_sub(t, sj_mean(t, x, -1, 1), in[2]));
-    sj_output(t, sj_add(t, sj_amax(t, sj_add(t, x, sj_scalar(t, 1.0)), -1, 0), sj_scalar(t, 3.0)));
-    sj_output(t, sj_sum(t, x, -1, 1));
-    sj_output(t, sj_sum(t, sj_mul(t, in[3], sj_scalar(t, 2.0)), -1, 0));
-    return sj_output(t, sj_add(t, sj_amax(t, in[3], -1, 1), sj_scalar(t, 1.0)));
-}
-static void mk_reduce(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 1, S(d[0]));
-    in[2] = rnd(dt, 2, S(d[0], 1));
-    in[3] = rnd(SJ_I32, 2, S(d[0], d[1]));
-}
-
-/* RMS norm with and without g; softmax (its epilogue reads the prologue),
- * layer norm and mean; x [S, N], g [N] */
-static sj_status m_rows(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val x = in[0];
-    sj_output(t, sj_rms_norm(t, sj_mul(t, x, sj_scalar(t, 2.0)), in[1], 1e-6));
-    sj_output(t, sj_add(t, sj_rms_norm(t, x, SJ_NONE, 1e-5), sj_scalar(t, 1.0)));
-    sj_val x3 = sj_mul(t, x, sj_scalar(t, 3.0)), sm = sj_softmax(t, x3, -1);
-    sj_output(t, sm);
-    sj_output(t, sj_add(t, sm, x3));
-    sj_val x1 = sj_add(t, x, sj_scalar(t, 1.0));
-    sj_output(t, sj_mul(t, sj_layer_norm(t, x1, SJ_NONE, in[1], 1e-5), x1));
-    return sj_output(t, sj_mean(t, x, -1, 0));
-}
-static void mk_rows(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 1, S(d[1]));
-}
-
-/* casts and where in one group */
-static sj_status m_casts(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val x = in[0];
-    sj_val m = sj_gt(t, x, sj_scalar(t, 0.0));
-    sj_val back = sj_cast(t, sj_cast(t, sj_mul(t, x, sj_scalar(t, 100.0)), SJ_I32), SJ_F32);
-    sj_val w = sj_where(t, m, back, sj_mul(t, x, sj_scalar(t, 0.5)));
-    sj_val h = sj_cast(t, sj_cast(t, x, SJ_F16), SJ_F32);
-    sj_output(t, sj_add(t, w, h));
-    sj_output(t, sj_cast(t, sj_mul(t, x, sj_scalar(t, 3.0)), SJ_BF16));
-    sj_output(t, sj_cast(t, sj_mul(t, x, sj_scalar(t, 1e10)), SJ_I32));
-    sj_output(t, sj_cast(t, sj_log(t, x), SJ_I64));
-    return sj_output(t, sj_cast(t, x, SJ_BOOL));
-}
-static void mk_2d(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(d[0], d[1])); }
-
-/* integer and bool ops; a, b i32, bb bool, l i64, all [S, N] */
-static sj_status m_ints(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val a = in[0], b = in[1], bb = in[2], l = in[3];
-    sj_val s = sj_mul(t, sj_add(t, a, b), a);
-    sj_val p = sj_pow(t, a, sj_scalar(t, 20));
-    sj_val mx = sj_maximum(t, sj_neg(t, a), sj_abs(t, b));
-    sj_val c = sj_lt(t, a, b);
-    sj_val e = sj_eq(t, bb, c);
-    sj_val w = sj_where(t, e, mx, p);
-    sj_output(t, w);
-    sj_output(t, sj_div(t, s, b));
-    sj_output(t, sj_div(t, a, sj_sub(t, a, a)));
-    sj_output(t, sj_relu(t, sj_sub(t, sj_minimum(t, a, b), sj_scalar(t, 1))));
-    sj_output(t, e);
-    sj_output(t, sj_mul(t, sj_add(t, l, sj_cast(t, a, SJ_I64)), l));
-    sj_output(t, sj_pow(t, l, sj_neg(t, sj_abs(t, l))));
-    sj_output(t, sj_cast(t, w, SJ_BOOL));
-    return sj_output(t, sj_cast(t, sj_add(t, sj_cast(t, bb, SJ_I32), p), SJ_F32));
-}
-static void mk_ints(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(SJ_I32, 2, S(d[0], d[1]));
-    in[1] = rnd(SJ_I32, 2, S(d[0], d[1]));
-    in[2] = rnd(SJ_BOOL, 2, S(d[0], d[1]));
-    in[3] = rnd(SJ_I64, 2, S(d[0], d[1]));
-}
-
-/* a value used by two groups (a NODE softmax and a ROW sum) */
-static sj_status m_shared(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val tt = sj_exp(t, sj_mul(t, in[0], sj_scalar(t, 0.1)));
-    sj_val sm = sj_softmax(t, tt, 0);
-    sj_val v = sj_sum(t, tt, -1, 1);
-    sj_output(t, sj_mul(t, sm, v));
-    return sj_output(t, v);
-}
-
-/* an output that is an input, one listed twice, a view, constants, and a
- * sum over a rank-1 value (a ROW group of one row) */
-static sj_status m_outs(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val y = sj_mul(t, in[0], sj_scalar(t, 2.0));
-    sj_output(t, in[0]);
-    sj_output(t, y);
-    sj_output(t, y);
-    sj_output(t, sj_transpose(t, y, 0, 1));
-    sj_output(t, sj_scalar(t, 3.0));
-    sj_output(t, sj_mul(t, sj_scalar(t, 2.0), sj_scalar(t, 3.0)));
-    sj_dim all[1] = {sj_dim_mul(t, sj_dim_of(t, in[0], 0), sj_dim_of(t, in[0], 1))};
-    sj_output(t, sj_add(t, sj_sum(t, sj_reshape(t, in[0], 1, all), -1, 0), sj_scalar(t, 1.0)));
-    return sj_output(t, sj_slice(t, in[0], 1, 1, 1000, 1));
-}
-
-/* sum (keepdim 0, with an epilogue) and mean (keepdim 1) of rows that may
- * be empty: sum 0, mean NaN */
-static sj_status m_sum0(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_output(t, sj_add(t, sj_sum(t, in[0], -1, 0), sj_scalar(t, 1.0)));
-    return sj_output(t, sj_mean(t, in[0], -1, 1));
-}
-
-static const pattern P_W1 = {"w1", m_w1, 3, mk_w1, 2, {2, 3}, {40, 200}, true, {0}};
-static const pattern P_W1_BIG = {"w1 big", m_w1, 3, mk_w1, 2, {33, 4096}, {45, 4096}, true, {0}};
-static const pattern P_W2 = {"w2", m_w2, 4, mk_w2, 2, {2, 3}, {200, 300}, true, {0}};
-static const pattern P_W3 = {"w3", m_w3, 2, mk_w3, 2, {2, 3}, {14, 70}, true, {0}};
-static const pattern P_W3_MASKED = {"w3 masked", m_w3, 2, mk_w3_masked, 2, {2, 3}, {14, 70}, true, {0}};
-static const pattern P_MMGELU = {"matmul bias gelu", m_mmgelu, 1, mk_mmgelu, 1, {2}, {23}, true, {24}};
-static const pattern P_VIEWS = {"views", m_views, 2, mk_views, 2, {2, 40}, {30, 70}, true, {0}};
-static const pattern P_STRIDED = {"strided", m_strided, 1, mk_strided, 2, {3, 5}, {9, 30}, false, {0}};
-static const pattern P_RESHAPE = {"reshape", m_reshape, 2, mk_reshape, 3, {2, 50, 70}, {45, 60, 90}, true, {0}};
-static const pattern P_REDUCE = {"reduce", m_reduce, 4, mk_reduce, 2, {2, 3}, {30, 300}, true, {0}};
-static const pattern P_REDUCE_LONG = {"reduce long", m_reduce, 4, mk_reduce, 2, {2, 1500}, {6, 5000}, true, {0}};
-static const pattern P_ROWS = {"rows", m_rows, 2, mk_rows, 2, {2, 7}, {6, 60}, true, {0}};
-static const pattern P_ROWS_MID = {"mid rows", m_rows, 2, mk_rows, 2, {2, 1025}, {6, 8192}, true, {0}};
-static const pattern P_ROWS_LONG = {"long rows", m_rows, 2, mk_rows, 2, {2, 9061}, {6, 9090}, true, {0}};
-static const pattern P_CASTS = {"casts", m_casts, 1, mk_2d, 2, {2, 3}, {30, 90}, true, {0}};
-static const pattern P_INTS = {"ints", m_ints, 4, mk_ints, 2, {2, 3}, {30, 90}, true, {0}};
-static const pattern P_SHARED = {"shared", m_shared, 1, mk_2d, 2, {2, 3}, {30, 90}, true, {0}};
-static const pattern P_OUTS = {"outputs", m_outs, 1, mk_2d, 2, {2, 3}, {30, 90}, true, {0}};
-static const pattern P_SUM0 = {"sum0", m_sum0, 1, mk_2d, 2, {2, 3}, {30, 90}, true, {0}};
 
 /* -- Running on the device ----------------------------------------------------------- */
 
@@ -645,48 +373,19 @@ static void gpu_run(const sj_graph *g, const sj_fplan *p, const unit *u, const s
     free(exv);
 }
 
-static double tol_of(sj_dtype dt) {
-    return dt == SJ_F32 ? 1e-5 : dt == SJ_F16 ? 1e-2 : dt == SJ_BF16 ? 6e-2 : 0.0;
-}
-
 /* Eager on the CPU, then the plan on the device (inputs aligned, then
  * shifted); every output compared. */
 static void run_and_compare(const sj_graph *g, const sj_fplan *p, const unit *u, const sj_tensor *ins,
                             const int64_t *sv, const char *what) {
     sj_tensor eo[16], fo[16];
-    assert_true(g->n_outputs <= 16);
-    for (int i = 0; i < g->n_outputs; i++) {
-        const sj_value *v = &g->vals[g->outputs[i]];
-        int64_t shape[SJ_MAX_RANK];
-        for (int a = 0; a < v->rank; a++) shape[a] = sj_ex_eval(g->ex, v->shape[a], sv);
-        eo[i] = tu_tensor(v->dtype, v->rank, shape);
-        fo[i] = tu_tensor(v->dtype, v->rank, shape);
-    }
-    _Atomic size_t hint = 0;
-    if (getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "  run %s\n", what);
-    sj_exec x = {.rt = rt, .g = g, .fn_name = what, .inputs = ins, .outputs = eo, .sym_vals = sv,
-                 .pool = &arena_pool, .arena_hint = &hint, .ops = &sj_cpu_exec_ops};
-    sj_status st = sj_exec_eager(&x);
-    if (st) fprintf(stderr, "%s: eager: %s\n", what, sj_last_error());
-    assert_int_equal(st, SJ_OK);
+    sj_exec x;
+    tu_pattern_eager(rt, &arena_pool, g, ins, sv, what, &x, eo, fo);
     for (int shift = 0; shift < 2; shift++) {
         for (int i = 0; i < g->n_outputs; i++) tu_poison(&fo[i]);
         gpu_run(g, p, u, ins, fo, sv, shift, what);
         for (int i = 0; i < g->n_outputs; i++) {
-            int64_t n = tu_numel(&eo[i]);
-            double *r = tu_refbuf(0, n > 0 ? n : 1);
-            for (int64_t k = 0; k < n; k++) r[k] = tu_get(&eo[i], k);
-            /* halves: eager rounds every intermediate, fused code only its
-             * results, so errors scale with the output, not each element */
-            double *mag = NULL, ss = 0;
-            if (fo[i].dtype == SJ_F16 || fo[i].dtype == SJ_BF16) {
-                mag = tu_refbuf(1, n > 0 ? n : 1);
-                for (int64_t k = 0; k < n; k++) ss += isfinite(r[k]) ? r[k] * r[k] : 0;
-                for (int64_t k = 0; k < n; k++) mag[k] = fabs(r[k]) + sqrt(ss / (double)n);
-            }
             const char *lb = tu_label("%s out%d%s", what, i, shift ? " shifted" : "");
-            if (!tu_check_mag(&fo[i], r, mag, tol_of(fo[i].dtype), lb))
-                fail_msg("%s: output %d differs from eager", lb, i);
+            if (!tu_check_like_eager(&fo[i], &eo[i], lb)) fail_msg("%s: output %d differs from eager", lb, i);
         }
     }
 }
@@ -702,26 +401,13 @@ static void run_and_compare(const sj_graph *g, const sj_fplan *p, const unit *u,
 
 /* -- Harness ---------------------------------------------------------------------- */
 
-static bool same_signature(const pol *pl, const sj_tensor *a, const sj_tensor *b, int n) {
-    for (int i = 0; i < n; i++)
-        for (int x = 0; x < a[i].rank; x++)
-            for (int j = 0; j < n; j++)
-                for (int y = 0; y < a[j].rank; y++) {
-                    bool eq_a = a[i].shape[x] == a[j].shape[y], eq_b = b[i].shape[x] == b[j].shape[y];
-                    if (eq_a != eq_b || (a[i].shape[x] < 2) != (b[i].shape[x] < 2)) return false;
-                    if (!pl->sym && a[i].shape[x] != b[i].shape[x]) return false;
-                }
-    return true;
-}
-
-static void random_dims(const pattern *pt, int64_t *d) {
-    for (int k = 0; k < pt->n_dims; k++) d[k] = tu_randint(pt->lo[k], pt->hi[k]);
-}
+static unit units[2]; /* per form: specialized, symbolic */
 
 /* Generate one form, compile it (for sm_90, or the device's arch), and on
  * a device load it. */
-static void build(const sj_graph *g, const sj_fplan *p, const int64_t *sv, const char *prefix, const char *what,
-                  unit *u) {
+static void build(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int form, const char *what) {
+    const char *prefix = form ? "sym_" : "spec_";
+    unit *u = &units[form];
     size_t len;
     char *src = sj_codegen_cuda(g, p, sv, prefix, &len);
     assert_non_null(src);
@@ -737,61 +423,22 @@ static void build(const sj_graph *g, const sj_fplan *p, const int64_t *sv, const
     free(src);
 }
 
+static void run(const sj_graph *g, const sj_fplan *p, int form, const sj_tensor *ins, const int64_t *sv,
+                tu_ref_fn ref, const char *what) {
+    run_and_compare(g, p, &units[form], ins, sv, what);
+}
+
+static void unload(int form) { unit_free(&units[form]); }
+
 /* Trace pt at random sizes (or `force`), static or symbolic; fuse;
  * generate and compile both forms; on a device, run at the traced sizes
  * and, symbolic, at three other sizes (the first with a size-2 edge). */
-static void run_pattern(const pattern *pt, bool symbolic, sj_dtype dt, const int64_t *force) {
-    int64_t d[MAXD];
-    sj_tensor tin[16], rin[16];
-    random_dims(pt, d);
-    if (force) memcpy(d, force, sizeof(int64_t) * (size_t)pt->n_dims);
-    pt->make(d, dt, tin);
-    pol pl = {.sym = symbolic, .fixed = pt->fixed};
-    sj_trace_req req = {.fn_name = pt->name, .model = pt->model, .inputs = tin, .n_inputs = pt->n_in,
-                        .dim_policy = policy, .dim_ctx = &pl};
-    sj_trace_result res;
-    sj_status st = sj_trace(&req, &res);
-    if (st) fprintf(stderr, "%s: %s\n", pt->name, sj_last_error());
-    assert_int_equal(st, SJ_OK);
-    sj_graph *g = res.graph;
-    sj_fplan *p = sj_fuse(g, tin);
-    assert_non_null(p);
-    int64_t sv[64] = {0};
-    for (int s = 0; s < pl.n; s++) sv[s] = tin[pl.in[s]].shape[pl.ax[s]];
-    char what[128];
-    unit us, uy = {0};
-    snprintf(what, sizeof what, "%s %s %s spec", pt->name, sj_dtype_name(dt), symbolic ? "sym" : "static");
-    build(g, p, sv, "spec_", what, &us);
-    if (have_gpu) run_and_compare(g, p, &us, tin, sv, what);
-    if (symbolic) {
-        snprintf(what, sizeof what, "%s %s sym", pt->name, sj_dtype_name(dt));
-        build(g, p, NULL, "sym_", what, &uy);
-        if (have_gpu) run_and_compare(g, p, &uy, tin, sv, what);
-        for (int r = 0; r < (have_gpu && pt->vary && !force ? 3 : 0); r++) {
-            int64_t e[MAXD];
-            int tries = 0;
-            do {
-                random_dims(pt, e);
-                if (r == 0) e[0] = 2; /* a size-2 edge */
-                pt->make(e, dt, rin);
-            } while (!same_signature(&pl, tin, rin, pt->n_in) && ++tries < 100);
-            if (tries == 100) {
-                fprintf(stderr, "%s: no sizes with the traced signature; run %d skipped\n", pt->name, r);
-                continue;
-            }
-            for (int s = 0; s < pl.n; s++) sv[s] = rin[pl.in[s]].shape[pl.ax[s]];
-            snprintf(what, sizeof what, "%s %s sym (run %d: %lld)", pt->name, sj_dtype_name(dt), r, (long long)e[0]);
-            run_and_compare(g, p, &uy, rin, sv, what);
-        }
-    }
-    unit_free(&us);
-    unit_free(&uy);
-    sj_fplan_free(p);
-    sj_graph_destroy(g);
-    free(res.facts);
+static void run_pattern(const tu_pattern *pt, bool symbolic, sj_dtype dt, const int64_t *force) {
+    const tu_pattern_target tg = {build, run, unload, have_gpu};
+    tu_run_pattern(pt, symbolic, dt, force, &tg);
 }
 
-static void run_both(const pattern *pt, sj_dtype dt) {
+static void run_both(const tu_pattern *pt, sj_dtype dt) {
     if (!have_nvrtc) skip();
     run_pattern(pt, false, dt, NULL);
     run_pattern(pt, true, dt, NULL);
@@ -845,24 +492,15 @@ static void test_launch_rule(void **state) {
 /* -- Tests: text and PTX ---------------------------------------------------------------- */
 
 /* Trace pt once, symbolic, at d; fuse. */
-static sj_fplan *plan_of(const pattern *pt, const int64_t *d, sj_dtype dt, sj_graph **g, int64_t *sv) {
+static sj_fplan *plan_of(const tu_pattern *pt, const int64_t *d, sj_dtype dt, sj_graph **g, int64_t *sv) {
     sj_tensor in[16];
     pt->make(d, dt, in);
-    pol pl = {.sym = true, .fixed = pt->fixed};
-    sj_trace_req req = {.fn_name = pt->name, .model = pt->model, .inputs = in, .n_inputs = pt->n_in,
-                        .dim_policy = policy, .dim_ctx = &pl};
-    sj_trace_result res;
-    assert_int_equal(sj_trace(&req, &res), SJ_OK);
-    free(res.facts);
-    *g = res.graph;
-    for (int s = 0; s < pl.n; s++) sv[s] = in[pl.in[s]].shape[pl.ax[s]];
-    sj_fplan *p = sj_fuse(*g, in);
-    assert_non_null(p);
-    return p;
+    tu_pol pl = {.sym = true, .fixed = pt->fixed};
+    return tu_pattern_plan(pt, in, &pl, g, sv);
 }
 
 static void test_codegen_text(void **state) {
-    const pattern *pts[2] = {&P_W1, &P_W2};
+    const tu_pattern *pts[2] = {&tu_pat_w1, &tu_pat_w2};
     const int64_t *dims[2] = {S(9, 4096), S(9, 768)};
     for (int i = 0; i < 2; i++) {
         sj_graph *g;
@@ -894,12 +532,7 @@ static void test_codegen_text(void **state) {
             assert_non_null(strstr(spec, "rc[i][jj] = x;"));
             assert_non_null(strstr(sym, "nt = blockDim.x;"));
         }
-        if (getenv("SJ_SHOW_CODE"))
-            printf("%s\n-----\n%s\n", strstr(spec, "/* -- generated"), strstr(sym, "/* -- generated"));
-        free(spec);
-        free(sym);
-        sj_fplan_free(p);
-        sj_graph_destroy(g);
+        tu_codegen_done(spec, sym, p, g);
     }
 }
 
@@ -909,12 +542,12 @@ static void test_codegen_text(void **state) {
 static void test_no_div64(void **state) {
     if (!have_nvrtc) skip();
     const struct {
-        const pattern *pt;
+        const tu_pattern *pt;
         const int64_t *d;
         bool sym_too; /* rank <= 2 groups: no row division at all */
     } cases[] = {
-        {&P_W1, S(9, 4096), true},  {&P_W2, S(9, 768), true},    {&P_W3, S(12, 9), false},
-        {&P_ROWS, S(5, 40), true},  {&P_VIEWS, S(5, 40), false}, {&P_REDUCE, S(7, 33), true},
+        {&tu_pat_w1, S(9, 4096), true},  {&tu_pat_w2, S(9, 768), true},    {&tu_pat_w3, S(12, 9), false},
+        {&tu_pat_rows, S(5, 40), true},  {&tu_pat_views, S(5, 40), false}, {&tu_pat_reduce, S(7, 33), true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         sj_graph *g;
@@ -941,72 +574,72 @@ static void test_no_div64(void **state) {
 /* -- Tests: patterns ----------------------------------------------------------------------- */
 
 static void test_w1(void **state) {
-    run_both(&P_W1, SJ_F32);
-    run_both(&P_W1_BIG, SJ_F32);
+    run_both(&tu_pat_w1, SJ_F32);
+    run_both(&tu_pat_w1_big, SJ_F32);
 }
-static void test_w2(void **state) { run_both(&P_W2, SJ_F32); }
+static void test_w2(void **state) { run_both(&tu_pat_w2, SJ_F32); }
 static void test_w3(void **state) {
-    run_both(&P_W3, SJ_F32);
-    run_both(&P_W3_MASKED, SJ_F32);
+    run_both(&tu_pat_w3, SJ_F32);
+    run_both(&tu_pat_w3_masked, SJ_F32);
 }
 static void test_matmul_gelu(void **state) {
-    params[0] = rnd(SJ_F32, 2, S(24, 40));
-    params[1] = rnd(SJ_F32, 1, S(40));
-    run_both(&P_MMGELU, SJ_F32);
+    tu_params[0] = tu_rnd(SJ_F32, 2, S(24, 40));
+    tu_params[1] = tu_rnd(SJ_F32, 1, S(40));
+    run_both(&tu_pat_mmgelu, SJ_F32);
 }
 static void test_views(void **state) {
-    run_both(&P_VIEWS, SJ_F32);
-    run_both(&P_STRIDED, SJ_F32);
-    run_both(&P_RESHAPE, SJ_F32);
+    run_both(&tu_pat_views, SJ_F32);
+    run_both(&tu_pat_strided, SJ_F32);
+    run_both(&tu_pat_reshape, SJ_F32);
 }
 static void test_reduce(void **state) {
-    run_both(&P_REDUCE, SJ_F32);
-    run_both(&P_REDUCE_LONG, SJ_F32);
+    run_both(&tu_pat_reduce, SJ_F32);
+    run_both(&tu_pat_reduce_long, SJ_F32);
 }
 static void test_rows(void **state) {
-    run_both(&P_ROWS, SJ_F32);
-    run_both(&P_ROWS_MID, SJ_F32);
-    run_both(&P_ROWS_LONG, SJ_F32);
+    run_both(&tu_pat_rows, SJ_F32);
+    run_both(&tu_pat_rows_mid, SJ_F32);
+    run_both(&tu_pat_rows_long, SJ_F32);
 }
-static void test_casts_where(void **state) { run_both(&P_CASTS, SJ_F32); }
-static void test_ints(void **state) { run_both(&P_INTS, SJ_F32); }
+static void test_casts_where(void **state) { run_both(&tu_pat_casts, SJ_F32); }
+static void test_ints(void **state) { run_both(&tu_pat_ints, SJ_F32); }
 static void test_shared_outputs(void **state) {
-    run_both(&P_SHARED, SJ_F32);
-    run_both(&P_OUTS, SJ_F32);
+    run_both(&tu_pat_shared, SJ_F32);
+    run_both(&tu_pat_outs, SJ_F32);
 }
 static void test_half(void **state) {
-    run_both(&P_W1, SJ_F16);
-    run_both(&P_W1, SJ_BF16);
-    run_both(&P_W2, SJ_BF16);
-    run_both(&P_W3, SJ_F16);
-    run_both(&P_REDUCE, SJ_BF16);
-    run_both(&P_ROWS, SJ_F16);
-    run_both(&P_ROWS_MID, SJ_F16);
-    run_both(&P_ROWS_LONG, SJ_BF16);
+    run_both(&tu_pat_w1, SJ_F16);
+    run_both(&tu_pat_w1, SJ_BF16);
+    run_both(&tu_pat_w2, SJ_BF16);
+    run_both(&tu_pat_w3, SJ_F16);
+    run_both(&tu_pat_reduce, SJ_BF16);
+    run_both(&tu_pat_rows, SJ_F16);
+    run_both(&tu_pat_rows_mid, SJ_F16);
+    run_both(&tu_pat_rows_long, SJ_BF16);
 }
 
 /* sizes 2 everywhere, and empty spaces (nothing launched, outputs still
  * right), rows of length 0 (sum 0, mean NaN) */
 static void test_edges(void **state) {
     if (!have_nvrtc) skip();
-    run_pattern(&P_W1, true, SJ_F32, S(2, 2));
-    run_pattern(&P_W2, true, SJ_F32, S(2, 2));
-    run_pattern(&P_W3, true, SJ_F32, S(2, 2));
-    run_pattern(&P_ROWS, true, SJ_F32, S(2, 2));
-    run_pattern(&P_W1, false, SJ_F32, S(0, 7));
-    run_pattern(&P_W2, true, SJ_F32, S(0, 7));
-    run_pattern(&P_REDUCE, true, SJ_F32, S(0, 5));
-    run_pattern(&P_SUM0, false, SJ_F32, S(3, 0));
+    run_pattern(&tu_pat_w1, true, SJ_F32, S(2, 2));
+    run_pattern(&tu_pat_w2, true, SJ_F32, S(2, 2));
+    run_pattern(&tu_pat_w3, true, SJ_F32, S(2, 2));
+    run_pattern(&tu_pat_rows, true, SJ_F32, S(2, 2));
+    run_pattern(&tu_pat_w1, false, SJ_F32, S(0, 7));
+    run_pattern(&tu_pat_w2, true, SJ_F32, S(0, 7));
+    run_pattern(&tu_pat_reduce, true, SJ_F32, S(0, 5));
+    run_pattern(&tu_pat_sum0, false, SJ_F32, S(3, 0));
 }
 
 /* more rows than grid.y (65535) and a warp-per-row grid of thousands of
  * blocks: the kernels' row loops; the vector path (4 | H) and not */
 static void test_many_rows(void **state) {
     if (!have_nvrtc) skip();
-    run_pattern(&P_W1, true, SJ_F32, S(70000, 4));
-    run_pattern(&P_W1, false, SJ_F16, S(66000, 3));
-    run_pattern(&P_W2, true, SJ_F32, S(70001, 5));
-    run_pattern(&P_REDUCE, true, SJ_F32, S(65537, 2));
+    run_pattern(&tu_pat_w1, true, SJ_F32, S(70000, 4));
+    run_pattern(&tu_pat_w1, false, SJ_F16, S(66000, 3));
+    run_pattern(&tu_pat_w2, true, SJ_F32, S(70001, 5));
+    run_pattern(&tu_pat_reduce, true, SJ_F32, S(65537, 2));
 }
 
 static void test_summary(void **state) {
@@ -1026,7 +659,7 @@ static void test_summary(void **state) {
 }
 
 int main(void) {
-#define T(f) cmocka_unit_test_teardown(f, teardown)
+#define T(f) cmocka_unit_test_teardown(f, tu_teardown)
     const struct CMUnitTest tests[] = {
         T(test_launch_rule), T(test_codegen_text), T(test_no_div64), T(test_w1),   T(test_w2),
         T(test_w3),          T(test_matmul_gelu),  T(test_views),    T(test_reduce), T(test_rows),

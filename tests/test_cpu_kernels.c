@@ -2,7 +2,8 @@
  * every dtype it takes, broadcast and strided layouts, edge sizes, and the
  * half conversions and f32 approximations the kernels are built on.
  * Every output is poisoned before the kernel runs, so an element the kernel
- * never wrote fails the check. */
+ * never wrote fails the check. The operands, references and case lists are
+ * shared with test_cuda_eager (tests/util_eager.c). */
 /* cmocka.h needs these first, in this order */
 /* clang-format off */
 #include <stdarg.h>
@@ -27,36 +28,18 @@
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static const sj_dtype FLOATS[] = {SJ_F32, SJ_F16, SJ_BF16};
-static const sj_dtype NUMERIC[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64};
-static const sj_dtype ALL[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64, SJ_BOOL};
-
 /* -- Helpers -------------------------------------------------------------- */
 
 /* Reference values and magnitudes (for tu_check_mag). */
 static double *ref(int64_t n) { return tu_refbuf(0, n); }
 static double *mag(int64_t n) { return tu_refbuf(1, n); }
 
-static int teardown(void **state) {
-    tu_free_all();
-    return 0;
-}
-
 #define label tu_label
 
 enum { L_CONTIG = TU_CONTIG, L_GAP = TU_GAP, L_REV = TU_REV, L_REVGAP = TU_REVGAP, L_COUNT };
 #define make tu_tensor_layout
 
-static sj_tensor filled(sj_tensor t) {
-    tu_fill_random(&t);
-    return t;
-}
-
-static sj_tensor rnd(sj_dtype dt, int rank, const int64_t *shape, int lay) {
-    return filled(make(dt, rank, shape, lay));
-}
-
-static int is_cmp(sj_op op) { return op >= SJ_OP_EQ && op <= SJ_OP_GE; }
+#define rnd tu_random
 
 /* y matches r within tol, and nothing around y's elements was written. */
 static void expect(const sj_tensor *y, const double *r, const double *mg, double tol,
@@ -181,16 +164,9 @@ static void test_approximations(void **state) {
 
 /* -- Unary ---------------------------------------------------------------- */
 
-static const sj_op UNARY[] = {SJ_OP_NEG,  SJ_OP_ABS,   SJ_OP_EXP,       SJ_OP_LOG,
-                              SJ_OP_SQRT, SJ_OP_RSQRT, SJ_OP_TANH,      SJ_OP_SIGMOID,
-                              SJ_OP_RELU, SJ_OP_GELU,  SJ_OP_GELU_TANH, SJ_OP_SILU};
-
 static void run_unary(sj_op op, sj_dtype dt, int rank, const int64_t *shape, int lx, int ly) {
     sj_tensor x = make(dt, rank, shape, lx), y = make(dt, rank, shape, ly);
-    if (op == SJ_OP_LOG || op == SJ_OP_SQRT || op == SJ_OP_RSQRT)
-        tu_fill_range(&x, 0.05, 4.0);
-    else
-        tu_fill_random(&x);
+    tu_fill_unary_input(op, &x);
     double *r = ref(tu_numel(&y));
     tu_ref_unary(op, &x, r);
     assert_int_equal(sj_cpu_unary(op, &x, &y), SJ_OK);
@@ -198,43 +174,23 @@ static void run_unary(sj_op op, sj_dtype dt, int rank, const int64_t *shape, int
            label("unary %d dtype %d rank %d lay %d/%d", op, dt, rank, lx, ly));
 }
 
-static void test_unary(void **state) {
-    for (int o = 0; o < NELEM(UNARY); o++)
-        for (int d = 0; d < NELEM(NUMERIC); d++) {
-            sj_op op = UNARY[o];
-            sj_dtype dt = NUMERIC[d];
-            if ((dt == SJ_I32 || dt == SJ_I64) &&
-                !(op == SJ_OP_NEG || op == SJ_OP_ABS || op == SJ_OP_RELU))
-                continue;
-            run_unary(op, dt, 3, S(3, 5, 37), L_CONTIG, L_CONTIG);
-            run_unary(op, dt, 3, S(3, 5, 37), L_REV, L_GAP);
-            run_unary(op, dt, 2, S(300, 2), L_GAP, L_REV);
-            run_unary(op, dt, 0, NULL, L_CONTIG, L_CONTIG);
-            run_unary(op, dt, 2, S(4, 0), L_CONTIG, L_CONTIG);
-            run_unary(op, dt, 1, S(1), L_GAP, L_GAP);
-        }
-}
+static void test_unary(void **state) { tu_unary_cases(false, run_unary); }
 
 static void test_unary_specials(void **state) {
-    const double v[] = {NAN,  INFINITY, -INFINITY, 0.0,   -0.0, 1e-30, -1e-30, 100.0, -100.0,
-                        88.5, -88.5,    1e30,      -1e30, 0.5,  -3.0,  9.0,    20.0,  -20.0};
-    int64_t n = NELEM(v);
-    sj_tensor x = tu_tensor(SJ_F32, 1, &n);
-    tu_set_all(&x, v);
-    for (int o = 0; o < NELEM(UNARY); o++) {
+    int64_t n = NELEM(tu_special_values);
+    sj_tensor x = tu_special_tensor();
+    for (int o = 0; o < NELEM(tu_unary_ops); o++) {
         sj_tensor y = tu_tensor(SJ_F32, 1, &n);
         double *r = ref(n);
-        tu_ref_unary(UNARY[o], &x, r);
-        assert_int_equal(sj_cpu_unary(UNARY[o], &x, &y), SJ_OK);
+        tu_ref_unary(tu_unary_ops[o], &x, r);
+        assert_int_equal(sj_cpu_unary(tu_unary_ops[o], &x, &y), SJ_OK);
         /* |err| <= 1e-6 max(|ref|, 1) (the gelus cancel for negative x);
          * overflow to inf where the f32 result overflows */
         for (int64_t i = 0; i < n; i++) {
             double got = tu_get(&y, i), w = tu_round(SJ_F32, r[i]);
-            int ok = isnan(w)   ? isnan(got)
-                     : isinf(w) ? got == w
-                                : fabs(got - w) <= 1e-6 * fmax(fabs(w), 1.0);
+            int ok = tu_special_ok(got, w);
             if (!ok)
-                fprintf(stderr, "op %d x %g: %.9g, want %.9g\n", UNARY[o], v[i], got, w);
+                fprintf(stderr, "op %d x %g: %.9g, want %.9g\n", tu_unary_ops[o], tu_special_values[i], got, w);
             assert_true(ok);
         }
     }
@@ -247,50 +203,22 @@ static void run_binary(sj_op op, sj_dtype dt, int rank, const int64_t *ys, int r
                        const int64_t *as, int la, int rb, const int64_t *bs, int lb, int ly) {
     sj_tensor a0 = rnd(dt, ra, as, la), b0 = rnd(dt, rb, bs, lb);
     sj_tensor a = tu_broadcast(&a0, rank, ys), b = tu_broadcast(&b0, rank, ys);
-    sj_tensor y = make(is_cmp(op) ? SJ_BOOL : dt, rank, ys, ly);
+    sj_tensor y = make(tu_is_cmp(op) ? SJ_BOOL : dt, rank, ys, ly);
     double *r = ref(tu_numel(&y));
     tu_ref_binary(op, &a, &b, r);
     assert_int_equal(sj_cpu_binary(op, &a, &b, &y), SJ_OK);
-    expect(&y, r, NULL, is_cmp(op) ? 0 : tu_tol(dt),
+    expect(&y, r, NULL, tu_is_cmp(op) ? 0 : tu_tol(dt),
            label("binary %d dtype %d rank %d", op, dt, rank));
 }
 
 static void test_binary(void **state) {
-    for (int op = SJ_OP_ADD; op <= SJ_OP_GE; op++)
-        for (int d = 0; d < NELEM(NUMERIC); d++) {
-            sj_dtype dt = NUMERIC[d];
-            if (op == SJ_OP_POW && (dt == SJ_I32 || dt == SJ_I64))
-                continue; /* test_int_semantics */
-            const int64_t *ys = S(4, 33);
-            run_binary(op, dt, 2, ys, 2, ys, L_CONTIG, 2, ys, L_CONTIG, L_CONTIG);
-            run_binary(op, dt, 2, ys, 0, NULL, L_CONTIG, 2, ys, L_CONTIG, L_CONTIG); /* scalar */
-            run_binary(op, dt, 2, ys, 2, ys, L_CONTIG, 0, NULL, L_CONTIG, L_CONTIG);
-            run_binary(op, dt, 2, ys, 2, ys, L_CONTIG, 1, S(33), L_CONTIG, L_CONTIG);   /* row */
-            run_binary(op, dt, 2, ys, 2, S(4, 1), L_CONTIG, 2, ys, L_CONTIG, L_CONTIG); /* column */
-            run_binary(op, dt, 2, ys, 2, S(4, 1), L_CONTIG, 2, S(1, 33), L_CONTIG, L_CONTIG);
-            run_binary(op, dt, 2, ys, 2, ys, L_REV, 2, ys, L_GAP, L_REVGAP); /* strided */
-            run_binary(op, dt, 3, S(2, 3, 300), 1, S(300), L_GAP, 3, S(2, 3, 300), L_REV, L_GAP);
-            run_binary(op, dt, 8, S(2, 2, 3, 2, 2, 2, 2, 3), 8, S(2, 1, 3, 1, 2, 2, 1, 3), L_GAP, 7,
-                       S(2, 1, 2, 1, 2, 2, 1), L_REV, L_GAP);
-            run_binary(op, dt, 0, NULL, 0, NULL, L_CONTIG, 0, NULL, L_CONTIG, L_CONTIG);
-            run_binary(op, dt, 2, S(0, 5), 2, S(0, 5), L_CONTIG, 1, S(5), L_CONTIG, L_CONTIG);
-            run_binary(op, dt, 2, S(3, 1), 2, S(3, 1), L_GAP, 2, S(1, 1), L_CONTIG, L_GAP);
-        }
-    /* comparisons of bools */
-    for (int op = SJ_OP_EQ; op <= SJ_OP_GE; op++) {
-        run_binary(op, SJ_BOOL, 2, S(3, 40), 2, S(3, 40), L_CONTIG, 2, S(3, 40), L_GAP, L_CONTIG);
-        run_binary(op, SJ_BOOL, 2, S(3, 40), 0, NULL, L_CONTIG, 1, S(40), L_CONTIG, L_REV);
-    }
+    tu_binary_cases(false, run_binary);
     /* pow on floats with a positive base over a wider range */
-    for (int d = 0; d < NELEM(FLOATS); d++) {
-        sj_tensor a = make(FLOATS[d], 1, S(50), L_CONTIG), b = make(FLOATS[d], 1, S(50), L_GAP);
-        sj_tensor y = make(FLOATS[d], 1, S(50), L_CONTIG);
-        tu_fill_range(&a, 0.1, 3.0);
-        tu_fill_range(&b, -3.0, 3.0);
-        double *r = ref(50);
-        tu_ref_binary(SJ_OP_POW, &a, &b, r);
+    for (int d = 0; d < NELEM(tu_floats); d++) {
+        sj_tensor a, b, y = make(tu_floats[d], 1, S(50), L_CONTIG);
+        double *r = tu_pow_operands(tu_floats[d], &a, &b);
         assert_int_equal(sj_cpu_binary(SJ_OP_POW, &a, &b, &y), SJ_OK);
-        assert_true(tu_check(&y, r, tu_tol(FLOATS[d]), "pow positive base"));
+        assert_true(tu_check(&y, r, tu_tol(tu_floats[d]), "pow positive base"));
     }
 }
 
@@ -313,18 +241,9 @@ static void run_ints(sj_op op, sj_dtype dt, int64_t n, const int64_t *av, const 
 
 static void test_int_semantics(void **state) {
     for (int d = 3; d < 5; d++) {
-        sj_dtype dt = NUMERIC[d];
-        int64_t mn = dt == SJ_I32 ? INT32_MIN : INT64_MIN,
-                mx = dt == SJ_I32 ? INT32_MAX : INT64_MAX;
-        run_ints(SJ_OP_DIV, dt, 8, S(7, -7, 7, -7, 5, 0, mn, -1), S(2, 2, -2, -2, 0, 0, -1, 3),
-                 S(3, -3, -3, 3, 0, 0, mn, 0));
-        run_ints(SJ_OP_POW, dt, 10, S(2, -2, 1, -1, -1, 0, 3, 0, 2, 5),
-                 S(3, 3, -1, -1, -2, -1, 0, 0, -3, 1), S(8, -8, 1, -1, 1, 0, 1, 1, 0, 5));
-        run_ints(SJ_OP_ADD, dt, 2, S(mx, mn), S(1, -1), S(mn, mx));
-        run_ints(SJ_OP_SUB, dt, 1, S(mn), S(1), S(mx));
-        run_ints(SJ_OP_MUL, dt, 2, S(mx, -3), S(2, -4), S(-2, 12));
-        run_ints(SJ_OP_MAXIMUM, dt, 2, S(mn, -3), S(mx, -4), S(mx, -3));
-        run_ints(SJ_OP_MINIMUM, dt, 2, S(mn, -3), S(mx, -4), S(mn, -4));
+        sj_dtype dt = tu_numeric[d];
+        int64_t mn = dt == SJ_I32 ? INT32_MIN : INT64_MIN;
+        tu_int_cases(dt, run_ints);
         /* neg/abs of the minimum wrap to the minimum */
         int64_t n = 3;
         sj_tensor x = tu_tensor(dt, 1, &n), y = tu_tensor(dt, 1, &n);
@@ -339,52 +258,33 @@ static void test_int_semantics(void **state) {
     run_ints(SJ_OP_POW, SJ_I32, 1, S(3), S(21), S(1870418611));
 }
 
+static void run_nan(sj_op op, sj_dtype dt, const sj_tensor *a, const sj_tensor *s, int side, const double *rf) {
+    sj_tensor b = tu_broadcast(s, 1, a->shape);
+    sj_tensor y = tu_tensor(tu_is_cmp(op) ? SJ_BOOL : dt, 1, a->shape);
+    const sj_tensor *l = side ? &b : a, *r = side ? a : &b;
+    assert_int_equal(sj_cpu_binary(op, l, r, &y), SJ_OK);
+    assert_true(tu_check(&y, rf, tu_is_cmp(op) ? 0 : tu_tol(dt), "nan binary"));
+}
+
 static void test_nan_binary(void **state) {
     /* NaN on either side, through the fast paths (contiguous and scalar)
      * and the chunked one (f16) */
-    for (int d = 0; d < NELEM(FLOATS); d++) {
-        int64_t n = 40;
-        sj_tensor a = tu_tensor(FLOATS[d], 1, &n), s = tu_tensor(FLOATS[d], 0, NULL);
-        tu_fill_random(&a);
-        tu_set(&a, 3, NAN);
-        tu_set(&s, 0, NAN);
-        sj_tensor b = tu_broadcast(&s, 1, &n);
-        for (int op = SJ_OP_ADD; op <= SJ_OP_GE; op++) {
-            if (op == SJ_OP_POW)
-                continue;
-            for (int side = 0; side < 2; side++) {
-                sj_tensor y = tu_tensor(is_cmp(op) ? SJ_BOOL : FLOATS[d], 1, &n);
-                const sj_tensor *l = side ? &b : &a, *r = side ? &a : &b;
-                double *rf = ref(n);
-                tu_ref_binary(op, l, r, rf);
-                assert_int_equal(sj_cpu_binary(op, l, r, &y), SJ_OK);
-                assert_true(tu_check(&y, rf, is_cmp(op) ? 0 : tu_tol(FLOATS[d]), "nan binary"));
-            }
-        }
-    }
+    tu_nan_binary_cases(run_nan);
 }
 
 /* -- Where ---------------------------------------------------------------- */
 
 static void test_where(void **state) {
-    for (int d = 0; d < NELEM(ALL); d++) {
-        const int64_t *ys = S(5, 70);
-        /* c and a: full, scalar c with a row, column c with scalar a, strided */
-        const int rc[] = {2, 0, 2, 2}, lc[] = {L_CONTIG, L_CONTIG, L_REV, L_GAP};
-        const int ra[] = {2, 1, 0, 2}, la[] = {L_CONTIG, L_GAP, L_CONTIG, L_REV};
-        const int ly[] = {L_CONTIG, L_CONTIG, L_REVGAP, L_GAP};
-        const int64_t *cs[] = {ys, NULL, S(5, 1), ys}, *as[] = {ys, S(70), NULL, ys};
+    for (int d = 0; d < NELEM(tu_all); d++) {
         for (int c = 0; c < 4; c++) {
-            sj_tensor c0 = rnd(SJ_BOOL, rc[c], cs[c], lc[c]), a0 = rnd(ALL[d], ra[c], as[c], la[c]);
-            sj_tensor b0 = rnd(ALL[d], 2, ys, L_REV), y = make(ALL[d], 2, ys, ly[c]);
-            sj_tensor cc = tu_broadcast(&c0, 2, ys), a = tu_broadcast(&a0, 2, ys);
-            sj_tensor b = tu_broadcast(&b0, 2, ys);
-            double *r = ref(tu_numel(&y));
-            tu_ref_where(&cc, &a, &b, r);
-            assert_int_equal(sj_cpu_where(&cc, &a, &b, &y), SJ_OK);
-            expect(&y, r, NULL, 0, label("where dtype %d case %d", ALL[d], c));
+            sj_tensor st[3], v[3];
+            int ly;
+            double *r = tu_where_case(tu_all[d], c, L_REV, st, v, &ly);
+            sj_tensor y = make(tu_all[d], 2, S(5, 70), ly);
+            assert_int_equal(sj_cpu_where(&v[0], &v[1], &v[2], &y), SJ_OK);
+            expect(&y, r, NULL, 0, label("where dtype %d case %d", tu_all[d], c));
         }
-        sj_tensor e = make(ALL[d], 2, S(0, 3), L_CONTIG), ec = make(SJ_BOOL, 2, S(0, 3), L_CONTIG);
+        sj_tensor e = make(tu_all[d], 2, S(0, 3), L_CONTIG), ec = make(SJ_BOOL, 2, S(0, 3), L_CONTIG);
         assert_int_equal(sj_cpu_where(&ec, &e, &e, &e), SJ_OK);
     }
 }
@@ -392,45 +292,37 @@ static void test_where(void **state) {
 /* -- Copy and cast -------------------------------------------------------- */
 
 static void test_cast(void **state) {
-    for (int f = 0; f < NELEM(ALL); f++)
-        for (int t = 0; t < NELEM(ALL); t++)
+    for (int f = 0; f < NELEM(tu_all); f++)
+        for (int t = 0; t < NELEM(tu_all); t++)
             for (int lay = 0; lay < L_COUNT; lay++) {
                 const int64_t *shape = S(3, 4, 45);
-                sj_tensor x = make(ALL[f], 3, shape, lay), y = make(ALL[t], 3, shape, 3 - lay);
-                if (ALL[f] == SJ_BOOL || ALL[f] == SJ_I32 || ALL[f] == SJ_I64)
-                    tu_fill_range(&x, -300, 300);
-                else
-                    tu_fill_random(&x);
+                sj_tensor x = make(tu_all[f], 3, shape, lay), y = make(tu_all[t], 3, shape, 3 - lay);
+                tu_fill_cast_input(&x);
                 double *r = ref(tu_numel(&y));
-                tu_ref_cast(&x, ALL[t], r);
+                tu_ref_cast(&x, tu_all[t], r);
                 assert_int_equal(sj_cpu_copy(&x, &y), SJ_OK);
-                expect(&y, r, NULL, 0, label("cast %d -> %d layout %d", ALL[f], ALL[t], lay));
+                expect(&y, r, NULL, 0, label("cast %d -> %d layout %d", tu_all[f], tu_all[t], lay));
             }
     /* special values: truncation, saturation, NaN, != 0 */
-    const double v[] = {NAN,           INFINITY, -INFINITY, 3e9,     -3e9, 1e19,
-                        -1e19,         2.7,      -2.7,      0.5,     -0.0, 2147483520.0,
-                        -2147483648.0, 65519.0,  65520.0,   70000.0, 1e-8};
-    int64_t n = NELEM(v);
     for (int f = 0; f < 3; f++) {
-        sj_tensor x = tu_tensor(FLOATS[f], 1, &n);
-        tu_set_all(&x, v);
-        for (int t = 0; t < NELEM(ALL); t++) {
-            sj_tensor y = tu_tensor(ALL[t], 1, &n);
+        sj_tensor x = tu_cast_specials(tu_floats[f]);
+        int64_t n = tu_numel(&x);
+        for (int t = 0; t < NELEM(tu_all); t++) {
+            sj_tensor y = tu_tensor(tu_all[t], 1, &n);
             double *r = ref(n);
-            tu_ref_cast(&x, ALL[t], r);
+            tu_ref_cast(&x, tu_all[t], r);
             assert_int_equal(sj_cpu_copy(&x, &y), SJ_OK);
-            assert_true(tu_check(&y, r, 0, label("cast specials %d -> %d", FLOATS[f], ALL[t])));
+            assert_true(tu_check(&y, r, 0, label("cast specials %d -> %d", tu_floats[f], tu_all[t])));
         }
     }
     /* i64 -> i32 wraps; big ints -> f16 overflow to inf; -> bool */
-    sj_tensor x = tu_tensor(SJ_I64, 1, S(6));
-    tu_seti_all(&x, S(INT64_MAX, INT64_MIN, 4294967297LL, 65519, 70000, -1));
-    for (int t = 0; t < NELEM(ALL); t++) {
-        sj_tensor y = tu_tensor(ALL[t], 1, S(6));
+    sj_tensor x = tu_cast_int_specials();
+    for (int t = 0; t < NELEM(tu_all); t++) {
+        sj_tensor y = tu_tensor(tu_all[t], 1, S(6));
         double *r = ref(6);
-        tu_ref_cast(&x, ALL[t], r);
+        tu_ref_cast(&x, tu_all[t], r);
         assert_int_equal(sj_cpu_copy(&x, &y), SJ_OK);
-        assert_true(tu_check(&y, r, 0, label("cast i64 specials -> %d", ALL[t])));
+        assert_true(tu_check(&y, r, 0, label("cast i64 specials -> %d", tu_all[t])));
     }
     /* a broadcast (stride 0) source, and rank 0 */
     sj_tensor s = tu_tensor(SJ_F16, 0, NULL), y = tu_tensor(SJ_F32, 2, S(3, 3));
@@ -440,27 +332,13 @@ static void test_cast(void **state) {
     for (int i = 0; i < 9; i++) assert_true(tu_get(&y, i) == 1.5);
 }
 
+static void copy_cpu(const sj_tensor *x0, const sj_tensor *x, const sj_tensor *y, const char *what) {
+    assert_int_equal(sj_cpu_copy(x, y), SJ_OK);
+}
+
 static void test_copy_transposed(void **state) {
     /* x is a transposed view (unit stride across rows): the tiled path */
-    const int64_t shapes[][3] = {{3, 37, 45}, {1, 70, 9}, {2, 8, 8}, {1, 1, 5}, {2, 17, 1}};
-    for (int d = 0; d < NELEM(ALL); d++)
-        for (int s = 0; s < NELEM(shapes); s++)
-            for (int v = 0; v < 4; v++) {
-                const int64_t *sh = shapes[s];
-                sj_tensor x0 = rnd(ALL[d], 3, S(sh[0], sh[2], sh[1]), (v & 1) ? L_GAP : L_CONTIG);
-                sj_tensor x = tu_transpose(&x0, 1, 2);
-                /* y: contiguous, or rows padded by 3 (a view of a wider one) */
-                sj_tensor y = tu_tensor(ALL[d], 3, S(sh[0], sh[1], sh[2] + ((v & 2) ? 3 : 0)));
-                y.shape[2] = sh[2];
-                double *r = ref(tu_numel(&y));
-                tu_ref_cast(&x, ALL[d], r);
-                assert_int_equal(sj_cpu_copy(&x, &y), SJ_OK);
-                const char *what = label("transposed copy %d shape %d v %d", ALL[d], s, v);
-                assert_true(tu_check(&y, r, 0, what));
-                y.shape[2] = sh[2] + ((v & 2) ? 3 : 0); /* the padding is still poison */
-                for (int64_t i = 0; i < tu_numel(&y); i++)
-                    assert_true(tu_is_poison(&y, i) == (i % y.shape[2] >= sh[2]));
-            }
+    tu_transposed_copy_cases(copy_cpu);
 }
 
 /* -- Reductions ----------------------------------------------------------- */
@@ -468,9 +346,7 @@ static void test_copy_transposed(void **state) {
 static void run_reduce(sj_op op, sj_dtype dt, int rank, const int64_t *shape, int axis, int lx,
                        int ly) {
     int64_t ys[SJ_MAX_RANK];
-    int ax = axis < 0 ? axis + rank : axis;
-    memcpy(ys, shape, (size_t)rank * sizeof *ys);
-    ys[ax] = 1;
+    int ax = tu_reduce_shape(rank, shape, axis, ys);
     sj_tensor x = rnd(dt, rank, shape, lx), y = make(dt, rank, ys, ly);
     double *r = ref(tu_numel(&y));
     tu_ref_reduce(op, &x, ax, r);
@@ -480,31 +356,15 @@ static void run_reduce(sj_op op, sj_dtype dt, int rank, const int64_t *shape, in
 }
 
 static void test_reduce(void **state) {
-    for (int op = SJ_OP_SUM; op <= SJ_OP_AMAX; op++)
-        for (int d = 0; d < NELEM(NUMERIC); d++) {
-            sj_dtype dt = NUMERIC[d];
-            if (op == SJ_OP_MEAN && (dt == SJ_I32 || dt == SJ_I64))
-                continue;
-            for (int axis = -1; axis < 3; axis++)
-                for (int lay = 0; lay < L_COUNT; lay++)
-                    run_reduce(op, dt, 3, S(3, 20, 37), axis, lay, 3 - lay);
-            run_reduce(op, dt, 2, S(7, 300), 0, L_CONTIG, L_CONTIG); /* rows accumulated */
-            run_reduce(op, dt, 1, S(1000), 0, L_GAP, L_CONTIG);
-            run_reduce(op, dt, 1, S(1), 0, L_CONTIG, L_CONTIG);
-            run_reduce(op, dt, 2, S(0, 4), 1, L_CONTIG, L_CONTIG); /* no outputs */
-            if (op != SJ_OP_AMAX) {
-                run_reduce(op, dt, 3, S(3, 0, 2), 1, L_CONTIG, L_CONTIG); /* empty axis */
-                run_reduce(op, dt, 1, S(0), 0, L_CONTIG, L_CONTIG);
-            }
-        }
+    tu_reduce_cases(false, run_reduce);
     /* amax propagates NaN; mean of an empty axis is NaN */
     sj_tensor x = rnd(SJ_F32, 2, S(3, 40), L_CONTIG), y = tu_tensor(SJ_F32, 2, S(3, 1));
     tu_set(&x, 45, NAN);
     assert_int_equal(sj_cpu_reduce(SJ_OP_AMAX, &x, 1, &y), SJ_OK);
     assert_true(!isnan(tu_get(&y, 0)) && isnan(tu_get(&y, 1)) && !isnan(tu_get(&y, 2)));
     /* the same over axis 0, whose rows are accumulated together */
-    for (int d = 0; d < NELEM(FLOATS); d++) {
-        sj_tensor xb = rnd(FLOATS[d], 2, S(40, 3), L_CONTIG), yb = tu_tensor(FLOATS[d], 2, S(1, 3));
+    for (int d = 0; d < NELEM(tu_floats); d++) {
+        sj_tensor xb = rnd(tu_floats[d], 2, S(40, 3), L_CONTIG), yb = tu_tensor(tu_floats[d], 2, S(1, 3));
         tu_set(&xb, 7 * 3 + 1, NAN);
         assert_int_equal(sj_cpu_reduce(SJ_OP_AMAX, &xb, 0, &yb), SJ_OK);
         assert_true(!isnan(tu_get(&yb, 0)) && isnan(tu_get(&yb, 1)) && !isnan(tu_get(&yb, 2)));
@@ -519,63 +379,28 @@ static void test_reduce(void **state) {
 static void run_softmax(sj_dtype dt, int rank, const int64_t *shape, int axis, int lx, int ly,
                         int special) {
     sj_tensor x = rnd(dt, rank, shape, lx), y = make(dt, rank, shape, ly);
-    int64_t n = tu_numel(&x);
-    if (special && n >= 3 * shape[rank - 1]) {
-        int64_t row = shape[rank - 1];
-        for (int64_t i = 0; i < row; i++) tu_set(&x, i, -INFINITY);          /* all -inf */
-        for (int64_t i = row; i < 2 * row; i += 2) tu_set(&x, i, -INFINITY); /* some */
-        tu_set(&x, 2 * row + 1, NAN);
-    }
-    double *r = ref(n);
+    if (special)
+        tu_softmax_specials(&x);
+    double *r = ref(tu_numel(&x));
     tu_ref_softmax(&x, axis, r);
     assert_int_equal(sj_cpu_softmax(&x, axis, &y), SJ_OK);
     expect(&y, r, NULL, tu_tol(dt), label("softmax dtype %d axis %d lay %d/%d", dt, axis, lx, ly));
 }
 
-static void test_softmax(void **state) {
-    for (int d = 0; d < NELEM(FLOATS); d++) {
-        for (int axis = 0; axis < 3; axis++)
-            for (int lay = 0; lay < L_COUNT; lay++)
-                run_softmax(FLOATS[d], 3, S(3, 4, 17), axis, lay, 3 - lay, 0);
-        run_softmax(FLOATS[d], 2, S(3, 300), 1, L_CONTIG, L_CONTIG, 1);
-        run_softmax(FLOATS[d], 2, S(3, 300), 1, L_GAP, L_REV, 1);
-        run_softmax(FLOATS[d], 2, S(4, 1), 1, L_CONTIG, L_CONTIG, 0);
-        run_softmax(FLOATS[d], 2, S(4, 0), 1, L_CONTIG, L_CONTIG, 0);
-        run_softmax(FLOATS[d], 1, S(1), 0, L_GAP, L_CONTIG, 0);
-    }
-}
+static void test_softmax(void **state) { tu_softmax_cases(false, run_softmax); }
 
 static void run_norm(int rms, sj_dtype dt, int rank, const int64_t *shape, int lx, int ly,
                      int with_g, int with_b) {
-    int64_t n = shape[rank - 1];
-    sj_tensor x = rnd(dt, rank, shape, lx), y = make(dt, rank, shape, ly);
-    sj_tensor g = rnd(dt, 1, &n, L_GAP), b = rnd(dt, 1, &n, L_CONTIG);
+    sj_tensor x, g, b, y = make(dt, rank, shape, ly);
+    double *r = tu_norm_operands(rms, dt, rank, shape, lx, &x, &g, &b, with_g, with_b), eps = 1e-5;
     const sj_tensor *gp = with_g ? &g : NULL, *bp = with_b ? &b : NULL;
-    double *r = ref(tu_numel(&x)), eps = 1e-5;
-    if (rms)
-        tu_ref_rms_norm(&x, gp, eps, r);
-    else
-        tu_ref_layer_norm(&x, gp, bp, eps, r);
     assert_int_equal(
         rms ? sj_cpu_rms_norm(&x, gp, eps, &y) : sj_cpu_layer_norm(&x, gp, bp, eps, &y), SJ_OK);
     expect(&y, r, NULL, tu_tol(dt),
            label("norm rms=%d dtype %d g %d b %d lay %d", rms, dt, with_g, with_b, lx));
 }
 
-static void test_norms(void **state) {
-    for (int rms = 0; rms < 2; rms++)
-        for (int d = 0; d < NELEM(FLOATS); d++)
-            for (int gb = 0; gb < 4; gb++) {
-                int g = gb & 1, b = gb >> 1;
-                if (rms && b)
-                    continue;
-                run_norm(rms, FLOATS[d], 3, S(2, 3, 64), L_CONTIG, L_CONTIG, g, b);
-                run_norm(rms, FLOATS[d], 3, S(2, 3, 37), L_REV, L_GAP, g, b);
-                run_norm(rms, FLOATS[d], 2, S(3, 1), L_GAP, L_CONTIG, g, b);
-                run_norm(rms, FLOATS[d], 1, S(1000), L_CONTIG, L_REVGAP, g, b);
-                run_norm(rms, FLOATS[d], 2, S(0, 8), L_CONTIG, L_CONTIG, g, b);
-            }
-}
+static void test_norms(void **state) { tu_norm_cases(false, run_norm); }
 
 /* -- Matmul --------------------------------------------------------------- */
 
@@ -584,21 +409,13 @@ static void test_norms(void **state) {
 static void run_matmul(sj_dtype dt, int nb, const int64_t *yb, const int64_t *ab, const int64_t *bb,
                        int64_t M, int64_t K, int64_t N, int la, int ta, int lb, int tb, int ly,
                        int ty) {
-    int64_t as[SJ_MAX_RANK], bs[SJ_MAX_RANK], ys[SJ_MAX_RANK];
-    int r = nb + 2;
-    for (int i = 0; i < nb; i++) as[i] = ab[i], bs[i] = bb[i], ys[i] = yb[i];
-    as[nb] = ta ? K : M, as[nb + 1] = ta ? M : K;
-    bs[nb] = tb ? N : K, bs[nb + 1] = tb ? K : N;
-    ys[nb] = ty ? N : M, ys[nb + 1] = ty ? M : N;
-    sj_tensor a0 = rnd(dt, r, as, la), b0 = rnd(dt, r, bs, lb), y = make(dt, r, ys, ly);
-    a0 = ta ? tu_transpose(&a0, nb, nb + 1) : a0; /* stored transposed: column-major */
-    b0 = tb ? tu_transpose(&b0, nb, nb + 1) : b0;
-    y = ty ? tu_transpose(&y, nb, nb + 1) : y;
-    int64_t af[SJ_MAX_RANK], bf[SJ_MAX_RANK];
-    memcpy(af, ys, sizeof af);
-    memcpy(bf, ys, sizeof bf);
-    af[nb] = M, af[nb + 1] = K, bf[nb] = K, bf[nb + 1] = N;
-    sj_tensor a = tu_broadcast(&a0, r, af), b = tu_broadcast(&b0, r, bf);
+    tu_mm_shapes s;
+    tu_matmul_shapes(&s, nb, yb, ab, bb, M, K, N, ta, tb, ty);
+    sj_tensor a0 = rnd(dt, s.rank, s.a, la), b0 = rnd(dt, s.rank, s.b, lb), y = make(dt, s.rank, s.y, ly);
+    a0 = tu_matmul_view(&a0, nb, ta); /* stored transposed: column-major */
+    b0 = tu_matmul_view(&b0, nb, tb);
+    y = tu_matmul_view(&y, nb, ty);
+    sj_tensor a = tu_broadcast(&a0, s.rank, s.af), b = tu_broadcast(&b0, s.rank, s.bf);
     double *rf = ref(tu_numel(&y)), *mg = mag(tu_numel(&y));
     tu_ref_matmul(&a, &b, rf, mg);
     assert_int_equal(sj_cpu_matmul(&a, &b, &y), SJ_OK);
@@ -608,38 +425,13 @@ static void run_matmul(sj_dtype dt, int nb, const int64_t *yb, const int64_t *ab
 }
 
 static void test_matmul(void **state) {
-    const int64_t mkn[][3] = {{3, 5, 4},   {1, 7, 1}, {5, 0, 3}, {1, 1, 1},
-                              {17, 33, 9}, {0, 3, 4}, {4, 1, 6}, {6, 9, 1}};
-    for (int d = 0; d < NELEM(NUMERIC); d++) {
-        sj_dtype dt = NUMERIC[d];
-        for (int s = 0; s < NELEM(mkn); s++) {
-            int64_t M = mkn[s][0], K = mkn[s][1], N = mkn[s][2];
-            for (int v = 0; v < 16; v++) /* every transpose combination, two layouts */
-                run_matmul(dt, 0, NULL, NULL, NULL, M, K, N, (v & 8) ? L_GAP : L_CONTIG, v & 1,
-                           (v & 8) ? L_CONTIG : L_GAP, (v >> 1) & 1, (v & 4) ? L_REVGAP : L_CONTIG,
-                           (v >> 2) & 1);
-            /* batches: full, broadcast on either side, b shared (folded into M) */
-            const int64_t *ab[] = {S(2, 3), S(2, 3), S(2, 1), S(2, 3), S(2, 3)};
-            const int64_t *bb[] = {S(2, 3), S(1, 3), S(2, 3), S(1, 1), S(1, 1)};
-            const int lays[][6] = {{0, 0, 0, 0, 0, 0},
-                                   {L_GAP, 1, 0, 0, 0, 0},
-                                   {0, 0, 0, 1, L_GAP, 0},
-                                   {0, 0, 0, 0, 0, 0},
-                                   {0, 0, L_REV, 1, 0, 1}};
-            for (int c = 0; c < 5; c++)
-                run_matmul(dt, 2, S(2, 3), ab[c], bb[c], M, K, N, lays[c][0], lays[c][1],
-                           lays[c][2], lays[c][3], lays[c][4], lays[c][5]);
-            run_matmul(dt, 1, S(4), S(1), S(1), M, K, N, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
-        }
-    }
+    tu_matmul_cases(false, run_matmul);
     /* integer products past 2^31 are exact in i64 and wrap in i32 */
     for (int d = 3; d < 5; d++) {
-        sj_tensor a = tu_tensor(NUMERIC[d], 2, S(1, 2)), b = tu_tensor(NUMERIC[d], 2, S(2, 1));
-        sj_tensor y = tu_tensor(NUMERIC[d], 2, S(1, 1));
-        tu_seti_all(&a, S(100000, 3));
-        tu_seti_all(&b, S(300000, 7));
+        sj_tensor a, b, y;
+        int64_t want = tu_matmul_wrap_case(tu_numeric[d], &a, &b, &y);
         assert_int_equal(sj_cpu_matmul(&a, &b, &y), SJ_OK);
-        assert_true(tu_geti(&y, 0) == (NUMERIC[d] == SJ_I64 ? 30000000021LL : -64771051));
+        assert_true(tu_geti(&y, 0) == want);
     }
 }
 
@@ -647,65 +439,26 @@ static void test_matmul(void **state) {
 
 static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D,
                           int64_t Dv, const int64_t *lens, sj_dtype ldt, int causal, int lay) {
-    /* lay 1: [B, S, H, D] in memory; lay 3: [B, H, D, S] (column-major
-     * matrices); lay 2: every axis padded */
-    static const int perm[4] = {0, 2, 1, 3}, cols[4] = {0, 1, 3, 2};
-    const int *order = lay == 1 ? perm : lay == 3 ? cols : NULL;
-    sj_tensor q = filled(tu_tensor_strided(dt, 4, S(B, H, Sq, D), order, lay == 2));
-    sj_tensor k = filled(tu_tensor_strided(dt, 4, S(B, H, Sk, D), order, 0));
-    sj_tensor v = filled(tu_tensor_strided(dt, 4, S(B, H, Sk, Dv), NULL, lay == 2));
-    sj_tensor y = tu_tensor_strided(dt, 4, S(B, H, Sq, Dv), order, lay == 2);
-    sj_tensor l = tu_tensor(ldt, 1, &B);
-    if (lens)
-        tu_seti_all(&l, lens);
-    double scale = 1.0 / sqrt((double)(D ? D : 1));
-    double *r = ref(tu_numel(&y)), *mg = mag(tu_numel(&y));
-    tu_ref_attention(&q, &k, &v, lens ? &l : NULL, scale, causal, r, mg);
-    assert_int_equal(sj_cpu_attention(&q, &k, &v, lens ? &l : NULL, scale, causal, &y), SJ_OK);
-    expect(&y, r, mg, tu_tol(dt),
+    tu_attention a;
+    tu_attention_case(&a, dt, B, H, Sq, Sk, D, Dv, lens, ldt, L_CONTIG, causal, lay);
+    assert_int_equal(sj_cpu_attention(&a.q, &a.k, &a.v, a.lp, a.scale, causal, &a.y), SJ_OK);
+    expect(&a.y, a.ref, a.mag, tu_tol(dt),
            label("attention dtype %d Sq %lld Sk %lld causal %d lens %d lay %d", dt, (long long)Sq,
                  (long long)Sk, causal, lens != NULL, lay));
 }
 
-static void test_attention(void **state) {
-    for (int d = 0; d < NELEM(FLOATS); d++) {
-        sj_dtype dt = FLOATS[d];
-        for (int causal = 0; causal < 2; causal++)
-            for (int lay = 0; lay < 4; lay++) {
-                run_attention(dt, 2, 3, 5, 7, 8, 6, NULL, SJ_I32, causal, lay);
-                run_attention(dt, 2, 3, 5, 7, 8, 6, S(3, 9), SJ_I32, causal, lay);
-                run_attention(dt, 3, 2, 7, 7, 4, 4, S(0, 7, -2), SJ_I64, causal, lay);
-                run_attention(dt, 1, 2, 9, 4, 5, 3, S(3), SJ_I64, causal, lay); /* Sq > Sk */
-                run_attention(dt, 2, 1, 70, 90, 16, 8, S(50, 90), SJ_I32, causal, lay);
-                run_attention(dt, 1, 1, 3, 0, 4, 2, NULL, SJ_I32, causal, lay); /* no keys */
-                run_attention(dt, 1, 1, 3, 5, 0, 2, NULL, SJ_I32, causal, lay); /* D = 0 */
-                run_attention(dt, 1, 1, 1, 1, 1, 1, NULL, SJ_I32, causal, lay);
-                run_attention(dt, 1, 2, 0, 5, 4, 2, NULL, SJ_I32, causal, lay);
-            }
-    }
-}
+static void test_attention(void **state) { tu_attention_cases(false, run_attention); }
 
 /* -- Concat and gather ---------------------------------------------------- */
 
+static void run_concat(sj_dtype dt, int axis, int lay, const sj_tensor *xs, const int64_t *ys, const double *r) {
+    sj_tensor y = make(dt, 3, ys, 3 - lay);
+    assert_int_equal(sj_cpu_concat(xs, 4, axis, &y), SJ_OK);
+    expect(&y, r, NULL, 0, label("concat dtype %d axis %d lay %d", dt, axis, lay));
+}
+
 static void test_concat(void **state) {
-    for (int d = 0; d < NELEM(ALL); d++)
-        for (int axis = 0; axis < 3; axis++)
-            for (int lay = 0; lay < L_COUNT; lay++) {
-                const int64_t sizes[4] = {2, 0, 5, 1};
-                sj_tensor xs[4];
-                int64_t ys[3] = {3, 4, 6};
-                ys[axis] = 8;
-                for (int i = 0; i < 4; i++) {
-                    int64_t s[3] = {3, 4, 6};
-                    s[axis] = sizes[i];
-                    xs[i] = rnd(ALL[d], 3, s, (lay + i) % L_COUNT);
-                }
-                sj_tensor y = make(ALL[d], 3, ys, 3 - lay);
-                double *r = ref(tu_numel(&y));
-                tu_ref_concat(xs, 4, axis, r);
-                assert_int_equal(sj_cpu_concat(xs, 4, axis, &y), SJ_OK);
-                expect(&y, r, NULL, 0, label("concat dtype %d axis %d lay %d", ALL[d], axis, lay));
-            }
+    tu_concat_cases(run_concat);
     sj_tensor x = rnd(SJ_F32, 1, S(5), L_GAP), y = tu_tensor(SJ_F32, 1, S(5));
     double *r = ref(5);
     tu_ref_concat(&x, 1, 0, r);
@@ -716,36 +469,23 @@ static void test_concat(void **state) {
 static void run_gather(sj_dtype dt, sj_dtype idt, int tr, const int64_t *ts, int ir,
                        const int64_t *is, int lt, int ly) {
     int64_t ys[SJ_MAX_RANK];
-    for (int i = 0; i < ir; i++) ys[i] = is[i];
-    for (int i = 1; i < tr; i++) ys[ir + i - 1] = ts[i];
-    sj_tensor t = rnd(dt, tr, ts, lt), idx = make(idt, ir, is, lt);
+    sj_tensor t, idx;
+    double *r = tu_gather_operands(dt, idt, tr, ts, ir, is, lt, &t, &idx, ys);
     sj_tensor y = make(dt, ir + tr - 1, ys, ly);
-    tu_fill_range(&idx, 0, (double)ts[0] - 1);
-    double *r = ref(tu_numel(&y));
-    tu_ref_gather(&t, &idx, r);
     assert_int_equal(sj_cpu_gather(&t, &idx, &y), SJ_OK);
     expect(&y, r, NULL, 0,
            label("gather dtype %d index %d ranks %d/%d lay %d", dt, idt, tr, ir, lt));
 }
 
 static void test_gather(void **state) {
-    for (int d = 0; d < NELEM(ALL); d++)
-        for (int lay = 0; lay < L_COUNT; lay++) {
-            run_gather(ALL[d], SJ_I32, 2, S(10, 4), 2, S(2, 3), lay, 3 - lay);
-            run_gather(ALL[d], SJ_I64, 2, S(10, 4), 0, NULL, lay, lay);
-            run_gather(ALL[d], SJ_I64, 1, S(7), 3, S(2, 2, 3), lay, lay);
-            run_gather(ALL[d], SJ_I32, 3, S(5, 2, 3), 1, S(9), lay, 3 - lay);
-            run_gather(ALL[d], SJ_I32, 2, S(5, 0), 1, S(4), lay, lay);
-            run_gather(ALL[d], SJ_I64, 2, S(5, 3), 1, S(0), lay, lay);
-        }
+    tu_gather_cases(run_gather);
     /* out of range: an error naming index and position, and y untouched */
-    const int64_t bad[][6] = {{1, 2, 3, 4, 10, 0}, {0, 0, 0, 0, 0, -1}};
     const char *msg[] = {"gather: index 10 out of range [0, 10) at position 4",
                          "gather: index -1 out of range [0, 10) at position 5"};
     for (int c = 0; c < 2; c++) {
         sj_tensor t = rnd(SJ_F32, 2, S(10, 4), L_CONTIG), idx = tu_tensor(SJ_I64, 2, S(2, 3));
         sj_tensor y = tu_tensor(SJ_F32, 3, S(2, 3, 4));
-        tu_seti_all(&idx, bad[c]);
+        tu_seti_all(&idx, tu_gather_bad[c]);
         assert_int_equal(sj_cpu_gather(&t, &idx, &y), SJ_EINDEX);
         assert_string_equal(sj_last_error(), msg[c]);
         for (int64_t i = 0; i < tu_numel(&y); i++) assert_true(tu_is_poison(&y, i));
@@ -791,7 +531,7 @@ static void test_scratch(void **state) {
 int main(void) {
     const char *seed = getenv("SJ_TEST_SEED"); /* to rerun with other inputs */
     tu_seed(seed ? strtoull(seed, NULL, 10) : 20240611);
-#define T(f) cmocka_unit_test_teardown(f, teardown)
+#define T(f) cmocka_unit_test_teardown(f, tu_teardown)
     const struct CMUnitTest tests[] = {
         T(test_half),   T(test_approximations),  T(test_unary),      T(test_unary_specials),
         T(test_binary), T(test_int_semantics),   T(test_nan_binary), T(test_where),

@@ -27,7 +27,6 @@
 /* clang-format on */
 
 #include <dlfcn.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -41,6 +40,7 @@
 #include "jit/cache.h"
 #include "jit/error.h"
 #include "jit/runtime.h"
+#include "tests/util.h"
 
 #ifndef SJ_WITH_CUDA
 int main(void) {
@@ -61,69 +61,10 @@ static sj_cuda *dev; /* device 0, open for the device tests */
 
 /* -- Helpers --------------------------------------------------------------- */
 
-typedef struct logbook {
-    pthread_mutex_t lock;
-    char text[32768];
-    size_t len;
-} logbook;
+typedef tu_fixture fixture; /* its log: the backend's lines */
 
-static void log_sink(void *user, unsigned topic, const char *msg) {
-    logbook *lb = user;
-    (void)topic;
-    pthread_mutex_lock(&lb->lock);
-    int w = snprintf(lb->text + lb->len, sizeof lb->text - lb->len, "%s\n", msg);
-    if (w > 0) lb->len += (size_t)w < sizeof lb->text - lb->len ? (size_t)w : sizeof lb->text - 1 - lb->len;
-    pthread_mutex_unlock(&lb->lock);
-}
-
-typedef struct fixture {
-    char dir[PATH_MAX];
-    sj_runtime rt; /* only its log configuration is used */
-    logbook log;
-} fixture;
-
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static int setup(void **state) {
-    fixture *f = calloc(1, sizeof *f);
-    if (!f) return -1;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(f->dir, sizeof f->dir, "%s/sjcuda-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(f->dir)) {
-        free(f);
-        return -1;
-    }
-    pthread_mutex_init(&f->log.lock, NULL);
-    f->rt.cfg.log_mask = SJ_LOG_ALL;
-    f->rt.cfg.log_fn = log_sink;
-    f->rt.cfg.log_user = &f->log;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    fixture *f = *state;
-    nftw(f->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-    pthread_mutex_destroy(&f->log.lock);
-    free(f);
-    return 0;
-}
-
-static bool logged(fixture *f, const char *what) {
-    pthread_mutex_lock(&f->log.lock);
-    bool found = strstr(f->log.text, what) != NULL;
-    pthread_mutex_unlock(&f->log.lock);
-    return found;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+static int setup(void **state) { return tu_fixture_setup(state, "sjcuda-test"); }
+static int teardown(void **state) { return tu_fixture_teardown(state); }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void) { /* splitmix64; main thread only */
@@ -506,7 +447,7 @@ static void test_cross_stream(void **state) {
         CUdeviceptr p = sj_cuda_alloc(dev, MB, A);
         assert_true(big && p);
         /* slow work on A (tens of ms of memsets), then A writes p */
-        double t0 = now_ms();
+        double t0 = tu_now_ms();
         for (int i = 0; i < 64; i++) assert_int_equal(a->MemsetD8Async(big, (unsigned char)i, BIG, A), CUDA_SUCCESS);
         assert_int_equal(a->MemsetD8Async(p, 0xAA, MB, A), CUDA_SUCCESS);
         assert_int_equal(a->EventRecord(before, A), CUDA_SUCCESS);
@@ -532,7 +473,7 @@ static void test_cross_stream(void **state) {
         assert_int_equal(a->MemsetD8Async(r, 0x55, MB, B), CUDA_SUCCESS);
         assert_int_equal(a->StreamSynchronize(B), CUDA_SUCCESS);
         assert_int_equal(a->StreamSynchronize(A), CUDA_SUCCESS);
-        double ms = now_ms() - t0;
+        double ms = tu_now_ms() - t0;
         assert_int_equal(sj_cuda_to_host(dev, host, r, MB), SJ_OK);
         for (size_t i = 0; i < MB; i++)
             if (host[i] != 0x55) fail_msg("byte %zu of the block is 0x%02x, not 0x55", i, host[i]);
@@ -755,6 +696,8 @@ out:
     return wrong;
 }
 
+static void expect_kernels(const sj_compile_result *r) { assert_int_equal(run_kernels(r), 0); }
+
 static void test_backend_compile_and_launch(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL);
@@ -768,22 +711,12 @@ static void test_backend_compile_and_launch(void **state) {
     assert_non_null(strstr(id, "driver "));
     sj_compile_req req = req_of(SRC, "t.e0.static");
     sj_compile_result r;
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_non_null(r.module);
-    assert_false(r.from_cache);
-    assert_true(r.compile_ms > 0);
-    assert_int_equal(strlen(r.key), 64);
+    tu_compile_fresh(b, &req, &r);
     assert_non_null(r.fns[0]);
     assert_non_null(r.fns[1]);
     assert_int_equal(run_kernels(&r), 0);
-    assert_true(logged(f, "cuda: t.e0.static: compiled in"));
-    sj_compile_result r2;
-    assert_int_equal(b->compile(b, &req, &r2), SJ_OK);
-    assert_string_equal(r.key, r2.key);
-    b->unload(b, r.module);
-    assert_int_equal(run_kernels(&r2), 0);
-    b->unload(b, r2.module);
-    b->unload(b, NULL);
+    assert_true(tu_logged(&f->log, "cuda: t.e0.static: compiled in"));
+    tu_check_second_compile(b, &req, &r, expect_kernels);
     print_message("identity: %s\nNVRTC compile (%zu bytes of CUDA C): %.1f ms\n", id, strlen(SRC), r.compile_ms);
     b->destroy(b);
 }
@@ -801,7 +734,7 @@ static void test_backend_compile_error(void **state) {
     assert_non_null(strstr(r.log, "broken.cu")); /* the program's name in the log */
     assert_non_null(strstr(sj_last_error(), "NVRTC"));
     assert_non_null(strstr(sj_last_error(), "undeclared_thing"));
-    assert_true(logged(f, "cuda: broken: NVRTC"));
+    assert_true(tu_logged(&f->log, "cuda: broken: NVRTC"));
     print_message("compile error: %s\n", sj_last_error());
     b->destroy(b);
 }
@@ -823,26 +756,15 @@ static void test_backend_missing_symbol(void **state) {
 static void test_backend_invalid_requests(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL);
-    sj_compile_result r;
-    assert_int_equal(b->compile(b, NULL, &r), SJ_EINVAL);
-    sj_compile_req req = req_of(SRC, "x");
-    req.n_symbols = 65;
-    assert_int_equal(b->compile(b, &req, &r), SJ_EINVAL);
-    req = req_of(SRC, "x");
-    req.source_len = sizeof SRC; /* includes the NUL */
-    assert_int_equal(b->compile(b, &req, &r), SJ_EINVAL);
-    assert_int_equal(b->compile(b, &req, NULL), SJ_EINVAL);
+    tu_check_invalid_requests(b, req_of(SRC, "x"));
     sj_cuda_backend_config cfg = {.cuda = dev, .test_delay_ms = -1};
     sj_backend *nb = (sj_backend *)1;
     assert_int_equal(sj_cuda_backend_create(&cfg, &nb), SJ_EINVAL);
     assert_null(nb);
     /* only source_len counts; no tag is fine */
     char buf[sizeof SRC + 8];
-    memcpy(buf, SRC, sizeof SRC - 1);
-    memcpy(buf + sizeof SRC - 1, "garbage", 8);
-    req = req_of(SRC, NULL);
-    req.source = buf;
-    req.source_len = sizeof SRC - 1;
+    sj_compile_req req = tu_unterminated(req_of(SRC, NULL), buf);
+    sj_compile_result r;
     assert_int_equal(b->compile(b, &req, &r), SJ_OK);
     assert_int_equal(run_kernels(&r), 0);
     b->unload(b, r.module);
@@ -852,15 +774,11 @@ static void test_backend_invalid_requests(void **state) {
 static void test_backend_cache(void **state) {
     fixture *f = *state;
     char cdir[PATH_MAX];
-    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
-    sj_cache *cache;
-    assert_int_equal(sj_cache_open(cdir, 0, &cache), SJ_OK);
+    sj_cache *cache = tu_open_cache(f->dir, cdir);
     sj_backend *a = make(f, cache);
     sj_compile_req req = req_of(SRC, "cached");
     sj_compile_result r;
-    double t0 = now_ms();
-    assert_int_equal(a->compile(a, &req, &r), SJ_OK);
-    double cold = now_ms() - t0;
+    double cold = tu_compile_timed(a, &req, &r);
     assert_false(r.from_cache);
     a->unload(a, r.module);
     sj_cache_stats s;
@@ -874,14 +792,9 @@ static void test_backend_cache(void **state) {
     sj_backend *b = make(f, cache);
     assert_string_equal(a->identity(a), b->identity(b));
     sj_compile_result r2;
-    t0 = now_ms();
-    assert_int_equal(b->compile(b, &req, &r2), SJ_OK);
-    double warm = now_ms() - t0;
-    assert_true(r2.from_cache);
-    assert_true(r2.compile_ms == 0);
-    assert_string_equal(r.key, r2.key);
+    double warm = tu_compile_cached(b, &req, &r2, r.key);
     assert_int_equal(run_kernels(&r2), 0);
-    assert_true(logged(f, "cuda: cached: cache hit"));
+    assert_true(tu_logged(&f->log, "cuda: cached: cache hit"));
     b->unload(b, r2.module);
     sj_cache_get_stats(cache, &s);
     assert_int_equal(s.stores, 1);
@@ -894,66 +807,29 @@ static void test_backend_cache(void **state) {
 
 static void test_backend_corrupt_cache(void **state) {
     fixture *f = *state;
-    char cdir[PATH_MAX], path[PATH_MAX];
-    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
-    sj_cache *cache;
-    assert_int_equal(sj_cache_open(cdir, 0, &cache), SJ_OK);
+    char cdir[PATH_MAX];
+    sj_cache *cache = tu_open_cache(f->dir, cdir);
     sj_backend *b = make(f, cache);
     sj_compile_req req = req_of(SRC, "corrupt");
-    sj_compile_result r;
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    b->unload(b, r.module);
-    /* flip a byte of the cached CUBIN: the checksum catches it */
-    snprintf(path, sizeof path, "%s/%s.cubin", cdir, r.key);
-    FILE *fp = fopen(path, "r+b");
-    assert_non_null(fp);
-    assert_int_equal(fseek(fp, 100, SEEK_SET), 0);
-    int ch = fgetc(fp);
-    assert_int_equal(fseek(fp, 100, SEEK_SET), 0);
-    fputc(ch ^ 0xff, fp);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_false(r.from_cache);
-    assert_int_equal(run_kernels(&r), 0);
-    b->unload(b, r.module);
-    sj_cache_stats s;
-    sj_cache_get_stats(cache, &s);
-    assert_int_equal(s.corrupt, 1);
-    assert_int_equal(s.stores, 2);
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_true(r.from_cache);
-    b->unload(b, r.module);
-    /* an entry that verifies but is no CUBIN: a miss, recompiled, replaced */
+    /* a byte of the cached CUBIN flipped: the checksum catches it; then an
+     * entry that verifies but is no CUBIN: a miss, recompiled, replaced */
     const char junk[] = "this is not a cubin";
-    assert_int_equal(sj_cache_store(cache, r.key, "cubin", junk, sizeof junk), SJ_OK);
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_false(r.from_cache);
-    assert_true(logged(f, "cached artifact unusable"));
-    assert_int_equal(run_kernels(&r), 0);
-    b->unload(b, r.module);
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_true(r.from_cache);
-    assert_int_equal(run_kernels(&r), 0);
-    b->unload(b, r.module);
+    tu_check_corrupt_cache(b, cache, cdir, &req, "cubin", junk, sizeof junk, &f->log, expect_kernels, true);
     b->destroy(b);
     sj_cache_close(cache);
 }
 
 static void test_backend_hooks_and_dump(void **state) {
     fixture *f = *state;
-    char cdir[PATH_MAX], dump[PATH_MAX], path[PATH_MAX];
-    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
+    char dump[PATH_MAX], path[PATH_MAX];
     snprintf(dump, sizeof dump, "%s/dumps/nested", f->dir);
-    sj_cache *cache;
-    assert_int_equal(sj_cache_open(cdir, 0, &cache), SJ_OK);
+    sj_cache *cache = tu_open_cache(f->dir, NULL);
     sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .rt = &f->rt, .test_fail = 1};
     sj_backend *b;
     assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
     sj_compile_req req = req_of(SRC, "hooked");
     sj_compile_result r;
-    assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
-    assert_null(r.module);
-    assert_string_equal(r.log, "compile failed (test hook)");
+    tu_check_hook_failure(b, &req, &r);
     b->destroy(b);
     sj_cache_stats s;
     sj_cache_get_stats(cache, &s);
@@ -962,33 +838,17 @@ static void test_backend_hooks_and_dump(void **state) {
     cfg = (sj_cuda_backend_config){.cuda = dev, .rt = &f->rt, .test_delay_ms = 100, .dump_dir = dump};
     assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
     req.tag = "enc.e1/sym";
-    double t0 = now_ms();
-    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
-    assert_true(now_ms() - t0 >= 100);
+    tu_compile_delayed(b, &req, &r, 100);
     assert_int_equal(run_kernels(&r), 0);
     b->unload(b, r.module);
     b->destroy(b);
     snprintf(path, sizeof path, "%s/enc.e1_sym.cu", dump);
-    FILE *fp = fopen(path, "r");
-    assert_non_null(fp);
-    char text[sizeof SRC + 16];
-    size_t n = fread(text, 1, sizeof text, fp);
-    fclose(fp);
-    assert_int_equal(n, strlen(SRC));
-    assert_memory_equal(text, SRC, n);
+    tu_expect_file(path, SRC, strlen(SRC));
     sj_cache_close(cache);
 }
 
-typedef struct compile_job {
-    sj_backend *b;
-    int id;
-    sj_status st;
-    int wrong;
-    bool from_cache;
-} compile_job;
-
 static void *compile_thread(void *p) {
-    compile_job *j = p;
+    tu_compile_job *j = p;
     char src[1024], tag[32], s0[32], s1[32];
     snprintf(s0, sizeof s0, "k_add_t%d", j->id);
     snprintf(s1, sizeof s1, "k_mul_t%d", j->id);
@@ -1033,30 +893,9 @@ static void *compile_thread(void *p) {
 
 static void test_backend_concurrent(void **state) {
     fixture *f = *state;
-    char cdir[PATH_MAX];
-    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
-    sj_cache *cache;
-    assert_int_equal(sj_cache_open(cdir, 0, &cache), SJ_OK);
+    sj_cache *cache = tu_open_cache(f->dir, NULL);
     sj_backend *b = make(f, cache);
-    for (int round = 0; round < 2; round++) { /* compiled, then from the cache */
-        enum { N = 4 };
-        pthread_t th[N];
-        compile_job jobs[N];
-        for (int i = 0; i < N; i++) {
-            jobs[i] = (compile_job){b, i, SJ_EINTERNAL, 0, false};
-            assert_int_equal(pthread_create(&th[i], NULL, compile_thread, &jobs[i]), 0);
-        }
-        for (int i = 0; i < N; i++) {
-            pthread_join(th[i], NULL);
-            assert_int_equal(jobs[i].st, SJ_OK);
-            assert_int_equal(jobs[i].wrong, 0);
-            assert_int_equal(jobs[i].from_cache, round == 1);
-        }
-    }
-    sj_cache_stats s;
-    sj_cache_get_stats(cache, &s);
-    assert_int_equal(s.stores, 4);
-    assert_int_equal(s.hits, 4);
+    tu_check_concurrent_compiles(b, cache, compile_thread, true);
     b->destroy(b);
     sj_cache_close(cache);
 }

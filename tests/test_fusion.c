@@ -4,7 +4,9 @@
  * executor (inline and on a thread pool) and compared with eager execution
  * of the same graph on the same inputs (outputs poisoned first), on random
  * shapes; a few patterns against float64 references too. Plan-level tests
- * check group structure, loads and stores, and the arena plan.
+ * check group structure, loads and stores, and the arena plan. The
+ * patterns shared with test_codegen_cuda (tu_pat_*) and the harness that
+ * traces them are in tests/util_patterns.c; this test's own are below.
  */
 /* cmocka.h needs these first, in this order */
 /* clang-format off */
@@ -27,10 +29,10 @@
 #include "kernels/cpu/backend_cpu.h"
 #include "specialize/codegen.h"
 #include "specialize/fusion.h"
-#include "tests/util.h"
+#include "tests/util_patterns.h"
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
-#define MAXD 4
+#define rnd tu_rnd
 
 /* -- Environment ---------------------------------------------------------- */
 
@@ -57,65 +59,6 @@ static int teardown_all(void **state) {
     if (be) be->destroy(be);
     sj_runtime_destroy(rt);
     return 0;
-}
-
-static int teardown(void **state) {
-    tu_free_all();
-    return 0;
-}
-
-/* -- Dim policy: equal sizes share a symbol -------------------------------- */
-
-typedef struct pol {
-    bool sym;
-    const int64_t *fixed; /* sizes kept constant (0 ends), e.g. a hidden
-                             size that parameters fix anyway */
-    int n;
-    int64_t size[64];
-    int sym_of[64];
-    int in[64], ax[64]; /* where each symbol was first seen */
-} pol;
-
-static sj_expr policy(void *ctx, sj_exprs *ex, int input, int axis, int64_t size) {
-    pol *p = ctx;
-    bool fixed = false;
-    for (int i = 0; p->fixed && p->fixed[i]; i++) fixed |= p->fixed[i] == size;
-    if (!p->sym || size < 2 || fixed) return sj_ex_const(ex, size);
-    for (int i = 0; i < p->n; i++)
-        if (p->size[i] == size) return sj_ex_sym(ex, p->sym_of[i]);
-    int s = sj_sym_new(ex, size, 2, SJ_EX_INF);
-    p->size[p->n] = size;
-    p->sym_of[p->n] = s;
-    p->in[s] = input;
-    p->ax[s] = axis;
-    p->n++;
-    return sj_ex_sym(ex, s);
-}
-
-/* -- Patterns -------------------------------------------------------------- */
-
-typedef void (*make_fn)(const int64_t *d, sj_dtype dt, sj_tensor *ins);
-typedef void (*ref_fn)(const sj_tensor *ins, double *out);
-
-typedef struct pattern {
-    const char *name;
-    sj_model_fn model;
-    int n_in;
-    make_fn make;
-    int n_dims;
-    int64_t lo[MAXD], hi[MAXD];
-    bool vary;      /* the symbolic plan may run at other sizes */
-    ref_fn ref;     /* float64 reference of output 0, or NULL */
-    int64_t fixed[4]; /* sizes the policy keeps constant */
-} pattern;
-
-static sj_dtype g_dt = SJ_F32; /* dtype the float patterns use */
-static sj_tensor params[8];    /* parameters the models capture */
-
-static sj_tensor rnd(sj_dtype dt, int rank, const int64_t *shape) {
-    sj_tensor t = tu_tensor(dt, rank, shape);
-    tu_fill_random(&t);
-    return t;
 }
 
 /* -- Harness ---------------------------------------------------------------- */
@@ -154,373 +97,73 @@ static void unit_free(unit *u) {
     if (u->mod) be->unload(be, u->mod);
 }
 
-static double tol_of(sj_dtype dt) {
-    return dt == SJ_F32 ? 1e-5 : dt == SJ_F16 ? 1e-2 : dt == SJ_BF16 ? 6e-2 : 0.0;
-}
-
 /* Run g eagerly and through the plan (inline and threaded) on ins; compare
  * every output, and output 0 with the float64 reference when given. */
 static void run_and_compare(const sj_graph *g, const sj_fplan *p, void *const *fns, const sj_tensor *ins,
-                            const int64_t *sv, ref_fn ref, const char *what) {
+                            const int64_t *sv, tu_ref_fn ref, const char *what) {
     sj_tensor eo[16], fo[16];
-    assert_true(g->n_outputs <= 16);
-    for (int i = 0; i < g->n_outputs; i++) {
-        const sj_value *v = &g->vals[g->outputs[i]];
-        int64_t shape[SJ_MAX_RANK];
-        for (int a = 0; a < v->rank; a++) shape[a] = sj_ex_eval(g->ex, v->shape[a], sv);
-        eo[i] = tu_tensor(v->dtype, v->rank, shape);
-        fo[i] = tu_tensor(v->dtype, v->rank, shape);
-    }
-    _Atomic size_t hint = 0;
-    if (getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "  run %s\n", what);
-    sj_exec x = {.rt = rt, .g = g, .fn_name = what, .inputs = ins, .outputs = eo, .sym_vals = sv,
-                 .pool = &arena_pool, .arena_hint = &hint, .ops = &sj_cpu_exec_ops};
-    sj_status st = sj_exec_eager(&x);
-    if (st) fprintf(stderr, "%s: eager: %s\n", what, sj_last_error());
-    assert_int_equal(st, SJ_OK);
+    sj_exec x;
+    tu_pattern_eager(rt, &arena_pool, g, ins, sv, what, &x, eo, fo);
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < g->n_outputs; i++) tu_poison(&fo[i]);
         x.outputs = fo;
         x.ops_ctx = pass ? pool4 : NULL;
-        st = sj_exec_fused(&x, p, fns);
+        sj_status st = sj_exec_fused(&x, p, fns);
         if (st) fprintf(stderr, "%s: fused: %s\n", what, sj_last_error());
         assert_int_equal(st, SJ_OK);
         for (int i = 0; i < g->n_outputs; i++) {
-            int64_t n = tu_numel(&eo[i]);
-            double *r = tu_refbuf(0, n > 0 ? n : 1);
-            for (int64_t k = 0; k < n; k++) r[k] = tu_get(&eo[i], k);
-            /* halves: eager rounds every intermediate, fused code only its
-             * results, so errors scale with the output, not each element */
-            double *mag = NULL, ss = 0;
-            if (fo[i].dtype == SJ_F16 || fo[i].dtype == SJ_BF16) {
-                mag = tu_refbuf(1, n > 0 ? n : 1);
-                for (int64_t k = 0; k < n; k++) ss += isfinite(r[k]) ? r[k] * r[k] : 0;
-                for (int64_t k = 0; k < n; k++) mag[k] = fabs(r[k]) + sqrt(ss / (double)n);
-            }
             const char *lb = tu_label("%s out%d%s", what, i, pass ? " threads" : "");
-            if (!tu_check_mag(&fo[i], r, mag, tol_of(fo[i].dtype), lb))
-                fail_msg("%s: output %d differs from eager", what, i);
+            if (!tu_check_like_eager(&fo[i], &eo[i], lb)) fail_msg("%s: output %d differs from eager", what, i);
         }
     }
     if (ref) {
         double *r = tu_refbuf(1, tu_numel(&fo[0]));
         ref(ins, r);
-        if (!tu_check(&fo[0], r, fo[0].dtype == SJ_F32 ? 2e-5 : tol_of(fo[0].dtype), tu_label("%s ref", what)))
+        if (!tu_check(&fo[0], r, fo[0].dtype == SJ_F32 ? 2e-5 : tu_fused_tol(fo[0].dtype), tu_label("%s ref", what)))
             fail_msg("%s: output 0 differs from the float64 reference", what);
     }
 }
 
-/* Are the input sizes of `ins` consistent with the trace's symbols? */
-static bool same_signature(const pol *pl, const sj_tensor *a, const sj_tensor *b, int n) {
-    for (int i = 0; i < n; i++)
-        for (int x = 0; x < a[i].rank; x++)
-            for (int j = 0; j < n; j++)
-                for (int y = 0; y < a[j].rank; y++) {
-                    bool eq_a = a[i].shape[x] == a[j].shape[y], eq_b = b[i].shape[x] == b[j].shape[y];
-                    if (eq_a != eq_b || (a[i].shape[x] < 2) != (b[i].shape[x] < 2)) return false;
-                    if (!pl->sym && a[i].shape[x] != b[i].shape[x]) return false;
-                }
-    return true;
+/* The C form of every plan: generated, compiled with the CPU backend and
+ * run inline and on the thread pool. */
+
+static unit units[2]; /* per form: specialized, symbolic */
+
+static void build_c(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int form, const char *what) {
+    const char *prefix = form ? "sym_" : "spec_";
+    size_t len;
+    char *src = sj_codegen_c(g, p, sv, prefix, &len);
+    assert_non_null(src);
+    compile(p, src, len, prefix, &units[form]);
+    free(src);
 }
 
-static void random_dims(const pattern *pt, int64_t *d) {
-    for (int k = 0; k < pt->n_dims; k++) d[k] = tu_randint(pt->lo[k], pt->hi[k]);
+static void run_c(const sj_graph *g, const sj_fplan *p, int form, const sj_tensor *ins, const int64_t *sv,
+                  tu_ref_fn ref, const char *what) {
+    run_and_compare(g, p, units[form].fns, ins, sv, ref, what);
 }
+
+static void unload_c(int form) { unit_free(&units[form]); }
+
+static const tu_pattern_target cpu_target = {build_c, run_c, unload_c, true};
 
 /* Trace pt at random sizes (static or symbolic), fuse, generate, compile;
  * run at the traced sizes and, symbolic, at other random sizes. */
-static void run_pattern(const pattern *pt, bool symbolic, sj_dtype dt, const int64_t *force) {
-    g_dt = dt;
-    int64_t d[MAXD];
-    sj_tensor tin[16], rin[16];
-    random_dims(pt, d);
-    if (force) memcpy(d, force, sizeof(int64_t) * (size_t)pt->n_dims);
-    pt->make(d, dt, tin);
-    pol pl = {.sym = symbolic, .fixed = pt->fixed};
-    sj_trace_req req = {.fn_name = pt->name, .model = pt->model, .inputs = tin, .n_inputs = pt->n_in,
-                        .dim_policy = policy, .dim_ctx = &pl};
-    sj_trace_result res;
-    sj_status st = sj_trace(&req, &res);
-    if (st) fprintf(stderr, "%s: %s\n", pt->name, sj_last_error());
-    assert_int_equal(st, SJ_OK);
-    sj_graph *g = res.graph;
-    sj_fplan *p = sj_fuse(g, tin);
-    assert_non_null(p);
-    int64_t sv[64] = {0};
-    for (int s = 0; s < pl.n; s++) sv[s] = tin[pl.in[s]].shape[pl.ax[s]];
-    /* specialized at the traced sizes */
-    size_t len;
-    char *src = sj_codegen_c(g, p, sv, "spec_", &len);
-    assert_non_null(src);
-    unit us, uy = {0};
-    compile(p, src, len, "spec_", &us);
-    free(src);
-    char what[96];
-    snprintf(what, sizeof what, "%s %s %s spec", pt->name, sj_dtype_name(dt), symbolic ? "sym" : "static");
-    run_and_compare(g, p, us.fns, tin, sv, pt->ref, what);
-    if (symbolic) {
-        src = sj_codegen_c(g, p, NULL, "sym_", &len);
-        assert_non_null(src);
-        compile(p, src, len, "sym_", &uy);
-        free(src);
-        snprintf(what, sizeof what, "%s %s sym", pt->name, sj_dtype_name(dt));
-        run_and_compare(g, p, uy.fns, tin, sv, pt->ref, what);
-        for (int r = 0; r < (pt->vary && !force ? 3 : 0); r++) {
-            int64_t e[MAXD];
-            int tries = 0;
-            do {
-                random_dims(pt, e);
-                if (r == 0) e[0] = 2; /* a size-2 edge */
-                pt->make(e, dt, rin);
-            } while (!same_signature(&pl, tin, rin, pt->n_in) && ++tries < 100);
-            if (tries == 100) {
-                fprintf(stderr, "%s: no sizes with the traced signature; run %d skipped\n", pt->name, r);
-                continue;
-            }
-            for (int s = 0; s < pl.n; s++) sv[s] = rin[pl.in[s]].shape[pl.ax[s]];
-            snprintf(what, sizeof what, "%s %s sym (run %d: %lld)", pt->name, sj_dtype_name(dt), r, (long long)e[0]);
-            run_and_compare(g, p, uy.fns, rin, sv, pt->ref, what);
-        }
-    }
-    unit_free(&us);
-    unit_free(&uy);
-    sj_fplan_free(p);
-    sj_graph_destroy(g);
-    free(res.facts);
+static void run_pattern(const tu_pattern *pt, bool symbolic, sj_dtype dt, const int64_t *force) {
+    tu_run_pattern(pt, symbolic, dt, force, &cpu_target);
 }
 
-static void run_both(const pattern *pt, sj_dtype dt) {
+static void run_both(const tu_pattern *pt, sj_dtype dt) {
     run_pattern(pt, false, dt, NULL);
     run_pattern(pt, true, dt, NULL);
 }
 
-/* -- Models ----------------------------------------------------------------- */
-
-/* w1: y = gelu(x*a + b) * sigmoid(x); x [S, H], a, b [H] */
-static sj_status m_w1(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val y = sj_mul(t, sj_gelu(t, sj_add(t, sj_mul(t, in[0], in[1]), in[2])), sj_sigmoid(t, in[0]));
-    return sj_output(t, y);
-}
-static void mk_w1(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 1, S(d[1]));
-    in[2] = rnd(dt, 1, S(d[1]));
-}
-static double d_gelu(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
-static void ref_w1(const sj_tensor *in, double *out) {
-    int64_t S0 = in[0].shape[0], H = in[0].shape[1];
-    for (int64_t i = 0; i < S0 * H; i++) {
-        double x = tu_get(&in[0], i), a = tu_get(&in[1], i % H), b = tu_get(&in[2], i % H);
-        out[i] = d_gelu(x * a + b) / (1.0 + exp(-x));
-    }
-}
-
-/* w2: h = x + r; y = gelu(layer_norm(h, g, b)); outputs y, h */
-static sj_status m_w2(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val h = sj_add(t, in[0], in[1]);
-    sj_output(t, sj_gelu(t, sj_layer_norm(t, h, in[2], in[3], 1e-5)));
-    return sj_output(t, h);
-}
-static void mk_w2(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 2, S(d[0], d[1]));
-    in[2] = rnd(dt, 1, S(d[1]));
-    in[3] = rnd(dt, 1, S(d[1]));
-}
-static void ref_w2(const sj_tensor *in, double *out) {
-    int64_t R = in[0].shape[0], N = in[0].shape[1];
-    for (int64_t r = 0; r < R; r++) {
-        double m = 0, v = 0;
-        for (int64_t j = 0; j < N; j++) m += tu_get(&in[0], r * N + j) + tu_get(&in[1], r * N + j);
-        m /= (double)N;
-        for (int64_t j = 0; j < N; j++) {
-            double h = tu_get(&in[0], r * N + j) + tu_get(&in[1], r * N + j);
-            v += (h - m) * (h - m);
-        }
-        v /= (double)N;
-        for (int64_t j = 0; j < N; j++) {
-            double h = tu_get(&in[0], r * N + j) + tu_get(&in[1], r * N + j);
-            out[r * N + j] = d_gelu((h - m) / sqrt(v + 1e-5) * tu_get(&in[2], j) + tu_get(&in[3], j));
-        }
-    }
-}
-
-/* w3: softmax(scores * 0.125 + mask [NH, 1, S], -1) */
-static sj_status m_w3(sj_tracer *t, const sj_val *in, int n, void *u) {
-    return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
-}
-static void mk_w3(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 3, S(d[0], d[1], d[1]));
-    in[1] = rnd(dt, 3, S(d[0], 1, d[1]));
-}
-static void ref_w3(const sj_tensor *in, double *out) {
-    int64_t NH = in[0].shape[0], N = in[0].shape[1];
-    for (int64_t h = 0; h < NH; h++)
-        for (int64_t i = 0; i < N; i++) {
-            double *o = out + (h * N + i) * N, m = -INFINITY, s = 0;
-            for (int64_t j = 0; j < N; j++) {
-                o[j] = tu_get(&in[0], (h * N + i) * N + j) * 0.125 + tu_get(&in[1], h * N + j);
-                m = o[j] > m ? o[j] : m;
-            }
-            for (int64_t j = 0; j < N; j++) s += o[j] = exp(o[j] - m);
-            for (int64_t j = 0; j < N; j++) o[j] /= s;
-        }
-}
-
-/* bias + gelu after a matmul (W [24, 40], bias [40] parameters) */
-static sj_status m_mmgelu(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val m = sj_matmul(t, in[0], sj_param(t, &params[0]));
-    return sj_output(t, sj_gelu(t, sj_add(t, m, sj_param(t, &params[1]))));
-}
-static void mk_mmgelu(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(d[0], 24)); }
-
-/* a pointwise chain over a transposed input and a slice with a symbolic
- * end; x [A, B], z [B, A + 4] */
-static sj_status m_views(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val xt = sj_transpose(t, in[0], 0, 1);
-    sj_val zs = sj_slice(t, in[1], 1, 2, -2, 1);
-    sj_val y = sj_relu(t, sj_add(t, sj_mul(t, xt, sj_scalar(t, 2.0)), zs));
-    sj_output(t, y);
-    sj_output(t, sj_softmax(t, xt, -1)); /* a row op over strided rows */
-    return sj_output(t, sj_exp(t, sj_neg(t, xt)));
-}
-static void mk_views(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 2, S(d[1], d[0] + 4));
-}
-
-/* a non-contiguous input (exact strides), a permute and a stepped slice */
-static sj_status m_strided(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val xt = sj_permute(t, in[0], (const int[]){1, 0});
-    sj_val s = sj_slice(t, xt, 0, 1, 1000, 2);
-    return sj_output(t, sj_add(t, sj_exp(t, s), sj_scalar(t, 1.0)));
-}
-static void mk_strided(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = tu_tensor_layout(dt, 2, S(d[0], d[1]), TU_GAP);
-    tu_fill_random(&in[0]);
-}
-
-/* a reshape after a slice (a view) and a reshape needing a copy;
- * x [S, 48], u [A, B] */
-static sj_status m_reshape(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val sl = sj_slice(t, in[0], 1, 16, 32, 1);
-    sj_dim d3[3] = {sj_dim_of(t, in[0], 0), sj_dim_const(t, 4), sj_dim_const(t, 4)};
-    sj_output(t, sj_mul(t, sj_reshape(t, sl, 3, d3), sj_scalar(t, 2.0)));
-    sj_val ut = sj_transpose(t, in[1], 0, 1);
-    sj_dim d1[1] = {sj_dim_mul(t, sj_dim_of(t, in[1], 0), sj_dim_of(t, in[1], 1))};
-    return sj_output(t, sj_add(t, sj_reshape(t, ut, 1, d1), sj_scalar(t, 1.0)));
-}
-static void mk_reshape(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], 48));
-    in[1] = rnd(dt, 2, S(d[1], d[2]));
-}
+/* -- Models of this test ---------------------------------------------------- */
 
 /* softmax over a non-last axis: a NODE group between pointwise ones */
 static sj_status m_softmax0(sj_tracer *t, const sj_val *in, int n, void *u) {
     sj_val s = sj_softmax(t, sj_mul(t, in[0], sj_scalar(t, 2.0)), 0);
     return sj_output(t, sj_add(t, s, sj_scalar(t, 1.0)));
-}
-static void mk_2d(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(d[0], d[1])); }
-
-/* sum / mean / amax over the last axis, keepdim 0 and 1, with epilogues;
- * x [S, N], c [S], c1 [S, 1], xi i32 [S, N] */
-static sj_status m_reduce(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val x = in[0];
-    sj_val e = sj_exp(t, sj_mul(t, x, sj_scalar(t, 0.5)));
-    sj_output(t, sj_add(t, sj_mul(t, sj_sum(t, e, -1, 0), sj_scalar(t, 2.0)), in[1]));
-    sj_output(t, sj_sub(t, sj_mean(t, x, -1, 1), in[2]));
-    sj_output(t, sj_add(t, sj_amax(t, sj_add(t, x, sj_scalar(t, 1.0)), -1, 0), sj_scalar(t, 3.0)));
-    sj_output(t, sj_sum(t, x, -1, 1));
-    sj_output(t, sj_sum(t, sj_mul(t, in[3], sj_scalar(t, 2.0)), -1, 0));
-    return sj_output(t, sj_add(t, sj_amax(t, in[3], -1, 1), sj_scalar(t, 1.0)));
-}
-static void mk_reduce(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    in[1] = rnd(dt, 1, S(d[0]));
-    in[2] = rnd(dt, 2, S(d[0], 1));
-    in[3] = rnd(SJ_I32, 2, S(d[0], d[1]));
-}
-
-/* RMS norm with and without g; softmax, layer norm and mean; rows of
- * 9061 .. 9090 (long: past the stack buffer) or 7 .. 60 */
-static sj_status m_rows(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val x = in[0];
-    sj_output(t, sj_rms_norm(t, sj_mul(t, x, sj_scalar(t, 2.0)), in[1], 1e-6));
-    sj_output(t, sj_add(t, sj_rms_norm(t, x, SJ_NONE, 1e-5), sj_scalar(t, 1.0)));
-    sj_val x3 = sj_mul(t, x, sj_scalar(t, 3.0)), sm = sj_softmax(t, x3, -1);
-    sj_output(t, sm);
-    sj_output(t, sj_add(t, sm, x3)); /* the epilogue reads the prologue */
-    sj_val x1 = sj_add(t, x, sj_scalar(t, 1.0));
-    sj_output(t, sj_mul(t, sj_layer_norm(t, x1, SJ_NONE, in[1], 1e-5), x1));
-    return sj_output(t, sj_mean(t, x, -1, 0));
-}
-static void mk_rows(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    int64_t N = d[1] > 60 ? 9000 + d[1] : d[1];
-    in[0] = rnd(dt, 2, S(d[0], N));
-    in[1] = rnd(dt, 1, S(N));
-}
-
-/* casts and where in one group */
-static sj_status m_casts(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val x = in[0];
-    sj_val m = sj_gt(t, x, sj_scalar(t, 0.0));
-    sj_val back = sj_cast(t, sj_cast(t, sj_mul(t, x, sj_scalar(t, 100.0)), SJ_I32), SJ_F32);
-    sj_val w = sj_where(t, m, back, sj_mul(t, x, sj_scalar(t, 0.5)));
-    sj_val h = sj_cast(t, sj_cast(t, x, SJ_F16), SJ_F32);
-    sj_output(t, sj_add(t, w, h));
-    sj_output(t, sj_cast(t, sj_mul(t, x, sj_scalar(t, 3.0)), SJ_BF16));
-    sj_output(t, sj_cast(t, sj_mul(t, x, sj_scalar(t, 1e10)), SJ_I32));
-    sj_output(t, sj_cast(t, sj_log(t, x), SJ_I64));
-    return sj_output(t, sj_cast(t, x, SJ_BOOL));
-}
-
-/* integer and bool ops; a, b i32, bb bool, l i64, all [S, N] */
-static sj_status m_ints(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val a = in[0], b = in[1], bb = in[2], l = in[3];
-    sj_val s = sj_mul(t, sj_add(t, a, b), a);
-    sj_val p = sj_pow(t, a, sj_scalar(t, 20));
-    sj_val mx = sj_maximum(t, sj_neg(t, a), sj_abs(t, b));
-    sj_val c = sj_lt(t, a, b);
-    sj_val e = sj_eq(t, bb, c);
-    sj_val w = sj_where(t, e, mx, p);
-    sj_output(t, w);
-    sj_output(t, sj_div(t, s, b));
-    sj_output(t, sj_div(t, a, sj_sub(t, a, a)));
-    sj_output(t, sj_relu(t, sj_sub(t, sj_minimum(t, a, b), sj_scalar(t, 1))));
-    sj_output(t, e);
-    sj_output(t, sj_mul(t, sj_add(t, l, sj_cast(t, a, SJ_I64)), l));
-    sj_output(t, sj_pow(t, l, sj_neg(t, sj_abs(t, l))));
-    sj_output(t, sj_cast(t, w, SJ_BOOL));
-    return sj_output(t, sj_cast(t, sj_add(t, sj_cast(t, bb, SJ_I32), p), SJ_F32));
-}
-static void mk_ints(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(SJ_I32, 2, S(d[0], d[1]));
-    in[1] = rnd(SJ_I32, 2, S(d[0], d[1]));
-    in[2] = rnd(SJ_BOOL, 2, S(d[0], d[1]));
-    in[3] = rnd(SJ_I64, 2, S(d[0], d[1]));
-}
-
-/* a value used by two groups (a NODE softmax and a ROW sum) */
-static sj_status m_shared(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val tt = sj_exp(t, sj_mul(t, in[0], sj_scalar(t, 0.1)));
-    sj_val sm = sj_softmax(t, tt, 0);
-    sj_val v = sj_sum(t, tt, -1, 1);
-    sj_output(t, sj_mul(t, sm, v));
-    return sj_output(t, v);
-}
-
-/* an output that is an input, one listed twice, a view, a constant */
-static sj_status m_outs(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val y = sj_mul(t, in[0], sj_scalar(t, 2.0));
-    sj_output(t, in[0]);
-    sj_output(t, y);
-    sj_output(t, y);
-    sj_output(t, sj_transpose(t, y, 0, 1));
-    sj_output(t, sj_scalar(t, 3.0));
-    sj_output(t, sj_mul(t, sj_scalar(t, 2.0), sj_scalar(t, 3.0))); /* rank 0, computed */
-    sj_dim all[1] = {sj_dim_mul(t, sj_dim_of(t, in[0], 0), sj_dim_of(t, in[0], 1))};
-    sj_output(t, sj_add(t, sj_sum(t, sj_reshape(t, in[0], 1, all), -1, 0), sj_scalar(t, 1.0)));
-    return sj_output(t, sj_slice(t, in[0], 1, 1, 1000, 1));
 }
 
 /* a load both spaces of a reduction would read (v over rows in the
@@ -537,13 +180,13 @@ static void mk_square(const int64_t *d, sj_dtype dt, sj_tensor *in) {
 /* naive merging would make a cycle: a = exp(x); m = a @ W; y = a + m */
 static sj_status m_cycle(sj_tracer *t, const sj_val *in, int n, void *u) {
     sj_val a = sj_exp(t, sj_mul(t, in[0], sj_scalar(t, 0.1)));
-    sj_val m = sj_matmul(t, a, sj_param(t, &params[2]));
+    sj_val m = sj_matmul(t, a, sj_param(t, &tu_params[2]));
     sj_output(t, sj_add(t, a, m));
     return sj_output(t, sj_mul(t, sj_sigmoid(t, m), sj_neg(t, a)));
 }
 static void mk_cycle(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(d[0], 16)); }
 
-/* the encoder layer of samples/varlen_encoder (sizes from params[3..]) */
+/* the encoder layer of samples/varlen_encoder (sizes from enc_init) */
 enum { EH = 64, ENH = 4, EHD = 16, EFF = 128 };
 typedef struct enc_w {
     sj_tensor wqkv, bqkv, wo, bo, g1, b1, w1, bf1, w2, bf2, g2, b2;
@@ -580,7 +223,7 @@ static sj_tensor small_param(sj_dtype dt, int rank, const int64_t *shape, double
     return t;
 }
 
-static pattern P_ENCODER; /* below */
+static tu_pattern P_ENCODER; /* below */
 
 static void enc_init(int h, int nh, int ff) {
     enc_h = h, enc_nh = nh, enc_hd = h / nh;
@@ -594,84 +237,63 @@ static void enc_init(int h, int nh, int ff) {
     encw.g2 = small_param(SJ_F32, 1, S(h), 1), encw.b2 = small_param(SJ_F32, 1, S(h), 0.01);
 }
 
-/* -- Pattern table ------------------------------------------------------------ */
+/* -- This test's patterns (the shared ones: tu_pat_*) --------------------------------- */
 
-static const pattern P_W1 = {"w1", m_w1, 3, mk_w1, 2, {2, 3}, {40, 200}, true, ref_w1, {0}};
-static const pattern P_W1_BIG = {"w1 big", m_w1, 3, mk_w1, 2, {33, 4096}, {45, 4096}, true, ref_w1, {0}};
-static const pattern P_W2 = {"w2", m_w2, 4, mk_w2, 2, {2, 3}, {200, 300}, true, ref_w2, {0}};
-static const pattern P_W3 = {"w3", m_w3, 2, mk_w3, 2, {2, 3}, {14, 70}, true, ref_w3, {0}};
-static const pattern P_MMGELU = {"matmul bias gelu", m_mmgelu, 1, mk_mmgelu, 1, {2}, {23}, true, NULL, {24}};
-static const pattern P_VIEWS = {"views", m_views, 2, mk_views, 2, {2, 40}, {30, 70}, true, NULL, {0}};
-static const pattern P_STRIDED = {"strided", m_strided, 1, mk_strided, 2, {3, 5}, {9, 30}, false, NULL, {0}};
-static const pattern P_RESHAPE = {"reshape", m_reshape, 2, mk_reshape, 3, {2, 50, 70}, {45, 60, 90}, true, NULL, {0}};
-static const pattern P_SOFTMAX0 = {"softmax axis 0", m_softmax0, 1, mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
-static const pattern P_REDUCE = {"reduce", m_reduce, 4, mk_reduce, 2, {2, 3}, {30, 300}, true, NULL, {0}};
-static const pattern P_ROWS = {"rows", m_rows, 2, mk_rows, 2, {2, 7}, {6, 60}, true, NULL, {0}};
-static const pattern P_ROWS_LONG = {"long rows", m_rows, 2, mk_rows, 2, {2, 61}, {6, 90}, true, NULL, {0}};
-static const pattern P_CASTS = {"casts", m_casts, 1, mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
-static const pattern P_INTS = {"ints", m_ints, 4, mk_ints, 2, {2, 3}, {30, 90}, true, NULL, {0}};
-static const pattern P_SHARED = {"shared", m_shared, 1, mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
-static const pattern P_OUTS = {"outputs", m_outs, 1, mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
-static const pattern P_SQUARE = {"square", m_square, 2, mk_square, 1, {2}, {70}, true, NULL, {0}};
-static const pattern P_CYCLE = {"cycle", m_cycle, 1, mk_cycle, 1, {2}, {40}, true, NULL, {16}};
-static pattern P_ENCODER = {"encoder", m_encoder, 1, mk_encoder, 1, {2}, {40}, true, NULL, {EH}};
+static const tu_pattern P_SOFTMAX0 = {"softmax axis 0", m_softmax0, 1, tu_mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
+static const tu_pattern P_SQUARE = {"square", m_square, 2, mk_square, 1, {2}, {70}, true, NULL, {0}};
+static const tu_pattern P_CYCLE = {"cycle", m_cycle, 1, mk_cycle, 1, {2}, {40}, true, NULL, {16}};
+static tu_pattern P_ENCODER = {"encoder", m_encoder, 1, mk_encoder, 1, {2}, {40}, true, NULL, {EH}};
 
 /* -- Differential tests ---------------------------------------------------------- */
 
 static void test_w1(void **state) {
-    run_both(&P_W1, SJ_F32);
-    run_both(&P_W1_BIG, SJ_F32);
+    run_both(&tu_pat_w1, SJ_F32);
+    run_both(&tu_pat_w1_big, SJ_F32);
 }
-static void test_w2(void **state) { run_both(&P_W2, SJ_F32); }
-static void test_w3(void **state) { run_both(&P_W3, SJ_F32); }
+static void test_w2(void **state) { run_both(&tu_pat_w2, SJ_F32); }
+static void test_w3(void **state) { run_both(&tu_pat_w3, SJ_F32); }
 static void test_matmul_gelu(void **state) {
-    params[0] = small_param(SJ_F32, 2, S(24, 40), 0.3);
-    params[1] = small_param(SJ_F32, 1, S(40), 1);
-    run_both(&P_MMGELU, SJ_F32);
+    tu_params[0] = small_param(SJ_F32, 2, S(24, 40), 0.3);
+    tu_params[1] = small_param(SJ_F32, 1, S(40), 1);
+    run_both(&tu_pat_mmgelu, SJ_F32);
 }
 static void test_views(void **state) {
-    run_both(&P_VIEWS, SJ_F32);
-    run_both(&P_STRIDED, SJ_F32);
-    run_both(&P_RESHAPE, SJ_F32);
+    run_both(&tu_pat_views, SJ_F32);
+    run_both(&tu_pat_strided, SJ_F32);
+    run_both(&tu_pat_reshape, SJ_F32);
 }
 static void test_softmax_axis0(void **state) { run_both(&P_SOFTMAX0, SJ_F32); }
-static void test_reduce(void **state) { run_both(&P_REDUCE, SJ_F32); }
+static void test_reduce(void **state) { run_both(&tu_pat_reduce, SJ_F32); }
 static void test_rows(void **state) {
-    run_both(&P_ROWS, SJ_F32);
-    run_both(&P_ROWS_LONG, SJ_F32);
+    run_both(&tu_pat_rows, SJ_F32);
+    run_both(&tu_pat_rows_long, SJ_F32);
 }
-static void test_casts_where(void **state) { run_both(&P_CASTS, SJ_F32); }
-static void test_ints(void **state) { run_both(&P_INTS, SJ_F32); }
+static void test_casts_where(void **state) { run_both(&tu_pat_casts, SJ_F32); }
+static void test_ints(void **state) { run_both(&tu_pat_ints, SJ_F32); }
 static void test_half(void **state) {
-    run_both(&P_W1, SJ_F16);
-    run_both(&P_W2, SJ_BF16);
-    run_both(&P_W3, SJ_F16);
-    run_both(&P_REDUCE, SJ_BF16);
-    run_both(&P_ROWS, SJ_F16);
-    run_both(&P_ROWS_LONG, SJ_BF16);
+    run_both(&tu_pat_w1, SJ_F16);
+    run_both(&tu_pat_w2, SJ_BF16);
+    run_both(&tu_pat_w3, SJ_F16);
+    run_both(&tu_pat_reduce, SJ_BF16);
+    run_both(&tu_pat_rows, SJ_F16);
+    run_both(&tu_pat_rows_long, SJ_BF16);
 }
-static void test_shared_value(void **state) { run_both(&P_SHARED, SJ_F32); }
+static void test_shared_value(void **state) { run_both(&tu_pat_shared, SJ_F32); }
 static void test_outputs(void **state) {
-    run_both(&P_OUTS, SJ_F32);
+    run_both(&tu_pat_outs, SJ_F32);
     run_both(&P_SQUARE, SJ_F32);
 }
 
 /* sizes 0: nothing to run, outputs still right (empty) */
-static sj_status m_sum0(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_output(t, sj_add(t, sj_sum(t, in[0], -1, 0), sj_scalar(t, 1.0)));
-    return sj_output(t, sj_mean(t, in[0], -1, 1));
-}
-static const pattern P_SUM0 = {"sum0", m_sum0, 1, mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
-
 static void test_empty(void **state) {
-    run_pattern(&P_W1, false, SJ_F32, S(0, 7));
-    run_pattern(&P_W2, false, SJ_F32, S(0, 7));
-    run_pattern(&P_W2, true, SJ_F32, S(0, 7));
-    run_pattern(&P_REDUCE, true, SJ_F32, S(0, 5));
-    run_pattern(&P_SUM0, false, SJ_F32, S(3, 0)); /* rows of 0: sum 0, mean NaN */
+    run_pattern(&tu_pat_w1, false, SJ_F32, S(0, 7));
+    run_pattern(&tu_pat_w2, false, SJ_F32, S(0, 7));
+    run_pattern(&tu_pat_w2, true, SJ_F32, S(0, 7));
+    run_pattern(&tu_pat_reduce, true, SJ_F32, S(0, 5));
+    run_pattern(&tu_pat_sum0, false, SJ_F32, S(3, 0)); /* rows of 0: sum 0, mean NaN */
 }
 static void test_cycle(void **state) {
-    params[2] = small_param(SJ_F32, 2, S(16, 16), 0.3);
+    tu_params[2] = small_param(SJ_F32, 2, S(16, 16), 0.3);
     run_both(&P_CYCLE, SJ_F32);
 }
 static void test_encoder(void **state) {
@@ -682,19 +304,11 @@ static void test_encoder(void **state) {
 /* -- Plan-level tests ----------------------------------------------------------- */
 
 /* Trace pt once (symbolic) at dims d and fuse. */
-static sj_fplan *plan_of(const pattern *pt, const int64_t *d, sj_graph **g) {
+static sj_fplan *plan_of(const tu_pattern *pt, const int64_t *d, sj_graph **g) {
     sj_tensor in[16];
     pt->make(d, SJ_F32, in);
-    pol pl = {.sym = true, .fixed = pt->fixed};
-    sj_trace_req req = {.fn_name = pt->name, .model = pt->model, .inputs = in, .n_inputs = pt->n_in,
-                        .dim_policy = policy, .dim_ctx = &pl};
-    sj_trace_result res;
-    assert_int_equal(sj_trace(&req, &res), SJ_OK);
-    free(res.facts);
-    *g = res.graph;
-    sj_fplan *p = sj_fuse(*g, in);
-    assert_non_null(p);
-    return p;
+    tu_pol pl = {.sym = true, .fixed = pt->fixed};
+    return tu_pattern_plan(pt, in, &pl, g, NULL);
 }
 
 static void count_kinds(const sj_fplan *p, int *k) {
@@ -703,7 +317,7 @@ static void count_kinds(const sj_fplan *p, int *k) {
 }
 
 /* pt fuses into one group of this kind, loads and stores. */
-static void expect_one(const pattern *pt, const int64_t *d, sj_group_kind kind, int loads, int stores) {
+static void expect_one(const tu_pattern *pt, const int64_t *d, sj_group_kind kind, int loads, int stores) {
     sj_graph *g;
     sj_fplan *p = plan_of(pt, d, &g);
     sj_fplan_print(g, p, NULL, stdout, "  ");
@@ -720,9 +334,9 @@ static void test_plan_benchmarks(void **state) {
     sj_graph *g;
     sj_fplan *p;
     int k[3];
-    expect_one(&P_W1, S(9, 4096), SJ_G_POINTWISE, 3, 1);
-    expect_one(&P_W2, S(9, 768), SJ_G_ROW, 4, 2);
-    expect_one(&P_W3, S(12, 9), SJ_G_ROW, 2, 1);
+    expect_one(&tu_pat_w1, S(9, 4096), SJ_G_POINTWISE, 3, 1);
+    expect_one(&tu_pat_w2, S(9, 768), SJ_G_ROW, 4, 2);
+    expect_one(&tu_pat_w3, S(12, 9), SJ_G_ROW, 2, 1);
 
     /* the encoder layer (hidden size constant): matmul x4 and attention
      * are NODE groups; the qkv bias add, the head merge (a copying reshape)
@@ -740,7 +354,7 @@ static void test_plan_benchmarks(void **state) {
 
     /* the cycle: a's group cannot take a + m (nor merge with the group of
      * sigmoid(m)), which run after the matmul */
-    params[2] = small_param(SJ_F32, 2, S(16, 16), 0.3);
+    tu_params[2] = small_param(SJ_F32, 2, S(16, 16), 0.3);
     p = plan_of(&P_CYCLE, S(9), &g);
     count_kinds(p, k);
     sj_fplan_print(g, p, NULL, stdout, "  ");
@@ -776,8 +390,8 @@ static void mk_mixed(const int64_t *d, sj_dtype dt, sj_tensor *in) {
     in[1] = rnd(dt, 2, S(d[1], d[2]));
     in[2] = rnd(dt, 2, S(d[0], d[2]));
 }
-static const pattern P_CHAIN = {"chain", m_chain, 1, mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
-static const pattern P_MIXED = {"mixed", m_mixed, 3, mk_mixed, 3, {2, 20, 40}, {9, 30, 60}, true, NULL, {0}};
+static const tu_pattern P_CHAIN = {"chain", m_chain, 1, tu_mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
+static const tu_pattern P_MIXED = {"mixed", m_mixed, 3, mk_mixed, 3, {2, 20, 40}, {9, 30, 60}, true, NULL, {0}};
 
 static void test_plan_arena(void **state) {
     sj_graph *g;
@@ -826,12 +440,12 @@ static void lifetimes(const sj_graph *g, const sj_fplan *p, int *first, int *las
 }
 
 static void test_plan_overlap(void **state) {
-    const pattern *pts[] = {&P_MIXED, &P_ENCODER, &P_SHARED, &P_CHAIN, &P_REDUCE};
+    const tu_pattern *pts[] = {&P_MIXED, &P_ENCODER, &tu_pat_shared, &P_CHAIN, &tu_pat_reduce};
     enc_init(EH, ENH, EFF);
     for (size_t t = 0; t < sizeof pts / sizeof pts[0]; t++) {
         sj_graph *g;
-        int64_t d[MAXD];
-        random_dims(pts[t], d);
+        int64_t d[TU_MAXD];
+        tu_random_dims(pts[t], d);
         sj_fplan *p = plan_of(pts[t], d, &g);
         int first[512], last[512], ns = sj_sym_count(g->ex);
         assert_true(p->n_stores <= 512);
@@ -868,7 +482,7 @@ static sj_status m_long_chain(sj_tracer *t, const sj_val *in, int n, void *u) {
     return sj_output(t, x);
 }
 static void mk_long_chain(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(d[0], 40)); }
-static const pattern P_LONG_CHAIN = {"long chain", m_long_chain, 1, mk_long_chain, 1, {2}, {30}, true, NULL, {40}};
+static const tu_pattern P_LONG_CHAIN = {"long chain", m_long_chain, 1, mk_long_chain, 1, {2}, {30}, true, NULL, {40}};
 
 static void test_long_chain(void **state) {
     for (int i = 0; i < 100; i++) chain_w[i] = rnd(SJ_F32, 1, S(40));
@@ -888,8 +502,8 @@ static void test_fuse_oom(void **state) {
     enc_init(EH, ENH, EFF);
     sj_tensor in[1];
     mk_encoder(S(9), SJ_F32, in);
-    pol pl = {.sym = true, .fixed = P_ENCODER.fixed};
-    sj_trace_req req = {.fn_name = "enc", .model = m_encoder, .inputs = in, .n_inputs = 1, .dim_policy = policy,
+    tu_pol pl = {.sym = true, .fixed = P_ENCODER.fixed};
+    sj_trace_req req = {.fn_name = "enc", .model = m_encoder, .inputs = in, .n_inputs = 1, .dim_policy = tu_policy,
                         .dim_ctx = &pl};
     sj_trace_result res;
     assert_int_equal(sj_trace(&req, &res), SJ_OK);
@@ -912,7 +526,7 @@ static void test_fuse_oom(void **state) {
 /* the generated source: both forms are plain C over the runtime header */
 static void test_codegen_text(void **state) {
     sj_graph *g;
-    sj_fplan *p = plan_of(&P_W2, S(9, 768), &g);
+    sj_fplan *p = plan_of(&tu_pat_w2, S(9, 768), &g);
     int64_t sv[2] = {9, 768};
     char *spec = sj_codegen_c(g, p, sv, "w2_", NULL), *sym = sj_codegen_c(g, p, NULL, "w2_", NULL);
     assert_non_null(spec);
@@ -921,16 +535,11 @@ static void test_codegen_text(void **state) {
     assert_non_null(strstr(spec, "sj_rt_geluf"));
     assert_non_null(strstr(sym, "const int64_t s0 = s[0], s1 = s[1];"));
     assert_null(strstr(spec, "s[0]"));
-    if (getenv("SJ_SHOW_CODE"))
-        printf("%s\n-----\n%s\n", strstr(spec, "/* -- generated"), strstr(sym, "/* -- generated"));
-    free(spec);
-    free(sym);
-    sj_fplan_free(p);
-    sj_graph_destroy(g);
+    tu_codegen_done(spec, sym, p, g);
 }
 
 int main(void) {
-#define T(f) cmocka_unit_test_teardown(f, teardown)
+#define T(f) cmocka_unit_test_teardown(f, tu_teardown)
     const struct CMUnitTest tests[] = {
         T(test_plan_benchmarks), T(test_plan_arena), T(test_plan_overlap), T(test_long_chain), T(test_fuse_oom),
         T(test_codegen_text),

@@ -75,6 +75,12 @@ void tu_free_all(void) {
     }
 }
 
+int tu_teardown(void **state) {
+    (void)state;
+    tu_free_all();
+    return 0;
+}
+
 double *tu_refbuf(int slot, int64_t n) {
     assert(slot >= 0 && slot < 2 && n >= 0);
     if ((size_t)n + 1 > refcaps[slot]) {
