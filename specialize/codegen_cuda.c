@@ -59,11 +59,13 @@
 #endif
 #define PW_VECS SJ_CUDA_PW_VECS   /* 4-element chunks per thread */
 #define PW_CHUNK (4 * PW_VECS * PW_BLOCK) /* elements of the last axis per block */
+#define PW_BLOCKS_PER_SM 64   /* pointwise blocks per multiprocessor at most, in all */
 #define ROW_WARP_MAX 1024     /* longest row a warp takes */
 #define ROW_WARPS 8           /* rows (warps) per block at most */
 #define ROW_CACHE 8192        /* floats of a row kept on chip (registers or shared memory) at most */
 #define ROW_THREADS_MAX 512   /* threads of a block-per-row block at most */
 #define ROW_RC 8              /* register cache: 4-element chunks a thread keeps at most */
+#define ROW_BLOCKS_PER_SM 64  /* row blocks per multiprocessor at most, in all (rows loop) */
 #define GRID_Y_MAX 65535
 #define GRID_X_MAX 2147483647
 _Static_assert(PW_CHUNK == 4 * PW_VECS * PW_BLOCK, "PW_VECS chunks of 4 per thread");
@@ -706,7 +708,10 @@ int sj_cuda_launch(const sj_group *gr, const int64_t *exv, int sm_count, sj_laun
         if (n == 0) return 0;
         out->block[0] = PW_BLOCK;
         out->grid[0] = clampu((n + PW_CHUNK - 1) / PW_CHUNK, GRID_X_MAX); /* n < 2^41 in practice */
-        out->grid[1] = clampu(rows, GRID_Y_MAX);
+        /* rows looped over by at most PW_BLOCKS_PER_SM blocks per SM in all:
+         * fewer, longer-lived blocks (w1 on an H200: 0.170 -> 0.157 ms) */
+        int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * PW_BLOCKS_PER_SM / out->grid[0];
+        out->grid[1] = clampu(rows < cap ? rows : cap > 0 ? cap : 1, GRID_Y_MAX);
         return 1;
     }
     /* ROW: rows of length 0 still run (a reduction's epilogue writes) */
@@ -716,11 +721,15 @@ int sj_cuda_launch(const sj_group *gr, const int64_t *exv, int sm_count, sj_laun
         out->block[0] = 32;
         out->block[1] = (unsigned)r;
         out->grid[0] = clampu((rows + r - 1) / r, GRID_X_MAX);
+        if (sm_count > 0 && out->grid[0] > (unsigned)(sm_count * ROW_BLOCKS_PER_SM))
+            out->grid[0] = (unsigned)(sm_count * ROW_BLOCKS_PER_SM);
         out->smem = (unsigned)(r * n * 4);
     } else {
         unsigned t = row_threads(n);
         out->block[0] = t;
         out->grid[0] = clampu(rows, GRID_X_MAX);
+        if (sm_count > 0 && out->grid[0] > (unsigned)(sm_count * ROW_BLOCKS_PER_SM))
+            out->grid[0] = (unsigned)(sm_count * ROW_BLOCKS_PER_SM);
         out->smem = n <= ROW_CACHE ? (unsigned)(n * 4) : 0;
     }
     return 1;

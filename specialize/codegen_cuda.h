@@ -15,16 +15,18 @@
  *   POINTWISE  block (256); grid.x covers the last (collapsed) axis in
  *              chunks of 2048 elements (8 per thread: two 16-byte accesses
  *              1024 elements apart when every access is contiguous there
- *              and aligned, else element by element); grid.y covers the rows, looping when
- *              there are more than 65535. No 64-bit division per element.
+ *              and aligned, else element by element); grid.y covers the rows, looping
+ *              past 64 blocks per multiprocessor in all (or 65535). No
+ *              64-bit division per element.
  *   ROW        block (32, R): R rows per block, a warp per row, when the row
  *              is at most 1024 long; else block (T) with T a power of two in
- *              [128, 1024], a block per row; grid.x covers the rows (looping
- *              past 2^31 - 1). Warp shuffles and 32 floats of shared memory
- *              for the block-wide reductions.
+ *              [128, 512], a block per row; grid.x covers the rows, looping
+ *              past 64 blocks per multiprocessor in all. Warp shuffles and
+ *              32 floats of shared memory for the block-wide reductions.
  * Numerics follow the CPU's definitions (the same sj_rt functions, compiled
- * for the device): exact erf, IEEE division and sqrt, reductions in f32
- * (tree order), which the tests compare with the eager kernels and float64.
+ * for the device, where exp, erf and tanh are the CUDA math library's:
+ * kernels/sj_kernel_rt.h): exact erf, IEEE sqrt, reductions in f32 (tree
+ * order), which the tests compare with the eager kernels and float64.
  * Specialized (sym_vals given: sizes are literals) and symbolic forms.
  */
 #ifndef SJ_CODEGEN_CUDA_H

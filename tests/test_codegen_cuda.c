@@ -460,15 +460,19 @@ static void test_launch_rule(void **state) {
     sj_launch L = launch_of(SJ_G_POINTWISE, 9, 4096, 132, &r);
     assert_int_equal(r, 1);
     assert_true(L.block[0] == 256 && L.block[1] == 1 && L.grid[0] == 2 && L.grid[1] == 9 && L.smem == 0);
-    L = launch_of(SJ_G_POINTWISE, 100000, 2049, 132, &r);
-    assert_true(r == 1 && L.grid[0] == 2 && L.grid[1] == 65535 && L.grid[2] == 1);
+    L = launch_of(SJ_G_POINTWISE, 100000, 2049, 132, &r); /* rows looped: 64 blocks per SM */
+    assert_true(r == 1 && L.grid[0] == 2 && L.grid[1] == 132 * 64 / 2 && L.grid[2] == 1);
+    L = launch_of(SJ_G_POINTWISE, 10000000, 1, 0, &r); /* no SM count: at least one block */
+    assert_true(r == 1 && L.grid[0] == 1 && L.grid[1] == 64);
     launch_of(SJ_G_POINTWISE, 0, 7, 132, &r);
     assert_int_equal(r, 0);
     launch_of(SJ_G_POINTWISE, 7, 0, 132, &r);
     assert_int_equal(r, 0);
     /* a warp per row up to 1024; fewer rows per block when rows are few */
-    L = launch_of(SJ_G_ROW, 100000, 768, 132, &r);
-    assert_true(r == 1 && L.block[0] == 32 && L.block[1] == 8 && L.grid[0] == 12500 && L.smem == 8 * 768 * 4);
+    L = launch_of(SJ_G_ROW, 50000, 768, 132, &r);
+    assert_true(r == 1 && L.block[0] == 32 && L.block[1] == 8 && L.grid[0] == 6250 && L.smem == 8 * 768 * 4);
+    L = launch_of(SJ_G_ROW, 200000, 768, 132, &r); /* rows looped past 64 blocks per SM */
+    assert_true(r == 1 && L.block[1] == 8 && L.grid[0] == 132 * 64);
     L = launch_of(SJ_G_ROW, 9, 1024, 132, &r);
     assert_true(r == 1 && L.block[0] == 32 && L.block[1] == 1 && L.grid[0] == 9 && L.smem == 4096);
     /* a block per row past 1024: >= 8 elements a thread, cached up to 8192 */
@@ -481,6 +485,8 @@ static void test_launch_rule(void **state) {
     L = launch_of(SJ_G_ROW, 3, 9000, 132, &r);
     assert_true(L.block[0] == 512 && L.smem == 0 && L.grid[0] == 3);
     L = launch_of(SJ_G_ROW, (int64_t)1 << 40, 4, 132, &r);
+    assert_true(r == 1 && L.grid[0] == 132 * 64);
+    L = launch_of(SJ_G_ROW, (int64_t)1 << 40, 4, 0, &r); /* no SM count: up to 2^31 - 1 */
     assert_true(r == 1 && L.grid[0] == 2147483647u);
     /* rows of length 0 still run (sums are 0, means NaN); no rows: nothing */
     L = launch_of(SJ_G_ROW, 3, 0, 132, &r);
