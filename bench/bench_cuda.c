@@ -23,6 +23,7 @@
 
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/eager_cuda.h"
 
 static int quick;
 static double ceiling;
@@ -160,6 +161,33 @@ static void bench_w0(void) {
                "\"p90_us\": %.3f}\n",
                mode_names[mode], t[reps / 2], t[reps * 9 / 10]);
         fflush(stdout);
+        if (mode == MODE_STATIC) {
+            /* the floor under a call: one eager kernel launched and waited
+             * for, without the runtime around it (stderr: not a mode) */
+            sj_cuda *cu = rt->cuda;
+            sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
+            for (int i = 0; i < reps; i++) {
+                double t0 = now_s();
+                sj_cuda_unary(&e, SJ_OP_NEG, &x, &y);
+                cu->api.StreamSynchronize(cu->stream);
+                t[i] = (now_s() - t0) * 1e6;
+            }
+            qsort(t, (size_t)reps, sizeof *t, cmp_double);
+            fprintf(stderr, "w0 floor: one kernel launch + stream synchronize: %.3f us (p90 %.3f)\n", t[reps / 2],
+                    t[reps * 9 / 10]);
+            for (int i = 0; i < reps; i++) {
+                double t0 = now_s();
+                sj_cuda_unary(&e, SJ_OP_NEG, &x, &y);
+                while (cu->api.StreamQuery(cu->stream) == CUDA_ERROR_NOT_READY) {
+                }
+                t[i] = (now_s() - t0) * 1e6;
+            }
+            qsort(t, (size_t)reps, sizeof *t, cmp_double);
+            unsigned flags = 0;
+            cu->api.CtxGetFlags(&flags);
+            fprintf(stderr, "w0 floor: launch + cuStreamQuery spin: %.3f us (p90 %.3f); context flags 0x%x\n",
+                    t[reps / 2], t[reps * 9 / 10], flags);
+        }
         free(t);
         sj_tensor_free(rt, &x);
         sj_tensor_free(rt, &y);

@@ -40,6 +40,7 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     timeout 400 "$B/bench_cuda" > "$OUT/ours.jsonl" 2> /tmp/bench_cuda.err
     echo "bench_cuda rc=$?" | tee -a "$summary"
+    grep "floor" /tmp/bench_cuda.err | tee -a "$summary"
     PYTHONUNBUFFERED=1 timeout 420 python3 .peer/peers/torch_peer.py --workloads ceiling,w0,w1,w2,w3 \
         --modes eager,compile_auto,compile_dynamic > "$OUT/torch.jsonl" 2> /tmp/torch.err
     echo "torch_peer rc=$?" | tee -a "$summary"

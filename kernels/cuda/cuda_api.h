@@ -47,6 +47,8 @@
     X(CUresult, StreamCreate, "cuStreamCreate", (CUstream *, unsigned int))                        \
     X(CUresult, StreamDestroy, "cuStreamDestroy_v2", (CUstream))                                   \
     X(CUresult, StreamSynchronize, "cuStreamSynchronize", (CUstream))                              \
+    X(CUresult, StreamQuery, "cuStreamQuery", (CUstream))                                          \
+    X(CUresult, CtxGetFlags, "cuCtxGetFlags", (unsigned int *))                                    \
     X(CUresult, StreamWaitEvent, "cuStreamWaitEvent", (CUstream, CUevent, unsigned int))           \
     X(CUresult, EventCreate, "cuEventCreate", (CUevent *, unsigned int))                           \
     X(CUresult, EventDestroy, "cuEventDestroy_v2", (CUevent))                                      \
