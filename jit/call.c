@@ -357,6 +357,16 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         st = sj_exec_eager(&x);
         tier = &fn->c.eager_calls;
     }
+#ifdef SJ_WITH_CUDA
+    /* A transient entry's device constants are freed with it: the caller's
+     * stream must be done with them first (sj_call has waited already). */
+    if (transient && fn->rt->cuda && !sync) {
+        sj_cuda_bind(fn->rt->cuda);
+        sj_status sst = SJ_CU(fn->rt->cuda, fn->rt->cuda->api.StreamSynchronize(cc.e.stream),
+                              "waiting for a one-off entry's kernels");
+        if (!st) st = sst;
+    }
+#endif
     if (transient) sj_entry_free(e);
     if (st) goto fail;
     atomic_fetch_add_explicit(&fn->c.calls, 1, RELAXED);

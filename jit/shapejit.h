@@ -640,7 +640,9 @@ SJ_API sj_status sj_call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_te
  * returns; outputs are ready when the stream reaches that point (record an
  * event, or synchronize the stream). Runtime-allocated outputs are ordered
  * on that stream too. A gather index out of range is not detected on this
- * path (sj_call detects it). On the CPU backend this is sj_call. */
+ * path (sj_call detects it). The function and the runtime must outlive
+ * the queued work: synchronize the stream before sj_fn_destroy or
+ * sj_runtime_destroy. On the CPU backend this is sj_call. */
 SJ_API sj_status sj_call_stream(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs,
                                 int n_outputs, void *stream);
 

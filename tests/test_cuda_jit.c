@@ -478,6 +478,66 @@ static void test_limits_on_device(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* Past the limit, a call that no entry (the fallback included) takes runs
+ * on a one-off entry that is freed after the call; through sj_call_stream
+ * its results must still be right once the caller's stream is done. */
+static void test_transient_entry_on_stream(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    o.recompile_limit = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "transient", 3, w1_model, NULL, &o, &fn), SJ_OK);
+    tu_seed(18);
+    int64_t sizes[] = {3, 5};
+    for (int i = 0; i < 2; i++) {
+        sj_tensor in[3];
+        make_inputs(0, sizes[i], in);
+        for (int k = 0; k < 3; k++) tu_fill_random(&in[k]);
+        compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "limited w1");
+        tu_free_all();
+    }
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    uint64_t entries = s.entries;
+    /* rank 3: neither entry's guards pass */
+    int64_t H = 1027;
+    sj_tensor in[3] = {tu_tensor(SJ_F32, 3, (int64_t[]){2, 7, H}), tu_tensor(SJ_F32, 1, &H), tu_tensor(SJ_F32, 1, &H)};
+    for (int k = 0; k < 3; k++) tu_fill_random(&in[k]);
+    CUstream s2;
+    sj_cuda_bind(rt->cuda);
+    assert_int_equal(rt->cuda->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    dbuf d[3];
+    sj_tensor din[3];
+    for (int k = 0; k < 3; k++) d[k] = to_dev(rt, &in[k]), din[k] = d[k].t;
+    sj_tensor out = {0};
+    assert_int_equal(sj_call_stream(fn, din, 3, &out, 1, (void *)s2), SJ_OK);
+    assert_int_equal(rt->cuda->api.StreamSynchronize(s2), CUDA_SUCCESS);
+    sj_tensor h = to_host(rt, &out);
+    sj_fn *cfn;
+    sj_fn_options co;
+    sj_fn_options_init(&co);
+    assert_int_equal(sj_fn_create(cpu, "transient_ref", 3, w1_model, NULL, &co, &cfn), SJ_OK);
+    sj_tensor ref = {0};
+    assert_int_equal(sj_call(cfn, in, 3, &ref, 1), SJ_OK);
+    int64_t n = tu_numel(&ref);
+    double *r = malloc(sizeof(double) * (size_t)n);
+    for (int64_t j = 0; j < n; j++) r[j] = tu_get(&ref, j);
+    assert_true(tu_check(&h, r, 1e-5, "transient entry on a stream"));
+    free(r);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.entries, entries); /* not kept */
+    sj_tensor_free(cpu, &ref);
+    sj_fn_destroy(cfn);
+    sj_tensor_free(rt, &out);
+    for (int k = 0; k < 3; k++) free_dev(rt, &d[k]);
+    rt->cuda->api.StreamDestroy(s2);
+    sj_fn_destroy(fn);
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
 int main(void) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
@@ -497,7 +557,7 @@ int main(void) {
         cmocka_unit_test(test_every_op_eager),    cmocka_unit_test(test_attention_and_gather),
         cmocka_unit_test(test_fused_patterns),    cmocka_unit_test(test_async_hot_swap_and_faults),
         cmocka_unit_test(test_stream_api_and_bad_input), cmocka_unit_test(test_buckets_on_device),
-        cmocka_unit_test(test_limits_on_device),
+        cmocka_unit_test(test_limits_on_device),        cmocka_unit_test(test_transient_entry_on_stream),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);
