@@ -2,12 +2,23 @@
 # Build the GPU session's binaries here (the GPU machine has no packages to
 # build with) and pack them for `carry`: .gpu-build/pkg.tar.xz holds bin/
 # (tests, benchmarks, the sample) and .devdeps/ (OpenBLAS, cmocka), which
-# the GPU machine lacks. On the GPU machine:
+# the GPU machine lacks. .gpu-build/, .devdeps/ and .peer/ (a copy of
+# ../shared/peers and ../shared/workloads) belong in .git/info/exclude;
+# the device call carries .gpu-build and .peer. On the GPU machine:
 #   tar xf .gpu-build/pkg.tar.xz && bash bench/gpu_run.sh all
 set -eu
 B=${BUILD_GPU:-build-gpu}
 make -s BUILD="$B" NVCC_FLAGS="-O3 --std=c++17 -Xptxas -O3 -gencode arch=compute_90,code=sm_90" \
     CUDA_GEN="$B/cuda-gen" binaries
+# The shared libraries the binaries need that the GPU image lacks (OpenBLAS
+# and its Fortran runtime, cmocka), copied from this machine.
+if [ ! -d .devdeps ]; then
+    mkdir -p .devdeps
+    for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libcmocka.so.0; do
+        path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
+        [ -n "$path" ] && cp -L "$path" .devdeps/
+    done
+fi
 rm -rf .gpu-build && mkdir -p .gpu-build/stage/.gpu-build/bin
 cp "$B"/tests/test_cuda_* "$B"/tests/test_codegen_cuda "$B"/tests/test_jit "$B"/tests/test_fusion \
    "$B"/bench/bench_cuda "$B"/bench/bench_cpu "$B"/samples/varlen_encoder .gpu-build/stage/.gpu-build/bin/
