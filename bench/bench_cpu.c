@@ -18,23 +18,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_util.h"
 #include "jit/shapejit.h"
 #include "kernels/cpu/eager.h"
 
 static int quick;
 
 /* -- Helpers ------------------------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static float *rand_f32(size_t n, float lo, float hi) {
@@ -43,11 +33,7 @@ static float *rand_f32(size_t n, float lo, float hi) {
         fprintf(stderr, "out of memory\n");
         exit(1);
     }
-    for (size_t i = 0; i < n; i++) {
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        p[i] = lo + (hi - lo) * (float)((rng >> 40) * (1.0 / 16777216.0));
-        if (p[i] == 0.0f) p[i] = 0.5f;
-    }
+    bench_fill_rand(p, n, lo, hi, &rng);
     return p;
 }
 
@@ -64,9 +50,9 @@ typedef struct call_ctx {
 } call_ctx;
 
 static double time_call_ms(call_ctx *c) {
-    double t0 = now_s();
+    double t0 = bench_now_s();
     sj_status st = sj_call(c->fn, c->in, c->n_in, c->out, c->n_out);
-    double t = now_s() - t0;
+    double t = bench_now_s() - t0;
     if (st) {
         fprintf(stderr, "sj_call failed: %s\n", sj_last_error());
         exit(1);
@@ -80,7 +66,7 @@ static double median_ms(call_ctx *c) {
     int reps = reps_for(first * 1e-3, quick ? 0.3 : 1.5, 3, 200);
     double *t = malloc((size_t)reps * sizeof *t);
     for (int i = 0; i < reps; i++) t[i] = time_call_ms(c);
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    qsort(t, (size_t)reps, sizeof *t, bench_cmp_double);
     double m = t[reps / 2];
     free(t);
     return m;
@@ -106,14 +92,14 @@ static void *copy_main(void *arg) {
 static double copy_mt(char *dst, const char *src, size_t n, int threads) {
     pthread_t th[64];
     copy_part parts[64];
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < threads; i++) {
         size_t a = n / (size_t)threads * (size_t)i, b = i == threads - 1 ? n : n / (size_t)threads * (size_t)(i + 1);
         parts[i] = (copy_part){dst + a, src + a, b - a};
         pthread_create(&th[i], NULL, copy_main, &parts[i]);
     }
     for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
-    return now_s() - t0;
+    return bench_now_s() - t0;
 }
 
 static void bench_ceiling(void) {
@@ -121,16 +107,16 @@ static void bench_ceiling(void) {
     char *src = (char *)rand_f32(n / 4, -1, 1), *dst = (char *)rand_f32(n / 4, -1, 1);
     double best[9];
     for (int i = 0; i < 9; i++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         memcpy(dst, src, n);
-        best[i] = now_s() - t0;
+        best[i] = bench_now_s() - t0;
     }
-    qsort(best, 9, sizeof best[0], cmp_double);
+    qsort(best, 9, sizeof best[0], bench_cmp_double);
     ceiling_GBps = 2.0 * (double)n / best[4] / 1e9;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
     for (int i = 0; i < 9; i++) best[i] = copy_mt(dst, src, n, threads);
-    qsort(best, 9, sizeof best[0], cmp_double);
+    qsort(best, 9, sizeof best[0], bench_cmp_double);
     ceiling_mt_GBps = 2.0 * (double)n / best[4] / 1e9;
     printf("{\"workload\": \"ceiling\", \"backend\": \"cpu\", \"copy_GBps_read_plus_write\": %.2f, "
            "\"copy_mt_GBps\": %.2f, \"threads\": %d, \"bytes\": %zu}\n",
@@ -157,21 +143,21 @@ static void bench_w0(sj_runtime *rt) {
     /* Batches of 100 calls: the clock read costs about as much as a call. */
     int batches = reps / 100;
     for (int b = 0; b < batches; b++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int i = 0; i < 100; i++) sj_call(fn, &in, 1, &out, 1);
-        t[b] = (now_s() - t0) / 100 * 1e6;
+        t[b] = (bench_now_s() - t0) / 100 * 1e6;
     }
-    qsort(t, (size_t)batches, sizeof *t, cmp_double);
+    qsort(t, (size_t)batches, sizeof *t, bench_cmp_double);
     double call_us = t[batches / 2];
 
     /* The kernel alone, as the eager executor calls it. */
     sj_tensor s = {.data = &one, .dtype = SJ_F32, .rank = 1, .shape = {8}, .stride = {0}};
     for (int b = 0; b < batches; b++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int i = 0; i < 100; i++) sj_cpu_binary(SJ_OP_ADD, &in, &s, &out);
-        t[b] = (now_s() - t0) / 100 * 1e6;
+        t[b] = (bench_now_s() - t0) / 100 * 1e6;
     }
-    qsort(t, (size_t)batches, sizeof *t, cmp_double);
+    qsort(t, (size_t)batches, sizeof *t, bench_cmp_double);
     double kern_us = t[batches / 2];
     printf("{\"workload\": \"w0\", \"mode\": \"eager\", \"backend\": \"cpu\", \"host_us_per_call\": %.4f, "
            "\"kernel_us\": %.4f, \"overhead_us\": %.4f}\n",
@@ -359,7 +345,7 @@ static void bench_time_to_fused(void) {
             sj_runtime_destroy(rt);
         }
     }
-    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    qsort(t, (size_t)n, sizeof t[0], bench_cmp_double);
     printf("{\"workload\": \"time_to_fused\", \"backend\": \"cpu\", \"shapes\": %d, \"median_ms\": %.1f, \"max_ms\": %.1f}\n",
            n, n ? t[n / 2] : -1.0, n ? t[n - 1] : -1.0);
 }
@@ -439,12 +425,12 @@ static void bench_kernels(void) {
     for (size_t k = 0; k < sizeof ks / sizeof ks[0]; k++) {
         double t[7];
         for (int r = 0; r < 7; r++) {
-            double t0 = now_s();
+            double t0 = bench_now_s();
             if (ks[k].kind == 0) sj_cpu_unary(ks[k].op, &tx, &ty);
             else sj_cpu_binary(ks[k].op, &tx, ks[k].kind == 1 ? &tz : &ta, &ty);
-            t[r] = now_s() - t0;
+            t[r] = bench_now_s() - t0;
         }
-        qsort(t, 7, sizeof t[0], cmp_double);
+        qsort(t, 7, sizeof t[0], bench_cmp_double);
         double gbs = ks[k].streams * (double)n * 4 / t[3] / 1e9;
         printf("{\"workload\": \"kernel\", \"mode\": \"eager\", \"backend\": \"cpu\", \"name\": \"%s\", \"S\": %lld, "
                "\"median_ms\": %.4f, \"GBps\": %.3f, \"of_ceiling\": %.3f}\n",

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "jit/runtime.h"
+#include "bench/bench_util.h"
 #include "jit/shapejit.h"
 
 #ifdef SJ_WITH_CUDA
@@ -27,17 +28,6 @@
 
 static int quick;
 static double ceiling;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static void die(const char *what) {
     fprintf(stderr, "bench_cuda: %s: %s\n", what, sj_last_error());
@@ -52,10 +42,7 @@ static sj_tensor dev_rand(sj_runtime *rt, int rank, const int64_t *shape, float 
     if (sj_tensor_alloc(rt, &t)) die("alloc");
     int64_t n = sj_tensor_numel(&t);
     float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
-    for (int64_t i = 0; i < n; i++) {
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        h[i] = lo + (hi - lo) * (float)((rng >> 40) * (1.0 / 16777216.0));
-    }
+    bench_fill_rand(h, (size_t)n, lo, hi, &rng);
     sj_tensor ht = sj_tensor_make(h, SJ_F32, rank, shape);
     if (sj_tensor_copy(rt, &t, &ht)) die("copy");
     free(h);
@@ -83,7 +70,7 @@ static void bench_ceiling(sj_runtime *rt) {
         cu->api.EventElapsedTime(&ms, e0, e1);
         if (i >= 3) t[i - 3] = ms;
     }
-    qsort(t, 20, sizeof t[0], cmp_double);
+    qsort(t, 20, sizeof t[0], bench_cmp_double);
     ceiling = 2.0 * (double)bytes / (t[10] * 1e-3) / 1e9;
     printf("{\"workload\": \"ceiling\", \"backend\": \"cuda\", \"device\": \"%s\", \"copy_GBps_read_plus_write\": %.1f}\n",
            cu->name, ceiling);
@@ -152,11 +139,11 @@ static void bench_w0(void) {
         for (int i = 0; i < 100; i++)
             if (sj_call(fn, &x, 1, &y, 1)) die("w0");
         for (int i = 0; i < reps; i++) {
-            double t0 = now_s();
+            double t0 = bench_now_s();
             sj_call(fn, &x, 1, &y, 1);
-            t[i] = (now_s() - t0) * 1e6;
+            t[i] = (bench_now_s() - t0) * 1e6;
         }
-        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        qsort(t, (size_t)reps, sizeof *t, bench_cmp_double);
         printf("{\"workload\": \"w0\", \"mode\": \"%s\", \"backend\": \"cuda\", \"host_us_per_call\": %.3f, "
                "\"p90_us\": %.3f}\n",
                mode_names[mode], t[reps / 2], t[reps * 9 / 10]);
@@ -167,22 +154,22 @@ static void bench_w0(void) {
             sj_cuda *cu = rt->cuda;
             sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
             for (int i = 0; i < reps; i++) {
-                double t0 = now_s();
+                double t0 = bench_now_s();
                 sj_cuda_unary(&e, SJ_OP_NEG, &x, &y);
                 cu->api.StreamSynchronize(cu->stream);
-                t[i] = (now_s() - t0) * 1e6;
+                t[i] = (bench_now_s() - t0) * 1e6;
             }
-            qsort(t, (size_t)reps, sizeof *t, cmp_double);
+            qsort(t, (size_t)reps, sizeof *t, bench_cmp_double);
             fprintf(stderr, "w0 floor: one kernel launch + stream synchronize: %.3f us (p90 %.3f)\n", t[reps / 2],
                     t[reps * 9 / 10]);
             for (int i = 0; i < reps; i++) {
-                double t0 = now_s();
+                double t0 = bench_now_s();
                 sj_cuda_unary(&e, SJ_OP_NEG, &x, &y);
                 while (cu->api.StreamQuery(cu->stream) == CUDA_ERROR_NOT_READY) {
                 }
-                t[i] = (now_s() - t0) * 1e6;
+                t[i] = (bench_now_s() - t0) * 1e6;
             }
-            qsort(t, (size_t)reps, sizeof *t, cmp_double);
+            qsort(t, (size_t)reps, sizeof *t, bench_cmp_double);
             unsigned flags = 0;
             cu->api.CtxGetFlags(&flags);
             fprintf(stderr, "w0 floor: launch + cuStreamQuery spin: %.3f us (p90 %.3f); context flags 0x%x\n",
@@ -255,7 +242,7 @@ static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c) {
     }
     cu->api.EventDestroy(e0);
     cu->api.EventDestroy(e1);
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    qsort(t, (size_t)reps, sizeof t[0], bench_cmp_double);
     return t[reps / 2];
 }
 

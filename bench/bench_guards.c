@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "guards/guard.h"
 
 static int quick;
@@ -28,11 +29,6 @@ static double now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static sj_guard_input input(sj_dtype dt, int rank, const sj_expr *dims) {
@@ -65,7 +61,7 @@ static double time_check(const sj_guard_set *gs, const sj_tensor *in, bool want,
         }
         sink += acc + sv[0];
     }
-    qsort(t, BATCHES, sizeof t[0], cmp_double);
+    qsort(t, BATCHES, sizeof t[0], bench_cmp_double);
     return t[BATCHES / 2];
 }
 

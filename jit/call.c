@@ -344,7 +344,7 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     sj_cuda_call cc;
     if (fn->rt->cuda) {
         sj_cuda_call_init(&cc, fn->rt->cuda, stream ? (CUstream)stream : fn->rt->cuda->stream, sync,
-                          sj_sym_count(e->g->ex));
+                          e->n_syms);
         x.ops = &sj_cuda_exec_ops;
         x.ops_ctx = &cc;
     }

@@ -329,13 +329,18 @@ void sj_host_free(const sj_runtime *rt, void *p) {
 
 void sj_tensor_free(sj_runtime *rt, sj_tensor *t) {
     if (!rt || !t || !t->data) return;
+    if (t->device == SJ_CUDA) {
 #ifdef SJ_WITH_CUDA
-    if (t->device == SJ_CUDA && rt->cuda) {
-        sj_cuda_free(rt->cuda, (CUdeviceptr)(uintptr_t)t->data, rt->cuda->stream);
-        t->data = NULL;
+        if (rt->cuda) {
+            sj_cuda_free(rt->cuda, (CUdeviceptr)(uintptr_t)t->data, rt->cuda->stream);
+            t->data = NULL;
+            return;
+        }
+#endif
+        /* not this runtime's memory: a CPU runtime never allocates on a device */
+        sj_logf(rt, SJ_LOG_WARN, "sj_tensor_free: a device tensor given to a CPU runtime; not freed");
         return;
     }
-#endif
     sj_host_free(rt, t->data);
     t->data = NULL;
 }
@@ -351,23 +356,23 @@ void *sj_runtime_stream(const sj_runtime *rt) {
 sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t) {
     sj_clearerr();
     if (!rt || !t) return sj_seterr(SJ_EINVAL, "sj_tensor_alloc: rt or t is NULL");
-    void *keep = t->data;
-    t->data = (void *)1; /* sj_tensor_check wants data for a non-empty tensor */
+    sj_tensor c = *t; /* checked as it will be: contiguous, with data */
+    c.data = (void *)1;
+    sj_tensor_set_contiguous(&c);
+    sj_status st = sj_tensor_check(&c, "sj_tensor_alloc: t");
+    if (st) return st; /* *t unchanged */
     sj_tensor_set_contiguous(t);
-    sj_status st = sj_tensor_check(t, "sj_tensor_alloc: t");
-    t->data = keep;
-    if (st) return st;
     size_t bytes = sj_tensor_nbytes(t);
     if (t->device == SJ_CUDA) {
 #ifdef SJ_WITH_CUDA
-        if (!rt->cuda) return sj_seterr(SJ_EINVAL, "sj_tensor_alloc: device memory asked of a CPU runtime");
-        CUdeviceptr p = sj_cuda_alloc(rt->cuda, bytes ? bytes : 1, rt->cuda->stream);
-        if (!p) return SJ_ENOMEM;
-        t->data = (void *)(uintptr_t)p;
-        return SJ_OK;
-#else
-        return sj_seterr(SJ_EINVAL, "sj_tensor_alloc: device memory asked of a CPU runtime");
+        if (rt->cuda) {
+            CUdeviceptr p = sj_cuda_alloc(rt->cuda, bytes ? bytes : 1, rt->cuda->stream);
+            if (!p) return SJ_ENOMEM; /* the allocator said why */
+            t->data = (void *)(uintptr_t)p;
+            return SJ_OK;
+        }
 #endif
+        return sj_seterr(SJ_EINVAL, "sj_tensor_alloc: device memory asked of a CPU runtime");
     }
     t->data = sj_host_alloc(rt, bytes ? bytes : 1, 64);
     return t->data ? SJ_OK : sj_seterr(SJ_ENOMEM, "sj_tensor_alloc: out of memory for %zu bytes", bytes);
@@ -401,10 +406,7 @@ sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
     sj_cuda_bind(cu);
     CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst->data, s = (CUdeviceptr)(uintptr_t)src->data;
     if (src->device == SJ_HOST) return sj_cuda_to_device(cu, d, src->data, bytes);
-    if (dst->device == SJ_HOST) {
-        st = SJ_CU(cu, cu->api.StreamSynchronize(cu->stream), "sj_tensor_copy: waiting for the stream");
-        return st ? st : sj_cuda_to_host(cu, dst->data, s, bytes);
-    }
+    if (dst->device == SJ_HOST) return sj_cuda_to_host(cu, dst->data, s, bytes); /* ordered on the stream */
     st = SJ_CU(cu, cu->api.MemcpyDtoDAsync(d, s, bytes, cu->stream), "sj_tensor_copy");
     return st ? st : SJ_CU(cu, cu->api.StreamSynchronize(cu->stream), "sj_tensor_copy: waiting for the stream");
 #else

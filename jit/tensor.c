@@ -54,13 +54,22 @@ int64_t sj_tensor_numel(const sj_tensor *t) {
 
 size_t sj_tensor_nbytes(const sj_tensor *x) { return (size_t)sj_tensor_numel(x) * sj_dtype_size(x->dtype); }
 
-bool sj_tensor_is_contiguous(const sj_tensor *x) {
+bool sj_tensor_contiguous_from(const sj_tensor *x, int from) {
     int64_t s = 1;
-    for (int i = x->rank - 1; i >= 0; i--) {
+    for (int i = x->rank - 1; i >= from; i--) {
         if (x->shape[i] != 1 && x->stride[i] != s) return false;
         s *= x->shape[i];
     }
     return true;
+}
+
+bool sj_tensor_is_contiguous(const sj_tensor *x) { return sj_tensor_contiguous_from(x, 0); }
+
+sj_tensor sj_tensor_narrow(const sj_tensor *x, int axis, int64_t start, int64_t len) {
+    sj_tensor t = *x;
+    t.shape[axis] = len;
+    t.data = (char *)x->data + (size_t)(start * x->stride[axis]) * sj_dtype_size(x->dtype);
+    return t;
 }
 
 bool sj_tensor_valid(const sj_tensor *x) {

@@ -17,6 +17,11 @@ bool sj_tensor_valid(const sj_tensor *x);
 
 /* Row-major contiguous (size-1 axes may have any stride). */
 bool sj_tensor_is_contiguous(const sj_tensor *x);
+/* Are x's axes from `from` on one contiguous run (a row of the rest)? */
+bool sj_tensor_contiguous_from(const sj_tensor *x, int from);
+
+/* The view of x's elements [start, start + len) along axis (same strides). */
+sj_tensor sj_tensor_narrow(const sj_tensor *x, int axis, int64_t start, int64_t len);
 
 /* Fill x->stride with row-major contiguous strides. */
 void sj_tensor_set_contiguous(sj_tensor *x);

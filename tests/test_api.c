@@ -706,6 +706,51 @@ static void test_names(void **state) {
     assert_int_equal(sj_tensor_numel(NULL), 0);
 }
 
+/* sj_tensor_alloc / sj_tensor_copy / sj_tensor_free on the CPU runtime:
+ * a round trip, and every bad argument a clear error that changes nothing. */
+static void test_tensor_helpers(void **state) {
+    sj_tensor a = {.dtype = SJ_F32, .rank = 2, .shape = {3, 5}, .stride = {7, 7}};
+    assert_int_equal(sj_tensor_alloc(rt, &a), SJ_OK);
+    assert_non_null(a.data);
+    assert_true(a.stride[0] == 5 && a.stride[1] == 1); /* made contiguous */
+    float src[15], back[15];
+    for (int i = 0; i < 15; i++) src[i] = 0.25f * (float)i - 1.5f;
+    sj_tensor hs = f32(src, 2, (int64_t[]){3, 5}), hb = f32(back, 2, (int64_t[]){3, 5});
+    assert_int_equal(sj_tensor_copy(rt, &a, &hs), SJ_OK);
+    assert_int_equal(sj_tensor_copy(rt, &hb, &a), SJ_OK);
+    assert_memory_equal(src, back, sizeof src);
+
+    /* shape, dtype, layout and device errors name what is wrong */
+    sj_tensor wrong = f32(back, 2, (int64_t[]){5, 3});
+    assert_int_equal(sj_tensor_copy(rt, &wrong, &a), SJ_ESHAPE);
+    assert_msg_has("size mismatch at axis 0: 3 vs 5");
+    sj_tensor ints = sj_tensor_make(back, SJ_I32, 2, (int64_t[]){3, 5});
+    assert_int_equal(sj_tensor_copy(rt, &ints, &a), SJ_EDTYPE);
+    assert_msg_has("dtypes differ (f32 vs i32)");
+    sj_tensor tr = hb;
+    tr.shape[0] = 5, tr.shape[1] = 3, tr.stride[0] = 1, tr.stride[1] = 5; /* a transposed view */
+    sj_tensor a53 = f32(src, 2, (int64_t[]){5, 3});
+    assert_int_equal(sj_tensor_copy(rt, &tr, &a53), SJ_EINVAL);
+    assert_msg_has("contiguous");
+    sj_tensor dev = {.dtype = SJ_F32, .rank = 1, .shape = {4}, .device = SJ_CUDA};
+    assert_int_equal(sj_tensor_alloc(rt, &dev), SJ_EINVAL);
+    assert_msg_has("device memory asked of a CPU runtime");
+    assert_null(dev.data);
+    sj_tensor bad = {.dtype = SJ_F32, .rank = 2, .shape = {3, -1}, .stride = {9, 9}};
+    assert_int_not_equal(sj_tensor_alloc(rt, &bad), SJ_OK);
+    assert_null(bad.data);
+    assert_true(bad.stride[0] == 9 && bad.stride[1] == 9); /* unchanged on error */
+    assert_int_equal(sj_tensor_alloc(NULL, &a), SJ_EINVAL);
+
+    /* a device pointer handed to a CPU runtime is not freed (nor crashed on) */
+    sj_tensor fake = {.data = (void *)(uintptr_t)0x1000, .dtype = SJ_F32, .rank = 1, .shape = {1}, .device = SJ_CUDA};
+    sj_tensor_free(rt, &fake);
+    assert_non_null(fake.data);
+    sj_tensor_free(rt, &a);
+    assert_null(a.data);
+    sj_tensor_free(rt, &a); /* twice: a no-op */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
@@ -727,6 +772,7 @@ int main(void) {
         cmocka_unit_test(test_gather_index_error_then_good),
         cmocka_unit_test(test_dims_and_reshape),
         cmocka_unit_test(test_concurrent_calls),
+        cmocka_unit_test(test_tensor_helpers),
     };
     return cmocka_run_group_tests_name("api", tests, setup, teardown);
 }

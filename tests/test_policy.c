@@ -350,6 +350,15 @@ static void on_fail(void *user, const sj_guard_failure *f) {
     l->n++;
 }
 
+/* make() with every guard failure recorded in *fl. */
+static sj_fn *make_logged(const char *name, int n_in, sj_model_fn m, sj_dynamic dyn, fail_log *fl) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.on_guard_fail = on_fail;
+    o.on_guard_fail_user = fl;
+    return make(name, n_in, m, dyn, &o);
+}
+
 static void test_duck_sizing(void **state) {
     fail_log fl = {0};
     sj_fn_options o;
@@ -403,11 +412,7 @@ static void test_duck_sizing(void **state) {
 
 static void test_zero_one_specialized(void **state) {
     fail_log fl = {0};
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.on_guard_fail = on_fail;
-    o.on_guard_fail_user = &fl;
-    sj_fn *fn = make("zero_one", 2, m_bias, SJ_DYNAMIC_SYMBOLIC, &o);
+    sj_fn *fn = make_logged("zero_one", 2, m_bias, SJ_DYNAMIC_SYMBOLIC, &fl);
     int64_t rows[] = {5, 1, 7, 0, 1, 0, 9};
     int want[] = {0, 1, 0, 2, 1, 2, 0};
     for (int i = 0; i < 7; i++) {
@@ -426,11 +431,7 @@ static void test_zero_one_specialized(void **state) {
 
 static void test_dtype_and_stride_changes(void **state) {
     fail_log fl = {0};
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.on_guard_fail = on_fail;
-    o.on_guard_fail_user = &fl;
-    sj_fn *fn = make("layout", 2, m_bias, SJ_DYNAMIC_SYMBOLIC, &o);
+    sj_fn *fn = make_logged("layout", 2, m_bias, SJ_DYNAMIC_SYMBOLIC, &fl);
     sj_tensor in[2] = {mat(SJ_F32, 4, 6), vec(SJ_F32, 6)};
     assert_int_equal(call_check(fn, m_bias, in, 2), 0);
     sj_tensor h[2] = {mat(SJ_BF16, 4, 6), vec(SJ_BF16, 6)};

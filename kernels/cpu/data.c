@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "jit/error.h"
+#include "jit/tensor.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
 
@@ -17,13 +18,11 @@ sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y
     if (axis < 0)
         axis += y->rank;
     assert(axis >= 0 && axis < y->rank);
-    int64_t off = 0, es = (int64_t)cpu_dtype_size(y->dtype);
+    int64_t off = 0;
     for (int i = 0; i < n; i++) {
         const sj_tensor *x = &xs[i];
         assert(x->dtype == y->dtype && x->rank == y->rank);
-        sj_tensor dst = *y;
-        dst.shape[axis] = x->shape[axis];
-        dst.data = (char *)y->data + off * y->stride[axis] * es;
+        sj_tensor dst = sj_tensor_narrow(y, axis, off, x->shape[axis]);
         off += x->shape[axis];
         assert(off <= y->shape[axis]);
         sj_status st = sj_cpu_copy(x, &dst);
@@ -36,23 +35,12 @@ sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y
 
 /* -- Gather --------------------------------------------------------------- */
 
-/* Is the rest of t (axes from `from` on) one contiguous run? */
-static int rest_contiguous(const sj_tensor *t, int from) {
-    int64_t expect = 1;
-    for (int i = t->rank - 1; i >= from; i--) {
-        if (t->shape[i] != 1 && t->stride[i] != expect)
-            return 0;
-        expect *= t->shape[i];
-    }
-    return 1;
-}
-
 /* Every index, in row-major order of idx (position p), with its offsets:
  * returns the first position whose index is outside [0, V), or -1. With
  * copy set, also copies the table row for each. */
 static int64_t gather_walk(const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y,
                            int copy, int64_t *bad) {
-    int ri = idx->rank, fast = rest_contiguous(table, 1) && rest_contiguous(y, ri);
+    int ri = idx->rank, fast = sj_tensor_contiguous_from(table, 1) && sj_tensor_contiguous_from(y, ri);
     int64_t V = table->shape[0], es = (int64_t)cpu_dtype_size(table->dtype), rowel = 1;
     int64_t pos[SJ_MAX_RANK] = {0}, count = 1;
     for (int i = 1; i < table->rank; i++) rowel *= table->shape[i];

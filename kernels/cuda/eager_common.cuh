@@ -192,23 +192,30 @@ SJ_DEV void ew_offsets64(const sj_ek_ew &p, int64_t i, int64_t (&off)[NOPS]) {
     }
 }
 
+/* Add to oa and ob the offsets of linear (row-major) position i over
+ * shape[0..rank), at strides sa and sb. */
+SJ_DEV void add_offsets2(int64_t i, int rank, const int64_t *shape, const int64_t *sa, const int64_t *sb,
+                         int64_t &oa, int64_t &ob) {
+#pragma unroll
+    for (int d = SJ_EK_MAXR - 1; d >= 0; d--) {
+        if (d < rank) {
+            int64_t c = i;
+            if (d > 0) {
+                int64_t q = i / shape[d];
+                c = i - q * shape[d];
+                i = q;
+            }
+            oa += c * sa[d];
+            ob += c * sb[d];
+        }
+    }
+}
+
 /* Row r of a sj_ek_rows plan: offsets into x and y. */
 SJ_DEV void row_offsets(const sj_ek_rows &p, int64_t r, int64_t &ox, int64_t &oy) {
     ox = 0;
     oy = 0;
-#pragma unroll
-    for (int d = SJ_EK_MAXR - 1; d >= 0; d--) {
-        if (d < p.rank) {
-            int64_t c = r;
-            if (d > 0) {
-                int64_t q = r / p.shape[d];
-                c = r - q * p.shape[d];
-                r = q;
-            }
-            ox += c * p.xstride[d];
-            oy += c * p.ystride[d];
-        }
-    }
+    add_offsets2(r, p.rank, p.shape, p.xstride, p.ystride, ox, oy);
 }
 
 /* Global thread index and count of a 1-D grid-stride loop. */

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "jit/error.h"
+#include "jit/tensor.h"
 #include "kernels/cuda/eager_abi.cuh"
 
 /* -- Kernel table ------------------------------------------------------------ */
@@ -250,13 +251,12 @@ static void ew_args(sj_ek_ew *a, const plan *p, const sj_tensor *const *ts, int6
 
 /* -- Elementwise --------------------------------------------------------------- */
 
-sj_status sj_cuda_unary(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, const sj_tensor *y) {
-    assert(x->dtype == y->dtype && y->dtype != SJ_BOOL);
-    assert(is_float(y->dtype) || op == SJ_OP_NEG || op == SJ_OP_ABS || op == SJ_OP_RELU);
-    assert_same_shape(x, y);
-    const sj_tensor *ts[2] = {y, x};
+/* Run an elementwise kernel over operands ts (ts[0] the result): kc the
+ * contiguous (_c) kernel, used when the plan is one stride-1 run, else ks
+ * (_s); op fills sj_ek_ew.op. */
+static sj_status ew_run(const sj_cuda_exec *e, const sj_tensor *const *ts, int nts, int kc, int ks, int op) {
     plan p;
-    int64_t n = plan_init(&p, 2, ts);
+    int64_t n = plan_init(&p, nts, ts);
     if (n == 0)
         return SJ_OK;
     sj_ek_ew a;
@@ -264,8 +264,16 @@ sj_status sj_cuda_unary(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, con
     ew_args(&a, &p, ts, n, &contig);
     a.op = op;
     sj_cuda_bind(e->cuda);
-    return launch(e, (contig ? EK_unary_c_f32 : EK_unary_s_f32) + y->dtype,
-                  grid_for(e->cuda, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0, &a);
+    return launch(e, contig ? kc : ks, grid_for(e->cuda, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0,
+                  &a);
+}
+
+sj_status sj_cuda_unary(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, const sj_tensor *y) {
+    assert(x->dtype == y->dtype && y->dtype != SJ_BOOL);
+    assert(is_float(y->dtype) || op == SJ_OP_NEG || op == SJ_OP_ABS || op == SJ_OP_RELU);
+    assert_same_shape(x, y);
+    const sj_tensor *ts[2] = {y, x};
+    return ew_run(e, ts, 2, EK_unary_c_f32 + y->dtype, EK_unary_s_f32 + y->dtype, op);
 }
 
 sj_status sj_cuda_binary(const sj_cuda_exec *e, sj_op op, const sj_tensor *a, const sj_tensor *b,
@@ -277,17 +285,7 @@ sj_status sj_cuda_binary(const sj_cuda_exec *e, sj_op op, const sj_tensor *a, co
     assert_same_shape(a, y);
     assert_same_shape(b, y);
     const sj_tensor *ts[3] = {y, a, b};
-    plan p;
-    int64_t n = plan_init(&p, 3, ts);
-    if (n == 0)
-        return SJ_OK;
-    sj_ek_ew args;
-    int contig;
-    ew_args(&args, &p, ts, n, &contig);
-    args.op = op;
-    sj_cuda_bind(e->cuda);
-    return launch(e, (contig ? EK_binary_c_f32 : EK_binary_s_f32) + a->dtype,
-                  grid_for(e->cuda, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0, &args);
+    return ew_run(e, ts, 3, EK_binary_c_f32 + a->dtype, EK_binary_s_f32 + a->dtype, op);
 }
 
 sj_status sj_cuda_where(const sj_cuda_exec *e, const sj_tensor *c, const sj_tensor *a, const sj_tensor *b,
@@ -297,16 +295,8 @@ sj_status sj_cuda_where(const sj_cuda_exec *e, const sj_tensor *c, const sj_tens
     assert_same_shape(a, y);
     assert_same_shape(b, y);
     const sj_tensor *ts[4] = {y, c, a, b};
-    plan p;
-    int64_t n = plan_init(&p, 4, ts);
-    if (n == 0)
-        return SJ_OK;
-    sj_ek_ew args;
-    int contig;
-    ew_args(&args, &p, ts, n, &contig);
-    sj_cuda_bind(e->cuda);
-    return launch(e, (contig ? EK_where_c_e1 : EK_where_s_e1) + log2_size(esize(y->dtype)),
-                  grid_for(e->cuda, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0, &args);
+    int k = log2_size(esize(y->dtype));
+    return ew_run(e, ts, 4, EK_where_c_e1 + k, EK_where_s_e1 + k, 0);
 }
 
 sj_status sj_cuda_copy(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *y) {
@@ -875,13 +865,11 @@ sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int 
     if (axis < 0)
         axis += y->rank;
     assert(axis >= 0 && axis < y->rank);
-    int64_t off = 0, es = (int64_t)esize(y->dtype);
+    int64_t off = 0;
     for (int i = 0; i < n; i++) {
         const sj_tensor *x = &xs[i];
         assert(x->dtype == y->dtype && x->rank == y->rank);
-        sj_tensor dst = *y;
-        dst.shape[axis] = x->shape[axis];
-        dst.data = (char *)y->data + off * y->stride[axis] * es;
+        sj_tensor dst = sj_tensor_narrow(y, axis, off, x->shape[axis]);
         off += x->shape[axis];
         assert(off <= y->shape[axis]);
         sj_status st = sj_cuda_copy(e, x, &dst);
@@ -890,17 +878,6 @@ sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int 
     }
     assert(off == y->shape[axis]);
     return SJ_OK;
-}
-
-/* Are t's axes from `from` on one contiguous run? */
-static int rest_contiguous(const sj_tensor *t, int from) {
-    int64_t expect = 1;
-    for (int i = t->rank - 1; i >= from; i--) {
-        if (t->shape[i] != 1 && t->stride[i] != expect)
-            return 0;
-        expect *= t->shape[i];
-    }
-    return 1;
 }
 
 sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y) {
@@ -919,7 +896,7 @@ sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj
     g.V = table->shape[0], g.ts0 = table->stride[0];
     g.irank = ri, g.rrank = rr;
     g.idx_i64 = idx->dtype == SJ_I64;
-    g.contig = rest_contiguous(table, 1) && rest_contiguous(y, ri);
+    g.contig = sj_tensor_contiguous_from(table, 1) && sj_tensor_contiguous_from(y, ri);
     g.rowel = 1;
     for (int i = 0; i < ri; i++) {
         assert(y->shape[i] == idx->shape[i]);

@@ -139,19 +139,7 @@ template <class E> SJ_DEV void gather(const sj_ek_gather &p) {
     for (int64_t o = gtid(); o < total; o += nt) {
         int64_t pos = o / per, r = o - pos * per;
         int64_t io = 0, yo = 0;
-#pragma unroll
-        for (int d = SJ_EK_MAXR - 1; d >= 0; d--) {
-            if (d < p.irank) {
-                int64_t c = pos;
-                if (d > 0) {
-                    int64_t q = pos / p.ishape[d];
-                    c = pos - q * p.ishape[d];
-                    pos = q;
-                }
-                io += c * p.istride[d];
-                yo += c * p.iystride[d];
-            }
-        }
+        add_offsets2(pos, p.irank, p.ishape, p.istride, p.iystride, io, yo);
         const int64_t ix = p.idx_i64 ? reinterpret_cast<const int64_t *>(p.idx)[io]
                                      : (int64_t) reinterpret_cast<const int32_t *>(p.idx)[io];
         if (ix < 0 || ix >= p.V) {
@@ -165,19 +153,7 @@ template <class E> SJ_DEV void gather(const sj_ek_gather &p) {
             to += r;
             yo += r;
         } else {
-#pragma unroll
-            for (int d = SJ_EK_MAXR - 1; d >= 0; d--) {
-                if (d < p.rrank) {
-                    int64_t c = r;
-                    if (d > 0) {
-                        int64_t q = r / p.rshape[d];
-                        c = r - q * p.rshape[d];
-                        r = q;
-                    }
-                    to += c * p.rtstride[d];
-                    yo += c * p.rystride[d];
-                }
-            }
+            add_offsets2(r, p.rrank, p.rshape, p.rtstride, p.rystride, to, yo);
         }
         y[yo] = table[to];
     }
