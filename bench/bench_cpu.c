@@ -127,13 +127,10 @@ static void bench_ceiling(void) {
 
 /* -- w0: dispatch --------------------------------------------------------------- */
 
-static sj_status w0_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    return sj_output(t, sj_add(t, in[0], sj_scalar(t, 1.0)));
-}
 
 static void bench_w0(sj_runtime *rt) {
     sj_fn *fn;
-    if (sj_fn_create(rt, "w0", 1, w0_model, NULL, NULL, &fn)) exit(1);
+    if (sj_fn_create(rt, "w0", 1, bench_w0_model, NULL, NULL, &fn)) exit(1);
     float *x = rand_f32(8, -1, 1), y[8], one = 1.0f;
     sj_tensor in = sj_tensor_make(x, SJ_F32, 1, (int64_t[]){8}), out = sj_tensor_make(y, SJ_F32, 1, (int64_t[]){8});
     call_ctx c = {fn, &in, &out, 1, 1};
@@ -169,20 +166,8 @@ static void bench_w0(sj_runtime *rt) {
 
 /* -- w1-w3 ------------------------------------------------------------------------- */
 
-static sj_status w1_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val x = in[0], a = in[1], b = in[2];
-    return sj_output(t, sj_mul(t, sj_gelu(t, sj_add(t, sj_mul(t, x, a), b)), sj_sigmoid(t, x)));
-}
 
-static sj_status w2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val h = sj_add(t, in[0], in[1]);
-    sj_output(t, sj_gelu(t, sj_layer_norm(t, h, in[2], in[3], 1e-5)));
-    return sj_output(t, h);
-}
 
-static sj_status w3_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
-}
 
 /* Inputs of one workload at size S. */
 typedef struct wl_case {
@@ -248,56 +233,27 @@ typedef struct workload {
 } workload;
 
 static const workload workloads[] = {
-    {"w1", w1_model, w1_case, {1, 17, 128, 1000, 4096, 16384}, 6, 4},
-    {"w2", w2_model, w2_case, {1, 17, 128, 1000, 4096, 32768}, 6, 4},
-    {"w3", w3_model, w3_case, {16, 100, 512, 1024, 2048}, 5, 3},
+    {"w1", bench_w1_model, w1_case, {1, 17, 128, 1000, 4096, 16384}, 6, 4},
+    {"w2", bench_w2_model, w2_case, {1, 17, 128, 1000, 4096, 32768}, 6, 4},
+    {"w3", bench_w3_model, w3_case, {16, 100, 512, 1024, 2048}, 5, 3},
 };
 
 /* Modes: eager (no compiling), fused_static (each size its own entry, every
  * size a constant), fused_symbolic (one entry, sizes passed at run time:
  * specialization of hot shapes disabled). Compiles are synchronous and out
  * of the timed region (the first call compiles, the timing starts after). */
-typedef enum { MODE_EAGER, MODE_STATIC, MODE_SYMBOLIC } mode_t_;
-static const char *const mode_names[] = {"eager", "fused_static", "fused_symbolic"};
 
-static sj_runtime *mode_runtime(mode_t_ mode) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.compile_mode = mode == MODE_EAGER ? SJ_COMPILE_OFF : SJ_COMPILE_SYNC;
-    cfg.cache_dir = NULL;
-    sj_runtime *rt;
-    if (sj_runtime_create(&cfg, &rt)) {
-        fprintf(stderr, "%s\n", sj_last_error());
-        exit(1);
-    }
-    return rt;
-}
 
-static sj_fn *mode_fn(sj_runtime *rt, const workload *w, mode_t_ mode, int n_in) {
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.dynamic = mode == MODE_SYMBOLIC ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
-    o.hot_threshold = 1;
-    o.recompile_limit = 64;
-    o.specialize_threshold = 1000000;
-    sj_fn *fn;
-    if (sj_fn_create(rt, w->name, n_in, w->model, NULL, &o, &fn)) {
-        fprintf(stderr, "%s\n", sj_last_error());
-        exit(1);
-    }
-    return fn;
-}
 
 static void bench_workload(const workload *w) {
     for (int mode = 0; mode < 3; mode++) {
-        sj_runtime *rt = mode_runtime((mode_t_)mode);
+        sj_runtime *rt = bench_runtime(SJ_BACKEND_CPU, (bench_mode)mode);
         sj_fn *fn = NULL;
         int ns = quick ? w->n_quick : w->n_sizes;
         for (int i = 0; i < ns; i++) {
             wl_case c;
             w->make(&c, w->sizes[i]);
-            if (!fn) fn = mode_fn(rt, w, (mode_t_)mode, c.n_in);
+            if (!fn) fn = bench_fn(rt, w->name, c.n_in, w->model, (bench_mode)mode);
             call_ctx cc = {fn, c.in, c.out, c.n_in, c.n_out};
             double ms = median_ms(&cc);
             sj_stats st;
@@ -306,7 +262,7 @@ static void bench_workload(const workload *w) {
             printf("{\"workload\": \"%s\", \"mode\": \"%s\", \"backend\": \"cpu\", \"dtype\": \"float32\", \"S\": %lld, "
                    "\"median_ms\": %.4f, \"GBps\": %.3f, \"of_ceiling\": %.3f, \"of_ceiling_mt\": %.3f, \"compiles\": %llu, "
                    "\"eager_calls\": %llu}\n",
-                   w->name, mode_names[mode], (long long)w->sizes[i], ms, gbs, gbs / ceiling_GBps, gbs / ceiling_mt_GBps,
+                   w->name, bench_mode_names[mode], (long long)w->sizes[i], ms, gbs, gbs / ceiling_GBps, gbs / ceiling_mt_GBps,
                    (unsigned long long)st.compiles, (unsigned long long)st.eager_calls);
             fflush(stdout);
             case_free(&c);

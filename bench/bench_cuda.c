@@ -29,22 +29,18 @@
 static int quick;
 static double ceiling;
 
-static void die(const char *what) {
-    fprintf(stderr, "bench_cuda: %s: %s\n", what, sj_last_error());
-    exit(1);
-}
 
 /* A device tensor of random floats in [lo, hi) (never all zeros). */
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static sj_tensor dev_rand(sj_runtime *rt, int rank, const int64_t *shape, float lo, float hi) {
     sj_tensor t = {.dtype = SJ_F32, .rank = rank, .device = SJ_CUDA};
     for (int i = 0; i < rank; i++) t.shape[i] = shape[i];
-    if (sj_tensor_alloc(rt, &t)) die("alloc");
+    if (sj_tensor_alloc(rt, &t)) bench_die("alloc");
     int64_t n = sj_tensor_numel(&t);
     float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
     bench_fill_rand(h, (size_t)n, lo, hi, &rng);
     sj_tensor ht = sj_tensor_make(h, SJ_F32, rank, shape);
-    if (sj_tensor_copy(rt, &t, &ht)) die("copy");
+    if (sj_tensor_copy(rt, &t, &ht)) bench_die("copy");
     free(h);
     return t;
 }
@@ -55,7 +51,7 @@ static void bench_ceiling(sj_runtime *rt) {
     sj_cuda *cu = rt->cuda;
     size_t bytes = (size_t)1 << 30;
     CUdeviceptr a = sj_cuda_alloc(cu, bytes, cu->stream), b = sj_cuda_alloc(cu, bytes, cu->stream);
-    if (!a || !b) die("ceiling buffers");
+    if (!a || !b) bench_die("ceiling buffers");
     CUevent e0, e1;
     cu->api.EventCreate(&e0, 0);
     cu->api.EventCreate(&e1, 0);
@@ -83,61 +79,23 @@ static void bench_ceiling(sj_runtime *rt) {
 
 /* -- Models --------------------------------------------------------------------- */
 
-static sj_status w0_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    return sj_output(t, sj_add(t, in[0], sj_scalar(t, 1.0)));
-}
-static sj_status w1_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val x = in[0];
-    return sj_output(t, sj_mul(t, sj_gelu(t, sj_add(t, sj_mul(t, x, in[1]), in[2])), sj_sigmoid(t, x)));
-}
-static sj_status w2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    sj_val h = sj_add(t, in[0], in[1]);
-    sj_output(t, sj_gelu(t, sj_layer_norm(t, h, in[2], in[3], 1e-5)));
-    return sj_output(t, h);
-}
-static sj_status w3_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
-}
 
-typedef enum { MODE_EAGER, MODE_STATIC, MODE_SYMBOLIC } bench_mode;
-static const char *const mode_names[] = {"eager", "fused_static", "fused_symbolic"};
 
-static sj_runtime *make_runtime(bench_mode m) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CUDA;
-    cfg.compile_mode = m == MODE_EAGER ? SJ_COMPILE_OFF : SJ_COMPILE_SYNC;
-    cfg.cache_dir = NULL;
-    sj_runtime *rt;
-    if (sj_runtime_create(&cfg, &rt)) die("runtime");
-    return rt;
-}
 
-static sj_fn *make_fn(sj_runtime *rt, const char *name, int n_in, sj_model_fn m, bench_mode mode) {
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.dynamic = mode == MODE_SYMBOLIC ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
-    o.hot_threshold = 1;
-    o.recompile_limit = 64;
-    o.specialize_threshold = 1000000; /* the symbolic mode measures the symbolic kernels */
-    sj_fn *fn;
-    if (sj_fn_create(rt, name, n_in, m, NULL, &o, &fn)) die("fn");
-    return fn;
-}
 
 /* -- w0 ---------------------------------------------------------------------------- */
 
 static void bench_w0(void) {
-    for (int mode = MODE_EAGER; mode <= MODE_STATIC; mode++) {
-        sj_runtime *rt = make_runtime((bench_mode)mode);
-        sj_fn *fn = make_fn(rt, "w0", 1, w0_model, (bench_mode)mode);
+    for (int mode = BENCH_EAGER; mode <= BENCH_STATIC; mode++) {
+        sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, (bench_mode)mode);
+        sj_fn *fn = bench_fn(rt, "w0", 1, bench_w0_model, (bench_mode)mode);
         int64_t n = 8;
         sj_tensor x = dev_rand(rt, 1, &n, -1, 1), y = {.dtype = SJ_F32, .rank = 1, .shape = {8}, .device = SJ_CUDA};
-        if (sj_tensor_alloc(rt, &y)) die("alloc");
+        if (sj_tensor_alloc(rt, &y)) bench_die("alloc");
         int reps = quick ? 500 : 3000;
         double *t = malloc(sizeof(double) * (size_t)reps);
         for (int i = 0; i < 100; i++)
-            if (sj_call(fn, &x, 1, &y, 1)) die("w0");
+            if (sj_call(fn, &x, 1, &y, 1)) bench_die("w0");
         for (int i = 0; i < reps; i++) {
             double t0 = bench_now_s();
             sj_call(fn, &x, 1, &y, 1);
@@ -146,9 +104,9 @@ static void bench_w0(void) {
         qsort(t, (size_t)reps, sizeof *t, bench_cmp_double);
         printf("{\"workload\": \"w0\", \"mode\": \"%s\", \"backend\": \"cuda\", \"host_us_per_call\": %.3f, "
                "\"p90_us\": %.3f}\n",
-               mode_names[mode], t[reps / 2], t[reps * 9 / 10]);
+               bench_mode_names[mode], t[reps / 2], t[reps * 9 / 10]);
         fflush(stdout);
-        if (mode == MODE_STATIC) {
+        if (mode == BENCH_STATIC) {
             /* the floor under a call: one eager kernel launched and waited
              * for, without the runtime around it (stderr: not a mode) */
             sj_cuda *cu = rt->cuda;
@@ -225,7 +183,7 @@ static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c) {
     sj_cuda *cu = rt->cuda;
     CUstream s = cu->stream;
     for (int i = 0; i < c->n_out; i++) sj_tensor_free(rt, &c->out[i]);
-    if (sj_call(fn, c->in, c->n_in, c->out, c->n_out)) die("warm-up call"); /* traces, compiles, allocates */
+    if (sj_call(fn, c->in, c->n_in, c->out, c->n_out)) bench_die("warm-up call"); /* traces, compiles, allocates */
     CUevent e0, e1;
     cu->api.EventCreate(&e0, 0);
     cu->api.EventCreate(&e1, 0);
@@ -233,7 +191,7 @@ static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c) {
     double t[64];
     for (int i = 0; i < 5 + reps; i++) {
         cu->api.EventRecord(e0, s);
-        if (sj_call_stream(fn, c->in, c->n_in, c->out, c->n_out, NULL)) die("call");
+        if (sj_call_stream(fn, c->in, c->n_in, c->out, c->n_out, NULL)) bench_die("call");
         cu->api.EventRecord(e1, s);
         cu->api.EventSynchronize(e1);
         float ms;
@@ -249,24 +207,24 @@ static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c) {
 static void bench_w(int w) {
     static const int64_t sizes[4][6] = {{0}, {1, 17, 128, 1000, 4096, 16384}, {1, 17, 128, 1000, 4096, 32768},
                                         {16, 100, 512, 1024, 2048}};
-    static const sj_model_fn models[4] = {NULL, w1_model, w2_model, w3_model};
+    static const sj_model_fn models[4] = {NULL, bench_w1_model, bench_w2_model, bench_w3_model};
     int ns = w == 3 ? 5 : 6;
     for (int mode = 0; mode < 3; mode++) {
-        sj_runtime *rt = make_runtime((bench_mode)mode);
+        sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, (bench_mode)mode);
         char name[4] = {'w', (char)('0' + w), 0};
         sj_fn *fn = NULL;
         for (int i = 0; i < ns; i++) {
             if (quick && i == ns - 1) break;
             wcase c;
             make_case(rt, w, sizes[w][i], &c);
-            if (!fn) fn = make_fn(rt, name, c.n_in, models[w], (bench_mode)mode);
+            if (!fn) fn = bench_fn(rt, name, c.n_in, models[w], (bench_mode)mode);
             double ms = time_ms(rt, fn, &c);
             sj_stats st;
             sj_fn_stats(fn, &st);
             double gbs = c.bytes / (ms * 1e-3) / 1e9;
             printf("{\"workload\": \"%s\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float32\", \"S\": %lld, "
                    "\"median_ms\": %.4f, \"GBps\": %.1f, \"of_ceiling\": %.3f, \"compiles\": %llu, \"eager_calls\": %llu}\n",
-                   name, mode_names[mode], (long long)sizes[w][i], ms, gbs, gbs / ceiling,
+                   name, bench_mode_names[mode], (long long)sizes[w][i], ms, gbs, gbs / ceiling,
                    (unsigned long long)st.compiles, (unsigned long long)st.eager_calls);
             fflush(stdout);
             free_case(rt, &c);

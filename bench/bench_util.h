@@ -5,7 +5,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
+
+#include "jit/shapejit.h"
 
 static inline double bench_now_s(void) {
     struct timespec ts;
@@ -30,6 +34,68 @@ static inline void bench_fill_rand(float *p, size_t n, float lo, float hi, uint6
         p[i] = lo + (hi - lo) * (float)((r >> 40) * (1.0 / 16777216.0));
         if (p[i] == 0.0f) p[i] = mid;
     }
+}
+
+/* -- The workloads' models (../shared/workloads/README.md) ---------------- */
+
+/* w0: y = x + 1 */
+static inline sj_status bench_w0_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    return sj_output(t, sj_add(t, in[0], sj_scalar(t, 1.0)));
+}
+/* w1: y = gelu(x*a + b) * sigmoid(x) */
+static inline sj_status bench_w1_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    sj_val x = in[0];
+    return sj_output(t, sj_mul(t, sj_gelu(t, sj_add(t, sj_mul(t, x, in[1]), in[2])), sj_sigmoid(t, x)));
+}
+/* w2: h = x + r; y = gelu(layernorm(h) g + b); outputs y, h */
+static inline sj_status bench_w2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    sj_val h = sj_add(t, in[0], in[1]);
+    sj_output(t, sj_gelu(t, sj_layer_norm(t, h, in[2], in[3], 1e-5)));
+    return sj_output(t, h);
+}
+/* w3: softmax(scores * 0.125 + mask) over the last axis */
+static inline sj_status bench_w3_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
+}
+
+/* -- Modes ---------------------------------------------------------------- */
+
+/* eager (no compiling), fused_static (each size its own entry, every size a
+ * constant), fused_symbolic (one entry, sizes passed at run time; hot-shape
+ * specialization off). Compiles are synchronous, out of the timed region. */
+typedef enum { BENCH_EAGER, BENCH_STATIC, BENCH_SYMBOLIC } bench_mode;
+static const char *const bench_mode_names[] = {"eager", "fused_static", "fused_symbolic"};
+
+static inline void bench_die(const char *what) {
+    fprintf(stderr, "%s: %s\n", what, sj_last_error());
+    exit(1);
+}
+
+static inline sj_runtime *bench_runtime(sj_backend_kind backend, bench_mode m) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = backend;
+    cfg.compile_mode = m == BENCH_EAGER ? SJ_COMPILE_OFF : SJ_COMPILE_SYNC;
+    cfg.cache_dir = NULL;
+    sj_runtime *rt;
+    if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
+    return rt;
+}
+
+static inline sj_fn *bench_fn(sj_runtime *rt, const char *name, int n_in, sj_model_fn model, bench_mode m) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = m == BENCH_SYMBOLIC ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
+    o.hot_threshold = 1;
+    o.recompile_limit = 64;
+    o.specialize_threshold = 1000000; /* the symbolic mode measures the symbolic kernels */
+    sj_fn *fn;
+    if (sj_fn_create(rt, name, n_in, model, NULL, &o, &fn)) bench_die("sj_fn_create");
+    return fn;
 }
 
 #endif

@@ -733,6 +733,16 @@ void sj_cg_fini(cg *c) {
 
 /* -- Entry point ------------------------------------------------------------------------- */
 
+char *sj_cg_take(cg *c, size_t *len) {
+    sj_cg_fini(c);
+    if (c->o.oom) {
+        free(c->o.s);
+        return NULL;
+    }
+    if (len) *len = c->o.len;
+    return c->o.s;
+}
+
 char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix, size_t *len) {
     cg c;
     sj_cg_init(&c, g, p, sym_vals);
@@ -749,11 +759,5 @@ char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals
         else gen_row(&c);
         put(&c.o, "}\n");
     }
-    sj_cg_fini(&c);
-    if (c.o.oom) {
-        free(c.o.s);
-        return NULL;
-    }
-    if (len) *len = c.o.len;
-    return c.o.s;
+    return sj_cg_take(&c, len);
 }

@@ -687,13 +687,7 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
         }
         put(&c.o, "}\n");
     }
-    sj_cg_fini(&c);
-    if (c.o.oom) {
-        free(c.o.s);
-        return NULL;
-    }
-    if (len) *len = c.o.len;
-    return c.o.s;
+    return sj_cg_take(&c, len);
 }
 
 static unsigned clampu(int64_t v, int64_t hi) { return (unsigned)(v < hi ? v : hi); }

@@ -71,6 +71,9 @@ void sj_cg_init(sj_cg *c, const sj_graph *g, const sj_fplan *p, const int64_t *s
  * positions of its values. */
 void sj_cg_group(sj_cg *c, const sj_group *G);
 void sj_cg_fini(sj_cg *c); /* frees the arrays, not the text */
+/* sj_cg_fini, then the unit's text (malloc'd; *len its length when len is
+ * not NULL), or NULL when an allocation failed along the way. */
+char *sj_cg_take(sj_cg *c, size_t *len);
 
 /* -- Sizes and types -------------------------------------------------------------- */
 

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "jit/error.h"
+#include "jit/graph.h" /* sj_dtype_is_float */
 #include "jit/tensor.h"
 #include "kernels/cuda/eager_abi.cuh"
 
@@ -110,17 +111,6 @@ void sj_cuda_eager_unload(sj_cuda *c) {
 
 /* -- Helpers ------------------------------------------------------------------ */
 
-static size_t esize(sj_dtype dt) {
-    switch (dt) {
-#define SJ_X(name, e, bytes)                                                                       \
-    case e: return bytes;
-        SJ_DTYPE_LIST(SJ_X)
-#undef SJ_X
-    default: return 0;
-    }
-}
-
-static int is_float(sj_dtype dt) { return dt == SJ_F32 || dt == SJ_F16 || dt == SJ_BF16; }
 static int log2_size(size_t es) { return es == 1 ? 0 : es == 2 ? 1 : es == 4 ? 2 : 3; }
 static uint64_t dptr(const void *p) { return (uint64_t)(uintptr_t)p; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -236,7 +226,7 @@ static void ew_args(sj_ek_ew *a, const plan *p, const sj_tensor *const *ts, int6
     *contig = p->rank == 1;
     a->vec = 1;
     for (int k = 0; k < p->nops; k++) {
-        size_t es = esize(ts[k]->dtype), al = 4 * es > 16 ? 16 : 4 * es;
+        size_t es = sj_dtype_size(ts[k]->dtype), al = 4 * es > 16 ? 16 : 4 * es;
         a->ptr[k] = dptr(ts[k]->data);
         for (int d = 0; d < p->rank; d++) a->stride[k][d] = p->stride[k][d];
         int64_t s = p->stride[k][0];
@@ -270,7 +260,7 @@ static sj_status ew_run(const sj_cuda_exec *e, const sj_tensor *const *ts, int n
 
 sj_status sj_cuda_unary(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, const sj_tensor *y) {
     assert(x->dtype == y->dtype && y->dtype != SJ_BOOL);
-    assert(is_float(y->dtype) || op == SJ_OP_NEG || op == SJ_OP_ABS || op == SJ_OP_RELU);
+    assert(sj_dtype_is_float(y->dtype) || op == SJ_OP_NEG || op == SJ_OP_ABS || op == SJ_OP_RELU);
     assert_same_shape(x, y);
     const sj_tensor *ts[2] = {y, x};
     return ew_run(e, ts, 2, EK_unary_c_f32 + y->dtype, EK_unary_s_f32 + y->dtype, op);
@@ -295,7 +285,7 @@ sj_status sj_cuda_where(const sj_cuda_exec *e, const sj_tensor *c, const sj_tens
     assert_same_shape(a, y);
     assert_same_shape(b, y);
     const sj_tensor *ts[4] = {y, c, a, b};
-    int k = log2_size(esize(y->dtype));
+    int k = log2_size(sj_dtype_size(y->dtype));
     return ew_run(e, ts, 4, EK_where_c_e1 + k, EK_where_s_e1 + k, 0);
 }
 
@@ -310,7 +300,7 @@ sj_status sj_cuda_copy(const sj_cuda_exec *e, const sj_tensor *x, const sj_tenso
     sj_cuda *c = e->cuda;
     sj_cuda_bind(c);
     if (x->dtype == y->dtype && p.rank == 1 && (n == 1 || (p.stride[0][0] == 1 && p.stride[1][0] == 1))) {
-        CUresult r = c->api.MemcpyDtoDAsync(dptr(y->data), dptr(x->data), (size_t)n * esize(y->dtype), e->stream);
+        CUresult r = c->api.MemcpyDtoDAsync(dptr(y->data), dptr(x->data), (size_t)n * sj_dtype_size(y->dtype), e->stream);
         return r == CUDA_SUCCESS ? SJ_OK : sj_cuda_fail(c, r, "copy: cuMemcpyDtoDAsync");
     }
     sj_ek_ew a;
@@ -318,7 +308,7 @@ sj_status sj_cuda_copy(const sj_cuda_exec *e, const sj_tensor *x, const sj_tenso
     ew_args(&a, &p, ts, n, &contig);
     int k;
     if (x->dtype == y->dtype) {
-        k = EK_copy_s_e1 + log2_size(esize(y->dtype));
+        k = EK_copy_s_e1 + log2_size(sj_dtype_size(y->dtype));
         contig = 0;
     } else {
         k = (contig ? EK_cast_c_f32 : EK_cast_s_f32) + x->dtype;
@@ -338,7 +328,7 @@ static sj_status fill_zero(const sj_cuda_exec *e, const sj_tensor *y) {
     int contig;
     ew_args(&a, &p, ts, n, &contig);
     sj_cuda_bind(e->cuda);
-    return launch(e, EK_fill_s_e1 + log2_size(esize(y->dtype)), grid_for(e->cuda, n, SJ_EK_THREADS),
+    return launch(e, EK_fill_s_e1 + log2_size(sj_dtype_size(y->dtype)), grid_for(e->cuda, n, SJ_EK_THREADS),
                   SJ_EK_THREADS, 1, 0, &a);
 }
 
@@ -404,7 +394,7 @@ static sj_status rows_launch(const sj_cuda_exec *e, sj_ek_rows *a, int row_k, in
 sj_status sj_cuda_reduce(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y) {
     assert(op == SJ_OP_SUM || op == SJ_OP_MEAN || op == SJ_OP_AMAX);
     assert(x->dtype == y->dtype && x->rank == y->rank && x->dtype != SJ_BOOL);
-    assert(op != SJ_OP_MEAN || is_float(x->dtype));
+    assert(op != SJ_OP_MEAN || sj_dtype_is_float(x->dtype));
     if (axis < 0)
         axis += x->rank;
     assert(axis >= 0 && axis < x->rank && y->shape[axis] == 1);
@@ -417,7 +407,7 @@ sj_status sj_cuda_reduce(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, in
 }
 
 sj_status sj_cuda_softmax(const sj_cuda_exec *e, const sj_tensor *x, int axis, const sj_tensor *y) {
-    assert(x->dtype == y->dtype && is_float(x->dtype));
+    assert(x->dtype == y->dtype && sj_dtype_is_float(x->dtype));
     assert_same_shape(x, y);
     if (axis < 0)
         axis += x->rank;
@@ -430,7 +420,7 @@ sj_status sj_cuda_softmax(const sj_cuda_exec *e, const sj_tensor *x, int axis, c
 
 static sj_status norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b,
                       double eps, const sj_tensor *y, int rms) {
-    assert(x->rank >= 1 && x->dtype == y->dtype && is_float(x->dtype));
+    assert(x->rank >= 1 && x->dtype == y->dtype && sj_dtype_is_float(x->dtype));
     assert_same_shape(x, y);
     int axis = x->rank - 1;
     sj_ek_rows a;
@@ -537,7 +527,7 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     sj_cuda *c = e->cuda;
     eager_fns *t = c->eager_fns;
     const sj_cuda_api *api = &c->api;
-    size_t es = esize(dt);
+    size_t es = sj_dtype_size(dt);
     cudaDataType_t ty = lt_type(dt);
     int batched = batch > 1;
     uint32_t al[3] = {lt_align(A, es, batched), lt_align(B, es, batched), lt_align(D, es, batched)};
@@ -652,7 +642,7 @@ static sj_status pack(const sj_cuda_exec *e, const sj_tensor *x0, int pad, int c
     const sj_tensor xv = *x0, *x = &xv; /* view may be x0 */
     sj_tensor src = xv, dst = xv;
     int r = x->rank;
-    int64_t es = (int64_t)esize(x->dtype), s = 1;
+    int64_t es = (int64_t)sj_dtype_size(x->dtype), s = 1;
     for (int i = r - 1; i >= 0; i--) {
         if (x->stride[i] == 0 && i < r - 2)
             src.shape[i] = dst.shape[i] = 1; /* a broadcast batch axis */
@@ -680,7 +670,7 @@ static sj_status pack(const sj_cuda_exec *e, const sj_tensor *x0, int pad, int c
 static sj_status mm_float_try(const sj_cuda_exec *e, const sj_tensor *a0, const sj_tensor *b0,
                               const sj_tensor *y0, int aligned, int *no_algo) {
     int r = y0->rank;
-    int64_t M = y0->shape[r - 2], N = y0->shape[r - 1], K = a0->shape[r - 1], es = (int64_t)esize(y0->dtype);
+    int64_t M = y0->shape[r - 2], N = y0->shape[r - 1], K = a0->shape[r - 1], es = (int64_t)sj_dtype_size(y0->dtype);
     sj_tensor a = *a0, b = *b0, y = *y0;
     CUdeviceptr tmp[3] = {0, 0, 0};
     sj_status st = SJ_OK;
@@ -808,7 +798,7 @@ sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_ten
     if (K == 0)
         return fill_zero(e, y);
     sj_cuda_bind(e->cuda);
-    return is_float(y->dtype) ? mm_float(e, a, b, y) : mm_int(e, a, b, y);
+    return sj_dtype_is_float(y->dtype) ? mm_float(e, a, b, y) : mm_int(e, a, b, y);
 }
 
 /* -- Attention ----------------------------------------------------------------------- */
@@ -816,7 +806,7 @@ sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_ten
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
     assert(q->rank == 4 && k->rank == 4 && v->rank == 4 && y->rank == 4);
-    assert(is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype && y->dtype == q->dtype);
+    assert(sj_dtype_is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype && y->dtype == q->dtype);
     sj_ek_att a;
     memset(&a, 0, sizeof a);
     a.B = q->shape[0], a.H = q->shape[1], a.Sq = q->shape[2], a.D = q->shape[3];
@@ -910,6 +900,6 @@ sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj
     }
     sj_cuda_bind(e->cuda);
     int64_t work = g.count * (g.rowel > 0 ? g.rowel : 1);
-    return launch(e, EK_gather_e1 + log2_size(esize(y->dtype)), grid_for(e->cuda, work, SJ_EK_THREADS),
+    return launch(e, EK_gather_e1 + log2_size(sj_dtype_size(y->dtype)), grid_for(e->cuda, work, SJ_EK_THREADS),
                   SJ_EK_THREADS, 1, 0, &g);
 }
