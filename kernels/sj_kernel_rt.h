@@ -141,12 +141,13 @@ SJ_RT_FN uint16_t sj_f32_to_bf16(float f) {
  * Branch-free approximations that gcc vectorizes (selects, not branches;
  * no libm calls). Bounds asserted by test_approximations against double
  * libm on every 1021st f32 bit pattern (measured maxima in brackets):
- *   sj_rt_expf   relative < 2e-7 [9.2e-8] where exp(x) >= 1e-30, absolute
+ *   sj_rt_expf   relative < 2e-7 [1.1e-7] where exp(x) >= 1e-30, absolute
  *                < 2e-37 below; inf past ~88.72, subnormals, 0 below ~-103.9
  *   sj_rt_tanhf  relative < 2e-7 [1.6e-7]
- *   sj_rt_erff   absolute < 1.5e-7 [8.9e-8]; relative [1.6e-7] for |x| < 1
- *   sigmoid      relative < 2e-7 [1.3e-7]
- *   gelu         |err| / max(|ref|, 1) < 3e-7 [1.1e-7]
+ *   sj_rt_erff   absolute < 1.5e-7 [8.5e-8]
+ *   sigmoid      relative < 2e-7 [1.4e-7]
+ *   gelu         |err| / max(|ref|, 1) < 3e-7 [1.1e-7]; relative < 2e-6
+ *                [1.2e-6] for x in [-6, 0) (no cancellation)
  *   gelu_tanh    |err| / max(|ref|, 1) < 4e-7 [2.9e-7] (1 + tanh cancels for
  *                negative x: the f32 formula's own limit)
  * NaN in gives NaN out; +-inf give the limits.
@@ -180,26 +181,26 @@ SJ_RT_FN float sj_rt_reduce_ln2(float x, int32_t *n) {
 /* 2^n for n in [-126, 127]. */
 SJ_RT_FN float sj_rt_pow2i(int32_t n) { return sj_rt_u2f((uint32_t)(n + 127) << 23); }
 
-/* exp(x) = 2^n * exp(r): exp(r) by its Taylor series to r^7/7! (truncation
- * below 6e-9 for |r| <= 0.35); 2^n applied as two factors so results that
- * overflow become inf and tiny ones pass through the subnormals to 0. */
+/* exp(x) = 2^n * exp(r): exp(r) by a degree-6 fit (mpmath.chebyfit, error
+ * 2.1e-9 on |r| <= 0.35); 2^n applied as two factors so that results that
+ * overflow become inf and tiny ones pass through the subnormals to 0. The
+ * clamps let a NaN through (its comparisons are false). */
 SJ_RT_FN float sj_rt_expf(float x) {
 #if defined(__CUDA_ARCH__)
     return expf(x);
 #else
-    /* one clamp of |x| (two chained ones are not vectorized); NaN passes */
-    float xc = sj_rt_sel(fabsf(x) > 110.0f, copysignf(110.0f, x), x);
+    float xc = sj_rt_sel(x < -104.0f, -104.0f, x); /* exp(-104) rounds to 0 */
+    xc = sj_rt_sel(xc > 88.8f, 88.8f, xc);           /* exp(88.8) overflows */
     int32_t n;
     float r = sj_rt_reduce_ln2(xc, &n);
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
+    float p = 1.394215983e-03f;
+    p = p * r + 8.375968226e-03f;
+    p = p * r + 4.166634014e-02f;
+    p = p * r + 1.666640530e-01f;
+    p = p * r + 5.000000050e-01f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t n1 = n / 2, n2 = n - n1;
+    int32_t n1 = n >> 1, n2 = n - n1; /* arithmetic shift: any split works */
     return p * sj_rt_pow2i(n1) * sj_rt_pow2i(n2);
 #endif
 }
@@ -246,12 +247,54 @@ SJ_RT_FN float sj_rt_tanhf(float x) {
 #endif
 }
 
+/* exp(-u) for u >= 0, for the erfc below: the sj_rt_expf polynomial, 2^n
+ * added to the exponent bits (no multiplications: these kernels are bound
+ * by floating-point throughput), results below 2^-126 flushed to 0 (u >
+ * 87; for u <= 87, n >= -126 and p >= 1.4 keep the result normal). A NaN u
+ * gives an unspecified value: the caller's result is NaN through its other
+ * factor. */
+SJ_RT_FN float sj_rt_exp_neg_ftz(float u) {
+    float uc = sj_rt_sel(u > 87.0f, 87.0f, u);
+    int32_t n;
+    float r = sj_rt_reduce_ln2(-uc, &n);
+    float p = 1.394215983e-03f;
+    p = p * r + 8.375968226e-03f;
+    p = p * r + 4.166634014e-02f;
+    p = p * r + 1.666640530e-01f;
+    p = p * r + 5.000000050e-01f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    float e = sj_rt_u2f(sj_rt_f2u(p) + ((uint32_t)n << 23));
+    return sj_rt_sel(u > 87.0f, 0.0f, e);
+}
+
+/* erfc(a) / 2 for a >= 0, given a2 = a^2 rounded once (its rounding error
+ * is the result's relative error times 1/a2): exp(-a^2) R(a) with R = P/Q a rational fit of
+ * erfc(a) exp(a^2) / 2 on [0, 10] (P of degree 4, Q of degree 5; relative
+ * error 5.6e-9 in double; iteratively reweighted least squares toward
+ * minimax). Accurate in relative terms however small it gets, which is
+ * what gelu needs for negative x, down to 2^-126 (flushed to 0 below, past
+ * a = 9.3); R's argument is clamped to 10. NaN passes (through P/Q). */
+SJ_RT_FN float sj_rt_half_erfcf(float a, float a2) {
+    float ac = sj_rt_sel(a > 10.0f, 10.0f, a);
+    float p = 1.635517632e-02f;
+    p = p * ac + 1.144041449e-01f;
+    p = p * ac + 3.653714430e-01f;
+    p = p * ac + 6.187940313e-01f;
+    p = p * ac + 5.000000028e-01f;
+    float q = 5.797687721e-02f;
+    q = q * ac + 4.055789477e-01f;
+    q = q * ac + 1.323760859e+00f;
+    q = q * ac + 2.400442467e+00f;
+    q = q * ac + 2.365967798e+00f;
+    q = q * ac + 1.0f;
+    return sj_rt_exp_neg_ftz(a2) * (p / q);
+}
+
 /* erf: for |x| < 0.8, x + x (c + u P(u)) with u = x^2, c = 2/sqrt(pi) - 1
- * and P a degree-5 fit of erf(x)/x on u in [0, 0.64] (error 6e-11); for
- * |x| >= 0.8 (clamped to 4, past which erf is 1 in f32),
- * 1 - exp(-x^2) t Q(t) with t = 1 / (1 + x/2) and Q a degree-7 fit of
- * erfc(x) exp(x^2) / t on t in [1/3, 1/1.4] (error 1.1e-9). Both fits are
- * mpmath.chebyfit polynomials. */
+ * and P a degree-5 fit of erf(x)/x on u in [0, 0.64] (mpmath.chebyfit,
+ * error 6e-11); otherwise 1 - 2 half_erfc(|x|), which does not cancel
+ * there (erf(0.8) = 0.74). The sign is copied from x. */
 SJ_RT_FN float sj_rt_erff(float x) {
 #if defined(__CUDA_ARCH__)
     return erff(x);
@@ -265,18 +308,7 @@ SJ_RT_FN float sj_rt_erff(float x) {
     p = p * u + 1.128376753e-01f;
     p = p * u - 3.761263794e-01f;
     float small = a + a * (0.1283791671f + u * p);
-    /* below 0.8 this branch is computed and discarded (finite there) */
-    float ac = sj_rt_sel(a > 4.0f, 4.0f, a); /* NaN stays NaN */
-    float t = 1.0f / (1.0f + 0.5f * ac);
-    float q = 3.775557577e-02f;
-    q = q * t - 3.789780600e-02f;
-    q = q * t - 1.874095158e-01f;
-    q = q * t + 2.734599064e-01f;
-    q = q * t + 7.951600000e-02f;
-    q = q * t + 2.744937771e-01f;
-    q = q * t + 2.778417892e-01f;
-    q = q * t + 2.823700053e-01f;
-    float big = 1.0f - sj_rt_expf(-(ac * ac)) * (t * q);
+    float big = 1.0f - 2.0f * sj_rt_half_erfcf(a, u); /* computed and discarded below 0.8 */
     return copysignf(sj_rt_sel(a < 0.8f, small, big), x);
 #endif
 }
@@ -301,8 +333,16 @@ SJ_RT_FN float sj_rt_sigmoidf(float x) {
 #endif
 }
 SJ_RT_FN float sj_rt_siluf(float x) { return x * sj_rt_sigmoidf(x); }
+/* gelu(x) = x Phi(x), Phi(x) = 1 - h for x >= 0 and h for x < 0, with
+ * h = half_erfc(|x| / sqrt 2): one erfc evaluation, no cancellation for
+ * negative x (where 0.5 x (1 + erf) would lose the small result). */
 SJ_RT_FN float sj_rt_geluf(float x) {
-    return 0.5f * x * (1.0f + sj_rt_erff(x * 0.70710678118654752f));
+#if defined(__CUDA_ARCH__)
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+#else
+    float h = sj_rt_half_erfcf(fabsf(x) * 0.70710678118654752f, 0.5f * x * x);
+    return x * sj_rt_sel(x < 0.0f, h, 1.0f - h);
+#endif
 }
 SJ_RT_FN float sj_rt_gelu_tanhf(float x) {
     float inner = 0.79788456080286536f * (x + 0.044715f * (x * x * x));

@@ -154,6 +154,16 @@ static void test_approximations(void **state) {
         assert_true(worst <= (ap[a].rel ? ap[a].rel : ap[a].abs));
         assert_true(isnan(ap[a].f(NAN)));
     }
+    /* gelu keeps its small negative results: relative error for x in
+     * [-6, 0), where 0.5 x (1 + erf) would cancel to 1e-1 relative */
+    double worst = 0;
+    for (float x = -6.0f; x < 0.0f; x += 0x1p-12f) {
+        double r = d_gelu(x);
+        double err = fabs(cpu_geluf(x) - r) / fabs(r);
+        worst = err > worst ? err : worst;
+    }
+    print_message("  gelu      max relative error %.3g on [-6, 0)\n", worst);
+    assert_true(worst < 2e-6);
     assert_true(cpu_expf(INFINITY) == INFINITY && cpu_expf(-INFINITY) == 0.0f);
     assert_true(cpu_expf(89.0f) == INFINITY && cpu_expf(-104.0f) == 0.0f);
     assert_true(cpu_expf(-100.0f) > 0.0f); /* subnormal, not flushed */
