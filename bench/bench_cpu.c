@@ -103,7 +103,10 @@ static double copy_mt(char *dst, const char *src, size_t n, int threads) {
 }
 
 static void bench_ceiling(void) {
-    size_t n = (size_t)(quick ? 32 : 128) << 20; /* bytes per buffer */
+    /* bytes per buffer: 256 MiB, the order of the largest workloads'
+     * inputs (w1: 268 MB), so that a large L3 (300 MiB on some servers)
+     * does not hold the copy; --quick: 32 MiB */
+    size_t n = (size_t)(quick ? 32 : 256) << 20;
     char *src = (char *)rand_f32(n / 4, -1, 1), *dst = (char *)rand_f32(n / 4, -1, 1);
     double best[9];
     for (int i = 0; i < 9; i++) {

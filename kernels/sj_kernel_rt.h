@@ -183,14 +183,18 @@ SJ_RT_FN float sj_rt_pow2i(int32_t n) { return sj_rt_u2f((uint32_t)(n + 127) << 
 
 /* exp(x) = 2^n * exp(r): exp(r) by a degree-6 fit (mpmath.chebyfit, error
  * 2.1e-9 on |r| <= 0.35); 2^n applied as two factors so that results that
- * overflow become inf and tiny ones pass through the subnormals to 0. The
- * clamps let a NaN through (its comparisons are false). */
+ * overflow become inf and tiny ones pass through the subnormals; 0 below
+ * -104. The clamps let a NaN through (its comparisons are false). */
 SJ_RT_FN float sj_rt_expf(float x) {
 #if defined(__CUDA_ARCH__)
     return expf(x);
 #else
-    float xc = sj_rt_sel(x < -104.0f, -104.0f, x); /* exp(-104) rounds to 0 */
-    xc = sj_rt_sel(xc > 88.8f, 88.8f, xc);           /* exp(88.8) overflows */
+    /* below -104 (exp rounds to 0) compute at 0 and select 0 after: an
+     * underflowing multiplication costs a microcode assist of ~150 cycles
+     * on Intel cores, which masked softmax rows (-1e4) would pay per vector */
+    int tiny = x < -104.0f;
+    float xc = sj_rt_sel(tiny, 0.0f, x);
+    xc = sj_rt_sel(xc > 88.8f, 88.8f, xc); /* exp(88.8) overflows */
     int32_t n;
     float r = sj_rt_reduce_ln2(xc, &n);
     float p = 1.394215983e-03f;
@@ -201,7 +205,7 @@ SJ_RT_FN float sj_rt_expf(float x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     int32_t n1 = n >> 1, n2 = n - n1; /* arithmetic shift: any split works */
-    return p * sj_rt_pow2i(n1) * sj_rt_pow2i(n2);
+    return sj_rt_sel(tiny, 0.0f, p * sj_rt_pow2i(n1) * sj_rt_pow2i(n2));
 #endif
 }
 
