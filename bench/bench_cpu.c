@@ -6,8 +6,10 @@
  *
  * Prints one JSON object per line. Times are wall-clock medians of many
  * repetitions after a warm-up; inputs are random (never zeros). The memcpy
- * ceiling is measured in the same run, single-threaded like the eager
- * kernels, counting bytes read plus bytes written as the peer does.
+ * ceiling is measured in the same run (256 MiB buffers, the fastest of 9
+ * copies), single-threaded and over all CPUs (of_ceiling_mt: the fused
+ * kernels' threads), counting bytes read plus bytes written as the peer
+ * does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -114,13 +116,16 @@ static void bench_ceiling(void) {
         memcpy(dst, src, n);
         best[i] = bench_now_s() - t0;
     }
+    /* the fastest of 9 copies: memory bandwidth on a shared (virtualised)
+     * host varies from copy to copy far more than the kernels do, and the
+     * peak is the stricter bar */
     qsort(best, 9, sizeof best[0], bench_cmp_double);
-    ceiling_GBps = 2.0 * (double)n / best[4] / 1e9;
+    ceiling_GBps = 2.0 * (double)n / best[0] / 1e9;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
     for (int i = 0; i < 9; i++) best[i] = copy_mt(dst, src, n, threads);
     qsort(best, 9, sizeof best[0], bench_cmp_double);
-    ceiling_mt_GBps = 2.0 * (double)n / best[4] / 1e9;
+    ceiling_mt_GBps = 2.0 * (double)n / best[0] / 1e9;
     printf("{\"workload\": \"ceiling\", \"backend\": \"cpu\", \"copy_GBps_read_plus_write\": %.2f, "
            "\"copy_mt_GBps\": %.2f, \"threads\": %d, \"bytes\": %zu}\n",
            ceiling_GBps, ceiling_mt_GBps, threads, n);

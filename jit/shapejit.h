@@ -382,7 +382,11 @@ SJ_API sj_val sj_scalar(sj_tracer *t, double v);
 
 /* Elementwise unary. Float dtypes only, except neg, abs and relu, which take
  * i32 and i64 too. gelu is the exact erf form; gelu_tanh the tanh
- * approximation. f16 and bf16 are computed in f32. */
+ * approximation. f16 and bf16 are computed in f32. On the CPU exp, tanh,
+ * erf, sigmoid and gelu are vectorizable approximations within 2e-7
+ * relative (erf and gelu: 1.5e-7 and 3e-7 of max(|result|, 1); gelu's
+ * small negative results keep 2e-6 relative); the bounds are asserted in
+ * tests/test_cpu_kernels.c and listed in kernels/sj_kernel_rt.h. */
 SJ_API sj_val sj_neg(sj_tracer *t, sj_val x);
 SJ_API sj_val sj_abs(sj_tracer *t, sj_val x);
 SJ_API sj_val sj_exp(sj_tracer *t, sj_val x);
