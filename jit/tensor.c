@@ -1,6 +1,7 @@
 /* Tensor descriptors: dtype tables, construction and validation. */
 #include "jit/tensor.h"
 
+#include <assert.h>
 #include <string.h>
 
 #include "jit/error.h"
@@ -70,6 +71,25 @@ sj_tensor sj_tensor_narrow(const sj_tensor *x, int axis, int64_t start, int64_t 
     t.shape[axis] = len;
     t.data = (char *)x->data + (size_t)(start * x->stride[axis]) * sj_dtype_size(x->dtype);
     return t;
+}
+
+sj_status sj_tensor_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y,
+                           sj_status (*copy)(void *ctx, const sj_tensor *x, const sj_tensor *y), void *ctx) {
+    assert(n >= 1);
+    if (axis < 0) axis += y->rank;
+    assert(axis >= 0 && axis < y->rank);
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const sj_tensor *x = &xs[i];
+        assert(x->dtype == y->dtype && x->rank == y->rank);
+        sj_tensor dst = sj_tensor_narrow(y, axis, off, x->shape[axis]);
+        off += x->shape[axis];
+        assert(off <= y->shape[axis]);
+        sj_status st = copy(ctx, x, &dst);
+        if (st) return st;
+    }
+    assert(off == y->shape[axis]);
+    return SJ_OK;
 }
 
 bool sj_tensor_valid(const sj_tensor *x) {

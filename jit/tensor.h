@@ -23,6 +23,13 @@ bool sj_tensor_contiguous_from(const sj_tensor *x, int from);
 /* The view of x's elements [start, start + len) along axis (same strides). */
 sj_tensor sj_tensor_narrow(const sj_tensor *x, int axis, int64_t start, int64_t len);
 
+/* y = the n tensors xs concatenated along axis (negative: from the end),
+ * each copied into its narrowed slice of y with copy(ctx, x, slice): the
+ * concat of every device's eager kernels. Shapes are the caller's to have
+ * checked (asserted). */
+sj_status sj_tensor_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y,
+                           sj_status (*copy)(void *ctx, const sj_tensor *x, const sj_tensor *y), void *ctx);
+
 /* Fill x->stride with row-major contiguous strides. */
 void sj_tensor_set_contiguous(sj_tensor *x);
 

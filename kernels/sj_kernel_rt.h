@@ -181,10 +181,22 @@ SJ_RT_FN float sj_rt_reduce_ln2(float x, int32_t *n) {
 /* 2^n for n in [-126, 127]. */
 SJ_RT_FN float sj_rt_pow2i(int32_t n) { return sj_rt_u2f((uint32_t)(n + 127) << 23); }
 
-/* exp(x) = 2^n * exp(r): exp(r) by a degree-6 fit (mpmath.chebyfit, error
- * 2.1e-9 on |r| <= 0.35); 2^n applied as two factors so that results that
- * overflow become inf and tiny ones pass through the subnormals; 0 below
- * -104. The clamps let a NaN through (its comparisons are false). */
+/* exp(r) for |r| <= 0.35 (a reduced argument): a degree-6 fit
+ * (mpmath.chebyfit, error 2.1e-9). */
+SJ_RT_FN float sj_rt_exp_poly(float r) {
+    float p = 1.394215983e-03f;
+    p = p * r + 8.375968226e-03f;
+    p = p * r + 4.166634014e-02f;
+    p = p * r + 1.666640530e-01f;
+    p = p * r + 5.000000050e-01f;
+    p = p * r + 1.0f;
+    return p * r + 1.0f;
+}
+
+/* exp(x) = 2^n * exp(r), exp(r) by sj_rt_exp_poly; 2^n applied as two
+ * factors so that results that overflow become inf and tiny ones pass
+ * through the subnormals; 0 below -104. The clamps let a NaN through (its
+ * comparisons are false). */
 SJ_RT_FN float sj_rt_expf(float x) {
 #if defined(__CUDA_ARCH__)
     return expf(x);
@@ -196,14 +208,7 @@ SJ_RT_FN float sj_rt_expf(float x) {
     float xc = sj_rt_sel(tiny, 0.0f, x);
     xc = sj_rt_sel(xc > 88.8f, 88.8f, xc); /* exp(88.8) overflows */
     int32_t n;
-    float r = sj_rt_reduce_ln2(xc, &n);
-    float p = 1.394215983e-03f;
-    p = p * r + 8.375968226e-03f;
-    p = p * r + 4.166634014e-02f;
-    p = p * r + 1.666640530e-01f;
-    p = p * r + 5.000000050e-01f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float p = sj_rt_exp_poly(sj_rt_reduce_ln2(xc, &n));
     int32_t n1 = n >> 1, n2 = n - n1; /* arithmetic shift: any split works */
     return sj_rt_sel(tiny, 0.0f, p * sj_rt_pow2i(n1) * sj_rt_pow2i(n2));
 #endif
@@ -251,7 +256,7 @@ SJ_RT_FN float sj_rt_tanhf(float x) {
 #endif
 }
 
-/* exp(-u) for u >= 0, for the erfc below: the sj_rt_expf polynomial, 2^n
+/* exp(-u) for u >= 0, for the erfc below: sj_rt_exp_poly, 2^n
  * added to the exponent bits (no multiplications: these kernels are bound
  * by floating-point throughput), results below 2^-126 flushed to 0 (u >
  * 87; for u <= 87, n >= -126 and p >= 1.4 keep the result normal). A NaN u
@@ -260,14 +265,7 @@ SJ_RT_FN float sj_rt_tanhf(float x) {
 SJ_RT_FN float sj_rt_exp_neg_ftz(float u) {
     float uc = sj_rt_sel(u > 87.0f, 87.0f, u);
     int32_t n;
-    float r = sj_rt_reduce_ln2(-uc, &n);
-    float p = 1.394215983e-03f;
-    p = p * r + 8.375968226e-03f;
-    p = p * r + 4.166634014e-02f;
-    p = p * r + 1.666640530e-01f;
-    p = p * r + 5.000000050e-01f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float p = sj_rt_exp_poly(sj_rt_reduce_ln2(-uc, &n));
     float e = sj_rt_u2f(sj_rt_f2u(p) + ((uint32_t)n << 23));
     return sj_rt_sel(u > 87.0f, 0.0f, e);
 }

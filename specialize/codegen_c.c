@@ -479,12 +479,19 @@ static void gen_pointwise(cg *c) {
 
 /* -- ROW ------------------------------------------------------------------------------- */
 
-typedef struct rowop {
-    const sj_node *n;
-    int32_t x, gw, bw;   /* operands (-1 absent) */
-    sj_dtype dt;
-    bool reduce;
-} rowop;
+typedef sj_cg_rowop rowop;
+
+sj_cg_rowop sj_cg_row_op(sj_cg *c) {
+    sj_cg_rowop R = {.n = &c->g->nodes[c->G->row_node]};
+    const int32_t *in = sj_node_ins(c->g, R.n);
+    R.x = in[0];
+    R.gw = R.n->n_in > 1 ? in[1] : -1;
+    R.bw = R.n->n_in > 2 ? in[2] : -1;
+    R.dt = c->g->vals[R.x].dtype;
+    R.reduce = sj_op_kind_of(R.n->op) == SJ_K_REDUCE;
+    c->rp = c->vpos[R.n->out];
+    return R;
+}
 
 /* Operand u at the current element, or dflt when absent (a norm's g and b
  * default to 1 and 0). */
@@ -668,14 +675,7 @@ static void put_reduce_body(cg *c, const rowop *R) {
 static void gen_row(cg *c) {
     const sj_group *G = c->G;
     int r = G->rank, L = r - 1;
-    rowop R = {.n = &c->g->nodes[G->row_node]};
-    const int32_t *in = sj_node_ins(c->g, R.n);
-    R.x = in[0];
-    R.gw = R.n->n_in > 1 ? in[1] : -1;
-    R.bw = R.n->n_in > 2 ? in[2] : -1;
-    R.dt = c->g->vals[R.x].dtype;
-    R.reduce = sj_op_kind_of(R.n->op) == SJ_K_REDUCE;
-    c->rp = c->vpos[R.n->out];
+    rowop R = sj_cg_row_op(c);
     put_decompose(c, L);
     put(&c->o, "for (int64_t row = begin; row < end; row++) {\n");
     put_pointers(c, L);

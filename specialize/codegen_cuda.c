@@ -349,12 +349,7 @@ static void gen_pointwise(sj_cg *c) {
 
 /* -- ROW ------------------------------------------------------------------------------- */
 
-typedef struct rowop {
-    const sj_node *n;
-    int32_t x, gw, bw; /* operands (-1 absent) */
-    sj_dtype dt;       /* x's */
-    bool reduce;
-} rowop;
+typedef sj_cg_rowop rowop;
 
 /* How a pass walks the thread's elements of the row:
  *   SHARED  element by element (j = tid, tid + nt, ...), the row op's input
@@ -622,14 +617,7 @@ static void put_row_modes(sj_cg *c, const rowop *R, bool vec) {
 static void gen_row(sj_cg *c) {
     const sj_group *G = c->G;
     int L = last_axis(c);
-    rowop R = {.n = &c->g->nodes[G->row_node]};
-    const int32_t *in = sj_node_ins(c->g, R.n);
-    R.x = in[0];
-    R.gw = R.n->n_in > 1 ? in[1] : -1;
-    R.bw = R.n->n_in > 2 ? in[2] : -1;
-    R.dt = c->g->vals[R.x].dtype;
-    R.reduce = sj_op_kind_of(R.n->op) == SJ_K_REDUCE;
-    c->rp = c->vpos[R.n->out];
+    rowop R = sj_cg_row_op(c);
     int64_t nl;
     bool known = sj_cg_kconst(c, G->shape[L], &nl);
     bool cache = !R.reduce && (!known || nl <= ROW_CACHE);

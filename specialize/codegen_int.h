@@ -124,4 +124,17 @@ void sj_cg_put_nodes(sj_cg *c, int lo, int hi);
 /* Stores of the values at positions [lo, hi), at ix. */
 void sj_cg_put_stores(sj_cg *c, int lo, int hi, const char *ix);
 
+/* -- ROW groups -------------------------------------------------------------------- */
+
+/* A ROW group's row op and its operands. */
+typedef struct sj_cg_rowop {
+    const sj_node *n;
+    int32_t x, gw, bw; /* operands (-1 absent) */
+    sj_dtype dt;       /* x's */
+    bool reduce;       /* sum, mean or amax (else softmax or a norm) */
+} sj_cg_rowop;
+
+/* The row op of c->G (a ROW group); sets c->rp. */
+sj_cg_rowop sj_cg_row_op(sj_cg *c);
+
 #endif /* SJ_CODEGEN_INT_H */

@@ -850,24 +850,12 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
 
 /* -- Concat and gather ----------------------------------------------------------------- */
 
+static sj_status copy_device(void *ctx, const sj_tensor *x, const sj_tensor *y) {
+    return sj_cuda_copy(ctx, x, y);
+}
+
 sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
-    assert(n >= 1);
-    if (axis < 0)
-        axis += y->rank;
-    assert(axis >= 0 && axis < y->rank);
-    int64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        const sj_tensor *x = &xs[i];
-        assert(x->dtype == y->dtype && x->rank == y->rank);
-        sj_tensor dst = sj_tensor_narrow(y, axis, off, x->shape[axis]);
-        off += x->shape[axis];
-        assert(off <= y->shape[axis]);
-        sj_status st = sj_cuda_copy(e, x, &dst);
-        if (st)
-            return st;
-    }
-    assert(off == y->shape[axis]);
-    return SJ_OK;
+    return sj_tensor_concat(xs, n, axis, y, copy_device, (void *)e);
 }
 
 sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y) {
