@@ -91,7 +91,8 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         return SJ_EBACKEND;
     }
     size_t len;
-    char *src = c->codegen(e->g, plan, m ? m->syms : NULL, "sj_", &len);
+    sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0};
+    char *src = c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len);
     if (!src) {
         snprintf(err, errn, "out of memory generating code");
         return SJ_ENOMEM;

@@ -1,6 +1,7 @@
 /* Runtime lifecycle, configuration from the environment, host memory. */
 #include "jit/runtime.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,7 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     cfg->cc = NULL;
     cfg->cflags = NULL;
     cfg->dump_dir = NULL;
+    cfg->stream_min_bytes = 0;
     pthread_once(&dflt_cache_once, find_default_cache);
     cfg->cache_dir = dflt_cache[0] ? dflt_cache : NULL;
 
@@ -118,6 +120,13 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
         long n = strtol(v, &end, 10);
         if (*end || n < 0 || n > 1023) env_warn("SHAPEJIT_CUDA_DEVICE", v, "expected a device index");
         else cfg->cuda_device = (int)n;
+    }
+    if ((v = getenv("SHAPEJIT_STREAM_MIN_BYTES")) && *v) {
+        char *end;
+        errno = 0;
+        long long n = strtoll(v, &end, 10);
+        if (*end || errno) env_warn("SHAPEJIT_STREAM_MIN_BYTES", v, "expected an integer (0: the cache size, -1: never)");
+        else cfg->stream_min_bytes = (int64_t)n;
     }
     v = getenv("SHAPEJIT_BUCKETS");
     if (v && *v) {

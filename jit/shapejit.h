@@ -213,6 +213,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc, cflags
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
  *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
+ *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
  * An unparsable value is reported once on stderr and ignored. */
 typedef struct sj_runtime_config {
     sj_backend_kind backend; /* default SJ_BACKEND_AUTO */
@@ -248,6 +249,11 @@ typedef struct sj_runtime_config {
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
     const char *dump_dir;         /* write every generated source there; NULL: no */
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
+    /* CPU fused kernels whose loads and stores move more bytes than this
+     * write their f32 outputs with non-temporal stores (no read for
+     * ownership; the output is not left in the caches). 0 (default): the
+     * last-level cache size; negative: never. Only speed depends on it. */
+    int64_t stream_min_bytes;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */

@@ -412,6 +412,58 @@ SJ_RT_FN int64_t sj_rt_f32_to_int(float v, int to_i32) {
     return r;
 }
 
+/* -- Streaming stores ------------------------------------------------------------
+ *
+ * A plain store to a line that is not cached first reads it (read for
+ * ownership): writing an output that does not fit in the caches costs a
+ * read and a write per line. Non-temporal stores write the line without the
+ * read. Generated kernels whose data exceeds the last-level cache compute an
+ * f32 output into a small stack chunk and stream the chunk out with
+ * sj_rt_stream_f32; before returning they call sj_rt_sfence, which orders
+ * those weakly ordered stores before whatever the thread does next (the
+ * executor's completion signal). Where the unit is built without AVX (the
+ * eager kernels, other architectures) SJ_RT_HAVE_STREAM is 0 and the
+ * functions are a plain copy and nothing. Not in CUDA units.
+ */
+#if !defined(__CUDACC__)
+#if defined(__AVX__) && defined(__GNUC__)
+/* The compilers' builtins rather than <immintrin.h>: that header takes
+ * longer to parse than the rest of a generated unit to compile. */
+#define SJ_RT_HAVE_STREAM 1
+typedef float sj_rt_v8f __attribute__((vector_size(32)));
+
+/* dst[0 .. n) = src[0 .. n): plain stores up to dst's first 64-byte
+ * boundary and after its last whole vector, non-temporal ones between. */
+SJ_RT_FN void sj_rt_stream_f32(float *restrict dst, const float *restrict src, int64_t n) {
+    int64_t i = 0;
+    while (i < n && ((uintptr_t)(dst + i) & 63u) != 0) {
+        dst[i] = src[i];
+        i++;
+    }
+    for (; i + 8 <= n; i += 8) {
+        sj_rt_v8f v;
+        memcpy(&v, src + i, sizeof v);
+#if defined(__clang__)
+        __builtin_nontemporal_store(v, (sj_rt_v8f *)(dst + i));
+#else
+        __builtin_ia32_movntps256(dst + i, v);
+#endif
+    }
+    for (; i < n; i++) dst[i] = src[i];
+}
+
+SJ_RT_FN void sj_rt_sfence(void) { __builtin_ia32_sfence(); }
+#else
+#define SJ_RT_HAVE_STREAM 0
+
+SJ_RT_FN void sj_rt_stream_f32(float *restrict dst, const float *restrict src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+}
+
+SJ_RT_FN void sj_rt_sfence(void) {}
+#endif
+#endif /* !__CUDACC__ */
+
 /* -- Row reductions -------------------------------------------------------------
  *
  * Sums of floats accumulate in double in SJ_RT_LANES partial sums (one per

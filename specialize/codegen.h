@@ -33,15 +33,26 @@
 /* The text of kernels/sj_kernel_rt.h, embedded at build time. */
 extern const char sj_kernel_rt_text[];
 
+/* What a generator is told besides the plan. */
+typedef struct sj_codegen_opts {
+    const char *prefix; /* before every function's name; NULL: none */
+    /* C only: a kernel whose accesses move more than this many bytes in all
+     * (the sum over its loads and stores that are not broadcast) writes its
+     * f32 outputs with unit inner stride through non-temporal stores
+     * (sj_rt_stream_f32), decided per call from the sizes; 0: the
+     * last-level cache size of this machine; negative: never. */
+    int64_t stream_min_bytes;
+} sj_codegen_opts;
+
 /* A malloc'd, NUL-terminated C translation unit (the runtime header's text,
  * then the functions), or NULL on allocation failure. *len (if not NULL)
- * receives its length. */
-char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix,
+ * receives its length. o may be NULL (no prefix, default streaming). */
+char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const sj_codegen_opts *o,
                    size_t *len);
 
 /* A code generator (sj_codegen_c, sj_codegen_cuda): what the compiler emits for
  * its backend. */
-typedef char *(*sj_codegen_fn)(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix,
-                               size_t *len);
+typedef char *(*sj_codegen_fn)(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals,
+                               const sj_codegen_opts *o, size_t *len);
 
 #endif

@@ -22,6 +22,17 @@
  * at run time. Reductions are one chunked pass; their epilogue runs once
  * per row.
  *
+ * Streaming: a group whose accesses move more bytes than the threshold
+ * (sj_codegen_opts.stream_min_bytes) writes its f32 unit-stride outputs
+ * with non-temporal stores. A loop that stores one comes in two variants
+ * under `if (nt)`: the plain one, and one in chunks of SCHUNK elements (a
+ * prologue's chunk in long rows) that writes each such output to a stack
+ * chunk SB<k>, then streams the chunk out (sj_rt_stream_f32), so both stay
+ * plain C for the vectorizer. Small chunks keep the streamed bursts short
+ * enough for the core to go on computing while they drain. `nt` is
+ * computed once per call from the sizes (a constant when specialized, which
+ * drops the other variant); a streaming call ends with sj_rt_sfence.
+ *
  * Values: float for f32/f16/bf16, int64_t for i32/i64/bool (bool as 0/1);
  * an i32 result wraps at once, as the eager kernels' i32 stores do. f16 and
  * bf16 intermediates are not rounded (only explicit casts round).
@@ -34,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/sj_kernel_rt.h"
 #include "specialize/codegen_int.h"
@@ -43,7 +55,18 @@
 #define STR(x) STR_(x)
 #define CHUNK 2048  /* recomputed prologue per pass, a multiple of SJ_RT_LANES */
 #define RCHUNK 256  /* reductions: the eager kernel's chunk */
+#define SBUF 2048   /* a streamed output's stack chunk, in floats */
+#define SCHUNK 256  /* elements a streaming loop computes between two streamed chunks */
 _Static_assert(CHUNK % SJ_RT_LANES == 0 && RCHUNK % SJ_RT_LANES == 0, "chunks keep sums bit-identical");
+_Static_assert(CHUNK <= SBUF && RCHUNK <= SBUF && SCHUNK <= SBUF, "a chunk fits a stream buffer");
+
+/* The C generator's own state (sj_cg.user). */
+typedef struct cstate {
+    double stream_min;              /* bytes; < 0: never stream */
+    bool staged[SJ_CG_MAX_ACC];     /* per access of the group: an f32 unit-stride store */
+    bool any;                       /* the group has one: it declares nt and SB<k> */
+    bool on;                        /* stores of staged accesses go to SB<k>[jj] */
+} cstate;
 
 /* -- Output buffer ----------------------------------------------------------- */
 
@@ -142,6 +165,11 @@ int sj_cg_inner(const cg *c, int k) {
 
 /* Element `ix` of access k: "P3[i]", "P3[i * st3_1]", "P3[0]". */
 static void put_elem(cg *c, int k, const char *ix) {
+    const cstate *cs = c->user;
+    if (cs->on && cs->staged[k]) {
+        put(&c->o, "SB%d[jj]", k);
+        return;
+    }
     int in = sj_cg_inner(c, k);
     if (!ix || in == 0) put(&c->o, "P%d[0]", k);
     else if (in == 1) put(&c->o, "P%d[%s]", k, ix);
@@ -457,7 +485,123 @@ static void put_carry(cg *c, int top) {
     for (int a = top; a > 0; a--) put(&c->o, "}\n");
 }
 
+/* -- Streaming stores ------------------------------------------------------------------ */
+
+/* Which of G's stores are staged, from the threshold and their types. */
+static void stream_setup(cg *c) {
+    cstate *cs = c->user;
+    cs->any = cs->on = false;
+    for (int k = 0; k < c->n_acc; k++) {
+        cs->staged[k] = cs->stream_min >= 0 && k >= c->G->n_loads && sj_cg_acc_dtype(c, k) == SJ_F32 &&
+                        sj_cg_inner(c, k) == 1;
+        cs->any |= cs->staged[k];
+    }
+}
+
+/* An access's bytes per element of the iteration space: 0 when it is
+ * broadcast along some axis (a known zero stride). */
+static int access_bytes(cg *c, int k) {
+    for (int a = 0; a < c->G->rank; a++) {
+        int64_t v;
+        if (sj_cg_kconst(c, c->acc[k]->stride[a], &v) && v == 0) return 0;
+    }
+    return (int)sj_dtype_size(sj_cg_acc_dtype(c, k));
+}
+
+/* `nt` (does this call stream?) and the stack chunks, after put_head. */
+static void put_stream_head(cg *c) {
+    const cstate *cs = c->user;
+    if (!cs->any) return;
+    int bytes = 0;
+    for (int k = 0; k < c->n_acc; k++) bytes += access_bytes(c, k);
+    put(&c->o, "const int nt = SJ_RT_HAVE_STREAM && %d.0", bytes);
+    for (int a = 0; a < c->G->rank; a++) put(&c->o, " * (double)n%d", a);
+    put(&c->o, " > %.17g;\n", cs->stream_min);
+    for (int k = 0; k < c->n_acc; k++)
+        if (cs->staged[k]) put(&c->o, "_Alignas(64) float SB%d[%d];\n", k, SBUF);
+}
+
+static void put_stream_tail(cg *c) {
+    if (((const cstate *)c->user)->any) put(&c->o, "if (nt) sj_rt_sfence();\n");
+}
+
+/* Does a block storing the values of positions [lo, hi) store a staged
+ * access? */
+static bool stages(const cg *c, int lo, int hi) {
+    const cstate *cs = c->user;
+    for (int k = c->G->n_loads; k < c->n_acc; k++) {
+        int q = c->vpos[c->acc[k]->val];
+        if (cs->staged[k] && q >= lo && q < hi) return true;
+    }
+    return false;
+}
+
+/* A loop body: emitted once per variant of its loop. */
+typedef void (*body_fn)(cg *c, const void *ctx);
+
+static void put_jj_loop(cg *c, const char *ix, body_fn body, const void *ctx) {
+    put(&c->o, "for (int64_t jj = 0; jj < k; jj++) {\nconst int64_t %s = c0 + jj;\n", ix);
+    body(c, ctx);
+    put(&c->o, "}\n");
+}
+
+/* The streaming variant of a chunk's loop: the staged stores go to
+ * SB<k>[jj]; then the chunks are streamed out. */
+static void put_jj_staged(cg *c, const char *ix, int lo, int hi, body_fn body, const void *ctx) {
+    cstate *cs = c->user;
+    cs->on = true;
+    put_jj_loop(c, ix, body, ctx);
+    cs->on = false;
+    for (int k = c->G->n_loads; k < c->n_acc; k++) {
+        int q = c->vpos[c->acc[k]->val];
+        if (cs->staged[k] && q >= lo && q < hi) put(&c->o, "sj_rt_stream_f32(P%d + c0, SB%d, k);\n", k, k);
+    }
+}
+
+/* A loop over the current chunk [c0, c0 + k) (jj within, ix = c0 + jj)
+ * whose body stores the values of positions [lo, hi). When that stores a
+ * staged access: two variants, the streaming one under `if (nt)` (so each
+ * is a plain loop for the vectorizer; specialized, nt is a constant). */
+static void put_chunk_loop(cg *c, const char *ix, int lo, int hi, body_fn body, const void *ctx) {
+    if (!stages(c, lo, hi)) {
+        put_jj_loop(c, ix, body, ctx);
+        return;
+    }
+    put(&c->o, "if (nt) {\n");
+    put_jj_staged(c, ix, lo, hi, body, ctx);
+    put(&c->o, "} else {\n");
+    put_jj_loop(c, ix, body, ctx);
+    put(&c->o, "}\n");
+}
+
+/* A loop over [0, len) with index ix, as put_chunk_loop: the streaming
+ * variant runs in chunks of SCHUNK. */
+static void put_loop(cg *c, const char *len, const char *ix, int lo, int hi, body_fn body, const void *ctx) {
+    bool st = stages(c, lo, hi);
+    if (st) {
+        /* whole chunks (a constant trip count, as a specialized kernel's
+         * loops have), then the rest */
+        put(&c->o, "if (nt) {\nint64_t c0 = 0;\nfor (; c0 + %d <= %s; c0 += %d) {\n", SCHUNK, len, SCHUNK);
+        put(&c->o, "const int64_t k = %d;\n", SCHUNK);
+        put_jj_staged(c, ix, lo, hi, body, ctx);
+        put(&c->o, "}\nif (c0 < %s) {\nconst int64_t k = %s - c0;\n", len, len);
+        put_jj_staged(c, ix, lo, hi, body, ctx);
+        put(&c->o, "}\n} else {\n");
+    }
+    put(&c->o, "for (int64_t %s = 0; %s < %s; %s++) {\n", ix, ix, len, ix);
+    body(c, ctx);
+    put(&c->o, "}\n");
+    if (st) put(&c->o, "}\n");
+}
+
 /* -- POINTWISE ---------------------------------------------------------------------- */
+
+static void pointwise_body(cg *c, const void *ctx) {
+    (void)ctx;
+    sj_cg_put_loads(c, "i", NULL, 0);
+    sj_cg_put_nodes(c, 0, c->G->n_nodes);
+    sj_cg_put_stores(c, 0, c->G->n_nodes, "i");
+}
 
 static void gen_pointwise(cg *c) {
     int r = c->G->rank, L = r - 1;
@@ -468,11 +612,8 @@ static void gen_pointwise(cg *c) {
     sj_cg_reset_want(c);
     sj_cg_want_stores(c, 0, c->G->n_nodes);
     sj_cg_close_want(c);
-    put(&c->o, "for (int64_t i = 0; i < cnt; i++) {\n");
-    sj_cg_put_loads(c, "i", NULL, 0);
-    sj_cg_put_nodes(c, 0, c->G->n_nodes);
-    sj_cg_put_stores(c, 0, c->G->n_nodes, "i");
-    put(&c->o, "}\nleft -= cnt;\nif (left <= 0) break;\nix[%d] = 0;\n", L);
+    put_loop(c, "cnt", "i", 0, c->G->n_nodes, pointwise_body, NULL);
+    put(&c->o, "left -= cnt;\nif (left <= 0) break;\nix[%d] = 0;\n", L);
     put_carry(c, L - 1);
     put(&c->o, "}\n");
 }
@@ -512,6 +653,22 @@ void sj_cg_put_norm_tail(cg *c, const sj_node *n, int32_t gw, int32_t bw) {
     }
 }
 
+typedef struct fill_ctx {
+    const rowop *R;
+    const char *dst;
+    bool chunked, stores;
+} fill_ctx;
+
+static void fill_body(cg *c, const void *ctx) {
+    const fill_ctx *f = ctx;
+    sj_cg_put_loads(c, "j", &f->R->x, 1);
+    sj_cg_put_nodes(c, 0, c->rp);
+    put(&c->o, "%s[%s] = ", f->dst, f->chunked ? "jj" : "j");
+    sj_cg_put_ref(c, f->R->x);
+    put(&c->o, ";\n");
+    if (f->stores) sj_cg_put_stores(c, 0, c->rp, "j");
+}
+
 /* A loop filling dst with the row op's input (the prologue's result),
  * storing the prologue's stored values when `stores`: over the whole row
  * into dst[j], or (chunked) over [c0, c0 + k) into dst[jj]. */
@@ -520,15 +677,15 @@ static void put_fill(cg *c, const rowop *R, const char *dst, bool chunked, bool 
     sj_cg_want_val(c, R->x);
     if (stores) sj_cg_want_stores(c, 0, c->rp);
     sj_cg_close_want(c);
-    if (chunked) put(&c->o, "for (int64_t jj = 0; jj < k; jj++) {\nconst int64_t j = c0 + jj;\n");
-    else put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", last_axis(c));
-    sj_cg_put_loads(c, "j", &R->x, 1);
-    sj_cg_put_nodes(c, 0, c->rp);
-    put(&c->o, "%s[%s] = ", dst, chunked ? "jj" : "j");
-    sj_cg_put_ref(c, R->x);
-    put(&c->o, ";\n");
-    if (stores) sj_cg_put_stores(c, 0, c->rp, "j");
-    put(&c->o, "}\n");
+    int hi = stores ? c->rp : 0; /* the stores this pass makes: [0, hi) */
+    fill_ctx f = {R, dst, chunked, stores};
+    if (chunked) {
+        put_chunk_loop(c, "j", 0, hi, fill_body, &f);
+    } else {
+        char len[16];
+        snprintf(len, sizeof len, "n%d", last_axis(c));
+        put_loop(c, len, "j", 0, hi, fill_body, &f);
+    }
 }
 
 /* Chunked pass: for each chunk, fill cb then run `then`. */
@@ -540,37 +697,48 @@ static void put_chunks(cg *c, const rowop *R, int chunk, bool stores, const char
     put(&c->o, "%s}\n", then);
 }
 
-/* The per-element output pass of softmax and the norms: the row op's value
- * (from buf[j] when buffered, else recomputed), the epilogue, the stores. */
-static void put_out_pass(cg *c, const rowop *R, bool buffered) {
-    int L = last_axis(c), n_pos = c->G->n_nodes;
-    bool softmax = R->n->op == SJ_OP_SOFTMAX;
-    bool x_in_buf = buffered && !softmax; /* buf holds x (softmax: exp) */
-    int32_t extra[3] = {buffered ? -1 : R->x, R->gw, R->bw};
-    sj_cg_reset_want(c);
-    c->want[c->rp] = true;
-    sj_cg_want_stores(c, c->rp + 1, n_pos);
-    if (x_in_buf && c->vpos[R->x] >= 0) c->avail[c->vpos[R->x]] = true;
-    for (int i = 0; i < 3; i++) sj_cg_want_val(c, extra[i]);
-    sj_cg_close_want(c);
-    put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", L);
-    if (x_in_buf && c->vpos[R->x] >= 0) put(&c->o, "const float v%d = buf[j];\n", (int)R->x);
-    sj_cg_put_loads(c, "j", extra, 3);
+typedef struct out_ctx {
+    const rowop *R;
+    bool buffered, softmax, x_in_buf;
+    int32_t extra[3];
+} out_ctx;
+
+static void out_body(cg *c, const void *ctx) {
+    const out_ctx *o = ctx;
+    const rowop *R = o->R;
+    if (o->x_in_buf && c->vpos[R->x] >= 0) put(&c->o, "const float v%d = buf[j];\n", (int)R->x);
+    sj_cg_put_loads(c, "j", o->extra, 3);
     sj_cg_put_nodes(c, 0, c->rp);
     put(&c->o, "const float v%d = ", (int)R->n->out);
-    if (softmax) {
-        if (buffered) put(&c->o, "buf[j] * inv;\n");
+    if (o->softmax) {
+        if (o->buffered) put(&c->o, "buf[j] * inv;\n");
         else put(&c->o, "sj_rt_expf("), sj_cg_put_ref(c, R->x), put(&c->o, " - m) * inv;\n");
     } else {
         put(&c->o, "(float)(((double)");
-        if (x_in_buf && c->vpos[R->x] < 0) put(&c->o, "buf[j]");
+        if (o->x_in_buf && c->vpos[R->x] < 0) put(&c->o, "buf[j]");
         else sj_cg_put_ref(c, R->x);
         sj_cg_put_norm_tail(c, R->n, R->gw, R->bw);
         put(&c->o, ");\n");
     }
-    sj_cg_put_nodes(c, c->rp + 1, n_pos);
-    sj_cg_put_stores(c, c->rp, n_pos, "j");
-    put(&c->o, "}\n");
+    sj_cg_put_nodes(c, c->rp + 1, c->G->n_nodes);
+    sj_cg_put_stores(c, c->rp, c->G->n_nodes, "j");
+}
+
+/* The per-element output pass of softmax and the norms: the row op's value
+ * (from buf[j] when buffered, else recomputed), the epilogue, the stores. */
+static void put_out_pass(cg *c, const rowop *R, bool buffered) {
+    int L = last_axis(c), n_pos = c->G->n_nodes;
+    out_ctx o = {R, buffered, R->n->op == SJ_OP_SOFTMAX, false, {buffered ? -1 : R->x, R->gw, R->bw}};
+    o.x_in_buf = buffered && !o.softmax; /* buf holds x (softmax: exp) */
+    sj_cg_reset_want(c);
+    c->want[c->rp] = true;
+    sj_cg_want_stores(c, c->rp + 1, n_pos);
+    if (o.x_in_buf && c->vpos[R->x] >= 0) c->avail[c->vpos[R->x]] = true;
+    for (int i = 0; i < 3; i++) sj_cg_want_val(c, o.extra[i]);
+    sj_cg_close_want(c);
+    char len[16];
+    snprintf(len, sizeof len, "n%d", L);
+    put_loop(c, len, "j", c->rp, n_pos, out_body, &o);
 }
 
 /* Softmax or a norm over one row, buffered or recomputing. */
@@ -630,6 +798,19 @@ static void put_row_body(cg *c, const rowop *R, bool buffered, const char *bufle
     put_out_pass(c, R, buffered);
 }
 
+/* An integer sum or amax's pass over the row. */
+static void ireduce_body(cg *c, const void *ctx) {
+    const rowop *R = ctx;
+    bool amax = R->n->op == SJ_OP_AMAX;
+    sj_cg_put_loads(c, "j", &R->x, 1);
+    sj_cg_put_nodes(c, 0, c->rp);
+    put(&c->o, amax ? "im = " : "us += (uint64_t)");
+    sj_cg_put_ref(c, R->x);
+    if (amax) put(&c->o, " > im ? "), sj_cg_put_ref(c, R->x), put(&c->o, " : im");
+    put(&c->o, ";\n");
+    sj_cg_put_stores(c, 0, c->rp, "j");
+}
+
 /* sum / mean / amax: one chunked pass, then the epilogue once per row. */
 static void put_reduce_body(cg *c, const rowop *R) {
     int L = last_axis(c), n_pos = c->G->n_nodes;
@@ -651,15 +832,9 @@ static void put_reduce_body(cg *c, const rowop *R) {
         sj_cg_want_val(c, R->x);
         sj_cg_want_stores(c, 0, c->rp);
         sj_cg_close_want(c);
-        put(&c->o, "for (int64_t j = 0; j < n%d; j++) {\n", L);
-        sj_cg_put_loads(c, "j", &R->x, 1);
-        sj_cg_put_nodes(c, 0, c->rp);
-        put(&c->o, amax ? "im = " : "us += (uint64_t)");
-        sj_cg_put_ref(c, R->x);
-        if (amax) put(&c->o, " > im ? "), sj_cg_put_ref(c, R->x), put(&c->o, " : im");
-        put(&c->o, ";\n");
-        sj_cg_put_stores(c, 0, c->rp, "j");
-        put(&c->o, "}\n");
+        char len[16];
+        snprintf(len, sizeof len, "n%d", L);
+        put_loop(c, len, "j", 0, c->rp, ireduce_body, R);
         put(&c->o, "const int64_t v%d = %s(%s);\n", (int)y, dt == SJ_I32 ? "sj_rt_wrap32" : "",
             amax ? "im" : "sj_rt_i64_from_u(us)");
     }
@@ -743,20 +918,38 @@ char *sj_cg_take(cg *c, size_t *len) {
     return c->o.s;
 }
 
-char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix, size_t *len) {
+/* The last-level cache's size, or 32 MiB when the system does not say. */
+static double llc_bytes(void) {
+    long v = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (v <= 0) v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return v > 0 ? (double)v : 32.0 * 1024 * 1024;
+}
+
+char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const sj_codegen_opts *o,
+                   size_t *len) {
     cg c;
+    cstate cs = {0};
     sj_cg_init(&c, g, p, sym_vals);
     c.elem = put_elem;
-    if (!prefix) prefix = "";
+    c.user = &cs;
+    const char *prefix = o && o->prefix ? o->prefix : "";
+    int64_t sm = o ? o->stream_min_bytes : 0;
+    cs.stream_min = sm < 0 ? -1.0 : sm == 0 ? llc_bytes() : (double)sm;
     put(&c.o, "%s", sj_kernel_rt_text);
     put(&c.o, "\n/* -- generated: %d groups, %s form -- */\n", p->n_generated, sym_vals ? "specialized" : "symbolic");
     for (int gi = 0; gi < p->n_groups && !c.o.oom; gi++) {
         const sj_group *G = &p->groups[gi];
         if (G->kind == SJ_G_NODE) continue;
         sj_cg_group(&c, G);
+        stream_setup(&c);
         put_head(&c, prefix);
+        put_stream_head(&c);
         if (G->kind == SJ_G_POINTWISE) gen_pointwise(&c);
         else gen_row(&c);
+        put_stream_tail(&c);
         put(&c.o, "}\n");
     }
     return sj_cg_take(&c, len);

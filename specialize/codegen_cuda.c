@@ -650,14 +650,14 @@ static void gen_row(sj_cg *c) {
 
 /* -- Entry points ------------------------------------------------------------------------- */
 
-char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix,
+char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const sj_codegen_opts *o,
                       size_t *len) {
     sj_cg c;
     cu u = {0};
+    const char *prefix = o && o->prefix ? o->prefix : "";
     sj_cg_init(&c, g, p, sym_vals);
     c.elem = put_elem;
     c.user = &u;
-    if (!prefix) prefix = "";
     put(&c.o, "%s", prelude_head);
     put(&c.o, "%s", sj_kernel_rt_text);
     put(&c.o, "%s", prelude_tail);

@@ -35,10 +35,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "specialize/codegen.h"
 #include "specialize/fusion.h"
 
-/* A malloc'd CUDA C translation unit, or NULL on allocation failure. */
-char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const char *prefix,
+/* A malloc'd CUDA C translation unit, or NULL on allocation failure (o: as
+ * for sj_codegen_c; only its prefix applies). */
+char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const sj_codegen_opts *o,
                       size_t *len);
 
 typedef struct sj_launch {

@@ -138,6 +138,20 @@ static void test_config_env(void **state) {
     assert_int_equal(cfg.backend, SJ_BACKEND_AUTO);
     unsetenv("SHAPEJIT_LOG");
     unsetenv("SHAPEJIT_BACKEND");
+    /* streaming stores: default 0 (the cache size), -1 never, junk ignored */
+    unsetenv("SHAPEJIT_STREAM_MIN_BYTES");
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.stream_min_bytes, 0);
+    setenv("SHAPEJIT_STREAM_MIN_BYTES", "-1", 1);
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.stream_min_bytes, -1);
+    setenv("SHAPEJIT_STREAM_MIN_BYTES", "68719476736", 1);
+    sj_runtime_config_init(&cfg);
+    assert_true(cfg.stream_min_bytes == INT64_C(68719476736));
+    setenv("SHAPEJIT_STREAM_MIN_BYTES", "12MB", 1);
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.stream_min_bytes, 0);
+    unsetenv("SHAPEJIT_STREAM_MIN_BYTES");
 }
 
 typedef struct log_sink {

@@ -409,7 +409,7 @@ static void build(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int f
     const char *prefix = form ? "sym_" : "spec_";
     unit *u = &units[form];
     size_t len;
-    char *src = sj_codegen_cuda(g, p, sv, prefix, &len);
+    char *src = sj_codegen_cuda(g, p, sv, &(sj_codegen_opts){.prefix = prefix}, &len);
     assert_non_null(src);
     assert_int_equal(strlen(src), len);
     char *cubin = NULL;
@@ -512,7 +512,8 @@ static void test_codegen_text(void **state) {
         sj_graph *g;
         int64_t sv[64];
         sj_fplan *p = plan_of(pts[i], dims[i], SJ_F32, &g, sv);
-        char *spec = sj_codegen_cuda(g, p, sv, "w_", NULL), *sym = sj_codegen_cuda(g, p, NULL, "w_", NULL);
+        const sj_codegen_opts o = {.prefix = "w_"};
+        char *spec = sj_codegen_cuda(g, p, sv, &o, NULL), *sym = sj_codegen_cuda(g, p, NULL, &o, NULL);
         assert_non_null(spec);
         assert_non_null(sym);
         char head[160];
@@ -560,7 +561,7 @@ static void test_no_div64(void **state) {
         int64_t sv[64];
         sj_fplan *p = plan_of(cases[i].pt, cases[i].d, SJ_F32, &g, sv);
         for (int form = 0; form < (cases[i].sym_too ? 2 : 1); form++) {
-            char *src = sj_codegen_cuda(g, p, form ? NULL : sv, "k_", NULL), *ptx = NULL;
+            char *src = sj_codegen_cuda(g, p, form ? NULL : sv, &(sj_codegen_opts){.prefix = "k_"}, NULL), *ptx = NULL;
             size_t n = 0;
             const char *what = tu_label("%s %s ptx", cases[i].pt->name, form ? "sym" : "spec");
             nvrtc_compile(src, "--gpu-architecture=compute_90", what, &ptx, &n);

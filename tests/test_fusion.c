@@ -128,11 +128,15 @@ static void run_and_compare(const sj_graph *g, const sj_fplan *p, void *const *f
  * run inline and on the thread pool. */
 
 static unit units[2]; /* per form: specialized, symbolic */
+/* sj_codegen_opts.stream_min_bytes: 0, the cache size (the tests' shapes
+ * stay under it: the chunked store loops without streaming); test_streamed
+ * sets 1 (every f32 output streamed). */
+static int64_t stream_min;
 
 static void build_c(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int form, const char *what) {
     const char *prefix = form ? "sym_" : "spec_";
     size_t len;
-    char *src = sj_codegen_c(g, p, sv, prefix, &len);
+    char *src = sj_codegen_c(g, p, sv, &(sj_codegen_opts){.prefix = prefix, .stream_min_bytes = stream_min}, &len);
     assert_non_null(src);
     compile(p, src, len, prefix, &units[form]);
     free(src);
@@ -292,6 +296,34 @@ static void test_empty(void **state) {
     run_pattern(&tu_pat_reduce, true, SJ_F32, S(0, 5));
     run_pattern(&tu_pat_sum0, false, SJ_F32, S(3, 0)); /* rows of 0: sum 0, mean NaN */
 }
+/* Non-temporal stores on every f32 output (through the stack chunks, with
+ * the unaligned heads and tails of random shapes), on one thread and four. */
+static int stream_all(void **state) {
+    stream_min = 1;
+    return 0;
+}
+static int stream_default(void **state) {
+    stream_min = 0;
+    return tu_teardown(state);
+}
+static void test_streamed(void **state) {
+    run_both(&tu_pat_w1, SJ_F32);
+    run_both(&tu_pat_w1_big, SJ_F32);
+    run_both(&tu_pat_w2, SJ_F32);
+    run_both(&tu_pat_w3_masked, SJ_F32);
+    run_both(&tu_pat_views, SJ_F32);
+    run_both(&tu_pat_strided, SJ_F32);
+    run_both(&tu_pat_reduce, SJ_F32);
+    run_both(&tu_pat_reduce_long, SJ_F32);
+    run_both(&tu_pat_rows, SJ_F32);
+    run_both(&tu_pat_rows_mid, SJ_F32);
+    run_both(&tu_pat_rows_long, SJ_F32);
+    run_both(&tu_pat_casts, SJ_F32);
+    run_both(&tu_pat_shared, SJ_F32);
+    run_both(&tu_pat_outs, SJ_F32);
+    run_both(&tu_pat_w2, SJ_BF16); /* nothing staged: the plain loops */
+}
+
 static void test_cycle(void **state) {
     tu_params[2] = small_param(SJ_F32, 2, S(16, 16), 0.3);
     run_both(&P_CYCLE, SJ_F32);
@@ -523,18 +555,42 @@ static void test_fuse_oom(void **state) {
     sj_graph_destroy(res.graph);
 }
 
+/* w2 at 9x768, generated specialized with so and symbolic with yo. */
+static void w2_sources(const sj_codegen_opts *so, const sj_codegen_opts *yo, char **spec, char **sym, sj_fplan **p,
+                       sj_graph **g) {
+    *p = plan_of(&tu_pat_w2, S(9, 768), g);
+    *spec = sj_codegen_c(*g, *p, S(9, 768), so, NULL);
+    *sym = sj_codegen_c(*g, *p, NULL, yo, NULL);
+    assert_non_null(*spec);
+    assert_non_null(*sym);
+}
+
 /* the generated source: both forms are plain C over the runtime header */
 static void test_codegen_text(void **state) {
     sj_graph *g;
-    sj_fplan *p = plan_of(&tu_pat_w2, S(9, 768), &g);
-    int64_t sv[2] = {9, 768};
-    char *spec = sj_codegen_c(g, p, sv, "w2_", NULL), *sym = sj_codegen_c(g, p, NULL, "w2_", NULL);
-    assert_non_null(spec);
-    assert_non_null(sym);
+    sj_fplan *p;
+    char *spec, *sym;
+    const sj_codegen_opts o = {.prefix = "w2_"};
+    w2_sources(&o, &o, &spec, &sym, &p, &g);
     assert_non_null(strstr(spec, "void w2_k0(void *const *p, const int64_t *s, int64_t begin, int64_t end)"));
     assert_non_null(strstr(spec, "sj_rt_geluf"));
     assert_non_null(strstr(sym, "const int64_t s0 = s[0], s1 = s[1];"));
     assert_null(strstr(spec, "s[0]"));
+    /* nt from the sizes (a 9x768 w2 stays under the cache size: the
+     * compiler drops the streaming variant) */
+    assert_non_null(strstr(spec, "const int nt = SJ_RT_HAVE_STREAM && 16.0 * (double)n0 * (double)n1 > "));
+    assert_non_null(strstr(spec, "if (nt) {"));
+    tu_codegen_done(spec, sym, p, g);
+    /* streaming forced: the chunks go out through sj_rt_stream_f32, then a
+     * fence; never: the plain loops */
+    const sj_codegen_opts all = {.prefix = "w2_", .stream_min_bytes = 1}, never = {.prefix = "w2_", .stream_min_bytes = -1};
+    w2_sources(&all, &never, &spec, &sym, &p, &g);
+    assert_non_null(strstr(spec, " > 1;\n"));
+    assert_non_null(strstr(spec, "sj_rt_stream_f32(P"));
+    assert_non_null(strstr(spec, "SB5[jj] = v"));
+    assert_non_null(strstr(spec, "if (nt) sj_rt_sfence();"));
+    assert_null(strstr(sym, "const int nt"));
+    assert_null(strstr(sym, "sj_rt_stream_f32(P"));
     tu_codegen_done(spec, sym, p, g);
 }
 
@@ -546,6 +602,7 @@ int main(void) {
         T(test_w1), T(test_w2), T(test_w3), T(test_matmul_gelu), T(test_views), T(test_softmax_axis0),
         T(test_reduce), T(test_rows), T(test_casts_where), T(test_ints), T(test_half), T(test_shared_value),
         T(test_outputs), T(test_empty), T(test_cycle), T(test_encoder),
+        cmocka_unit_test_setup_teardown(test_streamed, stream_all, stream_default),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

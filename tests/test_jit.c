@@ -148,6 +148,28 @@ static int teardown_group(void **state) {
     return 0;
 }
 
+/* Does some file of dir contain needle? */
+static bool dir_has(const char *dir, const char *needle) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    bool found = false;
+    char path[512];
+    while (!found && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        static char text[1 << 20];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = 0;
+        found = strstr(text, needle) != NULL;
+    }
+    closedir(d);
+    return found;
+}
+
 /* -- Tiers -------------------------------------------------------------------------------- */
 
 static void test_sync_fused_static_and_symbolic(void **state) {
@@ -194,6 +216,36 @@ static void test_two_outputs_row_group(void **state) {
     sj_fn_entries(fn, &info, 1);
     assert_true(info.planned_bytes <= info.naive_bytes);
     sj_runtime_destroy(rt);
+}
+
+/* stream_min_bytes reaches the generated kernels: 1 streams every f32
+ * output (results still right, on 2 threads), -1 never. */
+static void test_streaming_config(void **state) {
+    for (int pass = 0; pass < 2; pass++) {
+        char dump[64];
+        snprintf(dump, sizeof dump, "/tmp/sj_test_dump_XXXXXX");
+        assert_non_null(mkdtemp(dump));
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CPU, cfg.log_mask = 0, cfg.compile_mode = SJ_COMPILE_SYNC;
+        cfg.cache_dir = NULL, cfg.exec_threads = 2, cfg.dump_dir = dump;
+        cfg.stream_min_bytes = pass ? -1 : 1;
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_fn *fn = make(rt, "w2", 4, m_w2, SJ_DYNAMIC_SYMBOLIC, 1);
+        int64_t shapes[][2] = {{37, 200}, {5, 1000}, {300, 33}};
+        for (int i = 0; i < 3; i++) {
+            sj_tensor in[4];
+            w2_inputs(in, shapes[i][0], shapes[i][1]);
+            call_and_compare(rt, fn, m_w2, in, 4, 2, 1e-5);
+        }
+        assert_int_equal(stats(fn).eager_calls, 0);
+        sj_runtime_destroy(rt);
+        assert_int_equal(dir_has(dump, "sj_rt_stream_f32(P"), pass == 0);
+        assert_int_equal(dir_has(dump, "const int nt = "), pass == 0);
+        assert_int_equal(dir_has(dump, " > 1;\n"), pass == 0); /* the threshold itself */
+        rm_rf(dump);
+    }
 }
 
 static void test_matmul_chain_and_caller_outputs(void **state) {
@@ -510,6 +562,7 @@ int main(void) {
         T(test_off_mode),                       T(test_async_slow_compile_hot_swap), T(test_wait_idle_timeout),
         T(test_destroy_during_compile),         T(test_cold_job_dropped),       T(test_missing_compiler),
         T(test_compile_error_injected),         T(test_cache_warm_and_corrupt), T(test_hot_shapes_specialized),
+        T(test_streaming_config),
     };
     return cmocka_run_group_tests_name("jit", tests, setup_group, teardown_group);
 }
