@@ -1,5 +1,5 @@
-/* Helpers the backends share: writing files and dumping generated sources
- * (declared in kernels/backend.h). */
+/* What the backends share: writing files, dumping generated sources, the
+ * compile driver (declared in kernels/backend.h). */
 #include "kernels/backend.h"
 
 #include <errno.h>
@@ -9,8 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "jit/cache.h"
 #include "jit/error.h"
 #include "jit/runtime.h"
 
@@ -93,4 +95,60 @@ sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj
     memcpy(*src, req->source, req->source_len);
     (*src)[req->source_len] = '\0';
     return SJ_OK;
+}
+
+/* -- The compile driver --------------------------------------------------------- */
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms) {
+    double end = now_ms() + ms;
+    for (double left; (left = end - now_ms()) > 0;) {
+        double step = left < 5 ? left : 5;
+        struct timespec ts = {0, (long)(step * 1e6)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *req, sj_compile_result *out) {
+    if (!out) return sj_seterr(SJ_EINVAL, "%s backend: compile: out is NULL", d->who);
+    memset(out, 0, sizeof *out);
+    if (d->test_delay_ms > 0) sleep_ms(d->test_delay_ms);
+    const char *tag;
+    char *src;
+    sj_status st = sj_backend_take_request(d->who, req, out, &tag, &src);
+    if (st) return st;
+    const char *parts[8] = {src};
+    int n = 1;
+    for (int i = 0; i < d->n_key_parts && n < 8; i++) parts[n++] = d->key_parts[i];
+    sj_cache_key(out->key, parts, n);
+    if (d->dump_dir) sj_backend_dump(d->rt, d->who, d->dump_dir, tag, d->ext, src, req->source_len);
+
+    char note[sizeof out->log + 64] = "", why[256];
+    const char *refused = NULL;
+    int cached = d->test_fail ? 0 : d->load_cached(d->self, req, out);
+    if (cached < 0) snprintf(note, sizeof note, "; cached artifact unusable: %s", out->log);
+    if (d->test_fail) {
+        snprintf(out->log, sizeof out->log, "compile failed (test hook)");
+        st = sj_backend_fail(d->rt, d->who, out, tag, out->log);
+    } else if (cached > 0) {
+        out->from_cache = true;
+        out->log[0] = '\0';
+        sj_logf(d->rt, SJ_LOG_COMPILE, "%s: %s: cache hit (key %.16s)", d->who, tag, out->key);
+        st = SJ_OK;
+    } else if (d->refuse && (refused = d->refuse(d->self, why, sizeof why))) {
+        snprintf(out->log, sizeof out->log, "%s", refused);
+        st = sj_backend_fail(d->rt, d->who, out, tag, out->log);
+    } else {
+        out->log[0] = '\0'; /* a failed cache load is just a miss */
+        out->module = NULL;
+        memset(out->fns, 0, sizeof out->fns);
+        st = d->compile_fresh(d->self, req, src, tag, note, out);
+    }
+    free(src);
+    return st;
 }

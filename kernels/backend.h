@@ -75,4 +75,36 @@ sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj
  * line); *len its length. */
 const char *sj_backend_error_line(const char *log, int *len);
 
+/* -- The compile driver (kernels/backend.c) ----------------------------------
+ *
+ * Both backends compile the same way: check and copy the request, derive the
+ * cache key from the source and the toolchain, dump the source, then load
+ * the cached artifact, or refuse (test hook, missing tool), or run the
+ * toolchain. The backend supplies the steps that differ. */
+
+typedef struct sj_backend_driver {
+    const char *who;              /* "cpu", "cuda" */
+    const char *ext;              /* dump file extension: ".c", ".cu" */
+    const char *const *key_parts; /* the toolchain's part of the cache key */
+    int n_key_parts;
+    const sj_runtime *rt;
+    const char *dump_dir;         /* NULL: no dumps */
+    int test_delay_ms;            /* sleep first (tests: a slow compile) */
+    int test_fail;                /* fail every compile (tests) */
+    void *self;                   /* the backend, passed to the steps */
+    /* Load the artifact cached under key (out->key) and resolve req's
+     * symbols into out: 1 loaded, 0 nothing cached, -1 cached but unusable
+     * (out->log says why; it is then compiled afresh). */
+    int (*load_cached)(void *self, const sj_compile_req *req, sj_compile_result *out);
+    /* Why this backend cannot compile now (a message), or NULL. May be NULL. */
+    const char *(*refuse)(void *self, char *buf, size_t n);
+    /* Run the toolchain on src, load the result, store it in the cache;
+     * note is appended to the success log line. */
+    sj_status (*compile_fresh)(void *self, const sj_compile_req *req, const char *src, const char *tag,
+                               const char *note, sj_compile_result *out);
+} sj_backend_driver;
+
+/* The backend table's compile, driven by d. */
+sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *req, sj_compile_result *out);
+
 #endif /* SJ_BACKEND_H */

@@ -406,6 +406,7 @@ static void test_cold_job_dropped(void **state) {
 static void test_missing_compiler(void **state) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU; /* the C compiler is the CPU backend's */
     cfg.compile_mode = SJ_COMPILE_SYNC;
     cfg.cc = "/nonexistent/cc";
     cfg.cache_dir = NULL;

@@ -229,15 +229,6 @@ static bool load(const char *path, const sj_compile_req *req, sj_compile_result 
 
 /* -- Compile ----------------------------------------------------------------- */
 
-static void sleep_ms(int ms) {
-    double end = now_ms() + ms;
-    for (double left; (left = end - now_ms()) > 0;) {
-        double step = left < 5 ? left : 5;
-        struct timespec ts = {0, (long)(step * 1e6)};
-        nanosleep(&ts, NULL);
-    }
-}
-
 static sj_status fail(const cpu_backend *b, sj_compile_result *out, const char *tag, const char *what) {
     return sj_backend_fail(b->rt, "cpu", out, tag, what);
 }
@@ -253,8 +244,9 @@ static void remove_tmpdir(const char *dir) {
 }
 
 /* Runs the compiler on req in a fresh temporary dir and loads the result. */
-static sj_status compile_fresh(cpu_backend *b, const sj_compile_req *req, const char *src, const char *tag,
+static sj_status compile_fresh(void *self, const sj_compile_req *req, const char *src, const char *tag,
                                const char *note, sj_compile_result *out) {
+    cpu_backend *b = self;
     const char *tmp = getenv("TMPDIR");
     char dir[PATH_MAX], cfile[PATH_MAX], sofile[PATH_MAX], msg[512];
     if (!tmp || !*tmp) tmp = "/tmp";
@@ -317,43 +309,30 @@ static sj_status compile_fresh(cpu_backend *b, const sj_compile_req *req, const 
     return SJ_OK;
 }
 
+/* -- Driver steps (sj_backend_compile) --------------------------------------- */
+
+static int cpu_load_cached(void *self, const sj_compile_req *req, sj_compile_result *out) {
+    cpu_backend *b = self;
+    char path[PATH_MAX];
+    if (!b->cache || !sj_cache_lookup(b->cache, out->key, "so", path, sizeof path)) return 0;
+    return load(path, req, out) ? 1 : -1;
+}
+
+static const char *cpu_refuse(void *self, char *buf, size_t n) {
+    cpu_backend *b = self;
+    if (!b->cc_missing) return NULL;
+    snprintf(buf, n, "compiler '%s' not found", b->cc);
+    return buf;
+}
+
 static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
     cpu_backend *b = (cpu_backend *)base;
-    if (!out) return sj_seterr(SJ_EINVAL, "cpu backend: compile: out is NULL");
-    memset(out, 0, sizeof *out);
-    if (b->test_delay_ms > 0) sleep_ms(b->test_delay_ms);
-    const char *tag;
-    char *src;
-    sj_status st = sj_backend_take_request("cpu", req, out, &tag, &src);
-    if (st) return st;
-    const char *parts[] = {src, "cpu", b->identity};
-    sj_cache_key(out->key, parts, 3);
-    if (b->dump_dir) sj_backend_dump(b->rt, "cpu", b->dump_dir, tag, ".c", src, req->source_len);
-
-    char path[PATH_MAX];
-    char note[sizeof out->log + 64] = "";
-    bool hit = false;
-    if (!b->test_fail && b->cache && sj_cache_lookup(b->cache, out->key, "so", path, sizeof path)) {
-        hit = load(path, req, out);
-        if (!hit) snprintf(note, sizeof note, "; cached artifact unusable: %s", out->log);
-    }
-    if (b->test_fail) {
-        snprintf(out->log, sizeof out->log, "compile failed (test hook)");
-        st = fail(b, out, tag, out->log);
-    } else if (hit) {
-        out->from_cache = true;
-        out->log[0] = '\0';
-        sj_logf(b->rt, SJ_LOG_COMPILE, "cpu: %s: cache hit (key %.16s)", tag, out->key);
-        st = SJ_OK;
-    } else if (b->cc_missing) {
-        snprintf(out->log, sizeof out->log, "compiler '%s' not found", b->cc);
-        st = fail(b, out, tag, out->log);
-    } else {
-        out->log[0] = '\0'; /* a failed cache load is just a miss */
-        st = compile_fresh(b, req, src, tag, note, out);
-    }
-    free(src);
-    return st;
+    const char *key[] = {"cpu", b->identity};
+    sj_backend_driver d = {.who = "cpu", .ext = ".c", .key_parts = key, .n_key_parts = 2, .rt = b->rt,
+                           .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
+                           .self = b, .load_cached = cpu_load_cached, .refuse = cpu_refuse,
+                           .compile_fresh = compile_fresh};
+    return sj_backend_compile(&d, req, out);
 }
 
 /* -- Table and lifecycle ----------------------------------------------------- */

@@ -46,14 +46,6 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void sleep_ms(int ms) {
-    double end = now_ms() + ms;
-    for (double left; (left = end - now_ms()) > 0;) {
-        double step = left < 5 ? left : 5;
-        struct timespec ts = {0, (long)(step * 1e6)};
-        nanosleep(&ts, NULL);
-    }
-}
 
 /* -- Loading ------------------------------------------------------------------ */
 
@@ -185,8 +177,9 @@ static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag
     return SJ_OK;
 }
 
-static sj_status compile_fresh(cuda_backend *b, const sj_compile_req *req, const char *src, const char *tag,
+static sj_status compile_fresh(void *self, const sj_compile_req *req, const char *src, const char *tag,
                                const char *note, sj_compile_result *out) {
+    cuda_backend *b = self;
     char *cubin = NULL;
     size_t len = 0;
     sj_status st = nvrtc_compile(b, src, tag, out, &cubin, &len);
@@ -204,43 +197,25 @@ static sj_status compile_fresh(cuda_backend *b, const sj_compile_req *req, const
     return SJ_OK;
 }
 
-static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
-    cuda_backend *b = (cuda_backend *)base;
-    if (!out) return sj_seterr(SJ_EINVAL, "cuda backend: compile: out is NULL");
-    memset(out, 0, sizeof *out);
-    if (b->test_delay_ms > 0) sleep_ms(b->test_delay_ms);
-    const char *tag;
-    char *src;
-    sj_status st = sj_backend_take_request("cuda", req, out, &tag, &src);
-    if (st) return st;
-    const char *parts[] = {src, "cuda", b->arch, b->nvrtc_id};
-    sj_cache_key(out->key, parts, 4);
-    if (b->dump_dir) sj_backend_dump(b->rt, "cuda", b->dump_dir, tag, ".cu", src, req->source_len);
+/* -- Driver steps (sj_backend_compile) --------------------------------------- */
 
-    char note[sizeof out->log + 64] = "";
-    bool hit = false;
+static int cuda_load_cached(void *self, const sj_compile_req *req, sj_compile_result *out) {
+    cuda_backend *b = self;
     void *image = NULL;
     size_t len = 0;
-    if (!b->test_fail && b->cache && sj_cache_load(b->cache, out->key, "cubin", &image, &len)) {
-        hit = load(b, image, len, req, out);
-        if (!hit) snprintf(note, sizeof note, "; cached artifact unusable: %s", out->log);
-        free(image);
-    }
-    if (b->test_fail) {
-        snprintf(out->log, sizeof out->log, "compile failed (test hook)");
-        st = fail(b, out, tag, out->log);
-    } else if (hit) {
-        out->from_cache = true;
-        out->log[0] = '\0';
-        sj_logf(b->rt, SJ_LOG_COMPILE, "cuda: %s: cache hit (key %.16s)", tag, out->key);
-        st = SJ_OK;
-    } else {
-        out->log[0] = '\0'; /* a failed cache load is just a miss */
-        memset(out->fns, 0, sizeof out->fns);
-        st = compile_fresh(b, req, src, tag, note, out);
-    }
-    free(src);
-    return st;
+    if (!b->cache || !sj_cache_load(b->cache, out->key, "cubin", &image, &len)) return 0;
+    bool ok = load(b, image, len, req, out);
+    free(image);
+    return ok ? 1 : -1;
+}
+
+static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
+    cuda_backend *b = (cuda_backend *)base;
+    const char *key[] = {"cuda", b->arch, b->nvrtc_id};
+    sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 3, .rt = b->rt,
+                           .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
+                           .self = b, .load_cached = cuda_load_cached, .compile_fresh = compile_fresh};
+    return sj_backend_compile(&d, req, out);
 }
 
 /* -- Table and lifecycle ------------------------------------------------------- */
