@@ -574,23 +574,65 @@ static void put_chunk_loop(cg *c, const char *ix, int lo, int hi, body_fn body, 
     put(&c->o, "}\n");
 }
 
+/* -- Prefetching the next row ------------------------------------------------------ */
+
+/* Does load k advance along the row axis (a next row to prefetch, read
+ * element by element)? */
+static bool row_prefetched(cg *c, int k) {
+    int64_t v;
+    int a = last_axis(c) - 1;
+    return a >= 0 && sj_cg_inner(c, k) == 1 && !(sj_cg_kconst(c, c->acc[k]->stride[a], &v) && v == 0);
+}
+
+static bool any_row_prefetched(cg *c) {
+    for (int k = 0; k < c->G->n_loads; k++)
+        if (row_prefetched(c, k)) return true;
+    return false;
+}
+
+/* After a chunk [c0, c0 + k) of a row's heaviest pass: prefetch the same
+ * span of the next row's inputs, so that the next row's first pass finds
+ * them in the cache while this row's arithmetic hides the memory latency
+ * (at a carry the address is another row's: prefetches never fault). */
+static void put_prefetch_next(cg *c) {
+    int a = last_axis(c) - 1;
+    put(&c->o, "if (row + 1 < end) {\n");
+    for (int k = 0; k < c->G->n_loads; k++)
+        if (row_prefetched(c, k))
+            put(&c->o, "for (int64_t q = 0; q < k; q += %d) __builtin_prefetch(P%d + st%d_%d + c0 + q);\n",
+                (int)(64 / sj_dtype_size(sj_cg_acc_dtype(c, k))), k, k, a);
+    put(&c->o, "}\n");
+}
+
 /* A loop over [0, len) with index ix, as put_chunk_loop: the streaming
- * variant runs in chunks of SCHUNK. */
-static void put_loop(cg *c, const char *len, const char *ix, int lo, int hi, body_fn body, const void *ctx) {
+ * variant runs in chunks of SCHUNK. pf: prefetch the next row after each
+ * chunk (both variants then run in chunks). */
+static void put_loop(cg *c, const char *len, const char *ix, int lo, int hi, body_fn body, const void *ctx, bool pf) {
     bool st = stages(c, lo, hi);
+    pf = pf && any_row_prefetched(c);
     if (st) {
         /* whole chunks (a constant trip count, as a specialized kernel's
          * loops have), then the rest */
         put(&c->o, "if (nt) {\nint64_t c0 = 0;\nfor (; c0 + %d <= %s; c0 += %d) {\n", SCHUNK, len, SCHUNK);
         put(&c->o, "const int64_t k = %d;\n", SCHUNK);
         put_jj_staged(c, ix, lo, hi, body, ctx);
+        if (pf) put_prefetch_next(c);
         put(&c->o, "}\nif (c0 < %s) {\nconst int64_t k = %s - c0;\n", len, len);
         put_jj_staged(c, ix, lo, hi, body, ctx);
+        if (pf) put_prefetch_next(c);
         put(&c->o, "}\n} else {\n");
     }
-    put(&c->o, "for (int64_t %s = 0; %s < %s; %s++) {\n", ix, ix, len, ix);
-    body(c, ctx);
-    put(&c->o, "}\n");
+    if (pf) {
+        put(&c->o, "for (int64_t c0 = 0; c0 < %s; c0 += %d) {\n", len, SCHUNK);
+        put(&c->o, "const int64_t k = %s - c0 < %d ? %s - c0 : %d;\n", len, SCHUNK, len, SCHUNK);
+        put_jj_loop(c, ix, body, ctx);
+        put_prefetch_next(c);
+        put(&c->o, "}\n");
+    } else {
+        put(&c->o, "for (int64_t %s = 0; %s < %s; %s++) {\n", ix, ix, len, ix);
+        body(c, ctx);
+        put(&c->o, "}\n");
+    }
     if (st) put(&c->o, "}\n");
 }
 
@@ -612,7 +654,7 @@ static void gen_pointwise(cg *c) {
     sj_cg_reset_want(c);
     sj_cg_want_stores(c, 0, c->G->n_nodes);
     sj_cg_close_want(c);
-    put_loop(c, "cnt", "i", 0, c->G->n_nodes, pointwise_body, NULL);
+    put_loop(c, "cnt", "i", 0, c->G->n_nodes, pointwise_body, NULL, false);
     put(&c->o, "left -= cnt;\nif (left <= 0) break;\nix[%d] = 0;\n", L);
     put_carry(c, L - 1);
     put(&c->o, "}\n");
@@ -684,7 +726,7 @@ static void put_fill(cg *c, const rowop *R, const char *dst, bool chunked, bool 
     } else {
         char len[16];
         snprintf(len, sizeof len, "n%d", last_axis(c));
-        put_loop(c, len, "j", 0, hi, fill_body, &f);
+        put_loop(c, len, "j", 0, hi, fill_body, &f, false);
     }
 }
 
@@ -738,7 +780,8 @@ static void put_out_pass(cg *c, const rowop *R, bool buffered) {
     sj_cg_close_want(c);
     char len[16];
     snprintf(len, sizeof len, "n%d", L);
-    put_loop(c, len, "j", c->rp, n_pos, out_body, &o);
+    /* a norm's output pass is its row's heaviest (softmax: the exp pass) */
+    put_loop(c, len, "j", c->rp, n_pos, out_body, &o, buffered && !o.softmax);
 }
 
 /* Softmax or a norm over one row, buffered or recomputing. */
@@ -758,7 +801,15 @@ static void put_row_body(cg *c, const rowop *R, bool buffered, const char *bufle
             put(&c->o, "float m = sj_rt_max_f32(buf, n%d), inv;\n", L);
             put(&c->o, "if (m == -INFINITY) {\nfor (int64_t j = 0; j < n%d; j++) buf[j] = 0.0f;\n", L);
             put(&c->o, "inv = 0.0f;\n} else {\n");
-            put(&c->o, "for (int64_t j = 0; j < n%d; j++) buf[j] = sj_rt_expf(buf[j] - m);\n", L);
+            if (any_row_prefetched(c)) {
+                put(&c->o, "for (int64_t c0 = 0; c0 < n%d; c0 += %d) {\n", L, SCHUNK);
+                put(&c->o, "const int64_t k = n%d - c0 < %d ? n%d - c0 : %d;\n", L, SCHUNK, L, SCHUNK);
+                put(&c->o, "for (int64_t jj = 0; jj < k; jj++) buf[c0 + jj] = sj_rt_expf(buf[c0 + jj] - m);\n");
+                put_prefetch_next(c);
+                put(&c->o, "}\n");
+            } else {
+                put(&c->o, "for (int64_t j = 0; j < n%d; j++) buf[j] = sj_rt_expf(buf[j] - m);\n", L);
+            }
             put(&c->o, "inv = (float)(1.0 / sj_rt_sum_f32(buf, n%d));\n}\n", L);
         } else {
             put(&c->o, "float m = -INFINITY, inv;\n");
@@ -834,7 +885,7 @@ static void put_reduce_body(cg *c, const rowop *R) {
         sj_cg_close_want(c);
         char len[16];
         snprintf(len, sizeof len, "n%d", L);
-        put_loop(c, len, "j", 0, c->rp, ireduce_body, R);
+        put_loop(c, len, "j", 0, c->rp, ireduce_body, R, false);
         put(&c->o, "const int64_t v%d = %s(%s);\n", (int)y, dt == SJ_I32 ? "sj_rt_wrap32" : "",
             amax ? "im" : "sj_rt_i64_from_u(us)");
     }
