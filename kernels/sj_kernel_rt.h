@@ -331,7 +331,19 @@ SJ_RT_FN float sj_rt_sigmoidf(float x) {
      * value is below 1.2e-38) */
     return __fdividef(1.0f, 1.0f + expf(-x));
 #else
-    return 1.0f / (1.0f + sj_rt_expf(-x));
+    /* exp(-x) with u = -x clamped to [-87, 88], where 2^n goes straight
+     * into the exponent bits (n in [-126, 127]; below 2^-126 the bits are a
+     * tiny positive number, and 1 + e is 1 either way): no two-factor
+     * scaling, which costs this FMA-bound function 2 multiplications and
+     * the underflow select. u > 88 (x < -88, sigmoid < 6.1e-39) gives 0,
+     * as 1 / (1 + inf) would; NaN passes (its comparisons are false). */
+    float u = -x;
+    float uc = sj_rt_sel(u > 88.0f, 88.0f, u);
+    uc = sj_rt_sel(uc < -87.0f, -87.0f, uc);
+    int32_t n;
+    float p = sj_rt_exp_poly(sj_rt_reduce_ln2(uc, &n));
+    float e = sj_rt_u2f(sj_rt_f2u(p) + ((uint32_t)n << 23));
+    return sj_rt_sel(u > 88.0f, 0.0f, 1.0f / (1.0f + e));
 #endif
 }
 SJ_RT_FN float sj_rt_siluf(float x) { return x * sj_rt_sigmoidf(x); }
