@@ -2,6 +2,7 @@
  * compile driver (declared in kernels/backend.h). */
 #include "kernels/backend.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -124,7 +125,8 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
     if (st) return st;
     const char *parts[8] = {src};
     int n = 1;
-    for (int i = 0; i < d->n_key_parts && n < 8; i++) parts[n++] = d->key_parts[i];
+    assert(d->n_key_parts < 8);
+    for (int i = 0; i < d->n_key_parts; i++) parts[n++] = d->key_parts[i];
     sj_cache_key(out->key, parts, n);
     if (d->dump_dir) sj_backend_dump(d->rt, d->who, d->dump_dir, tag, d->ext, src, req->source_len);
 

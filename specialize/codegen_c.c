@@ -527,13 +527,22 @@ static void put_stream_tail(cg *c) {
 
 /* Does a block storing the values of positions [lo, hi) store a staged
  * access? */
+static bool staged_in(const cg *c, int k, int lo, int hi) {
+    int q = c->vpos[c->acc[k]->val];
+    return ((const cstate *)c->user)->staged[k] && q >= lo && q < hi;
+}
+
 static bool stages(const cg *c, int lo, int hi) {
-    const cstate *cs = c->user;
-    for (int k = c->G->n_loads; k < c->n_acc; k++) {
-        int q = c->vpos[c->acc[k]->val];
-        if (cs->staged[k] && q >= lo && q < hi) return true;
-    }
+    for (int k = c->G->n_loads; k < c->n_acc; k++)
+        if (staged_in(c, k, lo, hi)) return true;
     return false;
+}
+
+/* `for` over chunks of n elements of [0, len): c0 the chunk's start, k its
+ * length; the caller closes the brace. */
+static void put_chunk_head(cg *c, const char *len, int n) {
+    put(&c->o, "for (int64_t c0 = 0; c0 < %s; c0 += %d) {\n", len, n);
+    put(&c->o, "const int64_t k = %s - c0 < %d ? %s - c0 : %d;\n", len, n, len, n);
 }
 
 /* A loop body: emitted once per variant of its loop. */
@@ -552,10 +561,8 @@ static void put_jj_staged(cg *c, const char *ix, int lo, int hi, body_fn body, c
     cs->on = true;
     put_jj_loop(c, ix, body, ctx);
     cs->on = false;
-    for (int k = c->G->n_loads; k < c->n_acc; k++) {
-        int q = c->vpos[c->acc[k]->val];
-        if (cs->staged[k] && q >= lo && q < hi) put(&c->o, "sj_rt_stream_f32(P%d + c0, SB%d, k);\n", k, k);
-    }
+    for (int k = c->G->n_loads; k < c->n_acc; k++)
+        if (staged_in(c, k, lo, hi)) put(&c->o, "sj_rt_stream_f32(P%d + c0, SB%d, k);\n", k, k);
 }
 
 /* A loop over the current chunk [c0, c0 + k) (jj within, ix = c0 + jj)
@@ -623,8 +630,7 @@ static void put_loop(cg *c, const char *len, const char *ix, int lo, int hi, bod
         put(&c->o, "}\n} else {\n");
     }
     if (pf) {
-        put(&c->o, "for (int64_t c0 = 0; c0 < %s; c0 += %d) {\n", len, SCHUNK);
-        put(&c->o, "const int64_t k = %s - c0 < %d ? %s - c0 : %d;\n", len, SCHUNK, len, SCHUNK);
+        put_chunk_head(c, len, SCHUNK);
         put_jj_loop(c, ix, body, ctx);
         put_prefetch_next(c);
         put(&c->o, "}\n");
@@ -732,9 +738,9 @@ static void put_fill(cg *c, const rowop *R, const char *dst, bool chunked, bool 
 
 /* Chunked pass: for each chunk, fill cb then run `then`. */
 static void put_chunks(cg *c, const rowop *R, int chunk, bool stores, const char *then) {
-    int L = last_axis(c);
-    put(&c->o, "for (int64_t c0 = 0; c0 < n%d; c0 += %d) {\nconst int64_t k = n%d - c0 < %d ? n%d - c0 : %d;\n", L,
-        chunk, L, chunk, L, chunk);
+    char len[16];
+    snprintf(len, sizeof len, "n%d", last_axis(c));
+    put_chunk_head(c, len, chunk);
     put_fill(c, R, "cb", true, stores);
     put(&c->o, "%s}\n", then);
 }
@@ -784,6 +790,11 @@ static void put_out_pass(cg *c, const rowop *R, bool buffered) {
     put_loop(c, len, "j", c->rp, n_pos, out_body, &o, buffered && !o.softmax);
 }
 
+static void exp_body(cg *c, const void *ctx) {
+    (void)ctx;
+    put(&c->o, "buf[j] = sj_rt_expf(buf[j] - m);\n");
+}
+
 /* Softmax or a norm over one row, buffered or recomputing. */
 static void put_row_body(cg *c, const rowop *R, bool buffered, const char *buflen) {
     int L = last_axis(c);
@@ -801,15 +812,9 @@ static void put_row_body(cg *c, const rowop *R, bool buffered, const char *bufle
             put(&c->o, "float m = sj_rt_max_f32(buf, n%d), inv;\n", L);
             put(&c->o, "if (m == -INFINITY) {\nfor (int64_t j = 0; j < n%d; j++) buf[j] = 0.0f;\n", L);
             put(&c->o, "inv = 0.0f;\n} else {\n");
-            if (any_row_prefetched(c)) {
-                put(&c->o, "for (int64_t c0 = 0; c0 < n%d; c0 += %d) {\n", L, SCHUNK);
-                put(&c->o, "const int64_t k = n%d - c0 < %d ? n%d - c0 : %d;\n", L, SCHUNK, L, SCHUNK);
-                put(&c->o, "for (int64_t jj = 0; jj < k; jj++) buf[c0 + jj] = sj_rt_expf(buf[c0 + jj] - m);\n");
-                put_prefetch_next(c);
-                put(&c->o, "}\n");
-            } else {
-                put(&c->o, "for (int64_t j = 0; j < n%d; j++) buf[j] = sj_rt_expf(buf[j] - m);\n", L);
-            }
+            char len[16];
+            snprintf(len, sizeof len, "n%d", L);
+            put_loop(c, len, "j", 0, 0, exp_body, NULL, true); /* softmax's heaviest pass */
             put(&c->o, "inv = (float)(1.0 / sj_rt_sum_f32(buf, n%d));\n}\n", L);
         } else {
             put(&c->o, "float m = -INFINITY, inv;\n");

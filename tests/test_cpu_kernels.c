@@ -167,6 +167,9 @@ static void test_approximations(void **state) {
     assert_true(cpu_expf(INFINITY) == INFINITY && cpu_expf(-INFINITY) == 0.0f);
     assert_true(cpu_expf(89.0f) == INFINITY && cpu_expf(-104.0f) == 0.0f);
     assert_true(cpu_expf(-100.0f) > 0.0f); /* subnormal, not flushed */
+    /* sigmoid flushes below x = -88 (true value < 6.1e-39) to exactly 0 */
+    assert_true(cpu_sigmoidf(-INFINITY) == 0.0f && cpu_sigmoidf(-88.5f) == 0.0f && cpu_sigmoidf(-87.0f) > 0.0f);
+    assert_true(cpu_sigmoidf(INFINITY) == 1.0f && isnan(cpu_sigmoidf(NAN)));
     assert_true(cpu_tanhf(INFINITY) == 1.0f && cpu_tanhf(-INFINITY) == -1.0f);
     assert_true(cpu_erff(INFINITY) == 1.0f && cpu_erff(-INFINITY) == -1.0f);
     assert_true(cpu_tanhf(-0.0f) == 0.0f && signbit(cpu_tanhf(-0.0f)));

@@ -253,13 +253,16 @@ typedef struct wl {
     int n_in, n_out;
 } wl;
 
+/* Random inputs of workload k (w1, w2, w3, mlp) at size S. */
 static void make_inputs(int k, int64_t S, sj_tensor *in) {
+    int n;
     switch (k) {
     case 0: {
         int64_t H = 1027;
         in[0] = tu_tensor(SJ_F32, 2, (int64_t[]){S, H});
         in[1] = tu_tensor(SJ_F32, 1, &H);
         in[2] = tu_tensor(SJ_F32, 1, &H);
+        n = 3;
         break;
     }
     case 1: {
@@ -268,17 +271,21 @@ static void make_inputs(int k, int64_t S, sj_tensor *in) {
         in[1] = tu_tensor(SJ_F32, 2, (int64_t[]){S, H});
         in[2] = tu_tensor(SJ_F32, 1, &H);
         in[3] = tu_tensor(SJ_F32, 1, &H);
+        n = 4;
         break;
     }
     case 2:
         in[0] = tu_tensor(SJ_F32, 3, (int64_t[]){3, S, S + 5});
         in[1] = tu_tensor(SJ_F32, 3, (int64_t[]){3, 1, S + 5});
+        n = 2;
         break;
     default:
         in[0] = tu_tensor(SJ_F32, 2, (int64_t[]){S, 48});
         in[1] = tu_tensor(SJ_F32, 2, (int64_t[]){48, 64});
         in[2] = tu_tensor(SJ_F32, 1, (int64_t[]){64});
+        n = 3;
     }
+    for (int i = 0; i < n; i++) tu_fill_random(&in[i]);
 }
 
 static void test_fused_patterns(void **state) {
@@ -298,7 +305,6 @@ static void test_fused_patterns(void **state) {
             for (int s = 0; s < 4; s++) {
                 sj_tensor in[4];
                 make_inputs(k, sizes[s], in);
-                for (int i = 0; i < wls[k].n_in; i++) tu_fill_random(&in[i]);
                 char what[48];
                 snprintf(what, sizeof what, "%s %s S=%lld", wls[k].name, dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic",
                          (long long)sizes[s]);
@@ -328,7 +334,6 @@ static void test_async_hot_swap_and_faults(void **state) {
     tu_seed(14);
     sj_tensor in[4];
     make_inputs(0, 64, in);
-    for (int i = 0; i < 3; i++) tu_fill_random(&in[i]);
     compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "eager while compiling");
     sj_stats s;
     sj_fn_stats(fn, &s);
@@ -344,7 +349,6 @@ static void test_async_hot_swap_and_faults(void **state) {
     sj_runtime_test_hooks(rt, 0, 1); /* every NVRTC compile fails */
     assert_int_equal(sj_fn_create(rt, "broken", 3, w1_model, NULL, &o, &fn), SJ_OK);
     make_inputs(0, 9, in);
-    for (int i = 0; i < 3; i++) tu_fill_random(&in[i]);
     compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "eager after a failed compile");
     sj_fn_stats(fn, &s);
     assert_int_equal(s.compile_failures, 1);
@@ -360,7 +364,6 @@ static void test_stream_api_and_bad_input(void **state) {
     tu_seed(15);
     sj_tensor in[4];
     make_inputs(0, 5, in);
-    for (int i = 0; i < 3; i++) tu_fill_random(&in[i]);
     /* host inputs on the CUDA backend: a clear error, then a good call */
     sj_tensor out = {0};
     assert_int_equal(sj_call(fn, in, 3, &out, 1), SJ_EINVAL);
@@ -417,7 +420,6 @@ static void test_buckets_on_device(void **state) {
     for (int i = 0; i < 6; i++) {
         sj_tensor in[4];
         make_inputs(1, sizes[i], in);
-        for (int k = 0; k < 4; k++) tu_fill_random(&in[k]);
         compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "bucketed w2");
         tu_free_all();
     }
@@ -445,7 +447,6 @@ static void test_limits_on_device(void **state) {
     for (int i = 0; i < 6; i++) {
         sj_tensor in[4];
         make_inputs(1, sizes[i], in);
-        for (int k = 0; k < 4; k++) tu_fill_random(&in[k]);
         compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "limited w2");
         tu_free_all();
     }
@@ -461,7 +462,6 @@ static void test_limits_on_device(void **state) {
     for (int i = 0; i < 4; i++) {
         sj_tensor in[4];
         make_inputs(1, err_sizes[i], in);
-        for (int k = 0; k < 4; k++) tu_fill_random(&in[k]);
         if (i == 2) {
             dbuf d[4];
             sj_tensor din[4], out[2] = {{0}};
@@ -494,7 +494,6 @@ static void test_transient_entry_on_stream(void **state) {
     for (int i = 0; i < 2; i++) {
         sj_tensor in[3];
         make_inputs(0, sizes[i], in);
-        for (int k = 0; k < 3; k++) tu_fill_random(&in[k]);
         compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "limited w1");
         tu_free_all();
     }

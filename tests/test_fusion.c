@@ -306,7 +306,33 @@ static int stream_default(void **state) {
     stream_min = 0;
     return tu_teardown(state);
 }
+/* The default kernel flags turn streaming on where the CPU can stream
+ * (else every streamed pattern below would run the plain variant). */
+static void expect_stream_compiled(void) {
+    static const char tail[] = "\nint sj_have_stream(void);\nint sj_have_stream(void) { return SJ_RT_HAVE_STREAM; }\n";
+    size_t n = strlen(sj_kernel_rt_text);
+    char *src = malloc(n + sizeof tail);
+    assert_non_null(src);
+    memcpy(src, sj_kernel_rt_text, n);
+    memcpy(src + n, tail, sizeof tail);
+    const char *names[] = {"sj_have_stream"};
+    sj_compile_req req = {.source = src, .source_len = n + sizeof tail - 1, .symbols = names, .n_symbols = 1,
+                          .tag = "have_stream"};
+    sj_compile_result *res = calloc(1, sizeof *res);
+    assert_non_null(res);
+    assert_int_equal(be->compile(be, &req, res), SJ_OK);
+    int have = ((int (*)(void))res->fns[0])();
+#if defined(__x86_64__)
+    if (!getenv("SJ_TEST_KCFLAGS")) assert_int_equal(have, __builtin_cpu_supports("avx") ? 1 : 0);
+#endif
+    print_message("  streaming stores in generated kernels: %s\n", have ? "yes" : "no (plain copies)");
+    be->unload(be, res->module);
+    free(res);
+    free(src);
+}
+
 static void test_streamed(void **state) {
+    expect_stream_compiled();
     run_both(&tu_pat_w1, SJ_F32);
     run_both(&tu_pat_w1_big, SJ_F32);
     run_both(&tu_pat_w2, SJ_F32);
@@ -580,6 +606,11 @@ static void test_codegen_text(void **state) {
      * compiler drops the streaming variant) */
     assert_non_null(strstr(spec, "const int nt = SJ_RT_HAVE_STREAM && 16.0 * (double)n0 * (double)n1 > "));
     assert_non_null(strstr(spec, "if (nt) {"));
+    /* the norm's output pass prefetches the next row of x and r (not of g
+     * and b, the same for every row) */
+    assert_non_null(strstr(spec, "__builtin_prefetch(P0 + st0_0 + c0 + q)"));
+    assert_non_null(strstr(spec, "__builtin_prefetch(P1 + st1_0 + c0 + q)"));
+    assert_null(strstr(spec, "__builtin_prefetch(P2"));
     tu_codegen_done(spec, sym, p, g);
     /* streaming forced: the chunks go out through sj_rt_stream_f32, then a
      * fence; never: the plain loops */

@@ -49,7 +49,9 @@ static sj_status m_mlp(sj_tracer *t, const sj_val *in, int n, void *u) {
 
 static char cache_dir[256];
 
-static sj_runtime *runtime(sj_compile_mode mode, const char *cc, const char *cache) {
+/* The tests' configuration: the CPU backend (the C compiler is its
+ * concern; a GPU machine's default is CUDA), quiet, 2 kernel threads. */
+static sj_runtime_config config(sj_compile_mode mode, const char *cc, const char *cache) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     cfg.backend = SJ_BACKEND_CPU;
@@ -58,9 +60,18 @@ static sj_runtime *runtime(sj_compile_mode mode, const char *cc, const char *cac
     cfg.cc = cc;
     cfg.cache_dir = cache;
     cfg.exec_threads = 2;
+    return cfg;
+}
+
+static sj_runtime *create(const sj_runtime_config *cfg) {
     sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    assert_int_equal(sj_runtime_create(cfg, &rt), SJ_OK);
     return rt;
+}
+
+static sj_runtime *runtime(sj_compile_mode mode, const char *cc, const char *cache) {
+    sj_runtime_config cfg = config(mode, cc, cache);
+    return create(&cfg);
 }
 
 static sj_fn *make(sj_runtime *rt, const char *name, int n_in, sj_model_fn m, sj_dynamic dyn, int hot) {
@@ -123,28 +134,11 @@ static int teardown_each(void **state) {
     return 0;
 }
 
-static int setup_group(void **state) {
-    snprintf(cache_dir, sizeof cache_dir, "/tmp/sj_test_jit_XXXXXX");
-    return mkdtemp(cache_dir) ? 0 : -1;
-}
-
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    char path[512];
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
+static int setup_group(void **state) { return tu_mkdtemp(cache_dir, sizeof cache_dir, "sj_test_jit"); }
 
 static int teardown_group(void **state) {
     sj_runtime_destroy(eager_rt);
-    rm_rf(cache_dir);
+    tu_rmtree(cache_dir);
     return 0;
 }
 
@@ -222,16 +216,12 @@ static void test_two_outputs_row_group(void **state) {
  * output (results still right, on 2 threads), -1 never. */
 static void test_streaming_config(void **state) {
     for (int pass = 0; pass < 2; pass++) {
-        char dump[64];
-        snprintf(dump, sizeof dump, "/tmp/sj_test_dump_XXXXXX");
-        assert_non_null(mkdtemp(dump));
-        sj_runtime_config cfg;
-        sj_runtime_config_init(&cfg);
-        cfg.backend = SJ_BACKEND_CPU, cfg.log_mask = 0, cfg.compile_mode = SJ_COMPILE_SYNC;
-        cfg.cache_dir = NULL, cfg.exec_threads = 2, cfg.dump_dir = dump;
+        char dump[256];
+        assert_int_equal(tu_mkdtemp(dump, sizeof dump, "sj_test_dump"), 0);
+        sj_runtime_config cfg = config(SJ_COMPILE_SYNC, NULL, NULL);
+        cfg.dump_dir = dump;
         cfg.stream_min_bytes = pass ? -1 : 1;
-        sj_runtime *rt = NULL;
-        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_runtime *rt = create(&cfg);
         sj_fn *fn = make(rt, "w2", 4, m_w2, SJ_DYNAMIC_SYMBOLIC, 1);
         int64_t shapes[][2] = {{37, 200}, {5, 1000}, {300, 33}};
         for (int i = 0; i < 3; i++) {
@@ -244,7 +234,7 @@ static void test_streaming_config(void **state) {
         assert_int_equal(dir_has(dump, "sj_rt_stream_f32(P"), pass == 0);
         assert_int_equal(dir_has(dump, "const int nt = "), pass == 0);
         assert_int_equal(dir_has(dump, " > 1;\n"), pass == 0); /* the threshold itself */
-        rm_rf(dump);
+        tu_rmtree(dump);
     }
 }
 
@@ -404,15 +394,7 @@ static void test_cold_job_dropped(void **state) {
 /* -- Failures ------------------------------------------------------------------------------ */
 
 static void test_missing_compiler(void **state) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU; /* the C compiler is the CPU backend's */
-    cfg.compile_mode = SJ_COMPILE_SYNC;
-    cfg.cc = "/nonexistent/cc";
-    cfg.cache_dir = NULL;
-    cfg.log_mask = 0;
-    sj_runtime *rt;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = runtime(SJ_COMPILE_SYNC, "/nonexistent/cc", NULL);
     sj_fn *fn = make(rt, "nocc", 3, m_w1, SJ_DYNAMIC_AUTO, 1);
     sj_tensor in[3];
     for (int i = 0; i < 3; i++) {
