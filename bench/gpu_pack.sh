@@ -20,7 +20,7 @@ if [ ! -d .devdeps ]; then
     done
 fi
 rm -rf .gpu-build && mkdir -p .gpu-build/stage/.gpu-build/bin
-cp "$B"/tests/test_cuda_* "$B"/tests/test_codegen_cuda "$B"/tests/test_jit "$B"/tests/test_fusion \
+cp "$B"/tests/test_cuda_* "$B"/tests/test_codegen_cuda "$B"/tests/test_jit "$B"/tests/test_fusion "$B"/tests/test_cpu_kernels \
    "$B"/bench/bench_cuda "$B"/bench/bench_cpu "$B"/samples/varlen_encoder .gpu-build/stage/.gpu-build/bin/
 rm -f .gpu-build/stage/.gpu-build/bin/*.d
 strip .gpu-build/stage/.gpu-build/bin/*

@@ -394,11 +394,11 @@ static sj_status k_rms_norm(void *c, const sj_tensor *x, const sj_tensor *g, dou
     return sj_cpu_rms_norm(x, g, eps, y);
 }
 static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
-    return sj_cpu_matmul(a, b, y);
+    return sj_cpu_matmul(a, b, y, c);
 }
 static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                              const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
-    return sj_cpu_attention(q, k, v, lengths, scale, causal, y);
+    return sj_cpu_attention(q, k, v, lengths, scale, causal, y, c);
 }
 static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
     return sj_cpu_concat(xs, n, axis, y);
@@ -411,8 +411,7 @@ const sj_kernels sj_cpu_kernels = {k_unary,    k_binary,   k_where,  k_copy,    
                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather};
 
 static sj_status cpu_node(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
-    (void)ctx;
-    return sj_exec_node(g, n, rv, y);
+    return sj_exec_node_on(&sj_cpu_kernels, ctx, g, n, rv, y);
 }
 
 static sj_status cpu_copy(void *ctx, const sj_tensor *x, const sj_tensor *y) {

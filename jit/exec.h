@@ -102,6 +102,8 @@ typedef struct sj_kernels {
     sj_status (*gather)(void *c, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
 } sj_kernels;
 
+/* c: the runtime's sj_threads pool (or NULL), over which matrix products
+ * and attention are split. */
 extern const sj_kernels sj_cpu_kernels;
 
 /* Run one non-view node (or a copying reshape) with a device's kernels:

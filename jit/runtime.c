@@ -10,6 +10,7 @@
 #include "jit/error.h"
 #include "jit/threads.h"
 #include "kernels/cpu/backend_cpu.h"
+#include "kernels/cpu/eager.h"
 #include "jit/tensor.h"
 #include "specialize/codegen.h"
 #ifdef SJ_WITH_CUDA
@@ -62,6 +63,7 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     cfg->compile_mode = SJ_COMPILE_ASYNC;
     cfg->compile_threads = 1;
     cfg->exec_threads = 0;
+    cfg->blas_threads = 0;
     cfg->cache_max_bytes = UINT64_C(1) << 30;
     cfg->cc = NULL;
     cfg->cflags = NULL;
@@ -102,7 +104,9 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
         const char *name;
         int *field;
         int lo;
-    } ints[] = {{"SHAPEJIT_COMPILE_THREADS", &cfg->compile_threads, 1}, {"SHAPEJIT_THREADS", &cfg->exec_threads, 0}};
+    } ints[] = {{"SHAPEJIT_COMPILE_THREADS", &cfg->compile_threads, 1},
+                {"SHAPEJIT_THREADS", &cfg->exec_threads, 0},
+                {"SHAPEJIT_BLAS_THREADS", &cfg->blas_threads, -1}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         v = getenv(ints[i].name);
         if (!v || !*v) continue;
@@ -214,6 +218,7 @@ static sj_status start_services(sj_runtime *rt) {
     }
     if (!st && !(rt->threads = sj_threads_create(rt->cuda ? 1 : c->exec_threads)))
         st = sj_seterr(SJ_ENOMEM, "sj_runtime_create: cannot start %d kernel threads", c->exec_threads);
+    if (!st && !rt->cuda && c->blas_threads >= 0) sj_cpu_blas_threads(c->blas_threads ? c->blas_threads : 1);
     if (st) sj_err_prefix("sj_runtime_create: ");
     return st;
 }
@@ -261,6 +266,8 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     if (c.compile_threads < 1 || c.compile_threads > 1024 || c.exec_threads < 0 || c.exec_threads > 1024)
         return sj_seterr(SJ_EINVAL, "sj_runtime_create: compile_threads %d / exec_threads %d out of range",
                          c.compile_threads, c.exec_threads);
+    if (c.blas_threads < -1 || c.blas_threads > 1024)
+        return sj_seterr(SJ_EINVAL, "sj_runtime_create: blas_threads %d out of range (-1 .. 1024)", c.blas_threads);
     sj_bucket_rule *rules = NULL;
     int n_rules = 0;
     if ((st = sj_bucket_parse(c.buckets, &rules, &n_rules))) {

@@ -209,6 +209,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_COMPILE=async|sync|off     -> compile_mode
  *   SHAPEJIT_COMPILE_THREADS=n          -> compile_threads
  *   SHAPEJIT_THREADS=n                  -> exec_threads
+ *   SHAPEJIT_BLAS_THREADS=n             -> blas_threads
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
  *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc, cflags
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
@@ -241,6 +242,16 @@ typedef struct sj_runtime_config {
     sj_compile_mode compile_mode; /* default SJ_COMPILE_ASYNC */
     int compile_threads;          /* background compile workers; default 1 */
     int exec_threads;             /* threads a fused kernel may use; 0 (default): online CPUs */
+    /* Who runs matrix products in parallel on the CPU backend.
+     *  0 (default): shapejit, on its exec_threads; the runtime sets OpenBLAS
+     *     to one thread of its own (openblas_set_num_threads(1)) when it is
+     *     created. One pool of threads for all the kernels, and no spinning
+     *     BLAS workers taking cores from the background compiler.
+     *  n > 0: OpenBLAS, on n threads (openblas_set_num_threads(n)).
+     *  -1: OpenBLAS as the program has set it up.
+     * OpenBLAS's thread count is process-wide: the runtime created last sets
+     * it, and shapejit splits products only while it is 1, whoever set it. */
+    int blas_threads;
     const char *cache_dir;        /* persistent kernel cache; NULL or "": none.
                                      Default $SHAPEJIT_CACHE_DIR, else
                                      $XDG_CACHE_HOME/shapejit or ~/.cache/shapejit */

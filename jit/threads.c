@@ -12,7 +12,7 @@
  * resets the counters, so a late worker can never claim a chunk of a job it
  * did not read.
  *
- * Workers spin for a few microseconds after a job (a burst of kernels is
+ * Workers spin for SJ_WORKER_SPIN_NS after a job (a burst of kernels is
  * common), then sleep on `wake`. No user code runs under any lock.
  *
  * Lock order: busy -> lock. `lock` is never held while running fn.
@@ -25,10 +25,18 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_THREADS 1024
-#define WORKER_SPIN 128 /* polls of the generation before sleeping (a few us) */
+/* How long a worker polls for the next job before it sleeps. The kernels
+ * of one request follow each other with gaps of microseconds to tens of
+ * microseconds (eager ops on the calling thread in between); a worker that
+ * slept in such a gap must be woken, and when a compiler process holds its
+ * core (idle priority) that wake-up is what the request waits on. */
+#ifndef SJ_WORKER_SPIN_NS
+#define SJ_WORKER_SPIN_NS 50000
+#endif
 #define CALLER_SPIN 1024 /* polls of the done count before waiting */
 
 typedef struct job {
@@ -62,6 +70,12 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* -- Running chunks ------------------------------------------------------ */
 
 /* Claims and runs chunks of j until none are left. Returns true if this
@@ -84,8 +98,9 @@ static void *worker_main(void *arg) {
     sj_threads *t = arg;
     uint64_t seen = 0;
     for (;;) {
-        for (int i = 0; i < WORKER_SPIN; i++) {
+        for (uint64_t i = 0, t0 = now_ns();; i++) {
             if (atomic_load_explicit(&t->generation, memory_order_relaxed) != seen) break;
+            if (i % 32 == 31 && now_ns() - t0 > SJ_WORKER_SPIN_NS) break;
             cpu_relax();
         }
         pthread_mutex_lock(&t->lock);

@@ -1,5 +1,6 @@
 /* A fixed pool of worker threads for running one kernel over a range in
- * parallel (the CPU fused kernels and the eager elementwise kernels).
+ * parallel: the CPU fused kernels, and the eager matrix products and
+ * attention (kernels/cpu/matmul.c).
  *
  * parallel_for splits [0, n) into chunks and runs fn on them from the pool's
  * workers and the calling thread, returning when all chunks are done. Several

@@ -152,6 +152,19 @@ static void test_config_env(void **state) {
     sj_runtime_config_init(&cfg);
     assert_int_equal(cfg.stream_min_bytes, 0);
     unsetenv("SHAPEJIT_STREAM_MIN_BYTES");
+    /* BLAS threads: default 0 (ours), -1 leave OpenBLAS alone, below -1 ignored */
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.blas_threads, 0);
+    setenv("SHAPEJIT_BLAS_THREADS", "4", 1);
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.blas_threads, 4);
+    setenv("SHAPEJIT_BLAS_THREADS", "-1", 1);
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.blas_threads, -1);
+    setenv("SHAPEJIT_BLAS_THREADS", "-2", 1);
+    sj_runtime_config_init(&cfg);
+    assert_int_equal(cfg.blas_threads, 0);
+    unsetenv("SHAPEJIT_BLAS_THREADS");
 }
 
 typedef struct log_sink {

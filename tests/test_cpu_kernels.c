@@ -13,6 +13,7 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "jit/error.h"
+#include "jit/threads.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
 #include "kernels/half.h"
@@ -29,6 +31,9 @@
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* -- Helpers -------------------------------------------------------------- */
+
+/* The kernel threads matmul and attention are given (test_split sets it). */
+static sj_threads *pool;
 
 /* Reference values and magnitudes (for tu_check_mag). */
 static double *ref(int64_t n) { return tu_refbuf(0, n); }
@@ -431,7 +436,7 @@ static void run_matmul(sj_dtype dt, int nb, const int64_t *yb, const int64_t *ab
     sj_tensor a = tu_broadcast(&a0, s.rank, s.af), b = tu_broadcast(&b0, s.rank, s.bf);
     double *rf = ref(tu_numel(&y)), *mg = mag(tu_numel(&y));
     tu_ref_matmul(&a, &b, rf, mg);
-    assert_int_equal(sj_cpu_matmul(&a, &b, &y), SJ_OK);
+    assert_int_equal(sj_cpu_matmul(&a, &b, &y, pool), SJ_OK);
     expect(&y, rf, mg, tu_tol(dt),
            label("matmul dtype %d M %lld K %lld N %lld lay %d%d%d%d%d%d", dt, (long long)M,
                  (long long)K, (long long)N, la, ta, lb, tb, ly, ty));
@@ -443,7 +448,7 @@ static void test_matmul(void **state) {
     for (int d = 3; d < 5; d++) {
         sj_tensor a, b, y;
         int64_t want = tu_matmul_wrap_case(tu_numeric[d], &a, &b, &y);
-        assert_int_equal(sj_cpu_matmul(&a, &b, &y), SJ_OK);
+        assert_int_equal(sj_cpu_matmul(&a, &b, &y, NULL), SJ_OK);
         assert_true(tu_geti(&y, 0) == want);
     }
 }
@@ -454,13 +459,53 @@ static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t
                           int64_t Dv, const int64_t *lens, sj_dtype ldt, int causal, int lay) {
     tu_attention a;
     tu_attention_case(&a, dt, B, H, Sq, Sk, D, Dv, lens, ldt, L_CONTIG, causal, lay);
-    assert_int_equal(sj_cpu_attention(&a.q, &a.k, &a.v, a.lp, a.scale, causal, &a.y), SJ_OK);
+    assert_int_equal(sj_cpu_attention(&a.q, &a.k, &a.v, a.lp, a.scale, causal, &a.y, pool), SJ_OK);
     expect(&a.y, a.ref, a.mag, tu_tol(dt),
            label("attention dtype %d Sq %lld Sk %lld causal %d lens %d lay %d", dt, (long long)Sq,
                  (long long)Sk, causal, lens != NULL, lay));
 }
 
 static void test_attention(void **state) { tu_attention_cases(false, run_attention); }
+
+/* Products and attentions big enough to be split over 4 kernel threads
+ * (OpenBLAS single-threaded, as the runtime sets it up): columns, rows, a
+ * last part shorter than the others, every transpose combination, outputs
+ * in place and through scratch (f16), batches; then the small cases, which
+ * must run unsplit and still right. */
+static void test_split(void **state) {
+    int blas = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    assert_non_null(pool = sj_threads_create(4));
+    uint64_t before = sj_cpu_split_count();
+    const int64_t mkn[][3] = {{37, 100, 150}, {150, 100, 37}, {301, 64, 70}, {16, 2048, 20}};
+    const sj_dtype dts[] = {SJ_F32, SJ_F16};
+    int runs = 0;
+    for (int d = 0; d < NELEM(dts); d++)
+        for (int c = 0; c < NELEM(mkn); c++) {
+            int64_t M = mkn[c][0], K = mkn[c][1], N = mkn[c][2];
+            for (int v = 0; v < 16; v++, runs++)
+                run_matmul(dts[d], 0, NULL, NULL, NULL, M, K, N, (v & 8) ? TU_GAP : TU_CONTIG, v & 1,
+                           (v & 8) ? TU_CONTIG : TU_GAP, (v >> 1) & 1, (v & 4) ? TU_REVGAP : TU_CONTIG,
+                           (v >> 2) & 1);
+            run_matmul(dts[d], 1, S(3), S(3), S(3), M, K, N, 0, 0, 0, 0, 0, 0);
+            run_matmul(dts[d], 1, S(2), S(2), S(1), M, K, N, 0, 0, 0, 0, 0, 0); /* b shared */
+            runs += 3 + 1; /* a batch of 3 products; with b shared, one product of 2M rows */
+        }
+    assert_true(sj_cpu_split_count() - before == (uint64_t)runs);
+    before = sj_cpu_split_count();
+    for (int causal = 0; causal < 2; causal++)
+        for (int lay = 0; lay < 4; lay++)
+            run_attention(SJ_F32, 2, 6, 70, 90, 64, 48, S(50, 90), SJ_I32, causal, lay);
+    run_attention(SJ_BF16, 3, 4, 40, 33, 128, 64, NULL, SJ_I32, 1, 0);
+    assert_true(sj_cpu_split_count() - before == 9);
+    before = sj_cpu_split_count();
+    tu_matmul_cases(false, run_matmul);
+    tu_attention_cases(false, run_attention);
+    assert_true(sj_cpu_split_count() == before);
+    sj_threads_destroy(pool);
+    pool = NULL;
+    openblas_set_num_threads(blas);
+}
 
 /* -- Concat and gather ---------------------------------------------------- */
 
@@ -549,7 +594,7 @@ int main(void) {
         T(test_half),   T(test_approximations),  T(test_unary),      T(test_unary_specials),
         T(test_binary), T(test_int_semantics),   T(test_nan_binary), T(test_where),
         T(test_cast),   T(test_copy_transposed), T(test_reduce),     T(test_softmax),
-        T(test_norms),  T(test_matmul),          T(test_attention),  T(test_concat),
+        T(test_norms),  T(test_matmul),          T(test_attention),  T(test_split), T(test_concat),
         T(test_gather), T(test_scratch),
     };
 #undef T

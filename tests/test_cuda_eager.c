@@ -483,7 +483,7 @@ static void run_matmul(sj_dtype dt, int nb, const int64_t *yb, const int64_t *ab
     sj_tensor da = tu_broadcast(&da0, s.rank, s.af), db = tu_broadcast(&db0, s.rank, s.bf);
     double *rf = ref(tu_numel(&y)), *mg = mag(tu_numel(&y));
     tu_ref_matmul(&a, &b, rf, mg);
-    assert_int_equal(sj_cpu_matmul(&a, &b, &yc), SJ_OK);
+    assert_int_equal(sj_cpu_matmul(&a, &b, &yc, NULL), SJ_OK);
     settle();
     const char *what = label("matmul dtype %d batch %d M %lld K %lld N %lld lay %d%d%d%d%d%d", dt, nb, (long long)M,
                              (long long)K, (long long)N, la, ta, lb, tb, ly, ty);
@@ -528,7 +528,7 @@ static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t
     tu_attention a;
     tu_attention_case(&a, dt, B, H, Sq, Sk, D, Dv, lens, ldt, lay == 2 ? L_GAP : L_CONTIG, causal, lay);
     sj_tensor yc = tu_attention_out(dt, B, H, Sq, Dv, lay);
-    assert_int_equal(sj_cpu_attention(&a.q, &a.k, &a.v, a.lp, a.scale, causal, &yc), SJ_OK);
+    assert_int_equal(sj_cpu_attention(&a.q, &a.k, &a.v, a.lp, a.scale, causal, &yc, NULL), SJ_OK);
     sj_tensor dq = to_dev(&a.q), dk = to_dev(&a.k), dv = to_dev(&a.v), dy = to_dev(&a.y), dl = to_dev(&a.l);
     settle();
     const char *what = label("attention dtype %d B %lld H %lld Sq %lld Sk %lld D %lld Dv %lld causal %d lens %d lay %d",

@@ -19,9 +19,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
 #include "jit/compile.h"
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
+#include "kernels/cpu/eager.h"
 #include "tests/util.h"
 
 /* -- Models ------------------------------------------------------------------------ */
@@ -236,6 +239,62 @@ static void test_streaming_config(void **state) {
         assert_int_equal(dir_has(dump, " > 1;\n"), pass == 0); /* the threshold itself */
         tu_rmtree(dump);
     }
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TSAN 1
+#endif
+#endif
+#ifndef TSAN
+#define TSAN 0
+#endif
+
+/* blas_threads: 0 sets OpenBLAS to one thread and splits products over the
+ * kernel threads, n > 0 gives OpenBLAS n threads and splits nothing, -1
+ * leaves OpenBLAS alone (and splits nothing while it has threads). Eager
+ * and fused calls alike (the product is a library call inside the fused
+ * plan), checked against the reference runtime's eager run. */
+static void test_blas_threads(void **state) {
+    if (!eager_rt) eager_rt = runtime(SJ_COMPILE_OFF, NULL, NULL); /* before: it sets OpenBLAS too */
+    int was = openblas_get_num_threads();
+    const int settings[] = {0, 3, -1};
+    const int want[] = {1, 3, 2};
+    for (int i = 0; i < 3; i++) {
+        openblas_set_num_threads(2);
+        for (int mode = 0; mode < 2; mode++) {
+            sj_runtime_config cfg = config(mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF, NULL, NULL);
+            cfg.exec_threads = 4;
+            cfg.blas_threads = settings[i];
+            sj_runtime *rt = create(&cfg);
+            assert_int_equal(openblas_get_num_threads(), want[i]);
+            if (TSAN && settings[i] != 0) { /* OpenBLAS's own threads sync where TSan cannot see */
+                sj_runtime_destroy(rt);
+                continue;
+            }
+            sj_fn *fn = make(rt, "mlp", 3, m_mlp, SJ_DYNAMIC_SYMBOLIC, 1);
+            sj_tensor in[3] = {tu_tensor(SJ_F32, 2, (int64_t[]){203, 128}),
+                               tu_tensor(SJ_F32, 2, (int64_t[]){128, 161}), tu_tensor(SJ_F32, 1, (int64_t[]){161})};
+            for (int k = 0; k < 3; k++) tu_fill_random(&in[k]);
+            uint64_t before = sj_cpu_split_count();
+            call_and_compare(rt, fn, m_mlp, in, 3, 1, 1e-5);
+            assert_int_equal(stats(fn).eager_calls, mode ? 0 : 1);
+            /* this call's product and the reference run's are split
+             * exactly when OpenBLAS is left single-threaded */
+            assert_int_equal(sj_cpu_split_count() - before, settings[i] == 0 ? 2 : 0);
+            sj_fn_destroy(fn);
+            sj_runtime_destroy(rt);
+        }
+    }
+    sj_runtime_config cfg = config(SJ_COMPILE_OFF, NULL, NULL);
+    cfg.blas_threads = -2;
+    sj_runtime *rt = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_EINVAL);
+    assert_null(rt);
+    assert_non_null(strstr(sj_last_error(), "blas_threads -2"));
+    openblas_set_num_threads(was);
 }
 
 static void test_matmul_chain_and_caller_outputs(void **state) {
@@ -546,6 +605,7 @@ int main(void) {
         T(test_destroy_during_compile),         T(test_cold_job_dropped),       T(test_missing_compiler),
         T(test_compile_error_injected),         T(test_cache_warm_and_corrupt), T(test_hot_shapes_specialized),
         T(test_streaming_config),
+        T(test_blas_threads),
     };
     return cmocka_run_group_tests_name("jit", tests, setup_group, teardown_group);
 }

@@ -24,6 +24,8 @@
 #include "jit/ops.h"
 #include "jit/shapejit.h"
 
+struct sj_threads;
+
 /* Elementwise unary (SJ_K_UNARY ops). x and y have the same dtype. */
 sj_status sj_cpu_unary(sj_op op, const sj_tensor *x, const sj_tensor *y);
 
@@ -55,14 +57,18 @@ sj_status sj_cpu_rms_norm(const sj_tensor *x, const sj_tensor *g, double eps, co
 
 /* y[..., M, N] = a[..., M, K] @ b[..., K, N]. a, b, y have the same rank
  * (>= 2) and batch sizes (broadcast batch axes have stride 0). Float dtypes go
- * through cblas_sgemm (f16/bf16 converted to f32 first); integers are exact. */
-sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+ * through cblas_sgemm (f16/bf16 converted to f32 first); integers are exact.
+ * pool: the kernel threads a large float product may be split over (when
+ * OpenBLAS runs single-threaded); NULL: the calling thread only. */
+sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor *y, struct sj_threads *pool);
 
 /* Attention, see sj_attention() in shapejit.h. q [B,H,Sq,D], k [B,H,Sk,D],
  * v [B,H,Sk,Dv], lengths NULL or i32/i64 [B], y [B,H,Sq,Dv]. Lengths are
- * clamped to [0, Sk]. */
+ * clamped to [0, Sk]. pool as for sj_cpu_matmul: (batch, head) pairs are
+ * shared over it. */
 sj_status sj_cpu_attention(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                           const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
+                           const sj_tensor *lengths, double scale, int causal, const sj_tensor *y,
+                           struct sj_threads *pool);
 
 /* Concatenate n tensors along axis into y. */
 sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y);
@@ -70,6 +76,12 @@ sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y
 /* Embedding gather: y[i..., j...] = table[idx[i...], j...]. idx is i32/i64.
  * An index outside [0, V) returns SJ_EINDEX naming the index and position. */
 sj_status sj_cpu_gather(const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+
+/* Set OpenBLAS's own thread count (process-wide). */
+void sj_cpu_blas_threads(int n);
+
+/* Matrix products and attentions split over a pool so far (for tests). */
+uint64_t sj_cpu_split_count(void);
 
 /* Per-thread scratch memory: slot 0..SJ_CPU_SCRATCH_SLOTS-1, at least `bytes`
  * bytes, 64-byte aligned, kept and reused by the thread (grown on demand,

@@ -10,6 +10,16 @@
  *
  * Integers are exact: int64 products and sums, wrapping, narrowed on store.
  *
+ * Threads. Given the runtime's kernel pool, a float product big enough to
+ * share is split into one block of columns (or of rows, when it has more
+ * rows than columns) per thread, each a cblas_sgemm of its own, provided
+ * OpenBLAS itself runs single-threaded (the runtime sets that up: see
+ * blas_threads in shapejit.h); otherwise OpenBLAS's own threads do the
+ * work. Attention shares its (batch, head) pairs out the same way. One pool
+ * for everything keeps the machine from being oversubscribed, and its
+ * workers never call sched_yield (OpenBLAS's spinning workers do, which
+ * hands the core to the idle-priority compiler for whole time slices).
+ *
  * Attention per (batch, head), in blocks of QB queries: S = scale * Q K^T
  * (sgemm over the keys any query of the block may see), masked softmax per
  * row (sj_cpu_softmax_row over the row's first `lim` keys, zeros after), then
@@ -23,9 +33,11 @@
 #include <assert.h>
 #include <cblas.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "jit/error.h"
+#include "jit/threads.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
 
@@ -80,8 +92,8 @@ static sj_status mat_prep(mat *m, const char *src, sj_dtype dt, int64_t R, int64
 }
 
 /* y (M x N, layout ylay, leading dimension ldy) = alpha * a (M x K) b (K x N). */
-static void gemm(int64_t M, int64_t N, int64_t K, float alpha, const mat *a, const mat *b, float *y,
-                 int ylay, int64_t ldy) {
+static void gemm1(int64_t M, int64_t N, int64_t K, float alpha, const mat *a, const mat *b, float *y,
+                  int ylay, int64_t ldy) {
     assert(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && M > 0 && N > 0);
     if (K == 0) {
         for (int64_t i = 0; i < M; i++)
@@ -94,9 +106,82 @@ static void gemm(int64_t M, int64_t N, int64_t K, float alpha, const mat *a, con
                 (int)a->ld, b->p, (int)b->ld, 0.0f, y, (int)ldy);
 }
 
+/* A view of m starting at row r0 and column c0. */
+static mat mat_at(const mat *m, int64_t r0, int64_t c0) {
+    mat v = *m;
+    v.p += m->lay == LAY_ROW ? r0 * m->ld + c0 : c0 * m->ld + r0;
+    return v;
+}
+
+/* Products smaller than this many multiply-adds run on the calling thread:
+ * below it, waking a worker costs about what it saves. */
+#define SPLIT_MIN_MACS (INT64_C(1) << 18)
+/* Blocks of a split product are multiples of this many columns (or rows). */
+#define SPLIT_ALIGN 16
+
+typedef struct gemm_job {
+    int64_t M, N, K, blk; /* blk: columns (or rows) per part */
+    int by_rows;
+    float alpha;
+    mat a, b;
+    float *y;
+    int ylay;
+    int64_t ldy;
+} gemm_job;
+
+/* Parts [begin, end) of a split product, as one sgemm. */
+static void gemm_parts(void *ctx, int64_t begin, int64_t end) {
+    const gemm_job *g = ctx;
+    int64_t lim = g->by_rows ? g->M : g->N;
+    int64_t lo = begin * g->blk, hi = end * g->blk < lim ? end * g->blk : lim;
+    mat ys = {g->y, g->ylay, g->ldy};
+    if (g->by_rows) {
+        mat a = mat_at(&g->a, lo, 0);
+        gemm1(hi - lo, g->N, g->K, g->alpha, &a, &g->b, (float *)mat_at(&ys, lo, 0).p, g->ylay, g->ldy);
+    } else {
+        mat b = mat_at(&g->b, 0, lo);
+        gemm1(g->M, hi - lo, g->K, g->alpha, &g->a, &b, (float *)mat_at(&ys, 0, lo).p, g->ylay, g->ldy);
+    }
+}
+
+static _Atomic uint64_t splits;
+
+void sj_cpu_blas_threads(int n) { openblas_set_num_threads(n); }
+
+uint64_t sj_cpu_split_count(void) { return atomic_load_explicit(&splits, memory_order_relaxed); }
+
+/* May products be split over pool? Only when OpenBLAS has no threads of its
+ * own to run them on. */
+static int split_ok(sj_threads *pool) {
+    return pool && sj_threads_count(pool) > 1 && openblas_get_num_threads() == 1;
+}
+
+/* gemm1, split over pool's threads when it is worth it. */
+static void gemm(sj_threads *pool, int64_t M, int64_t N, int64_t K, float alpha, const mat *a, const mat *b,
+                 float *y, int ylay, int64_t ldy) {
+    gemm_job g = {.M = M, .N = N, .K = K, .by_rows = M > N, .alpha = alpha, .a = *a, .b = *b,
+                  .y = y, .ylay = ylay, .ldy = ldy};
+    int64_t dim = g.by_rows ? M : N, parts = 1;
+    if (K > 0 && M * N * K >= 2 * SPLIT_MIN_MACS && split_ok(pool)) {
+        parts = sj_threads_count(pool);
+        if (parts > M * N * K / SPLIT_MIN_MACS) parts = M * N * K / SPLIT_MIN_MACS;
+        int64_t most = (dim + SPLIT_ALIGN - 1) / SPLIT_ALIGN;
+        if (parts > most) parts = most;
+    }
+    if (parts <= 1) {
+        gemm1(M, N, K, alpha, a, b, y, ylay, ldy);
+        return;
+    }
+    g.blk = (dim + parts - 1) / parts;
+    g.blk = (g.blk + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
+    atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed);
+    sj_threads_parallel_for(pool, (dim + g.blk - 1) / g.blk, 1, gemm_parts, &g);
+}
+
 /* -- Matmul --------------------------------------------------------------- */
 
 typedef struct mm {
+    sj_threads *pool;
     sj_dtype dt;
     int64_t M, N, K, es;
     int64_t sam, sak, sbk, sbn, sym, syn;
@@ -113,14 +198,14 @@ static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
         return st;
     int ylay = layout(m->M, m->N, m->sym, m->syn, &ldy);
     if (m->dt == SJ_F32 && ylay != LAY_NONE) {
-        gemm(m->M, m->N, m->K, 1.0f, &ma, &mb, (float *)y, ylay, ldy);
+        gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, (float *)y, ylay, ldy);
         return SJ_OK;
     }
     float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
     if (!yb)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result",
                          (long long)m->M, (long long)m->N);
-    gemm(m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N);
+    gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N);
     for (int64_t i = 0; i < m->M; i++)
         cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
     return SJ_OK;
@@ -161,11 +246,11 @@ static sj_tensor lead_axes(const sj_tensor *t, int k) {
     return v;
 }
 
-sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor *y, sj_threads *pool) {
     int r = y->rank;
     assert(r >= 2 && a->rank == r && b->rank == r);
     assert(a->dtype == y->dtype && b->dtype == y->dtype && y->dtype != SJ_BOOL);
-    mm m = {.dt = y->dtype, .M = y->shape[r - 2], .N = y->shape[r - 1], .K = a->shape[r - 1]};
+    mm m = {.pool = pool, .dt = y->dtype, .M = y->shape[r - 2], .N = y->shape[r - 1], .K = a->shape[r - 1]};
     assert(a->shape[r - 2] == m.M && b->shape[r - 2] == m.K && b->shape[r - 1] == m.N);
     for (int i = 0; i < r - 2; i++)
         assert(a->shape[i] == y->shape[i] && b->shape[i] == y->shape[i]);
@@ -216,13 +301,6 @@ sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor 
 
 #define QB 64
 
-/* A mat of rows [r0, ...) of m. */
-static mat mat_rows(const mat *m, int64_t r0) {
-    mat v = *m;
-    v.p += r0 * (m->lay == LAY_ROW ? m->ld : 1);
-    return v;
-}
-
 static mat mat_t(const mat *m) {
     mat v = *m;
     v.lay = m->lay == LAY_ROW ? LAY_COL : LAY_ROW;
@@ -255,8 +333,8 @@ static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int
         if (kmax <= 0) {
             memset(t->o, 0, (size_t)(rows * t->Dv) * sizeof(float));
         } else {
-            mat qb = mat_rows(q, i0), kt = mat_t(k);
-            gemm(rows, kmax, t->D, t->scale, &qb, &kt, t->s, LAY_ROW, kmax);
+            mat qb = mat_at(q, i0, 0), kt = mat_t(k);
+            gemm1(rows, kmax, t->D, t->scale, &qb, &kt, t->s, LAY_ROW, kmax);
             for (int64_t r = 0; r < rows; r++) {
                 int64_t lim = att_lim(t, L, i0 + r);
                 float *srow = t->s + r * kmax;
@@ -265,7 +343,7 @@ static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int
                 memset(srow + lim, 0, (size_t)(kmax - lim) * sizeof(float));
             }
             mat pm = {t->s, LAY_ROW, kmax};
-            gemm(rows, t->Dv, kmax, 1.0f, &pm, v, t->o, LAY_ROW, t->Dv);
+            gemm1(rows, t->Dv, kmax, 1.0f, &pm, v, t->o, LAY_ROW, t->Dv);
         }
         for (int64_t r = 0; r < rows; r++)
             cpu_store_f32(ybase + (i0 + r) * y->stride[2] * t->es, t->dt, y->stride[3],
@@ -273,55 +351,84 @@ static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int
     }
 }
 
+/* One thread's share of the (batch, head) pairs: its own scratch for
+ * scores and packed operands. */
+typedef struct att_job {
+    att t;
+    const sj_tensor *q, *k, *v, *lengths;
+    int64_t H;
+    _Atomic int failed;
+} att_job;
+
+static void att_heads(void *ctx, int64_t begin, int64_t end) {
+    att_job *j = ctx;
+    att t = j->t;
+    const sj_tensor *q = j->q, *k = j->k, *v = j->v;
+    int64_t qb = t.Sk > 0 ? QB : 1;
+    t.s = sj_cpu_scratch(3, (size_t)(qb * t.Sk + QB * t.Dv) * sizeof(float));
+    if (!t.s) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    t.o = t.s + qb * t.Sk;
+    for (int64_t bh = begin; bh < end; bh++) {
+        int64_t b = bh / j->H, h = bh % j->H, L = t.Sk;
+        if (j->lengths) {
+            L = cpu_ld_i64(j->lengths->data, j->lengths->dtype, b * j->lengths->stride[0]);
+            L = L < 0 ? 0 : L > t.Sk ? t.Sk : L;
+        }
+        const char *qp = (const char *)q->data + (b * q->stride[0] + h * q->stride[1]) * t.es;
+        const char *kp = (const char *)k->data + (b * k->stride[0] + h * k->stride[1]) * t.es;
+        const char *vp = (const char *)v->data + (b * v->stride[0] + h * v->stride[1]) * t.es;
+        char *yp = (char *)t.y->data + (b * t.y->stride[0] + h * t.y->stride[1]) * t.es;
+        const char *pq = NULL, *pk = NULL, *pv = NULL;
+        mat mq, mk, mv;
+        if (mat_prep(&mq, qp, t.dt, t.Sq, t.D, q->stride[2], q->stride[3], 0, &pq) ||
+            mat_prep(&mk, kp, t.dt, t.Sk, t.D, k->stride[2], k->stride[3], 1, &pk) ||
+            mat_prep(&mv, vp, t.dt, t.Sk, t.Dv, v->stride[2], v->stride[3], 2, &pv)) {
+            atomic_store(&j->failed, 1);
+            return;
+        }
+        att_head(&t, &mq, &mk, &mv, L, yp);
+    }
+}
+
 sj_status sj_cpu_attention(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                           const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
+                           const sj_tensor *lengths, double scale, int causal, const sj_tensor *y,
+                           sj_threads *pool) {
     assert(q->rank == 4 && k->rank == 4 && v->rank == 4 && y->rank == 4);
     assert(cpu_is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype &&
            y->dtype == q->dtype);
     int64_t B = q->shape[0], H = q->shape[1];
-    att t = {.dt = q->dtype,
-             .Sq = q->shape[2],
-             .Sk = k->shape[2],
-             .D = q->shape[3],
-             .Dv = v->shape[3],
-             .scale = (float)scale,
-             .causal = causal,
-             .y = y};
-    assert(k->shape[0] == B && k->shape[1] == H && k->shape[3] == t.D);
-    assert(v->shape[0] == B && v->shape[1] == H && v->shape[2] == t.Sk);
-    assert(y->shape[0] == B && y->shape[1] == H && y->shape[2] == t.Sq && y->shape[3] == t.Dv);
+    att_job j = {.t = {.dt = q->dtype,
+                       .Sq = q->shape[2],
+                       .Sk = k->shape[2],
+                       .D = q->shape[3],
+                       .Dv = v->shape[3],
+                       .scale = (float)scale,
+                       .causal = causal,
+                       .y = y},
+                 .q = q, .k = k, .v = v, .lengths = lengths, .H = H};
+    const att *t = &j.t;
+    assert(k->shape[0] == B && k->shape[1] == H && k->shape[3] == t->D);
+    assert(v->shape[0] == B && v->shape[1] == H && v->shape[2] == t->Sk);
+    assert(y->shape[0] == B && y->shape[1] == H && y->shape[2] == t->Sq && y->shape[3] == t->Dv);
     assert(!lengths || (lengths->rank == 1 && lengths->shape[0] == B &&
                         (lengths->dtype == SJ_I32 || lengths->dtype == SJ_I64)));
-    if (B == 0 || H == 0 || t.Sq == 0 || t.Dv == 0)
+    if (B == 0 || H == 0 || t->Sq == 0 || t->Dv == 0)
         return SJ_OK;
-    t.es = (int64_t)cpu_dtype_size(t.dt);
-    int64_t qb = t.Sk > 0 ? QB : 1;
-    t.s = sj_cpu_scratch(3, (size_t)(qb * t.Sk + QB * t.Dv) * sizeof(float));
-    if (!t.s)
-        return sj_seterr(SJ_ENOMEM, "attention: out of memory for %lld keys", (long long)t.Sk);
-    t.o = t.s + qb * t.Sk;
-    for (int64_t b = 0; b < B; b++) {
-        int64_t L = t.Sk;
-        if (lengths) {
-            L = cpu_ld_i64(lengths->data, lengths->dtype, b * lengths->stride[0]);
-            L = L < 0 ? 0 : L > t.Sk ? t.Sk : L;
-        }
-        for (int64_t h = 0; h < H; h++) {
-            const char *qp = (const char *)q->data + (b * q->stride[0] + h * q->stride[1]) * t.es;
-            const char *kp = (const char *)k->data + (b * k->stride[0] + h * k->stride[1]) * t.es;
-            const char *vp = (const char *)v->data + (b * v->stride[0] + h * v->stride[1]) * t.es;
-            char *yp = (char *)y->data + (b * y->stride[0] + h * y->stride[1]) * t.es;
-            const char *pq = NULL, *pk = NULL, *pv = NULL;
-            mat mq, mk, mv;
-            sj_status st = mat_prep(&mq, qp, t.dt, t.Sq, t.D, q->stride[2], q->stride[3], 0, &pq);
-            if (!st)
-                st = mat_prep(&mk, kp, t.dt, t.Sk, t.D, k->stride[2], k->stride[3], 1, &pk);
-            if (!st)
-                st = mat_prep(&mv, vp, t.dt, t.Sk, t.Dv, v->stride[2], v->stride[3], 2, &pv);
-            if (st)
-                return st;
-            att_head(&t, &mq, &mk, &mv, L, yp);
-        }
-    }
+    j.t.es = (int64_t)cpu_dtype_size(t->dt);
+    atomic_init(&j.failed, 0);
+    /* pairs per part: enough multiply-adds to be worth a worker */
+    int64_t macs = t->Sq * (t->Sk > 0 ? t->Sk : 1) * (t->D + t->Dv);
+    int64_t min_pairs = macs >= SPLIT_MIN_MACS ? 1 : (SPLIT_MIN_MACS + macs - 1) / (macs > 0 ? macs : 1);
+    if (split_ok(pool) && B * H > min_pairs) {
+        atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed);
+        sj_threads_parallel_for(pool, B * H, min_pairs, att_heads, &j);
+    } else
+        att_heads(&j, 0, B * H);
+    if (atomic_load(&j.failed))
+        return sj_seterr(SJ_ENOMEM, "attention: out of memory for %lld queries x %lld keys",
+                         (long long)t->Sq, (long long)t->Sk);
     return SJ_OK;
 }
