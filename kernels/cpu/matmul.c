@@ -115,7 +115,10 @@ static mat mat_at(const mat *m, int64_t r0, int64_t c0) {
 
 /* Products smaller than this many multiply-adds run on the calling thread:
  * below it, waking a worker costs about what it saves. */
-#define SPLIT_MIN_MACS (INT64_C(1) << 18)
+#ifndef SJ_SPLIT_MIN_MACS
+#define SJ_SPLIT_MIN_MACS (INT64_C(1) << 18)
+#endif
+#define SPLIT_MIN_MACS SJ_SPLIT_MIN_MACS
 /* Blocks of a split product are multiples of this many columns (or rows). */
 #define SPLIT_ALIGN 16
 
