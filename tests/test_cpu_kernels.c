@@ -491,6 +491,12 @@ static void test_split(void **state) {
             run_matmul(dts[d], 1, S(2), S(2), S(1), M, K, N, 0, 0, 0, 0, 0, 0); /* b shared */
             runs += 3 + 1; /* a batch of 3 products; with b shared, one product of 2M rows */
         }
+    /* batches of small products, shared out whole: full, broadcast a, ints */
+    run_matmul(SJ_F32, 2, S(4, 6), S(4, 6), S(4, 6), 20, 64, 30, 0, 0, 0, 0, 0, 0);
+    run_matmul(SJ_F32, 2, S(3, 5), S(1, 5), S(3, 5), 9, 70, 33, TU_GAP, 1, 0, 0, TU_REVGAP, 0);
+    run_matmul(SJ_BF16, 1, S(40), S(40), S(40), 7, 50, 23, 0, 0, 0, 1, 0, 0);
+    run_matmul(SJ_I32, 1, S(60), S(60), S(60), 6, 40, 30, 0, 0, 0, 0, 0, 0);
+    runs += 4;
     assert_true(sj_cpu_split_count() - before == (uint64_t)runs);
     before = sj_cpu_split_count();
     for (int causal = 0; causal < 2; causal++)

@@ -15,7 +15,8 @@
  * rows than columns) per thread, each a cblas_sgemm of its own, provided
  * OpenBLAS itself runs single-threaded (the runtime sets that up: see
  * blas_threads in shapejit.h); otherwise OpenBLAS's own threads do the
- * work. Attention shares its (batch, head) pairs out the same way. One pool
+ * work. A batch of smaller products, and attention's (batch, head) pairs,
+ * are shared out a few at a time instead. One pool
  * for everything keeps the machine from being oversubscribed, and its
  * workers never call sched_yield (OpenBLAS's spinning workers do, which
  * hands the core to the idle-priority compiler for whole time slices).
@@ -242,6 +243,42 @@ static sj_status mm_int(mm *m, const char *a, const char *b, char *y) {
     return SJ_OK;
 }
 
+/* Batch i of a plan over (y, a, b) (rows of the plan times its last axis);
+ * it must be at i's row of the plan, and is moved on after a row's last
+ * batch. */
+static sj_status mm_batch(mm *m, const cpu_plan *p, cpu_iter *it, int64_t i) {
+    int last = p->rank - 1;
+    int64_t e = i % p->shape[last];
+    char *yp = cpu_iter_ptr(p, it, 0) + e * p->stride[0][last] * m->es;
+    const char *ap = cpu_iter_ptr(p, it, 1) + e * p->stride[1][last] * m->es;
+    const char *bp = cpu_iter_ptr(p, it, 2) + e * p->stride[2][last] * m->es;
+    sj_status st = cpu_is_float(m->dt) ? mm_float(m, ap, bp, yp) : mm_int(m, ap, bp, yp);
+    if (e == p->shape[last] - 1)
+        cpu_iter_next(p, it);
+    return st;
+}
+
+typedef struct mm_batches {
+    mm m;
+    const cpu_plan *p;
+    int64_t n; /* batches */
+    _Atomic int failed;
+} mm_batches;
+
+/* Batches [begin, end), with this thread's own packing state. */
+static void mm_range(void *ctx, int64_t begin, int64_t end) {
+    mm_batches *j = ctx;
+    mm m = j->m;
+    m.apacked = m.bpacked = NULL;
+    cpu_iter it;
+    cpu_iter_seek(j->p, &it, begin / j->p->shape[j->p->rank - 1]);
+    for (int64_t i = begin; i < end; i++)
+        if (mm_batch(&m, j->p, &it, i)) {
+            atomic_store(&j->failed, 1);
+            return;
+        }
+}
+
 /* y with the last `k` axes given size 1 (so a plan skips them). */
 static sj_tensor lead_axes(const sj_tensor *t, int k) {
     sj_tensor v = *t;
@@ -284,18 +321,27 @@ sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor 
         }
     }
 
-    int last = p.rank - 1;
+    /* one product per batch; small ones shared out over the pool a few
+     * batches at a time (a big one splits itself in gemm) */
+    mm_batches j = {.m = m, .p = &p, .n = cpu_plan_rows(&p) * p.shape[p.rank - 1]};
+    atomic_init(&j.failed, 0);
+    int64_t macs = m.M * m.N * (m.K > 0 ? m.K : 1);
+    int64_t min_batches = (SPLIT_MIN_MACS + macs - 1) / macs;
+    if (macs < 2 * SPLIT_MIN_MACS && j.n > min_batches && split_ok(pool)) {
+        atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed);
+        j.m.pool = NULL;
+        sj_threads_parallel_for(pool, j.n, min_batches, mm_range, &j);
+        if (atomic_load(&j.failed))
+            return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a batch of %lld x %lld x %lld products",
+                             (long long)m.M, (long long)m.K, (long long)m.N);
+        return SJ_OK;
+    }
     cpu_iter it;
     cpu_iter_seek(&p, &it, 0);
-    for (int64_t row = 0, rows = cpu_plan_rows(&p); row < rows; row++, cpu_iter_next(&p, &it)) {
-        for (int64_t e = 0; e < p.shape[last]; e++) {
-            char *yp = cpu_iter_ptr(&p, &it, 0) + e * p.stride[0][last] * m.es;
-            const char *ap = cpu_iter_ptr(&p, &it, 1) + e * p.stride[1][last] * m.es;
-            const char *bp = cpu_iter_ptr(&p, &it, 2) + e * p.stride[2][last] * m.es;
-            sj_status st = cpu_is_float(m.dt) ? mm_float(&m, ap, bp, yp) : mm_int(&m, ap, bp, yp);
-            if (st)
-                return st;
-        }
+    for (int64_t i = 0; i < j.n; i++) {
+        sj_status st = mm_batch(&j.m, &p, &it, i);
+        if (st)
+            return st;
     }
     return SJ_OK;
 }
