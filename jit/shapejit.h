@@ -241,7 +241,7 @@ typedef struct sj_runtime_config {
      * compiler and loads it with dlopen). */
     sj_compile_mode compile_mode; /* default SJ_COMPILE_ASYNC */
     int compile_threads;          /* background compile workers; default 1 */
-    int exec_threads;             /* threads a fused kernel may use; 0 (default): online CPUs */
+    int exec_threads;             /* kernel threads (fused kernels, matrix products, attention); 0 (default): online CPUs */
     /* Who runs matrix products in parallel on the CPU backend.
      *  0 (default): shapejit, on its exec_threads; the runtime sets OpenBLAS
      *     to one thread of its own (openblas_set_num_threads(1)) when it is
