@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "jit/compile.h"
+#include "jit/clock.h"
 #include "jit/error.h"
 #include "jit/exec.h"
 #include "jit/exec_cuda.h"

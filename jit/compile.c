@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "jit/clock.h"
 #include "jit/error.h"
 #include "jit/fn.h"
 #include "specialize/codegen.h"
@@ -44,12 +45,6 @@ struct sj_compiler {
     pthread_t *workers;
     int n_workers;
 };
-
-int64_t sj_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* -- Targets ---------------------------------------------------------------------- */
 

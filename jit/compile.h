@@ -91,6 +91,4 @@ void sj_compiler_set_cold_ms(sj_compiler *c, int ms);
 /* Free a target's published code (at function destroy). */
 void sj_ctarget_release(sj_ctarget *t);
 
-int64_t sj_now_ns(void);
-
 #endif /* SJ_COMPILE_H */

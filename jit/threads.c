@@ -19,13 +19,14 @@
  */
 #include "jit/threads.h"
 
+#include "jit/clock.h"
+
 #include <assert.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MAX_THREADS 1024
@@ -70,12 +71,6 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* -- Running chunks ------------------------------------------------------ */
 
 /* Claims and runs chunks of j until none are left. Returns true if this
@@ -98,9 +93,9 @@ static void *worker_main(void *arg) {
     sj_threads *t = arg;
     uint64_t seen = 0;
     for (;;) {
-        for (uint64_t i = 0, t0 = now_ns();; i++) {
+        for (int64_t i = 0, t0 = sj_now_ns();; i++) {
             if (atomic_load_explicit(&t->generation, memory_order_relaxed) != seen) break;
-            if (i % 32 == 31 && now_ns() - t0 > SJ_WORKER_SPIN_NS) break;
+            if (i % 32 == 31 && sj_now_ns() - t0 > SJ_WORKER_SPIN_NS) break;
             cpu_relax();
         }
         pthread_mutex_lock(&t->lock);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "jit/cache.h"
+#include "jit/clock.h"
 #include "jit/error.h"
 #include "jit/runtime.h"
 
@@ -100,15 +101,9 @@ sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj
 
 /* -- The compile driver --------------------------------------------------------- */
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static void sleep_ms(int ms) {
-    double end = now_ms() + ms;
-    for (double left; (left = end - now_ms()) > 0;) {
+    double end = sj_now_ms() + ms;
+    for (double left; (left = end - sj_now_ms()) > 0;) {
         double step = left < 5 ? left : 5;
         struct timespec ts = {0, (long)(step * 1e6)};
         nanosleep(&ts, NULL);

@@ -256,18 +256,23 @@ SJ_RT_FN float sj_rt_tanhf(float x) {
 #endif
 }
 
-/* exp(-u) for u >= 0, for the erfc below: sj_rt_exp_poly, 2^n
- * added to the exponent bits (no multiplications: these kernels are bound
- * by floating-point throughput), results below 2^-126 flushed to 0 (u >
- * 87; for u <= 87, n >= -126 and p >= 1.4 keep the result normal). A NaN u
- * gives an unspecified value: the caller's result is NaN through its other
- * factor. */
+/* exp(x) for x in [-87, 88]: sj_rt_exp_poly with 2^n added to the exponent
+ * bits (n in [-126, 127]), no multiplications: the callers are bound by
+ * floating-point throughput. Below -87 the bits are no longer exp(x), so
+ * callers clamp and select. */
+SJ_RT_FN float sj_rt_exp_bits(float x) {
+    int32_t n;
+    float p = sj_rt_exp_poly(sj_rt_reduce_ln2(x, &n));
+    return sj_rt_u2f(sj_rt_f2u(p) + ((uint32_t)n << 23));
+}
+
+/* exp(-u) for u >= 0, for the erfc below: sj_rt_exp_bits(-u), results
+ * below 2^-126 flushed to 0 (u > 87; for u <= 87, n >= -126 and p >= 1.4
+ * keep the result normal). A NaN u gives an unspecified value: the
+ * caller's result is NaN through its other factor. */
 SJ_RT_FN float sj_rt_exp_neg_ftz(float u) {
     float uc = sj_rt_sel(u > 87.0f, 87.0f, u);
-    int32_t n;
-    float p = sj_rt_exp_poly(sj_rt_reduce_ln2(-uc, &n));
-    float e = sj_rt_u2f(sj_rt_f2u(p) + ((uint32_t)n << 23));
-    return sj_rt_sel(u > 87.0f, 0.0f, e);
+    return sj_rt_sel(u > 87.0f, 0.0f, sj_rt_exp_bits(-uc));
 }
 
 /* erfc(a) / 2 for a >= 0, given a2 = a^2 rounded once (its rounding error
@@ -340,10 +345,7 @@ SJ_RT_FN float sj_rt_sigmoidf(float x) {
     float u = -x;
     float uc = sj_rt_sel(u > 88.0f, 88.0f, u);
     uc = sj_rt_sel(uc < -87.0f, -87.0f, uc);
-    int32_t n;
-    float p = sj_rt_exp_poly(sj_rt_reduce_ln2(uc, &n));
-    float e = sj_rt_u2f(sj_rt_f2u(p) + ((uint32_t)n << 23));
-    return sj_rt_sel(u > 88.0f, 0.0f, 1.0f / (1.0f + e));
+    return sj_rt_sel(u > 88.0f, 0.0f, 1.0f / (1.0f + sj_rt_exp_bits(uc)));
 #endif
 }
 SJ_RT_FN float sj_rt_siluf(float x) { return x * sj_rt_sigmoidf(x); }

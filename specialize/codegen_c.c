@@ -642,6 +642,22 @@ static void put_loop(cg *c, const char *len, const char *ix, int lo, int hi, bod
     if (st) put(&c->o, "}\n");
 }
 
+/* The row's length, "n<L>". */
+typedef struct rowlen {
+    char s[16];
+} rowlen;
+
+static rowlen row_len(const cg *c) {
+    rowlen r;
+    snprintf(r.s, sizeof r.s, "n%d", last_axis(c));
+    return r;
+}
+
+/* put_loop over the row: j in [0, n<L>). */
+static void put_row_loop(cg *c, int lo, int hi, body_fn body, const void *ctx, bool pf) {
+    put_loop(c, row_len(c).s, "j", lo, hi, body, ctx, pf);
+}
+
 /* -- POINTWISE ---------------------------------------------------------------------- */
 
 static void pointwise_body(cg *c, const void *ctx) {
@@ -727,20 +743,13 @@ static void put_fill(cg *c, const rowop *R, const char *dst, bool chunked, bool 
     sj_cg_close_want(c);
     int hi = stores ? c->rp : 0; /* the stores this pass makes: [0, hi) */
     fill_ctx f = {R, dst, chunked, stores};
-    if (chunked) {
-        put_chunk_loop(c, "j", 0, hi, fill_body, &f);
-    } else {
-        char len[16];
-        snprintf(len, sizeof len, "n%d", last_axis(c));
-        put_loop(c, len, "j", 0, hi, fill_body, &f, false);
-    }
+    if (chunked) put_chunk_loop(c, "j", 0, hi, fill_body, &f);
+    else put_row_loop(c, 0, hi, fill_body, &f, false);
 }
 
 /* Chunked pass: for each chunk, fill cb then run `then`. */
 static void put_chunks(cg *c, const rowop *R, int chunk, bool stores, const char *then) {
-    char len[16];
-    snprintf(len, sizeof len, "n%d", last_axis(c));
-    put_chunk_head(c, len, chunk);
+    put_chunk_head(c, row_len(c).s, chunk);
     put_fill(c, R, "cb", true, stores);
     put(&c->o, "%s}\n", then);
 }
@@ -775,7 +784,7 @@ static void out_body(cg *c, const void *ctx) {
 /* The per-element output pass of softmax and the norms: the row op's value
  * (from buf[j] when buffered, else recomputed), the epilogue, the stores. */
 static void put_out_pass(cg *c, const rowop *R, bool buffered) {
-    int L = last_axis(c), n_pos = c->G->n_nodes;
+    int n_pos = c->G->n_nodes;
     out_ctx o = {R, buffered, R->n->op == SJ_OP_SOFTMAX, false, {buffered ? -1 : R->x, R->gw, R->bw}};
     o.x_in_buf = buffered && !o.softmax; /* buf holds x (softmax: exp) */
     sj_cg_reset_want(c);
@@ -784,10 +793,8 @@ static void put_out_pass(cg *c, const rowop *R, bool buffered) {
     if (o.x_in_buf && c->vpos[R->x] >= 0) c->avail[c->vpos[R->x]] = true;
     for (int i = 0; i < 3; i++) sj_cg_want_val(c, o.extra[i]);
     sj_cg_close_want(c);
-    char len[16];
-    snprintf(len, sizeof len, "n%d", L);
     /* a norm's output pass is its row's heaviest (softmax: the exp pass) */
-    put_loop(c, len, "j", c->rp, n_pos, out_body, &o, buffered && !o.softmax);
+    put_row_loop(c, c->rp, n_pos, out_body, &o, buffered && !o.softmax);
 }
 
 static void exp_body(cg *c, const void *ctx) {
@@ -812,9 +819,7 @@ static void put_row_body(cg *c, const rowop *R, bool buffered, const char *bufle
             put(&c->o, "float m = sj_rt_max_f32(buf, n%d), inv;\n", L);
             put(&c->o, "if (m == -INFINITY) {\nfor (int64_t j = 0; j < n%d; j++) buf[j] = 0.0f;\n", L);
             put(&c->o, "inv = 0.0f;\n} else {\n");
-            char len[16];
-            snprintf(len, sizeof len, "n%d", L);
-            put_loop(c, len, "j", 0, 0, exp_body, NULL, true); /* softmax's heaviest pass */
+            put_row_loop(c, 0, 0, exp_body, NULL, true); /* softmax's heaviest pass */
             put(&c->o, "inv = (float)(1.0 / sj_rt_sum_f32(buf, n%d));\n}\n", L);
         } else {
             put(&c->o, "float m = -INFINITY, inv;\n");
@@ -888,9 +893,7 @@ static void put_reduce_body(cg *c, const rowop *R) {
         sj_cg_want_val(c, R->x);
         sj_cg_want_stores(c, 0, c->rp);
         sj_cg_close_want(c);
-        char len[16];
-        snprintf(len, sizeof len, "n%d", L);
-        put_loop(c, len, "j", 0, c->rp, ireduce_body, R, false);
+        put_row_loop(c, 0, c->rp, ireduce_body, R, false);
         put(&c->o, "const int64_t v%d = %s(%s);\n", (int)y, dt == SJ_I32 ? "sj_rt_wrap32" : "",
             amax ? "im" : "sj_rt_i64_from_u(us)");
     }

@@ -483,13 +483,10 @@ static void test_split(void **state) {
     for (int d = 0; d < NELEM(dts); d++)
         for (int c = 0; c < NELEM(mkn); c++) {
             int64_t M = mkn[c][0], K = mkn[c][1], N = mkn[c][2];
-            for (int v = 0; v < 16; v++, runs++)
-                run_matmul(dts[d], 0, NULL, NULL, NULL, M, K, N, (v & 8) ? TU_GAP : TU_CONTIG, v & 1,
-                           (v & 8) ? TU_CONTIG : TU_GAP, (v >> 1) & 1, (v & 4) ? TU_REVGAP : TU_CONTIG,
-                           (v >> 2) & 1);
+            tu_matmul_transposes(run_matmul, dts[d], M, K, N);
             run_matmul(dts[d], 1, S(3), S(3), S(3), M, K, N, 0, 0, 0, 0, 0, 0);
             run_matmul(dts[d], 1, S(2), S(2), S(1), M, K, N, 0, 0, 0, 0, 0, 0); /* b shared */
-            runs += 3 + 1; /* a batch of 3 products; with b shared, one product of 2M rows */
+            runs += 16 + 3 + 1; /* 16 transposes; a batch of 3; with b shared, one product of 2M rows */
         }
     /* batches of small products, shared out whole: full, broadcast a, ints */
     run_matmul(SJ_F32, 2, S(4, 6), S(4, 6), S(4, 6), 20, 64, 30, 0, 0, 0, 0, 0, 0);

@@ -255,6 +255,9 @@ void tu_matmul_shapes(tu_mm_shapes *s, int nb, const int64_t *yb, const int64_t 
 /* The matrix view of a stored operand: transposed back when it is. */
 sj_tensor tu_matmul_view(const sj_tensor *t, int nb, int transposed);
 void tu_matmul_cases(bool cuda, tu_matmul_run run);
+/* One unbatched M x K x N product of dt in each of the 16 combinations of
+ * stored-transposed operands and output, over two layouts. */
+void tu_matmul_transposes(tu_matmul_run run, sj_dtype dt, int64_t M, int64_t K, int64_t N);
 /* Integer products past 2^31: a [1, 2], b [2, 1], y [1, 1] (poisoned) of
  * dt (i32 or i64); the product, exact in i64 and wrapped in i32. */
 int64_t tu_matmul_wrap_case(sj_dtype dt, sj_tensor *a, sj_tensor *b, sj_tensor *y);

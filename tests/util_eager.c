@@ -344,6 +344,12 @@ sj_tensor tu_matmul_view(const sj_tensor *t, int nb, int transposed) {
     return transposed ? tu_transpose(t, nb, nb + 1) : *t;
 }
 
+void tu_matmul_transposes(tu_matmul_run run, sj_dtype dt, int64_t M, int64_t K, int64_t N) {
+    for (int v = 0; v < 16; v++)
+        run(dt, 0, NULL, NULL, NULL, M, K, N, (v & 8) ? GAP : C, v & 1, (v & 8) ? C : GAP, (v >> 1) & 1,
+            (v & 4) ? REVGAP : C, (v >> 2) & 1);
+}
+
 void tu_matmul_cases(bool cuda, tu_matmul_run run) {
     const int64_t mkn[][3] = {{3, 5, 4}, {1, 7, 1}, {5, 0, 3}, {1, 1, 1},    {17, 33, 9},
                               {0, 3, 4}, {4, 1, 6}, {6, 9, 1}, {64, 128, 40}};
@@ -351,9 +357,7 @@ void tu_matmul_cases(bool cuda, tu_matmul_run run) {
         sj_dtype dt = tu_numeric[d];
         for (int s = 0; s < NELEM(mkn) - !cuda; s++) { /* the last: CUDA only */
             int64_t M = mkn[s][0], K = mkn[s][1], N = mkn[s][2];
-            for (int v = 0; v < 16; v++) /* every transpose combination, two layouts */
-                run(dt, 0, NULL, NULL, NULL, M, K, N, (v & 8) ? GAP : C, v & 1, (v & 8) ? C : GAP, (v >> 1) & 1,
-                    (v & 4) ? REVGAP : C, (v >> 2) & 1);
+            tu_matmul_transposes(run, dt, M, K, N);
             /* batches: full, broadcast on either side, b shared (folded into
              * M); the last (all column-major): CUDA only */
             const int64_t *ab[] = {S(2, 3), S(2, 3), S(2, 1), S(2, 3), S(2, 3), S(2, 3)};

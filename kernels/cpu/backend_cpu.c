@@ -25,9 +25,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "jit/clock.h"
 #include "jit/error.h"
 
 extern char **environ;
@@ -60,12 +60,6 @@ typedef struct cpu_backend {
 struct sj_module {
     void *handle;
 };
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* -- Running the compiler -------------------------------------------------- */
 
@@ -275,9 +269,9 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
     argv[argc] = NULL;
 
     run_result r;
-    double t0 = now_ms();
+    double t0 = sj_now_ms();
     int rc = run_program(argv, out->log, sizeof out->log, &r);
-    out->compile_ms = now_ms() - t0;
+    out->compile_ms = sj_now_ms() - t0;
     if (not_found(&r, rc)) {
         remove_tmpdir(dir);
         snprintf(msg, sizeof msg, "compiler '%s' not found", b->cc);

@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "jit/clock.h"
 #include "jit/error.h"
 
 typedef struct cuda_backend {
@@ -39,13 +39,6 @@ typedef struct cuda_backend {
 struct sj_module {
     CUmodule mod;
 };
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 
 /* -- Loading ------------------------------------------------------------------ */
 
@@ -142,9 +135,9 @@ static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag
         return fail(b, out, tag, out->log);
     }
     const char *opts[] = {b->arch_opt, "--std=c++17", "-default-device", "--extra-device-vectorization", "-lineinfo"};
-    double t0 = now_ms();
+    double t0 = sj_now_ms();
     nr = a->nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
-    out->compile_ms = now_ms() - t0;
+    out->compile_ms = sj_now_ms() - t0;
     if (nr != NVRTC_SUCCESS) {
         program_log(a, prog, out);
         a->nvrtcDestroyProgram(&prog);
