@@ -66,6 +66,14 @@
 #define ROW_THREADS_MAX 512   /* threads of a block-per-row block at most */
 #define ROW_RC 8              /* register cache: 4-element chunks a thread keeps at most */
 #define ROW_BLOCKS_PER_SM 64  /* row blocks per multiprocessor at most, in all (rows loop) */
+/* Minimum resident blocks in the symbolic row kernels' launch bounds: caps
+ * them at 40 registers. With the block size alone, ptxas aimed some of them
+ * at 32 registers and spilled (the masked softmax: 12 bytes), and 3 blocks
+ * bring symbolic w3 level with the specialized kernel (H100, S=2048: 0.160
+ * -> 0.149 ms against 0.143-0.149 ms; w2 unchanged). Specialized kernels keep
+ * the block size alone: a cap would make their register caches spill
+ * (static w2: 59 registers, 55% slower at 40). */
+#define ROW_SYM_MIN_BLOCKS 3
 #define GRID_Y_MAX 65535
 #define GRID_X_MAX 2147483647
 _Static_assert(PW_CHUNK == 4 * PW_VECS * PW_BLOCK, "PW_VECS chunks of 4 per thread");
@@ -193,10 +201,14 @@ static void put_elem(sj_cg *c, int k, const char *ix) {
 
 /* -- Kernel frame ---------------------------------------------------------------- */
 
-static void put_head(sj_cg *c, const char *prefix, int max_threads) {
+/* The kernel's signature and its sizes, strides and offsets; min_blocks > 0
+ * adds a minimum of resident blocks to the launch bounds. */
+static void put_head(sj_cg *c, const char *prefix, int max_threads, int min_blocks) {
     const sj_group *G = c->G;
     int ns = sj_sym_count(c->g->ex);
-    put(&c->o, "\nextern \"C\" __global__ void __launch_bounds__(%d) %s%s(", max_threads, prefix, G->name);
+    put(&c->o, "\nextern \"C\" __global__ void __launch_bounds__(%d", max_threads);
+    if (min_blocks > 0) put(&c->o, ", %d", min_blocks);
+    put(&c->o, ") %s%s(", prefix, G->name);
     for (int k = 0; k < c->n_acc; k++) {
         const char *t = sj_cg_stype(sj_cg_acc_dtype(c, k));
         put(&c->o, "%s%s%s *__restrict__ p%d", k ? ", " : "", k < G->n_loads ? "const " : "", t, k);
@@ -667,10 +679,11 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
         if (G->kind == SJ_G_NODE) continue;
         sj_cg_group(&c, G);
         if (G->kind == SJ_G_POINTWISE) {
-            put_head(&c, prefix, PW_BLOCK);
+            put_head(&c, prefix, PW_BLOCK, 0);
             gen_pointwise(&c);
         } else {
-            put_head(&c, prefix, ROW_THREADS_MAX > ROW_WARPS * 32 ? ROW_THREADS_MAX : ROW_WARPS * 32);
+            put_head(&c, prefix, ROW_THREADS_MAX > ROW_WARPS * 32 ? ROW_THREADS_MAX : ROW_WARPS * 32,
+                     c.sym ? 0 : ROW_SYM_MIN_BLOCKS);
             gen_row(&c);
         }
         put(&c.o, "}\n");
