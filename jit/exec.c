@@ -340,7 +340,12 @@ sj_status sj_exec_eager(const sj_exec *x) {
             if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
         }
         if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, y);
-        if (st) sj_err_prefix("fn '%s': %s: ", x->fn_name, sj_op_name(n->op));
+        if (st) { /* name the op, unless the kernel's message starts with it */
+            const char *op = sj_op_name(n->op), *m = sj_last_error();
+            size_t k = strlen(op);
+            if (!strncmp(m, op, k) && m[k] == ':') sj_err_prefix("fn '%s': ", x->fn_name);
+            else sj_err_prefix("fn '%s': %s: ", x->fn_name, op);
+        }
     }
 
     /* Outputs not written in place: values that are views, inputs, params,

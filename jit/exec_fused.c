@@ -22,7 +22,11 @@ static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1)
 bool sj_exec_fused_ok(const sj_exec *x) {
     for (int i = 0; i < x->g->n_outputs; i++) {
         const sj_tensor *o = &x->outputs[i];
-        if (o->data && (o->device != x->ops->device || !sj_tensor_is_contiguous(o))) return false;
+        /* anything else, an invalid descriptor included, goes the eager way,
+         * which checks the outputs and names what is wrong */
+        if (o->data && (o->rank < 0 || o->rank > SJ_MAX_RANK || o->device != x->ops->device ||
+                        !sj_tensor_is_contiguous(o)))
+            return false;
     }
     return true;
 }

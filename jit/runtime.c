@@ -413,7 +413,7 @@ sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
     size_t bytes = sj_tensor_nbytes(src);
     if (!bytes) return SJ_OK;
     if (src->device == SJ_HOST && dst->device == SJ_HOST) {
-        memcpy(dst->data, src->data, bytes);
+        memmove(dst->data, src->data, bytes); /* the two may overlap */
         return SJ_OK;
     }
 #ifdef SJ_WITH_CUDA

@@ -308,8 +308,9 @@ SJ_API void *sj_runtime_stream(const sj_runtime *rt);
 SJ_API sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t);
 
 /* Copy src into dst: same dtype and shape, both contiguous, any devices
- * (host <-> device, device <-> device, host <-> host). Synchronous. Errors:
- * SJ_EINVAL, SJ_EDTYPE, SJ_ESHAPE, SJ_EBACKEND. Thread-safe. */
+ * (host <-> device, device <-> device, host <-> host). Synchronous. Host to
+ * host, src and dst may overlap; device copies must not. Errors: SJ_EINVAL,
+ * SJ_EDTYPE, SJ_ESHAPE, SJ_EBACKEND. Thread-safe. */
 SJ_API sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src);
 
 /* Release an output tensor the runtime allocated in sj_call (data was NULL on

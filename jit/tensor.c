@@ -2,6 +2,7 @@
 #include "jit/tensor.h"
 
 #include <assert.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "jit/error.h"
@@ -38,22 +39,34 @@ sj_tensor sj_tensor_make(void *data, sj_dtype dt, int rank, const int64_t *shape
     return t;
 }
 
+/* a * b for a, b >= 0, saturating at INT64_MAX. */
+static int64_t mul_sat(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
 void sj_tensor_set_contiguous(sj_tensor *x) {
-    int64_t s = 1;
+    if (x->rank < 0 || x->rank > SJ_MAX_RANK) return; /* invalid: left for the check to name */
+    int64_t s = 1; /* saturates: sizes past the element limit fail the check, never overflow here */
     for (int i = x->rank - 1; i >= 0; i--) {
         x->stride[i] = s;
-        s *= x->shape[i] > 0 ? x->shape[i] : 1;
+        s = mul_sat(s, x->shape[i] > 0 ? x->shape[i] : 1);
     }
 }
 
 int64_t sj_tensor_numel(const sj_tensor *t) {
     if (!t || t->rank < 0 || t->rank > SJ_MAX_RANK) return 0;
     int64_t n = 1;
-    for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+    for (int i = 0; i < t->rank; i++)
+        if (t->shape[i] <= 0) return 0; /* empty (negative sizes are invalid: none) */
+    for (int i = 0; i < t->rank; i++) n = mul_sat(n, t->shape[i]);
     return n;
 }
 
-size_t sj_tensor_nbytes(const sj_tensor *x) { return (size_t)sj_tensor_numel(x) * sj_dtype_size(x->dtype); }
+size_t sj_tensor_nbytes(const sj_tensor *x) {
+    size_t r;
+    return __builtin_mul_overflow((size_t)sj_tensor_numel(x), sj_dtype_size(x->dtype), &r) ? SIZE_MAX : r;
+}
 
 bool sj_tensor_contiguous_from(const sj_tensor *x, int from) {
     int64_t s = 1;
@@ -96,13 +109,15 @@ bool sj_tensor_valid(const sj_tensor *x) {
     if ((unsigned)x->dtype >= SJ_DTYPE_COUNT || x->rank < 0 || x->rank > SJ_MAX_RANK ||
         (x->device != SJ_HOST && x->device != SJ_CUDA))
         return false;
-    int64_t n = 1;
+    int64_t span = 1; /* the product of the sizes, zeros counted as 1 */
+    bool empty = false;
     for (int i = 0; i < x->rank; i++) {
-        int64_t d = x->shape[i];
-        if (d < 0 || x->stride[i] < 0 || (d > 0 && n > (INT64_C(1) << 48) / d)) return false;
-        n *= d;
+        int64_t d = x->shape[i], e = d > 0 ? d : 1;
+        if (d < 0 || x->stride[i] < 0 || span > SJ_MAX_SPAN / e) return false;
+        span *= e;
+        empty |= d == 0;
     }
-    return n == 0 || x->data != NULL;
+    return empty || x->data != NULL;
 }
 
 sj_status sj_tensor_check(const sj_tensor *x, const char *what) {
@@ -112,16 +127,19 @@ sj_status sj_tensor_check(const sj_tensor *x, const char *what) {
         return sj_seterr(SJ_EINVAL, "%s: rank %d out of range [0, %d]", what, (int)x->rank, SJ_MAX_RANK);
     if (x->device != SJ_HOST && x->device != SJ_CUDA)
         return sj_seterr(SJ_EINVAL, "%s: device %d is not a device", what, (int)x->device);
-    int64_t n = 1;
+    int64_t span = 1;
+    bool empty = false;
     for (int i = 0; i < x->rank; i++) {
-        if (x->shape[i] < 0)
-            return sj_seterr(SJ_EINVAL, "%s: size %lld at axis %d is negative", what, (long long)x->shape[i], i);
+        int64_t d = x->shape[i], e = d > 0 ? d : 1;
+        if (d < 0) return sj_seterr(SJ_EINVAL, "%s: size %lld at axis %d is negative", what, (long long)d, i);
         if (x->stride[i] < 0)
             return sj_seterr(SJ_EINVAL, "%s: stride %lld at axis %d is negative", what, (long long)x->stride[i], i);
-        if (x->shape[i] > 0 && n > (INT64_C(1) << 48) / x->shape[i])
-            return sj_seterr(SJ_EINVAL, "%s: too many elements (over 2^48)", what);
-        n *= x->shape[i];
+        if (span > SJ_MAX_SPAN / e)
+            return sj_seterr(SJ_EINVAL, "%s: too many elements: the sizes multiply past 2^48 at axis %d (size %lld; a size of 0 counts as 1)",
+                             what, i, (long long)d);
+        span *= e;
+        empty |= d == 0;
     }
-    if (n > 0 && !x->data) return sj_seterr(SJ_EINVAL, "%s: data is NULL", what);
+    if (!empty && !x->data) return sj_seterr(SJ_EINVAL, "%s: data is NULL", what);
     return SJ_OK;
 }

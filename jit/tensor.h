@@ -6,9 +6,14 @@
 
 #include "jit/shapejit.h"
 
+/* Most elements a tensor may have. The product of a tensor's sizes with
+ * zeros counted as 1 (its span) must not exceed it either, so that an
+ * empty tensor's contiguous strides do not overflow. */
+#define SJ_MAX_SPAN (INT64_C(1) << 48)
+
 /* Validate a caller descriptor: dtype, rank, sizes >= 0, strides >= 0, data
- * non-NULL when it has elements, element count without overflow. `what`
- * names it in the message ("input 'x'", "output 0"). */
+ * non-NULL when it has elements, span at most SJ_MAX_SPAN. `what` names it
+ * in the message ("input 'x'", "output 0"). */
 sj_status sj_tensor_check(const sj_tensor *x, const char *what);
 
 /* The same checks without a message, for the hot path: true when
@@ -30,10 +35,12 @@ sj_tensor sj_tensor_narrow(const sj_tensor *x, int axis, int64_t start, int64_t 
 sj_status sj_tensor_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y,
                            sj_status (*copy)(void *ctx, const sj_tensor *x, const sj_tensor *y), void *ctx);
 
-/* Fill x->stride with row-major contiguous strides. */
+/* Fill x->stride with row-major contiguous strides (saturating at
+ * INT64_MAX; nothing for a rank out of range). */
 void sj_tensor_set_contiguous(sj_tensor *x);
 
-/* Bytes a contiguous tensor of this shape and dtype needs. */
+/* Bytes a contiguous tensor of this shape and dtype needs (SIZE_MAX when
+ * that overflows: an allocation of it fails). */
 size_t sj_tensor_nbytes(const sj_tensor *x);
 
 #endif

@@ -1,11 +1,13 @@
 /* Shape buckets (see bucket.h). */
 #include "shapes/bucket.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "jit/error.h"
+#include "jit/tensor.h"
 
 /* -- Specs ------------------------------------------------------------------ */
 
@@ -40,7 +42,9 @@ sj_status sj_bucket_pow2(sj_bucket_spec *b, int64_t lo, int64_t hi) {
 }
 
 sj_status sj_bucket_multiple(sj_bucket_spec *b, int64_t m) {
-    if (m < 1) return sj_seterr(SJ_EINVAL, "buckets: multiple %lld must be >= 1", (long long)m);
+    /* no size exceeds 2^48 elements, and the bucket arithmetic stays in range */
+    if (m < 1 || m > SJ_MAX_SPAN)
+        return sj_seterr(SJ_EINVAL, "buckets: multiple %lld out of range [1, 2^48]", (long long)m);
     memset(b, 0, sizeof *b);
     b->kind = SJ_BUCKET_MULTIPLE;
     b->multiple = m;
@@ -109,13 +113,17 @@ int sj_bucket_str(const sj_bucket_spec *b, char *buf, size_t n) {
 
 /* -- SHAPEJIT_BUCKETS ---------------------------------------------------------- */
 
-/* Comma-separated integers; returns the count or -1. */
+/* Comma-separated integers; returns the count, -1 for a malformed list or
+ * a number out of int64's range (which strtoll would clamp), -2 for more
+ * than max numbers. */
 static int parse_ints(const char *s, int64_t *out, int max) {
     int n = 0;
     while (*s) {
         char *end;
+        errno = 0;
         long long v = strtoll(s, &end, 10);
-        if (end == s || n == max) return -1;
+        if (end == s || errno == ERANGE) return -1;
+        if (n == max) return -2;
         out[n++] = v;
         s = end;
         if (*s == ',') s++;
@@ -152,7 +160,8 @@ static sj_status parse_item(const char *item, sj_bucket_rule *r) {
     int n = parse_ints(colon + 1, v, SJ_BUCKET_MAX_BOUNDS);
     size_t klen = (size_t)(colon - spec);
     sj_status st;
-    if (n < 0) st = sj_seterr(SJ_EINVAL, "bad numbers");
+    if (n == -2) st = sj_seterr(SJ_EINVAL, "more than %d numbers", SJ_BUCKET_MAX_BOUNDS);
+    else if (n < 0) st = sj_seterr(SJ_EINVAL, "bad numbers (comma-separated integers within int64)");
     else if (klen == 4 && !strncmp(spec, "list", 4)) st = sj_bucket_list(&r->spec, v, n);
     else if (klen == 4 && !strncmp(spec, "pow2", 4)) st = n == 2 ? sj_bucket_pow2(&r->spec, v[0], v[1]) : sj_seterr(SJ_EINVAL, "pow2 takes LO,HI");
     else if (klen == 4 && !strncmp(spec, "mult", 4)) st = n == 1 ? sj_bucket_multiple(&r->spec, v[0]) : sj_seterr(SJ_EINVAL, "mult takes N");

@@ -422,6 +422,12 @@ static sj_status rejecting_model(sj_tracer *t, const sj_val *in, int n, void *u)
 }
 
 static sj_status silent_fail_model(sj_tracer *t, const sj_val *in, int n, void *u) { return SJ_EMODEL; }
+static sj_status not_a_status_model(sj_tracer *t, const sj_val *in, int n, void *u) { return (sj_status)999; }
+static sj_status null_tracer_model(sj_tracer *t, const sj_val *in, int n, void *u) { return sj_output(NULL, in[0]); }
+static sj_status null_fmt_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    const char *fmt = u; /* NULL: through a variable, as a caller's bug would pass it */
+    return sj_trace_fail(t, SJ_ESHAPE, fmt);
+}
 static sj_status no_output_model(sj_tracer *t, const sj_val *in, int n, void *u) {
     sj_neg(t, in[0]);
     return SJ_OK;
@@ -451,6 +457,24 @@ static void test_model_errors(void **state) {
     fn = make_fn("silent", 1, silent_fail_model, NULL);
     assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EMODEL);
     assert_msg_has("returned SJ_EMODEL");
+    sj_fn_destroy(fn);
+
+    /* a model bug: a return value that is no sj_status becomes SJ_EMODEL, named */
+    fn = make_fn("not_status", 1, not_a_status_model, NULL);
+    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EMODEL);
+    assert_msg_has("returned 999, which is not an sj_status");
+    sj_fn_destroy(fn);
+
+    /* an sj_ function called without the tracer said why; the message keeps it */
+    fn = make_fn("null_tracer", 1, null_tracer_model, NULL);
+    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EINVAL);
+    assert_msg_has("returned SJ_EINVAL (its last error: ");
+    assert_msg_has("sj_output");
+    sj_fn_destroy(fn);
+
+    fn = make_fn("null_fmt", 1, null_fmt_model, NULL);
+    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_ESHAPE);
+    assert_msg_has("fmt is NULL");
     sj_fn_destroy(fn);
 
     fn = make_fn("nothing", 1, no_output_model, NULL);
@@ -621,6 +645,7 @@ static void test_gather_index_error_then_good(void **state) {
     assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_EINDEX);
     assert_msg_has("fn 'emb'");
     assert_msg_has("index 7");
+    assert_null(strstr(sj_last_error(), "gather: gather:")); /* the op named once */
     assert_null(out.data); /* nothing left allocated for the caller */
     idx[1] = 3;
     assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_OK);
@@ -668,6 +693,108 @@ static void test_dims_and_reshape(void **state) {
     }
     for (int i = 0; i < 3; i++) sj_tensor_free(rt, &out[i]);
     sj_fn_destroy(fn);
+}
+
+/* -- Sizes past the element limit (2^48) --------------------------------------------------- */
+
+static sj_status huge_reshape_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    const int64_t *dims = u; /* rank 2 or 3 (a -1 last) */
+    return sj_output(t, sj_reshape_i(t, in[0], dims[2] ? 3 : 2, dims));
+}
+
+static void test_sizes_past_the_limit(void **state) {
+    float x[8], y[8];
+    fill(x, 8, 0.4f);
+    /* descriptors: no overflow building them, a clear error using them */
+    sj_tensor big = f32(x, 2, (int64_t[]){INT64_MAX, 2});
+    assert_true(big.rank == 2 && big.stride[1] == 1 && big.stride[0] == 2);
+    sj_fn *fn = make_fn("huge", 1, affine_model, NULL);
+    assert_int_equal(sj_call(fn, &big, 1, NULL, 0), SJ_EINVAL);
+    /* an empty tensor whose other sizes multiply past 2^48: its output's
+     * strides would overflow, so it is refused too */
+    sj_tensor empty = f32(x, 3, (int64_t[]){0, 1, 2});
+    empty.shape[1] = INT64_MAX;
+    sj_tensor out = {0};
+    assert_int_equal(sj_call(fn, &empty, 1, &out, 1), SJ_EINVAL);
+    assert_msg_has("input 0: too many elements: the sizes multiply past 2^48 at axis 1");
+    assert_null(out.data);
+    empty.shape[1] = 1 << 20; /* a legal empty tensor: an empty result */
+    assert_int_equal(sj_call(fn, &empty, 1, &out, 1), SJ_OK);
+    assert_true(out.rank == 3 && out.shape[0] == 0 && out.shape[1] == 1 << 20 && out.stride[0] == 2 << 20);
+    sj_tensor_free(rt, &out);
+    check_affine(fn, 8);
+
+    /* sj_tensor_alloc: a rank past 8 is an error and writes nothing */
+    sj_tensor r10 = {.dtype = SJ_F32, .rank = 10, .shape = {1, 1}, .stride = {7, 7}};
+    assert_int_equal(sj_tensor_alloc(rt, &r10), SJ_EINVAL);
+    assert_msg_has("rank 10 out of range");
+    assert_true(r10.stride[0] == 7 && r10.stride[1] == 7 && !r10.data);
+    sj_fn_destroy(fn);
+
+    /* a reshape to sizes whose product wraps int64 */
+    static const int64_t wrap1[3] = {(INT64_C(1) << 62) + 1, 4, 0}, wrap2[3] = {INT64_MAX / 2, 4, -1};
+    const int64_t *cases[2] = {wrap1, wrap2};
+    for (int i = 0; i < 2; i++) {
+        fn = make_fn("reshape_wrap", 1, huge_reshape_model, (void *)cases[i]);
+        sj_tensor in = f32(x, 1, (int64_t[]){4});
+        out = (sj_tensor){0};
+        assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_ESHAPE);
+        assert_msg_has("reshape: the result's size at axis 0 would be");
+        assert_null(out.data);
+        sj_fn_destroy(fn);
+    }
+
+    /* a bucket multiple past 2^48 is refused; the function keeps its sizes */
+    fn = make_fn("bucket_mult", 1, affine_model, NULL);
+    assert_int_equal(sj_set_buckets_multiple(fn, 0, 0, INT64_MAX), SJ_EINVAL);
+    assert_msg_has("multiple 9223372036854775807 out of range [1, 2^48]");
+    assert_int_equal(sj_set_buckets_multiple(fn, 0, 0, INT64_C(1) << 48), SJ_OK);
+    check_affine(fn, 5);
+    check_affine(fn, 8);
+    sj_fn_destroy(fn);
+
+    /* host copies may overlap (memmove) */
+    float buf[10];
+    for (int i = 0; i < 10; i++) buf[i] = (float)i + 0.5f;
+    sj_tensor src = f32(buf, 1, (int64_t[]){6}), dst = f32(buf + 2, 1, (int64_t[]){6});
+    assert_int_equal(sj_tensor_copy(rt, &dst, &src), SJ_OK);
+    for (int i = 0; i < 10; i++) assert_float_equal(buf[i], i < 2 || i >= 8 ? (float)i + 0.5f : (float)(i - 2) + 0.5f, 0);
+    (void)y;
+}
+
+/* A caller's output with an invalid rank reaches the fused path's checks
+ * (an entry with kernels ready) as an error, not as an out-of-bounds read. */
+static void test_bad_output_with_fused_kernels(void **state) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = SJ_COMPILE_SYNC;
+    cfg.cache_dir = NULL;
+    cfg.log_mask = 0;
+    sj_runtime *r2;
+    assert_int_equal(sj_runtime_create(&cfg, &r2), SJ_OK);
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(r2, "fused_out", 1, affine_model, NULL, NULL, &fn), SJ_OK);
+    float x[6], y[6];
+    fill(x, 6, 0.2f);
+    sj_tensor in = f32(x, 1, (int64_t[]){6}), out = f32(y, 1, (int64_t[]){6});
+    for (int i = 0; i < 3; i++) assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    sj_stats st;
+    sj_fn_stats(fn, &st);
+    if (st.fused_specialized_calls + st.fused_symbolic_calls == 0) {
+        /* no C compiler here: the fused path cannot be reached */
+        sj_fn_destroy(fn);
+        sj_runtime_destroy(r2);
+        skip();
+    }
+    out.rank = 12;
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_ESHAPE);
+    assert_msg_has("output 0 has rank 12, expected 1");
+    out.rank = 1;
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    for (int i = 0; i < 6; i++) assert_float_equal(y[i], x[i] * 2 + 1, 1e-6);
+    sj_fn_destroy(fn);
+    sj_runtime_destroy(r2);
 }
 
 /* -- Concurrency ------------------------------------------------------------------------- */
@@ -798,6 +925,8 @@ int main(void) {
         cmocka_unit_test(test_output_kinds),
         cmocka_unit_test(test_gather_index_error_then_good),
         cmocka_unit_test(test_dims_and_reshape),
+        cmocka_unit_test(test_sizes_past_the_limit),
+        cmocka_unit_test(test_bad_output_with_fused_kernels),
         cmocka_unit_test(test_concurrent_calls),
         cmocka_unit_test(test_tensor_helpers),
     };
