@@ -66,13 +66,13 @@
 #define ROW_THREADS_MAX 512   /* threads of a block-per-row block at most */
 #define ROW_RC 8              /* register cache: 4-element chunks a thread keeps at most */
 #define ROW_BLOCKS_PER_SM 64  /* row blocks per multiprocessor at most, in all (rows loop) */
-/* Minimum resident blocks in the symbolic row kernels' launch bounds: caps
- * them at 40 registers. With the block size alone, ptxas aimed some of them
- * at 32 registers and spilled (the masked softmax: 12 bytes), and 3 blocks
- * bring symbolic w3 level with the specialized kernel (H100, S=2048: 0.160
- * -> 0.149 ms against 0.143-0.149 ms; w2 unchanged). Specialized kernels keep
- * the block size alone: a cap would make their register caches spill
- * (static w2: 59 registers, 55% slower at 40). */
+/* Minimum resident blocks in the symbolic row kernels' launch bounds: a
+ * 40-register cap. With the block size alone ptxas aimed some of them at 32
+ * registers and spilled (w3's masked softmax: 12 bytes); with 3 blocks none
+ * spills (H200 w3 S=2048 0.135 -> 0.129 ms, w2 unchanged). Kernels whose
+ * sizes are all literals keep the block size alone: the cap makes their
+ * register caches spill (H200 w2 S=32768 0.105 -> 0.159 ms, w3 S=1024
+ * 0.039 -> 0.068), and a minimum of 1 costs w3 S=2048 0.109 -> 0.123. */
 #define ROW_SYM_MIN_BLOCKS 3
 #define GRID_Y_MAX 65535
 #define GRID_X_MAX 2147483647
@@ -682,8 +682,10 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
             put_head(&c, prefix, PW_BLOCK, 0);
             gen_pointwise(&c);
         } else {
+            /* every size a literal: specialized, or a trace without symbols */
+            bool literal = c.sym || sj_sym_count(g->ex) == 0;
             put_head(&c, prefix, ROW_THREADS_MAX > ROW_WARPS * 32 ? ROW_THREADS_MAX : ROW_WARPS * 32,
-                     c.sym ? 0 : ROW_SYM_MIN_BLOCKS);
+                     literal ? 0 : ROW_SYM_MIN_BLOCKS);
             gen_row(&c);
         }
         put(&c.o, "}\n");

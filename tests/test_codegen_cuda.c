@@ -516,10 +516,10 @@ static void test_codegen_text(void **state) {
         char *spec = sj_codegen_cuda(g, p, sv, &o, NULL), *sym = sj_codegen_cuda(g, p, NULL, &o, NULL);
         assert_non_null(spec);
         assert_non_null(sym);
-        /* symbolic row kernels also ask for 3 resident blocks (40 registers) */
+        /* symbolic row kernels also name a minimum of 3 resident blocks */
         char head[160], sym_head[160];
-        snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%d) w_k0(const float *__restrict__ p0",
-                 i == 0 ? 256 : 512);
+        snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%s) w_k0(const float *__restrict__ p0",
+                 i == 0 ? "256" : "512");
         snprintf(sym_head, sizeof sym_head, "__launch_bounds__(%s) w_k0(", i == 0 ? "256" : "512, 3");
         assert_non_null(strstr(spec, head));
         assert_non_null(strstr(sym, sym_head));
@@ -543,6 +543,21 @@ static void test_codegen_text(void **state) {
         }
         tu_codegen_done(spec, sym, p, g);
     }
+    /* a trace without symbols is generated with sym_vals NULL, every size a
+     * literal: its row kernels take the specialized launch bounds (no minimum) */
+    sj_tensor in[16];
+    tu_pat_w2.make(S(9, 768), SJ_F32, in);
+    tu_pol pl = {.sym = false, .fixed = tu_pat_w2.fixed};
+    sj_graph *g;
+    int64_t sv[64];
+    sj_fplan *p = tu_pattern_plan(&tu_pat_w2, in, &pl, &g, sv);
+    const sj_codegen_opts o = {.prefix = "w_"};
+    char *stat = sj_codegen_cuda(g, p, NULL, &o, NULL);
+    assert_non_null(stat);
+    assert_non_null(strstr(stat, "__launch_bounds__(512) w_k0("));
+    free(stat);
+    sj_fplan_free(p);
+    sj_graph_destroy(g);
 }
 
 /* Index math divides per row (32-bit when the row count fits, literal
