@@ -20,6 +20,17 @@ const char *sj_status_name(sj_status s) {
     return "SJ_E?";
 }
 
+bool sj_status_known(sj_status s) {
+    switch (s) {
+#define SJ_X(name, value, desc)                                                                    \
+    case name:                                                                                     \
+        return true;
+        SJ_STATUS_LIST(SJ_X)
+#undef SJ_X
+    }
+    return false;
+}
+
 const char *sj_last_error(void) { return errmsg; }
 
 void sj_clearerr(void) { errmsg[0] = '\0'; }

@@ -2,6 +2,8 @@
 #ifndef SJ_ERROR_H
 #define SJ_ERROR_H
 
+#include <stdbool.h>
+
 #include "jit/shapejit.h"
 
 /* Set this thread's error message (printf-style) and return `status`, so
@@ -11,6 +13,9 @@ sj_status sj_seterr(sj_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+
+/* Is s one of the sj_status values? (A model function may return anything.) */
+bool sj_status_known(sj_status s);
 
 /* Clear this thread's message (at the start of each public call). */
 void sj_clearerr(void);

@@ -193,6 +193,14 @@ sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv,
 
 /* -- Outputs ----------------------------------------------------------------- */
 
+sj_status sj_exec_node_error(const sj_exec *x, const sj_node *n, sj_status st) {
+    const char *op = sj_op_name(n->op), *m = sj_last_error();
+    size_t k = strlen(op);
+    if (!strncmp(m, op, k) && m[k] == ':') sj_err_prefix("fn '%s': ", x->fn_name);
+    else sj_err_prefix("fn '%s': %s: ", x->fn_name, op);
+    return st;
+}
+
 sj_status sj_exec_check_outputs(const sj_exec *x, const int64_t *exv) {
     const sj_graph *g = x->g;
     for (int i = 0; i < g->n_outputs; i++) {
@@ -340,12 +348,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
             if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
         }
         if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, y);
-        if (st) { /* name the op, unless the kernel's message starts with it */
-            const char *op = sj_op_name(n->op), *m = sj_last_error();
-            size_t k = strlen(op);
-            if (!strncmp(m, op, k) && m[k] == ':') sj_err_prefix("fn '%s': ", x->fn_name);
-            else sj_err_prefix("fn '%s': %s: ", x->fn_name, op);
-        }
+        if (st) sj_exec_node_error(x, n, st);
     }
 
     /* Outputs not written in place: values that are views, inputs, params,

@@ -77,6 +77,10 @@ sj_status sj_exec_eager(const sj_exec *x);
 
 /* -- Shared by the executors ------------------------------------------- */
 
+/* Name the function and node n in the current error message: "fn 'f': op: "
+ * before it, without the op when the kernel's message starts with it
+ * ("gather: index ..."). Returns st. */
+sj_status sj_exec_node_error(const sj_exec *x, const sj_node *n, sj_status st);
 /* Check caller outputs against the shapes in exv (all expressions of g). */
 sj_status sj_exec_check_outputs(const sj_exec *x, const int64_t *exv);
 /* Allocate the outputs whose data is NULL; allocated[i] set for each. */

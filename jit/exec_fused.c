@@ -128,7 +128,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         sj_tensor y;
         layout_desc(g, p, exv, bases, n->out, ops->device, &y);
         st = ops->node(x->ops_ctx, g, n, rv, &y);
-        if (st) sj_err_prefix("fn '%s': %s: ", x->fn_name, sj_op_name(n->op));
+        if (st) sj_exec_node_error(x, n, st);
     }
 
     for (int i = 0; i < g->n_outputs && !st; i++) {

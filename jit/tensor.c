@@ -57,9 +57,10 @@ void sj_tensor_set_contiguous(sj_tensor *x) {
 int64_t sj_tensor_numel(const sj_tensor *t) {
     if (!t || t->rank < 0 || t->rank > SJ_MAX_RANK) return 0;
     int64_t n = 1;
-    for (int i = 0; i < t->rank; i++)
+    for (int i = 0; i < t->rank; i++) {
         if (t->shape[i] <= 0) return 0; /* empty (negative sizes are invalid: none) */
-    for (int i = 0; i < t->rank; i++) n = mul_sat(n, t->shape[i]);
+        n = mul_sat(n, t->shape[i]);
+    }
     return n;
 }
 
@@ -105,18 +106,26 @@ sj_status sj_tensor_concat(const sj_tensor *xs, int n, int axis, const sj_tensor
     return SJ_OK;
 }
 
-bool sj_tensor_valid(const sj_tensor *x) {
-    if ((unsigned)x->dtype >= SJ_DTYPE_COUNT || x->rank < 0 || x->rank > SJ_MAX_RANK ||
-        (x->device != SJ_HOST && x->device != SJ_CUDA))
-        return false;
-    int64_t span = 1; /* the product of the sizes, zeros counted as 1 */
-    bool empty = false;
-    for (int i = 0; i < x->rank; i++) {
-        int64_t d = x->shape[i], e = d > 0 ? d : 1;
-        if (d < 0 || x->stride[i] < 0 || span > SJ_MAX_SPAN / e) return false;
+int sj_sizes_bad_axis(const int64_t *shape, int rank, bool *empty) {
+    int64_t span = 1;
+    bool e0 = false;
+    for (int i = 0; i < rank; i++) {
+        int64_t d = shape[i], e = d > 0 ? d : 1;
+        if (d < 0 || span > SJ_MAX_SPAN / e) return i;
         span *= e;
-        empty |= d == 0;
+        e0 |= d == 0;
     }
+    if (empty) *empty = e0;
+    return -1;
+}
+
+bool sj_tensor_valid(const sj_tensor *x) {
+    bool empty;
+    if ((unsigned)x->dtype >= SJ_DTYPE_COUNT || x->rank < 0 || x->rank > SJ_MAX_RANK ||
+        (x->device != SJ_HOST && x->device != SJ_CUDA) || sj_sizes_bad_axis(x->shape, x->rank, &empty) >= 0)
+        return false;
+    for (int i = 0; i < x->rank; i++)
+        if (x->stride[i] < 0) return false;
     return empty || x->data != NULL;
 }
 
@@ -127,19 +136,17 @@ sj_status sj_tensor_check(const sj_tensor *x, const char *what) {
         return sj_seterr(SJ_EINVAL, "%s: rank %d out of range [0, %d]", what, (int)x->rank, SJ_MAX_RANK);
     if (x->device != SJ_HOST && x->device != SJ_CUDA)
         return sj_seterr(SJ_EINVAL, "%s: device %d is not a device", what, (int)x->device);
-    int64_t span = 1;
-    bool empty = false;
-    for (int i = 0; i < x->rank; i++) {
-        int64_t d = x->shape[i], e = d > 0 ? d : 1;
-        if (d < 0) return sj_seterr(SJ_EINVAL, "%s: size %lld at axis %d is negative", what, (long long)d, i);
+    bool empty;
+    int a = sj_sizes_bad_axis(x->shape, x->rank, &empty);
+    if (a >= 0 && x->shape[a] < 0)
+        return sj_seterr(SJ_EINVAL, "%s: size %lld at axis %d is negative", what, (long long)x->shape[a], a);
+    if (a >= 0)
+        return sj_seterr(SJ_EINVAL,
+                         "%s: too many elements: the sizes multiply past 2^48 at axis %d (size %lld; a size of 0 counts as 1)",
+                         what, a, (long long)x->shape[a]);
+    for (int i = 0; i < x->rank; i++)
         if (x->stride[i] < 0)
             return sj_seterr(SJ_EINVAL, "%s: stride %lld at axis %d is negative", what, (long long)x->stride[i], i);
-        if (span > SJ_MAX_SPAN / e)
-            return sj_seterr(SJ_EINVAL, "%s: too many elements: the sizes multiply past 2^48 at axis %d (size %lld; a size of 0 counts as 1)",
-                             what, i, (long long)d);
-        span *= e;
-        empty |= d == 0;
-    }
     if (!empty && !x->data) return sj_seterr(SJ_EINVAL, "%s: data is NULL", what);
     return SJ_OK;
 }

@@ -11,6 +11,12 @@
  * empty tensor's contiguous strides do not overflow. */
 #define SJ_MAX_SPAN (INT64_C(1) << 48)
 
+/* The first axis where sizes go wrong: a negative size, or the span
+ * passing SJ_MAX_SPAN; -1 when none. *empty (when not NULL; set when none
+ * is wrong) says whether a size is 0. The rule of sj_tensor_check and of traced
+ * results' sizes. */
+int sj_sizes_bad_axis(const int64_t *shape, int rank, bool *empty);
+
 /* Validate a caller descriptor: dtype, rank, sizes >= 0, strides >= 0, data
  * non-NULL when it has elements, span at most SJ_MAX_SPAN. `what` names it
  * in the message ("input 'x'", "output 0"). */

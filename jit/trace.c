@@ -40,7 +40,10 @@ static sj_val fail(sj_tracer *t, sj_status st, const char *fmt, ...) {
 sj_status sj_trace_fail(sj_tracer *t, sj_status status, const char *fmt, ...) {
     if (!t) return sj_seterr(SJ_EINVAL, "sj_trace_fail: tracer is NULL");
     if (status == SJ_OK) status = SJ_EMODEL;
-    if (!fmt) return fail(t, status, "sj_trace_fail: the model rejected its inputs (no message: fmt is NULL)"), status;
+    if (!fmt) {
+        fail(t, status, "sj_trace_fail: the model rejected its inputs (no message: fmt is NULL)");
+        return status;
+    }
     va_list ap;
     va_start(ap, fmt);
     vrecord(t, status, fmt, ap);
@@ -105,17 +108,12 @@ static sj_val emit(sj_tracer *t, sj_op op, const int32_t *ins, int n, const sj_a
     /* the result at this trace's sizes must be a tensor that can exist: sizes
      * that wrapped int64 (a reshape to sizes whose product overflows) come
      * out negative or past the element limit */
-    int64_t span = 1;
-    for (int i = 0; i < s->rank; i++) {
-        int64_t d = sj_ex_hint(t->g->ex, s->d[i]), e = d > 0 ? d : 1;
-        if (d < 0 || d > SJ_MAX_SPAN)
-            return fail(t, SJ_ESHAPE, "%s: the result's size at axis %d would be %lld here (sizes are 0 .. 2^48)",
-                        sj_op_name(op), i, (long long)d);
-        if (span > SJ_MAX_SPAN / e)
-            return fail(t, SJ_ESHAPE, "%s: the result would have more than 2^48 elements here (at axis %d, size %lld)",
-                        sj_op_name(op), i, (long long)d);
-        span *= e;
-    }
+    int64_t d[SJ_MAX_RANK];
+    for (int i = 0; i < s->rank; i++) d[i] = sj_ex_hint(t->g->ex, s->d[i]);
+    int bad = sj_sizes_bad_axis(d, s->rank, NULL);
+    if (bad >= 0)
+        return fail(t, SJ_ESHAPE, "%s: the result's size at axis %d would be %lld here (%s)", sj_op_name(op), bad,
+                    (long long)d[bad], d[bad] < 0 ? "negative" : "more than 2^48 elements in all");
     sj_value v = {.dtype = dt, .rank = (int8_t)s->rank};
     memcpy(v.shape, s->d, sizeof(sj_expr) * (size_t)s->rank);
     int32_t id = sj_graph_add_node(t->g, op, ins, n, a, &v);
@@ -675,7 +673,7 @@ sj_status sj_trace(const sj_trace_req *req, sj_trace_result *res) {
     if (!st) {
         st = req->model(&t, ins, req->n_inputs, req->user);
         if (t.err) st = t.err; /* an op error wins over what the model returned */
-        else if (st && !strcmp(sj_status_name(st), "SJ_E?")) { /* not a status: a model bug, named as one */
+        else if (st && !sj_status_known(st)) { /* not a status: a model bug, named as one */
             snprintf(t.msg, sizeof t.msg, "the model function returned %d, which is not an sj_status", (int)st);
             st = SJ_EMODEL;
         } else if (st) {

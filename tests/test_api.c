@@ -18,15 +18,20 @@
 
 static sj_runtime *rt;
 
-static int setup(void **state) {
+/* A quiet CPU runtime without a kernel cache. */
+static sj_status quiet_runtime(sj_compile_mode mode, sj_runtime **out) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     cfg.backend = SJ_BACKEND_CPU;
-    cfg.compile_mode = SJ_COMPILE_OFF; /* eager only: this suite is not about fused kernels */
+    cfg.compile_mode = mode;
     cfg.cache_dir = NULL;
     cfg.log_mask = 0;
-    return sj_runtime_create(&cfg, &rt) == SJ_OK ? 0 : -1;
+    return sj_runtime_create(&cfg, out);
 }
+
+/* eager only: this suite is not about fused kernels (but for the fused
+ * path's own checks, which make a runtime of their own) */
+static int setup(void **state) { return quiet_runtime(SJ_COMPILE_OFF, &rt) == SJ_OK ? 0 : -1; }
 
 static int teardown(void **state) {
     sj_runtime_destroy(rt);
@@ -762,28 +767,34 @@ static void test_sizes_past_the_limit(void **state) {
     (void)y;
 }
 
-/* A caller's output with an invalid rank reaches the fused path's checks
- * (an entry with kernels ready) as an error, not as an out-of-bounds read. */
-static void test_bad_output_with_fused_kernels(void **state) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.compile_mode = SJ_COMPILE_SYNC;
-    cfg.cache_dir = NULL;
-    cfg.log_mask = 0;
+/* The fused path (kernels ready) reports errors as the eager path does: a
+ * caller's output with an invalid rank is named, not read out of bounds; a
+ * gather index out of range names the op once. The function keeps serving. */
+static void test_fused_path_errors(void **state) {
     sj_runtime *r2;
-    assert_int_equal(sj_runtime_create(&cfg, &r2), SJ_OK);
-    sj_fn *fn;
+    assert_int_equal(quiet_runtime(SJ_COMPILE_SYNC, &r2), SJ_OK);
+    sj_fn *fn, *fg;
     assert_int_equal(sj_fn_create(r2, "fused_out", 1, affine_model, NULL, NULL, &fn), SJ_OK);
-    float x[6], y[6];
+    assert_int_equal(sj_fn_create(r2, "fused_emb", 2, gather_model, NULL, NULL, &fg), SJ_OK);
+    float x[6], y[6], table[8] = {0, 1, 10, 11, 20, 21, 30, 31};
+    int32_t idx[3] = {2, 3, 0};
     fill(x, 6, 0.2f);
     sj_tensor in = f32(x, 1, (int64_t[]){6}), out = f32(y, 1, (int64_t[]){6});
-    for (int i = 0; i < 3; i++) assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
-    sj_stats st;
+    sj_tensor gin[2] = {f32(table, 2, (int64_t[]){4, 2}), sj_tensor_make(idx, SJ_I32, 1, (int64_t[]){3})};
+    sj_tensor gout = {0};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+        assert_int_equal(sj_call(fg, gin, 2, &gout, 1), SJ_OK);
+        sj_tensor_free(r2, &gout);
+    }
+    sj_stats st, sg;
     sj_fn_stats(fn, &st);
-    if (st.fused_specialized_calls + st.fused_symbolic_calls == 0) {
+    sj_fn_stats(fg, &sg);
+    if (st.fused_specialized_calls + st.fused_symbolic_calls == 0 ||
+        sg.fused_specialized_calls + sg.fused_symbolic_calls == 0) {
         /* no C compiler here: the fused path cannot be reached */
         sj_fn_destroy(fn);
+        sj_fn_destroy(fg);
         sj_runtime_destroy(r2);
         skip();
     }
@@ -793,7 +804,20 @@ static void test_bad_output_with_fused_kernels(void **state) {
     out.rank = 1;
     assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
     for (int i = 0; i < 6; i++) assert_float_equal(y[i], x[i] * 2 + 1, 1e-6);
+
+    uint64_t fused0 = sg.fused_specialized_calls + sg.fused_symbolic_calls;
+    idx[1] = 7; /* the same signature: the same (fused) code as the good calls */
+    assert_int_equal(sj_call(fg, gin, 2, &gout, 1), SJ_EINDEX);
+    assert_msg_has("fn 'fused_emb': gather: index 7 out of range");
+    assert_null(gout.data);
+    idx[1] = 3;
+    assert_int_equal(sj_call(fg, gin, 2, &gout, 1), SJ_OK);
+    assert_float_equal(((float *)gout.data)[2], 30.0f, 0);
+    sj_tensor_free(r2, &gout);
+    sj_fn_stats(fg, &sg);
+    assert_true(sg.fused_specialized_calls + sg.fused_symbolic_calls == fused0 + 1); /* the fused path, still */
     sj_fn_destroy(fn);
+    sj_fn_destroy(fg);
     sj_runtime_destroy(r2);
 }
 
@@ -926,7 +950,7 @@ int main(void) {
         cmocka_unit_test(test_gather_index_error_then_good),
         cmocka_unit_test(test_dims_and_reshape),
         cmocka_unit_test(test_sizes_past_the_limit),
-        cmocka_unit_test(test_bad_output_with_fused_kernels),
+        cmocka_unit_test(test_fused_path_errors),
         cmocka_unit_test(test_concurrent_calls),
         cmocka_unit_test(test_tensor_helpers),
     };

@@ -497,12 +497,15 @@ static void test_launch_rule(void **state) {
 
 /* -- Tests: text and PTX ---------------------------------------------------------------- */
 
-/* Trace pt once, symbolic, at d; fuse. */
-static sj_fplan *plan_of(const tu_pattern *pt, const int64_t *d, sj_dtype dt, sj_graph **g, int64_t *sv) {
+/* Trace pt once at d, symbolic or not; fuse. */
+static sj_fplan *plan_as(const tu_pattern *pt, const int64_t *d, sj_dtype dt, bool sym, sj_graph **g, int64_t *sv) {
     sj_tensor in[16];
     pt->make(d, dt, in);
-    tu_pol pl = {.sym = true, .fixed = pt->fixed};
+    tu_pol pl = {.sym = sym, .fixed = pt->fixed};
     return tu_pattern_plan(pt, in, &pl, g, sv);
+}
+static sj_fplan *plan_of(const tu_pattern *pt, const int64_t *d, sj_dtype dt, sj_graph **g, int64_t *sv) {
+    return plan_as(pt, d, dt, true, g, sv);
 }
 
 static void test_codegen_text(void **state) {
@@ -545,12 +548,9 @@ static void test_codegen_text(void **state) {
     }
     /* a trace without symbols is generated with sym_vals NULL, every size a
      * literal: its row kernels take the specialized launch bounds (no minimum) */
-    sj_tensor in[16];
-    tu_pat_w2.make(S(9, 768), SJ_F32, in);
-    tu_pol pl = {.sym = false, .fixed = tu_pat_w2.fixed};
     sj_graph *g;
     int64_t sv[64];
-    sj_fplan *p = tu_pattern_plan(&tu_pat_w2, in, &pl, &g, sv);
+    sj_fplan *p = plan_as(&tu_pat_w2, S(9, 768), SJ_F32, false, &g, sv);
     const sj_codegen_opts o = {.prefix = "w_"};
     char *stat = sj_codegen_cuda(g, p, NULL, &o, NULL);
     assert_non_null(stat);
