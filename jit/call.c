@@ -2,7 +2,8 @@
  *
  *   check arguments -> signature of the inputs (on the stack) -> one hash
  *   -> memo (exact signature -> entry + symbol values) under a read lock
- *   -> miss: the entries' guard sets, newest first (lock-free), memoised
+ *   -> miss: the entries' guard sets, newest first (lock-free); the entry's
+ *      result sizes checked for these inputs (at most 2^48 elements); memoised
  *   -> none passes: retrace under the trace lock, by the policy
  *   -> execute the entry's graph with no lock held
  *   -> count the call (hot entries, hot shapes of symbolic entries).
@@ -318,6 +319,11 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         if (!e) {
             st = retrace(fn, inputs, local_syms, &e, &transient);
             if (st) goto fail;
+        }
+        /* once per signature (a memo hit has passed it) */
+        if ((st = sj_exec_check_sizes(e->g, local_syms, &fn->pool, fn->name))) {
+            if (transient) sj_entry_free(e);
+            goto fail;
         }
         if (!transient && (m = sj_table_memoize(&fn->table, sig, words, h, e, local_syms))) note_shape(fn, m);
         syms = local_syms;

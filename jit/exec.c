@@ -191,6 +191,33 @@ sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv,
     return sj_exec_node_on(&sj_cpu_kernels, NULL, g, n, rv, y);
 }
 
+/* -- Sizes ------------------------------------------------------------------- */
+
+sj_status sj_exec_check_sizes(const sj_graph *g, const int64_t *sym_vals, sj_pool *pool, const char *fn_name) {
+    sj_block *b = sj_pool_get(pool, (size_t)sj_ex_count(g->ex) * sizeof(int64_t));
+    if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory checking sizes", fn_name);
+    int64_t *exv = sj_block_data(b);
+    sj_ex_eval_all(g->ex, sym_vals, exv);
+    sj_status st = SJ_OK;
+    for (int i = 0; i < g->n_nodes && !st; i++) {
+        const sj_node *n = &g->nodes[i];
+        const sj_value *v = &g->vals[n->out];
+        int64_t d[SJ_MAX_RANK];
+        for (int a = 0; a < v->rank; a++) d[a] = exv[v->shape[a]];
+        int bad = sj_sizes_bad_axis(d, v->rank, NULL);
+        if (bad < 0) continue;
+        char shape[SJ_MAX_RANK * 22 + 16];
+        size_t k = (size_t)snprintf(shape, sizeof shape, "%s[", sj_dtype_name(v->dtype));
+        for (int a = 0; a < v->rank && k < sizeof shape; a++)
+            k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%lld", a ? ", " : "", (long long)d[a]);
+        if (k < sizeof shape) snprintf(shape + k, sizeof shape - k, "]");
+        st = sj_seterr(SJ_ESHAPE, "fn '%s': %s: for these inputs the result would be %s, %s at axis %d", fn_name,
+                       sj_op_name(n->op), shape, d[bad] < 0 ? "a negative size" : "more than 2^48 elements", bad);
+    }
+    sj_pool_put(pool, b);
+    return st;
+}
+
 /* -- Outputs ----------------------------------------------------------------- */
 
 sj_status sj_exec_node_error(const sj_exec *x, const sj_node *n, sj_status st) {

@@ -81,6 +81,12 @@ sj_status sj_exec_eager(const sj_exec *x);
  * before it, without the op when the kernel's message starts with it
  * ("gather: index ..."). Returns st. */
 sj_status sj_exec_node_error(const sj_exec *x, const sj_node *n, sj_status st);
+/* Check that every value g computes is a tensor that can exist for these
+ * symbol values (sizes >= 0, at most 2^48 elements counting a size of 0 as
+ * 1): a broadcast, matrix product or concatenation of valid inputs can
+ * pass that limit, and size arithmetic past it would wrap. Scratch comes
+ * from pool. SJ_ESHAPE names the op, the shape and the axis. */
+sj_status sj_exec_check_sizes(const sj_graph *g, const int64_t *sym_vals, sj_pool *pool, const char *fn_name);
 /* Check caller outputs against the shapes in exv (all expressions of g). */
 sj_status sj_exec_check_outputs(const sj_exec *x, const int64_t *exv);
 /* Allocate the outputs whose data is NULL; allocated[i] set for each. */

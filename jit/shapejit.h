@@ -122,7 +122,10 @@ typedef enum sj_device { SJ_HOST = 0, SJ_CUDA = 1 } sj_device;
 
 /* A tensor descriptor over memory the caller owns (except outputs the runtime
  * allocated; see sj_call). Strides are in elements, not bytes, may be 0 (a
- * broadcast input) and must be >= 0. bool is one byte per element, 0 or 1.
+ * broadcast input) and must be >= 0. Sizes must be >= 0 and multiply to at
+ * most 2^48, a size of 0 counting as 1 (sj_call: SJ_EINVAL otherwise); every
+ * result a model computes is held to the same limit (SJ_ESHAPE, naming the
+ * op). bool is one byte per element, 0 or 1.
  * f16 is IEEE binary16; bf16 is the upper half of an IEEE binary32. */
 typedef struct sj_tensor {
     void *data;
@@ -649,8 +652,9 @@ SJ_API sj_status sj_set_profile(sj_fn *fn, int input, int axis, int64_t min, int
  * On error nothing is allocated for the caller and caller outputs may have
  * been partly written. Thread-safe (see the top of this header).
  * Errors: SJ_EINVAL (NULL pointers, counts, rank/dtype/stride out of range,
- *   NULL data in an input with elements), SJ_EDTYPE/SJ_ESHAPE (from the
- *   trace or the output check), SJ_ECONSTRAINT (a size outside a mark or
+ *   NULL data in an input with elements, sizes past 2^48 elements),
+ *   SJ_EDTYPE/SJ_ESHAPE (from the trace, the output check, or a result that
+ *   these inputs would make larger than 2^48 elements), SJ_ECONSTRAINT (a size outside a mark or
  *   profile, or a model that specializes a marked dimension), SJ_ELIMIT (the
  *   recompile limit, when limit_is_error is set), SJ_EMODEL or the model's
  *   own status, SJ_EINDEX (gather), SJ_ENOMEM. */

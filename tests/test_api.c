@@ -821,6 +821,74 @@ static void test_fused_path_errors(void **state) {
     sj_runtime_destroy(r2);
 }
 
+/* sum(a @ b, -1) and sum(a * b, -1) for a [n, 1], b [1, m]: each result
+ * grows as n * m from inputs of n and m elements. */
+static sj_status outer_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val p = u ? sj_matmul(t, in[0], in[1]) : sj_mul(t, in[0], in[1]);
+    return sj_output(t, sj_sum(t, sj_exp(t, p), -1, 0));
+}
+
+/* Valid inputs whose broadcast or matrix product would pass 2^48 elements
+ * (sizes whose products wrap int64 on the way to an arena size) are refused
+ * per signature by an entry that otherwise serves them, on the eager and
+ * the fused path; the function keeps serving, and the refusal is not
+ * memoised as a pass. */
+static void test_results_past_the_limit(void **state) {
+    sj_runtime *r2;
+    assert_int_equal(quiet_runtime(SJ_COMPILE_SYNC, &r2), SJ_OK);
+    sj_runtime *rts[2] = {rt, r2};
+    float a[5], b[7];
+    fill(a, 5, 0.1f);
+    fill(b, 7, -0.2f);
+    for (int r = 0; r < 2; r++) {
+        for (int mm = 0; mm < 2; mm++) {
+            sj_fn *fn;
+            assert_int_equal(sj_fn_create(rts[r], mm ? "outer_mm" : "outer_mul", 2, outer_model, mm ? a : NULL,
+                                          NULL, &fn), SJ_OK);
+            /* two sizes of each: a symbolic entry; then hot enough to compile */
+            for (int k = 0; k < 6; k++) {
+                int64_t n = 4 + k % 2, m = 6 + k % 2;
+                sj_tensor in[2] = {f32(a, 2, (int64_t[]){n, 1}), f32(b, 2, (int64_t[]){1, m})}, out = {0};
+                assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_OK);
+                for (int i = 0; i < n; i++) {
+                    double want = 0;
+                    for (int j = 0; j < m; j++) want += exp((double)a[i] * b[j]);
+                    assert_float_equal(((float *)out.data)[i], want, 1e-5 * want);
+                }
+                sj_tensor_free(rts[r], &out);
+            }
+            sj_stats s0;
+            sj_fn_stats(fn, &s0);
+            assert_int_equal(s0.symbolic_entries, 1);
+            /* 2^31 * 2^31 f32 is 2^64 bytes: an arena size of 0 if it wrapped */
+            int64_t big = INT64_C(1) << 31;
+            for (int rep = 0; rep < 2; rep++) { /* the second time: the same signature again */
+                sj_tensor in[2] = {f32(a, 2, (int64_t[]){big, 1}), f32(b, 2, (int64_t[]){1, big})}, out = {0};
+                assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_ESHAPE);
+                assert_msg_has(mm ? "matmul: for these inputs the result would be f32[2147483648, 2147483648], more than 2^48 elements at axis 1"
+                                  : "mul: for these inputs the result would be f32[2147483648, 2147483648], more than 2^48 elements at axis 1");
+                assert_null(out.data);
+            }
+            sj_stats s1;
+            sj_fn_stats(fn, &s1);
+            assert_int_equal(s1.symbolic_entries + s1.static_entries, s0.symbolic_entries + s0.static_entries);
+            assert_int_equal(s1.errors, s0.errors + 2);
+            /* and it still serves, on the path it served before */
+            sj_tensor in[2] = {f32(a, 2, (int64_t[]){5, 1}), f32(b, 2, (int64_t[]){1, 7})}, out = {0};
+            assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_OK);
+            double want = 0;
+            for (int j = 0; j < 7; j++) want += exp((double)a[4] * b[j]);
+            assert_float_equal(((float *)out.data)[4], want, 1e-5 * want);
+            sj_tensor_free(rts[r], &out);
+            sj_stats s2;
+            sj_fn_stats(fn, &s2);
+            assert_int_equal(s2.eager_calls, s0.eager_calls + (s0.eager_calls == s0.calls ? 1 : 0));
+            sj_fn_destroy(fn);
+        }
+    }
+    sj_runtime_destroy(r2);
+}
+
 /* -- Concurrency ------------------------------------------------------------------------- */
 
 typedef struct worker {
@@ -951,6 +1019,7 @@ int main(void) {
         cmocka_unit_test(test_dims_and_reshape),
         cmocka_unit_test(test_sizes_past_the_limit),
         cmocka_unit_test(test_fused_path_errors),
+        cmocka_unit_test(test_results_past_the_limit),
         cmocka_unit_test(test_concurrent_calls),
         cmocka_unit_test(test_tensor_helpers),
     };
