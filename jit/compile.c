@@ -81,25 +81,34 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
                                 char *err, size_t errn) {
     const sj_fplan *plan = e->plan;
     *out = NULL;
-    if (plan->n_generated > 64) {
-        snprintf(err, errn, "the plan has %d generated kernels (at most 64 per unit)", plan->n_generated);
+    if (plan->n_generated * SJ_CG_VARIANTS_MAX > SJ_COMPILE_SYMBOLS_MAX) {
+        snprintf(err, errn, "the plan has %d generated kernels (at most %d per unit)", plan->n_generated,
+                 SJ_COMPILE_SYMBOLS_MAX / SJ_CG_VARIANTS_MAX);
         return SJ_EBACKEND;
     }
     size_t len;
-    sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0};
-    char *src = c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len);
+    int *variants = calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
+    sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
+                         .variants = variants};
+    for (int gi = 0; gi < plan->n_groups && variants; gi++) variants[gi] = plan->groups[gi].kind != SJ_G_NODE;
+    char *src = variants ? c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len) : NULL;
     if (!src) {
+        free(variants);
         snprintf(err, errn, "out of memory generating code");
         return SJ_ENOMEM;
     }
-    char names[64][24];
-    const char *syms[64];
+    /* the functions to resolve: each group's, or each of its variants */
+    char names[SJ_COMPILE_SYMBOLS_MAX][32];
+    const char *syms[SJ_COMPILE_SYMBOLS_MAX];
     int n = 0;
     for (int gi = 0; gi < plan->n_groups; gi++) {
-        if (plan->groups[gi].kind == SJ_G_NODE) continue;
-        snprintf(names[n], sizeof names[n], "sj_%s", plan->groups[gi].name);
-        syms[n] = names[n];
-        n++;
+        int nv = variants[gi];
+        assert(nv >= 0 && nv <= SJ_CG_VARIANTS_MAX && n + nv <= SJ_COMPILE_SYMBOLS_MAX);
+        for (int v = 0; v < nv; v++, n++) {
+            if (nv == 1) snprintf(names[n], sizeof names[n], "sj_%s", plan->groups[gi].name);
+            else snprintf(names[n], sizeof names[n], "sj_%s_v%d", plan->groups[gi].name, v);
+            syms[n] = names[n];
+        }
     }
     char tag[160];
     if (m) {
@@ -112,7 +121,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag};
     sj_compile_result *res = calloc(1, sizeof *res);
     sj_compiled *cd = calloc(1, sizeof *cd);
-    void **fns = calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *fns);
+    void **fns = calloc((size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX, sizeof *fns);
     sj_status st = (!res || !cd || !fns) ? SJ_ENOMEM : c->backend->compile(c->backend, &req, res);
     free(src);
     if (st) {
@@ -120,10 +129,16 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         free(res);
         free(cd);
         free(fns);
+        free(variants);
         return st;
     }
-    for (int gi = 0, k = 0; gi < plan->n_groups; gi++)
-        if (plan->groups[gi].kind != SJ_G_NODE) fns[gi] = res->fns[k++];
+    /* every slot of a group filled: a group with one function has it in all */
+    for (int gi = 0, k = 0; gi < plan->n_groups; gi++) {
+        for (int v = 0; v < SJ_CG_VARIANTS_MAX && variants[gi]; v++)
+            fns[gi * SJ_CG_VARIANTS_MAX + v] = res->fns[k + (v < variants[gi] ? v : 0)];
+        k += variants[gi];
+    }
+    free(variants);
     cd->backend = c->backend;
     cd->module = res->module;
     cd->fns = fns;

@@ -38,7 +38,10 @@ typedef enum sj_cstate { SJ_CS_NONE, SJ_CS_QUEUED, SJ_CS_COMPILING, SJ_CS_READY,
 typedef struct sj_compiled {
     sj_backend *backend;
     sj_module *module;
-    void **fns;          /* one per plan group; NULL for NODE groups */
+    /* SJ_CG_VARIANTS_MAX per plan group (group gi's at gi *
+     * SJ_CG_VARIANTS_MAX): its functions by launch variant, a group with one
+     * function having it in every slot; NULL for NODE groups. */
+    void **fns;
     bool specialized;    /* every size a constant */
     bool from_cache;
     double compile_ms;

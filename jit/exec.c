@@ -470,8 +470,8 @@ static void run_range(void *ctx, int64_t begin, int64_t end) {
     c->fn(c->ptrs, c->syms, begin, end);
 }
 
-static sj_status cpu_launch(void *ctx, const sj_group *gr, void *fn, void *const *ptrs, const int64_t *syms,
-                            const int64_t *exv) {
+static sj_status cpu_launch(void *ctx, const sj_group *gr, void *const *fn, void *const *ptrs,
+                            const int64_t *syms, const int64_t *exv) {
     int64_t items = gr->kind == SJ_G_ROW ? exv[gr->rows] : exv[gr->numel];
     if (items <= 0) return SJ_OK;
     int64_t min_chunk = CHUNK_ELEMS;
@@ -479,7 +479,7 @@ static sj_status cpu_launch(void *ctx, const sj_group *gr, void *fn, void *const
         int64_t row = exv[gr->shape[gr->rank - 1]];
         min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
     }
-    gen_call c = {(cpu_gen_fn)fn, ptrs, syms};
+    gen_call c = {(cpu_gen_fn)fn[0], ptrs, syms}; /* the C generator makes one per group */
     sj_threads_parallel_for((sj_threads *)ctx, items, min_chunk, run_range, &c);
     return SJ_OK;
 }

@@ -33,11 +33,12 @@ typedef struct sj_exec_ops {
     /* Memory for an output the runtime allocates for the caller. */
     void *(*out_alloc)(void *ctx, size_t bytes);
     void (*out_free)(void *ctx, void *p);
-    /* Run a generated group: fn is the compiled function, ptrs its access
-     * base pointers (loads then stores), syms the symbol values, exv every
+    /* Run a generated group: fn its compiled functions by launch variant
+     * (SJ_CG_VARIANTS_MAX, all filled; see sj_compiled), ptrs its access base
+     * pointers (loads then stores), syms the symbol values, exv every
      * expression's value. */
-    sj_status (*launch)(void *ctx, const struct sj_group *gr, void *fn, void *const *ptrs, const int64_t *syms,
-                        const int64_t *exv);
+    sj_status (*launch)(void *ctx, const struct sj_group *gr, void *const *fn, void *const *ptrs,
+                        const int64_t *syms, const int64_t *exv);
     /* After the last kernel of a call (NULL: nothing): e.g. wait for the
      * device and report a data-dependent error. */
     sj_status (*finish)(void *ctx);
@@ -59,8 +60,8 @@ typedef struct sj_exec {
 /* The CPU's table (ctx: the runtime's sj_threads pool, may be NULL). */
 extern const sj_exec_ops sj_cpu_exec_ops;
 
-/* Run a fused plan of g: generated groups through fns[group] (the compiled
- * functions; NULL entries for NODE groups), NODE groups through the
+/* Run a fused plan of g: generated groups through their compiled functions
+ * (fns: SJ_CG_VARIANTS_MAX per group, as sj_compiled's; NULL for NODE groups), NODE groups through the
  * device's eager kernels. Caller outputs must be contiguous
  * (sj_exec_fused_ok tells); output checks and allocation as
  * sj_exec_eager. */

@@ -88,7 +88,7 @@ static void buf_free(void *c, void *p) {
     sj_cuda_free(cc->e.cuda, (CUdeviceptr)(uintptr_t)p, cc->e.stream);
 }
 
-static sj_status launch(void *c, const sj_group *gr, void *fn, void *const *ptrs, const int64_t *syms,
+static sj_status launch(void *c, const sj_group *gr, void *const *fn, void *const *ptrs, const int64_t *syms,
                         const int64_t *exv) {
     sj_cuda_call *cc = c;
     sj_cuda *cu = cc->e.cuda;
@@ -109,7 +109,7 @@ static sj_status launch(void *c, const sj_group *gr, void *fn, void *const *ptrs
     }
     sj_cuda_bind(cu);
     return SJ_CU(cu,
-                 cu->api.LaunchKernel((CUfunction)fn, L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
+                 cu->api.LaunchKernel((CUfunction)fn[L.variant], L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
                                       L.block[2], L.smem, cc->e.stream, args, NULL),
                  "launching a generated kernel");
 }

@@ -14,6 +14,7 @@
 #include "jit/error.h"
 #include "jit/exec.h"
 #include "jit/tensor.h"
+#include "specialize/codegen.h"
 #include "specialize/fusion.h"
 
 #define ALIGN 64
@@ -50,7 +51,7 @@ static void layout_desc(const sj_graph *g, const sj_fplan *p, const int64_t *exv
 }
 
 static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *bases,
-                               void *fn) {
+                               void *const *fn) {
     void *ptrs[2 * SJ_MAX_INPUTS + 64];
     int n = 0;
     if (gr->n_loads + gr->n_stores > (int)(sizeof ptrs / sizeof ptrs[0]))
@@ -113,11 +114,12 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     for (int gi = 0; gi < p->n_groups && !st; gi++) {
         const sj_group *gr = &p->groups[gi];
         if (gr->kind != SJ_G_NODE) {
-            if (!fns[gi]) {
+            void *const *fn = fns + (size_t)gi * SJ_CG_VARIANTS_MAX;
+            if (!fn[0]) {
                 st = sj_seterr(SJ_EINTERNAL, "exec: no compiled function for group %s", gr->name);
                 break;
             }
-            st = run_generated(x, gr, exv, bases, fns[gi]);
+            st = run_generated(x, gr, exv, bases, fn);
             if (st) sj_err_prefix("fn '%s': kernel %s: ", x->fn_name, gr->name);
             continue;
         }

@@ -83,7 +83,7 @@ sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj
                                   const char **tag, char **src) {
     *src = NULL;
     *tag = "unit";
-    if (!req || !req->source || req->n_symbols < 0 || req->n_symbols > 64 || (req->n_symbols && !req->symbols)) {
+    if (!req || !req->source || req->n_symbols < 0 || req->n_symbols > SJ_COMPILE_SYMBOLS_MAX || (req->n_symbols && !req->symbols)) {
         snprintf(out->log, sizeof out->log, "invalid compile request");
         return sj_seterr(SJ_EINVAL, "%s backend: invalid compile request", who);
     }

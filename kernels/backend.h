@@ -16,6 +16,9 @@
 
 typedef struct sj_module sj_module; /* a loaded compiled unit, owned by its backend */
 
+/* The most functions one compile request resolves. */
+#define SJ_COMPILE_SYMBOLS_MAX 256
+
 typedef struct sj_compile_req {
     const char *source;           /* the whole translation unit */
     size_t source_len;
@@ -26,7 +29,7 @@ typedef struct sj_compile_req {
 
 typedef struct sj_compile_result {
     sj_module *module;    /* NULL on failure */
-    void *fns[64];        /* the resolved symbols, in request order (owned by module) */
+    void *fns[SJ_COMPILE_SYMBOLS_MAX]; /* the resolved symbols, in request order (owned by module) */
     bool from_cache;      /* loaded from the persistent cache, no compiler run */
     double compile_ms;    /* wall time of the compiler run (0 on a cache hit) */
     char key[65];         /* the cache key (hex) */

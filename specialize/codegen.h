@@ -42,7 +42,16 @@ typedef struct sj_codegen_opts {
      * (sj_rt_stream_f32), decided per call from the sizes; 0: the
      * last-level cache size of this machine; negative: never. */
     int64_t stream_min_bytes;
+    /* Out (may be NULL): per plan group, how many functions the generator
+     * emitted for it. 1: one function, <prefix><group name>. k in
+     * 2 .. SJ_CG_VARIANTS_MAX: one per launch shape the backend chooses
+     * between per call (sj_launch.variant for CUDA), named
+     * <prefix><group name>_v0 .. _v<k-1>. NODE groups are left alone. */
+    int *variants;
 } sj_codegen_opts;
+
+/* The most functions a generator emits for one group. */
+#define SJ_CG_VARIANTS_MAX 4
 
 /* A malloc'd, NUL-terminated C translation unit (the runtime header's text,
  * then the functions), or NULL on allocation failure. *len (if not NULL)

@@ -1002,6 +1002,7 @@ char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals
     for (int gi = 0; gi < p->n_groups && !c.o.oom; gi++) {
         const sj_group *G = &p->groups[gi];
         if (G->kind == SJ_G_NODE) continue;
+        if (o && o->variants) o->variants[gi] = 1;
         sj_cg_group(&c, G);
         stream_setup(&c);
         put_head(&c, prefix);

@@ -38,7 +38,11 @@
  * Softmax and the norms keep the row op's input (the prologue's result) in
  * dynamic shared memory when the row has at most ROW_CACHE elements (the
  * launch provides blockDim.y * n floats), else recompute it from memory in
- * every pass; the symbolic form has both, chosen at run time by n alone.
+ * every pass. The symbolic form (n unknown) is a kernel per row thread
+ * count and row length class (row_vs), <name>_v0 .. _v3, which the launch
+ * picks by n; each has the paths of the rows it is launched for (v0-v2:
+ * every row in registers; v3: registers, shared memory or recomputed),
+ * chosen at run time by n, plus the scalar ones.
  * Layer norm takes the mean, then the variance around it (two passes).
  * Reductions are one pass; thread 0 runs the epilogue.
  */
@@ -66,7 +70,8 @@
 #define ROW_THREADS_MAX 512   /* threads of a block-per-row block at most */
 #define ROW_RC 8              /* register cache: 4-element chunks a thread keeps at most */
 #define ROW_BLOCKS_PER_SM 64  /* row blocks per multiprocessor at most, in all (rows loop) */
-/* Minimum resident blocks in the symbolic row kernels' launch bounds: a
+/* Minimum resident blocks in the launch bounds of symbolic row kernels
+ * that keep at most 2 chunks a thread in registers (v1, v2): a
  * 40-register cap. With the block size alone ptxas aimed some of them at 32
  * registers and spilled (w3's masked softmax: 12 bytes); with 3 blocks none
  * spills (H200 w3 S=2048 0.135 -> 0.129 ms, w2 unchanged). Kernels whose
@@ -74,9 +79,27 @@
  * register caches spill (H200 w2 S=32768 0.105 -> 0.159 ms, w3 S=1024
  * 0.039 -> 0.068), and a minimum of 1 costs w3 S=2048 0.109 -> 0.123. */
 #define ROW_SYM_MIN_BLOCKS 3
+/* The variants of a symbolic row kernel (the row's length unknown): the
+ * launch picks the first whose nmax the row fits; each has the threads
+ * the launch rule gives those rows (a warp up to ROW_WARP_MAX, then
+ * row_threads(), 256 or 512) as a literal, and only the paths of those
+ * rows. A literal thread count, not blockDim.x, is worth 15% on w3 (H200
+ * S=2048 0.129 -> 0.109 ms, level with the specialized kernel). The warp
+ * variants keep every row in registers (4 or 8 chunks a lane, bounded by
+ * their block as specialized kernels are): w2 S=32768 0.113 -> 0.108 ms
+ * (static 0.105). */
+typedef struct row_variant {
+    unsigned nt;  /* threads of a row */
+    int64_t nmax; /* the longest row it is launched for */
+} row_variant;
+static const row_variant row_vs[] = {{32, 512}, {32, ROW_WARP_MAX}, {256, 2048}, {512, INT64_MAX}};
+#define ROW_VARIANTS ((int)(sizeof row_vs / sizeof row_vs[0]))
 #define GRID_Y_MAX 65535
 #define GRID_X_MAX 2147483647
 _Static_assert(PW_CHUNK == 4 * PW_VECS * PW_BLOCK, "PW_VECS chunks of 4 per thread");
+_Static_assert(128 * 8 == ROW_WARP_MAX && ROW_THREADS_MAX == 512 && ROW_WARP_MAX == 1024,
+               "row_threads() of a row longer than a warp's is 256 up to 2048, else 512 (row_vs)");
+_Static_assert(4 <= SJ_CG_VARIANTS_MAX, "the row variants fit the generator's limit");
 _Static_assert(ROW_WARPS * ROW_WARP_MAX <= ROW_CACHE, "a warp-per-row block caches every row it has");
 _Static_assert(ROW_CACHE * 4 <= 48 * 1024, "the cache fits the default dynamic shared memory limit");
 _Static_assert(ROW_RC * 4 * 32 >= ROW_WARP_MAX && ROW_RC * 4 * ROW_THREADS_MAX >= ROW_CACHE,
@@ -184,6 +207,11 @@ static const char prelude_tail[] =
 /* The generator's own state (sj_cg.user). */
 typedef struct cu {
     bool vec; /* inside the vector path: elements are x<k>[ix] / w<k>[ix] */
+    /* A row kernel's variant (the row's length unknown): its row thread
+     * count (0: not a variant, blockDim.x) and the row lengths it is
+     * launched for, [nmin, nmax]; the paths for other lengths are left out. */
+    unsigned nt;
+    int64_t nmin, nmax;
 } cu;
 
 static int last_axis(const sj_cg *c) { return c->G->rank - 1; }
@@ -201,14 +229,15 @@ static void put_elem(sj_cg *c, int k, const char *ix) {
 
 /* -- Kernel frame ---------------------------------------------------------------- */
 
-/* The kernel's signature and its sizes, strides and offsets; min_blocks > 0
- * adds a minimum of resident blocks to the launch bounds. */
-static void put_head(sj_cg *c, const char *prefix, int max_threads, int min_blocks) {
+/* The kernel's signature, named <prefix><group name><suffix>, and its
+ * sizes, strides and offsets; min_blocks > 0 adds a minimum of resident
+ * blocks to the launch bounds. */
+static void put_head(sj_cg *c, const char *prefix, const char *suffix, int max_threads, int min_blocks) {
     const sj_group *G = c->G;
     int ns = sj_sym_count(c->g->ex);
     put(&c->o, "\nextern \"C\" __global__ void __launch_bounds__(%d", max_threads);
     if (min_blocks > 0) put(&c->o, ", %d", min_blocks);
-    put(&c->o, ") %s%s(", prefix, G->name);
+    put(&c->o, ") %s%s%s(", prefix, G->name, suffix);
     for (int k = 0; k < c->n_acc; k++) {
         const char *t = sj_cg_stype(sj_cg_acc_dtype(c, k));
         put(&c->o, "%s%s%s *__restrict__ p%d", k ? ", " : "", k < G->n_loads ? "const " : "", t, k);
@@ -395,14 +424,18 @@ static bool vstore_in(const sj_cg *c, int k, int lo, int hi) {
  * element (vector modes: j0 + jj). */
 static void open_loop(sj_cg *c, rmode m, int slo, int shi, int cache_use) {
     int L = last_axis(c);
+    /* a variant's literal thread count makes ptxas unroll these loops: twice
+     * the compile time of a symbolic unit, for the paths of rows that do
+     * not fit the registers */
+    const char *once = ((cu *)c->user)->nt ? "#pragma unroll 1\n" : "";
     if (!vmode(m)) {
-        put(&c->o, "for (int64_t j = tid; j < n%d; j += nt) {\n", L);
+        put(&c->o, "%sfor (int64_t j = tid; j < n%d; j += nt) {\n", once, L);
         return;
     }
     if (m == M_VREG)
         put(&c->o, "#pragma unroll\nfor (int i = 0; i < RC; i++) {\nconst int64_t j0 = 4 * (tid + i * nt);\n"
                    "if (j0 < n%d) {\n", L);
-    else put(&c->o, "for (int64_t j0 = 4 * tid; j0 < n%d; j0 += 4 * nt) {\n{\n", L);
+    else put(&c->o, "%sfor (int64_t j0 = 4 * tid; j0 < n%d; j0 += 4 * nt) {\n{\n", once, L);
     if (m == M_VSHARED) put(&c->o, "float cx[4];\n%s", cache_use & C_READ ? "sj_ld4(cache + j0, cx);\n" : "");
     for (int k = 0; k < c->G->n_loads; k++)
         if (c->lw[k] && !sj_cg_hoisted(c, k))
@@ -590,30 +623,53 @@ static unsigned row_threads(int64_t n) {
     return t;
 }
 
-/* A cached row body. With the chunk count unknown (the symbolic form):
- * rows of at most 2 chunks a thread in registers, longer ones in shared
- * memory; a register cache sized for the longest row would cost every
- * row registers (they are allocated per kernel), hence occupancy. */
+/* The shortest row variant v is launched for. */
+static int64_t row_nmin(int v) { return v == 0 ? 0 : row_vs[v - 1].nmax + 1; }
+
+/* The 4-element chunks a thread of variant u needs to keep every row it
+ * is launched for in registers; 0 when past ROW_RC (then rows of at most 2
+ * chunks a thread are kept in registers, longer ones in shared memory). */
+static int row_rc_all(const cu *u) {
+    if (u->nmax > (int64_t)ROW_RC * 4 * u->nt) return 0;
+    return (int)((u->nmax + 4 * (int64_t)u->nt - 1) / (4 * (int64_t)u->nt));
+}
+
+/* A cached row body. With the chunk count unknown (the symbolic form): a
+ * variant's rows in registers when they all fit ROW_RC chunks a thread (v0,
+ * v1), else rows of at most 2 chunks a thread in registers and longer ones
+ * in shared memory; a register cache sized for the longest row would cost
+ * every row registers (they are allocated per kernel), hence occupancy. */
 static void put_cached_body(sj_cg *c, const rowop *R, rmode m) {
     int64_t nl;
     if (m != M_VREG || sj_cg_kconst(c, c->G->shape[last_axis(c)], &nl)) {
         put_row_body(c, R, m);
         return;
     }
-    put(&c->o, "if (n%d <= 8 * nt) {\nconstexpr int RC = 2;\n", last_axis(c));
-    put_row_body(c, R, M_VREG);
-    put(&c->o, "} else {\n");
-    put_row_body(c, R, M_VSHARED);
-    put(&c->o, "}\n");
+    const cu *u = c->user;
+    /* a variant whose rows all fit the register cache keeps them there */
+    int rc = u->nt ? row_rc_all(u) : 0;
+    bool in_regs = !u->nt || rc > 0 || u->nmin <= 8 * (int64_t)u->nt;
+    bool in_shared = !u->nt || (rc == 0 && u->nmax > 8 * (int64_t)u->nt);
+    if (in_regs && in_shared) put(&c->o, "if (n%d <= 8 * nt) {\n", last_axis(c));
+    if (in_regs) {
+        put(&c->o, "{\nconstexpr int RC = %d;\n", rc > 0 ? rc : 2);
+        put_row_body(c, R, M_VREG);
+        put(&c->o, "}\n");
+    }
+    if (in_regs && in_shared) put(&c->o, "} else {\n");
+    if (in_shared) put_row_body(c, R, M_VSHARED);
+    if (in_regs && in_shared) put(&c->o, "}\n");
 }
 
 /* The body of one row in the vector mode or (vec false) the scalar one,
  * cached when the row fits (chosen at run time in the symbolic form). */
 static void put_row_modes(sj_cg *c, const rowop *R, bool vec) {
     int L = last_axis(c);
+    const cu *u = c->user;
     int64_t nl;
     bool known = sj_cg_kconst(c, c->G->shape[L], &nl);
-    bool cache = !known || nl <= ROW_CACHE, recompute = !known || nl > ROW_CACHE;
+    bool cache = known ? nl <= ROW_CACHE : u->nmin <= ROW_CACHE;
+    bool recompute = known ? nl > ROW_CACHE : u->nmax > ROW_CACHE;
     rmode cm = vec ? M_VREG : M_SHARED, sm = vec ? M_VSTREAM : M_SCALAR;
     if (R->reduce) put_reduce_body(c, R, sm);
     else if (cache && recompute) {
@@ -637,7 +693,7 @@ static void gen_row(sj_cg *c) {
     if (cache) put(&c->o, "extern __shared__ __align__(16) float sj_dyn[];\n");
     /* the threads of a row: a literal when the size decides the launch */
     if (known) put(&c->o, "const int64_t tid = threadIdx.x, nt = %u;\n", nl <= ROW_WARP_MAX ? 32u : row_threads(nl));
-    else put(&c->o, "const int64_t tid = threadIdx.x, nt = blockDim.x;\n");
+    else put(&c->o, "const int64_t tid = threadIdx.x, nt = %u; /* this variant's */\n", ((cu *)c->user)->nt);
     /* register-cache chunks a thread needs (the loop skips those past n) */
     int rc = ROW_RC;
     if (known && nl <= ROW_CACHE) {
@@ -679,16 +735,34 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
         if (G->kind == SJ_G_NODE) continue;
         sj_cg_group(&c, G);
         if (G->kind == SJ_G_POINTWISE) {
-            put_head(&c, prefix, PW_BLOCK, 0);
+            if (o && o->variants) o->variants[gi] = 1;
+            put_head(&c, prefix, "", PW_BLOCK, 0);
             gen_pointwise(&c);
-        } else {
-            /* every size a literal: specialized, or a trace without symbols */
-            bool literal = c.sym || sj_sym_count(g->ex) == 0;
-            put_head(&c, prefix, ROW_THREADS_MAX > ROW_WARPS * 32 ? ROW_THREADS_MAX : ROW_WARPS * 32,
-                     literal ? 0 : ROW_SYM_MIN_BLOCKS);
-            gen_row(&c);
+            put(&c.o, "}\n");
+            continue;
         }
-        put(&c.o, "}\n");
+        /* every size a literal: specialized, or a trace without symbols */
+        bool literal = c.sym || sj_sym_count(g->ex) == 0;
+        int max_threads = ROW_THREADS_MAX > ROW_WARPS * 32 ? ROW_THREADS_MAX : ROW_WARPS * 32;
+        /* the row's length unknown: a kernel per row thread count */
+        int64_t nl;
+        int nv = sj_cg_kconst(&c, G->shape[G->rank - 1], &nl) ? 1 : ROW_VARIANTS;
+        if (o && o->variants) o->variants[gi] = nv;
+        for (int v = 0; v < nv; v++) {
+            char suffix[8] = "";
+            if (nv > 1) snprintf(suffix, sizeof suffix, "_v%d", v);
+            sj_cg_group(&c, G); /* each variant from the group's start */
+            u.nt = nv > 1 ? row_vs[v].nt : 0;
+            u.nmin = nv > 1 ? row_nmin(v) : 0;
+            u.nmax = nv > 1 ? row_vs[v].nmax : INT64_MAX;
+            /* a variant holding rows of more than 2 chunks a thread in
+             * registers is bounded as a specialized kernel, by its block */
+            bool big_rc = nv > 1 && row_rc_all(&u) > 2;
+            put_head(&c, prefix, suffix, big_rc ? (int)u.nt * (u.nt == 32 ? ROW_WARPS : 1) : max_threads,
+                     literal || big_rc ? 0 : ROW_SYM_MIN_BLOCKS);
+            gen_row(&c);
+            put(&c.o, "}\n");
+        }
     }
     return sj_cg_take(&c, len);
 }
@@ -722,12 +796,12 @@ int sj_cuda_launch(const sj_group *gr, const int64_t *exv, int sm_count, sj_laun
             out->grid[0] = (unsigned)(sm_count * ROW_BLOCKS_PER_SM);
         out->smem = (unsigned)(r * n * 4);
     } else {
-        unsigned t = row_threads(n);
-        out->block[0] = t;
+        out->block[0] = row_threads(n);
         out->grid[0] = clampu(rows, GRID_X_MAX);
         if (sm_count > 0 && out->grid[0] > (unsigned)(sm_count * ROW_BLOCKS_PER_SM))
             out->grid[0] = (unsigned)(sm_count * ROW_BLOCKS_PER_SM);
         out->smem = n <= ROW_CACHE ? (unsigned)(n * 4) : 0;
     }
+    while (out->variant + 1 < ROW_VARIANTS && n > row_vs[out->variant].nmax) out->variant++;
     return 1;
 }

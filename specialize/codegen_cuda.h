@@ -1,7 +1,10 @@
 /* Code generation for CUDA: the generated groups of a fused plan as CUDA C
  * for NVRTC, and the launch configuration of each group.
  *
- * Every POINTWISE and ROW group becomes
+ * Every POINTWISE and ROW group becomes (a symbolic ROW group whose row
+ * length is unknown: four of them, <prefix><group name>_v0 .. _v3, one
+ * per row thread count and length class, sj_launch.variant saying which
+ * to launch)
  *
  *   extern "C" __global__ void <prefix><group name>(
  *       <T> *__restrict__ p0, ..., <T> *__restrict__ pN,   // accesses: loads, then stores
@@ -46,6 +49,12 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
 typedef struct sj_launch {
     unsigned grid[3], block[3];
     unsigned smem; /* dynamic shared memory bytes */
+    /* Which of the group's functions to launch where the generator emitted
+     * several (sj_codegen_opts.variants; < SJ_CG_VARIANTS_MAX): a symbolic
+     * ROW kernel has _v0 for rows up to 512, _v1 up to 1024 (block.x 32
+     * both), _v2 up to 2048 (256), _v3 longer (512). 0 for a POINTWISE
+     * group. */
+    int variant;
 } sj_launch;
 
 /* The launch of generated group gr for a call whose expressions evaluate to

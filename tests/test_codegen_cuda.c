@@ -195,8 +195,9 @@ static int teardown_all(void **state) {
 /* -- Running on the device ----------------------------------------------------------- */
 
 typedef struct unit {
-    void *mod;       /* CUmodule */
-    void *fns[256];  /* CUfunction per group */
+    void *mod;                           /* CUmodule */
+    int variants[256];                   /* functions per group (sj_codegen_opts.variants) */
+    void *fns[256][SJ_CG_VARIANTS_MAX];  /* CUfunction per group and launch variant */
 } unit;
 
 #ifdef SJ_WITH_CUDA
@@ -213,11 +214,16 @@ static void unit_load(const sj_fplan *p, const char *cubin, const char *prefix, 
     assert_true(p->n_groups <= 256);
     for (int gi = 0; gi < p->n_groups; gi++) {
         if (p->groups[gi].kind == SJ_G_NODE) continue;
-        char name[64];
-        CUfunction f;
-        snprintf(name, sizeof name, "%s%s", prefix, p->groups[gi].name);
-        cu_ok(dev->api.ModuleGetFunction(&f, mod, name), name);
-        u->fns[gi] = f;
+        int nv = u->variants[gi];
+        assert_true(nv >= 1 && nv <= SJ_CG_VARIANTS_MAX);
+        for (int v = 0; v < nv; v++) {
+            char name[64];
+            CUfunction f;
+            if (nv == 1) snprintf(name, sizeof name, "%s%s", prefix, p->groups[gi].name);
+            else snprintf(name, sizeof name, "%s%s_v%d", prefix, p->groups[gi].name, v);
+            cu_ok(dev->api.ModuleGetFunction(&f, mod, name), name);
+            u->fns[gi][v] = f;
+        }
     }
 }
 
@@ -352,7 +358,10 @@ static void gpu_run(const sj_graph *g, const sj_fplan *p, const unit *u, const s
             fprintf(stderr, "    %s: grid (%u, %u) block (%u, %u) smem %u\n", gr->name, L.grid[0], L.grid[1],
                     L.block[0], L.block[1], L.smem);
         sj_cuda_bind(dev);
-        cu_ok(dev->api.LaunchKernel((CUfunction)u->fns[gi], L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
+        /* a group of one function has it for every launch (as sj_compiled's slots) */
+        int v = u->variants[gi] == 1 ? 0 : L.variant;
+        assert_true(v >= 0 && v < u->variants[gi]);
+        cu_ok(dev->api.LaunchKernel((CUfunction)u->fns[gi][v], L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
                                     L.block[2], L.smem, dev->stream, args, NULL),
               tu_label("%s: launch %s", what, gr->name));
         cu_ok(dev->api.StreamSynchronize(dev->stream), tu_label("%s: run %s", what, gr->name));
@@ -409,12 +418,13 @@ static void build(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int f
     const char *prefix = form ? "sym_" : "spec_";
     unit *u = &units[form];
     size_t len;
-    char *src = sj_codegen_cuda(g, p, sv, &(sj_codegen_opts){.prefix = prefix}, &len);
+    memset(u, 0, sizeof *u);
+    assert_true(p->n_groups <= 256);
+    char *src = sj_codegen_cuda(g, p, sv, &(sj_codegen_opts){.prefix = prefix, .variants = u->variants}, &len);
     assert_non_null(src);
     assert_int_equal(strlen(src), len);
     char *cubin = NULL;
     size_t cubin_len = 0;
-    memset(u, 0, sizeof *u);
     if (p->n_generated > 0) {
         nvrtc_compile(src, arch_opt, what, have_gpu ? &cubin : NULL, &cubin_len);
         if (have_gpu) unit_load(p, cubin, prefix, u);
@@ -493,6 +503,19 @@ static void test_launch_rule(void **state) {
     assert_true(r == 1 && L.smem == 0);
     launch_of(SJ_G_ROW, 0, 5, 132, &r);
     assert_int_equal(r, 0);
+    /* the variant of a symbolic row kernel, for every row length: the
+     * first whose longest row it fits, with the launch's thread count */
+    static const unsigned nts[4] = {32, 32, 256, 512};
+    static const int64_t nmax[4] = {512, 1024, 2048, INT64_MAX};
+    for (int64_t n = 0; n <= 20000; n += n < 2100 ? 1 : 97) {
+        L = launch_of(SJ_G_ROW, 5, n, 132, &r);
+        assert_true(r == 1 && L.variant >= 0 && L.variant < 4 && L.block[0] == nts[L.variant]);
+        assert_true(n <= nmax[L.variant] && (L.variant == 0 || n > nmax[L.variant - 1]));
+    }
+    L = launch_of(SJ_G_ROW, 5, (int64_t)1 << 40, 132, &r);
+    assert_true(r == 1 && L.variant == 3 && L.block[0] == 512);
+    L = launch_of(SJ_G_POINTWISE, 5, 1000, 132, &r);
+    assert_true(r == 1 && L.variant == 0);
 }
 
 /* -- Tests: text and PTX ---------------------------------------------------------------- */
@@ -515,18 +538,57 @@ static void test_codegen_text(void **state) {
         sj_graph *g;
         int64_t sv[64];
         sj_fplan *p = plan_of(pts[i], dims[i], SJ_F32, &g, sv);
-        const sj_codegen_opts o = {.prefix = "w_"};
-        char *spec = sj_codegen_cuda(g, p, sv, &o, NULL), *sym = sj_codegen_cuda(g, p, NULL, &o, NULL);
+        int nv_spec[4] = {0}, nv_sym[4] = {0};
+        assert_true(p->n_groups <= 4);
+        char *spec = sj_codegen_cuda(g, p, sv, &(sj_codegen_opts){.prefix = "w_", .variants = nv_spec}, NULL);
+        char *sym = sj_codegen_cuda(g, p, NULL, &(sj_codegen_opts){.prefix = "w_", .variants = nv_sym}, NULL);
         assert_non_null(spec);
         assert_non_null(sym);
-        /* symbolic row kernels also name a minimum of 3 resident blocks */
-        char head[160], sym_head[160];
+        /* specialized: one kernel per group; symbolic: a row kernel has a
+         * variant per row thread count, each naming a minimum of 3 resident
+         * blocks, around one body templated on that count */
+        assert_int_equal(nv_spec[0], 1);
+        assert_int_equal(nv_sym[0], i == 0 ? 1 : 4);
+        char head[160];
         snprintf(head, sizeof head, "extern \"C\" __global__ void __launch_bounds__(%s) w_k0(const float *__restrict__ p0",
                  i == 0 ? "256" : "512");
-        snprintf(sym_head, sizeof sym_head, "__launch_bounds__(%s) w_k0(", i == 0 ? "256" : "512, 3");
         assert_non_null(strstr(spec, head));
-        assert_non_null(strstr(sym, sym_head));
-        assert_non_null(strstr(sym, ", long long s0, long long s1) {"));
+        if (i == 0) {
+            assert_non_null(strstr(sym, "__launch_bounds__(256) w_k0("));
+            assert_non_null(strstr(sym, ", long long s0, long long s1) {"));
+        } else {
+            /* rows up to 512 and 1024 (a warp's: in 4 and 8 chunks of
+             * registers a lane, bounded by the block alone), up to 2048 (256
+             * threads: in 2 chunks), longer (512 threads: registers up to
+             * 4096, then shared memory, then recomputed past 8192) */
+            assert_null(strstr(sym, " w_k0("));
+            static const char *heads[4] = {"__launch_bounds__(256) w_k0_v0(const float",
+                                           "__launch_bounds__(256) w_k0_v1(const float",
+                                           "__launch_bounds__(512, 3) w_k0_v2(const float",
+                                           "__launch_bounds__(512, 3) w_k0_v3(const float"};
+            static const char *nts[4] = {"nt = 32;", "nt = 32;", "nt = 256;", "nt = 512;"};
+            static const char *rcs[4] = {"constexpr int RC = 4;\nfloat rc[RC][4];", "constexpr int RC = 8;\nfloat rc[RC][4];",
+                                         "constexpr int RC = 2;\nfloat rc[RC][4];", "constexpr int RC = 2;\nfloat rc[RC][4];"};
+            const char *at[5];
+            for (int v = 0; v < 4; v++) {
+                at[v] = strstr(sym, heads[v]);
+                assert_non_null(at[v]);
+                assert_true(!v || at[v] > at[v - 1]);
+            }
+            at[4] = sym + strlen(sym);
+            for (int v = 0; v < 4; v++) {
+                char *k = strndup(at[v], (size_t)(at[v + 1] - at[v]));
+                assert_non_null(strstr(k, ", long long s0, long long s1) {\n"));
+                assert_non_null(strstr(k, nts[v]));
+                assert_null(strstr(k, "blockDim.x;"));
+                assert_non_null(strstr(k, rcs[v]));
+                assert_true(!strstr(k, "if (n1 <= 8 * nt) {") == (v < 3));
+                assert_true(!strstr(k, "if (n1 <= 8192) {") == (v < 3));
+                assert_true(!strstr(k, "float cx[4];") == (v < 3)); /* the row in shared memory, 16 bytes a move */
+                assert_true(!strstr(k, "#pragma unroll 1\nfor (int64_t j0 = 4 * tid;") == (v < 3));
+                free(k);
+            }
+        }
         assert_non_null(strstr(spec, "sj_rt_geluf"));
         assert_null(strstr(spec, "(s0)")); /* specialized: literals only */
         assert_non_null(strstr(sym, "(s1)"));
@@ -542,7 +604,7 @@ static void test_codegen_text(void **state) {
             assert_non_null(strstr(spec, "nt = 32;"));
             assert_non_null(strstr(spec, "sj_ld4(p0 + o0 + j0, x0);"));
             assert_non_null(strstr(spec, "rc[i][jj] = x;"));
-            assert_non_null(strstr(sym, "nt = blockDim.x;"));
+            assert_null(strstr(sym, "blockDim.x;"));
         }
         tu_codegen_done(spec, sym, p, g);
     }
@@ -666,6 +728,46 @@ static void test_many_rows(void **state) {
     run_pattern(&tu_pat_reduce, true, SJ_F32, S(65537, 2));
 }
 
+/* A symbolic row kernel is a kernel per row thread count, each with the
+ * paths of the rows it is launched for: one symbolic unit, run at row
+ * lengths through every variant and path (vector or scalar; registers,
+ * shared memory or recomputed), matches the reference. */
+static void test_row_variants(void **state) {
+    if (!have_nvrtc) skip();
+    static const int64_t ns[] = {5,    256,  511,  512,  516,  1000, 1023, 1024, 1025,
+                                 1028, 2048, 2052, 4096, 4100, 6001, 8192, 8196, 9063};
+    const tu_pattern *pt = &tu_pat_rows;
+    sj_tensor tin[16], rin[16];
+    pt->make(S(3, 64), SJ_F32, tin);
+    tu_pol pl = {.sym = true, .fixed = pt->fixed};
+    sj_graph *g;
+    int64_t sv[64] = {0};
+    sj_fplan *p = tu_pattern_plan(pt, tin, &pl, &g, sv);
+    build(g, p, NULL, 1, "rows f32 sym (variants)");
+    int seen[SJ_CG_VARIANTS_MAX] = {0};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        pt->make(S(3, ns[i]), SJ_F32, rin);
+        assert_true(tu_same_signature(&pl, tin, rin, pt->n_in));
+        for (int k = 0; k < pl.n; k++) sv[k] = rin[pl.in[k]].shape[pl.ax[k]];
+        for (int gi = 0; gi < p->n_groups; gi++) {
+            if (p->groups[gi].kind != SJ_G_ROW) continue;
+            assert_int_equal(units[1].variants[gi], 4); /* every row group: its row length unknown */
+            int64_t exv[4096];
+            assert_true(sj_ex_count(g->ex) <= 4096);
+            sj_ex_eval_all(g->ex, sv, exv);
+            sj_launch L;
+            if (sj_cuda_launch(&p->groups[gi], exv, 132, &L)) seen[L.variant]++;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "rows f32 sym (variants: n = %lld)", (long long)ns[i]);
+        if (have_gpu) run(g, p, 1, rin, sv, pt->ref, what);
+    }
+    assert_true(seen[0] > 0 && seen[1] > 0 && seen[2] > 0 && seen[3] > 0);
+    unload(1);
+    sj_fplan_free(p);
+    sj_graph_destroy(g);
+}
+
 static void test_summary(void **state) {
     if (!have_nvrtc) {
         printf("skipped: no NVRTC (libnvrtc.so.13)\n");
@@ -688,7 +790,7 @@ int main(void) {
         T(test_launch_rule), T(test_codegen_text), T(test_no_div64), T(test_w1),   T(test_w2),
         T(test_w3),          T(test_matmul_gelu),  T(test_views),    T(test_reduce), T(test_rows),
         T(test_casts_where), T(test_ints),         T(test_shared_outputs), T(test_half), T(test_edges),
-        T(test_many_rows),   T(test_summary),
+        T(test_many_rows),   T(test_row_variants), T(test_summary),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -64,7 +64,7 @@ static int teardown_all(void **state) {
 /* -- Harness ---------------------------------------------------------------- */
 
 typedef struct unit {
-    void *fns[256];
+    void *fns[256 * SJ_CG_VARIANTS_MAX]; /* per group, by launch variant (sj_compiled's layout) */
     sj_module *mod;
 } unit;
 
@@ -89,7 +89,9 @@ static void compile(const sj_fplan *p, const char *src, size_t len, const char *
     if (st) fprintf(stderr, "compile failed: %s\n%s\n", sj_last_error(), res->log);
     assert_int_equal(st, SJ_OK);
     u->mod = res->module;
-    for (int i = 0; i < n; i++) u->fns[gi_of[i]] = res->fns[i];
+    assert_true(p->n_groups <= 256);
+    for (int i = 0; i < n; i++) /* the C generator: one function per group, for every variant */
+        for (int v = 0; v < SJ_CG_VARIANTS_MAX; v++) u->fns[gi_of[i] * SJ_CG_VARIANTS_MAX + v] = res->fns[i];
     free(res);
 }
 
@@ -136,8 +138,14 @@ static int64_t stream_min;
 static void build_c(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int form, const char *what) {
     const char *prefix = form ? "sym_" : "spec_";
     size_t len;
-    char *src = sj_codegen_c(g, p, sv, &(sj_codegen_opts){.prefix = prefix, .stream_min_bytes = stream_min}, &len);
+    int nv[256];
+    assert_true(p->n_groups <= 256);
+    for (int gi = 0; gi < p->n_groups; gi++) nv[gi] = -1;
+    char *src = sj_codegen_c(g, p, sv, &(sj_codegen_opts){.prefix = prefix, .stream_min_bytes = stream_min, .variants = nv},
+                             &len);
     assert_non_null(src);
+    for (int gi = 0; gi < p->n_groups; gi++) /* one function per generated group */
+        assert_int_equal(nv[gi], p->groups[gi].kind == SJ_G_NODE ? -1 : 1);
     compile(p, src, len, prefix, &units[form]);
     free(src);
 }
