@@ -71,7 +71,7 @@
 #define ROW_RC 8              /* register cache: 4-element chunks a thread keeps at most */
 #define ROW_BLOCKS_PER_SM 64  /* row blocks per multiprocessor at most, in all (rows loop) */
 /* Minimum resident blocks in the launch bounds of symbolic row kernels
- * that keep at most 2 chunks a thread in registers (v1, v2): a
+ * that keep at most 2 chunks a thread in registers (v2, v3): a
  * 40-register cap. With the block size alone ptxas aimed some of them at 32
  * registers and spilled (w3's masked softmax: 12 bytes); with 3 blocks none
  * spills (H200 w3 S=2048 0.135 -> 0.129 ms, w2 unchanged). Kernels whose
@@ -208,8 +208,9 @@ static const char prelude_tail[] =
 typedef struct cu {
     bool vec; /* inside the vector path: elements are x<k>[ix] / w<k>[ix] */
     /* A row kernel's variant (the row's length unknown): its row thread
-     * count (0: not a variant, blockDim.x) and the row lengths it is
-     * launched for, [nmin, nmax]; the paths for other lengths are left out. */
+     * count (0: not a variant, the length a literal) and the row lengths it
+     * is launched for, [nmin, nmax]; the paths for other lengths are left
+     * out. */
     unsigned nt;
     int64_t nmin, nmax;
 } cu;
