@@ -90,20 +90,26 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     int *variants = calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
     sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
                          .variants = variants};
-    for (int gi = 0; gi < plan->n_groups && variants; gi++) variants[gi] = plan->groups[gi].kind != SJ_G_NODE;
     char *src = variants ? c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len) : NULL;
     if (!src) {
         free(variants);
         snprintf(err, errn, "out of memory generating code");
         return SJ_ENOMEM;
     }
-    /* the functions to resolve: each group's, or each of its variants */
+    /* the functions to resolve: each group's, or each of its variants (as
+     * the generator reports; 0 for NODE groups) */
     char names[SJ_COMPILE_SYMBOLS_MAX][32];
     const char *syms[SJ_COMPILE_SYMBOLS_MAX];
     int n = 0;
     for (int gi = 0; gi < plan->n_groups; gi++) {
         int nv = variants[gi];
-        assert(nv >= 0 && nv <= SJ_CG_VARIANTS_MAX && n + nv <= SJ_COMPILE_SYMBOLS_MAX);
+        if ((nv < 1) != (plan->groups[gi].kind == SJ_G_NODE) || nv > SJ_CG_VARIANTS_MAX) {
+            snprintf(err, errn, "the generator reported %d functions for group %s", nv, plan->groups[gi].name);
+            free(variants);
+            free(src);
+            return SJ_EINTERNAL;
+        }
+        assert(n + nv <= SJ_COMPILE_SYMBOLS_MAX); /* n_generated * SJ_CG_VARIANTS_MAX at most, checked above */
         for (int v = 0; v < nv; v++, n++) {
             if (nv == 1) snprintf(names[n], sizeof names[n], "sj_%s", plan->groups[gi].name);
             else snprintf(names[n], sizeof names[n], "sj_%s_v%d", plan->groups[gi].name, v);

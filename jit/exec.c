@@ -207,12 +207,9 @@ sj_status sj_exec_check_sizes(const sj_graph *g, const int64_t *sym_vals, sj_poo
         int bad = sj_sizes_bad_axis(d, v->rank, NULL);
         if (bad < 0) continue;
         char shape[SJ_MAX_RANK * 22 + 16];
-        size_t k = (size_t)snprintf(shape, sizeof shape, "%s[", sj_dtype_name(v->dtype));
-        for (int a = 0; a < v->rank && k < sizeof shape; a++)
-            k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%lld", a ? ", " : "", (long long)d[a]);
-        if (k < sizeof shape) snprintf(shape + k, sizeof shape - k, "]");
         st = sj_seterr(SJ_ESHAPE, "fn '%s': %s: for these inputs the result would be %s, %s at axis %d", fn_name,
-                       sj_op_name(n->op), shape, d[bad] < 0 ? "a negative size" : "more than 2^48 elements", bad);
+                       sj_op_name(n->op), sj_graph_shape_str_at(g, n->out, exv, shape, sizeof shape),
+                       d[bad] < 0 ? "a negative size" : "more than 2^48 elements", bad);
     }
     sj_pool_put(pool, b);
     return st;

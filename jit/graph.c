@@ -268,13 +268,19 @@ char *sj_graph_shape_str(const sj_graph *g, int32_t val, char *buf, size_t n) {
     return buf;
 }
 
-char *sj_graph_shape_str_concrete(const sj_graph *g, int32_t val, char *buf, size_t n) {
+char *sj_graph_shape_str_at(const sj_graph *g, int32_t val, const int64_t *exv, char *buf, size_t n) {
     const sj_value *v = &g->vals[val];
     size_t used = (size_t)snprintf(buf, n, "%s[", sj_dtype_name(v->dtype));
-    for (int i = 0; i < v->rank && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)sj_ex_hint(g->ex, v->shape[i]));
+    for (int i = 0; i < v->rank && used < n; i++) {
+        int64_t d = exv ? exv[v->shape[i]] : sj_ex_hint(g->ex, v->shape[i]);
+        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)d);
+    }
     if (used < n) snprintf(buf + used, n - used, "]");
     return buf;
+}
+
+char *sj_graph_shape_str_concrete(const sj_graph *g, int32_t val, char *buf, size_t n) {
+    return sj_graph_shape_str_at(g, val, NULL, buf, n);
 }
 
 void sj_graph_dump(const sj_graph *g, FILE *out) {

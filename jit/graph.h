@@ -125,6 +125,9 @@ char *sj_graph_shape_str(const sj_graph *g, int32_t val, char *buf, size_t n);
 /* The same with every size at its traced value ("f32[4, 9, 768]"): for
  * error messages, which are about the call at hand. */
 char *sj_graph_shape_str_concrete(const sj_graph *g, int32_t val, char *buf, size_t n);
+/* The same with every size from exv (all expressions' values for a call;
+ * NULL: the traced values). */
+char *sj_graph_shape_str_at(const sj_graph *g, int32_t val, const int64_t *exv, char *buf, size_t n);
 
 static inline bool sj_dtype_is_float(sj_dtype dt) {
     return dt == SJ_F32 || dt == SJ_F16 || dt == SJ_BF16;

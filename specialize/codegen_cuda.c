@@ -646,11 +646,11 @@ static void put_cached_body(sj_cg *c, const rowop *R, rmode m) {
         put_row_body(c, R, m);
         return;
     }
-    const cu *u = c->user;
+    const cu *u = c->user; /* the row's length unknown: a variant */
     /* a variant whose rows all fit the register cache keeps them there */
-    int rc = u->nt ? row_rc_all(u) : 0;
-    bool in_regs = !u->nt || rc > 0 || u->nmin <= 8 * (int64_t)u->nt;
-    bool in_shared = !u->nt || (rc == 0 && u->nmax > 8 * (int64_t)u->nt);
+    int rc = row_rc_all(u);
+    bool in_regs = rc > 0 || u->nmin <= 8 * (int64_t)u->nt;
+    bool in_shared = rc == 0 && u->nmax > 8 * (int64_t)u->nt;
     if (in_regs && in_shared) put(&c->o, "if (n%d <= 8 * nt) {\n", last_axis(c));
     if (in_regs) {
         put(&c->o, "{\nconstexpr int RC = %d;\n", rc > 0 ? rc : 2);

@@ -117,6 +117,16 @@ static void test_runtime_cuda_unavailable(void **state) {
     sj_runtime_destroy(r);
 }
 
+/* The default config with environment variable var set to val (NULL:
+ * unset). */
+static sj_runtime_config config_with(const char *var, const char *val) {
+    if (val) setenv(var, val, 1);
+    else unsetenv(var);
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    return cfg;
+}
+
 static void test_config_env(void **state) {
     sj_runtime_config cfg;
     unsetenv("SHAPEJIT_LOG");
@@ -144,32 +154,19 @@ static void test_config_env(void **state) {
     unsetenv("SHAPEJIT_LOG");
     unsetenv("SHAPEJIT_BACKEND");
     /* streaming stores: default 0 (the cache size), -1 never, junk ignored */
-    unsetenv("SHAPEJIT_STREAM_MIN_BYTES");
-    sj_runtime_config_init(&cfg);
-    assert_int_equal(cfg.stream_min_bytes, 0);
-    setenv("SHAPEJIT_STREAM_MIN_BYTES", "-1", 1);
-    sj_runtime_config_init(&cfg);
-    assert_int_equal(cfg.stream_min_bytes, -1);
-    setenv("SHAPEJIT_STREAM_MIN_BYTES", "68719476736", 1);
-    sj_runtime_config_init(&cfg);
-    assert_true(cfg.stream_min_bytes == INT64_C(68719476736));
-    setenv("SHAPEJIT_STREAM_MIN_BYTES", "12MB", 1);
-    sj_runtime_config_init(&cfg);
-    assert_int_equal(cfg.stream_min_bytes, 0);
-    unsetenv("SHAPEJIT_STREAM_MIN_BYTES");
+    const char *sm = "SHAPEJIT_STREAM_MIN_BYTES";
+    assert_int_equal(config_with(sm, NULL).stream_min_bytes, 0);
+    assert_int_equal(config_with(sm, "-1").stream_min_bytes, -1);
+    assert_true(config_with(sm, "68719476736").stream_min_bytes == INT64_C(68719476736));
+    assert_int_equal(config_with(sm, "12MB").stream_min_bytes, 0);
     /* BLAS threads: default 0 (ours), -1 leave OpenBLAS alone, below -1 ignored */
-    sj_runtime_config_init(&cfg);
-    assert_int_equal(cfg.blas_threads, 0);
-    setenv("SHAPEJIT_BLAS_THREADS", "4", 1);
-    sj_runtime_config_init(&cfg);
-    assert_int_equal(cfg.blas_threads, 4);
-    setenv("SHAPEJIT_BLAS_THREADS", "-1", 1);
-    sj_runtime_config_init(&cfg);
-    assert_int_equal(cfg.blas_threads, -1);
-    setenv("SHAPEJIT_BLAS_THREADS", "-2", 1);
-    sj_runtime_config_init(&cfg);
-    assert_int_equal(cfg.blas_threads, 0);
-    unsetenv("SHAPEJIT_BLAS_THREADS");
+    const char *bt = "SHAPEJIT_BLAS_THREADS";
+    assert_int_equal(config_with(bt, NULL).blas_threads, 0);
+    assert_int_equal(config_with(bt, "4").blas_threads, 4);
+    assert_int_equal(config_with(bt, "-1").blas_threads, -1);
+    assert_int_equal(config_with(bt, "-2").blas_threads, 0);
+    unsetenv(sm);
+    unsetenv(bt);
 }
 
 typedef struct log_sink {
@@ -459,33 +456,27 @@ static void test_model_errors(void **state) {
     assert_float_equal(y[2], -3.0f, 0);
     sj_fn_destroy(fn);
 
-    fn = make_fn("silent", 1, silent_fail_model, NULL);
-    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EMODEL);
-    assert_msg_has("returned SJ_EMODEL");
-    sj_fn_destroy(fn);
-
-    /* a model bug: a return value that is no sj_status becomes SJ_EMODEL, named */
-    fn = make_fn("not_status", 1, not_a_status_model, NULL);
-    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EMODEL);
-    assert_msg_has("returned 999, which is not an sj_status");
-    sj_fn_destroy(fn);
-
-    /* an sj_ function called without the tracer said why; the message keeps it */
-    fn = make_fn("null_tracer", 1, null_tracer_model, NULL);
-    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EINVAL);
-    assert_msg_has("returned SJ_EINVAL (its last error: ");
-    assert_msg_has("sj_output");
-    sj_fn_destroy(fn);
-
-    fn = make_fn("null_fmt", 1, null_fmt_model, NULL);
-    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_ESHAPE);
-    assert_msg_has("fmt is NULL");
-    sj_fn_destroy(fn);
-
-    fn = make_fn("nothing", 1, no_output_model, NULL);
-    assert_int_equal(sj_call(fn, &in, 1, &o, 1), SJ_EMODEL);
-    assert_msg_has("no outputs");
-    sj_fn_destroy(fn);
+    /* models that fail on their own: the status, and what the message says */
+    static const struct {
+        const char *name;
+        sj_model_fn model;
+        sj_status want;
+        const char *msg[2];
+    } bad[] = {
+        {"silent", silent_fail_model, SJ_EMODEL, {"returned SJ_EMODEL"}},
+        /* a model bug: a return value that is no sj_status becomes SJ_EMODEL, named */
+        {"not_status", not_a_status_model, SJ_EMODEL, {"returned 999, which is not an sj_status"}},
+        /* an sj_ function called without the tracer said why; the message keeps it */
+        {"null_tracer", null_tracer_model, SJ_EINVAL, {"returned SJ_EINVAL (its last error: ", "sj_output"}},
+        {"null_fmt", null_fmt_model, SJ_ESHAPE, {"fmt is NULL"}},
+        {"nothing", no_output_model, SJ_EMODEL, {"no outputs"}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fn = make_fn(bad[i].name, 1, bad[i].model, NULL);
+        assert_int_equal(sj_call(fn, &in, 1, &o, 1), bad[i].want);
+        for (int k = 0; k < 2 && bad[i].msg[k]; k++) assert_msg_has(bad[i].msg[k]);
+        sj_fn_destroy(fn);
+    }
 
     fn = make_fn("sticky", 1, sticky_model, NULL);
     in = f32(x, 2, (int64_t[]){2, 3});
@@ -708,7 +699,7 @@ static sj_status huge_reshape_model(sj_tracer *t, const sj_val *in, int n, void 
 }
 
 static void test_sizes_past_the_limit(void **state) {
-    float x[8], y[8];
+    float x[8];
     fill(x, 8, 0.4f);
     /* descriptors: no overflow building them, a clear error using them */
     sj_tensor big = f32(x, 2, (int64_t[]){INT64_MAX, 2});
@@ -764,7 +755,6 @@ static void test_sizes_past_the_limit(void **state) {
     sj_tensor src = f32(buf, 1, (int64_t[]){6}), dst = f32(buf + 2, 1, (int64_t[]){6});
     assert_int_equal(sj_tensor_copy(rt, &dst, &src), SJ_OK);
     for (int i = 0; i < 10; i++) assert_float_equal(buf[i], i < 2 || i >= 8 ? (float)i + 0.5f : (float)(i - 2) + 0.5f, 0);
-    (void)y;
 }
 
 /* The fused path (kernels ready) reports errors as the eager path does: a

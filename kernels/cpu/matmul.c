@@ -331,18 +331,12 @@ sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor 
         atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed);
         j.m.pool = NULL;
         sj_threads_parallel_for(pool, j.n, min_batches, mm_range, &j);
-        if (atomic_load(&j.failed))
-            return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a batch of %lld x %lld x %lld products",
-                             (long long)m.M, (long long)m.K, (long long)m.N);
-        return SJ_OK;
+    } else {
+        mm_range(&j, 0, j.n);
     }
-    cpu_iter it;
-    cpu_iter_seek(&p, &it, 0);
-    for (int64_t i = 0; i < j.n; i++) {
-        sj_status st = mm_batch(&j.m, &p, &it, i);
-        if (st)
-            return st;
-    }
+    if (atomic_load(&j.failed)) /* scratch memory: the one way a product fails */
+        return sj_seterr(SJ_ENOMEM, "matmul: out of memory for %lld x %lld x %lld products",
+                         (long long)m.M, (long long)m.K, (long long)m.N);
     return SJ_OK;
 }
 
