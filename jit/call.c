@@ -131,7 +131,8 @@ static void log_guards(const sj_fn *fn, const sj_entry *e) {
 static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64_t *sym_vals, sj_entry **out) {
     const char *const *names = (const char *const *)fn->input_names;
     sj_trace_req req = {.fn_name = fn->name, .model = fn->model, .user = fn->user, .inputs = in,
-                        .n_inputs = fn->n_inputs, .dim_policy = sj_plan_dim, .dim_ctx = plan};
+                        .n_inputs = fn->n_inputs, .dim_policy = sj_plan_dim, .dim_ctx = plan,
+                        .device = fn->rt->backend_kind == SJ_BACKEND_CUDA ? SJ_CUDA : SJ_HOST};
     sj_trace_result res;
     sj_status st = sj_trace(&req, &res);
     if (st) return st;

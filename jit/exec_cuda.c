@@ -16,7 +16,6 @@
 
 #include "jit/error.h"
 #include "jit/tensor.h"
-#include "kernels/cpu/eager.h"
 #include "specialize/codegen_cuda.h"
 
 /* -- Kernels ------------------------------------------------------------------- */
@@ -173,6 +172,17 @@ static void release(void *ctx, sj_graph *g) {
     g->dev_params = NULL;
 }
 
+/* Elements from a tensor's first to its last, strides as they are: the
+ * caller's memory holds them (sj_tensor_check passed, strides >= 0). */
+static size_t param_span(const sj_tensor *w) {
+    size_t last = 0;
+    for (int i = 0; i < w->rank; i++) {
+        if (w->shape[i] == 0) return 0;
+        last += (size_t)(w->shape[i] - 1) * (size_t)w->stride[i];
+    }
+    return last + 1;
+}
+
 sj_status sj_cuda_upload_graph(sj_cuda *cu, sj_graph *g) {
     g->dev_ctx = cu;
     g->dev_release = release;
@@ -193,32 +203,16 @@ sj_status sj_cuda_upload_graph(sj_cuda *cu, sj_graph *g) {
             const sj_tensor *w = &g->params[i];
             g->dev_params[i] = *w;
             if (w->device == SJ_CUDA) continue; /* already device memory: used in place */
-            /* a contiguous device copy of the host weight */
-            sj_tensor d = *w;
-            sj_tensor_set_contiguous(&d);
-            d.device = SJ_CUDA;
-            size_t bytes = sj_tensor_nbytes(&d);
+            /* a device copy of the host weight's span, strides kept: the
+             * fused kernels address parameters with the strides they were
+             * traced with (a sparse view costs its whole span) */
+            g->dev_params[i].data = NULL; /* release frees what this loop allocated, never w->data */
+            g->dev_params[i].device = SJ_CUDA;
+            size_t bytes = param_span(w) * sj_dtype_size(w->dtype);
             CUdeviceptr p = sj_cuda_alloc(cu, bytes ? bytes : 1, cu->stream);
             if (!p) return sj_seterr(SJ_ENOMEM, "out of device memory for parameter %d (%zu bytes)", i, bytes);
-            d.data = (void *)(uintptr_t)p;
-            g->dev_params[i] = d; /* recorded now, so release frees it on any failure below */
-            void *host = (void *)w->data;
-            void *packed = NULL;
-            if (!sj_tensor_is_contiguous(w)) { /* pack on the host first */
-                packed = malloc(bytes ? bytes : 1);
-                if (!packed) return sj_seterr(SJ_ENOMEM, "out of memory packing parameter %d", i);
-                sj_tensor hp = d;
-                hp.device = SJ_HOST;
-                hp.data = packed;
-                sj_status st = sj_cpu_copy(w, &hp);
-                if (st) {
-                    free(packed);
-                    return st;
-                }
-                host = packed;
-            }
-            sj_status st = sj_cuda_to_device(cu, p, host, bytes);
-            free(packed);
+            g->dev_params[i].data = (void *)(uintptr_t)p; /* recorded now, so release frees it on any failure below */
+            sj_status st = bytes ? sj_cuda_to_device(cu, p, w->data, bytes) : SJ_OK;
             if (st) return st;
         }
     }

@@ -624,7 +624,8 @@ sj_val sj_param(sj_tracer *t, const sj_tensor *w) {
     if (!t || t->err) return BAD;
     if (!w) return fail(t, SJ_EINVAL, "sj_param: w is NULL");
     if (sj_tensor_check(w, "sj_param: w") != SJ_OK) return fail(t, SJ_EINVAL, "%s", sj_last_error());
-    if (w->device != SJ_HOST) return fail(t, SJ_EINVAL, "sj_param: device tensors are not supported by this backend");
+    if (w->device != SJ_HOST && w->device != t->req->device)
+        return fail(t, SJ_EINVAL, "sj_param: w is a device tensor, and this runtime's backend is the CPU");
     sj_value v = {.dtype = w->dtype, .rank = (int8_t)w->rank};
     for (int i = 0; i < w->rank; i++) {
         v.shape[i] = sj_ex_const(t->g->ex, w->shape[i]);

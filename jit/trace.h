@@ -19,6 +19,7 @@ typedef struct sj_trace_req {
     int n_inputs;
     sj_dim_policy dim_policy;
     void *dim_ctx;
+    sj_device device; /* the backend's: sj_param takes host tensors and tensors on it */
 } sj_trace_req;
 
 typedef struct sj_trace_result {

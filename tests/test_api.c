@@ -511,6 +511,13 @@ static sj_status bad_op_model(sj_tracer *t, const sj_val *in, int n, void *u) {
     case 12: r = sj_where(t, x, x, x); break;
     case 13: r = sj_mean(t, sj_cast(t, x, SJ_I64), 0, 0); break;
     case 14: r = sj_concat(t, NULL, 0, 0); break;
+    case 15: { /* a weight in device memory, on the CPU backend */
+        static float w[3] = {1, 2, 3};
+        sj_tensor d = sj_tensor_make(w, SJ_F32, 1, (int64_t[]){3});
+        d.device = SJ_CUDA;
+        r = sj_add(t, x, sj_param(t, &d));
+        break;
+    }
     }
     return sj_output(t, r);
 }
@@ -532,6 +539,7 @@ static void test_op_argument_errors(void **state) {
         {12, SJ_EDTYPE, "cond is f32[2, 3], expected bool"},
         {13, SJ_EDTYPE, "expects f32, f16 or bf16"},
         {14, SJ_EINVAL, "0 operands"},
+        {15, SJ_EINVAL, "sj_param: w is a device tensor, and this runtime's backend is the CPU"},
     };
     float x[6] = {1, 2, 3, 4, 5, 6}, y[64];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

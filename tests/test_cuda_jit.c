@@ -321,6 +321,70 @@ static void test_fused_patterns(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* -- Parameters: host (any layout, copied with their strides) or device (in place) ----- */
+
+typedef struct pm {
+    sj_tensor w, b, s; /* w [K, N] for a product, b [N] and s [N] for the fused epilogue */
+} pm;
+
+static sj_status param_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    const pm *p = u;
+    sj_val h = sj_add(t, sj_matmul(t, in[0], sj_param(t, &p->w)), sj_param(t, &p->b));
+    return sj_output(t, sj_mul(t, sj_gelu(t, h), sj_param(t, &p->s)));
+}
+
+static void test_params_on_device(void **state) {
+    enum { K = 24, N = 40 };
+    tu_seed(17);
+    /* layout 0 contiguous; 1 and 2 strided (w a transposed view, b and s
+     * every other element), 2 in device memory, used in place */
+    for (int layout = 0; layout < 3; layout++)
+        for (int mode = 0; mode < 3; mode++) { /* eager; fused static; fused symbolic */
+            pm host;
+            if (layout == 0) {
+                host.w = tu_tensor(SJ_F32, 2, (int64_t[]){K, N});
+                host.b = tu_tensor(SJ_F32, 1, (int64_t[]){N});
+                host.s = tu_tensor(SJ_F32, 1, (int64_t[]){N});
+            } else {
+                sj_tensor wt = tu_tensor(SJ_F32, 2, (int64_t[]){N, K});
+                host.w = tu_transpose(&wt, 0, 1);
+                host.b = tu_tensor_layout(SJ_F32, 1, (int64_t[]){N}, TU_GAP);
+                host.s = tu_tensor_layout(SJ_F32, 1, (int64_t[]){N}, TU_GAP);
+            }
+            tu_fill_random(&host.w);
+            tu_fill_random(&host.b);
+            tu_fill_random(&host.s);
+            assert_true(layout == 0 || host.s.stride[0] == 2);
+            sj_runtime *rt = gpu_runtime(mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF);
+            dbuf dw = {0}, db = {0}, ds = {0};
+            pm gpu = host;
+            if (layout == 2) {
+                dw = to_dev(rt, &host.w), db = to_dev(rt, &host.b), ds = to_dev(rt, &host.s);
+                gpu.w = dw.t, gpu.b = db.t, gpu.s = ds.t;
+            }
+            sj_fn_options o;
+            sj_fn_options_init(&o);
+            o.dynamic = mode == 2 ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
+            o.hot_threshold = 1;
+            sj_fn *fn;
+            assert_int_equal(sj_fn_create(rt, "params", 1, param_model, &gpu, &o, &fn), SJ_OK);
+            for (int64_t rows = 3; rows <= 33; rows += 30) {
+                sj_tensor x = tu_tensor(SJ_F32, 2, (int64_t[]){rows, K});
+                tu_fill_random(&x);
+                char what[64];
+                snprintf(what, sizeof what, "params layout %d mode %d rows %lld", layout, mode, (long long)rows);
+                compare(rt, fn, param_model, &host, &x, 1, 1, 1e-4, what); /* the CPU uses the host weights */
+            }
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            assert_int_equal(st.eager_calls, mode ? 0 : 2);
+            sj_fn_destroy(fn);
+            if (layout == 2) free_dev(rt, &dw), free_dev(rt, &db), free_dev(rt, &ds);
+            sj_runtime_destroy(rt);
+            tu_free_all();
+        }
+}
+
 /* -- Background compile, faults, streams ------------------------------------------------- */
 
 static void test_async_hot_swap_and_faults(void **state) {
@@ -557,6 +621,7 @@ int main(void) {
         cmocka_unit_test(test_fused_patterns),    cmocka_unit_test(test_async_hot_swap_and_faults),
         cmocka_unit_test(test_stream_api_and_bad_input), cmocka_unit_test(test_buckets_on_device),
         cmocka_unit_test(test_limits_on_device),        cmocka_unit_test(test_transient_entry_on_stream),
+        cmocka_unit_test(test_params_on_device),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);
