@@ -538,7 +538,18 @@ static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t
     expect(&a.y, &yc, a.ref, a.mag, tu_tol(dt), what);
 }
 
-static void test_attention(void **state) { tu_attention_cases(true, run_attention); }
+/* The cases with head sizes in multiples of 16 run on tensor cores in f16
+ * and bf16 (on this device: compute capability 8.0 or later). */
+static void test_attention(void **state) {
+    bool tc = dev->cc_major >= 8;
+    assert_int_equal(sj_cuda_attention_tiled(dev, SJ_F16, 64, 64), tc);
+    assert_int_equal(sj_cuda_attention_tiled(dev, SJ_BF16, 128, 128), tc);
+    assert_int_equal(sj_cuda_attention_tiled(dev, SJ_F16, 48, 80), tc);
+    assert_false(sj_cuda_attention_tiled(dev, SJ_F32, 64, 64));
+    assert_false(sj_cuda_attention_tiled(dev, SJ_F16, 8, 6));
+    assert_false(sj_cuda_attention_tiled(dev, SJ_F16, 256, 256));
+    tu_attention_cases(true, run_attention);
+}
 
 /* -- Concat and gather ------------------------------------------------------ */
 

@@ -432,6 +432,15 @@ void tu_attention_cases(bool cuda, tu_attention_run run) {
             run(dt, 1, 2, 20, 300, 64, 64, S(257), SJ_I64, 1, 0);
             run(dt, 2, 1, 4, 130, 256, 256, S(130, 65), SJ_I32, 0, 1);
             run(dt, 1, 1, 2, 3, 16, 12300, NULL, SJ_I32, 0, 0);
+            /* head sizes in multiples of 16 (f16 and bf16 on tensor cores): several
+             * query blocks and key tiles, partial ones, every layout, lengths and
+             * causal masks that leave some queries no key */
+            for (int causal = 0; causal < 2; causal++)
+                for (int lay = 0; lay < 4; lay++) run(dt, 2, 3, 70, 130, 64, 64, S(100, 130), SJ_I32, causal, lay);
+            run(dt, 1, 2, 1, 77, 32, 16, NULL, SJ_I32, 0, 0);            /* one query */
+            run(dt, 1, 2, 90, 40, 16, 32, S(40), SJ_I64, 1, 1);          /* Sq > Sk, causal */
+            run(dt, 2, 1, 64, 64, 128, 128, S(0, 64), SJ_I32, 0, 2);     /* a batch with no key */
+            run(dt, 1, 1, 200, 300, 48, 80, NULL, SJ_I32, 1, 3);
         }
     }
 }

@@ -11,10 +11,12 @@
  * CPU's double.
  *
  * Layout: eager_common.cuh (dtypes, op math, indexing, reductions),
- * eager_elementwise.cuh, eager_rows.cuh, eager_misc.cuh; each defines the
+ * eager_elementwise.cuh, eager_rows.cuh, eager_misc.cuh,
+ * eager_attention_tc.cuh; each defines the
  * SJ_EK_DEF_<family>(tag) macro that the list below expands.
  */
 #include "kernels/cuda/eager_common.cuh"
+#include "kernels/cuda/eager_attention_tc.cuh"
 #include "kernels/cuda/eager_elementwise.cuh"
 #include "kernels/cuda/eager_misc.cuh"
 #include "kernels/cuda/eager_rows.cuh"

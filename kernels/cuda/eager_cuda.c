@@ -91,6 +91,17 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
             return st;
         }
     }
+    /* the tensor-core attention kernels always take more than the default
+     * 48 KiB of shared memory: opted in once, up to the device's limit */
+    for (int i = EK_attention_tc_f16; i <= EK_attention_tc_bf16; i++) {
+        r = c->api.FuncSetAttribute(t->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->max_smem_optin);
+        if (r != CUDA_SUCCESS) {
+            sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention_tc in to its shared memory");
+            c->api.ModuleUnload(m);
+            free(t);
+            return st;
+        }
+    }
     pthread_mutex_init(&t->lock, NULL);
     c->eager = m;
     c->eager_fns = t;
@@ -803,6 +814,12 @@ sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_ten
 
 /* -- Attention ----------------------------------------------------------------------- */
 
+bool sj_cuda_attention_tiled(const sj_cuda *c, sj_dtype dt, int64_t D, int64_t Dv) {
+    return (dt == SJ_F16 || dt == SJ_BF16) && c->cc_major >= 8 && D > 0 && Dv > 0 && D % 16 == 0 &&
+           Dv % 16 == 0 && D <= SJ_EK_ATT_TC_DMAX && Dv <= SJ_EK_ATT_TC_DMAX &&
+           sj_ek_att_tc_smem(D, Dv) <= c->max_smem_optin;
+}
+
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
     assert(q->rank == 4 && k->rank == 4 && v->rank == 4 && y->rank == 4);
@@ -831,6 +848,20 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
     a.scale = (float)scale;
     a.causal = causal != 0;
     sj_cuda *c = e->cuda;
+    if (sj_cuda_attention_tiled(c, q->dtype, a.D, a.Dv)) {
+        a.vec = 1;
+        const sj_tensor *qkv[3] = {q, k, v};
+        for (int t = 0; t < 3; t++) {
+            const sj_tensor *x = qkv[t];
+            if (x->stride[3] != 1 || x->stride[0] % 8 || x->stride[1] % 8 || x->stride[2] % 8 ||
+                (uintptr_t)x->data % 16)
+                a.vec = 0;
+        }
+        int64_t blocks = a.B * a.H * ((a.Sq + SJ_EK_ATT_TQ - 1) / SJ_EK_ATT_TQ);
+        sj_cuda_bind(c);
+        return launch(e, EK_attention_tc_f16 + (q->dtype == SJ_BF16), (unsigned)min64(blocks, INT32_MAX),
+                      SJ_EK_ATT_THREADS, 1, (unsigned)sj_ek_att_tc_smem(a.D, a.Dv), &a);
+    }
     int64_t smem = (a.D + a.Dv + SJ_EK_ATT_CHUNK) * (int64_t)sizeof(float);
     int kern = EK_attention_f32 + q->dtype;
     sj_cuda_bind(c);
