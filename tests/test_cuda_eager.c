@@ -539,15 +539,19 @@ static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t
 }
 
 /* The cases with head sizes in multiples of 16 run on tensor cores in f16
- * and bf16 (on this device: compute capability 8.0 or later). */
+ * and bf16 (on this device: compute capability 8.0 or later), with two key
+ * tiles when all their blocks fit at once, else one. */
 static void test_attention(void **state) {
-    bool tc = dev->cc_major >= 8;
-    assert_int_equal(sj_cuda_attention_tiled(dev, SJ_F16, 64, 64), tc);
-    assert_int_equal(sj_cuda_attention_tiled(dev, SJ_BF16, 128, 128), tc);
-    assert_int_equal(sj_cuda_attention_tiled(dev, SJ_F16, 48, 80), tc);
-    assert_false(sj_cuda_attention_tiled(dev, SJ_F32, 64, 64));
-    assert_false(sj_cuda_attention_tiled(dev, SJ_F16, 8, 6));
-    assert_false(sj_cuda_attention_tiled(dev, SJ_F16, 256, 256));
+    int tc = dev->cc_major >= 8, many = 4 * dev->sm_count; /* heads: more blocks than fit */
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 64, 64), 2 * tc);
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_BF16, 2, 1, 64, 128, 128), 2 * tc);
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, many, 130, 32, 32), tc);
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_BF16, 1, many, 130, 32, 32), tc);
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F32, 1, 12, 512, 64, 64), 0);
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 8, 6), 0);
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 256, 256), 0);
+    for (int d = 0; d < 3; d++) /* one key tile */
+        run_attention(tu_floats[d], 1, many, 130, 70, 32, 32, (int64_t[]){50}, SJ_I32, 1, 0);
     tu_attention_cases(true, run_attention);
 }
 

@@ -20,7 +20,7 @@
  *   norm_row             sj_ek_rows   float dtype; op = 0 layer norm, 1 RMS
  *   matmul_int           sj_ek_mm     i32 / i64
  *   attention            sj_ek_att    float dtype
- *   attention_tc         sj_ek_att    f16 / bf16 (tensor cores)
+ *   attention_tc, _tc1   sj_ek_att    f16 / bf16 (tensor cores; two or one key tiles)
  *   gather               sj_ek_gather element size
  *
  * _c kernels: every operand is one contiguous run (element stride 1) or a
@@ -38,8 +38,8 @@
  *   matmul_int    block (256), grid-stride over the outputs  bound 256
  *   attention     block (SJ_EK_ATT_THREADS), one block per (b, h, query),
  *                 dynamic shared memory (D + Dv + SJ_EK_ATT_CHUNK) floats
- *   attention_tc  block (SJ_EK_ATT_THREADS), one block per (b, h, SJ_EK_ATT_TQ
- *                 queries), dynamic shared memory sj_ek_att_tc_smem(D, Dv)
+ *   attention_tc  block (SJ_EK_ATT_TC_THREADS), one block per (b, h, SJ_EK_ATT_TQ
+ *                 queries), dynamic shared memory sj_ek_att_tc_smem(D, Dv, 2 or 1)
  *   gather        block (256), grid-stride                   bound 256
  */
 #ifndef SJ_EAGER_ABI_CUH
@@ -85,6 +85,8 @@
     SJ_EK_FLOATS(X, attention)                                                                     \
     X(attention_tc, f16)                                                                           \
     X(attention_tc, bf16)                                                                          \
+    X(attention_tc1, f16)                                                                          \
+    X(attention_tc1, bf16)                                                                         \
     SJ_EK_SIZES(X, gather)
 
 /* -- Elementwise ---------------------------------------------------------
@@ -157,14 +159,18 @@ typedef struct sj_ek_att {
     int32_t vec; /* attention_tc: q, k, v rows are read 16 bytes at a time */
 } sj_ek_att;
 
-/* attention_tc (eager_attention_tc.cuh): queries per block, keys per tile,
- * the largest D and Dv, and the dynamic shared memory it takes. */
-#define SJ_EK_ATT_TQ 64
+/* attention_tc, _tc1 (eager_attention_tc.cuh): queries per block, keys per
+ * tile, the largest D and Dv, and the dynamic shared memory they take with
+ * nb key tiles (2: _tc, 1: _tc1). */
+#ifndef SJ_EK_ATT_TQ
+#define SJ_EK_ATT_TQ 64                        /* 16 a warp */
+#endif
+#define SJ_EK_ATT_TC_THREADS (2 * SJ_EK_ATT_TQ) /* attention_tc block */
 #define SJ_EK_ATT_TK 64
 #define SJ_EK_ATT_TC_DMAX 128
-static inline int64_t sj_ek_att_tc_smem(int64_t D, int64_t Dv) {
+static inline int64_t sj_ek_att_tc_smem(int64_t D, int64_t Dv, int nb) {
     return (int64_t)SJ_EK_ATT_TQ * (SJ_EK_ATT_TK + 4) * 4 + (int64_t)SJ_EK_ATT_TQ * (Dv + 4) * 4 +
-           ((int64_t)SJ_EK_ATT_TQ * (D + 8) + (int64_t)SJ_EK_ATT_TK * (D + 8) + (int64_t)SJ_EK_ATT_TK * (Dv + 8) +
+           ((int64_t)SJ_EK_ATT_TQ * (D + 8) + nb * (int64_t)SJ_EK_ATT_TK * (D + 8 + Dv + 8) +
             (int64_t)SJ_EK_ATT_TQ * (SJ_EK_ATT_TK + 8)) * 2;
 }
 

@@ -1,10 +1,13 @@
 /* Attention on tensor cores, f16 and bf16: the kernels attention_tc_<tag>
  * (included by eager.cu after eager_common.cuh).
  *
- * A block of SJ_EK_ATT_THREADS (4 warps) takes SJ_EK_ATT_TQ (64) queries of
+ * A block of SJ_EK_ATT_TC_THREADS (4 warps) takes SJ_EK_ATT_TQ (64) queries of
  * one (b, h); each warp owns 16 of them, and two lanes own each of those
  * rows (even and odd columns). Keys and their values come SJ_EK_ATT_TK (64)
- * at a time into shared memory; per tile each warp
+ * at a time into shared memory (cp.async). attention_tc keeps two tiles,
+ * the next copied while this one is computed; attention_tc1 one, in less
+ * memory, for calls with more blocks than can run at once (the host picks).
+ * Per tile each warp
  *   - scores its 16 queries against the tile's keys (wmma 16x16x16, f32
  *     accumulation) into S,
  *   - takes the online softmax of its rows: the running max m, the rescale
@@ -12,11 +15,13 @@
  *     and P = exp(s - m), written in the input dtype,
  *   - adds P V (wmma) into its output rows O, kept in shared memory in f32.
  * Finally y = O / l. As in the one-query kernel (eager_misc.cuh): a score
- * is dot * scale, with exp from kernels/sj_kernel_rt.h; keys past
+ * is dot * scale; keys past
  * lengths[b], or after the query's position when causal, score -inf and
  * weigh 0; a query with no key left writes zeros. Keys and values past the
  * block's last key in use are read as zeros. P is rounded to the input dtype
- * before P V (its sum l is not), as flash attention does.
+ * before P V (its sum l is not), as flash attention does; exp is the
+ * hardware's (__expf, a few ulp: far below that rounding), not
+ * kernels/sj_kernel_rt.h's polynomial.
  *
  * One difference from the one-query kernel: a key masked for one query of a
  * block but in use by a later one (causal) is multiplied by P = 0, so an inf
@@ -24,7 +29,7 @@
  * never reads such keys.
  *
  * The host checks the requirements: D and Dv multiples of 16, at most
- * SJ_EK_ATT_TC_DMAX; shared memory sj_ek_att_tc_smem(D, Dv) bytes (past the
+ * SJ_EK_ATT_TC_DMAX; shared memory sj_ek_att_tc_smem(D, Dv, NB) bytes (past the
  * default 48 KiB: the kernels are opted in when the module is loaded). With
  * a.vec set, rows of q, k and v are read 16 bytes at a time.
  *
@@ -32,19 +37,29 @@
  * row padded so that wmma's 32-byte aligned 16-row steps hold and rows fall
  * in different banks):
  *   S [TQ][TK + 4] f32;  O [TQ][Dv + 4] f32;
- *   Q [TQ][D + 8], K [TK][D + 8], V [TK][Dv + 8], P [TQ][TK + 8] in the dtype.
+ *   Q [TQ][D + 8], K [NB][TK][D + 8], V [NB][TK][Dv + 8], P [TQ][TK + 8] in
+ *   the dtype (D = Dv = 64: 88 KiB with two tiles, two blocks an SM on
+ *   Hopper; 66 KiB with one, three).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 template <class T> struct tc_elem;
-template <> struct tc_elem<dt_f16> { typedef __half W; };
-template <> struct tc_elem<dt_bf16> { typedef __nv_bfloat16 W; };
+template <> struct tc_elem<dt_f16> { /* cvt rounds to nearest even, as sj_f32_to_f16 */
+    typedef __half W;
+    static __device__ __forceinline__ uint16_t st(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+template <> struct tc_elem<dt_bf16> {
+    typedef __nv_bfloat16 W;
+    static __device__ __forceinline__ uint16_t st(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+};
 
 /* rows [0, rows) of an [*, n] slab at src (row stride s_row, element stride
  * s_col) into dst (row stride ld); rows from `valid` on are zeros. vec: 8
- * elements at a time (s_col is 1, src and s_row 16-byte aligned). */
+ * elements at a time (s_col is 1, src and s_row 16-byte aligned), copied
+ * asynchronously: the caller commits the batch and waits for it. */
 SJ_DEV void tc_load(uint16_t *dst, int ld, const uint16_t *src, int64_t s_row, int64_t s_col, int rows, int valid,
                     int n, bool vec) {
     const int t = (int)threadIdx.x, nthr = (int)blockDim.x;
@@ -52,9 +67,8 @@ SJ_DEV void tc_load(uint16_t *dst, int ld, const uint16_t *src, int64_t s_row, i
         const int cpr = n >> 3;
         for (int c = t; c < rows * cpr; c += nthr) {
             const int r = c / cpr, e = (c - r * cpr) << 3;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (r < valid) v = *reinterpret_cast<const uint4 *>(src + r * s_row + e);
-            *reinterpret_cast<uint4 *>(dst + r * ld + e) = v;
+            const bool in = r < valid; /* else 16 bytes of zeros, nothing read */
+            __pipeline_memcpy_async(dst + r * ld + e, src + (in ? r * s_row + e : 0), 16, in ? 0 : 16);
         }
     } else {
         for (int c = t; c < rows * n; c += nthr) {
@@ -64,7 +78,7 @@ SJ_DEV void tc_load(uint16_t *dst, int ld, const uint16_t *src, int64_t s_row, i
     }
 }
 
-template <class T> SJ_DEV void attention_tc(const sj_ek_att &p) {
+template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
     using namespace nvcuda;
     typedef typename tc_elem<T>::W W;
     constexpr int TQ = SJ_EK_ATT_TQ, TK = SJ_EK_ATT_TK;
@@ -74,7 +88,7 @@ template <class T> SJ_DEV void attention_tc(const sj_ek_att &p) {
     float *Ss = reinterpret_cast<float *>(att_tc_sm);
     float *Os = Ss + TQ * lds;
     uint16_t *Qs = reinterpret_cast<uint16_t *>(Os + TQ * ldo);
-    uint16_t *Ks = Qs + TQ * ldq, *Vs = Ks + TK * ldq, *Ps = Vs + TK * ldv;
+    uint16_t *Kb = Qs + TQ * ldq, *Vb = Kb + NB * TK * ldq, *Ps = Vb + NB * TK * ldv; /* K, V: NB tiles */
     const uint16_t *q = reinterpret_cast<const uint16_t *>(p.q);
     const uint16_t *k = reinterpret_cast<const uint16_t *>(p.k);
     const uint16_t *v = reinterpret_cast<const uint16_t *>(p.v);
@@ -98,17 +112,35 @@ template <class T> SJ_DEV void attention_tc(const sj_ek_att &p) {
         const int64_t i = i0 + row;
         int64_t rl = i < p.Sq ? lim : 0; /* this row's keys */
         if (p.causal && i + p.Sk - p.Sq + 1 < rl) rl = i + p.Sk - p.Sq + 1;
-        __syncthreads(); /* the previous block's readers of Q and O are done */
+        __syncthreads(); /* the previous block's readers of Q, K, V and O are done */
         tc_load(Qs, ldq, q + bb * p.sq[0] + h * p.sq[1] + i0 * p.sq[2], p.sq[2], p.sq[3], TQ, nq, D, vec);
         for (int c = t; c < TQ * Dv; c += nthr) Os[(c / Dv) * ldo + c % Dv] = 0.0f;
         float m = -INFINITY, l = 0.0f; /* the same in both lanes of the row */
         const uint16_t *kh = k + bb * p.sk[0] + h * p.sk[1], *vh = v + bb * p.sv[0] + h * p.sv[1];
+        /* tile j0's K and V go to buffer (j0 / TK) % NB; with two, the next
+         * tile is loaded while this one is computed */
+        auto load_kv = [&](int64_t j0) {
+            const int nk = (int)(kend - j0 < TK ? kend - j0 : TK), buf = (int)((j0 / TK) % NB);
+            tc_load(Kb + buf * TK * ldq, ldq, kh + j0 * p.sk[2], p.sk[2], p.sk[3], TK, nk, D, vec);
+            tc_load(Vb + buf * TK * ldv, ldv, vh + j0 * p.sv[2], p.sv[2], p.sv[3], TK, nk, Dv, vec);
+        };
+        if (NB == 2 && kend > 0) load_kv(0);
+        __pipeline_commit(); /* with Q */
         for (int64_t j0 = 0; j0 < kend; j0 += TK) {
-            const int nk = (int)(kend - j0 < TK ? kend - j0 : TK);
-            __syncthreads(); /* Q and O written; the previous tile's K and V consumed */
-            tc_load(Ks, ldq, kh + j0 * p.sk[2], p.sk[2], p.sk[3], TK, nk, D, vec);
-            tc_load(Vs, ldv, vh + j0 * p.sv[2], p.sv[2], p.sv[3], TK, nk, Dv, vec);
-            __syncthreads();
+            if (NB == 1) {
+                load_kv(j0);
+                __pipeline_commit();
+                __pipeline_wait_prior(0);
+            } else if (j0 + TK < kend) {
+                load_kv(j0 + TK);
+                __pipeline_commit();
+                __pipeline_wait_prior(1); /* all but the newest batch: this tile's */
+            } else {
+                __pipeline_wait_prior(0);
+            }
+            __syncthreads(); /* Q, O and this tile's K and V written, by every thread */
+            const int buf = (int)((j0 / TK) % NB);
+            const uint16_t *Ks = Kb + buf * TK * ldq, *Vs = Vb + buf * TK * ldv;
             for (int n = 0; n < TK; n += 16) { /* S = Q K^T, this warp's rows */
                 wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
                 wmma::fill_fragment(acc, 0.0f);
@@ -132,12 +164,12 @@ template <class T> SJ_DEV void attention_tc(const sj_ek_att &p) {
             cm = max_nan(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
             const float mn = max_nan(m, cm);
             /* mn = -inf only when every score so far is -inf: those weigh 0 */
-            const float alpha = m == -INFINITY ? 0.0f : sj_rt_expf(m - mn);
+            const float alpha = m == -INFINITY ? 0.0f : __expf(m - mn);
             uint16_t *pr = Ps + row * ldp;
             float cs = 0.0f;
             for (int c = odd; c < TK; c += 2) {
-                const float e = mn == -INFINITY ? 0.0f : sj_rt_expf(sr[c] - mn);
-                pr[c] = T::st(e);
+                const float e = mn == -INFINITY ? 0.0f : __expf(sr[c] - mn);
+                pr[c] = tc_elem<T>::st(e);
                 cs += e;
             }
             cs += __shfl_xor_sync(0xffffffffu, cs, 1);
@@ -158,19 +190,25 @@ template <class T> SJ_DEV void attention_tc(const sj_ek_att &p) {
                 }
                 wmma::store_matrix_sync(Os + warp * 16 * ldo + cb, o, ldo, wmma::mem_row_major);
             }
-            __syncwarp();
+            __syncthreads(); /* every warp is done with this tile's buffer: the next load reuses it */
         }
+        __pipeline_wait_prior(0); /* no tile (kend = 0): Q's batch */
         if (i < p.Sq) { /* l = 0: no key (O may not even be zeroed yet: no tile ran) */
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;
             uint16_t *yr = y + bb * p.sy[0] + h * p.sy[1] + i * p.sy[2];
             const float *orow = Os + row * ldo;
-            for (int e = odd; e < Dv; e += 2) yr[e * p.sy[3]] = T::st(l > 0.0f ? orow[e] * inv : 0.0f);
+            for (int e = odd; e < Dv; e += 2) yr[e * p.sy[3]] = tc_elem<T>::st(l > 0.0f ? orow[e] * inv : 0.0f);
         }
     }
 }
 
 #define SJ_EK_DEF_attention_tc(tag)                                                                \
-    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_THREADS)                                \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_TC_THREADS)                             \
         sj_ek_attention_tc_##tag(const __grid_constant__ sj_ek_att a) {                            \
-        attention_tc<dt_##tag>(a);                                                                 \
+        attention_tc<dt_##tag, 2>(a);                                                              \
+    }
+#define SJ_EK_DEF_attention_tc1(tag)                                                               \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_TC_THREADS)                             \
+        sj_ek_attention_tc1_##tag(const __grid_constant__ sj_ek_att a) {                           \
+        attention_tc<dt_##tag, 1>(a);                                                              \
     }

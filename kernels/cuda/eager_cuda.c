@@ -47,6 +47,9 @@ _Static_assert(SJ_F32 == 0 && SJ_F16 == 1 && SJ_BF16 == 2 && SJ_I32 == 3 && SJ_I
 _Static_assert(EK_binary_c_bool - EK_binary_c_f32 == SJ_BOOL && EK_unary_s_i64 - EK_unary_s_f32 == SJ_I64 &&
                    EK_where_c_e8 - EK_where_c_e1 == 3,
                "kernel families are contiguous");
+_Static_assert(EK_attention_tc_bf16 == EK_attention_tc_f16 + 1 && EK_attention_tc1_f16 == EK_attention_tc_f16 + 2 &&
+                   EK_attention_tc1_bf16 == EK_attention_tc_f16 + 3,
+               "the tensor-core attention kernels: f16, bf16, then the one-tile f16, bf16");
 
 #define MM_CACHE 64
 
@@ -93,7 +96,7 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
     }
     /* the tensor-core attention kernels always take more than the default
      * 48 KiB of shared memory: opted in once, up to the device's limit */
-    for (int i = EK_attention_tc_f16; i <= EK_attention_tc_bf16; i++) {
+    for (int i = EK_attention_tc_f16; i <= EK_attention_tc1_bf16; i++) {
         r = c->api.FuncSetAttribute(t->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->max_smem_optin);
         if (r != CUDA_SUCCESS) {
             sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention_tc in to its shared memory");
@@ -814,10 +817,19 @@ sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_ten
 
 /* -- Attention ----------------------------------------------------------------------- */
 
-bool sj_cuda_attention_tiled(const sj_cuda *c, sj_dtype dt, int64_t D, int64_t Dv) {
-    return (dt == SJ_F16 || dt == SJ_BF16) && c->cc_major >= 8 && D > 0 && Dv > 0 && D % 16 == 0 &&
-           Dv % 16 == 0 && D <= SJ_EK_ATT_TC_DMAX && Dv <= SJ_EK_ATT_TC_DMAX &&
-           sj_ek_att_tc_smem(D, Dv) <= c->max_smem_optin;
+/* Blocks that all run at once (two an SM) are bound by each one's latency:
+ * two key tiles, the next loaded during this one; more blocks than that are
+ * bound by how many an SM holds: one tile, in less memory. H200, q, k, v
+ * [1, 12, S, 64] f16, before conversions to f16 became one instruction:
+ * S=512 (96 blocks) 0.070 ms with one tile loaded synchronously, 0.057 with
+ * two; S=2048 (384 blocks) 0.32 with one, 0.42 with two. Now: 0.055 and
+ * 0.26 ms. */
+int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t D, int64_t Dv) {
+    if (!(dt == SJ_F16 || dt == SJ_BF16) || c->cc_major < 8 || D <= 0 || Dv <= 0 || D % 16 || Dv % 16 ||
+        D > SJ_EK_ATT_TC_DMAX || Dv > SJ_EK_ATT_TC_DMAX || sj_ek_att_tc_smem(D, Dv, 1) > c->max_smem_optin)
+        return 0;
+    int64_t blocks = B * H * ((Sq + SJ_EK_ATT_TQ - 1) / SJ_EK_ATT_TQ);
+    return blocks <= 2 * (int64_t)c->sm_count && sj_ek_att_tc_smem(D, Dv, 2) <= c->max_smem_optin ? 2 : 1;
 }
 
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
@@ -848,7 +860,8 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
     a.scale = (float)scale;
     a.causal = causal != 0;
     sj_cuda *c = e->cuda;
-    if (sj_cuda_attention_tiled(c, q->dtype, a.D, a.Dv)) {
+    int nb = sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
+    if (nb) {
         a.vec = 1;
         const sj_tensor *qkv[3] = {q, k, v};
         for (int t = 0; t < 3; t++) {
@@ -858,9 +871,10 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
                 a.vec = 0;
         }
         int64_t blocks = a.B * a.H * ((a.Sq + SJ_EK_ATT_TQ - 1) / SJ_EK_ATT_TQ);
+        int kern = (nb == 2 ? EK_attention_tc_f16 : EK_attention_tc1_f16) + (q->dtype == SJ_BF16);
         sj_cuda_bind(c);
-        return launch(e, EK_attention_tc_f16 + (q->dtype == SJ_BF16), (unsigned)min64(blocks, INT32_MAX),
-                      SJ_EK_ATT_THREADS, 1, (unsigned)sj_ek_att_tc_smem(a.D, a.Dv), &a);
+        return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), SJ_EK_ATT_TC_THREADS, 1,
+                      (unsigned)sj_ek_att_tc_smem(a.D, a.Dv, nb), &a);
     }
     int64_t smem = (a.D + a.Dv + SJ_EK_ATT_CHUNK) * (int64_t)sizeof(float);
     int kern = EK_attention_f32 + q->dtype;

@@ -55,11 +55,12 @@ sj_status sj_cuda_rms_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_t
  * the allocator first); integers through a plain kernel. */
 sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
 /* Attention: f16 and bf16 with head sizes D, Dv multiples of 16 up to 128
- * on tensor cores, 64 queries a block (sj_cuda_attention_tiled says which
- * calls); any other call one query a block in f32. */
+ * on tensor cores, 64 queries a block, with one or two key tiles in shared
+ * memory (sj_cuda_attention_tiles says which: 0 for any other call, which
+ * runs one query a block in f32). */
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
-bool sj_cuda_attention_tiled(const sj_cuda *c, sj_dtype dt, int64_t D, int64_t Dv);
+int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t D, int64_t Dv);
 sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
 sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
 
