@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -10,8 +10,14 @@
  * Each measurement is the median of many calls timed with CUDA events
  * around the whole call (host dispatch included), after a warm-up, on
  * random inputs. w0 is host microseconds per sj_call, which waits for the
- * result. Without a GPU it prints one line saying so and exits 0.
+ * result. w4 is the f16 encoder layer in the same three modes; w5 serves
+ * the request stream of --lengths (default: the sample's copy of
+ * w5_lengths.txt) through the default policy (modes eager, auto,
+ * auto_warm: see bench_w5). "attention" times the attention op alone
+ * (f16 [1, 12, S, 64]), not a shared workload. Without a GPU it prints one
+ * line saying so and exits 0.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,30 +25,40 @@
 #include <time.h>
 
 #include "jit/runtime.h"
+#include "jit/tensor.h"
 #include "bench/bench_util.h"
 #include "jit/shapejit.h"
 
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/eager_cuda.h"
+#include "kernels/half.h"
 
 static int quick;
 static double ceiling;
 
 
-/* A device tensor of random floats in [lo, hi) (never all zeros). */
+/* A device tensor of dtype dt (f32 or f16) of random values in [lo, hi)
+ * (never all zeros). */
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static sj_tensor dev_rand(sj_runtime *rt, int rank, const int64_t *shape, float lo, float hi) {
-    sj_tensor t = {.dtype = SJ_F32, .rank = rank, .device = SJ_CUDA};
+static sj_tensor dev_rand_dt(sj_runtime *rt, sj_dtype dt, int rank, const int64_t *shape, float lo, float hi) {
+    sj_tensor t = {.dtype = dt, .rank = rank, .device = SJ_CUDA};
     for (int i = 0; i < rank; i++) t.shape[i] = shape[i];
     if (sj_tensor_alloc(rt, &t)) bench_die("alloc");
     int64_t n = sj_tensor_numel(&t);
     float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+    uint16_t *h16 = dt == SJ_F16 ? malloc((size_t)(n ? n : 1) * sizeof *h16) : NULL;
+    if (!h || (dt == SJ_F16 && !h16)) bench_die("host buffers");
     bench_fill_rand(h, (size_t)n, lo, hi, &rng);
-    sj_tensor ht = sj_tensor_make(h, SJ_F32, rank, shape);
+    for (int64_t i = 0; h16 && i < n; i++) h16[i] = sj_f32_to_f16(h[i]);
+    sj_tensor ht = sj_tensor_make(h16 ? (void *)h16 : h, dt, rank, shape);
     if (sj_tensor_copy(rt, &t, &ht)) bench_die("copy");
     free(h);
+    free(h16);
     return t;
+}
+static sj_tensor dev_rand(sj_runtime *rt, int rank, const int64_t *shape, float lo, float hi) {
+    return dev_rand_dt(rt, SJ_F32, rank, shape, lo, hi);
 }
 
 /* -- Ceiling -------------------------------------------------------------------- */
@@ -233,13 +249,189 @@ static void bench_w(int w) {
     }
 }
 
+/* -- w4, w5: the encoder layer in f16 ----------------------------------------------- */
+
+static void encoder_init(sj_runtime *rt, bench_encoder *w) {
+    const int64_t H = BENCH_H, FF = BENCH_FF;
+    float si = 1.0f / sqrtf((float)H), sf = 1.0f / sqrtf((float)FF);
+    w->wqkv = dev_rand_dt(rt, SJ_F16, 2, (int64_t[]){H, 3 * H}, -si, si);
+    w->bqkv = dev_rand_dt(rt, SJ_F16, 1, (int64_t[]){3 * H}, -0.02f, 0.02f);
+    w->wo = dev_rand_dt(rt, SJ_F16, 2, (int64_t[]){H, H}, -si, si);
+    w->bo = dev_rand_dt(rt, SJ_F16, 1, &H, -0.02f, 0.02f);
+    w->g1 = dev_rand_dt(rt, SJ_F16, 1, &H, 0.9f, 1.1f);
+    w->b1 = dev_rand_dt(rt, SJ_F16, 1, &H, -0.02f, 0.02f);
+    w->w1 = dev_rand_dt(rt, SJ_F16, 2, (int64_t[]){H, FF}, -si, si);
+    w->bf1 = dev_rand_dt(rt, SJ_F16, 1, &FF, -0.02f, 0.02f);
+    w->w2 = dev_rand_dt(rt, SJ_F16, 2, (int64_t[]){FF, H}, -sf, sf);
+    w->bf2 = dev_rand_dt(rt, SJ_F16, 1, &H, -0.02f, 0.02f);
+    w->g2 = dev_rand_dt(rt, SJ_F16, 1, &H, 0.9f, 1.1f);
+    w->b2 = dev_rand_dt(rt, SJ_F16, 1, &H, -0.02f, 0.02f);
+}
+
+static void encoder_free(sj_runtime *rt, bench_encoder *w) {
+    sj_tensor *all[] = {&w->wqkv, &w->bqkv, &w->wo, &w->bo, &w->g1, &w->b1,
+                        &w->w1,   &w->bf1,  &w->w2, &w->bf2, &w->g2, &w->b2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sj_tensor_free(rt, all[i]);
+}
+
+/* w4: median ms of one layer call per length, as w1-w3 are timed. */
+static void bench_w4(void) {
+    static const int64_t sizes[] = {16, 64, 128, 256, 512};
+    int ns = (int)(sizeof sizes / sizeof sizes[0]);
+    for (int mode = 0; mode < 3; mode++) {
+        sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, (bench_mode)mode);
+        bench_encoder w;
+        encoder_init(rt, &w);
+        sj_fn *fn = bench_fn_user(rt, "w4", 1, bench_w4_model, &w, (bench_mode)mode);
+        for (int i = 0; i < ns; i++) {
+            if (quick && i == ns - 1) break;
+            int64_t S = sizes[i];
+            wcase c = {.n_in = 1, .n_out = 1};
+            c.in[0] = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, S, BENCH_H}, -1, 1);
+            double ms = time_ms(rt, fn, &c);
+            double flops = 2.0 * S * BENCH_H * (3.0 * BENCH_H + BENCH_H + 2.0 * BENCH_FF) + 4.0 * S * S * BENCH_H;
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            printf("{\"workload\": \"w4\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", \"S\": %lld, "
+                   "\"median_ms\": %.4f, \"TFLOPs\": %.2f, \"compiles\": %llu, \"eager_calls\": %llu}\n",
+                   bench_mode_names[mode], (long long)S, ms, flops / (ms * 1e-3) / 1e12,
+                   (unsigned long long)st.compiles, (unsigned long long)st.eager_calls);
+            fflush(stdout);
+            free_case(rt, &c);
+        }
+        sj_fn_destroy(fn);
+        encoder_free(rt, &w);
+        sj_runtime_destroy(rt);
+    }
+}
+
+/* attention alone (not a shared workload: where w4's time goes), f16 q, k,
+ * v [1, 12, S, 64], not causal: median ms and TFLOPs (4 S^2 D H). */
+static sj_status attn_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    return sj_output(t, sj_attention(t, in[0], in[1], in[2], SJ_NONE, 0.125, 0));
+}
+
+static void bench_attention(void) {
+    static const int64_t sizes[] = {128, 512, 2048};
+    sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, BENCH_EAGER);
+    sj_fn *fn = bench_fn(rt, "attention", 3, attn_model, BENCH_EAGER);
+    for (int i = 0; i < 3; i++) {
+        int64_t S = sizes[i], shape[4] = {1, BENCH_NH, S, BENCH_HD};
+        wcase c = {.n_in = 3, .n_out = 1};
+        for (int k = 0; k < 3; k++) c.in[k] = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1);
+        double ms = time_ms(rt, fn, &c);
+        printf("{\"workload\": \"attention\", \"mode\": \"eager\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
+               "\"S\": %lld, \"median_ms\": %.4f, \"TFLOPs\": %.2f}\n",
+               (long long)S, ms, 4.0 * S * S * BENCH_HD * BENCH_NH / (ms * 1e-3) / 1e12);
+        fflush(stdout);
+        free_case(rt, &c);
+    }
+    sj_fn_destroy(fn);
+    sj_runtime_destroy(rt);
+}
+
+static int read_lengths(const char *path, int64_t *lens, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
+    int n = 0;
+    long v;
+    while (n < cap && fscanf(f, "%ld", &v) == 1) {
+        if (v < 1 || v > 4096) {
+            fprintf(stderr, "%s: length %ld out of range [1, 4096]\n", path, v);
+            exit(1);
+        }
+        lens[n++] = v;
+    }
+    fclose(f);
+    return n;
+}
+
+/* One pass over the request stream: each request's latency from submit to
+ * result ready (sj_call waits for it), as the peer measures it. */
+static double w5_pass(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, const int64_t *lens, int n, double *lat) {
+    double t_start = bench_now_s();
+    for (int i = 0; i < n; i++) {
+        sj_tensor in = *dx, out = *dy;
+        in.shape[1] = out.shape[1] = lens[i];
+        sj_tensor_set_contiguous(&in);
+        sj_tensor_set_contiguous(&out);
+        double t0 = bench_now_s();
+        if (sj_call(fn, &in, 1, &out, 1)) bench_die("w5 request");
+        lat[i] = (bench_now_s() - t0) * 1e3;
+    }
+    return bench_now_s() - t_start;
+}
+
+/* w5: the request stream through the default policy (background compiles,
+ * eager until they are ready): "auto" is the first pass of a fresh runtime,
+ * "auto_warm" a second pass of the same function after its compiles
+ * finished; "eager" never compiles. */
+static void bench_w5(const char *lengths_path) {
+    enum { CAP = 4096 };
+    static int64_t lens[CAP];
+    static double lat[CAP], sorted[CAP];
+    int n = read_lengths(lengths_path, lens, quick ? 200 : CAP);
+    int64_t max_len = 1;
+    for (int i = 0; i < n; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
+    static const char *const modes[] = {"eager", "auto", "auto_warm"};
+    for (int mode = 0; mode < 3; mode += mode == 0 ? 1 : 2) { /* eager; auto then auto_warm on one runtime */
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CUDA;
+        cfg.cache_dir = NULL;
+        if (mode == 0) cfg.compile_mode = SJ_COMPILE_OFF;
+        sj_runtime *rt;
+        if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
+        bench_encoder w;
+        encoder_init(rt, &w);
+        sj_fn *fn;
+        if (sj_fn_create(rt, "w5", 1, bench_w4_model, &w, NULL, &fn)) bench_die("sj_fn_create");
+        sj_tensor dx = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, max_len, BENCH_H}, -1, 1);
+        sj_tensor dy = {.dtype = SJ_F16, .rank = 3, .shape = {1, max_len, BENCH_H}, .device = SJ_CUDA};
+        if (sj_tensor_alloc(rt, &dy)) bench_die("alloc");
+        for (int m = mode; m <= (mode == 0 ? 0 : 2); m++) {
+            if (m == 2) sj_fn_wait_idle(fn, -1);
+            double total = w5_pass(fn, &dx, &dy, lens, n, lat);
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            int half = n / 2;
+            memcpy(sorted, lat + half, sizeof(double) * (size_t)(n - half));
+            qsort(sorted, (size_t)(n - half), sizeof(double), bench_cmp_double);
+            double steady = sorted[(n - half) / 2];
+            memcpy(sorted, lat, sizeof(double) * (size_t)n);
+            qsort(sorted, (size_t)n, sizeof(double), bench_cmp_double);
+#define Q(p) sorted[(int)((p) * n) < n - 1 ? (int)((p) * n) : n - 1]
+            printf("{\"workload\": \"w5\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
+                   "\"requests\": %d, \"of\": %d, \"total_s\": %.4f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
+                   "\"max_ms\": %.3f, \"steady_p50_ms_last_half\": %.4f, \"compiles\": %llu, \"compile_ms\": %.0f, "
+                   "\"eager_calls\": %llu, \"fused_symbolic_calls\": %llu, \"fused_specialized_calls\": %llu}\n",
+                   modes[m], n, n, total, Q(0.5), Q(0.99), sorted[n - 1], steady, (unsigned long long)st.compiles,
+                   st.compile_ms, (unsigned long long)st.eager_calls, (unsigned long long)st.fused_symbolic_calls,
+                   (unsigned long long)st.fused_specialized_calls);
+#undef Q
+            fflush(stdout);
+        }
+        sj_tensor_free(rt, &dx);
+        sj_tensor_free(rt, &dy);
+        sj_fn_destroy(fn);
+        encoder_free(rt, &w);
+        sj_runtime_destroy(rt);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *wl = "ceiling,w0,w1,w2,w3";
+    const char *lengths = "samples/varlen_encoder/lengths.txt"; /* a copy of w5_lengths.txt */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
+        else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -252,13 +444,17 @@ int main(int argc, char **argv) {
         printf("{\"workload\": \"skipped\", \"reason\": \"no CUDA device: %s\"}\n", sj_last_error());
         return 0;
     }
-    bench_ceiling(rt);
+    if (strstr(wl, "ceiling") || strstr(wl, "w1") || strstr(wl, "w2") || strstr(wl, "w3"))
+        bench_ceiling(rt); /* w1-w3 report their fraction of it */
     sj_runtime_destroy(rt);
     if (strstr(wl, "w0")) bench_w0();
     for (int w = 1; w <= 3; w++) {
         char name[4] = {'w', (char)('0' + w), 0};
         if (strstr(wl, name)) bench_w(w);
     }
+    if (strstr(wl, "attention")) bench_attention();
+    if (strstr(wl, "w4")) bench_w4();
+    if (strstr(wl, "w5")) bench_w5(lengths);
     return 0;
 }
 

@@ -62,6 +62,42 @@ static inline sj_status bench_w3_model(sj_tracer *t, const sj_val *in, int n, vo
     return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
 }
 
+/* w4/w5: one BERT-base post-LN encoder layer (hidden 768, 12 heads of 64,
+ * FFN 3072), as ../shared/peers/torch_peer.py writes it:
+ *   qkv = x Wqkv + b, its three column blocks viewed as q, k, v
+ *   [B, 12, S, 64]; a = attention(q, k, v), scale 1/8, not causal;
+ *   x1 = LN(x + proj(a)); y = LN(x1 + fc2(gelu(fc1(x1)))).
+ * The weights (any dtype, any device) are the model's user pointer. */
+enum { BENCH_H = 768, BENCH_NH = 12, BENCH_HD = 64, BENCH_FF = 3072 };
+typedef struct bench_encoder {
+    sj_tensor wqkv, bqkv, wo, bo, g1, b1, w1, bf1, w2, bf2, g2, b2;
+} bench_encoder;
+
+static inline sj_val bench_linear(sj_tracer *t, sj_val x, const sj_tensor *w, const sj_tensor *b) {
+    return sj_add(t, sj_matmul(t, x, sj_param(t, w)), sj_param(t, b));
+}
+
+static inline sj_status bench_w4_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n;
+    const bench_encoder *w = u;
+    sj_val x = in[0]; /* [B, S, H] */
+    sj_dim b = sj_dim_of(t, x, 0), s = sj_dim_of(t, x, 1);
+    sj_val qkv = bench_linear(t, x, &w->wqkv, &w->bqkv);
+    sj_val qkv3[3]; /* columns [i H, (i + 1) H) as [B, NH, S, HD] */
+    for (int i = 0; i < 3; i++) {
+        sj_dim d4[4] = {b, s, sj_dim_const(t, BENCH_NH), sj_dim_const(t, BENCH_HD)};
+        sj_val part = sj_slice(t, qkv, 2, i * BENCH_H, (i + 1) * BENCH_H, 1);
+        qkv3[i] = sj_permute(t, sj_reshape(t, part, 4, d4), (int[]){0, 2, 1, 3});
+    }
+    sj_val a = sj_attention(t, qkv3[0], qkv3[1], qkv3[2], SJ_NONE, 0.125, 0);
+    sj_dim d3[3] = {b, s, sj_dim_const(t, BENCH_H)};
+    a = sj_reshape(t, sj_permute(t, a, (int[]){0, 2, 1, 3}), 3, d3);
+    sj_val x1 = sj_layer_norm(t, sj_add(t, x, bench_linear(t, a, &w->wo, &w->bo)), sj_param(t, &w->g1),
+                              sj_param(t, &w->b1), 1e-5);
+    sj_val f = bench_linear(t, sj_gelu(t, bench_linear(t, x1, &w->w1, &w->bf1)), &w->w2, &w->bf2);
+    return sj_output(t, sj_layer_norm(t, sj_add(t, x1, f), sj_param(t, &w->g2), sj_param(t, &w->b2), 1e-5));
+}
+
 /* -- Modes ---------------------------------------------------------------- */
 
 /* eager (no compiling), fused_static (each size its own entry, every size a
@@ -86,7 +122,8 @@ static inline sj_runtime *bench_runtime(sj_backend_kind backend, bench_mode m) {
     return rt;
 }
 
-static inline sj_fn *bench_fn(sj_runtime *rt, const char *name, int n_in, sj_model_fn model, bench_mode m) {
+static inline sj_fn *bench_fn_user(sj_runtime *rt, const char *name, int n_in, sj_model_fn model, void *user,
+                                   bench_mode m) {
     sj_fn_options o;
     sj_fn_options_init(&o);
     o.dynamic = m == BENCH_SYMBOLIC ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
@@ -94,8 +131,12 @@ static inline sj_fn *bench_fn(sj_runtime *rt, const char *name, int n_in, sj_mod
     o.recompile_limit = 64;
     o.specialize_threshold = 1000000; /* the symbolic mode measures the symbolic kernels */
     sj_fn *fn;
-    if (sj_fn_create(rt, name, n_in, model, NULL, &o, &fn)) bench_die("sj_fn_create");
+    if (sj_fn_create(rt, name, n_in, model, user, &o, &fn)) bench_die("sj_fn_create");
     return fn;
+}
+
+static inline sj_fn *bench_fn(sj_runtime *rt, const char *name, int n_in, sj_model_fn model, bench_mode m) {
+    return bench_fn_user(rt, name, n_in, model, NULL, m);
 }
 
 #endif

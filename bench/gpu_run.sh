@@ -5,7 +5,9 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|sample|cpu|all]     (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|all]     (results under $OUT)
+#             bench: w0-w3; model: w4, w5 (the f16 encoder layer) and attention alone;
+#             each with the peer
 #
 # The tests print their results; the benchmarks write ours.jsonl and
 # torch.jsonl (the PyTorch peer, same run) and compare.txt (ratios).
@@ -47,6 +49,18 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 .peer/peers/compare.py "$OUT/ours.jsonl" "$OUT/torch.jsonl" > "$OUT/compare.txt" 2>&1
     grep -E "ceiling" "$OUT/ours.jsonl" "$OUT/torch.jsonl" | tee -a "$summary"
     grep -E "^w(0|1 +16384|2 +32768|3 +2048)" "$OUT/compare.txt" | tee -a "$summary"
+fi
+
+if [ "$what" = model ] || [ "$what" = all ]; then
+    timeout 300 "$B/bench_cuda" --workloads w4,w5,attention > "$OUT/ours_model.jsonl" 2> /tmp/bench_model.err
+    echo "bench_cuda w4,w5 rc=$?" | tee -a "$summary"
+    tail -3 /tmp/bench_model.err >> "$summary"
+    PYTHONUNBUFFERED=1 timeout ${SJ_PEER_MODEL_TIMEOUT:-280} python3 .peer/peers/torch_peer.py --workloads w4,w5 \
+        --modes ${SJ_PEER_MODEL_MODES:-eager,compile_auto,compile_dynamic} > "$OUT/torch_model.jsonl" 2> /tmp/torch_model.err
+    echo "torch_peer w4,w5 rc=$?" | tee -a "$summary"
+    tail -3 /tmp/torch_model.err >> "$summary"
+    python3 .peer/peers/compare.py "$OUT/ours_model.jsonl" "$OUT/torch_model.jsonl" > "$OUT/compare_model.txt" 2>&1
+    grep -E "^w(4 +(16|512) |5)" "$OUT/compare_model.txt" | tee -a "$summary"
 fi
 
 if [ "$what" = sample ] || [ "$what" = all ]; then
