@@ -359,9 +359,20 @@ static double w5_pass(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, const
         in.shape[1] = out.shape[1] = lens[i];
         sj_tensor_set_contiguous(&in);
         sj_tensor_set_contiguous(&out);
+        sj_stats before;
+        sj_fn_stats(fn, &before);
         double t0 = bench_now_s();
         if (sj_call(fn, &in, 1, &out, 1)) bench_die("w5 request");
         lat[i] = (bench_now_s() - t0) * 1e3;
+        if (lat[i] > 2.0) { /* where the slow ones fall (stderr) */
+            sj_stats after;
+            sj_fn_stats(fn, &after);
+            fprintf(stderr, "w5: request %d (S=%lld) %.2f ms; compiles %llu -> %llu, traces %llu -> %llu, %s\n", i,
+                    (long long)lens[i], lat[i], (unsigned long long)before.compiles,
+                    (unsigned long long)after.compiles, (unsigned long long)before.traces,
+                    (unsigned long long)after.traces,
+                    after.eager_calls > before.eager_calls ? "eager" : "fused");
+        }
     }
     return bench_now_s() - t_start;
 }
@@ -371,7 +382,8 @@ static double w5_pass(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, const
  * the process's first requests (so it also pays what the process loads on
  * first use, such as cuBLASLt's kernels), "auto_warm" a second pass of the
  * same function after its compiles finished; "eager" (never compiles) runs
- * last, on a runtime of its own. */
+ * last, on a runtime of its own. Requests over 2 ms are named on stderr,
+ * with the compiles and traces before and after them. */
 static void bench_w5(const char *lengths_path) {
     enum { CAP = 4096 };
     static int64_t lens[CAP];

@@ -154,6 +154,39 @@ static void layout_view(sj_fuse_st *b, const sj_node *n) {
     }
 }
 
+/* An attention result whose one reader is a permute that a reshape reads
+ * (the heads merged back into one axis) is written in the permuted order:
+ * the permute's result is then contiguous and the reshape folds into a view
+ * instead of a copy. The attention kernels take any output strides; a
+ * result that is a function output keeps the contiguous layout its output
+ * tensor has. Fills st and returns true when it applies. */
+static bool permuted_result(sj_fuse_st *b, int32_t v, sj_expr *st) {
+    const sj_graph *g = b->g;
+    const sj_value *val = &g->vals[v];
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == v) return false;
+    const sj_node *perm = NULL;
+    bool reshaped = false;
+    for (int32_t k = 0; k < g->n_nodes; k++) {
+        const sj_node *n = &g->nodes[k];
+        const int32_t *in = sj_node_ins(g, n);
+        for (int a = 0; a < n->n_in; a++) {
+            if (in[a] == v) {
+                if (perm || n->op != SJ_OP_PERMUTE) return false;
+                perm = n;
+            } else if (perm && in[a] == perm->out && n->op == SJ_OP_RESHAPE) {
+                reshaped = true; /* nodes are in trace order: readers of the permute come after it */
+            }
+        }
+    }
+    if (!perm || !reshaped) return false;
+    sj_expr ps[SJ_MAX_RANK], cs[SJ_MAX_RANK];
+    for (int i = 0; i < val->rank; i++) ps[i] = val->shape[perm->a.perm[i]];
+    sj_fuse_contig(b, val->rank, ps, cs);
+    for (int i = 0; i < val->rank; i++) st[perm->a.perm[i]] = cs[i];
+    return true;
+}
+
 static void layouts(sj_fuse_st *b) {
     const sj_graph *g = b->g;
     for (int32_t v = 0; v < g->n_vals && !b->oom; v++) {
@@ -178,7 +211,8 @@ static void layouts(sj_fuse_st *b) {
                 /* a computed value; a view of a constant is copied (no memory
                  * to point into) */
                 b->copy[v] = sj_op_kind_of(n->op) == SJ_K_VIEW;
-                sj_fuse_contig(b, val->rank, val->shape, st);
+                if (n->op != SJ_OP_ATTENTION || !permuted_result(b, v, st))
+                    sj_fuse_contig(b, val->rank, val->shape, st);
             }
             break;
         }
