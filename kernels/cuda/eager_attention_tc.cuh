@@ -78,6 +78,23 @@ SJ_DEV void tc_load(uint16_t *dst, int ld, const uint16_t *src, int64_t s_row, i
     }
 }
 
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> tc_acc;
+
+/* acc += A B over k (a multiple of 16): A 16 x k row-major at a (row stride
+ * lda), B k x 16 in layout LB at b (leading dimension ldb), whose next 16
+ * rows of k start bstep elements on. */
+template <class W, class LB>
+SJ_DEV void tc_mma(tc_acc &acc, const uint16_t *a, int lda, const uint16_t *b, int ldb, int bstep, int k) {
+    using namespace nvcuda;
+    for (int kk = 0; kk < k; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, LB> fb;
+        wmma::load_matrix_sync(fa, reinterpret_cast<const W *>(a + kk), lda);
+        wmma::load_matrix_sync(fb, reinterpret_cast<const W *>(b + (kk / 16) * bstep), ldb);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
 template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
     using namespace nvcuda;
     typedef typename tc_elem<T>::W W;
@@ -141,16 +158,10 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
             __syncthreads(); /* Q, O and this tile's K and V written, by every thread */
             const int buf = (int)((j0 / TK) % NB);
             const uint16_t *Ks = Kb + buf * TK * ldq, *Vs = Vb + buf * TK * ldv;
-            for (int n = 0; n < TK; n += 16) { /* S = Q K^T, this warp's rows */
-                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            for (int n = 0; n < TK; n += 16) { /* S = Q K^T, this warp's rows; K^T is K column-major */
+                tc_acc acc;
                 wmma::fill_fragment(acc, 0.0f);
-                for (int kd = 0; kd < D; kd += 16) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa;
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fa, reinterpret_cast<const W *>(Qs + warp * 16 * ldq + kd), ldq);
-                    wmma::load_matrix_sync(fb, reinterpret_cast<const W *>(Ks + n * ldq + kd), ldq);
-                    wmma::mma_sync(acc, fa, fb, acc);
-                }
+                tc_mma<W, wmma::col_major>(acc, Qs + warp * 16 * ldq, ldq, Ks + n * ldq, ldq, 16, D);
                 wmma::store_matrix_sync(Ss + warp * 16 * lds + n, acc, lds, wmma::mem_row_major);
             }
             __syncwarp();
@@ -179,15 +190,9 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
             for (int e = odd; e < Dv; e += 2) orow[e] *= alpha;
             __syncwarp();
             for (int cb = 0; cb < Dv; cb += 16) { /* O += P V, this warp's rows */
-                wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
+                tc_acc o;
                 wmma::load_matrix_sync(o, Os + warp * 16 * ldo + cb, ldo, wmma::mem_row_major);
-                for (int kk = 0; kk < TK; kk += 16) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fp;
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> fv;
-                    wmma::load_matrix_sync(fp, reinterpret_cast<const W *>(Ps + warp * 16 * ldp + kk), ldp);
-                    wmma::load_matrix_sync(fv, reinterpret_cast<const W *>(Vs + kk * ldv + cb), ldv);
-                    wmma::mma_sync(o, fp, fv, o);
-                }
+                tc_mma<W, wmma::row_major>(o, Ps + warp * 16 * ldp, ldp, Vs + cb, ldv, 16 * ldv, TK);
                 wmma::store_matrix_sync(Os + warp * 16 * ldo + cb, o, ldo, wmma::mem_row_major);
             }
             __syncthreads(); /* every warp is done with this tile's buffer: the next load reuses it */
