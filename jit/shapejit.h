@@ -393,7 +393,9 @@ SJ_API sj_dim sj_dim_div(sj_tracer *t, sj_dim a, sj_dim b);
 
 /* Captures a constant tensor (a weight) by reference: the caller keeps
  * w->data alive and unchanged for as long as the sj_fn lives. The descriptor
- * itself is copied. */
+ * itself is copied. On the CUDA backend w may be device memory (used in
+ * place) or host memory (copied to the device, layout kept, when the
+ * function is traced); on the CPU backend a device tensor is SJ_EINVAL. */
 SJ_API sj_val sj_param(sj_tracer *t, const sj_tensor *w);
 
 /* A rank-0 constant that takes the dtype of the other operand of the binary
