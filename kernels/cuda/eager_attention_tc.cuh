@@ -1,5 +1,5 @@
 /* Attention on tensor cores, f16 and bf16: the kernels attention_tc_<tag>
- * (included by eager.cu after eager_common.cuh).
+ * and attention_tc1_<tag> (included by eager.cu after eager_common.cuh).
  *
  * A block of SJ_EK_ATT_TC_THREADS (4 warps) takes SJ_EK_ATT_TQ (64) queries of
  * one (b, h); each warp owns 16 of them, and two lanes own each of those
@@ -15,18 +15,17 @@
  *     and P = exp(s - m), written in the input dtype,
  *   - adds P V (wmma) into its output rows O, kept in shared memory in f32.
  * Finally y = O / l. As in the one-query kernel (eager_misc.cuh): a score
- * is dot * scale; keys past
- * lengths[b], or after the query's position when causal, score -inf and
- * weigh 0; a query with no key left writes zeros. Keys and values past the
- * block's last key in use are read as zeros. P is rounded to the input dtype
- * before P V (its sum l is not), as flash attention does; exp is the
- * hardware's (__expf, a few ulp: far below that rounding), not
- * kernels/sj_kernel_rt.h's polynomial.
+ * is dot * scale; keys past lengths[b], or after the query's position when
+ * causal, score -inf and weigh 0; a query with no key left writes zeros.
+ * Keys and values past the block's last key in use are read as zeros.
  *
- * One difference from the one-query kernel: a key masked for one query of a
- * block but in use by a later one (causal) is multiplied by P = 0, so an inf
- * or NaN value there makes that query's output NaN; the one-query kernel
- * never reads such keys.
+ * Unlike the one-query kernel: P is rounded to the input dtype before P V
+ * (its sum l is not), as flash attention does; exp is the hardware's
+ * (__expf, a few ulp: far below that rounding), not kernels/sj_kernel_rt.h's
+ * polynomial; and a key masked for one query of a block but in use by a
+ * later one (causal) is multiplied by P = 0, so an inf or NaN value there
+ * makes that query's output NaN (the one-query kernel never reads such
+ * keys).
  *
  * The host checks the requirements: D and Dv multiples of 16, at most
  * SJ_EK_ATT_TC_DMAX; shared memory sj_ek_att_tc_smem(D, Dv, NB) bytes (past the
