@@ -17,6 +17,7 @@
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
 #include "tests/util.h"
+#include "tests/util_encoder.h"
 
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
@@ -387,42 +388,9 @@ static void test_params_on_device(void **state) {
 
 /* -- The encoder layer (w4's model, small): fused on the device against the CPU ------------ */
 
-enum { EH = 64, ENH = 4, EHD = 16, EFF = 128 };
-typedef struct enc {
-    sj_tensor wqkv, bqkv, wo, bo, g1, b1, w1, bf1, w2, bf2, g2, b2;
-} enc;
-
-static sj_val enc_linear(sj_tracer *t, sj_val x, const sj_tensor *w, const sj_tensor *b) {
-    return sj_add(t, sj_matmul(t, x, sj_param(t, w)), sj_param(t, b));
-}
-
-/* qkv's column blocks as heads [B, NH, S, HD]; attention; the heads merged
- * back (permute + reshape: fused plans write attention in that order) */
-static sj_status enc_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    const enc *w = u;
-    sj_val x = in[0];
-    sj_dim b = sj_dim_of(t, x, 0), s = sj_dim_of(t, x, 1);
-    sj_val qkv = enc_linear(t, x, &w->wqkv, &w->bqkv), h[3];
-    for (int i = 0; i < 3; i++) {
-        sj_dim d4[4] = {b, s, sj_dim_const(t, ENH), sj_dim_const(t, EHD)};
-        h[i] = sj_permute(t, sj_reshape(t, sj_slice(t, qkv, 2, i * EH, (i + 1) * EH, 1), 4, d4), (int[]){0, 2, 1, 3});
-    }
-    sj_val a = sj_attention(t, h[0], h[1], h[2], SJ_NONE, 0.25, 0);
-    sj_dim d3[3] = {b, s, sj_dim_const(t, EH)};
-    a = sj_reshape(t, sj_permute(t, a, (int[]){0, 2, 1, 3}), 3, d3);
-    sj_val x1 = sj_layer_norm(t, sj_add(t, x, enc_linear(t, a, &w->wo, &w->bo)), sj_param(t, &w->g1),
-                              sj_param(t, &w->b1), 1e-5);
-    sj_val f = enc_linear(t, sj_gelu(t, enc_linear(t, x1, &w->w1, &w->bf1)), &w->w2, &w->bf2);
-    return sj_output(t, sj_layer_norm(t, sj_add(t, x1, f), sj_param(t, &w->g2), sj_param(t, &w->b2), 1e-5));
-}
-
-static sj_tensor enc_param(sj_dtype dt, int rank, const int64_t *shape, double scale, double offset) {
-    sj_tensor p = tu_tensor(dt, rank, shape);
-    tu_fill_random(&p);
-    for (int64_t i = 0; i < tu_numel(&p); i++) tu_set(&p, i, offset + scale * tu_get(&p, i));
-    return p;
-}
-
+/* tests/util_encoder's layer, hidden 64 in 4 heads of 16 (so f16 attention
+ * runs on tensor cores); fused plans write its attention in head-merged
+ * order */
 static void test_encoder_fused(void **state) {
     static const sj_dtype dts[] = {SJ_F32, SJ_F16};
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
@@ -430,27 +398,21 @@ static void test_encoder_fused(void **state) {
     for (int d = 0; d < 2; d++)
         for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
             sj_dtype dt = dts[d];
-            double si = 0.5 / sqrt((double)EH), sf = 0.5 / sqrt((double)EFF);
-            enc w = {
-                enc_param(dt, 2, (int64_t[]){EH, 3 * EH}, si, 0), enc_param(dt, 1, (int64_t[]){3 * EH}, 0.02, 0),
-                enc_param(dt, 2, (int64_t[]){EH, EH}, si, 0),     enc_param(dt, 1, (int64_t[]){EH}, 0.02, 0),
-                enc_param(dt, 1, (int64_t[]){EH}, 0.1, 1),        enc_param(dt, 1, (int64_t[]){EH}, 0.02, 0),
-                enc_param(dt, 2, (int64_t[]){EH, EFF}, si, 0),    enc_param(dt, 1, (int64_t[]){EFF}, 0.02, 0),
-                enc_param(dt, 2, (int64_t[]){EFF, EH}, sf, 0),    enc_param(dt, 1, (int64_t[]){EH}, 0.02, 0),
-                enc_param(dt, 1, (int64_t[]){EH}, 0.1, 1),        enc_param(dt, 1, (int64_t[]){EH}, 0.02, 0)};
+            tu_encoder w;
+            tu_encoder_init(&w, dt, 64, 4, 128);
             sj_fn_options o;
             sj_fn_options_init(&o);
             o.dynamic = dyn;
             o.hot_threshold = 1;
             sj_fn *fn;
-            assert_int_equal(sj_fn_create(rt, "encoder", 1, enc_model, &w, &o, &fn), SJ_OK);
+            assert_int_equal(sj_fn_create(rt, "encoder", 1, tu_encoder_model, &w, &o, &fn), SJ_OK);
             for (int64_t S = 5; S <= 200; S += 65) { /* 5, 70 (two query blocks), 135, 200 */
-                sj_tensor x = tu_tensor(dt, 3, (int64_t[]){1, S, EH});
+                sj_tensor x = tu_tensor(dt, 3, (int64_t[]){1, S, w.h});
                 tu_fill_random(&x);
                 char what[64];
                 snprintf(what, sizeof what, "encoder %s %s S=%lld", sj_dtype_name(dt),
                          dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic", (long long)S);
-                compare(rt, fn, enc_model, &w, &x, 1, 1, dt == SJ_F32 ? 1e-4 : 2e-2, what);
+                compare(rt, fn, tu_encoder_model, &w, &x, 1, 1, dt == SJ_F32 ? 1e-4 : 2e-2, what);
             }
             sj_stats st;
             sj_fn_stats(fn, &st);

@@ -29,6 +29,7 @@
 #include "kernels/cpu/backend_cpu.h"
 #include "specialize/codegen.h"
 #include "specialize/fusion.h"
+#include "tests/util_encoder.h"
 #include "tests/util_patterns.h"
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
@@ -198,36 +199,12 @@ static sj_status m_cycle(sj_tracer *t, const sj_val *in, int n, void *u) {
 }
 static void mk_cycle(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(d[0], 16)); }
 
-/* the encoder layer of samples/varlen_encoder (sizes from enc_init) */
-enum { EH = 64, ENH = 4, EHD = 16, EFF = 128 };
-typedef struct enc_w {
-    sj_tensor wqkv, bqkv, wo, bo, g1, b1, w1, bf1, w2, bf2, g2, b2;
-} enc_w;
-static enc_w encw;
-static int enc_h = EH, enc_nh = ENH, enc_hd = EHD;
-
-static sj_val enc_heads(sj_tracer *t, sj_val qkv, int64_t off) {
-    sj_val part = sj_slice(t, qkv, 2, off, off + enc_h, 1);
-    sj_dim d[4] = {sj_dim_of(t, qkv, 0), sj_dim_of(t, qkv, 1), sj_dim_const(t, enc_nh), sj_dim_const(t, enc_hd)};
-    return sj_permute(t, sj_reshape(t, part, 4, d), (const int[]){0, 2, 1, 3});
-}
-static sj_val enc_linear(sj_tracer *t, sj_val x, const sj_tensor *w, const sj_tensor *b) {
-    return sj_add(t, sj_matmul(t, x, sj_param(t, w)), sj_param(t, b));
-}
-static sj_status m_encoder(sj_tracer *t, const sj_val *in, int n, void *u) {
-    const enc_w *w = &encw;
-    sj_val x = in[0];
-    sj_val qkv = enc_linear(t, x, &w->wqkv, &w->bqkv);
-    sj_val q = enc_heads(t, qkv, 0), k = enc_heads(t, qkv, enc_h), v = enc_heads(t, qkv, 2 * enc_h);
-    sj_val a = sj_attention(t, q, k, v, SJ_NONE, 1.0 / sqrt((double)enc_hd), 0);
-    sj_dim d[3] = {sj_dim_of(t, x, 0), sj_dim_of(t, x, 1), sj_dim_const(t, enc_h)};
-    a = sj_reshape(t, sj_permute(t, a, (const int[]){0, 2, 1, 3}), 3, d);
-    sj_val x1 = sj_layer_norm(t, sj_add(t, x, enc_linear(t, a, &w->wo, &w->bo)), sj_param(t, &w->g1),
-                              sj_param(t, &w->b1), 1e-5);
-    sj_val f = enc_linear(t, sj_gelu(t, enc_linear(t, x1, &w->w1, &w->bf1)), &w->w2, &w->bf2);
-    return sj_output(t, sj_layer_norm(t, sj_add(t, x1, f), sj_param(t, &w->g2), sj_param(t, &w->b2), 1e-5));
-}
-static void mk_encoder(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 3, S(1, d[0], enc_h)); }
+/* the encoder layer of samples/varlen_encoder (tests/util_encoder; sizes
+ * from enc_init) */
+enum { EH = 64, ENH = 4, EFF = 128 };
+static tu_encoder encw;
+static sj_status m_encoder(sj_tracer *t, const sj_val *in, int n, void *u) { return tu_encoder_model(t, in, n, &encw); }
+static void mk_encoder(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 3, S(1, d[0], encw.h)); }
 
 static sj_tensor small_param(sj_dtype dt, int rank, const int64_t *shape, double scale) {
     sj_tensor t = rnd(dt, rank, shape);
@@ -238,15 +215,8 @@ static sj_tensor small_param(sj_dtype dt, int rank, const int64_t *shape, double
 static tu_pattern P_ENCODER; /* below */
 
 static void enc_init(int h, int nh, int ff) {
-    enc_h = h, enc_nh = nh, enc_hd = h / nh;
+    tu_encoder_init(&encw, SJ_F32, h, nh, ff);
     P_ENCODER.fixed[0] = h;
-    double si = 0.5 / sqrt((double)h), sf = 0.5 / sqrt((double)ff);
-    encw.wqkv = small_param(SJ_F32, 2, S(h, 3 * h), si), encw.bqkv = small_param(SJ_F32, 1, S(3 * h), 0.01);
-    encw.wo = small_param(SJ_F32, 2, S(h, h), si), encw.bo = small_param(SJ_F32, 1, S(h), 0.01);
-    encw.g1 = small_param(SJ_F32, 1, S(h), 1), encw.b1 = small_param(SJ_F32, 1, S(h), 0.01);
-    encw.w1 = small_param(SJ_F32, 2, S(h, ff), si), encw.bf1 = small_param(SJ_F32, 1, S(ff), 0.01);
-    encw.w2 = small_param(SJ_F32, 2, S(ff, h), sf), encw.bf2 = small_param(SJ_F32, 1, S(h), 0.01);
-    encw.g2 = small_param(SJ_F32, 1, S(h), 1), encw.b2 = small_param(SJ_F32, 1, S(h), 0.01);
 }
 
 /* -- This test's patterns (the shared ones: tu_pat_*) --------------------------------- */

@@ -16,6 +16,7 @@
 
 #include "jit/shapejit.h"
 #include "tests/util.h"
+#include "tests/util_encoder.h"
 
 static sj_runtime *rt;
 
@@ -483,118 +484,26 @@ static void test_concat_gather(void **state) {
 
 /* -- A small encoder layer against a double implementation ------------------------------ */
 
-enum { EH = 16, ENH = 4, EHD = 4, EFF = 32 };
-
-typedef struct enc {
-    sj_tensor wqkv, bqkv, wo, bo, g1, b1, w1, bf1, w2, bf2, g2, b2;
-} enc;
-
-static sj_val heads(sj_tracer *t, sj_val qkv, int64_t off) {
-    sj_val part = sj_slice(t, qkv, 2, off, off + EH, 1);
-    sj_dim d[4] = {sj_dim_of(t, qkv, 0), sj_dim_of(t, qkv, 1), sj_dim_const(t, ENH), sj_dim_const(t, EHD)};
-    return sj_permute(t, sj_reshape(t, part, 4, d), (int[]){0, 2, 1, 3});
-}
-
-static sj_val lin(sj_tracer *t, sj_val x, const sj_tensor *w, const sj_tensor *b) {
-    return sj_add(t, sj_matmul(t, x, sj_param(t, w)), sj_param(t, b));
-}
-
-static sj_status enc_model(sj_tracer *t, const sj_val *in, int n, void *u) {
-    const enc *w = u;
-    sj_val x = in[0];
-    sj_val qkv = lin(t, x, &w->wqkv, &w->bqkv);
-    sj_val a = sj_attention(t, heads(t, qkv, 0), heads(t, qkv, EH), heads(t, qkv, 2 * EH), in[1], 0.5, 0);
-    a = sj_reshape(t, sj_permute(t, a, (int[]){0, 2, 1, 3}), 3,
-                   (sj_dim[]){sj_dim_of(t, x, 0), sj_dim_of(t, x, 1), sj_dim_const(t, EH)});
-    sj_val x1 = sj_layer_norm(t, sj_add(t, x, lin(t, a, &w->wo, &w->bo)), sj_param(t, &w->g1), sj_param(t, &w->b1), 1e-5);
-    sj_val f = lin(t, sj_gelu(t, lin(t, x1, &w->w1, &w->bf1)), &w->w2, &w->bf2);
-    return sj_output(t, sj_layer_norm(t, sj_add(t, x1, f), sj_param(t, &w->g2), sj_param(t, &w->b2), 1e-5));
-}
-
-static double P(const sj_tensor *t, int64_t i) { return tu_get(t, i); }
-
-static void ref_linear(const double *x, int64_t rows, int64_t k, const sj_tensor *w, const sj_tensor *b, int64_t n,
-                       double *y) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < n; j++) {
-            double s = P(b, j);
-            for (int64_t i = 0; i < k; i++) s += x[r * k + i] * P(w, i * n + j);
-            y[r * n + j] = s;
-        }
-}
-
-static void ref_ln(double *x, int64_t rows, int64_t d, const sj_tensor *g, const sj_tensor *b) {
-    for (int64_t r = 0; r < rows; r++) {
-        double m = 0, v = 0;
-        for (int64_t i = 0; i < d; i++) m += x[r * d + i];
-        m /= (double)d;
-        for (int64_t i = 0; i < d; i++) v += (x[r * d + i] - m) * (x[r * d + i] - m);
-        v /= (double)d;
-        for (int64_t i = 0; i < d; i++) x[r * d + i] = (x[r * d + i] - m) / sqrt(v + 1e-5) * P(g, i) + P(b, i);
-    }
-}
-
+/* tests/util_encoder's layer, eager, with per-batch lengths that mask keys */
 static void test_encoder_layer(void **state) {
     tu_seed(1212);
-    enc w;
-    struct {
-        sj_tensor *t;
-        int rank;
-        int64_t s0, s1;
-    } ps[] = {{&w.wqkv, 2, EH, 3 * EH}, {&w.bqkv, 1, 3 * EH, 0}, {&w.wo, 2, EH, EH}, {&w.bo, 1, EH, 0},
-              {&w.g1, 1, EH, 0},        {&w.b1, 1, EH, 0},       {&w.w1, 2, EH, EFF}, {&w.bf1, 1, EFF, 0},
-              {&w.w2, 2, EFF, EH},      {&w.bf2, 1, EH, 0},      {&w.g2, 1, EH, 0},  {&w.b2, 1, EH, 0}};
-    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
-        *ps[i].t = tu_tensor(SJ_F32, ps[i].rank, (int64_t[]){ps[i].s0, ps[i].s1});
-        tu_fill_range(ps[i].t, -0.5, 0.5);
-    }
+    tu_encoder w;
+    tu_encoder_init(&w, SJ_F32, 16, 4, 32);
     sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "encoder", 2, enc_model, &w, NULL, &fn), SJ_OK);
+    assert_int_equal(sj_fn_create(rt, "encoder", 2, tu_encoder_model, &w, NULL, &fn), SJ_OK);
     const int64_t B = 2;
     for (int64_t S = 3; S <= 9; S += 3) {
-        sj_tensor x = tu_tensor(SJ_F32, 3, (int64_t[]){B, S, EH});
+        sj_tensor x = tu_tensor(SJ_F32, 3, (int64_t[]){B, S, w.h});
         tu_fill_random(&x);
         sj_tensor len = tu_tensor(SJ_I32, 1, &B);
         tu_seti(&len, 0, S);
         tu_seti(&len, 1, S - 1);
         sj_tensor in[2] = {x, len}, out = {0};
         assert_int_equal(sj_call(fn, in, 2, &out, 1), SJ_OK);
-
-        int64_t R = B * S;
-        double *xd = malloc(sizeof(double) * (size_t)(R * EH)), *qkv = malloc(sizeof(double) * (size_t)(R * 3 * EH)),
-               *att = calloc((size_t)(R * EH), sizeof(double)), *h = malloc(sizeof(double) * (size_t)(R * EH)),
-               *f1 = malloc(sizeof(double) * (size_t)(R * EFF)), *f2 = malloc(sizeof(double) * (size_t)(R * EH));
-        for (int64_t i = 0; i < R * EH; i++) xd[i] = P(&x, i);
-        ref_linear(xd, R, EH, &w.wqkv, &w.bqkv, 3 * EH, qkv);
-        for (int64_t b = 0; b < B; b++)
-            for (int hh = 0; hh < ENH; hh++)
-                for (int64_t i = 0; i < S; i++) {
-                    int64_t L = tu_geti(&len, b);
-                    double sc[16], mx = -INFINITY, sum = 0;
-                    for (int64_t j = 0; j < L; j++) {
-                        double s = 0;
-                        for (int e = 0; e < EHD; e++)
-                            s += qkv[(b * S + i) * 3 * EH + hh * EHD + e] * qkv[(b * S + j) * 3 * EH + EH + hh * EHD + e];
-                        sc[j] = 0.5 * s;
-                        mx = fmax(mx, sc[j]);
-                    }
-                    for (int64_t j = 0; j < L; j++) sum += (sc[j] = exp(sc[j] - mx));
-                    for (int e = 0; e < EHD; e++) {
-                        double o = 0;
-                        for (int64_t j = 0; j < L; j++) o += sc[j] / sum * qkv[(b * S + j) * 3 * EH + 2 * EH + hh * EHD + e];
-                        att[(b * S + i) * EH + hh * EHD + e] = o;
-                    }
-                }
-        ref_linear(att, R, EH, &w.wo, &w.bo, EH, h);
-        for (int64_t i = 0; i < R * EH; i++) h[i] += xd[i];
-        ref_ln(h, R, EH, &w.g1, &w.b1);
-        ref_linear(h, R, EH, &w.w1, &w.bf1, EFF, f1);
-        for (int64_t i = 0; i < R * EFF; i++) f1[i] = 0.5 * f1[i] * (1 + erf(f1[i] / sqrt(2.0)));
-        ref_linear(f1, R, EFF, &w.w2, &w.bf2, EH, f2);
-        for (int64_t i = 0; i < R * EH; i++) f2[i] += h[i];
-        ref_ln(f2, R, EH, &w.g2, &w.b2);
-        if (!tu_check(&out, f2, 1e-4, "encoder")) fail_msg("encoder S=%lld", (long long)S);
-        free(xd), free(qkv), free(att), free(h), free(f1), free(f2);
+        double *ref = malloc(sizeof(double) * (size_t)tu_numel(&out));
+        tu_encoder_ref(&w, &x, &len, ref);
+        if (!tu_check(&out, ref, 1e-4, "encoder")) fail_msg("encoder S=%lld", (long long)S);
+        free(ref);
         sj_tensor_free(rt, &out);
     }
     sj_fn_destroy(fn);
