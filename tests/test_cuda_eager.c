@@ -28,6 +28,7 @@
 /* clang-format on */
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -521,6 +522,86 @@ static void test_matmul_stream(void **state) {
     assert_int_equal(dev->api.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* Products from 8 threads at once on one cuBLASLt handle: 4 streams (two
+ * threads on each), two sets of 12 shapes (four threads on each, two of
+ * them on the same stream), each shape 4 times, every result against
+ * float64. Same-shape calls from two threads at once once computed one
+ * thread's product into the other's result (see eager_fns.lt_lock). */
+typedef struct mm_job {
+    int id;
+    CUstream stream;
+    int bad, failures;
+} mm_job;
+
+static void *matmul_thread(void *p) {
+    mm_job *j = p;
+    sj_cuda_exec e = {.cuda = dev, .stream = j->stream};
+    uint64_t st = 0x9E3779B97F4A7C15ull * (uint64_t)(j->id + 1);
+    for (int round = 0; round < 4; round++)
+        for (int64_t M = 1; M <= 12; M++) {
+            int64_t K = 24 + j->id % 2, N = 40 + M, n[3] = {M * K, K * N, M * N};
+            float *h[3];
+            CUdeviceptr d[3] = {0, 0, 0};
+            for (int i = 0; i < 3; i++) {
+                h[i] = malloc((size_t)n[i] * sizeof(float));
+                d[i] = sj_cuda_alloc(dev, (size_t)n[i] * sizeof(float), j->stream);
+            }
+            for (int i = 0; i < 2; i++)
+                for (int64_t x = 0; x < n[i]; x++) {
+                    st = st * 6364136223846793005ull + 1442695040888963407ull;
+                    h[i][x] = (float)((double)(st >> 11) / 9007199254740992.0 * 2 - 1);
+                }
+            sj_tensor a = sj_tensor_make((void *)(uintptr_t)d[0], SJ_F32, 2, S(M, K));
+            sj_tensor b = sj_tensor_make((void *)(uintptr_t)d[1], SJ_F32, 2, S(K, N));
+            sj_tensor y = sj_tensor_make((void *)(uintptr_t)d[2], SJ_F32, 2, S(M, N));
+            a.device = b.device = y.device = SJ_CUDA;
+            if (!d[0] || !d[1] || !d[2] || sj_cuda_to_device(dev, d[0], h[0], (size_t)n[0] * 4) ||
+                sj_cuda_to_device(dev, d[1], h[1], (size_t)n[1] * 4) || sj_cuda_matmul(&e, &a, &b, &y) ||
+                dev->api.StreamSynchronize(j->stream) != CUDA_SUCCESS ||
+                sj_cuda_to_host(dev, h[2], d[2], (size_t)n[2] * 4))
+                j->failures++;
+            else
+                for (int64_t r = 0; r < M; r++)
+                    for (int64_t c = 0; c < N; c++) {
+                        double want = 0, m = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            want += (double)h[0][r * K + k] * h[1][k * N + c];
+                            m += fabs((double)h[0][r * K + k] * h[1][k * N + c]);
+                        }
+                        j->bad += fabs(h[2][r * N + c] - want) > 1e-5 * m + 1e-30;
+                    }
+            for (int i = 0; i < 3; i++) {
+                sj_cuda_free(dev, d[i], j->stream);
+                free(h[i]);
+            }
+        }
+    return NULL;
+}
+
+static void test_matmul_threads(void **state) {
+    (void)state;
+    enum { T = 8 };
+    CUstream streams[4] = {dev->stream};
+    sj_cuda_bind(dev);
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(dev->api.StreamCreate(&streams[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    pthread_t th[T];
+    mm_job jobs[T];
+    for (int i = 0; i < T; i++) {
+        jobs[i] = (mm_job){i, streams[i % 4], 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, matmul_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].failures, 0);
+        assert_int_equal(jobs[i].bad, 0);
+    }
+    for (int i = 1; i < 4; i++) {
+        assert_int_equal(dev->api.StreamSynchronize(streams[i]), CUDA_SUCCESS);
+        dev->api.StreamDestroy(streams[i]);
+    }
+}
+
 /* -- Attention -------------------------------------------------------------- */
 
 static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D, int64_t Dv,
@@ -712,7 +793,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_attention),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
         T(test_large),
     };
 #undef T

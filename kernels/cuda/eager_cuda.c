@@ -12,7 +12,8 @@
  *
  * Threads: sj_cuda_eager_load/unload run once, at device open and close.
  * The ops may be called from any thread; the matmul algorithm cache is
- * guarded by its own mutex (held only for the lookup and the insert).
+ * guarded by its own mutex (held only for the lookup and the insert), and
+ * the calls into the cuBLASLt handle by another (see eager_fns).
  */
 #include "kernels/cuda/eager_cuda.h"
 
@@ -65,6 +66,11 @@ typedef struct mm_entry {
 
 typedef struct eager_fns {
     CUfunction fn[EK_COUNT];
+    /* One call at a time into the device's cuBLASLt handle (a heuristic
+     * query or a product): products from two threads at once were seen
+     * (H200, cuBLASLt 13) to compute one thread's product into the other's
+     * result. Held only while cuBLASLt answers or queues the product. */
+    pthread_mutex_t lt_lock;
     pthread_mutex_t lock; /* guards cache and next */
     mm_entry cache[MM_CACHE];
     int next;
@@ -106,6 +112,7 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
         }
     }
     pthread_mutex_init(&t->lock, NULL);
+    pthread_mutex_init(&t->lt_lock, NULL);
     c->eager = m;
     c->eager_fns = t;
     return SJ_OK;
@@ -118,6 +125,7 @@ void sj_cuda_eager_unload(sj_cuda *c) {
     c->api.ModuleUnload(c->eager);
     eager_fns *t = c->eager_fns;
     pthread_mutex_destroy(&t->lock);
+    pthread_mutex_destroy(&t->lt_lock);
     free(t);
     c->eager = NULL;
     c->eager_fns = NULL;
@@ -606,8 +614,10 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
         for (int i = 0; i < 4; i++)
             LT(api->LtMatmulPreferenceSetAttribute(pref, aa[i], &al[i < 3 ? i : 2], sizeof al[0]),
                "setting MIN_ALIGNMENT");
-        LT(api->LtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &nres),
-           "cublasLtMatmulAlgoGetHeuristic");
+        pthread_mutex_lock(&t->lt_lock);
+        s = api->LtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &nres);
+        pthread_mutex_unlock(&t->lt_lock);
+        LT(s, "cublasLtMatmulAlgoGetHeuristic");
         if (nres < 1) {
             *no_algo = 1;
             st = sj_seterr(SJ_EBACKEND, "matmul: cuBLASLt has no algorithm for %s %llux%llux%llu (batch %d)",
@@ -622,10 +632,12 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
         pthread_mutex_unlock(&t->lock);
     }
     const float one = 1.0f, zero = 0.0f;
-    LT(api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0], (const void *)(uintptr_t)B->p,
-                     lay[1], &zero, (const void *)(uintptr_t)D->p, lay[2], (void *)(uintptr_t)D->p, lay[2], &algo,
-                     (void *)(uintptr_t)ws, (size_t)ws_bytes, (cudaStream_t)e->stream),
-       "cublasLtMatmul");
+    pthread_mutex_lock(&t->lt_lock);
+    s = api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0], (const void *)(uintptr_t)B->p, lay[1],
+                      &zero, (const void *)(uintptr_t)D->p, lay[2], (void *)(uintptr_t)D->p, lay[2], &algo,
+                      (void *)(uintptr_t)ws, (size_t)ws_bytes, (cudaStream_t)e->stream);
+    pthread_mutex_unlock(&t->lt_lock);
+    LT(s, "cublasLtMatmul");
 #undef LT
 done:
     if (pref)
