@@ -33,6 +33,8 @@ unsigned sj_sig_hash(const int64_t *sig, int words) {
 int sj_table_init(sj_table *t) {
     t->memo = NULL;
     t->n_memo = 0;
+    t->graph_free = NULL;
+    t->graph_ctx = NULL;
     atomic_init(&t->n_entries, 0);
     atomic_init(&t->entries, NULL);
     return pthread_rwlock_init(&t->lock, NULL);
@@ -51,6 +53,10 @@ void sj_table_destroy(sj_table *t) {
     sj_memo *m, *tmp;
     HASH_ITER(hh, t->memo, m, tmp) {
         HASH_DELETE(hh, t->memo, m);
+        for (int i = 0; i < SJ_MEMO_GRAPHS; i++) { /* before the code they launch */
+            void *g = atomic_load(&m->graphs[i]);
+            if (g && t->graph_free) t->graph_free(t->graph_ctx, g);
+        }
         sj_ctarget_release(&m->ct);
         free(m);
     }

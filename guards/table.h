@@ -32,6 +32,8 @@
 #define SJ_MAX_SYMS (SJ_MAX_INPUTS * SJ_MAX_RANK)
 /* Exact signatures memoised per function; past it, guard sets serve. */
 #define SJ_MEMO_MAX 4096
+/* CUDA graphs kept per signature (one per set of caller buffers). */
+#define SJ_MEMO_GRAPHS 4
 
 typedef struct sj_entry {
     struct sj_entry *next; /* older entry */
@@ -59,6 +61,14 @@ typedef struct sj_memo {
     _Atomic uint64_t calls;
     _Atomic bool hot;      /* marked for a specialized compile */
     sj_ctarget ct;         /* the entry's plan specialized to this shape */
+    /* CUDA graphs of this signature's fused calls (jit/exec_graph.c), filled
+     * in order, each kept until the table is destroyed. */
+    _Atomic(void *) graphs[SJ_MEMO_GRAPHS];
+    /* Buffer sets of calls no graph served: a hash with a count in its low
+     * 6 bits (jit/exec_graph.c) */
+    _Atomic uint64_t graph_seen[SJ_MEMO_GRAPHS];
+    _Atomic bool graph_busy;     /* a capture is under way */
+    _Atomic bool graph_off;      /* a capture failed: the signature is not captured again */
     int key_words;
     int64_t *syms;         /* entry->n_syms values, after the key */
     int64_t key[];
@@ -70,6 +80,9 @@ typedef struct sj_table {
     int n_memo;
     _Atomic(sj_entry *) entries; /* newest first */
     _Atomic int n_entries;       /* written under the function's trace lock */
+    /* Frees a memo's CUDA graphs at destroy (set by the owner; NULL: none). */
+    void (*graph_free)(void *ctx, void *graph);
+    void *graph_ctx;
 } sj_table;
 
 int sj_table_init(sj_table *t);

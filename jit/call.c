@@ -5,7 +5,8 @@
  *   -> miss: the entries' guard sets, newest first (lock-free); the entry's
  *      result sizes checked for these inputs (at most 2^48 elements); memoised
  *   -> none passes: retrace under the trace lock, by the policy
- *   -> execute the entry's graph with no lock held
+ *   -> execute the entry's graph with no lock held (on the CUDA backend, a
+ *      fused call may be one CUDA graph launch: jit/exec_graph.c)
  *   -> count the call (hot entries, hot shapes of symbolic entries).
  *
  * A memo hit allocates nothing and takes no lock but the memo's read lock.
@@ -360,7 +361,11 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     (void)stream, (void)sync;
 #endif
     if (cd && sj_exec_fused_ok(&x)) {
-        st = sj_exec_fused(&x, e->plan, cd->fns);
+        bool served = false;
+#ifdef SJ_WITH_CUDA
+        if (fn->rt->cuda) served = sj_cuda_graph_call(fn, m, &x, &cc, e->plan, cd, &st);
+#endif
+        if (!served) st = sj_exec_fused(&x, e->plan, cd->fns);
     } else {
         st = sj_exec_eager(&x);
         tier = &fn->c.eager_calls;

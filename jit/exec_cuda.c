@@ -78,12 +78,21 @@ static sj_status copy(void *c, const sj_tensor *x, const sj_tensor *y) { return 
 
 static void *buf_alloc(void *c, size_t bytes) {
     sj_cuda_call *cc = c;
+    if (cc->graph_arena) { /* the graph's own, ordered on the runtime's stream, where graphs run */
+        size_t ws = cc->graph_ws_bytes;
+        if (!ws && !bytes) return NULL;
+        CUdeviceptr p = sj_cuda_alloc(cc->e.cuda, ws + bytes, cc->e.cuda->stream);
+        *cc->graph_arena = p;
+        if (p && ws) cc->e.ws = p, cc->e.ws_bytes = ws;
+        return p && bytes ? (void *)(uintptr_t)(p + ws) : NULL;
+    }
     if (!bytes) return NULL;
     return (void *)(uintptr_t)sj_cuda_alloc(cc->e.cuda, bytes, cc->e.stream);
 }
 
 static void buf_free(void *c, void *p) {
     sj_cuda_call *cc = c;
+    if (cc->graph_arena) return; /* kept by the graph */
     sj_cuda_free(cc->e.cuda, (CUdeviceptr)(uintptr_t)p, cc->e.stream);
 }
 

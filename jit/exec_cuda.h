@@ -14,6 +14,12 @@ typedef struct sj_cuda_call {
     sj_cuda_exec e; /* device, stream, gather error flag */
     bool sync;      /* sj_call: wait for the kernels (and check errors) at the end */
     int n_syms;     /* symbols of the graph: generated kernels take them all */
+    /* While capturing a CUDA graph: where the graph's memory goes, one
+     * block kept by the graph (not freed at the end of the call):
+     * graph_ws_bytes of cuBLASLt workspace (e.ws), then the call's arena.
+     * NULL otherwise. */
+    CUdeviceptr *graph_arena;
+    size_t graph_ws_bytes;
 } sj_cuda_call;
 
 extern const sj_kernels sj_cuda_kernels;
@@ -23,6 +29,23 @@ void sj_cuda_call_init(sj_cuda_call *c, sj_cuda *cuda, CUstream stream, bool syn
 
 /* Device copies of g's constants and host parameters (freed with g). */
 sj_status sj_cuda_upload_graph(sj_cuda *cuda, sj_graph *g);
+
+/* -- CUDA graphs (exec_graph.c) ---------------------------------------------------
+ * A signature's call with the same buffers as SJ_GRAPH_AFTER - 1 unserved
+ * calls before it is captured (at most 63). */
+#define SJ_GRAPH_AFTER 16
+
+/* Serve a fused call of memo item m (NULL: none) with code cd from a CUDA
+ * graph: launch the one made for these buffers, or capture one when these
+ * buffers have come back often enough. Returns true when it served the
+ * call (*st: its status); false: run it kernel by kernel. */
+struct sj_fn;
+struct sj_memo;
+struct sj_compiled;
+bool sj_cuda_graph_call(struct sj_fn *fn, struct sj_memo *m, const sj_exec *x, sj_cuda_call *cc,
+                        const struct sj_fplan *plan, const struct sj_compiled *cd, sj_status *st);
+/* The table's graph_free (ctx: the runtime). */
+void sj_cuda_graph_free(void *ctx, void *graph);
 
 #endif
 #endif

@@ -7,6 +7,7 @@
 
 #include "jit/compile.h"
 #include "jit/error.h"
+#include "jit/exec_cuda.h"
 #include "kernels/backend.h"
 
 #define RELAXED memory_order_relaxed
@@ -125,6 +126,12 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         return st;
     }
     atomic_init(&fn->specializations, 0);
+#ifdef SJ_WITH_CUDA
+    if (rt->cuda) {
+        fn->table.graph_free = sj_cuda_graph_free;
+        fn->table.graph_ctx = rt;
+    }
+#endif
 
     pthread_mutex_lock(&rt->lock);
     fn->next_in_rt = rt->fns;
@@ -252,6 +259,9 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->compile_failures = atomic_load_explicit(&c->compile_failures, RELAXED);
     out->compiles_dropped = atomic_load_explicit(&c->compiles_dropped, RELAXED);
     out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
+    out->graph_calls = atomic_load_explicit(&c->graph_calls, RELAXED);
+    out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
+    out->graph_failures = atomic_load_explicit(&c->graph_failures, RELAXED);
 }
 
 sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
@@ -372,6 +382,10 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             (unsigned long long)s.compiles, (unsigned long long)s.compile_cache_hits,
             (unsigned long long)s.compile_failures, (unsigned long long)s.compiles_dropped, s.compile_ms,
             fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
+    if (fn->rt->cuda)
+        fprintf(out, "  CUDA graphs: %llu captured, %llu failed captures, %llu calls served by one (limit %d per runtime)\n",
+                (unsigned long long)s.graphs, (unsigned long long)s.graph_failures,
+                (unsigned long long)s.graph_calls, fn->rt->cfg.cuda_graphs);
     for (int i = 0; i < fn->n_inputs; i++)
         for (int a = 0; a < SJ_MAX_RANK; a++) {
             const sj_dim_rule *r = sj_policy_rule(p, i, a);

@@ -24,6 +24,7 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t limit_hits, hot_entries, hot_shapes, static_entries, symbolic_entries;
     _Atomic uint64_t fused_sym_calls, fused_spec_calls, compiles, compile_cache_hits, compile_failures,
         compiles_dropped, compile_us;
+    _Atomic uint64_t graph_calls, graphs, graph_failures;
 } sj_fn_counters;
 
 struct sj_fn {

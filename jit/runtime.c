@@ -69,6 +69,7 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     cfg->cflags = NULL;
     cfg->dump_dir = NULL;
     cfg->stream_min_bytes = 0;
+    cfg->cuda_graphs = 64;
     pthread_once(&dflt_cache_once, find_default_cache);
     cfg->cache_dir = dflt_cache[0] ? dflt_cache : NULL;
 
@@ -106,7 +107,8 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
         int lo;
     } ints[] = {{"SHAPEJIT_COMPILE_THREADS", &cfg->compile_threads, 1},
                 {"SHAPEJIT_THREADS", &cfg->exec_threads, 0},
-                {"SHAPEJIT_BLAS_THREADS", &cfg->blas_threads, -1}};
+                {"SHAPEJIT_BLAS_THREADS", &cfg->blas_threads, -1},
+                {"SHAPEJIT_CUDA_GRAPHS", &cfg->cuda_graphs, 0}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         v = getenv(ints[i].name);
         if (!v || !*v) continue;
@@ -268,18 +270,19 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
                          c.compile_threads, c.exec_threads);
     if (c.blas_threads < -1 || c.blas_threads > 1024)
         return sj_seterr(SJ_EINVAL, "sj_runtime_create: blas_threads %d out of range (-1 .. 1024)", c.blas_threads);
-    sj_bucket_rule *rules = NULL;
-    int n_rules = 0;
-    if ((st = sj_bucket_parse(c.buckets, &rules, &n_rules))) {
-        sj_err_prefix("sj_runtime_create: ");
-        return st;
-    }
 #ifndef SJ_WITH_CUDA
     if (c.backend == SJ_BACKEND_CUDA)
         return sj_seterr(SJ_EBACKEND, "sj_runtime_create: the CUDA backend is not built into this library "
                                       "(built without the CUDA toolkit); use SJ_BACKEND_CPU or SJ_BACKEND_AUTO");
 #endif
     if (c.cuda_device < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_device %d is negative", c.cuda_device);
+    if (c.cuda_graphs < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_graphs %d is negative", c.cuda_graphs);
+    sj_bucket_rule *rules = NULL;
+    int n_rules = 0;
+    if ((st = sj_bucket_parse(c.buckets, &rules, &n_rules))) {
+        sj_err_prefix("sj_runtime_create: ");
+        return st;
+    }
 
     sj_runtime *rt = calloc(1, sizeof *rt);
     if (!rt || pthread_mutex_init(&rt->lock, NULL)) {

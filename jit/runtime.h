@@ -23,6 +23,7 @@ struct sj_runtime {
     sj_bucket_rule *bucket_rules; /* parsed cfg.buckets */
     int n_bucket_rules;
     _Atomic int total_entries;    /* entries of all functions (total_recompile_limit) */
+    _Atomic int cuda_graphs;      /* CUDA graphs kept, all functions (cfg.cuda_graphs) */
     char *strings[5];             /* copies of cfg's buckets, cache_dir, cc, cflags, dump_dir */
     struct sj_cache *cache;       /* NULL: no persistent cache */
     struct sj_backend *backend;   /* compiles and loads fused kernels */

@@ -263,6 +263,17 @@ typedef struct sj_runtime_config {
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
     const char *dump_dir;         /* write every generated source there; NULL: no */
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
+    /* CUDA graphs: the most kept per runtime (0: none); default 64. A
+     * fused call on the runtime's own stream (sj_call, or sj_call_stream
+     * with stream NULL) that is the 16th with its exact input shapes and
+     * its input and output buffers is captured once into a graph (about
+     * 1 ms, on that call); later calls with the same shapes and buffers
+     * launch the graph (one launch instead of one per kernel). At most 4 buffer sets per
+     * shape; a graph holds its own intermediate memory and a 4 MiB cuBLASLt
+     * workspace until its function is destroyed. Calls whose outputs shapejit allocates, calls on other
+     * streams, and plans that need memory mid-call (a gather's error flag)
+     * are never captured. $SHAPEJIT_CUDA_GRAPHS. */
+    int cuda_graphs;
     /* CPU fused kernels whose loads and stores move more bytes than this
      * write their f32 outputs with non-temporal stores (no read for
      * ownership; the output is not left in the caches). 0 (default): the
@@ -698,6 +709,10 @@ typedef struct sj_stats {
     uint64_t compile_failures; /* compiles that failed (those entries stay eager) */
     uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
     double compile_ms;         /* compiler time, total */
+    /* CUDA backend (sj_runtime_config.cuda_graphs): */
+    uint64_t graph_calls;      /* fused calls served by one CUDA graph launch */
+    uint64_t graphs;           /* CUDA graphs captured */
+    uint64_t graph_failures;   /* captures abandoned (those shapes keep launching kernel by kernel) */
 } sj_stats;
 SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
 

@@ -98,6 +98,11 @@ static void test_runtime_args(void **state) {
     cfg.allocator.free = NULL;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
     assert_msg_has("allocator");
+    sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
+    cfg.cuda_graphs = -1;
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
+    assert_msg_has("cuda_graphs -1 is negative");
     sj_runtime_destroy(NULL); /* no-op */
     sj_fn_destroy(NULL);
 }
@@ -165,8 +170,15 @@ static void test_config_env(void **state) {
     assert_int_equal(config_with(bt, "4").blas_threads, 4);
     assert_int_equal(config_with(bt, "-1").blas_threads, -1);
     assert_int_equal(config_with(bt, "-2").blas_threads, 0);
+    /* CUDA graphs: default 64, 0 none, negative ignored */
+    const char *cg = "SHAPEJIT_CUDA_GRAPHS";
+    assert_int_equal(config_with(cg, NULL).cuda_graphs, 64);
+    assert_int_equal(config_with(cg, "0").cuda_graphs, 0);
+    assert_int_equal(config_with(cg, "200").cuda_graphs, 200);
+    assert_int_equal(config_with(cg, "-3").cuda_graphs, 64);
     unsetenv(sm);
     unsetenv(bt);
+    unsetenv(cg);
 }
 
 typedef struct log_sink {

@@ -1,7 +1,7 @@
 /* The JIT on the CUDA backend, through the public API: every op eagerly on
  * the device against the CPU runtime, fused patterns (static and symbolic)
  * against the CPU and float64, the background compile and hot swap, NVRTC
- * failures, buckets, limits, the stream API, bad input. Without a CUDA
+ * failures, buckets, limits, the stream API, bad input, CUDA graphs. Without a CUDA
  * device it prints "skipped: no CUDA device" and passes. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,32 +10,39 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
+#include "jit/tensor.h"
 #include "tests/util.h"
 #include "tests/util_encoder.h"
 
 #ifdef SJ_WITH_CUDA
+#include "jit/exec_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
 
 static sj_runtime *cpu;  /* the reference */
 
-static sj_runtime *gpu_runtime(sj_compile_mode mode) {
+/* A CUDA runtime keeping at most `graphs` CUDA graphs. */
+static sj_runtime *gpu_runtime_graphs(sj_compile_mode mode, int graphs) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     cfg.backend = SJ_BACKEND_CUDA;
     cfg.compile_mode = mode;
     cfg.cache_dir = NULL;
     cfg.log_mask = 0;
+    cfg.cuda_graphs = graphs;
     sj_runtime *rt = NULL;
     sj_status st = sj_runtime_create(&cfg, &rt);
     if (st) fail_msg("CUDA runtime: %s", sj_last_error());
     return rt;
 }
+
+static sj_runtime *gpu_runtime(sj_compile_mode mode) { return gpu_runtime_graphs(mode, 64); }
 
 /* A device copy of a host test tensor, layout kept (the whole underlying
  * buffer is copied, so strided views stay views). */
@@ -102,6 +109,20 @@ static void compare(sj_runtime *rt, sj_fn *gfn, sj_model_fn model, void *user, c
     }
     sj_fn_destroy(cfn);
     for (int i = 0; i < n_in; i++) free_dev(rt, &d[i]);
+}
+
+/* The test encoder (random weights of dt into w) as a function of rt, hot
+ * (compiled) on its first call, never specialized per shape. */
+static sj_fn *encoder_fn(sj_runtime *rt, tu_encoder *w, sj_dtype dt, sj_dynamic dyn, const char *name) {
+    tu_encoder_init(w, dt, 64, 4, 128);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = dyn;
+    o.hot_threshold = 1;
+    o.specialize_threshold = 1000;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, name, 1, tu_encoder_model, w, &o, &fn), SJ_OK);
+    return fn;
 }
 
 /* -- Models ---------------------------------------------------------------------- */
@@ -399,13 +420,7 @@ static void test_encoder_fused(void **state) {
         for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
             sj_dtype dt = dts[d];
             tu_encoder w;
-            tu_encoder_init(&w, dt, 64, 4, 128);
-            sj_fn_options o;
-            sj_fn_options_init(&o);
-            o.dynamic = dyn;
-            o.hot_threshold = 1;
-            sj_fn *fn;
-            assert_int_equal(sj_fn_create(rt, "encoder", 1, tu_encoder_model, &w, &o, &fn), SJ_OK);
+            sj_fn *fn = encoder_fn(rt, &w, dt, (sj_dynamic)dyn, "encoder");
             for (int64_t S = 5; S <= 200; S += 65) { /* 5, 70 (two query blocks), 135, 200 */
                 sj_tensor x = tu_tensor(dt, 3, (int64_t[]){1, S, w.h});
                 tu_fill_random(&x);
@@ -420,6 +435,252 @@ static void test_encoder_fused(void **state) {
             sj_fn_destroy(fn);
             tu_free_all();
         }
+    sj_runtime_destroy(rt);
+}
+
+/* -- CUDA graphs ---------------------------------------------------------------------- */
+
+/* One encoder call into fixed device buffers, x fresh random data each
+ * time, checked against float64. Returns the call's status. */
+static sj_status graph_call(sj_runtime *rt, sj_fn *fn, const tu_encoder *w, const dbuf *dx, const sj_tensor *y,
+                            const char *what) {
+    sj_tensor hx = tu_tensor(dx->t.dtype, 3, dx->t.shape);
+    tu_fill_random(&hx);
+    assert_int_equal(sj_cuda_to_device(rt->cuda, dx->base, hx.data, (size_t)tu_numel(&hx) * sj_dtype_size(hx.dtype)),
+                     SJ_OK);
+    sj_tensor out = *y;
+    sj_status st = sj_call(fn, &dx->t, 1, &out, 1);
+    if (st) return st;
+    sj_tensor h = to_host(rt, y);
+    double *ref = malloc(sizeof(double) * (size_t)tu_numel(&h));
+    tu_encoder_ref(w, &hx, NULL, ref);
+    if (!tu_check(&h, ref, hx.dtype == SJ_F32 ? 1e-4 : 2e-2, what)) fail_msg("%s: differs from float64", what);
+    free(ref);
+    return SJ_OK;
+}
+
+static sj_stats stats_of(const sj_fn *fn) {
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    return s;
+}
+
+static sj_status gather2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_add(t, sj_mul(t, sj_gather(t, in[0], in[1]), sj_scalar(t, 2)), sj_scalar(t, 1)));
+}
+
+/* Fused calls whose shapes and buffers repeat run as one CUDA graph:
+ * captured on the SJ_GRAPH_AFTER-th call with the same buffers, replayed after, with
+ * new data each time; other buffers and other streams run kernel by
+ * kernel; a plan that needs memory mid-call (gather) is not captured and
+ * still reports bad indices. */
+static void test_cuda_graphs(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    tu_seed(21);
+    for (int d = 0; d < 2; d++)
+        for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
+            sj_dtype dt = d ? SJ_F16 : SJ_F32;
+            tu_encoder w; /* one piece of code per shape throughout */
+            sj_fn *fn = encoder_fn(rt, &w, dt, (sj_dynamic)dyn, "graphs");
+            int64_t S = 37;
+            sj_tensor hx = tu_tensor(dt, 3, (int64_t[]){1, S, w.h});
+            dbuf dx = to_dev(rt, &hx), dy = to_dev(rt, &hx), dy2 = to_dev(rt, &hx);
+            char what[96];
+            snprintf(what, sizeof what, "graphs %s %s", sj_dtype_name(dt), dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic");
+            /* call 1 compiles (fused); the SJ_GRAPH_AFTER-th with the same
+             * buffers is captured and runs as the graph, as do later ones */
+            for (int i = 0; i < SJ_GRAPH_AFTER + 2; i++)
+                assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
+            sj_stats s = stats_of(fn);
+            assert_int_equal(s.eager_calls, 0);
+            assert_int_equal(s.graphs, 1);
+            assert_int_equal(s.graph_calls, 3);
+            assert_int_equal(s.graph_failures, 0);
+            /* another output buffer: kernel by kernel, then its own graph;
+             * calls with the first buffers in between keep their graph */
+            for (int i = 0; i < SJ_GRAPH_AFTER - 1; i++) {
+                assert_int_equal(graph_call(rt, fn, &w, &dx, &dy2.t, what), SJ_OK);
+                assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
+            }
+            assert_int_equal(stats_of(fn).graph_calls, 3 + SJ_GRAPH_AFTER - 1);
+            assert_int_equal(graph_call(rt, fn, &w, &dx, &dy2.t, what), SJ_OK);
+            s = stats_of(fn);
+            assert_int_equal(s.graphs, 2);
+            assert_int_equal(s.graph_calls, 3 + SJ_GRAPH_AFTER);
+            /* the graph's buffer with a wrong output shape: no match, the
+             * usual check names it; the next good call is a graph again */
+            sj_tensor bad = dy.t;
+            bad.shape[1] = S - 1;
+            sj_tensor_set_contiguous(&bad);
+            assert_int_equal(sj_call(fn, &dx.t, 1, &bad, 1), SJ_ESHAPE);
+            assert_non_null(strstr(sj_last_error(), "output 0 size mismatch at axis 1"));
+            assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
+            assert_int_equal(stats_of(fn).graph_calls, 4 + SJ_GRAPH_AFTER);
+            /* the caller's stream: never a graph */
+            CUstream s2;
+            sj_cuda_bind(rt->cuda);
+            assert_int_equal(rt->cuda->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+            sj_tensor out = dy.t;
+            for (int i = 0; i < 3; i++) assert_int_equal(sj_call_stream(fn, &dx.t, 1, &out, 1, (void *)s2), SJ_OK);
+            assert_int_equal(rt->cuda->api.StreamSynchronize(s2), CUDA_SUCCESS);
+            rt->cuda->api.StreamDestroy(s2);
+            assert_int_equal(stats_of(fn).graph_calls, 4 + SJ_GRAPH_AFTER);
+            /* outputs the library allocates: never a graph */
+            for (int i = 0; i < 3; i++) {
+                sj_tensor o2 = {0};
+                assert_int_equal(sj_call(fn, &dx.t, 1, &o2, 1), SJ_OK);
+                sj_tensor_free(rt, &o2);
+            }
+            s = stats_of(fn);
+            assert_int_equal(s.graph_calls, 4 + SJ_GRAPH_AFTER);
+            assert_int_equal(s.graphs, 2);
+            sj_fn_destroy(fn); /* with its graphs */
+            free_dev(rt, &dx);
+            free_dev(rt, &dy);
+            free_dev(rt, &dy2);
+            tu_free_all();
+        }
+    assert_int_equal(atomic_load(&rt->cuda_graphs), 0);
+
+    /* gather asks for its error flag mid-call: the capture is abandoned */
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "gather2", 2, gather2_model, NULL, &o, &fn), SJ_OK);
+    sj_tensor in[2] = {tu_tensor(SJ_F32, 2, (int64_t[]){10, 16}), tu_tensor(SJ_I64, 1, (int64_t[]){6})};
+    tu_fill_random(&in[0]);
+    tu_fill_range(&in[1], 0, 9);
+    dbuf d0 = to_dev(rt, &in[0]), d1 = to_dev(rt, &in[1]);
+    sj_tensor hy = tu_tensor(SJ_F32, 2, (int64_t[]){6, 16});
+    dbuf dy = to_dev(rt, &hy);
+    sj_tensor din[2] = {d0.t, d1.t};
+    for (int i = 0; i < SJ_GRAPH_AFTER + 1; i++) {
+        sj_tensor out = dy.t;
+        assert_int_equal(sj_call(fn, din, 2, &out, 1), SJ_OK);
+    }
+    sj_stats s = stats_of(fn);
+    assert_true(s.fused_specialized_calls >= SJ_GRAPH_AFTER);
+    assert_int_equal(s.graph_failures, 1);
+    assert_int_equal(s.graphs, 0);
+    sj_tensor h = to_host(rt, &dy.t);
+    for (int64_t r = 0; r < 6; r++)
+        for (int64_t c = 0; c < 16; c++)
+            assert_true(fabs(tu_get(&h, r * 16 + c) - (2 * tu_get(&in[0], tu_geti(&in[1], r) * 16 + c) + 1)) < 1e-6);
+    int64_t bad_idx = 10;
+    assert_int_equal(sj_cuda_to_device(rt->cuda, d1.base + 3 * sizeof(int64_t), &bad_idx, sizeof bad_idx), SJ_OK);
+    sj_tensor out = dy.t;
+    assert_int_equal(sj_call(fn, din, 2, &out, 1), SJ_EINDEX);
+    sj_fn_destroy(fn);
+    free_dev(rt, &d0);
+    free_dev(rt, &d1);
+    free_dev(rt, &dy);
+    tu_free_all();
+    sj_runtime_destroy(rt);
+
+    /* cuda_graphs = 0: none */
+    rt = gpu_runtime_graphs(SJ_COMPILE_SYNC, 0);
+    tu_encoder w;
+    fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_STATIC, "nographs");
+    sj_tensor hx = tu_tensor(SJ_F32, 3, (int64_t[]){1, 9, w.h});
+    dbuf dx = to_dev(rt, &hx), dy2 = to_dev(rt, &hx);
+    for (int i = 0; i < 4; i++) assert_int_equal(graph_call(rt, fn, &w, &dx, &dy2.t, "no graphs"), SJ_OK);
+    s = stats_of(fn);
+    assert_int_equal(s.graphs + s.graph_calls + s.graph_failures, 0);
+    assert_true(s.fused_specialized_calls + s.fused_symbolic_calls == 4);
+    sj_fn_destroy(fn);
+    free_dev(rt, &dx);
+    free_dev(rt, &dy2);
+    tu_free_all();
+    sj_runtime_destroy(rt);
+}
+
+/* 8 threads call one function with buffers of their own, new data each
+ * call: two of them have graphs, the rest run kernel by kernel, every
+ * result matches float64 (references computed beforehand:
+ * the tu helpers are not thread-safe). This is what found that cuBLASLt
+ * must be called by one thread at a time (eager_cuda.c) and that a graph
+ * needs a cuBLASLt workspace of its own (exec_graph.c). */
+typedef struct graph_job {
+    sj_runtime *rt;
+    sj_fn *fn;
+    sj_tensor hx[2];
+    double *ref[2];
+    dbuf dx, dy;
+    int bad, failures;
+} graph_job;
+
+static void *graph_thread(void *p) {
+    graph_job *j = p;
+    int64_t n = tu_numel(&j->hx[0]);
+    size_t bytes = (size_t)n * sizeof(float);
+    float *y = malloc(bytes);
+    for (int it = 0; it < 12 && y; it++) {
+        const sj_tensor *hx = &j->hx[it % 2];
+        const double *ref = j->ref[it % 2];
+        sj_tensor out = j->dy.t;
+        if (sj_cuda_to_device(j->rt->cuda, j->dx.base, hx->data, bytes) || sj_call(j->fn, &j->dx.t, 1, &out, 1) ||
+            sj_cuda_to_host(j->rt->cuda, y, j->dy.base, bytes)) {
+            j->failures++;
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++) j->bad += fabs(y[i] - ref[i]) > 1e-4 * (1 + fabs(ref[i]));
+    }
+    j->failures += !y;
+    free(y);
+    return NULL;
+}
+
+static void test_cuda_graphs_threads(void **state) {
+    enum { T = 8 };
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    tu_seed(22);
+    tu_encoder w;
+    sj_fn *fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_STATIC, "graph_threads");
+    graph_job jobs[T];
+    pthread_t th[T];
+    int64_t S = 21;
+    for (int t = 0; t < T; t++) {
+        jobs[t] = (graph_job){.rt = rt, .fn = fn};
+        for (int k = 0; k < 2; k++) {
+            jobs[t].hx[k] = tu_tensor(SJ_F32, 3, (int64_t[]){1, S, w.h});
+            tu_fill_random(&jobs[t].hx[k]);
+            jobs[t].ref[k] = malloc(sizeof(double) * (size_t)tu_numel(&jobs[t].hx[k]));
+            tu_encoder_ref(&w, &jobs[t].hx[k], NULL, jobs[t].ref[k]);
+        }
+        jobs[t].dx = to_dev(rt, &jobs[t].hx[0]);
+        jobs[t].dy = to_dev(rt, &jobs[t].hx[0]);
+    }
+    /* compiled before the threads start, and graphs for the buffers of
+     * threads 0 and 1 (captured on the SJ_GRAPH_AFTER-th call); the
+     * others make too few calls to be captured */
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < SJ_GRAPH_AFTER; i++) {
+            sj_tensor out = jobs[t].dy.t;
+            assert_int_equal(sj_call(fn, &jobs[t].dx.t, 1, &out, 1), SJ_OK);
+        }
+    assert_int_equal(stats_of(fn).graphs, 2);
+    for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, graph_thread, &jobs[t]), 0);
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL); /* all of them before any assertion */
+    for (int t = 0; t < T; t++) {
+        assert_int_equal(jobs[t].failures, 0);
+        assert_int_equal(jobs[t].bad, 0);
+    }
+    sj_stats s = stats_of(fn);
+    assert_int_equal(s.eager_calls, 0);
+    assert_int_equal(s.graphs, 2);
+    assert_true(s.graph_calls >= 2 + 2 * 12);
+    assert_int_equal(s.graph_failures, 0);
+    print_message("8 threads x 12 calls: %llu graphs, %llu graph calls\n", (unsigned long long)s.graphs,
+                  (unsigned long long)s.graph_calls);
+    sj_fn_destroy(fn);
+    for (int t = 0; t < T; t++) {
+        free_dev(rt, &jobs[t].dx);
+        free_dev(rt, &jobs[t].dy);
+        free(jobs[t].ref[0]);
+        free(jobs[t].ref[1]);
+    }
+    tu_free_all();
     sj_runtime_destroy(rt);
 }
 
@@ -660,6 +921,7 @@ int main(void) {
         cmocka_unit_test(test_stream_api_and_bad_input), cmocka_unit_test(test_buckets_on_device),
         cmocka_unit_test(test_limits_on_device),        cmocka_unit_test(test_transient_entry_on_stream),
         cmocka_unit_test(test_params_on_device),  cmocka_unit_test(test_encoder_fused),
+        cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

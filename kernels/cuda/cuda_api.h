@@ -63,6 +63,12 @@
     X(CUresult, LaunchKernel, "cuLaunchKernel",                                                    \
       (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
        unsigned int, CUstream, void **, void **))                                                  \
+    X(CUresult, StreamBeginCapture, "cuStreamBeginCapture_v2", (CUstream, CUstreamCaptureMode))    \
+    X(CUresult, StreamEndCapture, "cuStreamEndCapture", (CUstream, CUgraph *))                     \
+    X(CUresult, GraphInstantiate, "cuGraphInstantiateWithFlags", (CUgraphExec *, CUgraph, unsigned long long)) \
+    X(CUresult, GraphLaunch, "cuGraphLaunch", (CUgraphExec, CUstream))                             \
+    X(CUresult, GraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec))                             \
+    X(CUresult, GraphDestroy, "cuGraphDestroy", (CUgraph))                                         \
     X(CUresult, GetErrorString, "cuGetErrorString", (CUresult, const char **))                     \
     X(CUresult, GetErrorName, "cuGetErrorName", (CUresult, const char **))
 

@@ -271,9 +271,17 @@ static void event_recycle(cuda_dev *d, CUevent e) {
 
 /* -- Allocator: the entry points ------------------------------------------------ */
 
+static _Thread_local CUstream capturing; /* the stream this thread is capturing, or NULL */
+
+void sj_cuda_capturing(CUstream s) { capturing = s; }
+
 CUdeviceptr sj_cuda_alloc(sj_cuda *c, size_t bytes, CUstream s) {
     if (!c) {
         sj_seterr(SJ_EINVAL, "sj_cuda_alloc: device is NULL");
+        return 0;
+    }
+    if (s && s == capturing) {
+        sj_seterr(SJ_EBACKEND, "cuda: %zu bytes asked for on a stream being captured into a CUDA graph", bytes);
         return 0;
     }
     cuda_dev *d = dev_of(c);
@@ -468,6 +476,8 @@ static void teardown(cuda_dev *d) {
             if (d->live[i].ptr) a->MemFree(d->live[i].ptr);
         for (size_t i = 0; i < d->n_events; i++) a->EventDestroy(d->events[i]);
         d->n_events = 0;
+        if (c->capture_stream) a->StreamDestroy(c->capture_stream);
+        c->capture_stream = NULL;
         if (c->stream) a->StreamDestroy(c->stream);
         c->stream = NULL;
         a->DevicePrimaryCtxRelease(c->dev);
@@ -478,7 +488,10 @@ static void teardown(cuda_dev *d) {
     free(c->cached);
     free(d->live);
     free(d->events);
-    if (d->lock_init) pthread_mutex_destroy(&c->alloc_lock);
+    if (d->lock_init) {
+        pthread_mutex_destroy(&c->alloc_lock);
+        pthread_mutex_destroy(&c->capture_lock);
+    }
     free(d);
 }
 
@@ -491,6 +504,11 @@ sj_status sj_cuda_open(int ordinal, sj_cuda **out) {
     c->ordinal = ordinal;
     d->serial = atomic_fetch_add(&next_serial, 1);
     if (pthread_mutex_init(&c->alloc_lock, NULL)) {
+        free(d);
+        return sj_seterr(SJ_ENOMEM, "sj_cuda_open: cannot create a mutex");
+    }
+    if (pthread_mutex_init(&c->capture_lock, NULL)) {
+        pthread_mutex_destroy(&c->alloc_lock);
         free(d);
         return sj_seterr(SJ_ENOMEM, "sj_cuda_open: cannot create a mutex");
     }

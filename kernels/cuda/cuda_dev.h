@@ -42,6 +42,11 @@ typedef struct sj_cuda {
     CUmodule eager;         /* the ahead-of-time eager kernels (NULL until loaded) */
     void *eager_fns;        /* kernels/cuda/eager_cuda.c's table of CUfunctions */
 
+    /* CUDA graphs (jit/exec_graph.c): one capture at a time, on a stream
+     * of its own (made on first use) */
+    pthread_mutex_t capture_lock;
+    CUstream capture_stream;
+
     pthread_mutex_t alloc_lock;
     sj_cuda_block *cached;  /* free blocks, by size */
     size_t cached_bytes, live_bytes;
@@ -77,6 +82,11 @@ static inline sj_status sj_cu_check(sj_cuda *c, CUresult r, const char *what) {
  * released and the allocation retried once. Warm calls never reach
  * cuMemAlloc. */
 CUdeviceptr sj_cuda_alloc(sj_cuda *c, size_t bytes, CUstream s); /* 0 on failure (message set) */
+/* While the calling thread captures stream s into a CUDA graph (s set
+ * here; NULL when done), allocations for s fail: the allocator orders
+ * reuse by events recorded on real streams, which a graph replayed later
+ * would not keep. A capture that needs one is abandoned. */
+void sj_cuda_capturing(CUstream s);
 void sj_cuda_free(sj_cuda *c, CUdeviceptr p, CUstream s);         /* 0 is a no-op */
 void sj_cuda_release_cached(sj_cuda *c);
 

@@ -553,10 +553,10 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     cudaDataType_t ty = lt_type(dt);
     int batched = batch > 1;
     uint32_t al[3] = {lt_align(A, es, batched), lt_align(B, es, batched), lt_align(D, es, batched)};
-    CUdeviceptr ws = c->lt_workspace;
-    uint64_t ws_bytes = c->lt_workspace ? c->lt_workspace_bytes : 0;
+    CUdeviceptr ws = e->ws ? e->ws : c->lt_workspace;
+    uint64_t ws_bytes = e->ws ? e->ws_bytes : c->lt_workspace ? c->lt_workspace_bytes : 0;
     int own_ws = 0;
-    if (e->stream != c->stream && ws_bytes) { /* the shared workspace belongs to c->stream */
+    if (!e->ws && e->stream != c->stream && ws_bytes) { /* the shared workspace belongs to c->stream */
         ws = sj_cuda_alloc(c, (size_t)ws_bytes, e->stream);
         own_ws = ws != 0;
         ws_bytes = ws ? ws_bytes : 0;

@@ -28,6 +28,10 @@ typedef struct sj_cuda_exec {
     sj_cuda *cuda;
     CUstream stream;
     CUdeviceptr error_flag; /* device int, 0 on entry; set to 1 by gather on a bad index */
+    /* cuBLASLt's workspace for this call when not the device's shared one
+     * (a CUDA graph's own); 0: the shared one. */
+    CUdeviceptr ws;
+    size_t ws_bytes;
 } sj_cuda_exec;
 
 /* The embedded fatbin (generated at build time from eager.cu). */
