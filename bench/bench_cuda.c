@@ -2,19 +2,22 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
  * are compiled before timing (synchronous mode, outside the timed region).
  * Each measurement is the median of many calls timed with CUDA events
  * around the whole call (host dispatch included), after a warm-up, on
- * random inputs. w0 is host microseconds per sj_call, which waits for the
+ * random inputs. The timed calls reuse their buffers, so fused calls run
+ * as CUDA graphs (graph_calls in the output); SHAPEJIT_CUDA_GRAPHS=0 times
+ * them kernel by kernel. w0 is host microseconds per sj_call, which waits for the
  * result. w4 is the f16 encoder layer in the same three modes; w5 serves
  * the request stream of --lengths (default: the sample's copy of
  * w5_lengths.txt) through the default policy (modes eager, auto,
  * auto_warm: see bench_w5). "attention" times the attention op alone
- * (f16 [1, 12, S, 64]), not a shared workload. Without a GPU it prints one
+ * (f16 [1, 12, S, 64]), not a shared workload; "hostparts" the host time
+ * to queue each primitive of a small encoder call. Without a GPU it prints one
  * line saying so and exits 0.
  */
 #include <math.h>
@@ -299,9 +302,11 @@ static void bench_w4(void) {
             sj_stats st;
             sj_fn_stats(fn, &st);
             printf("{\"workload\": \"w4\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", \"S\": %lld, "
-                   "\"median_ms\": %.4f, \"host_ms\": %.4f, \"TFLOPs\": %.2f, \"compiles\": %llu, \"eager_calls\": %llu}\n",
+                   "\"median_ms\": %.4f, \"host_ms\": %.4f, \"TFLOPs\": %.2f, \"compiles\": %llu, \"eager_calls\": %llu, "
+                   "\"graph_calls\": %llu}\n",
                    bench_mode_names[mode], (long long)S, ms, host_ms, flops / (ms * 1e-3) / 1e12,
-                   (unsigned long long)st.compiles, (unsigned long long)st.eager_calls);
+                   (unsigned long long)st.compiles, (unsigned long long)st.eager_calls,
+                   (unsigned long long)st.graph_calls);
             fflush(stdout);
             free_case(rt, &c);
         }
@@ -334,6 +339,61 @@ static void bench_attention(void) {
         free_case(rt, &c);
     }
     sj_fn_destroy(fn);
+    sj_runtime_destroy(rt);
+}
+
+/* Host microseconds to queue one primitive, the GPU idle before each
+ * (median of 200): what a small call's time is made of. The parts are the
+ * eager kernels the fused encoder calls, at its S=16 sizes, and the
+ * allocator's pair. Not a shared workload. */
+typedef enum { HP_COPY, HP_ADD, HP_LAYER_NORM, HP_MATMUL, HP_ATTENTION, HP_ALLOC_FREE, HP_N } hp_part;
+static const char *const hp_names[HP_N] = {"copy", "add", "layer_norm", "matmul", "attention", "alloc_free"};
+
+static void bench_hostparts(void) {
+    sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, BENCH_EAGER);
+    sj_cuda *cu = rt->cuda;
+    sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
+    const int64_t S = 16, x_shape[2] = {S, BENCH_H}, w_shape[2] = {BENCH_H, 3 * BENCH_H},
+                  y_shape[2] = {S, 3 * BENCH_H}, h_shape[1] = {BENCH_H}, a_shape[4] = {1, BENCH_NH, S, BENCH_HD};
+    sj_tensor x = dev_rand_dt(rt, SJ_F16, 2, x_shape, -1, 1), x2 = dev_rand_dt(rt, SJ_F16, 2, x_shape, -1, 1);
+    sj_tensor w = dev_rand_dt(rt, SJ_F16, 2, w_shape, -0.05f, 0.05f), y = dev_rand_dt(rt, SJ_F16, 2, y_shape, -1, 1);
+    sj_tensor g = dev_rand_dt(rt, SJ_F16, 1, h_shape, 0.5f, 1.5f), b = dev_rand_dt(rt, SJ_F16, 1, h_shape, -1, 1);
+    sj_tensor q = dev_rand_dt(rt, SJ_F16, 4, a_shape, -1, 1), k = dev_rand_dt(rt, SJ_F16, 4, a_shape, -1, 1);
+    sj_tensor v = dev_rand_dt(rt, SJ_F16, 4, a_shape, -1, 1), o = dev_rand_dt(rt, SJ_F16, 4, a_shape, -1, 1);
+    sj_tensor gb = g; /* g broadcast over the rows */
+    gb.rank = 2, gb.shape[0] = S, gb.shape[1] = BENCH_H, gb.stride[0] = 0, gb.stride[1] = 1;
+    enum { REPS = 200 };
+    double h[REPS];
+    for (int part = 0; part < HP_N; part++) {
+        for (int i = 0; i < 10 + REPS; i++) {
+            cu->api.StreamSynchronize(cu->stream);
+            double t0 = bench_now_s();
+            sj_status st = SJ_OK;
+            switch ((hp_part)part) {
+            case HP_COPY: st = sj_cuda_copy(&e, &x, &x2); break;
+            case HP_ADD: st = sj_cuda_binary(&e, SJ_OP_ADD, &x, &gb, &x2); break;
+            case HP_LAYER_NORM: st = sj_cuda_layer_norm(&e, &x, &g, &b, 1e-5, &x2); break;
+            case HP_MATMUL: st = sj_cuda_matmul(&e, &x, &w, &y); break;
+            case HP_ATTENTION: st = sj_cuda_attention(&e, &q, &k, &v, NULL, 0.125, 0, &o); break;
+            case HP_ALLOC_FREE: {
+                CUdeviceptr p = sj_cuda_alloc(cu, 65536, cu->stream);
+                if (!p) st = SJ_ENOMEM;
+                sj_cuda_free(cu, p, cu->stream);
+                break;
+            }
+            default: break;
+            }
+            if (i >= 10) h[i - 10] = (bench_now_s() - t0) * 1e6;
+            if (st) bench_die(hp_names[part]);
+        }
+        qsort(h, REPS, sizeof h[0], bench_cmp_double);
+        printf("{\"workload\": \"hostparts\", \"part\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
+               "\"S\": %lld, \"host_us\": %.2f, \"host_us_p10\": %.2f}\n",
+               hp_names[part], (long long)S, h[REPS / 2], h[REPS / 10]);
+        fflush(stdout);
+    }
+    sj_tensor *all[] = {&x, &x2, &w, &y, &g, &b, &q, &k, &v, &o};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sj_tensor_free(rt, all[i]);
     sj_runtime_destroy(rt);
 }
 
@@ -428,10 +488,12 @@ static void bench_w5(const char *lengths_path) {
             printf("{\"workload\": \"w5\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
                    "\"requests\": %d, \"of\": %d, \"total_s\": %.4f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
                    "\"max_ms\": %.3f, \"steady_p50_ms_last_half\": %.4f, \"compiles\": %llu, \"compile_ms\": %.0f, "
-                   "\"eager_calls\": %llu, \"fused_symbolic_calls\": %llu, \"fused_specialized_calls\": %llu}\n",
+                   "\"eager_calls\": %llu, \"fused_symbolic_calls\": %llu, \"fused_specialized_calls\": %llu, "
+                   "\"graphs\": %llu, \"graph_calls\": %llu}\n",
                    modes[m], n, n, total, Q(0.5), Q(0.99), sorted[n - 1], steady, (unsigned long long)st.compiles,
                    st.compile_ms, (unsigned long long)st.eager_calls, (unsigned long long)st.fused_symbolic_calls,
-                   (unsigned long long)st.fused_specialized_calls);
+                   (unsigned long long)st.fused_specialized_calls, (unsigned long long)st.graphs,
+                   (unsigned long long)st.graph_calls);
 #undef Q
             fflush(stdout);
         }
@@ -451,7 +513,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention] [--lengths file]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -473,6 +535,7 @@ int main(int argc, char **argv) {
         if (strstr(wl, name)) bench_w(w);
     }
     if (strstr(wl, "attention")) bench_attention();
+    if (strstr(wl, "hostparts")) bench_hostparts();
     if (strstr(wl, "w4")) bench_w4();
     if (strstr(wl, "w5")) bench_w5(lengths);
     return 0;

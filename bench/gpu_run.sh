@@ -6,7 +6,8 @@
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
 #   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|all]     (results under $OUT)
-#             bench: w0-w3; model: w4, w5 (the f16 encoder layer) and attention alone;
+#             bench: w0-w3; model: w4, w5 (the f16 encoder layer), attention alone and
+#             the host time of a small call's parts (hostparts);
 #             each with the peer
 #
 # The tests print their results; the benchmarks write ours.jsonl and
@@ -52,7 +53,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = model ] || [ "$what" = all ]; then
-    timeout 300 "$B/bench_cuda" --workloads w4,w5,attention > "$OUT/ours_model.jsonl" 2> /tmp/bench_model.err
+    timeout 300 "$B/bench_cuda" --workloads w4,w5,attention,hostparts > "$OUT/ours_model.jsonl" 2> /tmp/bench_model.err
     echo "bench_cuda w4,w5 rc=$?" | tee -a "$summary"
     tail -3 /tmp/bench_model.err >> "$summary"
     PYTHONUNBUFFERED=1 timeout ${SJ_PEER_MODEL_TIMEOUT:-280} python3 .peer/peers/torch_peer.py --workloads w4,w5 \
