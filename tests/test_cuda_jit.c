@@ -534,6 +534,16 @@ static void test_cuda_graphs(void **state) {
             s = stats_of(fn);
             assert_int_equal(s.graph_calls, 4 + SJ_GRAPH_AFTER);
             assert_int_equal(s.graphs, 2);
+            char *text = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&text, &len);
+            sj_fn_explain(fn, f);
+            fclose(f);
+            char want[96];
+            snprintf(want, sizeof want, "CUDA graphs: 2 captured, 0 failed captures, %d calls served by one",
+                     4 + SJ_GRAPH_AFTER);
+            if (!strstr(text, want)) fail_msg("explain lacks \"%s\":\n%s", want, text);
+            free(text);
             sj_fn_destroy(fn); /* with its graphs */
             free_dev(rt, &dx);
             free_dev(rt, &dy);
