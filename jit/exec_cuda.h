@@ -32,13 +32,15 @@ sj_status sj_cuda_upload_graph(sj_cuda *cuda, sj_graph *g);
 
 /* -- CUDA graphs (exec_graph.c) ---------------------------------------------------
  * A signature's call with the same buffers as SJ_GRAPH_AFTER - 1 unserved
- * calls before it is captured (at most 63). */
-#define SJ_GRAPH_AFTER 16
+ * calls before it asks for a capture (at most 63): about the calls whose
+ * savings pay for one (see exec_graph.c). */
+#define SJ_GRAPH_AFTER 48
 
 /* Serve a fused call of memo item m (NULL: none) with code cd from a CUDA
- * graph: launch the one made for these buffers, or capture one when these
- * buffers have come back often enough. Returns true when it served the
- * call (*st: its status); false: run it kernel by kernel. */
+ * graph: launch the one made for these buffers; or, when these buffers
+ * have come back often enough, ask the graph thread for one. Returns true
+ * when it served the call (*st: its status); false: run it kernel by
+ * kernel. */
 struct sj_fn;
 struct sj_memo;
 struct sj_compiled;
@@ -46,6 +48,16 @@ bool sj_cuda_graph_call(struct sj_fn *fn, struct sj_memo *m, const sj_exec *x, s
                         const struct sj_fplan *plan, const struct sj_compiled *cd, sj_status *st);
 /* The table's graph_free (ctx: the runtime). */
 void sj_cuda_graph_free(void *ctx, void *graph);
+
+/* The runtime's graph thread, which captures and instantiates the graphs
+ * sj_cuda_graph_call asks for (rt->grapher). Destroy after every function. */
+typedef struct sj_grapher sj_grapher;
+sj_status sj_cuda_grapher_create(sj_runtime *rt);
+void sj_cuda_grapher_destroy(sj_runtime *rt);
+/* Drop fn's queued captures and wait for a running one (before its table
+ * goes); or wait for all of them (sj_fn_wait_idle). */
+void sj_cuda_graph_cancel_fn(sj_runtime *rt, struct sj_fn *fn);
+void sj_cuda_graph_wait_fn(sj_runtime *rt, struct sj_fn *fn);
 
 #endif
 #endif

@@ -15,38 +15,48 @@
  * kernel.
  *
  * When. A fused call on the runtime's own stream with every output given
- * is captured when it is the SJ_GRAPH_AFTER-th call of its signature with
- * these buffers (servers reuse their staging buffers; each signature
+ * asks for a capture when it is the SJ_GRAPH_AFTER-th call of its
+ * signature with these buffers (servers reuse their staging buffers; each signature
  * counts its SJ_MEMO_GRAPHS most seen buffer sets); at most SJ_MEMO_GRAPHS
- * graphs per signature and cfg.cuda_graphs per runtime. The capturing
- * call then runs as its graph: it pays the capture and the instantiation,
- * 0.5 to 1 ms for the encoder layer on an H200 (no code is generated). A
- * graph saves that layer 15 us a call at 16 tokens (0.062 -> 0.047 ms),
- * so it pays for itself after about 50 calls: a shape that comes back
- * SJ_GRAPH_AFTER times is likely to (a bucketed server's shapes do; a
- * stream of lengths that rarely repeat, like w5's, does not, and is
- * rarely captured).
+ * graphs per signature and cfg.cuda_graphs per runtime. The capture and
+ * the instantiation, 0.5 to 1 ms for the encoder layer on an H200, run on
+ * the runtime's graph thread (the grapher): the call that asks for one,
+ * and every call until it is published, runs kernel by kernel, so no
+ * request waits on a capture; but captures slow the calls running at the
+ * same time (w5 on an H200: p99 0.11 ms with no graphs, 0.58-0.69 ms while
+ * 8-56 graphs were captured). A graph saves that layer 15 us a call at 16
+ * tokens (0.062 -> 0.047 ms), so its capture costs about 50 calls'
+ * savings: as in renting skis, a signature and buffer set is captured once
+ * it has made that many calls (SJ_GRAPH_AFTER), which bounds the loss on
+ * shapes that stop coming back to about twice the best choice made in
+ * hindsight. Bucketed servers' shapes pass it in milliseconds; a stream
+ * of lengths that rarely repeat, like w5's, never does.
  *
  * How. The plan runs as usual on a private stream in capture mode
  * (relaxed: the allocator may call cuMemAlloc meanwhile). The arena comes
  * from the allocator, ordered on the runtime's stream, and stays with the
  * graph, in one block with a cuBLASLt workspace of its own (GRAPH_WS_BYTES,
- * for plans with float products). With
- * the device's shared workspace instead, graphs replayed while other
+ * for plans with float products). With the device's shared workspace
+ * instead, graphs replayed while other
  * threads' products ran on the same stream computed wrong results (seen on
  * an H200 with cuBLASLt 13; stream order alone does not explain it, so the
  * graphs do not rely on it). Anything that asks the allocator for memory
  * on the captured stream (a matmul's packed operand, a gather's error flag)
- * fails, the capture is abandoned, the signature is never captured again,
- * and the call runs kernel by kernel.
+ * fails, the capture is abandoned and the signature is never captured
+ * again. The graph is uploaded to the device (cuGraphUpload) on the
+ * grapher, not by its first launch.
  *
  * Threads. One capture at a time per device (the capture stream is
- * shared) and per signature (graph_busy). Slots are filled in order with
- * release stores and never replaced, so a launching thread needs no lock;
- * graphs are destroyed with their memo item, when the function is.
+ * shared) and per signature (graph_busy, set from the request until the
+ * grapher is done with it). Slots are filled in order with release stores
+ * and never replaced, so a launching thread needs no lock; graphs are
+ * destroyed with their memo item, when the function is, after
+ * sj_cuda_graph_cancel_fn has dropped its queued captures and waited for
+ * a running one. The grapher's lock is held only for its queue.
  */
 #ifdef SJ_WITH_CUDA
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "jit/clock.h"
@@ -144,8 +154,7 @@ static bool has_matmul(const sj_graph *gr, const sj_fplan *plan) {
 }
 
 /* Run the plan on the capture stream in capture mode, into g. */
-static sj_status capture(const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan, sj_cgraph *g) {
-    sj_cuda *cu = cc->e.cuda;
+static sj_status capture(const sj_exec *x, sj_cuda *cu, int n_syms, const sj_fplan *plan, sj_cgraph *g) {
     const sj_cuda_api *a = &cu->api;
     sj_cuda_bind(cu);
     CUgraph graph = NULL;
@@ -157,7 +166,7 @@ static sj_status capture(const sj_exec *x, const sj_cuda_call *cc, const sj_fpla
                         "beginning a CUDA graph capture");
     if (!st) {
         sj_cuda_call cap;
-        sj_cuda_call_init(&cap, cu, cu->capture_stream, false, cc->n_syms);
+        sj_cuda_call_init(&cap, cu, cu->capture_stream, false, n_syms);
         cap.graph_arena = &g->mem;
         cap.graph_ws_bytes = has_matmul(x->g, plan) ? GRAPH_WS_BYTES : 0;
         sj_exec xc = *x;
@@ -170,9 +179,15 @@ static sj_status capture(const sj_exec *x, const sj_cuda_call *cc, const sj_fpla
     }
     pthread_mutex_unlock(&cu->capture_lock);
     if (!st) st = SJ_CU(cu, a->GraphInstantiate(&g->exec, graph, 0), "instantiating a CUDA graph");
+    /* its upload to the device, queued now rather than by the first call
+     * that launches it */
+    if (!st) st = SJ_CU(cu, a->GraphUpload(g->exec, cu->stream), "uploading a CUDA graph");
     if (graph) a->GraphDestroy(graph);
     return st;
 }
+
+static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
+                    const sj_compiled *cd);
 
 bool sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda_call *cc, const sj_fplan *plan,
                         const sj_compiled *cd, sj_status *st) {
@@ -212,45 +227,186 @@ bool sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda_call *c
         return false;
     }
 
-    double capture_ms = 0;
-    sj_cgraph *g = calloc(1, sizeof *g);
-    sj_status cst = g ? SJ_OK : sj_seterr(SJ_ENOMEM, "out of memory for a CUDA graph");
-    if (g) {
-        g->cd = cd;
-        g->n_in = x->g->n_inputs;
-        g->n_out = x->g->n_outputs;
-        for (int i = 0; i < g->n_in; i++) g->in[i] = x->inputs[i].data;
-        for (int i = 0; i < g->n_out; i++) g->out[i] = x->outputs[i];
-        int64_t t0 = sj_now_ns();
-        cst = capture(x, cc, plan, g);
-        capture_ms = (double)(sj_now_ns() - t0) / 1e6;
+    if (!enqueue(rt, fn, m, x, plan, cd)) {
+        atomic_fetch_sub(&rt->cuda_graphs, 1);
+        atomic_store(&m->graph_busy, false);
     }
-    if (cst) {
-        /* Served kernel by kernel instead, which reports the caller's own
-         * mistakes (an output of the wrong shape) as usual; anything else
-         * goes to the log and this signature is not captured again. */
-        bool callers = cst == SJ_ESHAPE || cst == SJ_EDTYPE || cst == SJ_EINVAL;
-        if (!callers) {
+    return false; /* this call runs kernel by kernel; later ones may find the graph */
+}
+
+/* -- The grapher: captures off the request path ---------------------------------- */
+
+typedef struct graph_job {
+    struct graph_job *next;
+    sj_fn *fn;
+    sj_memo *m;
+    const sj_compiled *cd;
+    const sj_fplan *plan;
+    sj_tensor in[SJ_MAX_INPUTS], out[SJ_MAX_OUTPUTS]; /* descriptors only: nothing is read through them */
+} graph_job;
+
+struct sj_grapher {
+    sj_runtime *rt;
+    pthread_mutex_t lock; /* the queue, running, stop */
+    pthread_cond_t wake, done;
+    graph_job *head, *tail;
+    sj_fn *running; /* the function of the capture under way, or NULL */
+    bool stop;
+    pthread_t thread;
+};
+
+/* Queue a capture of this call's plan with its buffers (graph_busy is set
+ * and a graph of the runtime's budget reserved). false: not queued. */
+static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
+                    const sj_compiled *cd) {
+    sj_grapher *gr = rt->grapher;
+    graph_job *j = gr ? malloc(sizeof *j) : NULL; /* once per capture, never on a served call */
+    if (!j) return false;
+    *j = (graph_job){.fn = fn, .m = m, .cd = cd, .plan = plan};
+    memcpy(j->in, x->inputs, sizeof(sj_tensor) * (size_t)x->g->n_inputs);
+    memcpy(j->out, x->outputs, sizeof(sj_tensor) * (size_t)x->g->n_outputs);
+    pthread_mutex_lock(&gr->lock);
+    if (gr->tail) gr->tail->next = j;
+    else gr->head = j;
+    gr->tail = j;
+    pthread_cond_signal(&gr->wake);
+    pthread_mutex_unlock(&gr->lock);
+    return true;
+}
+
+static void run_job(sj_grapher *gr, graph_job *j) {
+    sj_runtime *rt = gr->rt;
+    sj_fn *fn = j->fn;
+    sj_memo *m = j->m;
+    sj_entry *e = m->entry;
+    sj_exec x = {.rt = rt, .g = e->g, .fn_name = fn->name, .inputs = j->in, .outputs = j->out,
+                 .sym_vals = m->syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = &sj_cuda_exec_ops};
+    sj_cgraph *g = calloc(1, sizeof *g);
+    sj_status st = g ? SJ_OK : sj_seterr(SJ_ENOMEM, "out of memory for a CUDA graph");
+    int64_t t0 = sj_now_ns();
+    if (g) {
+        g->cd = j->cd;
+        g->n_in = e->g->n_inputs;
+        g->n_out = e->g->n_outputs;
+        for (int i = 0; i < g->n_in; i++) g->in[i] = j->in[i].data;
+        for (int i = 0; i < g->n_out; i++) g->out[i] = j->out[i];
+        st = capture(&x, rt->cuda, e->n_syms, j->plan, g);
+    }
+    double ms = (double)(sj_now_ns() - t0) / 1e6;
+    if (st) {
+        /* The calls go on kernel by kernel. The caller's own mistakes (an
+         * output of the wrong shape, reported to that call as usual) leave
+         * the signature open; anything else closes it, with a log line. */
+        if (st != SJ_ESHAPE && st != SJ_EDTYPE && st != SJ_EINVAL) {
             atomic_fetch_add_explicit(&fn->c.graph_failures, 1, RELAXED);
             sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d: a shape not captured into a CUDA graph (never again): %s",
-                    fn->name, m->entry->id, sj_last_error());
+                    fn->name, e->id, sj_last_error());
             atomic_store(&m->graph_off, true);
         }
         sj_clearerr();
-        if (g) destroy(cu, g);
+        if (g) destroy(rt->cuda, g);
         atomic_fetch_sub(&rt->cuda_graphs, 1);
         atomic_store(&m->graph_busy, false);
-        return false;
+        return;
     }
-    atomic_store_explicit(&m->graphs[k], g, memory_order_release);
+    int k = 0;
+    while (k < SJ_MEMO_GRAPHS - 1 && atomic_load_explicit(&m->graphs[k], memory_order_acquire)) k++;
+    atomic_store_explicit(&m->graphs[k], g, memory_order_release); /* busy: no other writer */
     atomic_store(&m->graph_busy, false);
     atomic_fetch_add_explicit(&fn->c.graphs, 1, RELAXED);
     sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d: captured CUDA graph %d of a shape in %.2f ms (%d in the runtime)",
-            fn->name, m->entry->id, k, capture_ms, atomic_load(&rt->cuda_graphs));
-    *st = launch(cc, g);
-    if (!*st) atomic_fetch_add_explicit(&fn->c.graph_calls, 1, RELAXED);
-    return true;
+            fn->name, e->id, k, ms, atomic_load(&rt->cuda_graphs));
 }
+
+static void *grapher_main(void *arg) {
+    sj_grapher *gr = arg;
+    pthread_mutex_lock(&gr->lock);
+    for (;;) {
+        while (!gr->head && !gr->stop) pthread_cond_wait(&gr->wake, &gr->lock);
+        if (gr->stop) break;
+        graph_job *j = gr->head;
+        gr->head = j->next;
+        if (!gr->head) gr->tail = NULL;
+        gr->running = j->fn;
+        pthread_mutex_unlock(&gr->lock);
+        run_job(gr, j);
+        free(j);
+        pthread_mutex_lock(&gr->lock);
+        gr->running = NULL;
+        pthread_cond_broadcast(&gr->done);
+    }
+    pthread_mutex_unlock(&gr->lock);
+    return NULL;
+}
+
+sj_status sj_cuda_grapher_create(sj_runtime *rt) {
+    sj_grapher *gr = calloc(1, sizeof *gr);
+    if (!gr) return sj_seterr(SJ_ENOMEM, "out of memory for the CUDA graph thread");
+    gr->rt = rt;
+    pthread_mutex_init(&gr->lock, NULL);
+    pthread_cond_init(&gr->wake, NULL);
+    pthread_cond_init(&gr->done, NULL);
+    if (pthread_create(&gr->thread, NULL, grapher_main, gr)) {
+        pthread_cond_destroy(&gr->done);
+        pthread_cond_destroy(&gr->wake);
+        pthread_mutex_destroy(&gr->lock);
+        free(gr);
+        return sj_seterr(SJ_ENOMEM, "cannot start the CUDA graph thread");
+    }
+    rt->grapher = gr;
+    return SJ_OK;
+}
+
+void sj_cuda_grapher_destroy(sj_runtime *rt) {
+    sj_grapher *gr = rt->grapher;
+    if (!gr) return;
+    pthread_mutex_lock(&gr->lock);
+    gr->stop = true;
+    pthread_cond_signal(&gr->wake);
+    pthread_mutex_unlock(&gr->lock);
+    pthread_join(gr->thread, NULL);
+    for (graph_job *j = gr->head, *n; j; j = n) { /* none left: every function was destroyed first */
+        n = j->next;
+        free(j);
+    }
+    pthread_cond_destroy(&gr->done);
+    pthread_cond_destroy(&gr->wake);
+    pthread_mutex_destroy(&gr->lock);
+    free(gr);
+    rt->grapher = NULL;
+}
+
+/* fn's captures: queued ones dropped (cancel) or waited for, and a running
+ * one waited for. */
+static void settle_fn(sj_grapher *gr, sj_fn *fn, bool cancel) {
+    if (!gr) return;
+    pthread_mutex_lock(&gr->lock);
+    if (cancel) {
+        graph_job **p = &gr->head;
+        gr->tail = NULL;
+        while (*p) {
+            graph_job *j = *p;
+            if (j->fn == fn) {
+                *p = j->next;
+                atomic_fetch_sub(&gr->rt->cuda_graphs, 1);
+                free(j);
+            } else {
+                gr->tail = j;
+                p = &j->next;
+            }
+        }
+    }
+    for (;;) {
+        bool pending = gr->running == fn;
+        for (graph_job *j = gr->head; j && !pending; j = j->next) pending = j->fn == fn;
+        if (!pending) break;
+        pthread_cond_wait(&gr->done, &gr->lock);
+    }
+    pthread_mutex_unlock(&gr->lock);
+}
+
+void sj_cuda_graph_cancel_fn(sj_runtime *rt, sj_fn *fn) { settle_fn(rt->grapher, fn, true); }
+void sj_cuda_graph_wait_fn(sj_runtime *rt, sj_fn *fn) { settle_fn(rt->grapher, fn, false); }
 
 void sj_cuda_graph_free(void *ctx, void *graph) {
     sj_runtime *rt = ctx;

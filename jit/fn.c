@@ -154,6 +154,9 @@ void sj_runtime_unlink_fn(sj_runtime *rt, sj_fn *fn) {
 void sj_fn_destroy(sj_fn *fn) {
     if (!fn) return;
     sj_compiler_cancel_fn(fn->rt->compiler, fn); /* no compile touches fn after this */
+#ifdef SJ_WITH_CUDA
+    sj_cuda_graph_cancel_fn(fn->rt, fn); /* nor a capture */
+#endif
     sj_runtime_unlink_fn(fn->rt, fn);
     atomic_fetch_sub(&fn->rt->total_entries, atomic_load(&fn->table.n_entries));
     sj_table_destroy(&fn->table);
@@ -267,7 +270,11 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
 sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
     sj_clearerr();
     if (!fn) return sj_seterr(SJ_EINVAL, "sj_fn_wait_idle: fn is NULL");
-    return sj_compiler_wait_fn(fn->rt->compiler, fn, timeout_ms);
+    sj_status st = sj_compiler_wait_fn(fn->rt->compiler, fn, timeout_ms);
+#ifdef SJ_WITH_CUDA
+    if (!st) sj_cuda_graph_wait_fn(fn->rt, fn); /* captures take about a millisecond each */
+#endif
+    return st;
 }
 
 /* The tier an entry serves from, in words. */

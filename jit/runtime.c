@@ -14,6 +14,7 @@
 #include "jit/tensor.h"
 #include "specialize/codegen.h"
 #ifdef SJ_WITH_CUDA
+#include "jit/exec_cuda.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/eager_cuda.h"
 #include "specialize/codegen_cuda.h"
@@ -182,6 +183,7 @@ static sj_status open_device(sj_runtime *rt) {
     rt->backend_kind = SJ_BACKEND_CUDA;
     sj_logf(rt, SJ_LOG_PERF, "backend: CUDA device %d, %s (sm_%d%d, %d SMs)", c->cuda_device, rt->cuda->name,
             rt->cuda->cc_major, rt->cuda->cc_minor, rt->cuda->sm_count);
+    if ((st = sj_cuda_grapher_create(rt))) return st;
 #else
     (void)rt;
 #endif
@@ -323,6 +325,9 @@ void sj_fn_destroy(sj_fn *fn);
 void sj_runtime_destroy(sj_runtime *rt) {
     if (!rt) return;
     while (rt->fns) sj_fn_destroy(rt->fns); /* unlinks itself, after its compiles */
+#ifdef SJ_WITH_CUDA
+    sj_cuda_grapher_destroy(rt);
+#endif
     sj_compiler_destroy(rt->compiler);
     if (rt->backend) rt->backend->destroy(rt->backend);
     sj_cache_close(rt->cache);

@@ -13,6 +13,7 @@ struct sj_backend;
 struct sj_cache;
 struct sj_cuda;
 struct sj_compiler;
+struct sj_grapher;
 struct sj_threads;
 
 struct sj_runtime {
@@ -30,6 +31,7 @@ struct sj_runtime {
     struct sj_compiler *compiler; /* background compile workers */
     struct sj_threads *threads;   /* runs fused kernels in parallel (CPU) */
     struct sj_cuda *cuda;         /* the CUDA device (CUDA backend), else NULL */
+    struct sj_grapher *grapher;   /* captures CUDA graphs (jit/exec_graph.c), with cuda */
     char cache_error[256];        /* why the cache could not be opened ("" if fine) */
 };
 

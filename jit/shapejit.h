@@ -265,10 +265,12 @@ typedef struct sj_runtime_config {
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
     /* CUDA graphs: the most kept per runtime (0: none); default 64. A
      * fused call on the runtime's own stream (sj_call, or sj_call_stream
-     * with stream NULL) that is the 16th with its exact input shapes and
-     * its input and output buffers is captured once into a graph (about
-     * 1 ms, on that call); later calls with the same shapes and buffers
-     * launch the graph (one launch instead of one per kernel). At most 4 buffer sets per
+     * with stream NULL) that is the 48th with its exact input shapes and
+     * its input and output buffers is captured into a graph by the
+     * runtime's graph thread (about 1 ms, while calls go on kernel by
+     * kernel); later calls with the same shapes and buffers launch the
+     * graph (one launch instead of one per kernel). sj_fn_wait_idle waits
+     * for captures too. At most 4 buffer sets per
      * shape; a graph holds its own intermediate memory and a 4 MiB cuBLASLt
      * workspace until its function is destroyed. Calls whose outputs shapejit allocates, calls on other
      * streams, and plans that need memory mid-call (a gather's error flag)
@@ -722,8 +724,9 @@ SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
  * Thread-safe. */
 SJ_API void sj_fn_explain(const sj_fn *fn, FILE *out);
 
-/* Wait until fn has no compiles queued or running. timeout_ms < 0: no
- * limit. Errors: SJ_EINVAL (fn NULL), SJ_ETIMEOUT. Thread-safe. */
+/* Wait until fn has no compiles queued or running (the limit applies to
+ * them), then for its CUDA graph captures. timeout_ms < 0: no limit.
+ * Errors: SJ_EINVAL (fn NULL), SJ_ETIMEOUT. Thread-safe. */
 SJ_API sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms);
 
 /* One cached entry, for programs and tests that inspect the cache. */

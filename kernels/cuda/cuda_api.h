@@ -67,6 +67,7 @@
     X(CUresult, StreamEndCapture, "cuStreamEndCapture", (CUstream, CUgraph *))                     \
     X(CUresult, GraphInstantiate, "cuGraphInstantiateWithFlags", (CUgraphExec *, CUgraph, unsigned long long)) \
     X(CUresult, GraphLaunch, "cuGraphLaunch", (CUgraphExec, CUstream))                             \
+    X(CUresult, GraphUpload, "cuGraphUpload", (CUgraphExec, CUstream))                             \
     X(CUresult, GraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec))                             \
     X(CUresult, GraphDestroy, "cuGraphDestroy", (CUgraph))                                         \
     X(CUresult, GetErrorString, "cuGetErrorString", (CUresult, const char **))                     \
