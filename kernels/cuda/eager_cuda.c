@@ -48,9 +48,9 @@ _Static_assert(SJ_F32 == 0 && SJ_F16 == 1 && SJ_BF16 == 2 && SJ_I32 == 3 && SJ_I
 _Static_assert(EK_binary_c_bool - EK_binary_c_f32 == SJ_BOOL && EK_unary_s_i64 - EK_unary_s_f32 == SJ_I64 &&
                    EK_where_c_e8 - EK_where_c_e1 == 3,
                "kernel families are contiguous");
-_Static_assert(EK_attention_tc_bf16 == EK_attention_tc_f16 + 1 && EK_attention_tc1_f16 == EK_attention_tc_f16 + 2 &&
-                   EK_attention_tc1_bf16 == EK_attention_tc_f16 + 3,
-               "the tensor-core attention kernels: f16, bf16, then the one-tile f16, bf16");
+_Static_assert(EK_attention_tc_f16 == EK_attention_f32 + 3 && EK_attention_tc_bf16 == EK_attention_tc_f16 + 1 &&
+                   EK_attention_tc1_f16 == EK_attention_tc_f16 + 2 && EK_attention_tc1_bf16 == EK_attention_tc_f16 + 3,
+               "the attention kernels: f32, f16, bf16, then the tensor-core f16, bf16, then the one-tile f16, bf16");
 
 #define MM_CACHE 64
 
@@ -100,12 +100,14 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
             return st;
         }
     }
-    /* the tensor-core attention kernels always take more than the default
-     * 48 KiB of shared memory: opted in once, up to the device's limit */
-    for (int i = EK_attention_tc_f16; i <= EK_attention_tc1_bf16; i++) {
+    /* the attention kernels may take more than the default 48 KiB of shared
+     * memory (the tensor-core ones always do): opted in once, up to the
+     * device's limit. Per call, two threads setting different limits could
+     * each launch under the other's. */
+    for (int i = EK_attention_f32; i <= EK_attention_tc1_bf16; i++) {
         r = c->api.FuncSetAttribute(t->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->max_smem_optin);
         if (r != CUDA_SUCCESS) {
-            sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention_tc in to its shared memory");
+            sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention in to its shared memory");
             c->api.ModuleUnload(m);
             free(t);
             return st;
@@ -892,16 +894,10 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
     int64_t smem = (a.D + a.Dv + SJ_EK_ATT_CHUNK) * (int64_t)sizeof(float);
     int kern = EK_attention_f32 + q->dtype;
     sj_cuda_bind(c);
-    if (smem > 48 * 1024) {
-        if (smem > c->max_smem_optin)
-            return sj_seterr(SJ_EBACKEND, "attention: head sizes D %lld + Dv %lld need %lld bytes of shared memory, "
-                                          "more than the device's %d", (long long)a.D, (long long)a.Dv,
-                             (long long)smem, c->max_smem_optin);
-        CUresult rr = c->api.FuncSetAttribute(((eager_fns *)c->eager_fns)->fn[kern],
-                                              CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
-        if (rr != CUDA_SUCCESS)
-            return sj_cuda_fail(c, rr, "attention: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-    }
+    if (smem > c->max_smem_optin) /* opted in to the device's limit at load */
+        return sj_seterr(SJ_EBACKEND, "attention: head sizes D %lld + Dv %lld need %lld bytes of shared memory, "
+                                      "more than the device's %d", (long long)a.D, (long long)a.Dv, (long long)smem,
+                         c->max_smem_optin);
     int64_t blocks = a.B * a.H * a.Sq;
     return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), SJ_EK_ATT_THREADS, 1, (unsigned)smem, &a);
 }
