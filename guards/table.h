@@ -67,7 +67,7 @@ typedef struct sj_memo {
     /* Buffer sets of calls no graph served: a hash with a count in its low
      * 6 bits (jit/exec_graph.c) */
     _Atomic uint64_t graph_seen[SJ_MEMO_GRAPHS];
-    _Atomic bool graph_busy;     /* a capture is under way */
+    _Atomic bool graph_busy;     /* a capture is queued or under way */
     _Atomic bool graph_off;      /* a capture failed: the signature is not captured again */
     int key_words;
     int64_t *syms;         /* entry->n_syms values, after the key */

@@ -183,7 +183,7 @@ static sj_status open_device(sj_runtime *rt) {
     rt->backend_kind = SJ_BACKEND_CUDA;
     sj_logf(rt, SJ_LOG_PERF, "backend: CUDA device %d, %s (sm_%d%d, %d SMs)", c->cuda_device, rt->cuda->name,
             rt->cuda->cc_major, rt->cuda->cc_minor, rt->cuda->sm_count);
-    if ((st = sj_cuda_grapher_create(rt))) return st;
+    if (c->cuda_graphs > 0 && (st = sj_cuda_grapher_create(rt))) return st;
 #else
     (void)rt;
 #endif
