@@ -78,10 +78,10 @@ static sj_status copy(void *c, const sj_tensor *x, const sj_tensor *y) { return 
 
 static void *buf_alloc(void *c, size_t bytes) {
     sj_cuda_call *cc = c;
-    if (cc->graph_arena) { /* the graph's own, ordered on the runtime's stream, where graphs run */
+    if (cc->graph_arena) { /* the graph's own, ordered on the stream the graph will run on */
         size_t ws = cc->graph_ws_bytes;
         if (!ws && !bytes) return NULL;
-        CUdeviceptr p = sj_cuda_alloc(cc->e.cuda, ws + bytes, cc->e.cuda->stream);
+        CUdeviceptr p = sj_cuda_alloc(cc->e.cuda, ws + bytes, cc->graph_stream);
         *cc->graph_arena = p;
         if (p && ws) cc->e.ws = p, cc->e.ws_bytes = ws;
         return p && bytes ? (void *)(uintptr_t)(p + ws) : NULL;

@@ -20,6 +20,7 @@ typedef struct sj_cuda_call {
      * NULL otherwise. */
     CUdeviceptr *graph_arena;
     size_t graph_ws_bytes;
+    CUstream graph_stream; /* where the graph will run: its memory is ordered there */
 } sj_cuda_call;
 
 extern const sj_kernels sj_cuda_kernels;

@@ -9,14 +9,15 @@
  * output, parameter and intermediate addresses, and every size. So a graph
  * belongs to one memo item (one exact input signature: sizes, strides,
  * symbol values), one piece of code (the memo's specialization or its
- * entry's symbolic kernels) and one set of caller buffers; it owns the
+ * entry's symbolic kernels), one set of caller buffers and one stream (the
+ * runtime's, or a caller's through sj_call_stream); it owns the
  * call's intermediate arena. The contents of the buffers may change freely
  * between calls; a call with other buffers does not match and runs kernel by
  * kernel.
  *
- * When. A fused call on the runtime's own stream with every output given
- * asks for a capture when it is the SJ_GRAPH_AFTER-th call of its
- * signature with these buffers (servers reuse their staging buffers; each signature
+ * When. A fused call with every output given asks for a capture when it is
+ * the SJ_GRAPH_AFTER-th call of its signature with these buffers on this
+ * stream (servers reuse their staging buffers and streams; each signature
  * counts its SJ_MEMO_GRAPHS most seen buffer sets); at most SJ_MEMO_GRAPHS
  * graphs per signature and cfg.cuda_graphs per runtime. The capture and
  * the instantiation, 0.5 to 1 ms for the encoder layer on an H200, run on
@@ -34,8 +35,8 @@
  *
  * How. The plan runs as usual on a private stream in capture mode
  * (relaxed: the allocator may call cuMemAlloc meanwhile). The arena comes
- * from the allocator, ordered on the runtime's stream, and stays with the
- * graph, in one block with a cuBLASLt workspace of its own (GRAPH_WS_BYTES,
+ * from the allocator, ordered on the stream the graph will run on, and
+ * stays with the graph, in one block with a cuBLASLt workspace of its own (GRAPH_WS_BYTES,
  * for plans with float products). With the device's shared workspace
  * instead, graphs replayed while other
  * threads' products ran on the same stream computed wrong results (seen on
@@ -43,8 +44,8 @@
  * graphs do not rely on it). Anything that asks the allocator for memory
  * on the captured stream (a matmul's packed operand, a gather's error flag)
  * fails, the capture is abandoned and the signature is never captured
- * again. The graph is uploaded to the device (cuGraphUpload) on the
- * grapher, not by its first launch.
+ * again. A graph for the runtime's stream is uploaded to the device
+ * (cuGraphUpload) on the grapher, not by its first launch.
  *
  * Threads. One capture at a time per device (the capture stream is
  * shared) and per signature (graph_busy, set from the request until the
@@ -71,6 +72,7 @@
 
 typedef struct sj_cgraph {
     const sj_compiled *cd; /* the code captured */
+    CUstream stream;       /* where it is launched: the calls' stream */
     CUgraphExec exec;
     CUdeviceptr mem;       /* the graph's own: cuBLASLt's workspace, then the intermediates */
     int n_in, n_out;
@@ -85,8 +87,8 @@ static bool same_output(const sj_tensor *a, const sj_tensor *b) {
     return true;
 }
 
-static bool matches(const sj_cgraph *g, const sj_exec *x, const sj_compiled *cd) {
-    if (g->cd != cd) return false;
+static bool matches(const sj_cgraph *g, const sj_exec *x, const sj_compiled *cd, CUstream s) {
+    if (g->cd != cd || g->stream != s) return false;
     for (int i = 0; i < g->n_in; i++)
         if (x->inputs[i].data != g->in[i]) return false;
     for (int i = 0; i < g->n_out; i++)
@@ -94,10 +96,10 @@ static bool matches(const sj_cgraph *g, const sj_exec *x, const sj_compiled *cd)
     return true;
 }
 
-/* The call's buffers and code, hashed, the low 6 bits clear (for a count)
- * and never 0 (0: a free slot). */
-static uint64_t buffers_hash(const sj_exec *x, const sj_compiled *cd) {
-    uint64_t h = (uint64_t)(uintptr_t)cd * 0x9E3779B97F4A7C15ull;
+/* The call's buffers, stream and code, hashed, the low 6 bits clear (for a
+ * count) and never 0 (0: a free slot). */
+static uint64_t buffers_hash(const sj_exec *x, const sj_compiled *cd, CUstream s) {
+    uint64_t h = ((uint64_t)(uintptr_t)cd ^ (uint64_t)(uintptr_t)s * 0xD6E8FEB86659FD93ull) * 0x9E3779B97F4A7C15ull;
     for (int i = 0; i < x->g->n_inputs + x->g->n_outputs; i++) {
         const void *p = i < x->g->n_inputs ? x->inputs[i].data : x->outputs[i - x->g->n_inputs].data;
         h ^= (uint64_t)(uintptr_t)p;
@@ -138,7 +140,9 @@ static sj_status launch(sj_cuda_call *cc, const sj_cgraph *g) {
 static void destroy(sj_cuda *cu, sj_cgraph *g) {
     sj_cuda_bind(cu);
     if (g->exec) cu->api.GraphExecDestroy(g->exec); /* an in-flight launch completes first */
-    sj_cuda_free(cu, g->mem, cu->stream);           /* ordered after the last launch */
+    /* the caller's stream is done with it (sj_call_stream's contract:
+     * synchronized before sj_fn_destroy), the runtime's is ordered */
+    sj_cuda_free(cu, g->mem, cu->stream);
     free(g);
 }
 
@@ -168,6 +172,7 @@ static sj_status capture(const sj_exec *x, sj_cuda *cu, int n_syms, const sj_fpl
         sj_cuda_call cap;
         sj_cuda_call_init(&cap, cu, cu->capture_stream, false, n_syms);
         cap.graph_arena = &g->mem;
+        cap.graph_stream = g->stream;
         cap.graph_ws_bytes = has_matmul(x->g, plan) ? GRAPH_WS_BYTES : 0;
         sj_exec xc = *x;
         xc.ops_ctx = &cap;
@@ -180,41 +185,42 @@ static sj_status capture(const sj_exec *x, sj_cuda *cu, int n_syms, const sj_fpl
     pthread_mutex_unlock(&cu->capture_lock);
     if (!st) st = SJ_CU(cu, a->GraphInstantiate(&g->exec, graph, 0), "instantiating a CUDA graph");
     /* its upload to the device, queued now rather than by the first call
-     * that launches it */
-    if (!st) st = SJ_CU(cu, a->GraphUpload(g->exec, cu->stream), "uploading a CUDA graph");
+     * that launches it; on the runtime's stream only (a caller's stream may
+     * be gone by now: its first launch uploads) */
+    if (!st && g->stream == cu->stream)
+        st = SJ_CU(cu, a->GraphUpload(g->exec, cu->stream), "uploading a CUDA graph");
     if (graph) a->GraphDestroy(graph);
     return st;
 }
 
 static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
-                    const sj_compiled *cd);
+                    const sj_compiled *cd, CUstream s);
 
 bool sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda_call *cc, const sj_fplan *plan,
                         const sj_compiled *cd, sj_status *st) {
     sj_runtime *rt = fn->rt;
-    sj_cuda *cu = cc->e.cuda;
-    if (!m || rt->cfg.cuda_graphs <= 0 || cc->e.stream != cu->stream || atomic_load_explicit(&m->graph_off, RELAXED))
-        return false;
+    CUstream s = cc->e.stream;
+    if (!m || rt->cfg.cuda_graphs <= 0 || atomic_load_explicit(&m->graph_off, RELAXED)) return false;
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return false;
     int k = 0;
     for (; k < SJ_MEMO_GRAPHS; k++) {
         const sj_cgraph *g = atomic_load_explicit(&m->graphs[k], memory_order_acquire);
         if (!g) break;
-        if (matches(g, x, cd)) {
+        if (matches(g, x, cd, s)) {
             *st = launch(cc, g);
             if (!*st) atomic_fetch_add_explicit(&fn->c.graph_calls, 1, RELAXED);
             return true;
         }
     }
     if (k == SJ_MEMO_GRAPHS) return false;
-    if (!seen_enough(m, buffers_hash(x, cd))) return false;
+    if (!seen_enough(m, buffers_hash(x, cd, s))) return false;
     if (atomic_exchange(&m->graph_busy, true)) return false; /* another thread captures */
     /* Slots filled meanwhile: they may hold these very buffers. */
     for (; k < SJ_MEMO_GRAPHS; k++) {
         const sj_cgraph *g = atomic_load_explicit(&m->graphs[k], memory_order_acquire);
         if (!g) break;
-        if (matches(g, x, cd)) {
+        if (matches(g, x, cd, s)) {
             atomic_store(&m->graph_busy, false);
             *st = launch(cc, g);
             if (!*st) atomic_fetch_add_explicit(&fn->c.graph_calls, 1, RELAXED);
@@ -227,7 +233,7 @@ bool sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda_call *c
         return false;
     }
 
-    if (!enqueue(rt, fn, m, x, plan, cd)) {
+    if (!enqueue(rt, fn, m, x, plan, cd, s)) {
         atomic_fetch_sub(&rt->cuda_graphs, 1);
         atomic_store(&m->graph_busy, false);
     }
@@ -242,6 +248,7 @@ typedef struct graph_job {
     sj_memo *m;
     const sj_compiled *cd;
     const sj_fplan *plan;
+    CUstream stream;
     sj_tensor in[SJ_MAX_INPUTS], out[SJ_MAX_OUTPUTS]; /* descriptors only: nothing is read through them */
 } graph_job;
 
@@ -258,11 +265,11 @@ struct sj_grapher {
 /* Queue a capture of this call's plan with its buffers (graph_busy is set
  * and a graph of the runtime's budget reserved). false: not queued. */
 static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
-                    const sj_compiled *cd) {
+                    const sj_compiled *cd, CUstream s) {
     sj_grapher *gr = rt->grapher;
     graph_job *j = gr ? malloc(sizeof *j) : NULL; /* once per capture, never on a served call */
     if (!j) return false;
-    *j = (graph_job){.fn = fn, .m = m, .cd = cd, .plan = plan};
+    *j = (graph_job){.fn = fn, .m = m, .cd = cd, .plan = plan, .stream = s};
     memcpy(j->in, x->inputs, sizeof(sj_tensor) * (size_t)x->g->n_inputs);
     memcpy(j->out, x->outputs, sizeof(sj_tensor) * (size_t)x->g->n_outputs);
     pthread_mutex_lock(&gr->lock);
@@ -286,6 +293,7 @@ static void run_job(sj_grapher *gr, graph_job *j) {
     int64_t t0 = sj_now_ns();
     if (g) {
         g->cd = j->cd;
+        g->stream = j->stream;
         g->n_in = e->g->n_inputs;
         g->n_out = e->g->n_outputs;
         for (int i = 0; i < g->n_in; i++) g->in[i] = j->in[i].data;

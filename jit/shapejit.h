@@ -264,17 +264,16 @@ typedef struct sj_runtime_config {
     const char *dump_dir;         /* write every generated source there; NULL: no */
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
     /* CUDA graphs: the most kept per runtime (0: none); default 64. A
-     * fused call on the runtime's own stream (sj_call, or sj_call_stream
-     * with stream NULL) that is the 48th with its exact input shapes and
-     * its input and output buffers is captured into a graph by the
-     * runtime's graph thread (about 1 ms, while calls go on kernel by
-     * kernel); later calls with the same shapes and buffers launch the
-     * graph (one launch instead of one per kernel). sj_fn_wait_idle waits
-     * for captures too. At most 4 buffer sets per
-     * shape; a graph holds its own intermediate memory and a 4 MiB cuBLASLt
-     * workspace until its function is destroyed. Calls whose outputs shapejit allocates, calls on other
-     * streams, and plans that need memory mid-call (a gather's error flag)
-     * are never captured. $SHAPEJIT_CUDA_GRAPHS. */
+     * fused call that is the 48th with its exact input shapes, its input
+     * and output buffers and its stream (sj_call's, or sj_call_stream's)
+     * is captured into a graph by the runtime's graph thread (about 1 ms,
+     * while calls go on kernel by kernel); later calls with the same
+     * shapes, buffers and stream launch the graph (one launch instead of
+     * one per kernel). sj_fn_wait_idle waits for captures too. At most 4
+     * graphs per shape; a graph holds its own intermediate memory and a
+     * 4 MiB cuBLASLt workspace until its function is destroyed. Calls
+     * whose outputs shapejit allocates and plans that need memory mid-call
+     * (a gather's error flag) are never captured. $SHAPEJIT_CUDA_GRAPHS. */
     int cuda_graphs;
     /* CPU fused kernels whose loads and stores move more bytes than this
      * write their f32 outputs with non-temporal stores (no read for

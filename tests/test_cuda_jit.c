@@ -442,21 +442,27 @@ static void test_encoder_fused(void **state) {
 
 /* One encoder call into fixed device buffers, x fresh random data each
  * time, checked against float64. Returns the call's status. */
-static sj_status graph_call(sj_runtime *rt, sj_fn *fn, const tu_encoder *w, const dbuf *dx, const sj_tensor *y,
-                            const char *what) {
+static sj_status graph_call_on(sj_runtime *rt, sj_fn *fn, const tu_encoder *w, const dbuf *dx, const sj_tensor *y,
+                               CUstream s, const char *what) {
     sj_tensor hx = tu_tensor(dx->t.dtype, 3, dx->t.shape);
     tu_fill_random(&hx);
     assert_int_equal(sj_cuda_to_device(rt->cuda, dx->base, hx.data, (size_t)tu_numel(&hx) * sj_dtype_size(hx.dtype)),
                      SJ_OK);
     sj_tensor out = *y;
-    sj_status st = sj_call(fn, &dx->t, 1, &out, 1);
+    sj_status st = s ? sj_call_stream(fn, &dx->t, 1, &out, 1, (void *)s) : sj_call(fn, &dx->t, 1, &out, 1);
     if (st) return st;
+    if (s) assert_int_equal(rt->cuda->api.StreamSynchronize(s), CUDA_SUCCESS);
     sj_tensor h = to_host(rt, y);
     double *ref = malloc(sizeof(double) * (size_t)tu_numel(&h));
     tu_encoder_ref(w, &hx, NULL, ref);
     if (!tu_check(&h, ref, hx.dtype == SJ_F32 ? 1e-4 : 2e-2, what)) fail_msg("%s: differs from float64", what);
     free(ref);
     return SJ_OK;
+}
+
+static sj_status graph_call(sj_runtime *rt, sj_fn *fn, const tu_encoder *w, const dbuf *dx, const sj_tensor *y,
+                            const char *what) {
+    return graph_call_on(rt, fn, w, dx, y, NULL, what);
 }
 
 static sj_stats stats_of(const sj_fn *fn) {
@@ -472,8 +478,8 @@ static sj_status gather2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
 /* Fused calls whose shapes and buffers repeat run as one CUDA graph:
  * captured (on the graph thread) after the SJ_GRAPH_AFTER-th call with the
  * same buffers, replayed after, with
- * new data each time; other buffers and other streams run kernel by
- * kernel; a plan that needs memory mid-call (gather) is not captured and
+ * new data each time; other buffers or another stream get graphs of their
+ * own; a plan that needs memory mid-call (gather) is not captured and
  * still reports bad indices. */
 static void test_cuda_graphs(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
@@ -525,15 +531,21 @@ static void test_cuda_graphs(void **state) {
             assert_int_equal(stats_of(fn).graph_failures, 0);
             assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
             assert_int_equal(stats_of(fn).graph_calls, 3 + SJ_GRAPH_AFTER);
-            /* the caller's stream: never a graph */
+            /* the same buffers on a caller's stream: a graph of their own */
             CUstream s2;
             sj_cuda_bind(rt->cuda);
             assert_int_equal(rt->cuda->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
             sj_tensor out = dy.t;
-            for (int i = 0; i < 3; i++) assert_int_equal(sj_call_stream(fn, &dx.t, 1, &out, 1, (void *)s2), SJ_OK);
+            for (int i = 0; i < SJ_GRAPH_AFTER; i++)
+                assert_int_equal(sj_call_stream(fn, &dx.t, 1, &out, 1, (void *)s2), SJ_OK);
             assert_int_equal(rt->cuda->api.StreamSynchronize(s2), CUDA_SUCCESS);
-            rt->cuda->api.StreamDestroy(s2);
             assert_int_equal(stats_of(fn).graph_calls, 3 + SJ_GRAPH_AFTER);
+            assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
+            for (int i = 0; i < 2; i++) assert_int_equal(graph_call_on(rt, fn, &w, &dx, &dy.t, s2, what), SJ_OK);
+            rt->cuda->api.StreamDestroy(s2);
+            s = stats_of(fn);
+            assert_int_equal(s.graphs, 3);
+            assert_int_equal(s.graph_calls, 5 + SJ_GRAPH_AFTER);
             /* outputs the library allocates: never a graph */
             for (int i = 0; i < 3; i++) {
                 sj_tensor o2 = {0};
@@ -541,16 +553,16 @@ static void test_cuda_graphs(void **state) {
                 sj_tensor_free(rt, &o2);
             }
             s = stats_of(fn);
-            assert_int_equal(s.graph_calls, 3 + SJ_GRAPH_AFTER);
-            assert_int_equal(s.graphs, 2);
+            assert_int_equal(s.graph_calls, 5 + SJ_GRAPH_AFTER);
+            assert_int_equal(s.graphs, 3);
             char *text = NULL;
             size_t len = 0;
             FILE *f = open_memstream(&text, &len);
             sj_fn_explain(fn, f);
             fclose(f);
             char want[96];
-            snprintf(want, sizeof want, "CUDA graphs: 2 captured, 0 failed captures, %d calls served by one",
-                     3 + SJ_GRAPH_AFTER);
+            snprintf(want, sizeof want, "CUDA graphs: 3 captured, 0 failed captures, %d calls served by one",
+                     5 + SJ_GRAPH_AFTER);
             if (!strstr(text, want)) fail_msg("explain lacks \"%s\":\n%s", want, text);
             free(text);
             sj_fn_destroy(fn); /* with its graphs */
