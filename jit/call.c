@@ -361,11 +361,15 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     (void)stream, (void)sync;
 #endif
     if (cd && sj_exec_fused_ok(&x)) {
-        bool served = false;
 #ifdef SJ_WITH_CUDA
-        if (fn->rt->cuda) served = sj_cuda_graph_call(fn, m, &x, &cc, e->plan, cd, &st);
+        sj_graph_use gu = fn->rt->cuda ? sj_cuda_graph_call(fn, m, &x, &cc, cd, &st) : SJ_GRAPH_NO;
+        if (gu != SJ_GRAPH_SERVED) {
+            st = sj_exec_fused(&x, e->plan, cd->fns);
+            if (!st && gu == SJ_GRAPH_COUNT) sj_cuda_graph_note(fn, m, &x, &cc, e->plan, cd);
+        }
+#else
+        st = sj_exec_fused(&x, e->plan, cd->fns);
 #endif
-        if (!served) st = sj_exec_fused(&x, e->plan, cd->fns);
     } else {
         st = sj_exec_eager(&x);
         tier = &fn->c.eager_calls;

@@ -37,16 +37,21 @@ sj_status sj_cuda_upload_graph(sj_cuda *cuda, sj_graph *g);
  * savings pay for one (see exec_graph.c). */
 #define SJ_GRAPH_AFTER 48
 
-/* Serve a fused call of memo item m (NULL: none) with code cd from a CUDA
- * graph: launch the one made for these buffers; or, when these buffers
- * have come back often enough, ask the graph thread for one. Returns true
- * when it served the call (*st: its status); false: run it kernel by
- * kernel. */
+/* Before a fused call of memo item m (NULL: none) with code cd: launch its
+ * graph when there is one for its buffers and stream (SJ_GRAPH_SERVED,
+ * *st the call's status). Otherwise the call runs kernel by kernel, and
+ * SJ_GRAPH_COUNT asks for sj_cuda_graph_note after it succeeded (SJ_GRAPH_NO:
+ * never a graph, e.g. outputs allocated by the call). */
 struct sj_fn;
 struct sj_memo;
 struct sj_compiled;
-bool sj_cuda_graph_call(struct sj_fn *fn, struct sj_memo *m, const sj_exec *x, sj_cuda_call *cc,
-                        const struct sj_fplan *plan, const struct sj_compiled *cd, sj_status *st);
+typedef enum sj_graph_use { SJ_GRAPH_NO, SJ_GRAPH_COUNT, SJ_GRAPH_SERVED } sj_graph_use;
+sj_graph_use sj_cuda_graph_call(struct sj_fn *fn, struct sj_memo *m, const sj_exec *x, sj_cuda_call *cc,
+                                const struct sj_compiled *cd, sj_status *st);
+/* Count that successful call; at SJ_GRAPH_AFTER, queue its capture on the
+ * graph thread. */
+void sj_cuda_graph_note(struct sj_fn *fn, struct sj_memo *m, const sj_exec *x, const sj_cuda_call *cc,
+                        const struct sj_fplan *plan, const struct sj_compiled *cd);
 /* The table's graph_free (ctx: the runtime). */
 void sj_cuda_graph_free(void *ctx, void *graph);
 

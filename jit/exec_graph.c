@@ -15,9 +15,9 @@
  * between calls; a call with other buffers does not match and runs kernel by
  * kernel.
  *
- * When. A fused call with every output given asks for a capture when it is
- * the SJ_GRAPH_AFTER-th call of its signature with these buffers on this
- * stream (servers reuse their staging buffers and streams; each signature
+ * When. A fused call with every output given that succeeded kernel by
+ * kernel asks for a capture when it is the SJ_GRAPH_AFTER-th such call of
+ * its signature with these buffers on this stream (servers reuse their staging buffers and streams; each signature
  * counts its SJ_MEMO_GRAPHS most seen buffer sets); at most SJ_MEMO_GRAPHS
  * graphs per signature and cfg.cuda_graphs per runtime. The capture and
  * the instantiation, 0.5 to 1 ms for the encoder layer on an H200, run on
@@ -59,6 +59,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "jit/clock.h"
 #include "jit/error.h"
@@ -96,18 +97,16 @@ static bool matches(const sj_cgraph *g, const sj_exec *x, const sj_compiled *cd,
     return true;
 }
 
-/* The call's buffers, stream and code, hashed, the low 6 bits clear (for a
- * count) and never 0 (0: a free slot). */
+/* The call's buffers, stream and code, hashed (sj_sig_hash) into the high
+ * bits, the low 6 clear for a count; never 0 (0: a free slot). */
 static uint64_t buffers_hash(const sj_exec *x, const sj_compiled *cd, CUstream s) {
-    uint64_t h = ((uint64_t)(uintptr_t)cd ^ (uint64_t)(uintptr_t)s * 0xD6E8FEB86659FD93ull) * 0x9E3779B97F4A7C15ull;
-    for (int i = 0; i < x->g->n_inputs + x->g->n_outputs; i++) {
-        const void *p = i < x->g->n_inputs ? x->inputs[i].data : x->outputs[i - x->g->n_inputs].data;
-        h ^= (uint64_t)(uintptr_t)p;
-        h *= 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 31;
-    }
-    h &= ~(uint64_t)63;
-    return h ? h : 64;
+    int64_t w[2 + SJ_MAX_INPUTS + SJ_MAX_OUTPUTS];
+    int n = 0;
+    w[n++] = (int64_t)(uintptr_t)cd;
+    w[n++] = (int64_t)(uintptr_t)s;
+    for (int i = 0; i < x->g->n_inputs; i++) w[n++] = (int64_t)(uintptr_t)x->inputs[i].data;
+    for (int i = 0; i < x->g->n_outputs; i++) w[n++] = (int64_t)(uintptr_t)x->outputs[i].data;
+    return ((uint64_t)sj_sig_hash(w, n) + 1) << 6;
 }
 
 /* Count a call with buffers h that no graph served; true when it is the
@@ -196,48 +195,51 @@ static sj_status capture(const sj_exec *x, sj_cuda *cu, int n_syms, const sj_fpl
 static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
                     const sj_compiled *cd, CUstream s);
 
-bool sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda_call *cc, const sj_fplan *plan,
-                        const sj_compiled *cd, sj_status *st) {
-    sj_runtime *rt = fn->rt;
-    CUstream s = cc->e.stream;
-    if (!m || rt->cfg.cuda_graphs <= 0 || atomic_load_explicit(&m->graph_off, RELAXED)) return false;
-    for (int i = 0; i < x->g->n_outputs; i++)
-        if (!x->outputs[i].data) return false;
+/* The graph of m for this code, these buffers and stream s, or NULL; with
+ * free_slot, the first empty slot there (SJ_MEMO_GRAPHS: none). */
+static const sj_cgraph *find(sj_memo *m, const sj_exec *x, const sj_compiled *cd, CUstream s, int *free_slot) {
     int k = 0;
     for (; k < SJ_MEMO_GRAPHS; k++) {
         const sj_cgraph *g = atomic_load_explicit(&m->graphs[k], memory_order_acquire);
         if (!g) break;
-        if (matches(g, x, cd, s)) {
-            *st = launch(cc, g);
-            if (!*st) atomic_fetch_add_explicit(&fn->c.graph_calls, 1, RELAXED);
-            return true;
-        }
+        if (matches(g, x, cd, s)) return g;
     }
-    if (k == SJ_MEMO_GRAPHS) return false;
-    if (!seen_enough(m, buffers_hash(x, cd, s))) return false;
-    if (atomic_exchange(&m->graph_busy, true)) return false; /* another thread captures */
-    /* Slots filled meanwhile: they may hold these very buffers. */
-    for (; k < SJ_MEMO_GRAPHS; k++) {
-        const sj_cgraph *g = atomic_load_explicit(&m->graphs[k], memory_order_acquire);
-        if (!g) break;
-        if (matches(g, x, cd, s)) {
-            atomic_store(&m->graph_busy, false);
-            *st = launch(cc, g);
-            if (!*st) atomic_fetch_add_explicit(&fn->c.graph_calls, 1, RELAXED);
-            return true;
-        }
-    }
-    if (k == SJ_MEMO_GRAPHS || atomic_fetch_add(&rt->cuda_graphs, 1) >= rt->cfg.cuda_graphs) {
-        if (k < SJ_MEMO_GRAPHS) atomic_fetch_sub(&rt->cuda_graphs, 1);
-        atomic_store(&m->graph_busy, false);
-        return false;
-    }
+    if (free_slot) *free_slot = k;
+    return NULL;
+}
 
-    if (!enqueue(rt, fn, m, x, plan, cd, s)) {
+sj_graph_use sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda_call *cc, const sj_compiled *cd,
+                                sj_status *st) {
+    if (!m || fn->rt->cfg.cuda_graphs <= 0 || atomic_load_explicit(&m->graph_off, RELAXED)) return SJ_GRAPH_NO;
+    for (int i = 0; i < x->g->n_outputs; i++)
+        if (!x->outputs[i].data) return SJ_GRAPH_NO; /* allocated per call: new addresses each time */
+    const sj_cgraph *g = find(m, x, cd, cc->e.stream, NULL);
+    if (!g) return SJ_GRAPH_COUNT;
+    *st = launch(cc, g);
+    if (!*st) atomic_fetch_add_explicit(&fn->c.graph_calls, 1, RELAXED);
+    return SJ_GRAPH_SERVED;
+}
+
+void sj_cuda_graph_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
+                        const sj_compiled *cd) {
+    sj_runtime *rt = fn->rt;
+    CUstream s = cc->e.stream;
+    int k;
+    if (find(m, x, cd, s, &k) || k == SJ_MEMO_GRAPHS) return; /* published meanwhile, or no room */
+    if (!seen_enough(m, buffers_hash(x, cd, s))) return;
+    if (atomic_load_explicit(&rt->cuda_graphs, RELAXED) >= rt->cfg.cuda_graphs) return;
+    if (atomic_exchange(&m->graph_busy, true)) return; /* a capture of this signature is queued or running */
+    /* a graph published since the find above may hold these very buffers */
+    bool go = !find(m, x, cd, s, &k) && k < SJ_MEMO_GRAPHS;
+    if (go && atomic_fetch_add(&rt->cuda_graphs, 1) >= rt->cfg.cuda_graphs) { /* reserve one of the runtime's */
         atomic_fetch_sub(&rt->cuda_graphs, 1);
-        atomic_store(&m->graph_busy, false);
+        go = false;
     }
-    return false; /* this call runs kernel by kernel; later ones may find the graph */
+    if (go && !enqueue(rt, fn, m, x, plan, cd, s)) {
+        atomic_fetch_sub(&rt->cuda_graphs, 1);
+        go = false;
+    }
+    if (!go) atomic_store(&m->graph_busy, false);
 }
 
 /* -- The grapher: captures off the request path ---------------------------------- */
@@ -302,15 +304,13 @@ static void run_job(sj_grapher *gr, graph_job *j) {
     }
     double ms = (double)(sj_now_ns() - t0) / 1e6;
     if (st) {
-        /* The calls go on kernel by kernel. The caller's own mistakes (an
-         * output of the wrong shape, reported to that call as usual) leave
-         * the signature open; anything else closes it, with a log line. */
-        if (st != SJ_ESHAPE && st != SJ_EDTYPE && st != SJ_EINVAL) {
-            atomic_fetch_add_explicit(&fn->c.graph_failures, 1, RELAXED);
-            sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d: a shape not captured into a CUDA graph (never again): %s",
-                    fn->name, e->id, sj_last_error());
-            atomic_store(&m->graph_off, true);
-        }
+        /* The calls go on kernel by kernel, and this signature is not
+         * captured again. (The call the capture copies had succeeded: its
+         * arguments are not what failed.) */
+        atomic_fetch_add_explicit(&fn->c.graph_failures, 1, RELAXED);
+        sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d: a shape not captured into a CUDA graph (never again): %s",
+                fn->name, e->id, sj_last_error());
+        atomic_store(&m->graph_off, true);
         sj_clearerr();
         if (g) destroy(rt->cuda, g);
         atomic_fetch_sub(&rt->cuda_graphs, 1);

@@ -525,8 +525,11 @@ static void test_matmul_stream(void **state) {
 /* Products from 8 threads at once on one cuBLASLt handle: 4 streams (two
  * threads on each), two sets of 12 shapes (four threads on each, two of
  * them on the same stream), each shape 4 times, every result against
- * float64. Same-shape calls from two threads at once once computed one
- * thread's product into the other's result (see eager_fns.lt_lock). */
+ * float64. A guard for concurrent use of the ops, not a reproducer of the
+ * race that eager_fns.lt_lock fixes: built without the lock it still
+ * passed (H200, 5 runs, also with every thread on one stream). The test
+ * that catches that race is test_cuda_jit's test_cuda_graphs_threads
+ * (failed 2 of 2 runs without the lock). */
 typedef struct mm_job {
     int id;
     CUstream stream;

@@ -67,9 +67,12 @@ typedef struct mm_entry {
 typedef struct eager_fns {
     CUfunction fn[EK_COUNT];
     /* One call at a time into the device's cuBLASLt handle (a heuristic
-     * query or a product): products from two threads at once were seen
-     * (H200, cuBLASLt 13) to compute one thread's product into the other's
-     * result. Held only while cuBLASLt answers or queues the product. */
+     * query or a product). Without it, 8 threads calling one encoder
+     * function (test_cuda_jit, test_cuda_graphs_threads; H200, cuBLASLt 13)
+     * got other threads' results in about one call in ten; with it, none.
+     * Plain concurrent products (test_cuda_eager) did not show the race, so
+     * its exact trigger is not known. Held only while cuBLASLt answers or
+     * queues the product. */
     pthread_mutex_t lt_lock;
     pthread_mutex_t lock; /* guards cache and next */
     mm_entry cache[MM_CACHE];
