@@ -522,6 +522,24 @@ static void test_matmul_stream(void **state) {
     assert_int_equal(dev->api.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* Algorithms are chosen per size class of m and n (lt_class in
+ * eager_cuda.c: powers of two to 64, then four per octave) and reused by
+ * every size in the class. A stream of lengths through a few classes, both
+ * orientations of the result, each product against float64: the first
+ * length of a class picks its algorithm, the others reuse it. The classes
+ * are crossed going up and then coming down, so a reused algorithm also
+ * serves sizes other than the one it was checked with. */
+static void test_matmul_size_classes(void **state) {
+    static const int64_t lens[] = {33, 47, 64, 65, 100, 127, 129, 191, 200, 257, 300, 3, 5, 7, 190, 130, 66, 40};
+    for (int d = 0; d < 3; d++)
+        for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+            /* tokens as M (y row-major: D = y^T, tokens are its n) */
+            run_matmul(tu_floats[d], 0, NULL, NULL, NULL, lens[i], 96, 136, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+            /* y column-major: tokens are D's m */
+            run_matmul(tu_floats[d], 0, NULL, NULL, NULL, lens[i], 72, 120, L_CONTIG, 1, L_CONTIG, 0, L_CONTIG, 1);
+        }
+}
+
 /* Products from 8 threads at once on one cuBLASLt handle: 4 streams (two
  * threads on each), two sets of 12 shapes (four threads on each, two of
  * them on the same stream), each shape 4 times, every result against
@@ -796,7 +814,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
         T(test_large),
     };
 #undef T

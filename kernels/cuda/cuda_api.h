@@ -109,7 +109,11 @@
     X(cublasStatus_t, LtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic",                  \
       (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,     \
        cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int,            \
-       cublasLtMatmulHeuristicResult_t *, int *))
+       cublasLtMatmulHeuristicResult_t *, int *))                                                 \
+    X(cublasStatus_t, LtMatmulAlgoCheck, "cublasLtMatmulAlgoCheck",                                \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,     \
+       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *,               \
+       cublasLtMatmulHeuristicResult_t *))
 
 typedef struct sj_cuda_api {
     void *h_cuda, *h_nvrtc, *h_lt; /* dlopen handles */

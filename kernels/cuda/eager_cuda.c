@@ -548,6 +548,91 @@ static sj_status lt_err(cublasStatus_t s, const char *what) {
     return sj_seterr(SJ_EBACKEND, "matmul: %s failed (cublasStatus %d)", what, (int)s);
 }
 
+/* The size class of a product dimension for choosing its algorithm: a
+ * power of two up to 64, then 4 classes per octave (multiples of 64 up to
+ * 512, of 128 up to 1024, ...); multiples of 64 are their own class. */
+static uint64_t lt_class(uint64_t x) {
+    if (x % 64 == 0)
+        return x;
+    if (x < 64) {
+        uint64_t p = 1;
+        while (p < x)
+            p <<= 1;
+        return p;
+    }
+    uint64_t top = 64;
+    while (top * 2 <= x)
+        top <<= 1;
+    uint64_t g = top / 4 > 64 ? top / 4 : 64;
+    return (x + g - 1) / g * g;
+}
+
+static int mm_lookup(eager_fns *t, const mm_key *key, cublasLtMatmulAlgo_t *algo) {
+    int found = 0;
+    pthread_mutex_lock(&t->lock);
+    for (int i = 0; i < MM_CACHE && !found; i++)
+        if (t->cache[i].used && !memcmp(&t->cache[i].key, key, sizeof *key)) {
+            *algo = t->cache[i].algo;
+            found = 1;
+        }
+    pthread_mutex_unlock(&t->lock);
+    return found;
+}
+
+static void mm_insert(eager_fns *t, const mm_key *key, const cublasLtMatmulAlgo_t *algo) {
+    pthread_mutex_lock(&t->lock);
+    t->cache[t->next] = (mm_entry){*key, *algo, 1};
+    t->next = (t->next + 1) % MM_CACHE;
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* The heuristic's preference: the workspace, and every operand's real
+ * alignment (al: A, B, and C = D). */
+static sj_status lt_pref(const sj_cuda_api *api, uint64_t ws_bytes, const uint32_t *al,
+                         cublasLtMatmulPreference_t *pref) {
+    cublasStatus_t s = api->LtMatmulPreferenceCreate(pref);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        *pref = NULL;
+        return lt_err(s, "cublasLtMatmulPreferenceCreate");
+    }
+    s = api->LtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                            sizeof ws_bytes);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lt_err(s, "setting MAX_WORKSPACE_BYTES");
+    const cublasLtMatmulPreferenceAttributes_t aa[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        if ((s = api->LtMatmulPreferenceSetAttribute(*pref, aa[i], &al[i < 3 ? i : 2], sizeof al[0])) !=
+            CUBLAS_STATUS_SUCCESS)
+            return lt_err(s, "setting MIN_ALIGNMENT");
+    return SJ_OK;
+}
+
+/* The heuristic's best algorithm for the product as laid out (lay: A, B,
+ * and C = D); *no_algo set when it has none. */
+static sj_status lt_heuristic(const sj_cuda_exec *e, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t *lay,
+                              cublasLtMatmulPreference_t pref, cublasLtMatmulAlgo_t *algo, int *no_algo,
+                              sj_dtype dt, uint64_t m, uint64_t n, uint64_t k, int batch) {
+    sj_cuda *c = e->cuda;
+    eager_fns *t = c->eager_fns;
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    pthread_mutex_lock(&t->lt_lock);
+    cublasStatus_t s = c->api.LtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &nres);
+    pthread_mutex_unlock(&t->lt_lock);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lt_err(s, "cublasLtMatmulAlgoGetHeuristic");
+    if (nres < 1) {
+        *no_algo = 1;
+        return sj_seterr(SJ_EBACKEND, "matmul: cuBLASLt has no algorithm for %s %llux%llux%llu (batch %d)",
+                         dt == SJ_F32 ? "f32" : dt == SJ_F16 ? "f16" : "bf16", (unsigned long long)m,
+                         (unsigned long long)n, (unsigned long long)k, batch);
+    }
+    *algo = res.algo;
+    return SJ_OK;
+}
+
 /* D (m x n) = op(A) op(B) over `batch` strided batches. */
 static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n, uint64_t k,
                          const lt_mat *A, const lt_mat *B, const lt_mat *D, int batch, int *no_algo) {
@@ -594,54 +679,81 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
                "setting STRIDED_BATCH_OFFSET");
         }
     }
-    mm_key key = {{dt, ta, tb, (int64_t)m, (int64_t)n, (int64_t)k, A->ld, B->ld, D->ld, batch,
+    /* The algorithm is chosen for the product with m and n rounded up to
+     * their size class (lt_class) and cached under that class, so that a
+     * stream of new lengths reuses a few algorithms rather than asking the
+     * heuristic, and loading a new kernel, for every length. An algorithm
+     * that cuBLASLt rejects for the real sizes (cublasLtMatmulAlgoCheck on
+     * first choice, the product's own status later) gives way to one chosen
+     * for the exact sizes, cached under them. */
+    uint64_t mc = batched ? m : lt_class(m), nc = batched ? n : lt_class(n);
+    int classed = mc != m || nc != n;
+    mm_key key = {{dt, ta, tb, (int64_t)mc, (int64_t)nc, (int64_t)k, A->ld, B->ld, D->ld, batch,
                    batched ? A->bstride : 0, batched ? B->bstride : 0, batched ? D->bstride : 0, al[0], al[1],
-                   al[2], (int64_t)ws_bytes, 0}};
+                   al[2], (int64_t)ws_bytes, classed}};
+    mm_key exact = key;
+    exact.v[3] = (int64_t)m, exact.v[4] = (int64_t)n, exact.v[17] = classed ? 2 : 0;
     cublasLtMatmulAlgo_t algo;
-    int found = 0;
-    pthread_mutex_lock(&t->lock);
-    for (int i = 0; i < MM_CACHE && !found; i++)
-        if (t->cache[i].used && !memcmp(&t->cache[i].key, &key, sizeof key)) {
-            algo = t->cache[i].algo;
-            found = 1;
-        }
-    pthread_mutex_unlock(&t->lock);
+    int found = mm_lookup(t, &key, &algo) || (classed && mm_lookup(t, &exact, &algo) && (classed = 0, 1));
     if (!found) {
-        cublasLtMatmulHeuristicResult_t res;
-        int nres = 0;
-        LT(api->LtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-        LT(api->LtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                               sizeof ws_bytes),
-           "setting MAX_WORKSPACE_BYTES");
-        const cublasLtMatmulPreferenceAttributes_t aa[4] = {
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        for (int i = 0; i < 4; i++)
-            LT(api->LtMatmulPreferenceSetAttribute(pref, aa[i], &al[i < 3 ? i : 2], sizeof al[0]),
-               "setting MIN_ALIGNMENT");
-        pthread_mutex_lock(&t->lt_lock);
-        s = api->LtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &nres);
-        pthread_mutex_unlock(&t->lt_lock);
-        LT(s, "cublasLtMatmulAlgoGetHeuristic");
-        if (nres < 1) {
-            *no_algo = 1;
-            st = sj_seterr(SJ_EBACKEND, "matmul: cuBLASLt has no algorithm for %s %llux%llux%llu (batch %d)",
-                           dt == SJ_F32 ? "f32" : dt == SJ_F16 ? "f16" : "bf16", (unsigned long long)m,
-                           (unsigned long long)n, (unsigned long long)k, batch);
+        if ((st = lt_pref(api, ws_bytes, al, &pref)))
             goto done;
+        if (classed) {
+            cublasLtMatrixLayout_t ql[3] = {NULL, NULL, NULL};
+            uint64_t dims[3][2] = {{A->trans ? k : mc, A->trans ? mc : k}, {B->trans ? nc : k, B->trans ? k : nc},
+                                   {mc, nc}};
+            s = CUBLAS_STATUS_SUCCESS;
+            for (int i = 0; i < 3 && s == CUBLAS_STATUS_SUCCESS; i++) {
+                int64_t ld = mats[i]->ld > (int64_t)dims[i][0] ? mats[i]->ld : (int64_t)dims[i][0];
+                s = api->LtMatrixLayoutCreate(&ql[i], ty, dims[i][0], dims[i][1], ld);
+            }
+            cublasLtMatmulHeuristicResult_t res, chk;
+            int nres = 0;
+            if (s == CUBLAS_STATUS_SUCCESS) {
+                pthread_mutex_lock(&t->lt_lock);
+                s = api->LtMatmulAlgoGetHeuristic(c->lt, op, ql[0], ql[1], ql[2], ql[2], pref, 1, &res, &nres);
+                if (s == CUBLAS_STATUS_SUCCESS && nres > 0)
+                    s = api->LtMatmulAlgoCheck(c->lt, op, lay[0], lay[1], lay[2], lay[2], &res.algo, &chk);
+                pthread_mutex_unlock(&t->lt_lock);
+            }
+            for (int i = 0; i < 3; i++)
+                if (ql[i])
+                    api->LtMatrixLayoutDestroy(ql[i]);
+            if (s == CUBLAS_STATUS_SUCCESS && nres > 0 && chk.workspaceSize <= ws_bytes) {
+                algo = res.algo;
+                found = 1;
+                mm_insert(t, &key, &algo);
+            } else {
+                classed = 0; /* the exact sizes' own algorithm, below */
+            }
         }
-        algo = res.algo;
-        pthread_mutex_lock(&t->lock);
-        t->cache[t->next] = (mm_entry){key, algo, 1};
-        t->next = (t->next + 1) % MM_CACHE;
-        pthread_mutex_unlock(&t->lock);
+        if (!found) {
+            st = lt_heuristic(e, op, lay, pref, &algo, no_algo, dt, m, n, k, batch);
+            if (st)
+                goto done;
+            mm_insert(t, &exact, &algo);
+        }
     }
     const float one = 1.0f, zero = 0.0f;
-    pthread_mutex_lock(&t->lt_lock);
-    s = api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0], (const void *)(uintptr_t)B->p, lay[1],
-                      &zero, (const void *)(uintptr_t)D->p, lay[2], (void *)(uintptr_t)D->p, lay[2], &algo,
-                      (void *)(uintptr_t)ws, (size_t)ws_bytes, (cudaStream_t)e->stream);
-    pthread_mutex_unlock(&t->lt_lock);
+    for (;;) {
+        pthread_mutex_lock(&t->lt_lock);
+        s = api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0], (const void *)(uintptr_t)B->p,
+                          lay[1], &zero, (const void *)(uintptr_t)D->p, lay[2], (void *)(uintptr_t)D->p, lay[2],
+                          &algo, (void *)(uintptr_t)ws, (size_t)ws_bytes, (cudaStream_t)e->stream);
+        pthread_mutex_unlock(&t->lt_lock);
+        if (!classed || (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE))
+            break;
+        /* the class's algorithm does not run these sizes: the exact one */
+        classed = 0;
+        if (mm_lookup(t, &exact, &algo))
+            continue;
+        if (!pref && (st = lt_pref(api, ws_bytes, al, &pref)))
+            goto done;
+        st = lt_heuristic(e, op, lay, pref, &algo, no_algo, dt, m, n, k, batch);
+        if (st)
+            goto done;
+        mm_insert(t, &exact, &algo);
+    }
     LT(s, "cublasLtMatmul");
 #undef LT
 done:
