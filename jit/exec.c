@@ -115,7 +115,7 @@ static sj_status view(run *r, const sj_node *n, sj_tensor *y) {
 /* -- Compute nodes --------------------------------------------------------- */
 
 sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
-                          const sj_tensor *y) {
+                          const sj_tensor *bias, const sj_tensor *y) {
     const int32_t *in = sj_node_ins(g, n);
     switch (sj_op_kind_of(n->op)) {
     case SJ_K_UNARY:
@@ -164,7 +164,12 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
         sb[y->rank - 1] = b->shape[b->rank - 1];
         sb[y->rank - 2] = b->shape[b->rank - 2];
         sj_tensor ea = expand(a, y->rank, sa), eb = expand(b, y->rank, sb);
-        return k->matmul(c, &ea, &eb, y);
+        if (!bias) return k->matmul(c, &ea, &eb, NULL, y);
+        sj_tensor bv = *bias; /* its last axis alone */
+        bv.rank = 1;
+        bv.shape[0] = bias->shape[bias->rank - 1];
+        bv.stride[0] = bias->stride[bias->rank - 1];
+        return k->matmul(c, &ea, &eb, &bv, y);
     }
     case SJ_K_ATTENTION:
         return k->attention(c, &rv[in[0]], &rv[in[1]], &rv[in[2]], in[3] >= 0 ? &rv[in[3]] : NULL, n->a.f,
@@ -187,8 +192,9 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
     return sj_seterr(SJ_EINTERNAL, "exec: no eager kernel for %s", sj_op_name(n->op));
 }
 
-sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
-    return sj_exec_node_on(&sj_cpu_kernels, NULL, g, n, rv, y);
+sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
+                       const sj_tensor *y) {
+    return sj_exec_node_on(&sj_cpu_kernels, NULL, g, n, rv, bias, y);
 }
 
 /* -- Sizes ------------------------------------------------------------------- */
@@ -371,7 +377,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
             y->data = take(&r, sj_tensor_nbytes(y));
             if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
         }
-        if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, y);
+        if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, NULL, y);
         if (st) sj_exec_node_error(x, n, st);
     }
 
@@ -425,8 +431,8 @@ static sj_status k_layer_norm(void *c, const sj_tensor *x, const sj_tensor *g, c
 static sj_status k_rms_norm(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y) {
     return sj_cpu_rms_norm(x, g, eps, y);
 }
-static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
-    return sj_cpu_matmul(a, b, y, c);
+static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y) {
+    return sj_cpu_matmul_bias(a, b, bias, y, c);
 }
 static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                              const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
@@ -442,8 +448,9 @@ static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, con
 const sj_kernels sj_cpu_kernels = {k_unary,    k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather};
 
-static sj_status cpu_node(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
-    return sj_exec_node_on(&sj_cpu_kernels, ctx, g, n, rv, y);
+static sj_status cpu_node(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
+                          const sj_tensor *y) {
+    return sj_exec_node_on(&sj_cpu_kernels, ctx, g, n, rv, bias, y);
 }
 
 static sj_status cpu_copy(void *ctx, const sj_tensor *x, const sj_tensor *y) {

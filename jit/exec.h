@@ -22,8 +22,11 @@ struct sj_group;
 typedef struct sj_exec_ops {
     sj_device device; /* where inputs, outputs and intermediates live */
     /* Run one non-view node (or a copying reshape) with the device's eager
-     * kernel; rv holds the operands' descriptors (indexed by value id). */
-    sj_status (*node)(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y);
+     * kernel; rv holds the operands' descriptors (indexed by value id).
+     * bias: NULL, or for a matmul a value added along y's last axis as it
+     * is written (see sj_exec_node_on). */
+    sj_status (*node)(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
+                      const sj_tensor *y);
     /* y = x (strided, converting dtype). */
     sj_status (*copy)(void *ctx, const sj_tensor *x, const sj_tensor *y);
     /* Memory for a call's intermediates (bytes may be 0); NULL: use the host
@@ -106,7 +109,8 @@ typedef struct sj_kernels {
     sj_status (*layer_norm)(void *c, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b, double eps,
                             const sj_tensor *y);
     sj_status (*rms_norm)(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y);
-    sj_status (*matmul)(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+    /* bias: NULL, or a rank-1 tensor of y's last size added to every row */
+    sj_status (*matmul)(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y);
     sj_status (*attention)(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                            const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
     sj_status (*concat)(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
@@ -119,10 +123,13 @@ extern const sj_kernels sj_cpu_kernels;
 
 /* Run one non-view node (or a copying reshape) with a device's kernels:
  * operands broadcast to the result, reductions given their kept axis,
- * matrix batch axes expanded. rv holds the operands' descriptors. */
+ * matrix batch axes expanded. rv holds the operands' descriptors. bias
+ * (a matmul only; else NULL): a plan's bias (sj_group.bias), sizes 1
+ * before its last, added along y's last axis. */
 sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
-                          const sj_tensor *y);
+                          const sj_tensor *bias, const sj_tensor *y);
 /* The CPU's: sj_exec_node_on(&sj_cpu_kernels, NULL, ...). */
-sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y);
+sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
+                       const sj_tensor *y);
 
 #endif

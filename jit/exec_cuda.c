@@ -43,8 +43,8 @@ static sj_status k_layer_norm(void *c, const sj_tensor *x, const sj_tensor *g, c
 static sj_status k_rms_norm(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y) {
     return sj_cuda_rms_norm(E(c), x, g, eps, y);
 }
-static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
-    return sj_cuda_matmul(E(c), a, b, y);
+static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y) {
+    return sj_cuda_matmul_bias(E(c), a, b, bias, y);
 }
 static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                              const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
@@ -70,8 +70,9 @@ const sj_kernels sj_cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy, 
 
 /* -- The execution table ---------------------------------------------------------- */
 
-static sj_status node(void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *y) {
-    return sj_exec_node_on(&sj_cuda_kernels, c, g, n, rv, y);
+static sj_status node(void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
+                      const sj_tensor *y) {
+    return sj_exec_node_on(&sj_cuda_kernels, c, g, n, rv, bias, y);
 }
 
 static sj_status copy(void *c, const sj_tensor *x, const sj_tensor *y) { return sj_cuda_copy(E(c), x, y); }

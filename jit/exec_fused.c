@@ -4,7 +4,8 @@
  * strides, arena offsets); the arena comes from the function's pool; each
  * store gets its base pointer; generated groups run over their work items
  * split across the thread pool; NODE groups run their eager kernel on
- * descriptors built from the plan's layouts; outputs the plan could not
+ * descriptors built from the plan's layouts (a product with its bias add
+ * passes the bias to the product's kernel); outputs the plan could not
  * write in place are copied last.
  *
  * Block layout: [expression values][store bases][descriptors][arena].
@@ -127,9 +128,10 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         const int32_t *in = sj_node_ins(g, n);
         for (int k = 0; k < n->n_in; k++)
             if (in[k] >= 0) layout_desc(g, p, exv, bases, in[k], ops->device, &rv[in[k]]);
-        sj_tensor y;
-        layout_desc(g, p, exv, bases, n->out, ops->device, &y);
-        st = ops->node(x->ops_ctx, g, n, rv, &y);
+        if (gr->bias >= 0) layout_desc(g, p, exv, bases, gr->bias, ops->device, &rv[gr->bias]);
+        sj_tensor y; /* the group's result: the last node's (a product's bias add) */
+        layout_desc(g, p, exv, bases, g->nodes[gr->nodes[gr->n_nodes - 1]].out, ops->device, &y);
+        st = ops->node(x->ops_ctx, g, n, rv, gr->bias >= 0 ? &rv[gr->bias] : NULL, &y);
         if (st) sj_exec_node_error(x, n, st);
     }
 

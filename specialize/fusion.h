@@ -13,7 +13,10 @@
  *              it). Iteration space: the row op's input shape; the last axis
  *              is the row. Generated code.
  *   NODE       one graph node run by its eager kernel (matmul through BLAS,
- *              attention, gather, concat).
+ *              attention, gather, concat); or a float matrix product and
+ *              the add of a bias along its last axis, when that add would
+ *              otherwise be a POINTWISE group of its own: the product's
+ *              kernel adds the bias as it writes (`bias`).
  * View nodes (reshape, permute, slice) fold into layouts and belong to no
  * group. A reshape whose operand's layout cannot be viewed in the new shape
  * becomes a POINTWISE group copying the operand into a contiguous buffer.
@@ -86,6 +89,10 @@ typedef struct sj_group {
                              NODE: exactly one */
     int n_nodes;
     int32_t row_node;     /* ROW: the row op (also in nodes); else -1 */
+    int32_t bias;         /* NODE of two nodes (a matmul, then an add of this
+                             value): the bias, with a size-1 axis or none
+                             before its last; else -1. The group's result is
+                             the add's. */
     /* Iteration space (generated groups), collapsed. ROW: the last axis is
      * the row (length = the row op's input last size). */
     int rank;

@@ -85,7 +85,8 @@ static void mark_reads(plan_ctx *c) {
         for (int j = 0; j < gr->n_nodes; j++) {
             const sj_node *n = &g->nodes[gr->nodes[j]];
             const int32_t *in = sj_node_ins(g, n);
-            if (gr->kind == SJ_G_NODE) c->need[n->out] = true;
+            /* a NODE group's result; not a product under its bias */
+            if (gr->kind == SJ_G_NODE && j == gr->n_nodes - 1) c->need[n->out] = true;
             for (int a = 0; a < n->n_in; a++) {
                 if (in[a] < 0) continue;
                 int32_t r = b->root[in[a]];
@@ -344,6 +345,7 @@ void sj_fplan_free(sj_fplan *p) {
 
 static int fill_groups(plan_ctx *c) {
     sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
     sj_fplan *p = c->p;
     for (int k = 0; k < p->n_groups; k++) {
         sj_fuse_grp *gr = &b->gr[c->ord[k]];
@@ -358,7 +360,15 @@ static int fill_groups(plan_ctx *c) {
         G->rank = gr->rank;
         memcpy(G->shape, gr->shape, sizeof G->shape);
         G->numel = G->rows = SJ_EX_NONE;
-        if (G->kind == SJ_G_NODE) continue;
+        G->bias = -1;
+        if (G->kind == SJ_G_NODE) {
+            if (G->n_nodes == 2) { /* a product and its bias add (nodes sorted: the product first) */
+                const sj_node *add = &g->nodes[G->nodes[1]];
+                int32_t prod = g->nodes[G->nodes[0]].out;
+                G->bias = sj_node_ins(g, add)[0] == prod ? sj_node_ins(g, add)[1] : sj_node_ins(g, add)[0];
+            }
+            continue;
+        }
         p->n_generated++;
         gr->nodes = G->nodes; /* make_accesses reads the builder group */
         gr->n_nodes = G->n_nodes;

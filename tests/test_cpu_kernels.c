@@ -422,6 +422,9 @@ static void test_norms(void **state) { tu_norm_cases(false, run_norm); }
 
 /* -- Matmul --------------------------------------------------------------- */
 
+/* test_matmul_bias: float products get a bias [N] (strided when N is odd) */
+static int with_bias;
+
 /* a [..., M, K] (la: layout of the matrix axes; ta: stored transposed),
  * b likewise, with batch shapes ab/bb broadcast to yb. */
 static void run_matmul(sj_dtype dt, int nb, const int64_t *yb, const int64_t *ab, const int64_t *bb,
@@ -436,10 +439,19 @@ static void run_matmul(sj_dtype dt, int nb, const int64_t *yb, const int64_t *ab
     sj_tensor a = tu_broadcast(&a0, s.rank, s.af), b = tu_broadcast(&b0, s.rank, s.bf);
     double *rf = ref(tu_numel(&y)), *mg = mag(tu_numel(&y));
     tu_ref_matmul(&a, &b, rf, mg);
-    assert_int_equal(sj_cpu_matmul(&a, &b, &y, pool), SJ_OK);
+    sj_tensor bias = {0};
+    int biased = with_bias && (dt == SJ_F32 || dt == SJ_F16 || dt == SJ_BF16);
+    if (biased) {
+        bias = rnd(dt, 1, S(N), N % 2 ? L_GAP : L_CONTIG);
+        for (int64_t i = 0; i < tu_numel(&y); i++) {
+            rf[i] += tu_get(&bias, i % N);
+            mg[i] += fabs(tu_get(&bias, i % N));
+        }
+    }
+    assert_int_equal(sj_cpu_matmul_bias(&a, &b, biased ? &bias : NULL, &y, pool), SJ_OK);
     expect(&y, rf, mg, tu_tol(dt),
-           label("matmul dtype %d M %lld K %lld N %lld lay %d%d%d%d%d%d", dt, (long long)M,
-                 (long long)K, (long long)N, la, ta, lb, tb, ly, ty));
+           label("matmul dtype %d M %lld K %lld N %lld lay %d%d%d%d%d%d bias %d", dt, (long long)M,
+                 (long long)K, (long long)N, la, ta, lb, tb, ly, ty, biased));
 }
 
 static void test_matmul(void **state) {
@@ -451,6 +463,14 @@ static void test_matmul(void **state) {
         assert_int_equal(sj_cpu_matmul(&a, &b, &y, NULL), SJ_OK);
         assert_true(tu_geti(&y, 0) == want);
     }
+}
+
+/* The same products plus a bias on every row (a fused plan's product and
+ * its bias add), in every layout of the result. */
+static void test_matmul_bias(void **state) {
+    with_bias = 1;
+    tu_matmul_cases(false, run_matmul);
+    with_bias = 0;
 }
 
 /* -- Attention ------------------------------------------------------------ */
@@ -597,7 +617,7 @@ int main(void) {
         T(test_half),   T(test_approximations),  T(test_unary),      T(test_unary_specials),
         T(test_binary), T(test_int_semantics),   T(test_nan_binary), T(test_where),
         T(test_cast),   T(test_copy_transposed), T(test_reduce),     T(test_softmax),
-        T(test_norms),  T(test_matmul),          T(test_attention),  T(test_split), T(test_concat),
+        T(test_norms),  T(test_matmul), T(test_matmul_bias), T(test_attention),  T(test_split), T(test_concat),
         T(test_gather), T(test_scratch),
     };
 #undef T

@@ -465,6 +465,10 @@ static void test_norms(void **state) { tu_norm_cases(true, run_norm); }
 
 /* -- Matmul ----------------------------------------------------------------- */
 
+/* Bias of run_matmul_bias: 0 none, 1 contiguous, 2 strided (L_GAP), 3 one
+ * element off the alignment (the last two: added after the product). */
+static int bias_mode;
+
 /* a [..., M, K] (la: layout; ta: stored transposed), b likewise, batch
  * shapes ab/bb broadcast to yb. */
 static void run_matmul(sj_dtype dt, int nb, const int64_t *yb, const int64_t *ab, const int64_t *bb, int64_t M,
@@ -484,11 +488,21 @@ static void run_matmul(sj_dtype dt, int nb, const int64_t *yb, const int64_t *ab
     sj_tensor da = tu_broadcast(&da0, s.rank, s.af), db = tu_broadcast(&db0, s.rank, s.bf);
     double *rf = ref(tu_numel(&y)), *mg = mag(tu_numel(&y));
     tu_ref_matmul(&a, &b, rf, mg);
-    assert_int_equal(sj_cpu_matmul(&a, &b, &yc, NULL), SJ_OK);
+    sj_tensor bh = {0}, dbias = {0}, *hb = NULL, *db_ = NULL;
+    if (bias_mode) {
+        bh = rnd(dt, 1, S(N), bias_mode == 2 ? L_GAP : L_CONTIG);
+        dbias = to_dev_at(&bh, bias_mode == 3);
+        hb = &bh, db_ = &dbias;
+        for (int64_t i = 0; i < tu_numel(&y); i++) {
+            rf[i] += tu_get(&bh, i % N);
+            mg[i] += fabs(tu_get(&bh, i % N));
+        }
+    }
+    assert_int_equal(sj_cpu_matmul_bias(&a, &b, hb, &yc, NULL), SJ_OK);
     settle();
-    const char *what = label("matmul dtype %d batch %d M %lld K %lld N %lld lay %d%d%d%d%d%d", dt, nb, (long long)M,
-                             (long long)K, (long long)N, la, ta, lb, tb, ly, ty);
-    finish(sj_cuda_matmul(&ex, &da, &db, &dy), &dy, &y, what);
+    const char *what = label("matmul dtype %d batch %d M %lld K %lld N %lld lay %d%d%d%d%d%d bias %d", dt, nb,
+                             (long long)M, (long long)K, (long long)N, la, ta, lb, tb, ly, ty, bias_mode);
+    finish(sj_cuda_matmul_bias(&ex, &da, &db, db_, &dy), &dy, &y, what);
     expect(&y, &yc, rf, mg, tu_tol(dt), what);
 }
 
@@ -520,6 +534,27 @@ static void test_matmul_stream(void **state) {
     teardown(state);
     ex.stream = keep;
     assert_int_equal(dev->api.StreamDestroy(s), CUDA_SUCCESS);
+}
+
+/* y = a @ b + bias, the bias added by cuBLASLt's epilogue (a row-major
+ * result, a contiguous aligned bias; also over strided batches with b per
+ * batch) or by a kernel after the product (a column-major result, a
+ * strided bias, a misaligned one), and with K = 0 (the bias alone); every
+ * result against float64 and the CPU kernel. */
+static void test_matmul_bias(void **state) {
+    for (int d = 0; d < 3; d++) {
+        sj_dtype dt = tu_floats[d];
+        for (bias_mode = 1; bias_mode <= 3; bias_mode++) {
+            run_matmul(dt, 0, NULL, NULL, NULL, 33, 70, 20, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+            run_matmul(dt, 0, NULL, NULL, NULL, 17, 40, 24, L_CONTIG, 1, L_CONTIG, 0, L_CONTIG, 1);
+        }
+        bias_mode = 1;
+        run_matmul(dt, 0, NULL, NULL, NULL, 128, 256, 96, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+        run_matmul(dt, 1, S(3), S(3), S(3), 9, 32, 48, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+        run_matmul(dt, 1, S(3), S(3), S(1), 9, 32, 48, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+        run_matmul(dt, 0, NULL, NULL, NULL, 5, 0, 24, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+    }
+    bias_mode = 0;
 }
 
 /* Algorithms are chosen per size class of m and n (lt_class in
@@ -814,7 +849,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_bias), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
         T(test_large),
     };
 #undef T

@@ -239,6 +239,18 @@ static void test_matmul_gelu(void **state) {
     tu_params[1] = small_param(SJ_F32, 1, S(40), 1);
     run_both(&tu_pat_mmgelu, SJ_F32);
 }
+/* bias adds after products, in f32, f16 and bf16 (parameters of the
+ * dtype): the epilogue's on the CPU kernel, against eager (which adds in a
+ * kernel of its own) and float64; the plan: two products take their add,
+ * two do not (test_plan_bias) */
+static void test_matmul_bias(void **state) {
+    static const sj_dtype dts[3] = {SJ_F32, SJ_F16, SJ_BF16};
+    for (int d = 0; d < 3; d++) {
+        tu_params[0] = small_param(dts[d], 2, S(24, 40), 0.3);
+        tu_params[1] = small_param(dts[d], 1, S(40), 1);
+        run_both(&tu_pat_mmbias, dts[d]);
+    }
+}
 static void test_views(void **state) {
     run_both(&tu_pat_views, SJ_F32);
     run_both(&tu_pat_strided, SJ_F32);
@@ -384,8 +396,13 @@ static void test_plan_benchmarks(void **state) {
     count_kinds(p, k);
     sj_fplan_print(g, p, NULL, stdout, "  ");
     assert_int_equal(k[SJ_G_NODE], 5);
-    assert_int_equal(k[SJ_G_POINTWISE], 2);
+    assert_int_equal(k[SJ_G_POINTWISE], 1);
     assert_int_equal(k[SJ_G_ROW], 2);
+    /* the qkv bias add, alone otherwise, is the product's epilogue */
+    assert_int_equal(p->groups[0].kind, SJ_G_NODE);
+    assert_int_equal(p->groups[0].n_nodes, 2);
+    assert_int_equal(g->vals[p->groups[0].bias].kind, SJ_VAL_PARAM);
+    assert_int_equal(p->layouts[g->nodes[p->groups[0].nodes[0]].out].store, -1); /* never in memory */
     for (int i = 0; i < p->n_groups; i++) {
         const sj_node *n = &g->nodes[p->groups[i].nodes[0]];
         if (n->op != SJ_OP_ATTENTION) continue;
@@ -409,6 +426,40 @@ static void test_plan_benchmarks(void **state) {
     assert_int_equal(p->groups[1].kind, SJ_G_NODE);
     for (int i = 0; i < p->groups[0].n_nodes; i++)
         assert_int_not_equal(g->nodes[p->groups[0].nodes[i]].op, SJ_OP_ADD);
+    sj_fplan_free(p);
+    sj_graph_destroy(g);
+}
+
+/* Which bias adds become a product's epilogue (tu_pat_mmbias): out0's and
+ * the batched out1's; not out2's (the product is read twice) nor out5's
+ * (the product is an output). */
+static void test_plan_bias(void **state) {
+    sj_graph *g;
+    tu_params[0] = small_param(SJ_F32, 2, S(24, 40), 0.3);
+    tu_params[1] = small_param(SJ_F32, 1, S(40), 1);
+    sj_fplan *p = plan_of(&tu_pat_mmbias, S(9), &g);
+    sj_fplan_print(g, p, NULL, stdout, "  ");
+    int with = 0, without = 0;
+    for (int i = 0; i < p->n_groups; i++) {
+        const sj_group *G = &p->groups[i];
+        if (G->kind != SJ_G_NODE) {
+            assert_int_equal(G->bias, -1);
+            continue;
+        }
+        int32_t out = g->nodes[G->nodes[G->n_nodes - 1]].out;
+        if (G->n_nodes == 2) {
+            with++;
+            assert_int_equal(g->nodes[G->nodes[1]].op, SJ_OP_ADD);
+            /* the group writes out0 or out1 itself */
+            assert_true(out == g->outputs[0] || out == g->outputs[1]);
+            assert_true(G->bias >= 0 && g->vals[G->bias].kind != SJ_VAL_NODE);
+        } else {
+            without++;
+            assert_int_equal(G->bias, -1);
+        }
+    }
+    assert_int_equal(with, 2);
+    assert_int_equal(without, 2);
     sj_fplan_free(p);
     sj_graph_destroy(g);
 }
@@ -466,7 +517,8 @@ static void lifetimes(const sj_graph *g, const sj_fplan *p, int *first, int *las
             const sj_node *n = &g->nodes[G->nodes[0]];
             for (int a = 0; a < n->n_in; a++)
                 if (sj_node_ins(g, n)[a] >= 0) vals[nv++] = sj_node_ins(g, n)[a];
-            vals[nv++] = n->out;
+            if (G->bias >= 0) vals[nv++] = G->bias;
+            vals[nv++] = g->nodes[G->nodes[G->n_nodes - 1]].out;
         } else {
             for (int i = 0; i < G->n_loads; i++) vals[nv++] = G->loads[i].val;
             for (int i = 0; i < G->n_stores; i++) vals[nv++] = G->stores[i].val;
@@ -615,9 +667,9 @@ static void test_codegen_text(void **state) {
 int main(void) {
 #define T(f) cmocka_unit_test_teardown(f, tu_teardown)
     const struct CMUnitTest tests[] = {
-        T(test_plan_benchmarks), T(test_plan_arena), T(test_plan_overlap), T(test_long_chain), T(test_fuse_oom),
+        T(test_plan_benchmarks), T(test_plan_bias), T(test_plan_arena), T(test_plan_overlap), T(test_long_chain), T(test_fuse_oom),
         T(test_codegen_text),
-        T(test_w1), T(test_w2), T(test_w3), T(test_matmul_gelu), T(test_views), T(test_softmax_axis0),
+        T(test_w1), T(test_w2), T(test_w3), T(test_matmul_gelu), T(test_matmul_bias), T(test_views), T(test_softmax_axis0),
         T(test_reduce), T(test_rows), T(test_casts_where), T(test_ints), T(test_half), T(test_shared_value),
         T(test_outputs), T(test_empty), T(test_cycle), T(test_encoder),
         cmocka_unit_test_setup_teardown(test_streamed, stream_all, stream_default),

@@ -113,6 +113,38 @@ static sj_status m_mmgelu(sj_tracer *t, const sj_val *in, int n, void *u) {
 }
 static void mk_mmgelu(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(d[0], 24)); }
 
+/* matrix products and bias adds (W [24, 40], bias [40]: tu_params[0], [1]):
+ *   out0 = x @ W + bias                 the add becomes the product's epilogue
+ *   out1 = xb @ W + bi                  batched, bias an input [1, 40]: too
+ *   out2 = m + bias, out3 = m * 2       m = (x / 2) @ W read twice: not
+ *   out4 = p, out5 = p + bias           p = x @ W an output: not
+ * x [d0, 24], xb [3, d0, 24], bi [1, 40] */
+static sj_status m_mmbias(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val w = sj_param(t, &tu_params[0]), bias = sj_param(t, &tu_params[1]);
+    sj_output(t, sj_add(t, sj_matmul(t, in[0], w), bias));
+    sj_output(t, sj_add(t, sj_matmul(t, in[1], w), in[2]));
+    sj_val m = sj_matmul(t, sj_mul(t, in[0], sj_scalar(t, 0.5)), w);
+    sj_output(t, sj_add(t, bias, m));
+    sj_output(t, sj_mul(t, m, sj_scalar(t, 2.0)));
+    sj_val p = sj_matmul(t, in[0], w);
+    sj_output(t, p);
+    return sj_output(t, sj_add(t, p, bias));
+}
+static void mk_mmbias(const int64_t *d, sj_dtype dt, sj_tensor *in) {
+    in[0] = rnd(dt, 2, S(d[0], 24));
+    in[1] = rnd(dt, 3, S(3, d[0], 24));
+    in[2] = rnd(dt, 2, S(1, 40));
+}
+static void ref_mmbias(const sj_tensor *in, double *out) {
+    int64_t R = in[0].shape[0];
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t j = 0; j < 40; j++) {
+            double s = tu_get(&tu_params[1], j);
+            for (int64_t k = 0; k < 24; k++) s += tu_get(&in[0], r * 24 + k) * tu_get(&tu_params[0], k * 40 + j);
+            out[r * 40 + j] = s;
+        }
+}
+
 /* a transposed input and a slice with a symbolic end; x [A, B], z [B, A + 4] */
 static sj_status m_views(sj_tracer *t, const sj_val *in, int n, void *u) {
     sj_val xt = sj_transpose(t, in[0], 0, 1);
@@ -270,6 +302,7 @@ const tu_pattern tu_pat_w2 = {"w2", m_w2, 4, mk_w2, 2, {2, 3}, {200, 300}, true,
 const tu_pattern tu_pat_w3 = {"w3", m_w3, 2, mk_w3, 2, {2, 3}, {14, 70}, true, ref_w3, {0}};
 const tu_pattern tu_pat_w3_masked = {"w3 masked", m_w3, 2, mk_w3_masked, 2, {2, 3}, {14, 70}, true, NULL, {0}};
 const tu_pattern tu_pat_mmgelu = {"matmul bias gelu", m_mmgelu, 1, mk_mmgelu, 1, {2}, {23}, true, NULL, {24}};
+const tu_pattern tu_pat_mmbias = {"matmul bias", m_mmbias, 3, mk_mmbias, 1, {2}, {23}, true, ref_mmbias, {24, 40}};
 const tu_pattern tu_pat_views = {"views", m_views, 2, mk_views, 2, {2, 40}, {30, 70}, true, NULL, {0}};
 const tu_pattern tu_pat_strided = {"strided", m_strided, 1, mk_strided, 2, {3, 5}, {9, 30}, false, NULL, {0}};
 const tu_pattern tu_pat_reshape = {"reshape", m_reshape, 2, mk_reshape, 3, {2, 50, 70}, {45, 60, 90}, true, NULL, {0}};

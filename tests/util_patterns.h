@@ -60,6 +60,11 @@ extern const tu_pattern tu_pat_w2;
 extern const tu_pattern tu_pat_w3, tu_pat_w3_masked;
 /* bias + gelu after a matmul (W, bias: tu_params[0], [1]) */
 extern const tu_pattern tu_pat_mmgelu;
+/* bias adds after matmuls (the same W, bias): two that become the
+ * product's epilogue (x [d0, 24] @ W + bias; a batched xb [3, d0, 24] @ W
+ * + an input bias [1, 40]) and two that cannot (the product read twice;
+ * the product an output) */
+extern const tu_pattern tu_pat_mmbias;
 /* a pointwise chain over a transposed input and a slice with a symbolic
  * end; x [A, B], z [B, A + 4] */
 extern const tu_pattern tu_pat_views;

@@ -61,6 +61,11 @@ sj_status sj_cpu_rms_norm(const sj_tensor *x, const sj_tensor *g, double eps, co
  * pool: the kernel threads a large float product may be split over (when
  * OpenBLAS runs single-threaded); NULL: the calling thread only. */
 sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor *y, struct sj_threads *pool);
+/* The same with bias (float dtypes; NULL: none), a rank-1 tensor of y's
+ * dtype and last size (any stride), added to every row of the product
+ * before it is stored: y = a @ b + bias, rounded once for f16/bf16. */
+sj_status sj_cpu_matmul_bias(const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y,
+                             struct sj_threads *pool);
 
 /* Attention, see sj_attention() in shapejit.h. q [B,H,Sq,D], k [B,H,Sk,D],
  * v [B,H,Sk,Dv], lengths NULL or i32/i64 [B], y [B,H,Sq,Dv]. Lengths are

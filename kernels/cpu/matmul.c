@@ -10,6 +10,10 @@
  *
  * Integers are exact: int64 products and sums, wrapping, narrowed on store.
  *
+ * A bias (a fused plan's product with its bias add) is added to each row
+ * of a float product right after it: in place in an f32 result (still in
+ * cache), or in the f32 scratch before an f16/bf16 result is stored.
+ *
  * Threads. Given the runtime's kernel pool, a float product big enough to
  * share is split into one block of columns (or of rows, when it has more
  * rows than columns) per thread, each a cblas_sgemm of its own, provided
@@ -29,7 +33,8 @@
  * prefix of length lim(i), and a query with lim(i) <= 0 gives zeros. Keys
  * at or past the block's largest lim are never read.
  *
- * Scratch slots: 0 a / q, 1 b / k, 2 y / v, 3 attention scores and output.
+ * Scratch slots: 0 a / q, 1 b / k, 2 y / v, 3 attention scores and output, or
+ * the bias in f32.
  */
 #include <assert.h>
 #include <cblas.h>
@@ -190,7 +195,21 @@ typedef struct mm {
     int64_t M, N, K, es;
     int64_t sam, sak, sbk, sbn, sym, syn;
     const char *apacked, *bpacked; /* see mat_prep */
+    const sj_tensor *bias;         /* NULL, or [N] of dt */
 } mm;
+
+/* The bias in f32 (scratch slot 3); NULL when there is none or no memory. */
+static const float *bias_f32(const mm *m, int *oom) {
+    if (!m->bias)
+        return NULL;
+    float *f = sj_cpu_scratch(3, (size_t)m->N * sizeof(float));
+    if (!f) {
+        *oom = 1;
+        return NULL;
+    }
+    cpu_load_f32(f, m->bias->data, m->dt, m->bias->stride[0], m->N);
+    return f;
+}
 
 static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
     mat ma, mb;
@@ -200,9 +219,20 @@ static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
         st = mat_prep(&mb, b, m->dt, m->K, m->N, m->sbk, m->sbn, 1, &m->bpacked);
     if (st)
         return st;
+    int oom = 0;
+    const float *bias = bias_f32(m, &oom);
+    if (oom)
+        return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld-element bias", (long long)m->N);
     int ylay = layout(m->M, m->N, m->sym, m->syn, &ldy);
     if (m->dt == SJ_F32 && ylay != LAY_NONE) {
         gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, (float *)y, ylay, ldy);
+        for (int64_t i = 0; i < m->M && bias; i++) {
+            float *row = (float *)y + i * m->sym;
+            if (m->syn == 1)
+                for (int64_t j = 0; j < m->N; j++) row[j] += bias[j];
+            else
+                for (int64_t j = 0; j < m->N; j++) row[j * m->syn] += bias[j];
+        }
         return SJ_OK;
     }
     float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
@@ -210,8 +240,11 @@ static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result",
                          (long long)m->M, (long long)m->N);
     gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N);
-    for (int64_t i = 0; i < m->M; i++)
-        cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
+    for (int64_t i = 0; i < m->M; i++) {
+        float *row = yb + i * m->N;
+        for (int64_t j = 0; j < m->N && bias; j++) row[j] += bias[j];
+        cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, row, m->N);
+    }
     return SJ_OK;
 }
 
@@ -287,10 +320,18 @@ static sj_tensor lead_axes(const sj_tensor *t, int k) {
 }
 
 sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor *y, sj_threads *pool) {
+    return sj_cpu_matmul_bias(a, b, NULL, y, pool);
+}
+
+sj_status sj_cpu_matmul_bias(const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y,
+                             sj_threads *pool) {
     int r = y->rank;
     assert(r >= 2 && a->rank == r && b->rank == r);
     assert(a->dtype == y->dtype && b->dtype == y->dtype && y->dtype != SJ_BOOL);
-    mm m = {.pool = pool, .dt = y->dtype, .M = y->shape[r - 2], .N = y->shape[r - 1], .K = a->shape[r - 1]};
+    assert(!bias || (cpu_is_float(y->dtype) && bias->dtype == y->dtype && bias->rank == 1 &&
+                     bias->shape[0] == y->shape[r - 1]));
+    mm m = {.pool = pool, .dt = y->dtype, .M = y->shape[r - 2], .N = y->shape[r - 1], .K = a->shape[r - 1],
+            .bias = bias};
     assert(a->shape[r - 2] == m.M && b->shape[r - 2] == m.K && b->shape[r - 1] == m.N);
     for (int i = 0; i < r - 2; i++)
         assert(a->shape[i] == y->shape[i] && b->shape[i] == y->shape[i]);

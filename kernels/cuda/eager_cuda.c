@@ -55,7 +55,7 @@ _Static_assert(EK_attention_tc_f16 == EK_attention_f32 + 3 && EK_attention_tc_bf
 #define MM_CACHE 64
 
 typedef struct mm_key {
-    int64_t v[18];
+    int64_t v[19];
 } mm_key;
 
 typedef struct mm_entry {
@@ -496,8 +496,11 @@ sj_status sj_cuda_rms_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_t
  * heuristic is told the real alignment of every pointer, leading dimension
  * and batch stride (it assumes 256 bytes otherwise); should it find no
  * algorithm, the product is retried once with every operand and the result
- * in 16-byte-aligned padded buffers. The algorithm is cached per shape,
- * layout and alignment (MM_CACHE entries, round robin). */
+ * in 16-byte-aligned padded buffers. The algorithm is cached per size
+ * class of m and n (see lt_gemm), k, layout and alignment (MM_CACHE entries,
+ * round robin). A bias (sj_cuda_matmul_bias) goes into cuBLASLt's bias
+ * epilogue when y is row-major (the bias then runs along D's rows) and it
+ * is contiguous and 16-byte aligned; else a binary kernel adds it after. */
 
 typedef struct lt_mat {
     CUdeviceptr p;
@@ -633,9 +636,12 @@ static sj_status lt_heuristic(const sj_cuda_exec *e, cublasLtMatmulDesc_t op, cu
     return SJ_OK;
 }
 
-/* D (m x n) = op(A) op(B) over `batch` strided batches. */
+/* D (m x n) = op(A) op(B) over `batch` strided batches; plus bias (m
+ * elements of D's type, contiguous; 0: none) on every column, by
+ * cuBLASLt's bias epilogue. */
 static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n, uint64_t k,
-                         const lt_mat *A, const lt_mat *B, const lt_mat *D, int batch, int *no_algo) {
+                         const lt_mat *A, const lt_mat *B, const lt_mat *D, int batch, CUdeviceptr bias,
+                         int *no_algo) {
     sj_cuda *c = e->cuda;
     eager_fns *t = c->eager_fns;
     const sj_cuda_api *api = &c->api;
@@ -666,6 +672,13 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     LT(api->LtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "setting TRANSA");
     LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "setting TRANSB");
+    if (bias) { /* set before the heuristic, which reads the pointer's alignment */
+        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const void *bp = (const void *)(uintptr_t)bias;
+        LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "setting EPILOGUE");
+        LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp),
+           "setting BIAS_POINTER");
+    }
     for (int i = 0; i < 3; i++) {
         const lt_mat *mm = mats[i];
         LT(api->LtMatrixLayoutCreate(&lay[i], ty, mm->rows, mm->cols, mm->ld), "cublasLtMatrixLayoutCreate");
@@ -690,7 +703,7 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     int classed = mc != m || nc != n;
     mm_key key = {{dt, ta, tb, (int64_t)mc, (int64_t)nc, (int64_t)k, A->ld, B->ld, D->ld, batch,
                    batched ? A->bstride : 0, batched ? B->bstride : 0, batched ? D->bstride : 0, al[0], al[1],
-                   al[2], (int64_t)ws_bytes, classed}};
+                   al[2], (int64_t)ws_bytes, classed, bias ? (int64_t)((bias | 256) & (~(bias | 256) + 1)) : 0}};
     mm_key exact = key;
     exact.v[3] = (int64_t)m, exact.v[4] = (int64_t)n, exact.v[17] = classed ? 2 : 0;
     cublasLtMatmulAlgo_t algo;
@@ -810,8 +823,8 @@ static sj_status pack(const sj_cuda_exec *e, const sj_tensor *x0, int pad, int c
 /* One attempt; `aligned`: every operand and the result go through padded,
  * aligned buffers (the retry when cuBLASLt has no algorithm for the
  * operands' own alignment). */
-static sj_status mm_float_try(const sj_cuda_exec *e, const sj_tensor *a0, const sj_tensor *b0,
-                              const sj_tensor *y0, int aligned, int *no_algo) {
+static sj_status mm_float_try(const sj_cuda_exec *e, const sj_tensor *a0, const sj_tensor *b0, const sj_tensor *bias,
+                              const sj_tensor *y0, int aligned, int *biased, int *no_algo) {
     int r = y0->rank;
     int64_t M = y0->shape[r - 2], N = y0->shape[r - 1], K = a0->shape[r - 1], es = (int64_t)sj_dtype_size(y0->dtype);
     sj_tensor a = *a0, b = *b0, y = *y0;
@@ -826,6 +839,13 @@ static sj_status mm_float_try(const sj_cuda_exec *e, const sj_tensor *a0, const 
         st = pack(e, y0, aligned, 0, &tmp[2], &y);
         rowy = 1;
     }
+    /* a bias goes into the epilogue where it runs along D's rows: y's last
+     * axis, so only a row-major result; it must be contiguous, and 16-byte
+     * aligned so that it cannot be why no algorithm is found */
+    CUdeviceptr pbias = bias && rowy && (bias->shape[0] <= 1 || bias->stride[0] == 1) && dptr(bias->data) % 16 == 0
+                            ? dptr(bias->data)
+                            : 0;
+    *biased = pbias != 0;
     sj_tensor *ops[2] = {&a, &b};
     for (int i = 0; i < 2 && !st; i++) {
         const sj_tensor *x = ops[i];
@@ -877,14 +897,15 @@ static sj_status mm_float_try(const sj_cuda_exec *e, const sj_tensor *a0, const 
                      lt_operand(&B, pa, K, M, a.stride[r - 1], sam);
                 D.bstride = p.stride[0][last], A.bstride = p.stride[2][last], B.bstride = p.stride[1][last];
                 if (ok)
-                    st = lt_gemm(e, y.dtype, (uint64_t)N, (uint64_t)M, (uint64_t)K, &A, &B, &D, cnt, no_algo);
+                    st = lt_gemm(e, y.dtype, (uint64_t)N, (uint64_t)M, (uint64_t)K, &A, &B, &D, cnt, pbias,
+                                 no_algo);
             } else { /* D = y (M x N) = a b */
                 ok = lt_operand(&D, py, M, N, sym, y.stride[r - 1]) && !D.trans &&
                      lt_operand(&A, pa, M, K, sam, a.stride[r - 1]) &&
                      lt_operand(&B, pb, K, N, b.stride[r - 2], b.stride[r - 1]);
                 D.bstride = p.stride[0][last], A.bstride = p.stride[1][last], B.bstride = p.stride[2][last];
                 if (ok)
-                    st = lt_gemm(e, y.dtype, (uint64_t)M, (uint64_t)N, (uint64_t)K, &A, &B, &D, cnt, no_algo);
+                    st = lt_gemm(e, y.dtype, (uint64_t)M, (uint64_t)N, (uint64_t)K, &A, &B, &D, cnt, 0, no_algo);
             }
             if (!ok && !st)
                 st = sj_seterr(SJ_EINTERNAL, "matmul: operand layout not expressible for cuBLASLt");
@@ -896,12 +917,14 @@ static sj_status mm_float_try(const sj_cuda_exec *e, const sj_tensor *a0, const 
     return st;
 }
 
-static sj_status mm_float(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+/* *biased: the bias was added (by the epilogue). */
+static sj_status mm_float(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias,
+                          const sj_tensor *y, int *biased) {
     int no_algo = 0;
-    sj_status st = mm_float_try(e, a, b, y, 0, &no_algo);
+    sj_status st = mm_float_try(e, a, b, bias, y, 0, biased, &no_algo);
     if (st && no_algo) {
         no_algo = 0;
-        st = mm_float_try(e, a, b, y, 1, &no_algo);
+        st = mm_float_try(e, a, b, bias, y, 1, biased, &no_algo);
     }
     return st;
 }
@@ -930,18 +953,32 @@ static sj_status mm_int(const sj_cuda_exec *e, const sj_tensor *a, const sj_tens
 }
 
 sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
+    return sj_cuda_matmul_bias(e, a, b, NULL, y);
+}
+
+sj_status sj_cuda_matmul_bias(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias,
+                              const sj_tensor *y) {
     int r = y->rank;
     assert(r >= 2 && a->rank == r && b->rank == r);
     assert(a->dtype == y->dtype && b->dtype == y->dtype && y->dtype != SJ_BOOL);
     int64_t M = y->shape[r - 2], N = y->shape[r - 1], K = a->shape[r - 1];
     assert(a->shape[r - 2] == M && b->shape[r - 2] == K && b->shape[r - 1] == N);
     for (int i = 0; i < r - 2; i++) assert(a->shape[i] == y->shape[i] && b->shape[i] == y->shape[i]);
+    assert(!bias || (sj_dtype_is_float(y->dtype) && bias->dtype == y->dtype && bias->rank == 1 && bias->shape[0] == N));
     if (numel(y) == 0)
         return SJ_OK;
-    if (K == 0)
-        return fill_zero(e, y);
     sj_cuda_bind(e->cuda);
-    return sj_dtype_is_float(y->dtype) ? mm_float(e, a, b, y) : mm_int(e, a, b, y);
+    int biased = 0;
+    sj_status st = K == 0                         ? fill_zero(e, y)
+                   : sj_dtype_is_float(y->dtype) ? mm_float(e, a, b, bias, y, &biased)
+                                                 : mm_int(e, a, b, y);
+    if (st || !bias || biased)
+        return st;
+    sj_tensor bb = *y; /* the bias along y's last axis, broadcast over the others */
+    bb.data = bias->data;
+    for (int i = 0; i < r - 1; i++) bb.stride[i] = 0;
+    bb.stride[r - 1] = bias->stride[0];
+    return sj_cuda_binary(e, SJ_OP_ADD, y, &bb, y);
 }
 
 /* -- Attention ----------------------------------------------------------------------- */

@@ -58,6 +58,12 @@ sj_status sj_cuda_rms_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_t
  * strided batches; operands not in a layout cuBLASLt takes are copied into
  * the allocator first); integers through a plain kernel. */
 sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+/* The same with bias (float dtypes; NULL: none), a rank-1 tensor of y's
+ * dtype and last size, added to every row: y = a @ b + bias. cuBLASLt adds
+ * it as it writes (its bias epilogue) when the result is row-major and the
+ * bias contiguous; otherwise a binary kernel adds it after the product. */
+sj_status sj_cuda_matmul_bias(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias,
+                              const sj_tensor *y);
 /* Attention: f16 and bf16 with head sizes D, Dv multiples of 16 up to 128
  * on tensor cores, 64 queries a block, with one or two key tiles in shared
  * memory (sj_cuda_attention_tiles says which: 0 for any other call, which
