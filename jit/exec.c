@@ -4,8 +4,10 @@
  * operand's memory (reshape copies first when the operand is not
  * contiguous). Every other node writes a fresh contiguous buffer in the
  * call's arena, or straight into the caller's output when its value is an
- * output. The arena comes from the function's pool, so a warm call does not
- * allocate.
+ * output. A matmul with a bias add marked as its own (sj_node.fold) runs
+ * as one product that adds the bias and writes the add's result; the add
+ * is skipped. The arena comes from the function's pool, so a warm call
+ * does not allocate.
  *
  * Arena layout: [expression values][value descriptors][buffers...]
  */
@@ -363,13 +365,21 @@ sj_status sj_exec_eager(const sj_exec *x) {
 
     for (int i = 0; i < g->n_nodes && !st; i++) {
         const sj_node *n = &g->nodes[i];
-        sj_tensor *y = &r.rv[n->out];
-        shape_of(&r, n->out, y);
+        if (n->fold == SJ_FOLDED) continue; /* done by its product */
+        /* a product with its bias add writes the add's result */
+        int32_t out = n->fold >= 0 ? g->nodes[n->fold].out : n->out;
+        const sj_tensor *bias = NULL;
+        if (n->fold >= 0) {
+            const int32_t *ain = sj_node_ins(g, &g->nodes[n->fold]);
+            bias = &r.rv[ain[0] == n->out ? ain[1] : ain[0]];
+        }
+        sj_tensor *y = &r.rv[out];
+        shape_of(&r, out, y);
         if (sj_op_kind_of(n->op) == SJ_K_VIEW) {
             st = view(&r, n, y);
             continue;
         }
-        int oi = r.direct[n->out];
+        int oi = r.direct[out];
         if (oi) {
             *y = x->outputs[oi - 1];
         } else {
@@ -377,7 +387,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
             y->data = take(&r, sj_tensor_nbytes(y));
             if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
         }
-        if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, NULL, y);
+        if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, bias, y);
         if (st) sj_exec_node_error(x, n, st);
     }
 

@@ -86,12 +86,56 @@ int32_t sj_graph_add_node(sj_graph *g, sj_op op, const int32_t *ins, int n_in, c
     memset(n, 0, sizeof *n);
     n->op = op;
     n->out = vid;
+    n->fold = -1;
     n->in_off = g->n_args;
     n->n_in = n_in;
     if (a) n->a = *a;
     memcpy(g->args + g->n_args, ins, sizeof(int32_t) * (size_t)n_in);
     g->n_args += n_in;
     return vid;
+}
+
+/* Is w a bias for the product u (see sj_graph_mark_bias_adds)? */
+static bool bias_for(const sj_graph *g, int32_t w, int32_t u) {
+    const sj_value *wv = &g->vals[w], *uv = &g->vals[u];
+    int64_t one;
+    if (wv->kind != SJ_VAL_INPUT && wv->kind != SJ_VAL_PARAM) return false;
+    if (wv->dtype != uv->dtype || wv->rank < 1 || wv->rank > uv->rank) return false;
+    if (wv->shape[wv->rank - 1] != uv->shape[uv->rank - 1]) return false;
+    for (int i = 0; i < wv->rank - 1; i++)
+        if (!sj_ex_is_const(g->ex, wv->shape[i], &one) || one != 1) return false;
+    return true;
+}
+
+void sj_graph_mark_bias_adds(sj_graph *g) {
+    /* readers of each product: node operands (views included) and outputs */
+    int32_t *readers = calloc((size_t)g->n_vals + 1, sizeof *readers);
+    if (!readers) return; /* nothing marked: every add runs on its own */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const sj_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in; k++)
+            if (sj_node_ins(g, n)[k] >= 0) readers[sj_node_ins(g, n)[k]]++;
+    }
+    for (int i = 0; i < g->n_outputs; i++) readers[g->outputs[i]]++;
+    for (int j = 0; j < g->n_nodes; j++) {
+        sj_node *add = &g->nodes[j];
+        if (add->op != SJ_OP_ADD || add->n_in != 2) continue;
+        const sj_value *o = &g->vals[add->out];
+        for (int k = 0; k < 2; k++) {
+            int32_t u = sj_node_ins(g, add)[k], w = sj_node_ins(g, add)[1 - k];
+            const sj_value *uv = &g->vals[u];
+            if (u == w || uv->kind != SJ_VAL_NODE || g->nodes[uv->index].op != SJ_OP_MATMUL) continue;
+            sj_node *mm = &g->nodes[uv->index];
+            bool same = o->rank == uv->rank && o->dtype == uv->dtype;
+            for (int i = 0; same && i < o->rank; i++) same = o->shape[i] == uv->shape[i];
+            if (!same || !sj_dtype_is_float(uv->dtype) || readers[u] != 1 || mm->fold != -1 || !bias_for(g, w, u))
+                continue;
+            mm->fold = j;
+            add->fold = SJ_FOLDED;
+            break;
+        }
+    }
+    free(readers);
 }
 
 void sj_const_store(int64_t *slot, double v, sj_dtype dt) {

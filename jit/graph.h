@@ -53,7 +53,12 @@ typedef struct sj_node {
     int32_t in_off;     /* operands: graph->args[in_off .. in_off + n_in) */
     int32_t n_in;       /* an operand may be -1 (absent optional) */
     sj_attrs a;
+    /* Bias adds done by their product (sj_graph_mark_bias_adds): on a
+     * matmul, the node index of its add; on that add, SJ_FOLDED; else -1. */
+    int32_t fold;
 } sj_node;
+
+#define SJ_FOLDED (-2)
 
 /* A scalar constant: its value, and 8 bytes of storage in its dtype that a
  * rank-0 descriptor points at. */
@@ -110,6 +115,14 @@ static inline const int32_t *sj_node_ins(const sj_graph *g, const sj_node *n) {
 
 /* Store double v into 8 bytes of constant storage in dtype dt. */
 void sj_const_store(int64_t *slot, double v, sj_dtype dt);
+
+/* Mark the bias adds a float matmul can do as it writes its result (see
+ * sj_node.fold): an add of the product, read by nothing else and not an
+ * output, and of an input or parameter of the product's dtype whose sizes
+ * are 1 but the last, which is the product's. Eager execution runs such a
+ * pair as one product with a bias; fusion makes the pair one group where
+ * the add would otherwise be a kernel of its own. Tracing calls it. */
+void sj_graph_mark_bias_adds(sj_graph *g);
 
 /* The IR checker: every invariant a pass may rely on (ids in range,
  * topological order, dtypes and ranks each op accepts, shapes consistent

@@ -691,6 +691,7 @@ sj_status sj_trace(const sj_trace_req *req, sj_trace_result *res) {
     if (!st) {
         st = sj_graph_check(t.g);
         if (st) snprintf(t.msg, sizeof t.msg, "%s", sj_last_error());
+        else sj_graph_mark_bias_adds(t.g);
     }
     if (st) {
         sj_infer_free(&t.inf);

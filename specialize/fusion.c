@@ -21,8 +21,8 @@
  * memory); a merge is refused when a path between two merged groups runs
  * through a group outside them.
  *
- * Then a POINTWISE group that is a single bias add onto a float matrix
- * product read nowhere else joins the product's NODE group (absorb_biases).
+ * Then a POINTWISE group that is a single bias add the graph marks as its
+ * product's (sj_node.fold) joins the product's NODE group (absorb_biases).
  *
  * Pass 3 (fusion_plan.c) orders the groups, decides stores, plans the arena
  * and builds accesses.
@@ -528,63 +528,26 @@ static int group_nodes(sj_fuse_st *b) {
 
 /* -- Bias epilogues ------------------------------------------------------------ */
 
-/* Does any node other than `except` read u, directly or through a view? */
-static bool read_elsewhere(const sj_fuse_st *b, int32_t u, int32_t except) {
-    const sj_graph *g = b->g;
-    for (int i = 0; i < g->n_outputs; i++)
-        if (b->root[g->outputs[i]] == u) return true;
-    for (int32_t ni = 0; ni < g->n_nodes; ni++) {
-        const sj_node *n = &g->nodes[ni];
-        if (ni == except || sj_op_kind_of(n->op) == SJ_K_VIEW) continue; /* a view reads nothing itself */
-        const int32_t *in = sj_node_ins(g, n);
-        for (int k = 0; k < n->n_in; k++)
-            if (in[k] >= 0 && b->root[in[k]] == u) return true;
-    }
-    return false;
-}
-
-/* Is w a bias for the product u: from memory no group writes (an input or
- * a parameter, possibly a view of one), u's dtype, its last size u's and
- * every other size 1? */
-static bool bias_for(const sj_fuse_st *b, int32_t w, int32_t u) {
-    const sj_graph *g = b->g;
-    const sj_value *wv = &g->vals[w], *uv = &g->vals[u];
-    int32_t r = b->root[w];
-    if (g->vals[r].kind != SJ_VAL_INPUT && g->vals[r].kind != SJ_VAL_PARAM) return false;
-    if (wv->dtype != uv->dtype || wv->rank < 1 || wv->rank > uv->rank) return false;
-    if (wv->shape[wv->rank - 1] != uv->shape[uv->rank - 1]) return false;
-    for (int i = 0; i < wv->rank - 1; i++)
-        if (!sj_fuse_is_one(b, wv->shape[i])) return false;
-    return true;
-}
-
-/* A POINTWISE group that is one add of a bias to a float matrix product
- * read nowhere else becomes the product's epilogue: the NODE group gets
- * the add as its second node, and the product's kernel adds the bias as it
- * writes (cuBLASLt's bias epilogue; on the CPU, a pass over the result
- * while it is in cache). That saves a kernel and the product's trip
- * through memory. Only a group that is nothing but the add: an add that
- * other elementwise nodes joined is already free in their kernel. */
+/* A POINTWISE group that is nothing but a bias add the graph marks as its
+ * product's (sj_graph_mark_bias_adds) joins the product's NODE group: the
+ * product's kernel adds the bias as it writes (cuBLASLt's bias epilogue;
+ * on the CPU, a pass over the result while it is in cache), which saves a
+ * kernel and the product's trip through memory. An add that other
+ * elementwise nodes joined stays with them: it is already free there. */
 static int absorb_biases(sj_fuse_st *b) {
     const sj_graph *g = b->g;
     for (int pi = 0; pi < b->n_gr; pi++) {
         sj_fuse_grp *P = &b->gr[pi];
         if (!P->alive || P->kind != SJ_G_POINTWISE || P->n_nodes != 1) continue;
         int32_t ni = P->nodes[0];
-        const sj_node *n = &g->nodes[ni];
-        if (n->op != SJ_OP_ADD) continue;
-        const int32_t *in = sj_node_ins(g, n);
+        if (g->nodes[ni].fold != SJ_FOLDED) continue;
+        const int32_t *in = sj_node_ins(g, &g->nodes[ni]);
         for (int k = 0; k < 2; k++) {
-            int32_t u = in[k], w = in[1 - k];
+            const sj_value *uv = &g->vals[in[k]];
+            if (uv->kind != SJ_VAL_NODE || g->nodes[uv->index].fold != ni) continue;
             bool view;
-            int gm = producer(b, u, &view);
-            if (gm < 0 || view || gm >= pi) continue;
-            const sj_fuse_grp *M = &b->gr[gm];
-            const sj_value *uv = &g->vals[u];
-            if (M->kind != SJ_G_NODE || M->n_nodes != 1 || g->nodes[M->nodes[0]].op != SJ_OP_MATMUL ||
-                !sj_dtype_is_float(uv->dtype) || !same_shape(&g->vals[n->out], uv->rank, uv->shape) ||
-                g->vals[n->out].dtype != uv->dtype || !bias_for(b, w, u) || read_elsewhere(b, u, ni))
-                continue;
+            int gm = producer(b, in[k], &view);
+            if (gm < 0 || view || gm >= pi || b->gr[gm].kind != SJ_G_NODE || b->gr[gm].n_nodes != 1) break;
             uint64_t *set = b->scratch + 3 * b->words;
             memset(set, 0, sizeof(uint64_t) * (size_t)b->words);
             bit_set(set, gm);

@@ -430,9 +430,9 @@ static void test_plan_benchmarks(void **state) {
     sj_graph_destroy(g);
 }
 
-/* Which bias adds become a product's epilogue (tu_pat_mmbias): out0's and
- * the batched out1's; not out2's (the product is read twice) nor out5's
- * (the product is an output). */
+/* Which bias adds become a product's epilogue (tu_pat_mmbias), in the
+ * graph's marks and in the plan: out0's and the batched out1's; not out2's
+ * (the product is read twice) nor out5's (the product is an output). */
 static void test_plan_bias(void **state) {
     sj_graph *g;
     tu_params[0] = small_param(SJ_F32, 2, S(24, 40), 0.3);
@@ -460,6 +460,21 @@ static void test_plan_bias(void **state) {
     }
     assert_int_equal(with, 2);
     assert_int_equal(without, 2);
+    /* the graph's marks, which eager execution follows: the same two */
+    int marked = 0, folded = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const sj_node *n = &g->nodes[i];
+        if (n->fold >= 0) {
+            marked++;
+            assert_int_equal(n->op, SJ_OP_MATMUL);
+            assert_int_equal(g->nodes[n->fold].fold, SJ_FOLDED);
+            int32_t out = g->nodes[n->fold].out;
+            assert_true(out == g->outputs[0] || out == g->outputs[1]);
+        }
+        folded += n->fold == SJ_FOLDED;
+    }
+    assert_int_equal(marked, 2);
+    assert_int_equal(folded, 2);
     sj_fplan_free(p);
     sj_graph_destroy(g);
 }
