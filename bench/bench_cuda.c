@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -17,7 +17,8 @@
  * w5_lengths.txt) through the default policy (modes eager, auto,
  * auto_warm: see bench_w5). "attention" times the attention op alone
  * (f16 [1, 12, S, 64]), not a shared workload; "hostparts" the host time
- * to queue each primitive of a small encoder call. Without a GPU it prints one
+ * to queue each primitive of a small encoder call; "firstuse" what the first
+ * product of a new size costs (bench_firstuse). Without a GPU it prints one
  * line saying so and exits 0.
  */
 #include <math.h>
@@ -400,6 +401,50 @@ static void bench_hostparts(void) {
     sj_runtime_destroy(rt);
 }
 
+/* What the first product of a new size costs: the qkv product of w4
+ * (x [S, 768] @ W [768, 2304], f16), without and with a bias, for token
+ * counts in new size classes, in a fresh runtime. Per S, wall ms (the
+ * product queued and waited for): the first call, of which choosing the
+ * cuBLASLt algorithm (heuristic and check), the same S again, and S + 1
+ * (or S - 1 at a class's top: the same class, a new exact size). Not a
+ * shared workload. */
+static void bench_firstuse(void) {
+    sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, BENCH_EAGER);
+    sj_cuda *cu = rt->cuda;
+    sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
+    static const int64_t sizes[] = {24, 40, 100, 136, 200, 271, 400, 512, 700, 1000};
+    const int64_t w_shape[2] = {BENCH_H, 3 * BENCH_H}, b_shape[1] = {3 * BENCH_H};
+    sj_tensor w = dev_rand_dt(rt, SJ_F16, 2, w_shape, -0.05f, 0.05f), bias = dev_rand_dt(rt, SJ_F16, 1, b_shape, -1, 1);
+    for (int with_bias = 0; with_bias < 2; with_bias++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            int64_t S = sizes[i], S2 = S % 64 ? S + 1 : S - 1;
+            double ms[3], choice_ms = 0;
+            for (int k = 0; k < 3; k++) {
+                int64_t s = k == 2 ? S2 : S, x_shape[2] = {s, BENCH_H}, y_shape[2] = {s, 3 * BENCH_H};
+                sj_tensor x = dev_rand_dt(rt, SJ_F16, 2, x_shape, -1, 1), y = dev_rand_dt(rt, SJ_F16, 2, y_shape, -1, 1);
+                cu->api.StreamSynchronize(cu->stream);
+                uint64_t n0, n1;
+                double c0, c1, t0 = bench_now_s();
+                sj_cuda_matmul_choices(cu, &n0, &c0);
+                if (sj_cuda_matmul_bias(&e, &x, &w, with_bias ? &bias : NULL, &y) ||
+                    cu->api.StreamSynchronize(cu->stream))
+                    bench_die("firstuse product");
+                ms[k] = (bench_now_s() - t0) * 1e3;
+                sj_cuda_matmul_choices(cu, &n1, &c1);
+                if (k == 0) choice_ms = c1 - c0;
+                sj_tensor_free(rt, &x);
+                sj_tensor_free(rt, &y);
+            }
+            printf("{\"workload\": \"firstuse\", \"backend\": \"cuda\", \"dtype\": \"float16\", \"S\": %lld, "
+                   "\"bias\": %d, \"first_ms\": %.3f, \"choice_ms\": %.3f, \"again_ms\": %.3f, \"same_class_ms\": %.3f}\n",
+                   (long long)S, with_bias, ms[0], choice_ms, ms[1], ms[2]);
+            fflush(stdout);
+        }
+    sj_tensor_free(rt, &w);
+    sj_tensor_free(rt, &bias);
+    sj_runtime_destroy(rt);
+}
+
 static int read_lengths(const char *path, int64_t *lens, int cap) {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -516,7 +561,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts] [--lengths file]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -539,6 +584,7 @@ int main(int argc, char **argv) {
     }
     if (strstr(wl, "attention")) bench_attention();
     if (strstr(wl, "hostparts")) bench_hostparts();
+    if (strstr(wl, "firstuse")) bench_firstuse();
     if (strstr(wl, "w4")) bench_w4();
     if (strstr(wl, "w5")) bench_w5(lengths);
     return 0;

@@ -18,10 +18,12 @@
 #include "kernels/cuda/eager_cuda.h"
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "jit/clock.h"
 #include "jit/error.h"
 #include "jit/graph.h" /* sj_dtype_is_float */
 #include "jit/tensor.h"
@@ -77,6 +79,8 @@ typedef struct eager_fns {
     pthread_mutex_t lock; /* guards cache and next */
     mm_entry cache[MM_CACHE];
     int next;
+    /* algorithm choices (heuristic queries and checks) and their time */
+    _Atomic uint64_t choices, choice_ns;
 } eager_fns;
 
 sj_status sj_cuda_eager_load(sj_cuda *c) {
@@ -708,6 +712,7 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     exact.v[3] = (int64_t)m, exact.v[4] = (int64_t)n, exact.v[17] = classed ? 2 : 0;
     cublasLtMatmulAlgo_t algo;
     int found = mm_lookup(t, &key, &algo) || (classed && mm_lookup(t, &exact, &algo) && (classed = 0, 1));
+    int64_t t_choice = found ? 0 : sj_now_ns();
     if (!found) {
         if ((st = lt_pref(api, ws_bytes, al, &pref)))
             goto done;
@@ -746,6 +751,8 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
                 goto done;
             mm_insert(t, &exact, &algo);
         }
+        atomic_fetch_add_explicit(&t->choices, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&t->choice_ns, (uint64_t)(sj_now_ns() - t_choice), memory_order_relaxed);
     }
     const float one = 1.0f, zero = 0.0f;
     for (;;) {
@@ -950,6 +957,12 @@ static sj_status mm_int(const sj_cuda_exec *e, const sj_tensor *a, const sj_tens
     sj_cuda_bind(e->cuda);
     return launch(e, y->dtype == SJ_I64 ? EK_matmul_int_i64 : EK_matmul_int_i32,
                   grid_for(e->cuda, m.batches * m.M * m.N, SJ_EK_THREADS), SJ_EK_THREADS, 1, 0, &m);
+}
+
+void sj_cuda_matmul_choices(const sj_cuda *c, uint64_t *n, double *ms) {
+    const eager_fns *t = c->eager_fns;
+    *n = t ? atomic_load_explicit(&t->choices, memory_order_relaxed) : 0;
+    *ms = t ? (double)atomic_load_explicit(&t->choice_ns, memory_order_relaxed) * 1e-6 : 0;
 }
 
 sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {

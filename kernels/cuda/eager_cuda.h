@@ -64,6 +64,10 @@ sj_status sj_cuda_matmul(const sj_cuda_exec *e, const sj_tensor *a, const sj_ten
  * bias contiguous; otherwise a binary kernel adds it after the product. */
 sj_status sj_cuda_matmul_bias(const sj_cuda_exec *e, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias,
                               const sj_tensor *y);
+/* cuBLASLt algorithm choices made so far on the device (heuristic queries,
+ * each for a product's size class, and their checks) and the host time
+ * they took, for benchmarks. */
+void sj_cuda_matmul_choices(const sj_cuda *c, uint64_t *n, double *ms);
 /* Attention: f16 and bf16 with head sizes D, Dv multiples of 16 up to 128
  * on tensor cores, 64 queries a block, with one or two key tiles in shared
  * memory (sj_cuda_attention_tiles says which: 0 for any other call, which
