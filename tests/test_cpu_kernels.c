@@ -508,6 +508,16 @@ static void test_split(void **state) {
             run_matmul(dts[d], 1, S(2), S(2), S(1), M, K, N, 0, 0, 0, 0, 0, 0); /* b shared */
             runs += 16 + 3 + 1; /* 16 transposes; a batch of 3; with b shared, one product of 2M rows */
         }
+    /* with a bias: each part adds its own columns' (split by columns) or
+     * the whole bias to its rows (split by rows), in every result layout */
+    with_bias = 1;
+    for (int c = 0; c < NELEM(mkn); c++) {
+        tu_matmul_transposes(run_matmul, SJ_F32, mkn[c][0], mkn[c][1], mkn[c][2]);
+        runs += 16;
+    }
+    tu_matmul_transposes(run_matmul, SJ_BF16, 37, 100, 150);
+    runs += 16;
+    with_bias = 0;
     /* batches of small products, shared out whole: full, broadcast a, ints */
     run_matmul(SJ_F32, 2, S(4, 6), S(4, 6), S(4, 6), 20, 64, 30, 0, 0, 0, 0, 0, 0);
     run_matmul(SJ_F32, 2, S(3, 5), S(1, 5), S(3, 5), 9, 70, 33, TU_GAP, 1, 0, 0, TU_REVGAP, 0);

@@ -10,9 +10,10 @@
  *
  * Integers are exact: int64 products and sums, wrapping, narrowed on store.
  *
- * A bias (a fused plan's product with its bias add) is added to each row
- * of a float product right after it: in place in an f32 result (still in
- * cache), or in the f32 scratch before an f16/bf16 result is stored.
+ * A bias (a product with its bias add) is added by each part of a float
+ * product to its own block right after its sgemm, while the block is in
+ * cache: in place in an f32 result, or in the f32 scratch before an
+ * f16/bf16 result is stored.
  *
  * Threads. Given the runtime's kernel pool, a float product big enough to
  * share is split into one block of columns (or of rows, when it has more
@@ -97,19 +98,29 @@ static sj_status mat_prep(mat *m, const char *src, sj_dtype dt, int64_t R, int64
     return SJ_OK;
 }
 
-/* y (M x N, layout ylay, leading dimension ldy) = alpha * a (M x K) b (K x N). */
+/* y (M x N, layout ylay, leading dimension ldy) = alpha * a (M x K) b (K x N)
+ * (+ bias[j] on column j when bias is not NULL, while the block is in
+ * cache). */
 static void gemm1(int64_t M, int64_t N, int64_t K, float alpha, const mat *a, const mat *b, float *y,
-                  int ylay, int64_t ldy) {
+                  int ylay, int64_t ldy, const float *bias) {
     assert(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && M > 0 && N > 0);
     if (K == 0) {
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) y[ylay == LAY_ROW ? i * ldy + j : j * ldy + i] = 0.0f;
-        return;
+    } else {
+        cblas_sgemm(ylay == LAY_ROW ? CblasRowMajor : CblasColMajor,
+                    a->lay == ylay ? CblasNoTrans : CblasTrans,
+                    b->lay == ylay ? CblasNoTrans : CblasTrans, (int)M, (int)N, (int)K, alpha, a->p,
+                    (int)a->ld, b->p, (int)b->ld, 0.0f, y, (int)ldy);
     }
-    cblas_sgemm(ylay == LAY_ROW ? CblasRowMajor : CblasColMajor,
-                a->lay == ylay ? CblasNoTrans : CblasTrans,
-                b->lay == ylay ? CblasNoTrans : CblasTrans, (int)M, (int)N, (int)K, alpha, a->p,
-                (int)a->ld, b->p, (int)b->ld, 0.0f, y, (int)ldy);
+    if (!bias)
+        return;
+    if (ylay == LAY_ROW)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) y[i * ldy + j] += bias[j];
+    else
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t i = 0; i < M; i++) y[j * ldy + i] += bias[j];
 }
 
 /* A view of m starting at row r0 and column c0. */
@@ -136,6 +147,7 @@ typedef struct gemm_job {
     float *y;
     int ylay;
     int64_t ldy;
+    const float *bias;
 } gemm_job;
 
 /* Parts [begin, end) of a split product, as one sgemm. */
@@ -146,10 +158,11 @@ static void gemm_parts(void *ctx, int64_t begin, int64_t end) {
     mat ys = {g->y, g->ylay, g->ldy};
     if (g->by_rows) {
         mat a = mat_at(&g->a, lo, 0);
-        gemm1(hi - lo, g->N, g->K, g->alpha, &a, &g->b, (float *)mat_at(&ys, lo, 0).p, g->ylay, g->ldy);
+        gemm1(hi - lo, g->N, g->K, g->alpha, &a, &g->b, (float *)mat_at(&ys, lo, 0).p, g->ylay, g->ldy, g->bias);
     } else {
         mat b = mat_at(&g->b, 0, lo);
-        gemm1(g->M, hi - lo, g->K, g->alpha, &g->a, &b, (float *)mat_at(&ys, 0, lo).p, g->ylay, g->ldy);
+        gemm1(g->M, hi - lo, g->K, g->alpha, &g->a, &b, (float *)mat_at(&ys, 0, lo).p, g->ylay, g->ldy,
+              g->bias ? g->bias + lo : NULL);
     }
 }
 
@@ -165,11 +178,12 @@ static int split_ok(sj_threads *pool) {
     return pool && sj_threads_count(pool) > 1 && openblas_get_num_threads() == 1;
 }
 
-/* gemm1, split over pool's threads when it is worth it. */
+/* gemm1, split over pool's threads when it is worth it (each part adds
+ * its own columns' bias). */
 static void gemm(sj_threads *pool, int64_t M, int64_t N, int64_t K, float alpha, const mat *a, const mat *b,
-                 float *y, int ylay, int64_t ldy) {
+                 float *y, int ylay, int64_t ldy, const float *bias) {
     gemm_job g = {.M = M, .N = N, .K = K, .by_rows = M > N, .alpha = alpha, .a = *a, .b = *b,
-                  .y = y, .ylay = ylay, .ldy = ldy};
+                  .y = y, .ylay = ylay, .ldy = ldy, .bias = bias};
     int64_t dim = g.by_rows ? M : N, parts = 1;
     if (K > 0 && M * N * K >= 2 * SPLIT_MIN_MACS && split_ok(pool)) {
         parts = sj_threads_count(pool);
@@ -178,7 +192,7 @@ static void gemm(sj_threads *pool, int64_t M, int64_t N, int64_t K, float alpha,
         if (parts > most) parts = most;
     }
     if (parts <= 1) {
-        gemm1(M, N, K, alpha, a, b, y, ylay, ldy);
+        gemm1(M, N, K, alpha, a, b, y, ylay, ldy, bias);
         return;
     }
     g.blk = (dim + parts - 1) / parts;
@@ -225,26 +239,16 @@ static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld-element bias", (long long)m->N);
     int ylay = layout(m->M, m->N, m->sym, m->syn, &ldy);
     if (m->dt == SJ_F32 && ylay != LAY_NONE) {
-        gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, (float *)y, ylay, ldy);
-        for (int64_t i = 0; i < m->M && bias; i++) {
-            float *row = (float *)y + i * m->sym;
-            if (m->syn == 1)
-                for (int64_t j = 0; j < m->N; j++) row[j] += bias[j];
-            else
-                for (int64_t j = 0; j < m->N; j++) row[j * m->syn] += bias[j];
-        }
+        gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, (float *)y, ylay, ldy, bias);
         return SJ_OK;
     }
     float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
     if (!yb)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result",
                          (long long)m->M, (long long)m->N);
-    gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N);
-    for (int64_t i = 0; i < m->M; i++) {
-        float *row = yb + i * m->N;
-        for (int64_t j = 0; j < m->N && bias; j++) row[j] += bias[j];
-        cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, row, m->N);
-    }
+    gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N, bias);
+    for (int64_t i = 0; i < m->M; i++)
+        cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
     return SJ_OK;
 }
 
@@ -418,7 +422,7 @@ static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int
             memset(t->o, 0, (size_t)(rows * t->Dv) * sizeof(float));
         } else {
             mat qb = mat_at(q, i0, 0), kt = mat_t(k);
-            gemm1(rows, kmax, t->D, t->scale, &qb, &kt, t->s, LAY_ROW, kmax);
+            gemm1(rows, kmax, t->D, t->scale, &qb, &kt, t->s, LAY_ROW, kmax, NULL);
             for (int64_t r = 0; r < rows; r++) {
                 int64_t lim = att_lim(t, L, i0 + r);
                 float *srow = t->s + r * kmax;
@@ -427,7 +431,7 @@ static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int
                 memset(srow + lim, 0, (size_t)(kmax - lim) * sizeof(float));
             }
             mat pm = {t->s, LAY_ROW, kmax};
-            gemm1(rows, t->Dv, kmax, 1.0f, &pm, v, t->o, LAY_ROW, t->Dv);
+            gemm1(rows, t->Dv, kmax, 1.0f, &pm, v, t->o, LAY_ROW, t->Dv, NULL);
         }
         for (int64_t r = 0; r < rows; r++)
             cpu_store_f32(ybase + (i0 + r) * y->stride[2] * t->es, t->dt, y->stride[3],
