@@ -120,8 +120,8 @@ void sj_const_store(int64_t *slot, double v, sj_dtype dt);
  * sj_node.fold): an add of the product, read by nothing else and not an
  * output, and of an input or parameter of the product's dtype whose sizes
  * are 1 but the last, which is the product's. Eager execution runs such a
- * pair as one product with a bias; fusion makes the pair one group where
- * the add would otherwise be a kernel of its own. Tracing calls it. */
+ * pair as one product with a bias, and fusion makes it one NODE group, so
+ * both run the same product kernels. Tracing calls it. */
 void sj_graph_mark_bias_adds(sj_graph *g);
 
 /* The IR checker: every invariant a pass may rely on (ids in range,

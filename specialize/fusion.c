@@ -10,7 +10,11 @@
  * order, the reshaped value. (Not a NODE group: sj_exec_node copies with
  * sj_cpu_copy, which needs equal shapes.)
  *
- * Pass 2 (groups) walks the nodes in order. An elementwise node joins the
+ * Pass 2 (groups) walks the nodes in order. A bias add the graph marks as
+ * its product's (sj_node.fold) joins the product's NODE group: the
+ * product's kernel adds the bias as it writes (cuBLASLt's bias epilogue;
+ * on the CPU, each part of the product while its block is in cache), the
+ * same kernels eager execution runs. An elementwise node joins the
  * groups of its producers that are POINTWISE over its shape (merging them
  * when it has several, as long as no cycle between groups appears), or the
  * ROW group whose row op output it extends (epilogue); otherwise it starts
@@ -20,9 +24,6 @@
  * through a view, which can never be fused since a view needs the value in
  * memory); a merge is refused when a path between two merged groups runs
  * through a group outside them.
- *
- * Then a POINTWISE group that is a single bias add the graph marks as its
- * product's (sj_node.fold) joins the product's NODE group (absorb_biases).
  *
  * Pass 3 (fusion_plan.c) orders the groups, decides stores, plans the arena
  * and builds accesses.
@@ -512,6 +513,13 @@ static int group_nodes(sj_fuse_st *b) {
             const sj_value *x = &g->vals[sj_node_ins(g, n)[0]];
             st = new_group(b, SJ_G_POINTWISE, ni, x->rank, x->shape) < 0 ? -1 : 0;
             if (!st) add_deps(b, b->n_gr - 1, n);
+        } else if (n->fold == SJ_FOLDED) {
+            const int32_t *in = sj_node_ins(g, n);
+            int32_t u = g->vals[in[0]].kind == SJ_VAL_NODE && g->nodes[g->vals[in[0]].index].fold == ni ? in[0] : in[1];
+            int gm = b->vgroup[u];
+            assert(gm >= 0 && b->gr[gm].kind == SJ_G_NODE && b->gr[gm].n_nodes == 1);
+            st = add_node(b, gm, ni);
+            if (!st) add_deps(b, gm, n);
         } else if (is_elementwise(n->op)) {
             st = group_elementwise(b, ni);
         } else if (sj_fuse_is_row_op(g, n)) {
@@ -522,39 +530,6 @@ static int group_nodes(sj_fuse_st *b) {
             if (!st) add_deps(b, b->n_gr - 1, n);
         }
         if (st || b->oom) return -1;
-    }
-    return 0;
-}
-
-/* -- Bias epilogues ------------------------------------------------------------ */
-
-/* A POINTWISE group that is nothing but a bias add the graph marks as its
- * product's (sj_graph_mark_bias_adds) joins the product's NODE group: the
- * product's kernel adds the bias as it writes (cuBLASLt's bias epilogue;
- * on the CPU, a pass over the result while it is in cache), which saves a
- * kernel and the product's trip through memory. An add that other
- * elementwise nodes joined stays with them: it is already free there. */
-static int absorb_biases(sj_fuse_st *b) {
-    const sj_graph *g = b->g;
-    for (int pi = 0; pi < b->n_gr; pi++) {
-        sj_fuse_grp *P = &b->gr[pi];
-        if (!P->alive || P->kind != SJ_G_POINTWISE || P->n_nodes != 1) continue;
-        int32_t ni = P->nodes[0];
-        if (g->nodes[ni].fold != SJ_FOLDED) continue;
-        const int32_t *in = sj_node_ins(g, &g->nodes[ni]);
-        for (int k = 0; k < 2; k++) {
-            const sj_value *uv = &g->vals[in[k]];
-            if (uv->kind != SJ_VAL_NODE || g->nodes[uv->index].fold != ni) continue;
-            bool view;
-            int gm = producer(b, in[k], &view);
-            if (gm < 0 || view || gm >= pi || b->gr[gm].kind != SJ_G_NODE || b->gr[gm].n_nodes != 1) break;
-            uint64_t *set = b->scratch + 3 * b->words;
-            memset(set, 0, sizeof(uint64_t) * (size_t)b->words);
-            bit_set(set, gm);
-            bit_set(set, pi);
-            if (merge(b, set) != gm || b->oom) return -1;
-            break;
-        }
     }
     return 0;
 }
@@ -591,7 +566,7 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced) {
     if (b.root && b.vgroup && b.voff && b.vst && b.copy && b.gr && b.dep && b.vdep && b.scratch) {
         for (size_t v = 0; v < nv; v++) b.vgroup[v] = -1;
         layouts(&b);
-        if (!b.oom && !group_nodes(&b) && !b.oom && !absorb_biases(&b)) p = sj_fuse_finish(&b);
+        if (!b.oom && !group_nodes(&b) && !b.oom) p = sj_fuse_finish(&b);
     }
     fz_free(&b);
     return p;

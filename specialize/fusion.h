@@ -14,9 +14,9 @@
  *              is the row. Generated code.
  *   NODE       one graph node run by its eager kernel (matmul through BLAS,
  *              attention, gather, concat); or a float matrix product and
- *              the add of a bias along its last axis (sj_node.fold), when
- *              that add would otherwise be a POINTWISE group of its own:
- *              the product's kernel adds the bias as it writes (`bias`).
+ *              the add of a bias along its last axis that the graph marks
+ *              as the product's (sj_node.fold): the product's kernel adds
+ *              the bias as it writes (`bias`).
  * View nodes (reshape, permute, slice) fold into layouts and belong to no
  * group. A reshape whose operand's layout cannot be viewed in the new shape
  * becomes a POINTWISE group copying the operand into a contiguous buffer.
