@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -18,10 +18,12 @@
  * auto_warm: see bench_w5). "attention" times the attention op alone
  * (f16 [1, 12, S, 64]), not a shared workload; "hostparts" the host time
  * to queue each primitive of a small encoder call; "firstuse" what the first
- * product of a new size costs (bench_firstuse). Without a GPU it prints one
+ * product of a new size costs (bench_firstuse); "w5mt" w5 from 8 threads at
+ * once (bench_w5mt). Without a GPU it prints one
  * line saying so and exits 0.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -464,6 +466,27 @@ static int read_lengths(const char *path, int64_t *lens, int cap) {
     return n;
 }
 
+static int64_t max_length(const int64_t *lens, int n) {
+    int64_t m = 1;
+    for (int i = 0; i < n; i++) m = lens[i] > m ? lens[i] : m;
+    return m;
+}
+
+/* A CUDA runtime of its own (no kernel cache; never compiling when
+ * compile_off) with the encoder layer as function `name`. */
+static sj_fn *encoder_runtime(const char *name, int compile_off, sj_runtime **rt, bench_encoder *w) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.cache_dir = NULL;
+    if (compile_off) cfg.compile_mode = SJ_COMPILE_OFF;
+    if (sj_runtime_create(&cfg, rt)) bench_die("sj_runtime_create");
+    encoder_init(*rt, w);
+    sj_fn *fn;
+    if (sj_fn_create(*rt, name, 1, bench_w4_model, w, NULL, &fn)) bench_die("sj_fn_create");
+    return fn;
+}
+
 /* One pass over the request stream: each request's latency from submit to
  * result ready (sj_call waits for it), as the peer measures it. */
 static double w5_pass(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, const int64_t *lens, int n, double *lat) {
@@ -503,21 +526,12 @@ static void bench_w5(const char *lengths_path) {
     static int64_t lens[CAP];
     static double lat[CAP], sorted[CAP];
     int n = read_lengths(lengths_path, lens, quick ? 200 : CAP);
-    int64_t max_len = 1;
-    for (int i = 0; i < n; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
+    int64_t max_len = max_length(lens, n);
     static const char *const modes[] = {"auto", "auto_warm", "eager"};
     for (int mode = 0; mode < 3; mode += 2) { /* auto then auto_warm on one runtime; eager on another */
-        sj_runtime_config cfg;
-        sj_runtime_config_init(&cfg);
-        cfg.backend = SJ_BACKEND_CUDA;
-        cfg.cache_dir = NULL;
-        if (mode == 2) cfg.compile_mode = SJ_COMPILE_OFF;
         sj_runtime *rt;
-        if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
         bench_encoder w;
-        encoder_init(rt, &w);
-        sj_fn *fn;
-        if (sj_fn_create(rt, "w5", 1, bench_w4_model, &w, NULL, &fn)) bench_die("sj_fn_create");
+        sj_fn *fn = encoder_runtime("w5", mode == 2, &rt, &w);
         sj_tensor dx = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, max_len, BENCH_H}, -1, 1);
         sj_tensor dy = {.dtype = SJ_F16, .rank = 3, .shape = {1, max_len, BENCH_H}, .device = SJ_CUDA};
         if (sj_tensor_alloc(rt, &dy)) bench_die("alloc");
@@ -553,6 +567,104 @@ static void bench_w5(const char *lengths_path) {
     }
 }
 
+/* w5 from 8 threads at once on one function (a server's worker threads):
+ * thread t serves requests t, t + 8, ... with its own buffers. "mt_warm":
+ * through sj_call (the runtime's stream), after a single-threaded pass and
+ * its compiles; "mt_streams": the same through sj_call_stream, each thread
+ * on a stream of its own that it waits for; "mt_eager": sj_call on a
+ * runtime that never compiles. Two passes each (pass 1 may still grow the
+ * allocator's cache); total seconds for the 1000 requests and each
+ * request's latency. Not a shared workload. */
+enum { MT_T = 8 };
+typedef struct mt_job {
+    sj_fn *fn;
+    sj_tensor dx, dy;
+    const int64_t *lens;
+    int n, t;
+    double *lat;
+    sj_cuda *cu;
+    CUstream stream; /* NULL: sj_call */
+} mt_job;
+
+static void *mt_thread(void *p) {
+    mt_job *j = p;
+    for (int i = j->t; i < j->n; i += MT_T) {
+        sj_tensor in = j->dx, out = j->dy;
+        in.shape[1] = out.shape[1] = j->lens[i];
+        sj_tensor_set_contiguous(&in);
+        sj_tensor_set_contiguous(&out);
+        double t0 = bench_now_s();
+        if (j->stream ? sj_call_stream(j->fn, &in, 1, &out, 1, j->stream) ||
+                            j->cu->api.StreamSynchronize(j->stream) != CUDA_SUCCESS
+                      : sj_call(j->fn, &in, 1, &out, 1) != SJ_OK)
+            bench_die("w5mt request");
+        j->lat[i] = (bench_now_s() - t0) * 1e3;
+    }
+    return NULL;
+}
+
+static void bench_w5mt(const char *lengths_path) {
+    enum { CAP = 4096 };
+    static int64_t lens[CAP];
+    static double lat[CAP], sorted[CAP];
+    int n = read_lengths(lengths_path, lens, quick ? 200 : CAP);
+    int64_t max_len = max_length(lens, n);
+    static const char *const modes[] = {"mt_warm", "mt_streams", "mt_eager"};
+    for (int mode = 0; mode < 3; mode++) {
+        sj_runtime *rt;
+        bench_encoder w;
+        sj_fn *fn = encoder_runtime("w5mt", mode == 2, &rt, &w);
+        mt_job jobs[MT_T];
+        for (int t = 0; t < MT_T; t++) {
+            jobs[t] = (mt_job){.fn = fn, .lens = lens, .n = n, .t = t, .lat = lat, .cu = rt->cuda};
+            if (mode == 1 && rt->cuda->api.StreamCreate(&jobs[t].stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+                bench_die("cuStreamCreate");
+            jobs[t].dx = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, max_len, BENCH_H}, -1, 1);
+            jobs[t].dy = (sj_tensor){.dtype = SJ_F16, .rank = 3, .shape = {1, max_len, BENCH_H}, .device = SJ_CUDA};
+            if (sj_tensor_alloc(rt, &jobs[t].dy)) bench_die("alloc");
+        }
+        /* one pass on this thread first: traces, compiles (waited for),
+         * and every product size class met once */
+        for (int t = 0; t < MT_T; t++) {
+            jobs[t].t = 0;
+            mt_thread(&jobs[t]);
+            jobs[t].t = t;
+            if (t == 0) sj_fn_wait_idle(fn, -1);
+        }
+        for (int pass = 1; pass <= 2; pass++) {
+            pthread_t th[MT_T];
+            double t0 = bench_now_s();
+            for (int t = 0; t < MT_T; t++)
+                if (pthread_create(&th[t], NULL, mt_thread, &jobs[t])) bench_die("pthread_create");
+            for (int t = 0; t < MT_T; t++) pthread_join(th[t], NULL);
+            double total = bench_now_s() - t0;
+            memcpy(sorted, lat, sizeof(double) * (size_t)n);
+            qsort(sorted, (size_t)n, sizeof(double), bench_cmp_double);
+            printf("{\"workload\": \"w5mt\", \"mode\": \"%s\", \"pass\": %d, \"backend\": \"cuda\", "
+                   "\"dtype\": \"float16\", \"threads\": %d, \"requests\": %d, \"total_s\": %.4f, "
+                   "\"requests_per_s\": %.0f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, \"max_ms\": %.3f}\n",
+                   modes[mode], pass, MT_T, n, total, n / total, sorted[n / 2], sorted[n * 99 / 100], sorted[n - 1]);
+            fflush(stdout);
+        }
+        for (int t = 0; t < MT_T; t++) {
+            sj_tensor_free(rt, &jobs[t].dx);
+            sj_tensor_free(rt, &jobs[t].dy);
+            if (jobs[t].stream) rt->cuda->api.StreamDestroy(jobs[t].stream);
+        }
+        sj_fn_destroy(fn);
+        encoder_free(rt, &w);
+        sj_runtime_destroy(rt);
+    }
+}
+
+/* Is name one of the comma-separated workloads in wl? */
+static int has_wl(const char *wl, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = wl; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == wl || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *wl = "ceiling,w0,w1,w2,w3";
     const char *lengths = "samples/varlen_encoder/lengths.txt"; /* a copy of w5_lengths.txt */
@@ -561,7 +673,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse] [--lengths file]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -574,19 +686,20 @@ int main(int argc, char **argv) {
         printf("{\"workload\": \"skipped\", \"reason\": \"no CUDA device: %s\"}\n", sj_last_error());
         return 0;
     }
-    if (strstr(wl, "ceiling") || strstr(wl, "w1") || strstr(wl, "w2") || strstr(wl, "w3"))
+    if (has_wl(wl, "ceiling") || has_wl(wl, "w1") || has_wl(wl, "w2") || has_wl(wl, "w3"))
         bench_ceiling(rt); /* w1-w3 report their fraction of it */
     sj_runtime_destroy(rt);
-    if (strstr(wl, "w0")) bench_w0();
+    if (has_wl(wl, "w0")) bench_w0();
     for (int w = 1; w <= 3; w++) {
         char name[4] = {'w', (char)('0' + w), 0};
-        if (strstr(wl, name)) bench_w(w);
+        if (has_wl(wl, name)) bench_w(w);
     }
-    if (strstr(wl, "attention")) bench_attention();
-    if (strstr(wl, "hostparts")) bench_hostparts();
-    if (strstr(wl, "firstuse")) bench_firstuse();
-    if (strstr(wl, "w4")) bench_w4();
-    if (strstr(wl, "w5")) bench_w5(lengths);
+    if (has_wl(wl, "attention")) bench_attention();
+    if (has_wl(wl, "hostparts")) bench_hostparts();
+    if (has_wl(wl, "firstuse")) bench_firstuse();
+    if (has_wl(wl, "w5mt")) bench_w5mt(lengths);
+    if (has_wl(wl, "w4")) bench_w4();
+    if (has_wl(wl, "w5")) bench_w5(lengths);
     return 0;
 }
 

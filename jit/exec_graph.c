@@ -37,11 +37,10 @@
  * (relaxed: the allocator may call cuMemAlloc meanwhile). The arena comes
  * from the allocator, ordered on the stream the graph will run on, and
  * stays with the graph, in one block with a cuBLASLt workspace of its own (GRAPH_WS_BYTES,
- * for plans with float products). With the device's shared workspace
- * instead, graphs replayed while other
- * threads' products ran on the same stream computed wrong results (seen on
- * an H200 with cuBLASLt 13; stream order alone does not explain it, so the
- * graphs do not rely on it). Anything that asks the allocator for memory
+ * for plans with float products): a product's workspace cannot come from
+ * the allocator during a capture, and a workspace shared with other
+ * products is wrong (another thread's split product can straddle the
+ * graph's launch on the stream: see eager_fns in eager_cuda.c). Anything that asks the allocator for memory
  * on the captured stream (a matmul's packed operand, a gather's error flag)
  * fails, the capture is abandoned and the signature is never captured
  * again. A graph for the runtime's stream is uploaded to the device

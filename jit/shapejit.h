@@ -36,7 +36,10 @@
  * Thread safety
  * -------------
  * - sj_call(), sj_fn_stats() and sj_fn_explain() may be called concurrently
- *   from any number of threads on the same sj_fn.
+ *   from any number of threads on the same sj_fn. On the CUDA backend,
+ *   sj_call() queues on the runtime's one stream, so concurrent calls queue
+ *   behind one another there; a server gets its threads' GPU work to
+ *   overlap by giving each thread a stream of its own (sj_call_stream()).
  * - sj_fn_create() may be called concurrently on one runtime.
  * - sj_fn_destroy() and sj_runtime_destroy() must not race with any other use
  *   of the handle they destroy (the caller quiesces its own threads first).

@@ -521,8 +521,8 @@ static void matmul_cases(void) {
 
 static void test_matmul(void **state) { matmul_cases(); }
 
-/* The same on a second stream: cuBLASLt then takes its workspace from the
- * allocator instead of the device's shared one. */
+/* The same on a second stream (workspaces come from the allocator on the
+ * product's stream). */
 static void test_matmul_stream(void **state) {
     CUstream s = NULL, keep = ex.stream;
     assert_int_equal(dev->api.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -576,13 +576,13 @@ static void test_matmul_size_classes(void **state) {
 }
 
 /* Products from 8 threads at once on one cuBLASLt handle: 4 streams (two
- * threads on each), two sets of 12 shapes (four threads on each, two of
- * them on the same stream), each shape 4 times, every result against
- * float64. A guard for concurrent use of the ops, not a reproducer of the
- * race that eager_fns.lt_lock fixes: built without the lock it still
- * passed (H200, 5 runs, also with every thread on one stream). The test
- * that catches that race is test_cuda_jit's test_cuda_graphs_threads
- * (failed 2 of 2 runs without the lock). */
+ * threads on each, the device's own among them), two sets of 12 shapes
+ * (four threads on each, two of them on the same stream), each shape 4
+ * times, every result against float64. The shapes are small outputs over
+ * a long K, which cuBLASLt splits (split-K: partial sums in the workspace,
+ * then a reduction kernel), so two threads' products interleave on a
+ * stream: what a workspace shared between products gets wrong (see
+ * eager_fns in eager_cuda.c). */
 typedef struct mm_job {
     int id;
     CUstream stream;
@@ -595,7 +595,7 @@ static void *matmul_thread(void *p) {
     uint64_t st = 0x9E3779B97F4A7C15ull * (uint64_t)(j->id + 1);
     for (int round = 0; round < 4; round++)
         for (int64_t M = 1; M <= 12; M++) {
-            int64_t K = 24 + j->id % 2, N = 40 + M, n[3] = {M * K, K * N, M * N};
+            int64_t K = 2048 + j->id % 2, N = 40 + M, n[3] = {M * K, K * N, M * N};
             float *h[3];
             CUdeviceptr d[3] = {0, 0, 0};
             for (int i = 0; i < 3; i++) {

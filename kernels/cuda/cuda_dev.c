@@ -464,8 +464,6 @@ static void teardown(cuda_dev *d) {
         sj_cuda_bind(c);
         a->CtxSynchronize();
         if (c->eager) sj_cuda_eager_unload(c);
-        if (c->lt_workspace) sj_cuda_free(c, c->lt_workspace, c->stream);
-        c->lt_workspace = 0;
         if (c->lt) a->LtDestroy(c->lt);
         c->lt = NULL;
         sj_cuda_release_cached(c);
@@ -590,16 +588,11 @@ sj_status sj_cuda_open(int ordinal, sj_cuda **out) {
         goto fail;
     }
 
-    /* cuBLASLt and its workspace */
+    /* cuBLASLt (each product takes its workspace from the allocator) */
     cublasStatus_t bs = a->LtCreate(&c->lt);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         c->lt = NULL;
         st = sj_seterr(SJ_EBACKEND, "cuda: cublasLtCreate failed with cuBLAS status %d", (int)bs);
-        goto fail;
-    }
-    c->lt_workspace = sj_cuda_alloc(c, WORKSPACE_BYTES, c->stream);
-    if (!c->lt_workspace) {
-        st = SJ_ENOMEM; /* message set */
         goto fail;
     }
     c->lt_workspace_bytes = WORKSPACE_BYTES;

@@ -36,8 +36,7 @@ typedef struct sj_cuda {
     int driver_version, nvrtc_major, nvrtc_minor;
 
     cublasLtHandle_t lt;
-    CUdeviceptr lt_workspace;
-    size_t lt_workspace_bytes;
+    size_t lt_workspace_bytes; /* the most workspace a product may take (from the allocator) */
 
     CUmodule eager;         /* the ahead-of-time eager kernels (NULL until loaded) */
     void *eager_fns;        /* kernels/cuda/eager_cuda.c's table of CUfunctions */

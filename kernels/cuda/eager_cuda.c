@@ -60,22 +60,27 @@ typedef struct mm_key {
     int64_t v[19];
 } mm_key;
 
+typedef struct mm_algo {
+    cublasLtMatmulAlgo_t algo;
+    size_t ws; /* the workspace it needs (at most the key's limit) */
+} mm_algo;
+
 typedef struct mm_entry {
     mm_key key;
-    cublasLtMatmulAlgo_t algo;
+    mm_algo a;
     int used;
 } mm_entry;
 
+/* cuBLASLt's functions may be called from many threads at once, on one
+ * handle. What may not be shared is a workspace: a product can be several
+ * kernels (split-K and its reduction), and two threads queueing products
+ * on one stream interleave them, so each product gets a workspace of its
+ * own from the stream-ordered allocator, just the size its algorithm needs
+ * (none for most). A shared one gave other threads' results to about one
+ * call in ten with 8 threads on the runtime's stream (test_cuda_jit,
+ * test_cuda_graphs_threads), and to graphs whose products used it. */
 typedef struct eager_fns {
     CUfunction fn[EK_COUNT];
-    /* One call at a time into the device's cuBLASLt handle (a heuristic
-     * query or a product). Without it, 8 threads calling one encoder
-     * function (test_cuda_jit, test_cuda_graphs_threads; H200, cuBLASLt 13)
-     * got other threads' results in about one call in ten; with it, none.
-     * Plain concurrent products (test_cuda_eager) did not show the race, so
-     * its exact trigger is not known. Held only while cuBLASLt answers or
-     * queues the product. */
-    pthread_mutex_t lt_lock;
     pthread_mutex_t lock; /* guards cache and next */
     mm_entry cache[MM_CACHE];
     int next;
@@ -121,7 +126,6 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
         }
     }
     pthread_mutex_init(&t->lock, NULL);
-    pthread_mutex_init(&t->lt_lock, NULL);
     c->eager = m;
     c->eager_fns = t;
     return SJ_OK;
@@ -134,7 +138,6 @@ void sj_cuda_eager_unload(sj_cuda *c) {
     c->api.ModuleUnload(c->eager);
     eager_fns *t = c->eager_fns;
     pthread_mutex_destroy(&t->lock);
-    pthread_mutex_destroy(&t->lt_lock);
     free(t);
     c->eager = NULL;
     c->eager_fns = NULL;
@@ -574,19 +577,19 @@ static uint64_t lt_class(uint64_t x) {
     return (x + g - 1) / g * g;
 }
 
-static int mm_lookup(eager_fns *t, const mm_key *key, cublasLtMatmulAlgo_t *algo) {
+static int mm_lookup(eager_fns *t, const mm_key *key, mm_algo *algo) {
     int found = 0;
     pthread_mutex_lock(&t->lock);
     for (int i = 0; i < MM_CACHE && !found; i++)
         if (t->cache[i].used && !memcmp(&t->cache[i].key, key, sizeof *key)) {
-            *algo = t->cache[i].algo;
+            *algo = t->cache[i].a;
             found = 1;
         }
     pthread_mutex_unlock(&t->lock);
     return found;
 }
 
-static void mm_insert(eager_fns *t, const mm_key *key, const cublasLtMatmulAlgo_t *algo) {
+static void mm_insert(eager_fns *t, const mm_key *key, const mm_algo *algo) {
     pthread_mutex_lock(&t->lock);
     t->cache[t->next] = (mm_entry){*key, *algo, 1};
     t->next = (t->next + 1) % MM_CACHE;
@@ -619,15 +622,12 @@ static sj_status lt_pref(const sj_cuda_api *api, uint64_t ws_bytes, const uint32
 /* The heuristic's best algorithm for the product as laid out (lay: A, B,
  * and C = D); *no_algo set when it has none. */
 static sj_status lt_heuristic(const sj_cuda_exec *e, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t *lay,
-                              cublasLtMatmulPreference_t pref, cublasLtMatmulAlgo_t *algo, int *no_algo,
-                              sj_dtype dt, uint64_t m, uint64_t n, uint64_t k, int batch) {
+                              cublasLtMatmulPreference_t pref, mm_algo *algo, int *no_algo, sj_dtype dt, uint64_t m,
+                              uint64_t n, uint64_t k, int batch) {
     sj_cuda *c = e->cuda;
-    eager_fns *t = c->eager_fns;
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
-    pthread_mutex_lock(&t->lt_lock);
     cublasStatus_t s = c->api.LtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &nres);
-    pthread_mutex_unlock(&t->lt_lock);
     if (s != CUBLAS_STATUS_SUCCESS)
         return lt_err(s, "cublasLtMatmulAlgoGetHeuristic");
     if (nres < 1) {
@@ -636,7 +636,7 @@ static sj_status lt_heuristic(const sj_cuda_exec *e, cublasLtMatmulDesc_t op, cu
                          dt == SJ_F32 ? "f32" : dt == SJ_F16 ? "f16" : "bf16", (unsigned long long)m,
                          (unsigned long long)n, (unsigned long long)k, batch);
     }
-    *algo = res.algo;
+    *algo = (mm_algo){res.algo, res.workspaceSize};
     return SJ_OK;
 }
 
@@ -653,14 +653,10 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     cudaDataType_t ty = lt_type(dt);
     int batched = batch > 1;
     uint32_t al[3] = {lt_align(A, es, batched), lt_align(B, es, batched), lt_align(D, es, batched)};
-    CUdeviceptr ws = e->ws ? e->ws : c->lt_workspace;
-    uint64_t ws_bytes = e->ws ? e->ws_bytes : c->lt_workspace ? c->lt_workspace_bytes : 0;
-    int own_ws = 0;
-    if (!e->ws && e->stream != c->stream && ws_bytes) { /* the shared workspace belongs to c->stream */
-        ws = sj_cuda_alloc(c, (size_t)ws_bytes, e->stream);
-        own_ws = ws != 0;
-        ws_bytes = ws ? ws_bytes : 0;
-    }
+    /* the workspace limit: a graph's own workspace, else the device's
+     * limit for one taken from the allocator per product */
+    uint64_t ws_bytes = e->ws ? e->ws_bytes : c->lt_workspace_bytes;
+    CUdeviceptr ws = 0;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t lay[3] = {NULL, NULL, NULL};
     cublasLtMatmulPreference_t pref = NULL;
@@ -710,7 +706,7 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
                    al[2], (int64_t)ws_bytes, classed, bias ? (int64_t)((bias | 256) & (~(bias | 256) + 1)) : 0}};
     mm_key exact = key;
     exact.v[3] = (int64_t)m, exact.v[4] = (int64_t)n, exact.v[17] = classed ? 2 : 0;
-    cublasLtMatmulAlgo_t algo;
+    mm_algo algo;
     int found = mm_lookup(t, &key, &algo) || (classed && mm_lookup(t, &exact, &algo) && (classed = 0, 1));
     int64_t t_choice = found ? 0 : sj_now_ns();
     if (!found) {
@@ -728,17 +724,15 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
             cublasLtMatmulHeuristicResult_t res, chk;
             int nres = 0;
             if (s == CUBLAS_STATUS_SUCCESS) {
-                pthread_mutex_lock(&t->lt_lock);
                 s = api->LtMatmulAlgoGetHeuristic(c->lt, op, ql[0], ql[1], ql[2], ql[2], pref, 1, &res, &nres);
                 if (s == CUBLAS_STATUS_SUCCESS && nres > 0)
                     s = api->LtMatmulAlgoCheck(c->lt, op, lay[0], lay[1], lay[2], lay[2], &res.algo, &chk);
-                pthread_mutex_unlock(&t->lt_lock);
             }
             for (int i = 0; i < 3; i++)
                 if (ql[i])
                     api->LtMatrixLayoutDestroy(ql[i]);
             if (s == CUBLAS_STATUS_SUCCESS && nres > 0 && chk.workspaceSize <= ws_bytes) {
-                algo = res.algo;
+                algo = (mm_algo){res.algo, chk.workspaceSize};
                 found = 1;
                 mm_insert(t, &key, &algo);
             } else {
@@ -756,11 +750,22 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     }
     const float one = 1.0f, zero = 0.0f;
     for (;;) {
-        pthread_mutex_lock(&t->lt_lock);
+        size_t need = algo.ws;
+        if (e->ws) {
+            ws = e->ws;
+        } else if (need) {
+            ws = sj_cuda_alloc(c, need, e->stream);
+            if (!ws) {
+                st = sj_seterr(SJ_ENOMEM, "matmul: out of device memory for a %zu-byte cuBLASLt workspace", need);
+                goto done;
+            }
+        }
         s = api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0], (const void *)(uintptr_t)B->p,
                           lay[1], &zero, (const void *)(uintptr_t)D->p, lay[2], (void *)(uintptr_t)D->p, lay[2],
-                          &algo, (void *)(uintptr_t)ws, (size_t)ws_bytes, (cudaStream_t)e->stream);
-        pthread_mutex_unlock(&t->lt_lock);
+                          &algo.algo, (void *)(uintptr_t)ws, need, (cudaStream_t)e->stream);
+        if (!e->ws && ws) /* stream-ordered: reused only by work queued after this product */
+            sj_cuda_free(c, ws, e->stream);
+        ws = 0;
         if (!classed || (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE))
             break;
         /* the class's algorithm does not run these sizes: the exact one */
@@ -784,8 +789,6 @@ done:
             api->LtMatrixLayoutDestroy(lay[i]);
     if (op)
         api->LtMatmulDescDestroy(op);
-    if (own_ws)
-        sj_cuda_free(c, ws, e->stream);
     return st;
 }
 

@@ -28,8 +28,9 @@ typedef struct sj_cuda_exec {
     sj_cuda *cuda;
     CUstream stream;
     CUdeviceptr error_flag; /* device int, 0 on entry; set to 1 by gather on a bad index */
-    /* cuBLASLt's workspace for this call when not the device's shared one
-     * (a CUDA graph's own); 0: the shared one. */
+    /* cuBLASLt's workspace for every product of this call (a CUDA graph's
+     * own, ws_bytes of it); 0: each product takes what its algorithm needs
+     * from the allocator. */
     CUdeviceptr ws;
     size_t ws_bytes;
 } sj_cuda_exec;
