@@ -447,7 +447,8 @@ static void bench_firstuse(void) {
     sj_runtime_destroy(rt);
 }
 
-static int read_lengths(const char *path, int64_t *lens, int cap) {
+/* The lengths in path (at most cap); *max_len: the longest. */
+static int read_lengths(const char *path, int64_t *lens, int cap, int64_t *max_len) {
     FILE *f = fopen(path, "r");
     if (!f) {
         perror(path);
@@ -463,13 +464,9 @@ static int read_lengths(const char *path, int64_t *lens, int cap) {
         lens[n++] = v;
     }
     fclose(f);
+    *max_len = 1;
+    for (int i = 0; i < n; i++) *max_len = lens[i] > *max_len ? lens[i] : *max_len;
     return n;
-}
-
-static int64_t max_length(const int64_t *lens, int n) {
-    int64_t m = 1;
-    for (int i = 0; i < n; i++) m = lens[i] > m ? lens[i] : m;
-    return m;
 }
 
 /* A CUDA runtime of its own (no kernel cache; never compiling when
@@ -525,8 +522,8 @@ static void bench_w5(const char *lengths_path) {
     enum { CAP = 4096 };
     static int64_t lens[CAP];
     static double lat[CAP], sorted[CAP];
-    int n = read_lengths(lengths_path, lens, quick ? 200 : CAP);
-    int64_t max_len = max_length(lens, n);
+    int64_t max_len;
+    int n = read_lengths(lengths_path, lens, quick ? 200 : CAP, &max_len);
     static const char *const modes[] = {"auto", "auto_warm", "eager"};
     for (int mode = 0; mode < 3; mode += 2) { /* auto then auto_warm on one runtime; eager on another */
         sj_runtime *rt;
@@ -607,8 +604,8 @@ static void bench_w5mt(const char *lengths_path) {
     enum { CAP = 4096 };
     static int64_t lens[CAP];
     static double lat[CAP], sorted[CAP];
-    int n = read_lengths(lengths_path, lens, quick ? 200 : CAP);
-    int64_t max_len = max_length(lens, n);
+    int64_t max_len;
+    int n = read_lengths(lengths_path, lens, quick ? 200 : CAP, &max_len);
     static const char *const modes[] = {"mt_warm", "mt_streams", "mt_eager"};
     for (int mode = 0; mode < 3; mode++) {
         sj_runtime *rt;

@@ -368,11 +368,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
         if (n->fold == SJ_FOLDED) continue; /* done by its product */
         /* a product with its bias add writes the add's result */
         int32_t out = n->fold >= 0 ? g->nodes[n->fold].out : n->out;
-        const sj_tensor *bias = NULL;
-        if (n->fold >= 0) {
-            const int32_t *ain = sj_node_ins(g, &g->nodes[n->fold]);
-            bias = &r.rv[ain[0] == n->out ? ain[1] : ain[0]];
-        }
+        const sj_tensor *bias = n->fold >= 0 ? &r.rv[sj_fold_bias(g, n)] : NULL;
         sj_tensor *y = &r.rv[out];
         shape_of(&r, out, y);
         if (sj_op_kind_of(n->op) == SJ_K_VIEW) {

@@ -129,8 +129,8 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         for (int k = 0; k < n->n_in; k++)
             if (in[k] >= 0) layout_desc(g, p, exv, bases, in[k], ops->device, &rv[in[k]]);
         if (gr->bias >= 0) layout_desc(g, p, exv, bases, gr->bias, ops->device, &rv[gr->bias]);
-        sj_tensor y; /* the group's result: the last node's (a product's bias add) */
-        layout_desc(g, p, exv, bases, g->nodes[gr->nodes[gr->n_nodes - 1]].out, ops->device, &y);
+        sj_tensor y;
+        layout_desc(g, p, exv, bases, sj_group_out(g, gr), ops->device, &y);
         st = ops->node(x->ops_ctx, g, n, rv, gr->bias >= 0 ? &rv[gr->bias] : NULL, &y);
         if (st) sj_exec_node_error(x, n, st);
     }

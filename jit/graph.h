@@ -124,6 +124,13 @@ void sj_const_store(int64_t *slot, double v, sj_dtype dt);
  * both run the same product kernels. Tracing calls it. */
 void sj_graph_mark_bias_adds(sj_graph *g);
 
+/* The bias of a matmul whose add is folded into it (mm->fold >= 0): the
+ * add's operand that is not the product. */
+static inline int32_t sj_fold_bias(const sj_graph *g, const sj_node *mm) {
+    const int32_t *in = g->args + g->nodes[mm->fold].in_off;
+    return in[0] == mm->out ? in[1] : in[0];
+}
+
 /* The IR checker: every invariant a pass may rely on (ids in range,
  * topological order, dtypes and ranks each op accepts, shapes consistent
  * with each op's inference where that is checkable). Returns SJ_OK or

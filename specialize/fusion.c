@@ -514,8 +514,10 @@ static int group_nodes(sj_fuse_st *b) {
             st = new_group(b, SJ_G_POINTWISE, ni, x->rank, x->shape) < 0 ? -1 : 0;
             if (!st) add_deps(b, b->n_gr - 1, n);
         } else if (n->fold == SJ_FOLDED) {
+            /* the product is the operand whose node folds this add */
             const int32_t *in = sj_node_ins(g, n);
-            int32_t u = g->vals[in[0]].kind == SJ_VAL_NODE && g->nodes[g->vals[in[0]].index].fold == ni ? in[0] : in[1];
+            int32_t u = in[0];
+            if (g->vals[u].kind != SJ_VAL_NODE || g->nodes[g->vals[u].index].fold != ni) u = in[1];
             int gm = b->vgroup[u];
             assert(gm >= 0 && b->gr[gm].kind == SJ_G_NODE && b->gr[gm].n_nodes == 1);
             st = add_node(b, gm, ni);

@@ -120,6 +120,12 @@ typedef struct sj_fplan {
     bool *output_copy;    /* g->n_outputs */
 } sj_fplan;
 
+/* The value a NODE group writes: its last node's (a product's bias add, or
+ * its one node). */
+static inline int32_t sj_group_out(const sj_graph *g, const sj_group *G) {
+    return g->nodes[G->nodes[G->n_nodes - 1]].out;
+}
+
 /* Build the plan for g, adding its expressions to g->ex. traced: the
  * inputs the graph was traced with: an input that was contiguous is
  * addressed with contiguous strides computed from its (symbolic) sizes, any

@@ -362,11 +362,8 @@ static int fill_groups(plan_ctx *c) {
         G->numel = G->rows = SJ_EX_NONE;
         G->bias = -1;
         if (G->kind == SJ_G_NODE) {
-            if (G->n_nodes == 2) { /* a product and its bias add (nodes sorted: the product first) */
-                const sj_node *add = &g->nodes[G->nodes[1]];
-                int32_t prod = g->nodes[G->nodes[0]].out;
-                G->bias = sj_node_ins(g, add)[0] == prod ? sj_node_ins(g, add)[1] : sj_node_ins(g, add)[0];
-            }
+            const sj_node *n = &g->nodes[G->nodes[0]]; /* nodes sorted: a product before its bias add */
+            if (n->fold >= 0) G->bias = sj_fold_bias(g, n);
             continue;
         }
         p->n_generated++;

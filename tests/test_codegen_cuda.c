@@ -334,7 +334,7 @@ static void gpu_run(const sj_graph *g, const sj_fplan *p, const unit *u, const s
                 if (in[k] >= 0) layout_desc(g, p, exv, hb, in[k], &rv[in[k]]);
             if (gr->bias >= 0) layout_desc(g, p, exv, hb, gr->bias, &rv[gr->bias]);
             sj_tensor y;
-            layout_desc(g, p, exv, hb, g->nodes[gr->nodes[gr->n_nodes - 1]].out, &y);
+            layout_desc(g, p, exv, hb, sj_group_out(g, gr), &y);
             assert_int_equal(sj_exec_node(g, n, rv, gr->bias >= 0 ? &rv[gr->bias] : NULL, &y), SJ_OK);
             sync_stores(ds, p->n_stores, false);
             continue;

@@ -566,6 +566,14 @@ static void test_matmul_bias(void **state) {
  * serves sizes other than the one it was checked with. */
 static void test_matmul_size_classes(void **state) {
     static const int64_t lens[] = {33, 47, 64, 65, 100, 127, 129, 191, 200, 257, 300, 3, 5, 7, 190, 130, 66, 40};
+    /* a long K, which cuBLASLt splits (a workspace that grows with M):
+     * first a size inside class 128, then the class's own size, then a
+     * larger one inside it, each needing more workspace than the one the
+     * class's algorithm was chosen with */
+    static const int64_t split[] = {70, 128, 120, 100};
+    for (int d = 0; d < 3; d++)
+        for (size_t i = 0; i < sizeof split / sizeof split[0]; i++)
+            run_matmul(tu_floats[d], 0, NULL, NULL, NULL, split[i], 3072, 64, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
     for (int d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
             /* tokens as M (y row-major: D = y^T, tokens are its n) */

@@ -451,7 +451,7 @@ static void test_plan_bias(void **state) {
             assert_int_equal(G->bias, -1);
             continue;
         }
-        int32_t out = g->nodes[G->nodes[G->n_nodes - 1]].out;
+        int32_t out = sj_group_out(g, G);
         if (G->n_nodes == 2) {
             with++;
             assert_int_equal(g->nodes[G->nodes[1]].op, SJ_OP_ADD);
@@ -538,7 +538,7 @@ static void lifetimes(const sj_graph *g, const sj_fplan *p, int *first, int *las
             for (int a = 0; a < n->n_in; a++)
                 if (sj_node_ins(g, n)[a] >= 0) vals[nv++] = sj_node_ins(g, n)[a];
             if (G->bias >= 0) vals[nv++] = G->bias;
-            vals[nv++] = g->nodes[G->nodes[G->n_nodes - 1]].out;
+            vals[nv++] = sj_group_out(g, G);
         } else {
             for (int i = 0; i < G->n_loads; i++) vals[nv++] = G->loads[i].val;
             for (int i = 0; i < G->n_stores; i++) vals[nv++] = G->stores[i].val;

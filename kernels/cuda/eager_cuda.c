@@ -57,7 +57,7 @@ _Static_assert(EK_attention_tc_f16 == EK_attention_f32 + 3 && EK_attention_tc_bf
 #define MM_CACHE 64
 
 typedef struct mm_key {
-    int64_t v[19];
+    int64_t v[18];
 } mm_key;
 
 typedef struct mm_algo {
@@ -640,6 +640,40 @@ static sj_status lt_heuristic(const sj_cuda_exec *e, cublasLtMatmulDesc_t op, cu
     return SJ_OK;
 }
 
+/* The heuristic's algorithm for the product with the class sizes `dims`
+ * (rows and columns of A, B and D as stored), if cublasLtMatmulAlgoCheck
+ * accepts it for the real layouts `lay` within ws_bytes of workspace.
+ * Its cache entry is shared by every size of the class, so the workspace
+ * it asks for is the class sizes' (a split product's grows with them). */
+static int lt_class_choice(sj_cuda *c, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t *lay, const lt_mat *const *mats,
+                           const uint64_t (*dims)[2], cudaDataType_t ty, cublasLtMatmulPreference_t pref,
+                           uint64_t ws_bytes, mm_algo *algo) {
+    const sj_cuda_api *api = &c->api;
+    cublasLtMatrixLayout_t ql[3] = {NULL, NULL, NULL};
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    for (int i = 0; i < 3 && s == CUBLAS_STATUS_SUCCESS; i++) {
+        int64_t ld = mats[i]->ld > (int64_t)dims[i][0] ? mats[i]->ld : (int64_t)dims[i][0];
+        s = api->LtMatrixLayoutCreate(&ql[i], ty, dims[i][0], dims[i][1], ld);
+    }
+    cublasLtMatmulHeuristicResult_t res, chk;
+    int nres = 0;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = api->LtMatmulAlgoGetHeuristic(c->lt, op, ql[0], ql[1], ql[2], ql[2], pref, 1, &res, &nres);
+    if (s == CUBLAS_STATUS_SUCCESS && nres > 0)
+        s = api->LtMatmulAlgoCheck(c->lt, op, lay[0], lay[1], lay[2], lay[2], &res.algo, &chk);
+    for (int i = 0; i < 3; i++)
+        if (ql[i])
+            api->LtMatrixLayoutDestroy(ql[i]);
+    /* the workspace for the class's largest sizes, which covers every size
+     * in the class (the cache entry serves them all, the class's own size
+     * unclassed among them) */
+    size_t need = res.workspaceSize > chk.workspaceSize ? res.workspaceSize : chk.workspaceSize;
+    if (s != CUBLAS_STATUS_SUCCESS || nres < 1 || need > ws_bytes)
+        return 0;
+    *algo = (mm_algo){res.algo, need};
+    return 1;
+}
+
 /* D (m x n) = op(A) op(B) over `batch` strided batches; plus bias (m
  * elements of D's type, contiguous; 0: none) on every column, by
  * cuBLASLt's bias epilogue. */
@@ -656,7 +690,6 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     /* the workspace limit: a graph's own workspace, else the device's
      * limit for one taken from the allocator per product */
     uint64_t ws_bytes = e->ws ? e->ws_bytes : c->lt_workspace_bytes;
-    CUdeviceptr ws = 0;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t lay[3] = {NULL, NULL, NULL};
     cublasLtMatmulPreference_t pref = NULL;
@@ -703,41 +736,27 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     int classed = mc != m || nc != n;
     mm_key key = {{dt, ta, tb, (int64_t)mc, (int64_t)nc, (int64_t)k, A->ld, B->ld, D->ld, batch,
                    batched ? A->bstride : 0, batched ? B->bstride : 0, batched ? D->bstride : 0, al[0], al[1],
-                   al[2], (int64_t)ws_bytes, classed, bias ? (int64_t)((bias | 256) & (~(bias | 256) + 1)) : 0}};
+                   al[2], (int64_t)ws_bytes, bias ? (int64_t)((bias | 256) & (~(bias | 256) + 1)) : 0}};
+    /* the exact sizes' key: a class key cannot equal it (its m and n are
+     * both class sizes, which a classed product's are not) */
     mm_key exact = key;
-    exact.v[3] = (int64_t)m, exact.v[4] = (int64_t)n, exact.v[17] = classed ? 2 : 0;
+    exact.v[3] = (int64_t)m, exact.v[4] = (int64_t)n;
     mm_algo algo;
-    int found = mm_lookup(t, &key, &algo) || (classed && mm_lookup(t, &exact, &algo) && (classed = 0, 1));
+    int found = mm_lookup(t, &key, &algo);
+    if (!found && classed && mm_lookup(t, &exact, &algo))
+        found = 1, classed = 0; /* the class's algorithm failed these sizes before */
     int64_t t_choice = found ? 0 : sj_now_ns();
     if (!found) {
         if ((st = lt_pref(api, ws_bytes, al, &pref)))
             goto done;
         if (classed) {
-            cublasLtMatrixLayout_t ql[3] = {NULL, NULL, NULL};
-            uint64_t dims[3][2] = {{A->trans ? k : mc, A->trans ? mc : k}, {B->trans ? nc : k, B->trans ? k : nc},
-                                   {mc, nc}};
-            s = CUBLAS_STATUS_SUCCESS;
-            for (int i = 0; i < 3 && s == CUBLAS_STATUS_SUCCESS; i++) {
-                int64_t ld = mats[i]->ld > (int64_t)dims[i][0] ? mats[i]->ld : (int64_t)dims[i][0];
-                s = api->LtMatrixLayoutCreate(&ql[i], ty, dims[i][0], dims[i][1], ld);
-            }
-            cublasLtMatmulHeuristicResult_t res, chk;
-            int nres = 0;
-            if (s == CUBLAS_STATUS_SUCCESS) {
-                s = api->LtMatmulAlgoGetHeuristic(c->lt, op, ql[0], ql[1], ql[2], ql[2], pref, 1, &res, &nres);
-                if (s == CUBLAS_STATUS_SUCCESS && nres > 0)
-                    s = api->LtMatmulAlgoCheck(c->lt, op, lay[0], lay[1], lay[2], lay[2], &res.algo, &chk);
-            }
-            for (int i = 0; i < 3; i++)
-                if (ql[i])
-                    api->LtMatrixLayoutDestroy(ql[i]);
-            if (s == CUBLAS_STATUS_SUCCESS && nres > 0 && chk.workspaceSize <= ws_bytes) {
-                algo = (mm_algo){res.algo, chk.workspaceSize};
-                found = 1;
+            const uint64_t dims[3][2] = {{A->trans ? k : mc, A->trans ? mc : k},
+                                         {B->trans ? nc : k, B->trans ? k : nc}, {mc, nc}};
+            found = lt_class_choice(c, op, lay, mats, dims, ty, pref, ws_bytes, &algo);
+            if (found)
                 mm_insert(t, &key, &algo);
-            } else {
+            else
                 classed = 0; /* the exact sizes' own algorithm, below */
-            }
         }
         if (!found) {
             st = lt_heuristic(e, op, lay, pref, &algo, no_algo, dt, m, n, k, batch);
@@ -751,9 +770,8 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     const float one = 1.0f, zero = 0.0f;
     for (;;) {
         size_t need = algo.ws;
-        if (e->ws) {
-            ws = e->ws;
-        } else if (need) {
+        CUdeviceptr ws = e->ws;
+        if (!ws && need) {
             ws = sj_cuda_alloc(c, need, e->stream);
             if (!ws) {
                 st = sj_seterr(SJ_ENOMEM, "matmul: out of device memory for a %zu-byte cuBLASLt workspace", need);
@@ -763,9 +781,8 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
         s = api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0], (const void *)(uintptr_t)B->p,
                           lay[1], &zero, (const void *)(uintptr_t)D->p, lay[2], (void *)(uintptr_t)D->p, lay[2],
                           &algo.algo, (void *)(uintptr_t)ws, need, (cudaStream_t)e->stream);
-        if (!e->ws && ws) /* stream-ordered: reused only by work queued after this product */
+        if (ws != e->ws) /* stream-ordered: reused only by work queued after this product */
             sj_cuda_free(c, ws, e->stream);
-        ws = 0;
         if (!classed || (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE))
             break;
         /* the class's algorithm does not run these sizes: the exact one */
