@@ -579,6 +579,7 @@ typedef struct mt_job {
     const int64_t *lens;
     int n, t;
     double *lat;
+    uint64_t *choices; /* per request: cuBLASLt algorithm choices made while it ran (by any thread) */
     sj_cuda *cu;
     CUstream stream; /* NULL: sj_call */
 } mt_job;
@@ -590,12 +591,17 @@ static void *mt_thread(void *p) {
         in.shape[1] = out.shape[1] = j->lens[i];
         sj_tensor_set_contiguous(&in);
         sj_tensor_set_contiguous(&out);
+        uint64_t c0, c1;
+        double ms;
+        sj_cuda_matmul_choices(j->cu, &c0, &ms);
         double t0 = bench_now_s();
         if (j->stream ? sj_call_stream(j->fn, &in, 1, &out, 1, j->stream) ||
                             j->cu->api.StreamSynchronize(j->stream) != CUDA_SUCCESS
                       : sj_call(j->fn, &in, 1, &out, 1) != SJ_OK)
             bench_die("w5mt request");
         j->lat[i] = (bench_now_s() - t0) * 1e3;
+        sj_cuda_matmul_choices(j->cu, &c1, &ms);
+        j->choices[i] = c1 - c0;
     }
     return NULL;
 }
@@ -604,6 +610,7 @@ static void bench_w5mt(const char *lengths_path) {
     enum { CAP = 4096 };
     static int64_t lens[CAP];
     static double lat[CAP], sorted[CAP];
+    static uint64_t choices[CAP];
     int64_t max_len;
     int n = read_lengths(lengths_path, lens, quick ? 200 : CAP, &max_len);
     static const char *const modes[] = {"mt_warm", "mt_streams", "mt_eager"};
@@ -613,7 +620,7 @@ static void bench_w5mt(const char *lengths_path) {
         sj_fn *fn = encoder_runtime("w5mt", mode == 2, &rt, &w);
         mt_job jobs[MT_T];
         for (int t = 0; t < MT_T; t++) {
-            jobs[t] = (mt_job){.fn = fn, .lens = lens, .n = n, .t = t, .lat = lat, .cu = rt->cuda};
+            jobs[t] = (mt_job){.fn = fn, .lens = lens, .n = n, .t = t, .lat = lat, .choices = choices, .cu = rt->cuda};
             if (mode == 1 && rt->cuda->api.StreamCreate(&jobs[t].stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
                 bench_die("cuStreamCreate");
             jobs[t].dx = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, max_len, BENCH_H}, -1, 1);
@@ -630,24 +637,34 @@ static void bench_w5mt(const char *lengths_path) {
         }
         for (int pass = 1; pass <= 2; pass++) {
             pthread_t th[MT_T];
-            uint64_t mallocs0 = rt->cuda->allocs;
+            pthread_mutex_lock(&rt->cuda->alloc_lock);
+            uint64_t mallocs0 = rt->cuda->allocs, alloc_ns0 = rt->cuda->alloc_ns, ch0, ch1;
+            double ch_ms;
+            sj_cuda_matmul_choices(rt->cuda, &ch0, &ch_ms);
+            rt->cuda->alloc_ns_max = rt->cuda->event_ns_max = 0;
+            uint64_t events0 = rt->cuda->events_created;
+            pthread_mutex_unlock(&rt->cuda->alloc_lock);
             double t0 = bench_now_s();
             for (int t = 0; t < MT_T; t++)
                 if (pthread_create(&th[t], NULL, mt_thread, &jobs[t])) bench_die("pthread_create");
             for (int t = 0; t < MT_T; t++) pthread_join(th[t], NULL);
             double total = bench_now_s() - t0;
+            sj_cuda_matmul_choices(rt->cuda, &ch1, &ch_ms);
             for (int i = 0; i < n; i++) /* where the slow ones fall (stderr) */
                 if (lat[i] > 5.0)
-                    fprintf(stderr, "w5mt %s pass %d: request %d (S=%lld, thread %d) %.2f ms\n", modes[mode], pass, i,
-                            (long long)lens[i], i % MT_T, lat[i]);
+                    fprintf(stderr, "w5mt %s pass %d: request %d (S=%lld, thread %d) %.2f ms, %llu cuBLASLt choices meanwhile\n",
+                            modes[mode], pass, i, (long long)lens[i], i % MT_T, lat[i], (unsigned long long)choices[i]);
             memcpy(sorted, lat, sizeof(double) * (size_t)n);
             qsort(sorted, (size_t)n, sizeof(double), bench_cmp_double);
             printf("{\"workload\": \"w5mt\", \"mode\": \"%s\", \"pass\": %d, \"backend\": \"cuda\", "
                    "\"dtype\": \"float16\", \"threads\": %d, \"requests\": %d, \"total_s\": %.4f, "
                    "\"requests_per_s\": %.0f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, \"max_ms\": %.3f, "
-                   "\"cuMemAlloc_calls\": %llu}\n",
+                   "\"cuMemAlloc_calls\": %llu, \"cuMemAlloc_ms\": %.3f, \"cuMemAlloc_max_ms\": %.3f, "
+                   "\"cublaslt_choices\": %llu, \"cuEventCreate_calls\": %llu, \"cuEventCreate_max_ms\": %.3f}\n",
                    modes[mode], pass, MT_T, n, total, n / total, sorted[n / 2], sorted[n * 99 / 100], sorted[n - 1],
-                   (unsigned long long)(rt->cuda->allocs - mallocs0));
+                   (unsigned long long)(rt->cuda->allocs - mallocs0), (double)(rt->cuda->alloc_ns - alloc_ns0) / 1e6,
+                   (double)rt->cuda->alloc_ns_max / 1e6, (unsigned long long)(ch1 - ch0),
+                   (unsigned long long)(rt->cuda->events_created - events0), (double)rt->cuda->event_ns_max / 1e6);
             fflush(stdout);
         }
         for (int t = 0; t < MT_T; t++) {

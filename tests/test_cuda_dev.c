@@ -343,6 +343,45 @@ static void test_size_classes_and_reuse(void **state) {
     assert_int_equal(stats().cached_bytes, 0);
 }
 
+/* Fresh blocks come from the device's own memory pool, and a free takes
+ * its event from the pool that open filled: no event is made until more
+ * blocks wait in the cache than open made events. Data written through a
+ * pool block reads back. */
+static void test_pool_and_events(void **state) {
+    (void)state;
+    enum { N = SJ_CUDA_EVENTS_AT_OPEN + 8 };
+    sj_cuda *c = NULL;
+    assert_int_equal(sj_cuda_open(0, &c), SJ_OK);
+    int pools = 0;
+    assert_int_equal(c->api.DeviceGetAttribute(&pools, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, c->dev),
+                     CUDA_SUCCESS);
+    if (pools) assert_non_null(c->pool);
+    CUdeviceptr *p = calloc(N, sizeof *p);
+    assert_non_null(p);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < SJ_CUDA_EVENTS_AT_OPEN; i++) {
+            p[i] = sj_cuda_alloc(c, 512 * (size_t)(1 + i % 7), c->stream);
+            assert_true(p[i] != 0);
+        }
+        int v = 1000 + round, back = 0;
+        assert_int_equal(sj_cuda_to_device(c, p[5], &v, sizeof v), SJ_OK);
+        assert_int_equal(sj_cuda_to_host(c, &back, p[5], sizeof back), SJ_OK);
+        assert_int_equal(back, v);
+        for (int i = 0; i < SJ_CUDA_EVENTS_AT_OPEN; i++) sj_cuda_free(c, p[i], c->stream);
+        /* round 1 takes every block from the cache, its event back to the pool */
+        assert_int_equal(c->allocs, SJ_CUDA_EVENTS_AT_OPEN);
+        assert_int_equal(c->events_created, 0);
+    }
+    /* more blocks waiting in the cache than events: the rest are made */
+    for (int i = 0; i < N; i++) assert_true((p[i] = sj_cuda_alloc(c, 512 * (size_t)(1 + i % 7), c->stream)) != 0);
+    for (int i = 0; i < N; i++) sj_cuda_free(c, p[i], c->stream);
+    assert_int_equal(c->events_created, N - SJ_CUDA_EVENTS_AT_OPEN);
+    sj_cuda_release_cached(c);
+    assert_int_equal(c->cached_bytes, 0);
+    free(p);
+    sj_cuda_close(c);
+}
+
 /* A random mix of sizes, like a server's requests: the cuMemAlloc count
  * stops growing once the cache holds the working set. */
 static void test_working_set_converges(void **state) {
@@ -929,6 +968,7 @@ int main(void) {
         cmocka_unit_test(test_second_handle),
         cmocka_unit_test(test_size_classes_and_reuse),
         cmocka_unit_test(test_working_set_converges),
+        cmocka_unit_test(test_pool_and_events),
         cmocka_unit_test(test_fit_rule),
         cmocka_unit_test(test_cross_stream),
         cmocka_unit_test(test_out_of_memory),

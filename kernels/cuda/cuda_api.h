@@ -35,6 +35,11 @@
     X(CUresult, MemAlloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))                                \
     X(CUresult, MemFree, "cuMemFree_v2", (CUdeviceptr))                                            \
     X(CUresult, MemGetInfo, "cuMemGetInfo_v2", (size_t *, size_t *))                               \
+    X(CUresult, MemPoolCreate, "cuMemPoolCreate", (CUmemoryPool *, const CUmemPoolProps *))         \
+    X(CUresult, MemPoolDestroy, "cuMemPoolDestroy", (CUmemoryPool))                                \
+    X(CUresult, MemPoolTrimTo, "cuMemPoolTrimTo", (CUmemoryPool, size_t))                          \
+    X(CUresult, MemPoolSetAttribute, "cuMemPoolSetAttribute", (CUmemoryPool, CUmemPool_attribute, void *)) \
+    X(CUresult, MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
     X(CUresult, MemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr, const void *, size_t))                \
     X(CUresult, MemcpyDtoH, "cuMemcpyDtoH_v2", (void *, CUdeviceptr, size_t))                      \
     X(CUresult, MemcpyDtoD, "cuMemcpyDtoD_v2", (CUdeviceptr, CUdeviceptr, size_t))                 \

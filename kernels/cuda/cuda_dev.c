@@ -17,12 +17,23 @@
  * the free. The same stream takes it back at once (its later work queues
  * behind the earlier work); another stream takes it only once cuEventQuery
  * says the event completed, else the scan goes on and may end in a fresh
- * cuMemAlloc. Events are created on first need (CU_EVENT_DISABLE_TIMING) and
- * go back to a pool when their block is taken or released, so warm traffic
- * creates none. Streams are matched by handle: a caller that destroys a
- * stream with frees still pending on it should sj_cuda_release_cached()
- * first, or a new stream given the same handle could take those blocks
- * early.
+ * block. Streams are matched by handle: a caller that destroys a stream
+ * with frees still pending on it should sj_cuda_release_cached() first, or
+ * a new stream given the same handle could take those blocks early.
+ *
+ * Events (CU_EVENT_DISABLE_TIMING) come from a pool that sj_cuda_open fills
+ * with SJ_CUDA_EVENTS_AT_OPEN of them, and go back to it when their block
+ * is taken or released; one is created only when the pool is empty.
+ *
+ * Fresh blocks come from a memory pool of our own (cuMemAllocFromPoolAsync,
+ * ordered on the requesting stream, its release threshold at the maximum so
+ * that nothing is unmapped behind the cache's back); from cuMemAlloc only
+ * where the device has no pools.
+ *
+ * Why both: cuMemAlloc and cuEventCreate can each stall for tens of
+ * milliseconds while other threads keep a stream busy. With eight threads
+ * queueing on one stream (bench_cuda w5mt, H200) single calls took 13-74 ms
+ * and 16-56 ms; a take from the pool took at most 0.2 ms.
  *
  * Out of memory: synchronize the context, release every cached block (each
  * after its event completed) and retry once; then SJ_ENOMEM naming the
@@ -30,7 +41,7 @@
  *
  * Locks: alloc_lock guards the cached array, the live map, the event pool
  * and the counters. It is held across cuEventQuery (non-blocking) and never
- * across cuMemAlloc, cuMemFree or anything that waits.
+ * across an allocation, cuMemFree or anything that waits.
  *
  * -- Binding --------------------------------------------------------------
  * Each thread remembers (thread-local) the serial number of the device it
@@ -48,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jit/clock.h"
 #include "jit/error.h"
 #include "kernels/cuda/eager_cuda.h"
 
@@ -271,6 +283,12 @@ static void event_recycle(cuda_dev *d, CUevent e) {
 
 /* -- Allocator: the entry points ------------------------------------------------ */
 
+/* A block the cache could not give: from the device's pool in s's order
+ * (no implicit synchronization), or from cuMemAlloc without one. */
+static CUresult fresh_block(sj_cuda *c, CUdeviceptr *p, size_t cls, CUstream s) {
+    return c->pool ? c->api.MemAllocFromPoolAsync(p, cls, c->pool, s) : c->api.MemAlloc(p, cls);
+}
+
 static _Thread_local CUstream capturing; /* the stream this thread is capturing, or NULL */
 
 void sj_cuda_capturing(CUstream s) { capturing = s; }
@@ -311,14 +329,15 @@ CUdeviceptr sj_cuda_alloc(sj_cuda *c, size_t bytes, CUstream s) {
     pthread_mutex_unlock(&c->alloc_lock);
 
     CUdeviceptr p = 0;
-    CUresult r = c->api.MemAlloc(&p, cls);
+    int64_t t0 = sj_now_ns();
+    CUresult r = fresh_block(c, &p, cls, s);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         /* Whatever is in flight may be about to free memory; then give the
          * cache back to the driver and try once more. */
         c->api.CtxSynchronize();
         sj_cuda_release_cached(c);
         p = 0;
-        r = c->api.MemAlloc(&p, cls);
+        r = fresh_block(c, &p, cls, s);
     }
     if (r != CUDA_SUCCESS) {
         if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -344,6 +363,9 @@ CUdeviceptr sj_cuda_alloc(sj_cuda *c, size_t bytes, CUstream s) {
     if (ok) {
         live_put(d, p, cls, s);
         c->allocs++;
+        uint64_t ns = (uint64_t)(sj_now_ns() - t0);
+        c->alloc_ns += ns;
+        if (ns > c->alloc_ns_max) c->alloc_ns_max = ns;
     }
     pthread_mutex_unlock(&c->alloc_lock);
     if (!ok) {
@@ -374,7 +396,15 @@ void sj_cuda_free(sj_cuda *c, CUdeviceptr p, CUstream s) {
 
     sj_cuda_bind(c);
     CUresult r = CUDA_SUCCESS;
-    if (!b.event && (r = c->api.EventCreate(&b.event, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) b.event = NULL;
+    if (!b.event) {
+        int64_t t0 = sj_now_ns();
+        if ((r = c->api.EventCreate(&b.event, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) b.event = NULL;
+        uint64_t ns = (uint64_t)(sj_now_ns() - t0);
+        pthread_mutex_lock(&c->alloc_lock);
+        c->events_created++;
+        if (ns > c->event_ns_max) c->event_ns_max = ns;
+        pthread_mutex_unlock(&c->alloc_lock);
+    }
     if (r == CUDA_SUCCESS) r = c->api.EventRecord(b.event, s);
     if (r != CUDA_SUCCESS) {
         /* No event to order by: wait for s here, so the block is free for
@@ -420,6 +450,7 @@ void sj_cuda_release_cached(sj_cuda *c) {
         event_recycle(d, v[i].event);
     }
     free(v);
+    if (c->pool) c->api.MemPoolTrimTo(c->pool, 0);
 }
 
 /* -- Copies ---------------------------------------------------------------------- */
@@ -472,6 +503,8 @@ static void teardown(cuda_dev *d) {
          * back too. */
         for (size_t i = 0; i < d->live_cap; i++)
             if (d->live[i].ptr) a->MemFree(d->live[i].ptr);
+        if (c->pool) a->MemPoolDestroy(c->pool);
+        c->pool = NULL;
         for (size_t i = 0; i < d->n_events; i++) a->EventDestroy(d->events[i]);
         d->n_events = 0;
         if (c->capture_stream) a->StreamDestroy(c->capture_stream);
@@ -586,6 +619,31 @@ sj_status sj_cuda_open(int ordinal, sj_cuda **out) {
     if ((r = a->StreamCreate(&c->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
         st = sj_cuda_fail(c, r, "cuda: cuStreamCreate");
         goto fail;
+    }
+
+    /* A memory pool of our own for fresh blocks, where the device has
+     * them (another library may set the device's current pool). */
+    int pools = 0;
+    if (a->DeviceGetAttribute(&pools, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, c->dev) == CUDA_SUCCESS && pools) {
+        CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = c->ordinal}};
+        cuuint64_t keep = UINT64_MAX; /* what the cache holds stays mapped; sj_cuda_release_cached trims */
+        if (a->MemPoolCreate(&c->pool, &props) != CUDA_SUCCESS) c->pool = NULL;
+        else if (a->MemPoolSetAttribute(c->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) != CUDA_SUCCESS) {
+            a->MemPoolDestroy(c->pool);
+            c->pool = NULL;
+        }
+    }
+
+    /* The allocator's events, made while nothing else runs. Fewer is no
+     * error: a free makes one when the pool is empty. */
+    for (int i = 0; i < SJ_CUDA_EVENTS_AT_OPEN; i++) {
+        CUevent e;
+        if (a->EventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) break;
+        if (!event_push(d, e)) {
+            a->EventDestroy(e);
+            break;
+        }
     }
 
     /* cuBLASLt (each product takes its workspace from the allocator) */

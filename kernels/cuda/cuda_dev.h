@@ -47,9 +47,12 @@ typedef struct sj_cuda {
     CUstream capture_stream;
 
     pthread_mutex_t alloc_lock;
+    CUmemoryPool pool;      /* where fresh blocks come from (NULL: cuMemAlloc) */
     sj_cuda_block *cached;  /* free blocks, by size */
     size_t cached_bytes, live_bytes;
     uint64_t allocs, cache_hits;
+    uint64_t alloc_ns, alloc_ns_max;       /* time spent getting fresh blocks: total, longest call */
+    uint64_t events_created, event_ns_max; /* events made by frees (the pool was empty), longest */
 } sj_cuda;
 
 /* Load the API, pick device `ordinal`, retain its primary context, create
@@ -78,8 +81,11 @@ static inline sj_status sj_cu_check(sj_cuda *c, CUresult r, const char *what) {
  * freed on stream s is handed out again for work on s at once, and for any
  * other stream only after the work queued on s before the free has finished
  * (an event recorded at free). On cuMemAlloc failure every cached block is
- * released and the allocation retried once. Warm calls never reach
- * cuMemAlloc. */
+ * released and the allocation retried once. Fresh blocks come from a
+ * memory pool of the device's own, in the stream's order; the events that
+ * order reuse from a pool filled at open (SJ_CUDA_EVENTS_AT_OPEN). Warm
+ * calls make neither. */
+#define SJ_CUDA_EVENTS_AT_OPEN 256
 CUdeviceptr sj_cuda_alloc(sj_cuda *c, size_t bytes, CUstream s); /* 0 on failure (message set) */
 /* While the calling thread captures stream s into a CUDA graph (s set
  * here; NULL when done), allocations for s fail: the allocator orders
