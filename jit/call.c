@@ -351,9 +351,10 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
                  .ops = &sj_cpu_exec_ops, .ops_ctx = fn->rt->threads};
 #ifdef SJ_WITH_CUDA
     sj_cuda_call cc;
+    int lane = -1;
     if (fn->rt->cuda) {
-        sj_cuda_call_init(&cc, fn->rt->cuda, stream ? (CUstream)stream : fn->rt->cuda->stream, sync,
-                          e->n_syms);
+        CUstream s = stream ? (CUstream)stream : sync ? sj_cuda_lane_take(fn->rt, &lane) : fn->rt->cuda->stream;
+        sj_cuda_call_init(&cc, fn->rt->cuda, s, sync, e->n_syms);
         x.ops = &sj_cuda_exec_ops;
         x.ops_ctx = &cc;
     }
@@ -383,6 +384,7 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
                               "waiting for a one-off entry's kernels");
         if (!st) st = sst;
     }
+    if (fn->rt->cuda && sync) sj_cuda_lane_put(fn->rt, lane); /* the call waited for its stream */
 #endif
     if (transient) sj_entry_free(e);
     if (st) goto fail;

@@ -2,11 +2,12 @@
  * executors (exec.c, exec_fused.c), and the device copies of a graph's
  * constants and parameters.
  *
- * A call's kernels are queued on one stream: the runtime's own for sj_call
- * (which then waits for them), the caller's for sj_call_stream (which does
- * not). Intermediates and arenas come from the caching allocator and are
- * freed stream-ordered at the end of the call, so a warm call never reaches
- * cuMemAlloc.
+ * A call's kernels are queued on one stream: for sj_call (which then waits
+ * for them) the runtime's own, or a lane of the runtime's when another call
+ * is in flight (lanes.c); the caller's for sj_call_stream (which does not
+ * wait). Intermediates and arenas come from the caching allocator and are
+ * freed stream-ordered at the end of the call, so a warm call never makes a
+ * fresh block.
  */
 #ifdef SJ_WITH_CUDA
 

@@ -65,5 +65,22 @@ void sj_cuda_grapher_destroy(sj_runtime *rt);
 void sj_cuda_graph_cancel_fn(sj_runtime *rt, struct sj_fn *fn);
 void sj_cuda_graph_wait_fn(sj_runtime *rt, struct sj_fn *fn);
 
+/* -- Lanes (lanes.c): streams for sj_call from several threads at once ------------
+ * A synchronous call that finds another in flight runs on a stream of the
+ * runtime's own, ordered after the work queued on the runtime's stream so
+ * far; a call alone runs on the runtime's stream. rt->lanes; made with the
+ * device, destroyed after every function. */
+typedef struct sj_lanes sj_lanes;
+sj_status sj_cuda_lanes_create(sj_runtime *rt);
+void sj_cuda_lanes_destroy(sj_runtime *rt);
+/* The stream for a synchronous call; *which names the lane for
+ * sj_cuda_lane_put (-1: the runtime's stream), called once the call has
+ * synchronized that stream. Never fails: without a lane, the runtime's. */
+CUstream sj_cuda_lane_take(sj_runtime *rt, int *which);
+void sj_cuda_lane_put(sj_runtime *rt, int which);
+/* Tests: calls that ran on a lane; pretend delta more calls are in flight. */
+uint64_t sj_cuda_lanes_taken(const sj_runtime *rt);
+void sj_cuda_lanes_test_busy(sj_runtime *rt, int delta);
+
 #endif
 #endif

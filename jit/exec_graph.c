@@ -10,7 +10,8 @@
  * belongs to one memo item (one exact input signature: sizes, strides,
  * symbol values), one piece of code (the memo's specialization or its
  * entry's symbolic kernels), one set of caller buffers and one stream (the
- * runtime's, or a caller's through sj_call_stream); it owns the
+ * runtime's, for sj_call on it or on a lane, or a caller's through
+ * sj_call_stream); it owns the
  * call's intermediate arena. The contents of the buffers may change freely
  * between calls; a call with other buffers does not match and runs kernel by
  * kernel.
@@ -34,7 +35,7 @@
  * of lengths that rarely repeat, like w5's, never does.
  *
  * How. The plan runs as usual on a private stream in capture mode
- * (relaxed: the allocator may call cuMemAlloc meanwhile). The arena comes
+ * (relaxed: the allocator may take fresh blocks meanwhile). The arena comes
  * from the allocator, ordered on the stream the graph will run on, and
  * stays with the graph, in one block with a cuBLASLt workspace of its own (GRAPH_WS_BYTES,
  * for plans with float products): a product's workspace cannot come from
@@ -127,6 +128,13 @@ static bool seen_enough(sj_memo *m, uint64_t h) {
     return SJ_GRAPH_AFTER <= 1;
 }
 
+/* The stream a call's graphs are kept for: a synchronous call's is the
+ * runtime's, whether it runs there or on a lane (jit/lanes.c), since a
+ * graph launched on any stream is ordered behind its own earlier launches
+ * and its memory was made ready on the runtime's stream before it was
+ * published; sj_call_stream's is the caller's. */
+static CUstream graph_stream_of(const sj_cuda_call *cc) { return cc->sync ? cc->e.cuda->stream : cc->e.stream; }
+
 static sj_status launch(sj_cuda_call *cc, const sj_cgraph *g) {
     sj_cuda *cu = cc->e.cuda;
     sj_cuda_bind(cu);
@@ -184,9 +192,14 @@ static sj_status capture(const sj_exec *x, sj_cuda *cu, int n_syms, const sj_fpl
     if (!st) st = SJ_CU(cu, a->GraphInstantiate(&g->exec, graph, 0), "instantiating a CUDA graph");
     /* its upload to the device, queued now rather than by the first call
      * that launches it; on the runtime's stream only (a caller's stream may
-     * be gone by now: its first launch uploads) */
-    if (!st && g->stream == cu->stream)
+     * be gone by now: its first launch uploads). Then waited for: a call on
+     * a lane may launch it next, ordered only behind what the runtime's
+     * stream held when that call began, and the graph's memory came from
+     * blocks the runtime's stream may still have been using. */
+    if (!st && g->stream == cu->stream) {
         st = SJ_CU(cu, a->GraphUpload(g->exec, cu->stream), "uploading a CUDA graph");
+        if (!st) st = SJ_CU(cu, a->StreamSynchronize(cu->stream), "waiting for a CUDA graph's upload");
+    }
     if (graph) a->GraphDestroy(graph);
     return st;
 }
@@ -212,7 +225,7 @@ sj_graph_use sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda
     if (!m || fn->rt->cfg.cuda_graphs <= 0 || atomic_load_explicit(&m->graph_off, RELAXED)) return SJ_GRAPH_NO;
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return SJ_GRAPH_NO; /* allocated per call: new addresses each time */
-    const sj_cgraph *g = find(m, x, cd, cc->e.stream, NULL);
+    const sj_cgraph *g = find(m, x, cd, graph_stream_of(cc), NULL);
     if (!g) return SJ_GRAPH_COUNT;
     *st = launch(cc, g);
     if (!*st) atomic_fetch_add_explicit(&fn->c.graph_calls, 1, RELAXED);
@@ -222,7 +235,7 @@ sj_graph_use sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda
 void sj_cuda_graph_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
                         const sj_compiled *cd) {
     sj_runtime *rt = fn->rt;
-    CUstream s = cc->e.stream;
+    CUstream s = graph_stream_of(cc);
     int k;
     if (find(m, x, cd, s, &k) || k == SJ_MEMO_GRAPHS) return; /* published meanwhile, or no room */
     if (!seen_enough(m, buffers_hash(x, cd, s))) return;

@@ -183,6 +183,7 @@ static sj_status open_device(sj_runtime *rt) {
     rt->backend_kind = SJ_BACKEND_CUDA;
     sj_logf(rt, SJ_LOG_PERF, "backend: CUDA device %d, %s (sm_%d%d, %d SMs)", c->cuda_device, rt->cuda->name,
             rt->cuda->cc_major, rt->cuda->cc_minor, rt->cuda->sm_count);
+    if ((st = sj_cuda_lanes_create(rt))) return st;
     if (c->cuda_graphs > 0 && (st = sj_cuda_grapher_create(rt))) return st;
 #else
     (void)rt;
@@ -327,6 +328,7 @@ void sj_runtime_destroy(sj_runtime *rt) {
     while (rt->fns) sj_fn_destroy(rt->fns); /* unlinks itself, after its compiles */
 #ifdef SJ_WITH_CUDA
     sj_cuda_grapher_destroy(rt);
+    sj_cuda_lanes_destroy(rt);
 #endif
     sj_compiler_destroy(rt->compiler);
     if (rt->backend) rt->backend->destroy(rt->backend);

@@ -14,6 +14,7 @@ struct sj_cache;
 struct sj_cuda;
 struct sj_compiler;
 struct sj_grapher;
+struct sj_lanes;
 struct sj_threads;
 
 struct sj_runtime {
@@ -32,6 +33,7 @@ struct sj_runtime {
     struct sj_threads *threads;   /* runs fused kernels in parallel (CPU) */
     struct sj_cuda *cuda;         /* the CUDA device (CUDA backend), else NULL */
     struct sj_grapher *grapher;   /* captures CUDA graphs (jit/exec_graph.c), with cuda */
+    struct sj_lanes *lanes;       /* streams for concurrent sj_calls (jit/lanes.c), with cuda */
     char cache_error[256];        /* why the cache could not be opened ("" if fine) */
 };
 

@@ -37,9 +37,10 @@
  * -------------
  * - sj_call(), sj_fn_stats() and sj_fn_explain() may be called concurrently
  *   from any number of threads on the same sj_fn. On the CUDA backend,
- *   sj_call() queues on the runtime's one stream, so concurrent calls queue
- *   behind one another there; a server gets its threads' GPU work to
- *   overlap by giving each thread a stream of its own (sj_call_stream()).
+ *   an sj_call() that finds another in flight runs on a stream the runtime
+ *   keeps for that (a lane), so concurrent calls' GPU work overlaps; a
+ *   call alone runs on the runtime's stream. Either way it first waits
+ *   for the work already queued on the runtime's stream.
  * - sj_fn_create() may be called concurrently on one runtime.
  * - sj_fn_destroy() and sj_runtime_destroy() must not race with any other use
  *   of the handle they destroy (the caller quiesces its own threads first).
@@ -298,7 +299,8 @@ SJ_API void sj_runtime_config_init(sj_runtime_config *cfg);
  * request; inputs and outputs are device memory (data holds a CUdeviceptr,
  * device is SJ_CUDA); parameters may be device memory (used in place) or
  * host memory (copied to the device when the function is traced). sj_call
- * runs on the runtime's own stream and returns when the results are ready;
+ * runs on the runtime's own stream (or, while another call is in flight,
+ * on a lane ordered after it) and returns when the results are ready;
  * sj_call_stream queues the work on the caller's stream and returns at once. On success *rt owns all
  * the runtime's resources until sj_runtime_destroy().
  * Errors: SJ_EINVAL (rt NULL, a field out of range, a malformed buckets
@@ -315,7 +317,9 @@ SJ_API void sj_runtime_destroy(sj_runtime *rt);
 SJ_API sj_backend_kind sj_runtime_backend(const sj_runtime *rt);
 
 /* The CUDA stream (a CUstream) the runtime runs sj_call on; NULL on the CPU
- * backend. Valid until sj_runtime_destroy. */
+ * backend. Work the caller queues here is ordered before every later
+ * sj_call, including those that run on a lane. Valid until
+ * sj_runtime_destroy. */
 SJ_API void *sj_runtime_stream(const sj_runtime *rt);
 
 /* Allocate memory for t on t->device (dtype, rank and shape set by the

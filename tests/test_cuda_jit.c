@@ -724,6 +724,117 @@ static void test_cuda_graphs_threads(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* -- Lanes: sj_call from several threads at once ------------------------------------------ */
+
+static sj_status lane_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    return sj_output(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 3.0)), sj_tanh(t, in[0])));
+}
+
+typedef struct lane_job {
+    sj_fn *fn;
+    sj_cuda *cu;
+    dbuf dx, dy;
+    const float *x; /* host input */
+    int64_t n;
+    int bad, failures;
+} lane_job;
+
+static void *lane_thread(void *p) {
+    lane_job *j = p;
+    float *y = malloc(sizeof(float) * (size_t)j->n);
+    for (int it = 0; it < 20 && y; it++) {
+        sj_tensor out = j->dy.t;
+        if (sj_call(j->fn, &j->dx.t, 1, &out, 1) || sj_cuda_to_host(j->cu, y, j->dy.base, sizeof(float) * (size_t)j->n)) {
+            j->failures++;
+            continue;
+        }
+        for (int64_t i = 0; i < j->n; i++) {
+            double ref = 3.0 * j->x[i] + tanh(j->x[i]);
+            j->bad += !(fabs(y[i] - ref) <= 1e-5 * (1 + fabs(ref)));
+        }
+    }
+    j->failures += !y;
+    free(y);
+    return NULL;
+}
+
+/* A call that finds another in flight runs on a lane, a stream of the
+ * runtime's, and still sees the work queued on the runtime's stream before
+ * it: here an input written by a copy queued behind a 1 GiB memset, which
+ * a lane not ordered after the runtime's stream would read before it lands
+ * (the input is NaN until then). Then 12 threads at once, more than the
+ * lanes made at start, each result checked. */
+static void test_lanes(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    sj_cuda *cu = rt->cuda;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "lanes", 1, lane_model, NULL, NULL, &fn), SJ_OK);
+    tu_seed(31);
+    enum { N = 1 << 20, T = 12 };
+    const size_t SCRATCH = (size_t)1 << 30;
+    sj_tensor hx = tu_tensor(SJ_F32, 1, (int64_t[]){N}), poison = tu_tensor(SJ_F32, 1, (int64_t[]){N});
+    tu_fill_random(&hx);
+    memset(poison.data, 0xFF, sizeof(float) * N);
+    dbuf src = to_dev(rt, &hx), dx = to_dev(rt, &poison), dy = to_dev(rt, &poison);
+    CUdeviceptr scratch = sj_cuda_alloc(cu, SCRATCH, cu->stream);
+    assert_true(scratch != 0);
+    float *y = malloc(sizeof(float) * N);
+    assert_non_null(y);
+    const float *x = hx.data;
+    uint64_t taken0 = sj_cuda_lanes_taken(rt);
+    sj_cuda_lanes_test_busy(rt, 1); /* as if another call were in flight */
+    for (int round = 0; round < 3; round++) {
+        assert_int_equal(sj_cuda_to_device(cu, dx.base, poison.data, sizeof(float) * N), SJ_OK);
+        sj_cuda_bind(cu);
+        assert_int_equal(cu->api.MemsetD8Async(scratch, (unsigned char)round, SCRATCH, cu->stream), CUDA_SUCCESS);
+        assert_int_equal(cu->api.MemcpyDtoDAsync(dx.base, src.base, sizeof(float) * N, cu->stream), CUDA_SUCCESS);
+        sj_tensor out = dy.t;
+        assert_int_equal(sj_call(fn, &dx.t, 1, &out, 1), SJ_OK);
+        assert_int_equal(sj_cuda_to_host(cu, y, dy.base, sizeof(float) * N), SJ_OK);
+        for (int64_t i = 0; i < N; i++) {
+            double ref = 3.0 * x[i] + tanh(x[i]);
+            if (!(fabs(y[i] - ref) <= 1e-5 * (1 + fabs(ref))))
+                fail_msg("round %d: element %lld is %.9g, expected %.9g", round, (long long)i, y[i], ref);
+        }
+    }
+    assert_int_equal(sj_cuda_lanes_taken(rt) - taken0, 3);
+
+    /* 12 threads, each its own buffers and length, all on lanes */
+    lane_job jobs[T];
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) {
+        int64_t n = 1000 + 997 * t;
+        sj_tensor h = hx;
+        h.shape[0] = n;
+        jobs[t] = (lane_job){.fn = fn, .cu = cu, .dx = to_dev(rt, &h), .dy = to_dev(rt, &h), .x = x, .n = n};
+    }
+    for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, lane_thread, &jobs[t]), 0);
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < T; t++) {
+        assert_int_equal(jobs[t].failures, 0);
+        assert_int_equal(jobs[t].bad, 0);
+        free_dev(rt, &jobs[t].dx);
+        free_dev(rt, &jobs[t].dy);
+    }
+    assert_int_equal(sj_cuda_lanes_taken(rt) - taken0, 3 + T * 20);
+
+    /* alone again: the runtime's stream */
+    sj_cuda_lanes_test_busy(rt, -1);
+    sj_tensor out = dy.t;
+    assert_int_equal(sj_call(fn, &dx.t, 1, &out, 1), SJ_OK);
+    assert_int_equal(sj_cuda_lanes_taken(rt) - taken0, 3 + T * 20);
+    assert_int_equal(stats_of(fn).errors, 0);
+    free(y);
+    sj_cuda_free(cu, scratch, cu->stream);
+    free_dev(rt, &src);
+    free_dev(rt, &dx);
+    free_dev(rt, &dy);
+    sj_fn_destroy(fn);
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
 /* -- Background compile, faults, streams ------------------------------------------------- */
 
 static void test_async_hot_swap_and_faults(void **state) {
@@ -961,7 +1072,7 @@ int main(void) {
         cmocka_unit_test(test_stream_api_and_bad_input), cmocka_unit_test(test_buckets_on_device),
         cmocka_unit_test(test_limits_on_device),        cmocka_unit_test(test_transient_entry_on_stream),
         cmocka_unit_test(test_params_on_device),  cmocka_unit_test(test_encoder_fused),
-        cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads),
+        cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

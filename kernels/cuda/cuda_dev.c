@@ -352,7 +352,8 @@ CUdeviceptr sj_cuda_alloc(sj_cuda *c, size_t bytes, CUstream s) {
                       cls, bytes, c->ordinal, c->name, free_b, total_b, live);
         } else {
             char what[128];
-            snprintf(what, sizeof what, "cuda: cuMemAlloc of %zu bytes on device %d", cls, c->ordinal);
+            snprintf(what, sizeof what, "cuda: %s of %zu bytes on device %d",
+                     c->pool ? "cuMemAllocFromPoolAsync" : "cuMemAlloc", cls, c->ordinal);
             sj_cuda_fail(c, r, what);
         }
         return 0;
