@@ -68,6 +68,9 @@ if [ "$what" = sample ] || [ "$what" = all ]; then
     timeout 200 "$B/varlen_encoder" samples/varlen_encoder/lengths.txt --quiet > "$OUT/sample.txt" 2>&1
     echo "sample rc=$?" | tee -a "$summary"
     tail -4 "$OUT/sample.txt" | tee -a "$summary"
+    timeout 200 "$B/varlen_encoder" samples/varlen_encoder/lengths.txt --quiet --threads 8 > "$OUT/sample_t8.txt" 2>&1
+    echo "sample --threads 8 rc=$?" | tee -a "$summary"
+    tail -4 "$OUT/sample_t8.txt" | tee -a "$summary"
 fi
 
 if [ "$what" = cpu ] || [ "$what" = all ]; then

@@ -583,6 +583,31 @@ static void test_matmul_size_classes(void **state) {
         }
 }
 
+/* A product whose size class's algorithm cuBLASLt refuses at run time
+ * falls back to an algorithm chosen for its exact sizes, cached: the
+ * first time the class and the exact sizes are each chosen, the second
+ * time the exact sizes' algorithm comes from the cache, and the class's
+ * is still used where it runs. Each result against float64. */
+static void test_matmul_class_rejected(void **state) {
+    (void)state;
+    uint64_t n0, n1, n2, n3;
+    double ms;
+    sj_cuda_matmul_choices(dev, &n0, &ms);
+    sj_cuda_test_reject_class(1);
+    run_matmul(SJ_F32, 0, NULL, NULL, NULL, 70, 152, 104, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+    assert_int_equal(sj_cuda_test_reject_class(0), 0); /* the class's run was refused */
+    sj_cuda_matmul_choices(dev, &n1, &ms);
+    assert_int_equal(n1 - n0, 2); /* the class (M 80), then M 70 itself */
+    sj_cuda_test_reject_class(1);
+    run_matmul(SJ_F32, 0, NULL, NULL, NULL, 70, 152, 104, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+    assert_int_equal(sj_cuda_test_reject_class(0), 0);
+    sj_cuda_matmul_choices(dev, &n2, &ms);
+    assert_int_equal(n2, n1); /* the exact algorithm from the cache */
+    run_matmul(SJ_F32, 0, NULL, NULL, NULL, 75, 152, 104, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+    sj_cuda_matmul_choices(dev, &n3, &ms);
+    assert_int_equal(n3, n2); /* another member of the class: the class's algorithm */
+}
+
 /* Products from 8 threads at once on one cuBLASLt handle: 4 streams (two
  * threads on each, the device's own among them), two sets of 12 shapes
  * (four threads on each, two of them on the same stream), each shape 4
@@ -857,7 +882,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_bias), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_bias), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
         T(test_large),
     };
 #undef T

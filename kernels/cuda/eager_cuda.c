@@ -674,6 +674,18 @@ static int lt_class_choice(sj_cuda *c, cublasLtMatmulDesc_t op, cublasLtMatrixLa
     return 1;
 }
 
+/* One more algorithm chosen (sj_cuda_matmul_choices), begun at t0. */
+static void count_choice(eager_fns *t, int64_t t0) {
+    atomic_fetch_add_explicit(&t->choices, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->choice_ns, (uint64_t)(sj_now_ns() - t0), memory_order_relaxed);
+}
+
+/* sj_cuda_test_reject_class: products run with a size class's algorithm
+ * that are still to be refused. */
+static _Atomic int test_reject_class;
+
+int sj_cuda_test_reject_class(int n) { return atomic_exchange(&test_reject_class, n); }
+
 /* D (m x n) = op(A) op(B) over `batch` strided batches; plus bias (m
  * elements of D's type, contiguous; 0: none) on every column, by
  * cuBLASLt's bias epilogue. */
@@ -764,8 +776,7 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
                 goto done;
             mm_insert(t, &exact, &algo);
         }
-        atomic_fetch_add_explicit(&t->choices, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&t->choice_ns, (uint64_t)(sj_now_ns() - t_choice), memory_order_relaxed);
+        count_choice(t, t_choice);
     }
     const float one = 1.0f, zero = 0.0f;
     for (;;) {
@@ -778,9 +789,14 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
                 goto done;
             }
         }
-        s = api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0], (const void *)(uintptr_t)B->p,
-                          lay[1], &zero, (const void *)(uintptr_t)D->p, lay[2], (void *)(uintptr_t)D->p, lay[2],
-                          &algo.algo, (void *)(uintptr_t)ws, need, (cudaStream_t)e->stream);
+        if (classed && atomic_load_explicit(&test_reject_class, memory_order_relaxed) > 0 &&
+            atomic_fetch_sub(&test_reject_class, 1) > 0)
+            s = CUBLAS_STATUS_NOT_SUPPORTED; /* a test's: as if cuBLASLt had refused these sizes */
+        else
+            s = api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0],
+                              (const void *)(uintptr_t)B->p, lay[1], &zero, (const void *)(uintptr_t)D->p, lay[2],
+                              (void *)(uintptr_t)D->p, lay[2], &algo.algo, (void *)(uintptr_t)ws, need,
+                              (cudaStream_t)e->stream);
         if (ws != e->ws) /* stream-ordered: reused only by work queued after this product */
             sj_cuda_free(c, ws, e->stream);
         if (!classed || (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE))
@@ -789,12 +805,14 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
         classed = 0;
         if (mm_lookup(t, &exact, &algo))
             continue;
+        t_choice = sj_now_ns();
         if (!pref && (st = lt_pref(api, ws_bytes, al, &pref)))
             goto done;
         st = lt_heuristic(e, op, lay, pref, &algo, no_algo, dt, m, n, k, batch);
         if (st)
             goto done;
         mm_insert(t, &exact, &algo);
+        count_choice(t, t_choice);
     }
     LT(s, "cublasLtMatmul");
 #undef LT

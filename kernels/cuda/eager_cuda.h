@@ -69,6 +69,11 @@ sj_status sj_cuda_matmul_bias(const sj_cuda_exec *e, const sj_tensor *a, const s
  * each for a product's size class, and their checks) and the host time
  * they took, for benchmarks. */
 void sj_cuda_matmul_choices(const sj_cuda *c, uint64_t *n, double *ms);
+/* Tests: the next n products that run with an algorithm chosen for their
+ * size class get NOT_SUPPORTED instead of running, as from cuBLASLt for
+ * sizes that algorithm cannot take, so that the retry with the exact
+ * sizes' own algorithm runs. Returns how many were still to be refused. */
+int sj_cuda_test_reject_class(int n);
 /* Attention: f16 and bf16 with head sizes D, Dv multiples of 16 up to 128
  * on tensor cores, 64 queries a block, with one or two key tiles in shared
  * memory (sj_cuda_attention_tiles says which: 0 for any other call, which

@@ -2,14 +2,20 @@
  * BERT-style encoder layer (hidden 768, 12 heads of 64, FFN 3072, post-LN),
  * the way an inference server would.
  *
- *   varlen_encoder [lengths.txt] [--requests N] [--quiet]
+ *   varlen_encoder [lengths.txt] [--requests N] [--threads T] [--quiet]
  *
  * Each line of lengths.txt is one request's sequence length. Weights are
  * random from a fixed seed. For every request the program builds an input
  * x [1, S, 768], calls the jitted layer, and prints the request's latency;
  * a summary follows (total time, p50/p99/max latency, traces, entries).
+ * With --threads T, T worker threads (default 1) take the requests in
+ * order from a shared counter, each with its own buffers, and call the
+ * one function at once, as a server's workers would. Which tier serves a
+ * request depends on timing, so checksums of runs agree to float rounding.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -138,16 +144,86 @@ static int read_lengths(const char *path, int **out) {
     return lens ? n : -1;
 }
 
+/* The serving loop's shared state, and one worker's buffers. */
+typedef struct server {
+    sj_runtime *rt;
+    sj_fn *fn;
+    const int *lens;
+    int n, quiet, threads;
+    bool gpu;
+    const float *x; /* host input, read by every request */
+    sj_tensor dx;   /* its device copy (CUDA backend) */
+    double *lat, *sums; /* per request: latency, its checksum terms */
+    _Atomic int next;   /* the next request to serve */
+    _Atomic int failed;
+} server;
+
+typedef struct worker {
+    server *sv;
+    int id;
+    float *y;     /* host result */
+    sj_tensor dy; /* device result (CUDA backend) */
+} worker;
+
+static void *serve(void *p) {
+    worker *wk = p;
+    server *sv = wk->sv;
+    for (int i; !atomic_load(&sv->failed) && (i = atomic_fetch_add(&sv->next, 1)) < sv->n;) {
+        int64_t shape[3] = {1, sv->lens[i], H};
+        sj_tensor in = sj_tensor_make(sv->gpu ? sv->dx.data : (void *)sv->x, SJ_F32, 3, shape),
+                  out = sj_tensor_make(sv->gpu ? wk->dy.data : wk->y, SJ_F32, 3, shape);
+        in.device = out.device = sv->gpu ? SJ_CUDA : SJ_HOST;
+        sj_stats before;
+        sj_fn_stats(sv->fn, &before);
+        double t0 = now_ms();
+        sj_status st = sj_call(sv->fn, &in, 1, &out, 1);
+        sv->lat[i] = now_ms() - t0;
+        if (st) {
+            fprintf(stderr, "request %d (S=%d) failed: %s: %s\n", i, sv->lens[i], sj_status_name(st),
+                    sj_last_error());
+            atomic_store(&sv->failed, 1);
+            break;
+        }
+        sj_stats after;
+        sj_fn_stats(sv->fn, &after);
+        if (sv->gpu) { /* bring the result back (a server would hand the device buffer on) */
+            sj_tensor hy = sj_tensor_make(wk->y, SJ_F32, 3, shape);
+            if (sj_tensor_copy(sv->rt, &hy, &out)) {
+                fprintf(stderr, "copy back: %s\n", sj_last_error());
+                atomic_store(&sv->failed, 1);
+                break;
+            }
+        }
+        sv->sums[i] = wk->y[0] + wk->y[(size_t)sv->lens[i] * H - 1];
+        if (sv->quiet) continue;
+        if (sv->threads > 1) { /* the stats move with every thread's calls: no tier per request */
+            printf("request %4d  S=%4d  %8.2f ms  thread %d\n", i, sv->lens[i], sv->lat[i], wk->id);
+            continue;
+        }
+        const char *how = after.traces > before.traces                       ? "traced, eager"
+                          : after.eager_calls > before.eager_calls           ? "eager"
+                          : after.fused_specialized_calls > before.fused_specialized_calls ? "fused specialized"
+                                                                               : "fused symbolic";
+        printf("request %4d  S=%4d  %8.2f ms  %s\n", i, sv->lens[i], sv->lat[i], how);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     const char *path = "samples/varlen_encoder/lengths.txt";
-    int limit = -1, quiet = 0;
+    int limit = -1, quiet = 0, threads = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--requests") && i + 1 < argc) limit = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quiet")) quiet = 1;
         else if (argv[i][0] == '-') {
-            fprintf(stderr, "usage: %s [lengths.txt] [--requests N] [--quiet]\n", argv[0]);
+            fprintf(stderr, "usage: %s [lengths.txt] [--requests N] [--threads T] [--quiet]\n", argv[0]);
             return 2;
         } else path = argv[i];
+    }
+    if (threads < 1 || threads > 256) {
+        fprintf(stderr, "--threads %d: out of range [1, 256]\n", threads);
+        return 2;
     }
     int *lens;
     int n = read_lengths(path, &lens);
@@ -162,56 +238,50 @@ int main(int argc, char **argv) {
         fprintf(stderr, "setup failed: %s\n", sj_last_error());
         return 1;
     }
-    printf("varlen_encoder: %d requests from %s, hidden %d, %d heads, ffn %d, backend %s\n", n, path, H, NH, FF,
-           sj_runtime_backend(rt) == SJ_BACKEND_CUDA ? "cuda" : "cpu");
+    printf("varlen_encoder: %d requests from %s, hidden %d, %d heads, ffn %d, backend %s, %d thread%s\n", n, path,
+           H, NH, FF, sj_runtime_backend(rt) == SJ_BACKEND_CUDA ? "cuda" : "cpu", threads, threads == 1 ? "" : "s");
 
     int max_len = 0;
     for (int i = 0; i < n; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     float *x = filled((size_t)max_len * H, 1.0f, 0);
-    float *y = malloc((size_t)max_len * H * sizeof *y);
     /* On the CUDA backend requests live in device memory: one buffer each
      * for the longest request, viewed at each request's length. */
-    bool gpu = sj_runtime_backend(rt) == SJ_BACKEND_CUDA;
-    sj_tensor dx = {.dtype = SJ_F32, .rank = 3, .shape = {1, max_len, H}, .device = SJ_CUDA}, dy = dx;
-    if (gpu) {
-        sj_tensor hx = sj_tensor_make(x, SJ_F32, 3, (int64_t[]){1, max_len, H});
-        if (sj_tensor_alloc(rt, &dx) || sj_tensor_alloc(rt, &dy) || sj_tensor_copy(rt, &dx, &hx)) {
-            fprintf(stderr, "device buffers: %s\n", sj_last_error());
+    server sv = {.rt = rt, .fn = fn, .lens = lens, .n = n, .quiet = quiet, .threads = threads,
+                 .gpu = sj_runtime_backend(rt) == SJ_BACKEND_CUDA, .x = x,
+                 .dx = {.dtype = SJ_F32, .rank = 3, .shape = {1, max_len, H}, .device = SJ_CUDA},
+                 .lat = malloc((size_t)n * sizeof(double)), .sums = malloc((size_t)n * sizeof(double))};
+    worker *wks = calloc((size_t)threads, sizeof *wks);
+    pthread_t *th = calloc((size_t)threads, sizeof *th);
+    if (!sv.lat || !sv.sums || !wks || !th) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    sj_tensor hx = sj_tensor_make(x, SJ_F32, 3, (int64_t[]){1, max_len, H});
+    if (sv.gpu && (sj_tensor_alloc(rt, &sv.dx) || sj_tensor_copy(rt, &sv.dx, &hx))) {
+        fprintf(stderr, "device buffers: %s\n", sj_last_error());
+        return 1;
+    }
+    for (int t = 0; t < threads; t++) {
+        wks[t] = (worker){.sv = &sv, .id = t, .y = malloc((size_t)max_len * H * sizeof(float)), .dy = sv.dx};
+        wks[t].dy.data = NULL;
+        if (!wks[t].y || (sv.gpu && sj_tensor_alloc(rt, &wks[t].dy))) {
+            fprintf(stderr, "worker buffers: %s\n", wks[t].y ? sj_last_error() : "out of memory");
             return 1;
         }
     }
-    double *lat = malloc((size_t)n * sizeof *lat);
-    double checksum = 0, t_start = now_ms();
-    for (int i = 0; i < n; i++) {
-        int64_t shape[3] = {1, lens[i], H};
-        sj_tensor in = sj_tensor_make(gpu ? dx.data : x, SJ_F32, 3, shape),
-                  out = sj_tensor_make(gpu ? dy.data : y, SJ_F32, 3, shape);
-        in.device = out.device = gpu ? SJ_CUDA : SJ_HOST;
-        sj_stats before;
-        sj_fn_stats(fn, &before);
-        double t0 = now_ms();
-        sj_status st = sj_call(fn, &in, 1, &out, 1);
-        lat[i] = now_ms() - t0;
-        if (st) {
-            fprintf(stderr, "request %d (S=%d) failed: %s: %s\n", i, lens[i], sj_status_name(st), sj_last_error());
-            return 1;
-        }
-        sj_stats after;
-        sj_fn_stats(fn, &after);
-        if (gpu) { /* bring the result back (a server would hand the device buffer on) */
-            sj_tensor hy = sj_tensor_make(y, SJ_F32, 3, shape);
-            if (sj_tensor_copy(rt, &hy, &out)) {
-                fprintf(stderr, "copy back: %s\n", sj_last_error());
+    double *lat = sv.lat, t_start = now_ms();
+    if (threads == 1) serve(&wks[0]);
+    else {
+        for (int t = 0; t < threads; t++)
+            if (pthread_create(&th[t], NULL, serve, &wks[t])) {
+                fprintf(stderr, "cannot start worker thread %d\n", t);
                 return 1;
             }
-        }
-        checksum += y[0] + y[(size_t)lens[i] * H - 1];
-        const char *how = after.traces > before.traces                       ? "traced, eager"
-                          : after.eager_calls > before.eager_calls           ? "eager"
-                          : after.fused_specialized_calls > before.fused_specialized_calls ? "fused specialized"
-                                                                               : "fused symbolic";
-        if (!quiet) printf("request %4d  S=%4d  %8.2f ms  %s\n", i, lens[i], lat[i], how);
+        for (int t = 0; t < threads; t++) pthread_join(th[t], NULL);
     }
+    if (atomic_load(&sv.failed)) return 1;
+    double checksum = 0;
+    for (int i = 0; i < n; i++) checksum += sv.sums[i];
     double total = now_ms() - t_start;
 
     /* Latency against the steady state: a least-squares fit lat = a + b*S
@@ -237,8 +307,10 @@ int main(int argc, char **argv) {
     sj_fn_wait_idle(fn, -1);
     sj_stats s;
     sj_fn_stats(fn, &s);
-    printf("\nsummary: %d requests in %.2f s; latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", n, total / 1e3,
-           lat[n / 2], lat[(int)(0.99 * (n - 1))], lat[n - 1]);
+    printf("\nsummary: %d requests in %.2f s (%.0f a second, %d thread%s); latency p50 %.2f ms, p99 %.2f ms, "
+           "max %.2f ms\n",
+           n, total / 1e3, n / (total / 1e3), threads, threads == 1 ? "" : "s", lat[n / 2], lat[(int)(0.99 * (n - 1))],
+           lat[n - 1]);
     printf("         steady state: %.3f ms + %.4f ms per token; slowest request %d (S=%d, %.2f ms) at %.2fx of "
            "that; %d requests over 3x\n",
            a, b, worst, worst_len, worst_ms, worst_ratio, slow);
@@ -250,10 +322,15 @@ int main(int argc, char **argv) {
     printf("         checksum %.6f\n", checksum);
 
     free(lat);
-    sj_tensor_free(rt, &dx);
-    sj_tensor_free(rt, &dy);
+    free(sv.sums);
+    if (sv.gpu) sj_tensor_free(rt, &sv.dx);
+    for (int t = 0; t < threads; t++) {
+        if (sv.gpu) sj_tensor_free(rt, &wks[t].dy);
+        free(wks[t].y);
+    }
+    free(wks);
+    free(th);
     free(x);
-    free(y);
     free(lens);
     sj_fn_destroy(fn);
     sj_runtime_destroy(rt);
