@@ -608,6 +608,24 @@ static void test_matmul_class_rejected(void **state) {
     assert_int_equal(n3, n2); /* another member of the class: the class's algorithm */
 }
 
+/* The algorithm table grows past its first 256 slots and keeps every
+ * choice: 300 products of distinct K, each chosen once, then all of them
+ * again with no new choice. Each result against float64. */
+static void test_matmul_algorithm_table(void **state) {
+    (void)state;
+    uint64_t n0, n1, n2;
+    double ms;
+    sj_cuda_matmul_choices(dev, &n0, &ms);
+    for (int64_t K = 1001; K <= 1300; K++)
+        run_matmul(SJ_F32, 0, NULL, NULL, NULL, 8, K, 8, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+    sj_cuda_matmul_choices(dev, &n1, &ms);
+    assert_int_equal(n1 - n0, 300);
+    for (int64_t K = 1300; K >= 1001; K--)
+        run_matmul(SJ_F32, 0, NULL, NULL, NULL, 8, K, 8, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+    sj_cuda_matmul_choices(dev, &n2, &ms);
+    assert_int_equal(n2, n1);
+}
+
 /* Products from 8 threads at once on one cuBLASLt handle: 4 streams (two
  * threads on each, the device's own among them), two sets of 12 shapes
  * (four threads on each, two of them on the same stream), each shape 4
@@ -882,7 +900,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_bias), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_bias), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
         T(test_large),
     };
 #undef T

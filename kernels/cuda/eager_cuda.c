@@ -54,7 +54,7 @@ _Static_assert(EK_attention_tc_f16 == EK_attention_f32 + 3 && EK_attention_tc_bf
                    EK_attention_tc1_f16 == EK_attention_tc_f16 + 2 && EK_attention_tc1_bf16 == EK_attention_tc_f16 + 3,
                "the attention kernels: f32, f16, bf16, then the tensor-core f16, bf16, then the one-tile f16, bf16");
 
-#define MM_CACHE 64
+#define MM_SLOTS0 256 /* the algorithm table's first capacity (doubles when 3/4 full) */
 
 typedef struct mm_key {
     int64_t v[18];
@@ -65,11 +65,24 @@ typedef struct mm_algo {
     size_t ws; /* the workspace it needs (at most the key's limit) */
 } mm_algo;
 
-typedef struct mm_entry {
+/* The algorithm table: open addressing, linear probing. A slot is written
+ * once, under the lock, then published by a release store of `ready`;
+ * lookups take no lock (an acquire load per slot probed), and slots are
+ * never changed or removed. When 3/4 full the table is copied into one
+ * twice the size, published with a release store; the old one stays (on
+ * `older`) until the device's kernels are unloaded, since a lookup may
+ * still be reading it. */
+typedef struct mm_slot {
+    _Atomic int ready;
     mm_key key;
     mm_algo a;
-    int used;
-} mm_entry;
+} mm_slot;
+
+typedef struct mm_table {
+    size_t cap, n; /* n: slots in use (written under the lock) */
+    struct mm_table *older;
+    mm_slot slot[];
+} mm_table;
 
 /* cuBLASLt's functions may be called from many threads at once, on one
  * handle. What may not be shared is a workspace: a product can be several
@@ -81,9 +94,8 @@ typedef struct mm_entry {
  * test_cuda_graphs_threads), and to graphs whose products used it. */
 typedef struct eager_fns {
     CUfunction fn[EK_COUNT];
-    pthread_mutex_t lock; /* guards cache and next */
-    mm_entry cache[MM_CACHE];
-    int next;
+    pthread_mutex_t lock; /* serializes inserts into the algorithm table */
+    _Atomic(mm_table *) mm;
     /* algorithm choices (heuristic queries and checks) and their time */
     _Atomic uint64_t choices, choice_ns;
 } eager_fns;
@@ -125,6 +137,14 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
             return st;
         }
     }
+    mm_table *mt = calloc(1, sizeof *mt + MM_SLOTS0 * sizeof(mm_slot));
+    if (!mt) {
+        c->api.ModuleUnload(m);
+        free(t);
+        return sj_seterr(SJ_ENOMEM, "eager CUDA kernels: out of memory for the matmul algorithm table");
+    }
+    mt->cap = MM_SLOTS0;
+    atomic_init(&t->mm, mt);
     pthread_mutex_init(&t->lock, NULL);
     c->eager = m;
     c->eager_fns = t;
@@ -137,6 +157,10 @@ void sj_cuda_eager_unload(sj_cuda *c) {
     sj_cuda_bind(c);
     c->api.ModuleUnload(c->eager);
     eager_fns *t = c->eager_fns;
+    for (mm_table *mt = atomic_load(&t->mm), *next; mt; mt = next) {
+        next = mt->older;
+        free(mt);
+    }
     pthread_mutex_destroy(&t->lock);
     free(t);
     c->eager = NULL;
@@ -504,8 +528,8 @@ sj_status sj_cuda_rms_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_t
  * and batch stride (it assumes 256 bytes otherwise); should it find no
  * algorithm, the product is retried once with every operand and the result
  * in 16-byte-aligned padded buffers. The algorithm is cached per size
- * class of m and n (see lt_gemm), k, layout and alignment (MM_CACHE entries,
- * round robin). A bias (sj_cuda_matmul_bias) goes into cuBLASLt's bias
+ * class of m and n (see lt_gemm), k, layout and alignment, in a table
+ * read without a lock (mm_table). A bias (sj_cuda_matmul_bias) goes into cuBLASLt's bias
  * epilogue when y is row-major (the bias then runs along D's rows) and it
  * is contiguous and 16-byte aligned; else a binary kernel adds it after. */
 
@@ -577,22 +601,62 @@ static uint64_t lt_class(uint64_t x) {
     return (x + g - 1) / g * g;
 }
 
+static uint64_t mm_hash(const mm_key *key) {
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < (int)(sizeof key->v / sizeof key->v[0]); i++) {
+        h ^= (uint64_t)key->v[i];
+        h *= 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+/* The slot holding key, or the empty slot where it would go, in mt. */
+static mm_slot *mm_probe(mm_table *mt, const mm_key *key, uint64_t h) {
+    for (size_t i = h & (mt->cap - 1);; i = (i + 1) & (mt->cap - 1)) {
+        mm_slot *sl = &mt->slot[i];
+        if (!atomic_load_explicit(&sl->ready, memory_order_acquire) || !memcmp(&sl->key, key, sizeof *key))
+            return sl;
+    }
+}
+
 static int mm_lookup(eager_fns *t, const mm_key *key, mm_algo *algo) {
-    int found = 0;
-    pthread_mutex_lock(&t->lock);
-    for (int i = 0; i < MM_CACHE && !found; i++)
-        if (t->cache[i].used && !memcmp(&t->cache[i].key, key, sizeof *key)) {
-            *algo = t->cache[i].a;
-            found = 1;
-        }
-    pthread_mutex_unlock(&t->lock);
-    return found;
+    mm_slot *sl = mm_probe(atomic_load_explicit(&t->mm, memory_order_acquire), key, mm_hash(key));
+    if (!atomic_load_explicit(&sl->ready, memory_order_relaxed)) /* acquired by the probe */
+        return 0;
+    *algo = sl->a;
+    return 1;
+}
+
+/* Locked. Write and publish a slot of mt (which has room). */
+static void mm_put(mm_table *mt, const mm_key *key, const mm_algo *algo, uint64_t h) {
+    mm_slot *sl = mm_probe(mt, key, h);
+    if (atomic_load_explicit(&sl->ready, memory_order_relaxed))
+        return; /* another thread's choice for the same key is there */
+    sl->key = *key;
+    sl->a = *algo;
+    mt->n++;
+    atomic_store_explicit(&sl->ready, 1, memory_order_release);
 }
 
 static void mm_insert(eager_fns *t, const mm_key *key, const mm_algo *algo) {
     pthread_mutex_lock(&t->lock);
-    t->cache[t->next] = (mm_entry){*key, *algo, 1};
-    t->next = (t->next + 1) % MM_CACHE;
+    mm_table *mt = atomic_load_explicit(&t->mm, memory_order_relaxed);
+    if ((mt->n + 1) * 4 > mt->cap * 3) {
+        mm_table *big = calloc(1, sizeof *big + 2 * mt->cap * sizeof(mm_slot));
+        if (!big) { /* not cached then: chosen again next time */
+            pthread_mutex_unlock(&t->lock);
+            return;
+        }
+        big->cap = 2 * mt->cap;
+        big->older = mt;
+        for (size_t i = 0; i < mt->cap; i++)
+            if (atomic_load_explicit(&mt->slot[i].ready, memory_order_relaxed))
+                mm_put(big, &mt->slot[i].key, &mt->slot[i].a, mm_hash(&mt->slot[i].key));
+        atomic_store_explicit(&t->mm, big, memory_order_release);
+        mt = big;
+    }
+    mm_put(mt, key, algo, mm_hash(key));
     pthread_mutex_unlock(&t->lock);
 }
 
