@@ -324,8 +324,12 @@ SJ_API void *sj_runtime_stream(const sj_runtime *rt);
 
 /* Allocate memory for t on t->device (dtype, rank and shape set by the
  * caller; strides are set contiguous): host memory through the runtime's
- * allocator, device memory from the runtime's caching allocator. Free it
- * with sj_tensor_free. Errors: SJ_EINVAL (bad descriptor, or a device this
+ * allocator, device memory from the runtime's caching allocator. Device
+ * memory is ordered on the runtime's stream (sj_runtime_stream): sj_call,
+ * sj_call_stream with a NULL stream and sj_tensor_copy are ordered with it
+ * already; work the caller queues on another stream should wait for that
+ * stream first (an event, or cuStreamSynchronize). Free it with
+ * sj_tensor_free. Errors: SJ_EINVAL (bad descriptor, or a device this
  * runtime lacks), SJ_ENOMEM. Thread-safe. */
 SJ_API sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t);
 

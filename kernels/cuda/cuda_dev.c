@@ -402,7 +402,7 @@ void sj_cuda_free(sj_cuda *c, CUdeviceptr p, CUstream s) {
         if ((r = c->api.EventCreate(&b.event, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) b.event = NULL;
         uint64_t ns = (uint64_t)(sj_now_ns() - t0);
         pthread_mutex_lock(&c->alloc_lock);
-        c->events_created++;
+        c->events_created += b.event != NULL;
         if (ns > c->event_ns_max) c->event_ns_max = ns;
         pthread_mutex_unlock(&c->alloc_lock);
     }
