@@ -626,6 +626,27 @@ static void test_matmul_algorithm_table(void **state) {
     assert_int_equal(n2, n1);
 }
 
+/* Warming: the first product of a new size class of n (tokens) has the
+ * other classes of n up to 512 chosen and run in the background, so
+ * products of those sizes then make no choice of their own. Each result
+ * against float64. (The other tests run with warming off: they count
+ * choices.) */
+static void test_matmul_warming(void **state) {
+    (void)state;
+    uint64_t n0, n1;
+    double ms;
+    sj_cuda_matmul_warming(dev, 1);
+    run_matmul(SJ_F32, 0, NULL, NULL, NULL, 70, 200, 128, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+    sj_cuda_matmul_warm_wait(dev);
+    sj_cuda_matmul_choices(dev, &n0, &ms);
+    static const int64_t later[] = {20, 150, 300, 500, 3, 64, 97};
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
+        run_matmul(SJ_F32, 0, NULL, NULL, NULL, later[i], 200, 128, L_CONTIG, 0, L_CONTIG, 0, L_CONTIG, 0);
+    sj_cuda_matmul_choices(dev, &n1, &ms);
+    sj_cuda_matmul_warming(dev, 0);
+    assert_int_equal(n1, n0);
+}
+
 /* Products from 8 threads at once on one cuBLASLt handle: 4 streams (two
  * threads on each, the device's own among them), two sets of 12 shapes
  * (four threads on each, two of them on the same stream), each shape 4
@@ -885,6 +906,7 @@ int main(void) {
         sj_cuda_close(dev);
         return 1;
     }
+    sj_cuda_matmul_warming(dev, 0); /* on in test_matmul_warming only: other tests count choices */
     ex.cuda = dev;
     ex.stream = dev->stream;
     ex.error_flag = sj_cuda_alloc(dev, sizeof(int), ex.stream);
@@ -900,7 +922,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_bias), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
         T(test_large),
     };
 #undef T

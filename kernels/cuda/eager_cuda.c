@@ -98,7 +98,12 @@ typedef struct eager_fns {
     _Atomic(mm_table *) mm;
     /* algorithm choices (heuristic queries and checks) and their time */
     _Atomic uint64_t choices, choice_ns;
+    struct warmer *warm; /* warms size classes in the background (NULL until first needed) */
+    pthread_mutex_t warm_lock; /* guards warm's creation and everything in it */
+    _Atomic int warm_off;
 } eager_fns;
+
+static void warm_stop(sj_cuda *c, eager_fns *t);
 
 sj_status sj_cuda_eager_load(sj_cuda *c) {
     if (c->eager)
@@ -146,6 +151,7 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
     mt->cap = MM_SLOTS0;
     atomic_init(&t->mm, mt);
     pthread_mutex_init(&t->lock, NULL);
+    pthread_mutex_init(&t->warm_lock, NULL);
     c->eager = m;
     c->eager_fns = t;
     return SJ_OK;
@@ -155,13 +161,15 @@ void sj_cuda_eager_unload(sj_cuda *c) {
     if (!c || !c->eager)
         return;
     sj_cuda_bind(c);
-    c->api.ModuleUnload(c->eager);
     eager_fns *t = c->eager_fns;
+    warm_stop(c, t);
+    c->api.ModuleUnload(c->eager);
     for (mm_table *mt = atomic_load(&t->mm), *next; mt; mt = next) {
         next = mt->older;
         free(mt);
     }
     pthread_mutex_destroy(&t->lock);
+    pthread_mutex_destroy(&t->warm_lock);
     free(t);
     c->eager = NULL;
     c->eager_fns = NULL;
@@ -750,6 +758,9 @@ static _Atomic int test_reject_class;
 
 int sj_cuda_test_reject_class(int n) { return atomic_exchange(&test_reject_class, n); }
 
+static void warm_note(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n, uint64_t k, const lt_mat *A,
+                      const lt_mat *B, const lt_mat *D, int batch, CUdeviceptr bias);
+
 /* D (m x n) = op(A) op(B) over `batch` strided batches; plus bias (m
  * elements of D's type, contiguous; 0: none) on every column, by
  * cuBLASLt's bias epilogue. */
@@ -829,8 +840,10 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
             const uint64_t dims[3][2] = {{A->trans ? k : mc, A->trans ? mc : k},
                                          {B->trans ? nc : k, B->trans ? k : nc}, {mc, nc}};
             found = lt_class_choice(c, op, lay, mats, dims, ty, pref, ws_bytes, &algo);
-            if (found)
+            if (found) {
                 mm_insert(t, &key, &algo);
+                warm_note(e, dt, m, n, k, A, B, D, batch, bias);
+            }
             else
                 classed = 0; /* the exact sizes' own algorithm, below */
         }
@@ -889,6 +902,189 @@ done:
     if (op)
         api->LtMatmulDescDestroy(op);
     return st;
+}
+
+/* -- Warming size classes ----------------------------------------------------------
+ * The first product run with a cuBLASLt algorithm never run before costs
+ * 3.5-4.5 ms on an H200 (0.2 ms of it the choice), and a stream of new
+ * lengths meets a new size class now and then: w5's first pass had three
+ * requests of 7-8 ms for it. So when a product chooses the algorithm of a
+ * new class of its n (the tokens of a linear layer: D = y^T, n its columns
+ * and B's, which no leading dimension depends on), a background thread
+ * runs the same product at every class size from 1 to max(512, twice n)
+ * on scratch memory whose pointers have the real operands' alignments, so
+ * that each class's algorithm is chosen and cached under the key a real
+ * product will look up, and its kernel has run once. Off the request path
+ * on a stream of its own; one job per product shape (a few at most per
+ * model), never queued twice; skipped when the queue is full. Products in
+ * batches, in a CUDA graph, or with B transposed are not warmed. */
+
+enum { WARM_QUEUE = 16, WARM_DONE = 64, WARM_MAX_N = 4096 };
+
+typedef struct warm_job {
+    sj_dtype dt;
+    uint64_t m, n, k;
+    lt_mat A, B, D;      /* as the product had them (p: only its alignment is used) */
+    CUdeviceptr bias;    /* likewise; 0: none */
+} warm_job;
+
+typedef struct warmer {
+    pthread_cond_t wake, idle;
+    pthread_t thread;
+    warm_job queue[WARM_QUEUE];
+    int head, n_queued, busy;
+    warm_job done[WARM_DONE]; /* jobs taken, with n and the pointers cleared */
+    int n_done;
+    bool stop;
+} warmer;
+
+/* The lowest set bit of p below 256, or 0. */
+static uint64_t low_align(uint64_t p) {
+    uint64_t b = p & (~p + 1);
+    return b < 256 ? b : 0;
+}
+
+static warm_job warm_shape(const warm_job *j) {
+    warm_job s = *j;
+    s.n = 0;
+    s.A.p = low_align(j->A.p), s.B.p = low_align(j->B.p), s.D.p = low_align(j->D.p);
+    s.bias = j->bias ? low_align(j->bias) | 1 : 0;
+    s.B.cols = s.D.cols = 0;
+    return s;
+}
+
+static void warm_run(sj_cuda *c, CUstream s, const warm_job *j) {
+    size_t es = sj_dtype_size(j->dt);
+    uint64_t top = lt_class(2 * j->n);
+    top = top < 512 ? 512 : top > WARM_MAX_N ? WARM_MAX_N : top;
+    size_t bytes[4] = {(size_t)j->A.ld * j->A.cols * es, (size_t)j->B.ld * top * es, (size_t)j->D.ld * top * es,
+                       j->bias ? (size_t)j->m * es : 0};
+    CUdeviceptr base[4] = {0, 0, 0, 0};
+    int ok = 1;
+    for (int i = 0; i < 4 && ok; i++)
+        if (bytes[i])
+            ok = (base[i] = sj_cuda_alloc(c, bytes[i] + 256, s)) != 0;
+    sj_cuda_exec e = {.cuda = c, .stream = s};
+    for (uint64_t x = 1; ok && x <= top;) {
+        uint64_t cl = lt_class(x);
+        lt_mat A = j->A, B = j->B, D = j->D;
+        A.p = base[0] + low_align(j->A.p);
+        B.p = base[1] + low_align(j->B.p), B.cols = cl;
+        D.p = base[2] + low_align(j->D.p), D.cols = cl;
+        int no_algo = 0;
+        if (lt_gemm(&e, j->dt, j->m, cl, j->k, &A, &B, &D, 1, j->bias ? base[3] + low_align(j->bias) : 0, &no_algo))
+            sj_clearerr(); /* that class is chosen by its first real product instead */
+        x = cl + 1;
+        pthread_mutex_lock(&((eager_fns *)c->eager_fns)->warm_lock);
+        ok = !((eager_fns *)c->eager_fns)->warm->stop;
+        pthread_mutex_unlock(&((eager_fns *)c->eager_fns)->warm_lock);
+    }
+    c->api.StreamSynchronize(s);
+    for (int i = 0; i < 4; i++)
+        sj_cuda_free(c, base[i], s);
+}
+
+static void *warm_main(void *p) {
+    sj_cuda *c = p;
+    eager_fns *t = c->eager_fns;
+    warmer *w = t->warm;
+    sj_cuda_bind(c);
+    CUstream s = NULL;
+    pthread_mutex_lock(&t->warm_lock);
+    for (;;) {
+        while (!w->stop && !w->n_queued)
+            pthread_cond_wait(&w->wake, &t->warm_lock);
+        if (w->stop)
+            break;
+        warm_job j = w->queue[w->head];
+        w->head = (w->head + 1) % WARM_QUEUE;
+        w->n_queued--;
+        w->busy = 1;
+        pthread_mutex_unlock(&t->warm_lock);
+        if (s || c->api.StreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS)
+            warm_run(c, s, &j);
+        pthread_mutex_lock(&t->warm_lock);
+        w->busy = 0;
+        if (!w->n_queued)
+            pthread_cond_broadcast(&w->idle);
+    }
+    pthread_mutex_unlock(&t->warm_lock);
+    if (s) {
+        c->api.StreamSynchronize(s);
+        /* blocks freed on s stay cached under its handle: released with the device */
+        c->api.StreamDestroy(s);
+    }
+    return NULL;
+}
+
+static void warm_note(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n, uint64_t k, const lt_mat *A,
+                      const lt_mat *B, const lt_mat *D, int batch, CUdeviceptr bias) {
+    sj_cuda *c = e->cuda;
+    eager_fns *t = c->eager_fns;
+    if (batch > 1 || e->ws || B->trans || B->cols != n || D->cols != n || lt_class(m) != m || n > WARM_MAX_N ||
+        atomic_load_explicit(&t->warm_off, memory_order_relaxed))
+        return;
+    warm_job j = {dt, m, n, k, *A, *B, *D, bias}, shape = warm_shape(&j);
+    pthread_mutex_lock(&t->warm_lock);
+    warmer *w = t->warm;
+    if (!w) {
+        w = calloc(1, sizeof *w);
+        if (w && !pthread_cond_init(&w->wake, NULL) && !pthread_cond_init(&w->idle, NULL)) {
+            t->warm = w;
+            if (pthread_create(&w->thread, NULL, warm_main, c)) {
+                t->warm = NULL; /* no thread: no warming */
+                free(w);
+                w = NULL;
+            }
+        } else {
+            free(w);
+            w = NULL;
+        }
+    }
+    int seen = !w || w->n_queued == WARM_QUEUE || w->n_done == WARM_DONE;
+    for (int i = 0; w && !seen && i < w->n_done; i++)
+        seen = !memcmp(&w->done[i], &shape, sizeof shape);
+    if (!seen) {
+        w->done[w->n_done++] = shape;
+        w->queue[(w->head + w->n_queued++) % WARM_QUEUE] = j;
+        pthread_cond_signal(&w->wake);
+    }
+    pthread_mutex_unlock(&t->warm_lock);
+}
+
+static void warm_stop(sj_cuda *c, eager_fns *t) {
+    (void)c;
+    pthread_mutex_lock(&t->warm_lock);
+    warmer *w = t->warm;
+    if (w) {
+        w->stop = true;
+        pthread_cond_signal(&w->wake);
+    }
+    pthread_mutex_unlock(&t->warm_lock);
+    if (!w)
+        return;
+    pthread_join(w->thread, NULL);
+    pthread_cond_destroy(&w->wake);
+    pthread_cond_destroy(&w->idle);
+    free(w);
+    t->warm = NULL;
+}
+
+void sj_cuda_matmul_warming(sj_cuda *c, int on) {
+    eager_fns *t = c->eager_fns;
+    if (t)
+        atomic_store(&t->warm_off, !on);
+}
+
+void sj_cuda_matmul_warm_wait(sj_cuda *c) {
+    eager_fns *t = c->eager_fns;
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->warm_lock);
+    warmer *w = t->warm;
+    while (w && (w->n_queued || w->busy))
+        pthread_cond_wait(&w->idle, &t->warm_lock);
+    pthread_mutex_unlock(&t->warm_lock);
 }
 
 /* t with the last k axes given size 1 (so a plan covers the others). */

@@ -74,6 +74,11 @@ void sj_cuda_matmul_choices(const sj_cuda *c, uint64_t *n, double *ms);
  * sizes that algorithm cannot take, so that the retry with the exact
  * sizes' own algorithm runs. Returns how many were still to be refused. */
 int sj_cuda_test_reject_class(int n);
+/* Warming of size classes in the background (eager_cuda.c; on by
+ * default): switch it, and wait until the jobs queued so far are done
+ * (tests, benchmarks). */
+void sj_cuda_matmul_warming(sj_cuda *c, int on);
+void sj_cuda_matmul_warm_wait(sj_cuda *c);
 /* Attention: f16 and bf16 with head sizes D, Dv multiples of 16 up to 128
  * on tensor cores, 64 queries a block, with one or two key tiles in shared
  * memory (sj_cuda_attention_tiles says which: 0 for any other call, which
