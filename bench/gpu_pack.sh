@@ -6,6 +6,8 @@
 # ../shared/peers and ../shared/workloads) belong in .git/info/exclude;
 # the device call carries .gpu-build and .peer. On the GPU machine:
 #   tar xf .gpu-build/pkg.tar.xz && bash bench/gpu_run.sh all
+# With ASAN=1 the package also holds the CUDA tests built with
+# AddressSanitizer and UBSan (bash bench/gpu_run.sh asan).
 set -eu
 B=${BUILD_GPU:-build-gpu}
 make -s BUILD="$B" NVCC_FLAGS="-O3 --std=c++17 -Xptxas -O3 -gencode arch=compute_90,code=sm_90" \
@@ -24,6 +26,24 @@ cp "$B"/tests/test_cuda_* "$B"/tests/test_codegen_cuda "$B"/tests/test_jit "$B"/
    "$B"/bench/bench_cuda "$B"/bench/bench_cpu "$B"/samples/varlen_encoder .gpu-build/stage/.gpu-build/bin/
 rm -f .gpu-build/stage/.gpu-build/bin/*.d
 strip .gpu-build/stage/.gpu-build/bin/*
+# ASAN=1: also the CUDA tests under AddressSanitizer + UBSan (unstripped,
+# with this machine's sanitizer runtimes), for `gpu_run.sh asan`.
+if [ "${ASAN:-0}" = 1 ]; then
+    make -s BUILD="$B-asan" OPT=-O1 \
+        SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+        NVCC_FLAGS="-O3 --std=c++17 -Xptxas -O3 -gencode arch=compute_90,code=sm_90" CUDA_GEN="$B/cuda-gen" \
+        "$B-asan/tests/test_cuda_dev" "$B-asan/tests/test_cuda_eager" "$B-asan/tests/test_cuda_jit"
+    mkdir -p .gpu-build/stage/.gpu-build/asan
+    cp "$B-asan/tests/test_cuda_dev" "$B-asan/tests/test_cuda_eager" "$B-asan/tests/test_cuda_jit" \
+       .gpu-build/stage/.gpu-build/asan/
+    for lib in libasan.so.8 libubsan.so.1; do
+        path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
+        [ -n "$path" ] && cp -L "$path" .gpu-build/stage/.gpu-build/asan/
+    done
+    # the driver's and the CUDA libraries' own allocations at exit are not ours
+    printf 'leak:libcuda.so\nleak:libcublasLt.so\nleak:libcublas.so\nleak:libnvrtc\n' \
+        > .gpu-build/stage/.gpu-build/asan/lsan.supp
+fi
 cp -r .devdeps .gpu-build/stage/
 tar -C .gpu-build/stage -cJf .gpu-build/pkg.tar.xz .gpu-build .devdeps
 rm -rf .gpu-build/stage

@@ -5,7 +5,7 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|all]     (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|all|asan] (results under $OUT)
 #             bench: w0-w3; model: w4, w5 (the f16 encoder layer), attention alone and
 #             the host time of a small call's parts (hostparts);
 #             each with the peer
@@ -37,6 +37,20 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
         echo "$t rc=$rc ${secs}s: $line" | tee -a "$summary"
         [ $rc -ne 0 ] && grep -E "ERROR|FAIL|error|Failure" "/tmp/$t.log" | head -20 | tee -a "$summary"
         cat "/tmp/$t.log" >> "$OUT/tests.log"
+    done
+fi
+
+if [ "$what" = asan ]; then # needs a package made with ASAN=1 bash bench/gpu_pack.sh
+    for t in test_cuda_dev test_cuda_eager test_cuda_jit; do
+        [ -x ".gpu-build/asan/$t" ] || { echo "MISSING asan/$t" | tee -a "$summary"; continue; }
+        LD_LIBRARY_PATH="$PWD/.gpu-build/asan:$LD_LIBRARY_PATH" \
+        ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:halt_on_error=1 \
+        LSAN_OPTIONS="suppressions=$PWD/.gpu-build/asan/lsan.supp" UBSAN_OPTIONS=print_stacktrace=1 \
+            timeout ${SJ_TEST_TIMEOUT:-300} ".gpu-build/asan/$t" > "/tmp/asan_$t.log" 2>&1
+        rc=$?
+        echo "asan $t rc=$rc: $(grep -E "PASSED|FAILED" "/tmp/asan_$t.log" | tr '\n' ' ')" | tee -a "$summary"
+        grep -E -A20 "ERROR: (Address|Leak)Sanitizer|runtime error" "/tmp/asan_$t.log" | head -60 | tee -a "$summary"
+        cat "/tmp/asan_$t.log" >> "$OUT/asan.log"
     done
 fi
 
