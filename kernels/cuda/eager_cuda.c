@@ -953,6 +953,14 @@ static warm_job warm_shape(const warm_job *j) {
     return s;
 }
 
+/* Whether the warmer was told to stop (unload). */
+static bool warm_stopping(eager_fns *t) {
+    pthread_mutex_lock(&t->warm_lock);
+    bool stop = t->warm->stop;
+    pthread_mutex_unlock(&t->warm_lock);
+    return stop;
+}
+
 static void warm_run(sj_cuda *c, CUstream s, const warm_job *j) {
     size_t es = sj_dtype_size(j->dt);
     uint64_t top = lt_class(2 * j->n);
@@ -975,9 +983,7 @@ static void warm_run(sj_cuda *c, CUstream s, const warm_job *j) {
         if (lt_gemm(&e, j->dt, j->m, cl, j->k, &A, &B, &D, 1, j->bias ? base[3] + low_align(j->bias) : 0, &no_algo))
             sj_clearerr(); /* that class is chosen by its first real product instead */
         x = cl + 1;
-        pthread_mutex_lock(&((eager_fns *)c->eager_fns)->warm_lock);
-        ok = !((eager_fns *)c->eager_fns)->warm->stop;
-        pthread_mutex_unlock(&((eager_fns *)c->eager_fns)->warm_lock);
+        ok = !warm_stopping(c->eager_fns);
     }
     c->api.StreamSynchronize(s);
     for (int i = 0; i < 4; i++)
