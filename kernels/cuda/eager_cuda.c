@@ -103,7 +103,7 @@ typedef struct eager_fns {
     _Atomic int warm_off;
 } eager_fns;
 
-static void warm_stop(sj_cuda *c, eager_fns *t);
+static void warm_stop(eager_fns *t);
 
 sj_status sj_cuda_eager_load(sj_cuda *c) {
     if (c->eager)
@@ -162,7 +162,7 @@ void sj_cuda_eager_unload(sj_cuda *c) {
         return;
     sj_cuda_bind(c);
     eager_fns *t = c->eager_fns;
-    warm_stop(c, t);
+    warm_stop(t);
     c->api.ModuleUnload(c->eager);
     for (mm_table *mt = atomic_load(&t->mm), *next; mt; mt = next) {
         next = mt->older;
@@ -575,11 +575,14 @@ static int lt_operand(lt_mat *m, CUdeviceptr p, int64_t R, int64_t C, int64_t sr
 }
 
 /* Largest power of two (<= 256) dividing the pointer and the byte strides. */
-static uint32_t lt_align(const lt_mat *m, size_t es, int batched) {
-    uint64_t bits = m->p | (uint64_t)m->ld * es | 256;
-    if (batched)
-        bits |= (uint64_t)m->bstride * es;
+/* The largest power of two (<= 256) dividing bits. */
+static uint32_t align256(uint64_t bits) {
+    bits |= 256;
     return (uint32_t)(bits & (~bits + 1));
+}
+
+static uint32_t lt_align(const lt_mat *m, size_t es, int batched) {
+    return align256(m->p | (uint64_t)m->ld * es | (batched ? (uint64_t)m->bstride * es : 0));
 }
 
 static cudaDataType_t lt_type(sj_dtype dt) {
@@ -619,27 +622,36 @@ static uint64_t mm_hash(const mm_key *key) {
     return h;
 }
 
-/* The slot holding key, or the empty slot where it would go, in mt. */
-static mm_slot *mm_probe(mm_table *mt, const mm_key *key, uint64_t h) {
+/* The slot holding key (*hit 1), or the empty slot where it would go (*hit
+ * 0), in mt. The verdict is the probe's own: a slot another thread
+ * publishes after the probe saw it empty may hold another key. */
+static mm_slot *mm_probe(mm_table *mt, const mm_key *key, uint64_t h, int *hit) {
     for (size_t i = h & (mt->cap - 1);; i = (i + 1) & (mt->cap - 1)) {
         mm_slot *sl = &mt->slot[i];
-        if (!atomic_load_explicit(&sl->ready, memory_order_acquire) || !memcmp(&sl->key, key, sizeof *key))
+        if (!atomic_load_explicit(&sl->ready, memory_order_acquire)) {
+            *hit = 0;
             return sl;
+        }
+        if (!memcmp(&sl->key, key, sizeof *key)) {
+            *hit = 1;
+            return sl;
+        }
     }
 }
 
 static int mm_lookup(eager_fns *t, const mm_key *key, mm_algo *algo) {
-    mm_slot *sl = mm_probe(atomic_load_explicit(&t->mm, memory_order_acquire), key, mm_hash(key));
-    if (!atomic_load_explicit(&sl->ready, memory_order_relaxed)) /* acquired by the probe */
-        return 0;
-    *algo = sl->a;
-    return 1;
+    int hit;
+    mm_slot *sl = mm_probe(atomic_load_explicit(&t->mm, memory_order_acquire), key, mm_hash(key), &hit);
+    if (hit)
+        *algo = sl->a;
+    return hit;
 }
 
 /* Locked. Write and publish a slot of mt (which has room). */
 static void mm_put(mm_table *mt, const mm_key *key, const mm_algo *algo, uint64_t h) {
-    mm_slot *sl = mm_probe(mt, key, h);
-    if (atomic_load_explicit(&sl->ready, memory_order_relaxed))
+    int hit;
+    mm_slot *sl = mm_probe(mt, key, h, &hit);
+    if (hit)
         return; /* another thread's choice for the same key is there */
     sl->key = *key;
     sl->a = *algo;
@@ -736,11 +748,13 @@ static int lt_class_choice(sj_cuda *c, cublasLtMatmulDesc_t op, cublasLtMatrixLa
     for (int i = 0; i < 3; i++)
         if (ql[i])
             api->LtMatrixLayoutDestroy(ql[i]);
+    if (s != CUBLAS_STATUS_SUCCESS || nres < 1)
+        return 0;
     /* the workspace for the class's largest sizes, which covers every size
      * in the class (the cache entry serves them all, the class's own size
      * unclassed among them) */
     size_t need = res.workspaceSize > chk.workspaceSize ? res.workspaceSize : chk.workspaceSize;
-    if (s != CUBLAS_STATUS_SUCCESS || nres < 1 || need > ws_bytes)
+    if (need > ws_bytes)
         return 0;
     *algo = (mm_algo){res.algo, need};
     return 1;
@@ -823,7 +837,7 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     int classed = mc != m || nc != n;
     mm_key key = {{dt, ta, tb, (int64_t)mc, (int64_t)nc, (int64_t)k, A->ld, B->ld, D->ld, batch,
                    batched ? A->bstride : 0, batched ? B->bstride : 0, batched ? D->bstride : 0, al[0], al[1],
-                   al[2], (int64_t)ws_bytes, bias ? (int64_t)((bias | 256) & (~(bias | 256) + 1)) : 0}};
+                   al[2], (int64_t)ws_bytes, bias ? (int64_t)align256(bias) : 0}};
     /* the exact sizes' key: a class key cannot equal it (its m and n are
      * both class sizes, which a classed product's are not) */
     mm_key exact = key;
@@ -928,29 +942,30 @@ typedef struct warm_job {
     CUdeviceptr bias;    /* likewise; 0: none */
 } warm_job;
 
+/* A job's product shape without n: what makes two jobs the same. */
+typedef struct warm_shape {
+    int64_t v[15];
+} warm_shape;
+
 typedef struct warmer {
     pthread_cond_t wake, idle;
     pthread_t thread;
     warm_job queue[WARM_QUEUE];
     int head, n_queued, busy;
-    warm_job done[WARM_DONE]; /* jobs taken, with n and the pointers cleared */
+    warm_shape done[WARM_DONE]; /* the shapes of the jobs queued so far */
     int n_done;
     bool stop;
 } warmer;
 
-/* The lowest set bit of p below 256, or 0. */
-static uint64_t low_align(uint64_t p) {
-    uint64_t b = p & (~p + 1);
-    return b < 256 ? b : 0;
-}
+/* Where in a 256-byte-aligned scratch block a pointer with p's alignment
+ * goes, so that the key's alignments match the real product's. */
+static uint64_t align_offset(uint64_t p) { return align256(p) % 256; }
 
-static warm_job warm_shape(const warm_job *j) {
-    warm_job s = *j;
-    s.n = 0;
-    s.A.p = low_align(j->A.p), s.B.p = low_align(j->B.p), s.D.p = low_align(j->D.p);
-    s.bias = j->bias ? low_align(j->bias) | 1 : 0;
-    s.B.cols = s.D.cols = 0;
-    return s;
+static warm_shape shape_of(const warm_job *j) {
+    return (warm_shape){{j->dt, (int64_t)j->m, (int64_t)j->k, (int64_t)j->A.rows, (int64_t)j->A.cols, j->A.ld,
+                         j->A.trans, (int64_t)j->B.rows, j->B.ld, (int64_t)j->D.rows, j->D.ld,
+                         (int64_t)align_offset(j->A.p), (int64_t)align_offset(j->B.p),
+                         (int64_t)align_offset(j->D.p), j->bias ? (int64_t)align256(j->bias) : 0}};
 }
 
 /* Whether the warmer was told to stop (unload). */
@@ -976,11 +991,11 @@ static void warm_run(sj_cuda *c, CUstream s, const warm_job *j) {
     for (uint64_t x = 1; ok && x <= top;) {
         uint64_t cl = lt_class(x);
         lt_mat A = j->A, B = j->B, D = j->D;
-        A.p = base[0] + low_align(j->A.p);
-        B.p = base[1] + low_align(j->B.p), B.cols = cl;
-        D.p = base[2] + low_align(j->D.p), D.cols = cl;
+        A.p = base[0] + align_offset(j->A.p);
+        B.p = base[1] + align_offset(j->B.p), B.cols = cl;
+        D.p = base[2] + align_offset(j->D.p), D.cols = cl;
         int no_algo = 0;
-        if (lt_gemm(&e, j->dt, j->m, cl, j->k, &A, &B, &D, 1, j->bias ? base[3] + low_align(j->bias) : 0, &no_algo))
+        if (lt_gemm(&e, j->dt, j->m, cl, j->k, &A, &B, &D, 1, j->bias ? base[3] + align_offset(j->bias) : 0, &no_algo))
             sj_clearerr(); /* that class is chosen by its first real product instead */
         x = cl + 1;
         ok = !warm_stopping(c->eager_fns);
@@ -1030,7 +1045,8 @@ static void warm_note(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n
     if (batch > 1 || e->ws || B->trans || B->cols != n || D->cols != n || lt_class(m) != m || n > WARM_MAX_N ||
         atomic_load_explicit(&t->warm_off, memory_order_relaxed))
         return;
-    warm_job j = {dt, m, n, k, *A, *B, *D, bias}, shape = warm_shape(&j);
+    warm_job j = {dt, m, n, k, *A, *B, *D, bias};
+    warm_shape shape = shape_of(&j);
     pthread_mutex_lock(&t->warm_lock);
     warmer *w = t->warm;
     if (!w) {
@@ -1058,8 +1074,7 @@ static void warm_note(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n
     pthread_mutex_unlock(&t->warm_lock);
 }
 
-static void warm_stop(sj_cuda *c, eager_fns *t) {
-    (void)c;
+static void warm_stop(eager_fns *t) {
     pthread_mutex_lock(&t->warm_lock);
     warmer *w = t->warm;
     if (w) {
