@@ -330,10 +330,10 @@ static sj_status attn_model(sj_tracer *t, const sj_val *in, int n, void *u) {
 }
 
 static void bench_attention(void) {
-    static const int64_t sizes[] = {128, 512, 2048};
+    static const int64_t sizes[] = {48, 128, 512, 2048};
     sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, BENCH_EAGER);
     sj_fn *fn = bench_fn(rt, "attention", 3, attn_model, BENCH_EAGER);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (int)(sizeof sizes / sizeof sizes[0]); i++) {
         int64_t S = sizes[i], shape[4] = {1, BENCH_NH, S, BENCH_HD};
         wcase c = {.n_in = 3, .n_out = 1};
         for (int k = 0; k < 3; k++) c.in[k] = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1);

@@ -21,6 +21,7 @@
  *   matmul_int           sj_ek_mm     i32 / i64
  *   attention            sj_ek_att    float dtype
  *   attention_tc, _tc1   sj_ek_att    f16 / bf16 (tensor cores; two or one key tiles)
+ *   attention_mma64, 128 sj_ek_att    f16 / bf16 (tensor cores, registers; D = Dv = 64, 128)
  *   gather               sj_ek_gather element size
  *
  * _c kernels: every operand is one contiguous run (element stride 1) or a
@@ -40,6 +41,8 @@
  *                 dynamic shared memory (D + Dv + SJ_EK_ATT_CHUNK) floats
  *   attention_tc  block (SJ_EK_ATT_TC_THREADS), one block per (b, h, SJ_EK_ATT_TQ
  *                 queries), dynamic shared memory sj_ek_att_tc_smem(D, Dv, 2 or 1)
+ *   attention_mma block (32 W, W in {1, 2, 4}), one block per (b, h, 16 W
+ *                 queries), dynamic shared memory sj_ek_att_mma_smem(D, Dv, W)
  *   gather        block (256), grid-stride                   bound 256
  */
 #ifndef SJ_EAGER_ABI_CUH
@@ -87,6 +90,10 @@
     X(attention_tc, bf16)                                                                          \
     X(attention_tc1, f16)                                                                          \
     X(attention_tc1, bf16)                                                                         \
+    X(attention_mma64, f16)                                                                        \
+    X(attention_mma64, bf16)                                                                       \
+    X(attention_mma128, f16)                                                                       \
+    X(attention_mma128, bf16)                                                                      \
     SJ_EK_SIZES(X, gather)
 
 /* -- Elementwise ---------------------------------------------------------
@@ -190,6 +197,14 @@ typedef struct sj_ek_gather {
     int32_t irank, rrank;
     int32_t idx_i64, contig;
 } sj_ek_gather;
+
+/* attention_mma64, 128 (eager_attention_tc.cuh): at most this many
+ * threads a block (4 warps of 16 queries), and the dynamic shared memory
+ * with W warps: Q's rows and two tiles of keys and values. */
+#define SJ_EK_ATT_MMA_THREADS 128
+static inline int64_t sj_ek_att_mma_smem(int64_t D, int64_t Dv, int w) {
+    return ((int64_t)16 * w * (D + 8) + 2 * (int64_t)SJ_EK_ATT_TK * (D + 8 + Dv + 8)) * 2;
+}
 
 /* Both compilers must agree on these sizes (no hidden padding). */
 #ifdef __cplusplus

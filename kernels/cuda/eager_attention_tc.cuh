@@ -1,5 +1,8 @@
 /* Attention on tensor cores, f16 and bf16: the kernels attention_tc_<tag>
- * and attention_tc1_<tag> (included by eager.cu after eager_common.cuh).
+ * and attention_tc1_<tag> for head sizes in multiples of 16, and
+ * attention_mma64_<tag> and attention_mma128_<tag> (below) for D = Dv = 64
+ * and 128, about twice as fast (included by eager.cu after
+ * eager_common.cuh).
  *
  * A block of SJ_EK_ATT_TC_THREADS (4 warps) takes SJ_EK_ATT_TQ (64) queries of
  * one (b, h); each warp owns 16 of them, and two lanes own each of those
@@ -77,6 +80,37 @@ SJ_DEV void tc_load(uint16_t *dst, int ld, const uint16_t *src, int64_t s_row, i
     }
 }
 
+/* Block blk's queries [i0, i0 + nq) of head (bb, h) with tq queries a
+ * block; lim: the keys batch bb has; kend: the keys some query of the
+ * block uses (the last one's). */
+struct tc_block {
+    int64_t h, bb, i0, lim, kend;
+    int nq;
+};
+SJ_DEV tc_block tc_block_at(const sj_ek_att &p, int64_t blk, int tq) {
+    const int64_t nqt = (p.Sq + tq - 1) / tq, qt = blk % nqt, bh = blk / nqt;
+    tc_block b;
+    b.h = bh % p.H, b.bb = bh / p.H, b.i0 = qt * tq;
+    b.nq = (int)(p.Sq - b.i0 < tq ? p.Sq - b.i0 : tq);
+    b.lim = p.Sk;
+    if (p.len) {
+        int64_t L = p.len_i64 ? reinterpret_cast<const int64_t *>(p.len)[b.bb * p.slen]
+                              : (int64_t) reinterpret_cast<const int32_t *>(p.len)[b.bb * p.slen];
+        b.lim = L < 0 ? 0 : L > p.Sk ? p.Sk : L;
+    }
+    b.kend = b.lim;
+    if (p.causal && b.i0 + b.nq + p.Sk - p.Sq < b.kend) b.kend = b.i0 + b.nq + p.Sk - p.Sq;
+    return b;
+}
+
+/* The keys query i of block b uses: none past Sq, none after its own
+ * position when causal. */
+SJ_DEV int64_t tc_row_keys(const sj_ek_att &p, const tc_block &b, int64_t i) {
+    int64_t rl = i < p.Sq ? b.lim : 0;
+    if (p.causal && i + p.Sk - p.Sq + 1 < rl) rl = i + p.Sk - p.Sq + 1;
+    return rl;
+}
+
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> tc_acc;
 
 /* acc += A B over k (a multiple of 16): A 16 x k row-major at a (row stride
@@ -112,22 +146,13 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
     const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5, nthr = (int)blockDim.x;
     const int row = warp * 16 + (lane >> 1), odd = lane & 1; /* this lane's row, and its columns' parity */
     const bool vec = p.vec != 0;
-    const int64_t nqt = (p.Sq + TQ - 1) / TQ, total = p.B * p.H * nqt;
+    const int64_t total = p.B * p.H * ((p.Sq + TQ - 1) / TQ);
     for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
-        const int64_t qt = blk % nqt, bh = blk / nqt;
-        const int64_t h = bh % p.H, bb = bh / p.H, i0 = qt * TQ;
-        const int nq = (int)(p.Sq - i0 < TQ ? p.Sq - i0 : TQ);
-        int64_t lim = p.Sk;
-        if (p.len) {
-            int64_t L = p.len_i64 ? reinterpret_cast<const int64_t *>(p.len)[bb * p.slen]
-                                  : (int64_t) reinterpret_cast<const int32_t *>(p.len)[bb * p.slen];
-            lim = L < 0 ? 0 : L > p.Sk ? p.Sk : L;
-        }
-        int64_t kend = lim; /* keys in use by some query of the block: the last query's */
-        if (p.causal && i0 + nq + p.Sk - p.Sq < kend) kend = i0 + nq + p.Sk - p.Sq;
+        const tc_block tb = tc_block_at(p, blk, TQ);
+        const int64_t h = tb.h, bb = tb.bb, i0 = tb.i0, kend = tb.kend;
+        const int nq = tb.nq;
         const int64_t i = i0 + row;
-        int64_t rl = i < p.Sq ? lim : 0; /* this row's keys */
-        if (p.causal && i + p.Sk - p.Sq + 1 < rl) rl = i + p.Sk - p.Sq + 1;
+        const int64_t rl = tc_row_keys(p, tb, i); /* this row's keys */
         __syncthreads(); /* the previous block's readers of Q, K, V and O are done */
         tc_load(Qs, ldq, q + bb * p.sq[0] + h * p.sq[1] + i0 * p.sq[2], p.sq[2], p.sq[3], TQ, nq, D, vec);
         for (int c = t; c < TQ * Dv; c += nthr) Os[(c / Dv) * ldo + c % Dv] = 0.0f;
@@ -215,4 +240,251 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
     extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_TC_THREADS)                             \
         sj_ek_attention_tc1_##tag(const __grid_constant__ sj_ek_att a) {                           \
         attention_tc<dt_##tag, 1>(a);                                                              \
+    }
+
+/* -- attention_mma: the scores, the softmax and the output in registers ------------
+ * The kernels attention_mma64_<tag> and attention_mma128_<tag> (D = Dv = 64
+ * or 128), as flash attention 2 lays the work out: a block of W warps
+ * (blockDim.x = 32 W, W = 1, 2 or 4, the host's choice) takes 16 W queries
+ * of one (b, h); each warp owns 16 of them and keeps everything about them
+ * in registers, with mma.sync m16n8k16 (f32 accumulation) instead of
+ * wmma's opaque fragments:
+ *   - its Q rows as A fragments, loaded once;
+ *   - per tile of 64 keys, S = Q K^T as 8 accumulator tiles of 16 x 8;
+ *     lane l holds rows l / 4 and l / 4 + 8 of each, columns 2 (l % 4) and
+ *     one more; a row's max and sum combine over the four lanes that share
+ *     it (two shuffles);
+ *   - P = exp(S - m) rounded to the dtype, which as packed pairs is already
+ *     the A fragment of P V (the accumulator layout of two neighbouring
+ *     tiles is the A layout of one 16 x 16);
+ *   - O (16 x Dv) as Dv / 8 accumulator tiles, rescaled by alpha in place.
+ * Keys and values come through shared memory as in attention_tc (cp.async,
+ * two tiles); V's B fragments are read transposed by ldmatrix.trans. No
+ * shared memory holds S, P or O, and a warp never waits for another except
+ * at the tile loads. The masks, the rounding of P before P V, l in f32 and
+ * the outputs of queries without keys are attention_tc's.
+ *
+ * Shared memory: Q [16 W][D + 8], K [2][TK][D + 8], V [2][TK][Dv + 8] in the
+ * dtype (sj_ek_att_mma_smem; 46 KiB for D = 64 and W = 4). Rows padded by
+ * 16 bytes, so that the fragment reads of eight rows fall in different
+ * banks. */
+template <class T> struct mma_elem;
+template <> struct mma_elem<dt_f16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 h = __floats2half2_rn(lo, hi); /* lo in the low half: the lower column */
+        uint32_t u;
+        memcpy(&u, &h, 4);
+        return u;
+    }
+    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct mma_elem<dt_bf16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &h, 4);
+        return u;
+    }
+    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+SJ_DEV uint32_t sm_u32(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+/* Four 8 x 8 matrices of 16-bit elements from shared memory, as is or
+ * transposed: lane l gives the address of row l % 8 of matrix l / 8
+ * (16-byte aligned); r[i] is lane l's pair of matrix i, from row l / 4,
+ * columns 2 (l % 4) and one more (as is), or from rows 2 (l % 4) and one
+ * more, column l / 4 (transposed). */
+SJ_DEV void ldsm_x4(uint32_t (&r)[4], const uint16_t *row) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+SJ_DEV void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t *row) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) {
+    constexpr int TK = SJ_EK_ATT_TK, LDQ = D + 8, LDV = DV + 8;
+    static_assert(D % 16 == 0 && DV % 16 == 0 && TK % 16 == 0, "fragment sizes");
+    extern __shared__ __align__(128) unsigned char att_tc_sm[];
+    const int W = (int)(blockDim.x >> 5), TQ = 16 * W;
+    uint16_t *Qs = reinterpret_cast<uint16_t *>(att_tc_sm);
+    uint16_t *Kb = Qs + TQ * LDQ, *Vb = Kb + 2 * TK * LDQ; /* two tiles each */
+    const uint16_t *q = reinterpret_cast<const uint16_t *>(p.q);
+    const uint16_t *k = reinterpret_cast<const uint16_t *>(p.k);
+    const uint16_t *v = reinterpret_cast<const uint16_t *>(p.v);
+    uint16_t *y = reinterpret_cast<uint16_t *>(p.y);
+    const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int g = lane >> 2, c2 = (lane & 3) * 2; /* this lane's rows g, g + 8; columns c2, c2 + 1 */
+    const bool vec = p.vec != 0;
+    /* results written two at a time where pairs are 4-byte aligned */
+    const bool ypair = p.sy[3] == 1 && ((p.y | (uint64_t)(p.sy[0] | p.sy[1] | p.sy[2]) << 1) & 3) == 0;
+    const int64_t total = p.B * p.H * ((p.Sq + TQ - 1) / TQ);
+    for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
+        const tc_block tb = tc_block_at(p, blk, TQ);
+        const int64_t h = tb.h, bb = tb.bb, i0 = tb.i0, kend = tb.kend;
+        const int nq = tb.nq;
+        const int64_t rl[2] = {tc_row_keys(p, tb, i0 + warp * 16 + g), /* keys of this lane's rows */
+                               tc_row_keys(p, tb, i0 + warp * 16 + g + 8)};
+        __syncthreads(); /* the previous block's readers of Q, K and V are done */
+        tc_load(Qs, LDQ, q + bb * p.sq[0] + h * p.sq[1] + i0 * p.sq[2], p.sq[2], p.sq[3], TQ, nq, D, vec);
+        const uint16_t *kh = k + bb * p.sk[0] + h * p.sk[1], *vh = v + bb * p.sv[0] + h * p.sv[1];
+        auto load_kv = [&](int64_t j0) {
+            const int nk = (int)(kend - j0 < TK ? kend - j0 : TK), buf = (int)((j0 / TK) & 1);
+            tc_load(Kb + buf * TK * LDQ, LDQ, kh + j0 * p.sk[2], p.sk[2], p.sk[3], TK, nk, D, vec);
+            tc_load(Vb + buf * TK * LDV, LDV, vh + j0 * p.sv[2], p.sv[2], p.sv[3], TK, nk, DV, vec);
+        };
+        if (kend > 0) load_kv(0);
+        __pipeline_commit(); /* with Q */
+        uint32_t qf[D / 16][4];
+        float o[DV / 8][4];
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's part of the row's sum */
+        for (int64_t j0 = 0; j0 < kend; j0 += TK) {
+            if (j0 + TK < kend) {
+                load_kv(j0 + TK);
+                __pipeline_commit();
+                __pipeline_wait_prior(1); /* all but the newest batch: this tile's */
+            } else {
+                __pipeline_wait_prior(0);
+            }
+            __syncthreads(); /* Q and this tile's K and V written, by every thread */
+            if (j0 == 0) {
+                const uint16_t *qr = Qs + (warp * 16 + g) * LDQ + c2;
+#pragma unroll
+                for (int kc = 0; kc < D / 16; kc++) {
+                    qf[kc][0] = sm_u32(qr + kc * 16);
+                    qf[kc][1] = sm_u32(qr + 8 * LDQ + kc * 16);
+                    qf[kc][2] = sm_u32(qr + kc * 16 + 8);
+                    qf[kc][3] = sm_u32(qr + 8 * LDQ + kc * 16 + 8);
+                }
+            }
+            const int buf = (int)((j0 / TK) & 1);
+            const uint16_t *Ks = Kb + buf * TK * LDQ, *Vs = Vb + buf * TK * LDV;
+            /* S = Q K^T: B's column n is key n, K's row; its fragments for
+             * two steps of 16 along D come from one ldmatrix */
+            float s[TK / 8][4];
+            const uint16_t *kr = Ks + (lane & 7) * LDQ + (lane >> 3) * 8;
+#pragma unroll
+            for (int n = 0; n < TK / 8; n++) {
+                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+                for (int kc = 0; kc < D / 16; kc += 2) {
+                    uint32_t b[4];
+                    ldsm_x4(b, kr + n * 8 * LDQ + kc * 16);
+                    mma_elem<T>::mma(s[n], qf[kc], b[0], b[1]);
+                    mma_elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
+                }
+            }
+            float cm[2] = {-INFINITY, -INFINITY};
+            int kl[2]; /* keys of this tile in use by each row */
+#pragma unroll
+            for (int r = 0; r < 2; r++) kl[r] = (int)(rl[r] - j0 < 0 ? 0 : rl[r] - j0 > TK ? TK : rl[r] - j0);
+#pragma unroll
+            for (int n = 0; n < TK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1;
+                    const float sv = n * 8 + c2 + (e & 1) < kl[r] ? s[n][e] * p.scale : -INFINITY;
+                    s[n][e] = sv;
+                    cm[r] = max_nan(cm[r], sv);
+                }
+            float alpha[2], mn[2], cs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                cm[r] = max_nan(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 1));
+                cm[r] = max_nan(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 2));
+                mn[r] = max_nan(m[r], cm[r]);
+                /* mn = -inf only when every score so far is -inf: those weigh 0 */
+                alpha[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - mn[r]);
+            }
+#pragma unroll
+            for (int n = 0; n < TK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1;
+                    const float ex = mn[r] == -INFINITY ? 0.0f : __expf(s[n][e] - mn[r]);
+                    s[n][e] = ex;
+                    cs[r] += ex;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                l[r] = l[r] * alpha[r] + cs[r];
+                m[r] = mn[r];
+            }
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++) {
+                o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+            }
+            /* O += P V: P's 16 x 16 A fragment for keys 16 kc.. is S's tiles
+             * 2 kc and 2 kc + 1; V's B fragments for output columns 16 nd..
+             * come transposed from rows 16 kc.. of the tile */
+            const int vr = (lane & 7) + ((lane >> 3) & 1) * 8, vc = (lane >> 4) * 8;
+#pragma unroll
+            for (int kc = 0; kc < TK / 16; kc++) {
+                const uint32_t a[4] = {mma_elem<T>::pack(s[2 * kc][0], s[2 * kc][1]),
+                                       mma_elem<T>::pack(s[2 * kc][2], s[2 * kc][3]),
+                                       mma_elem<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                       mma_elem<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+                for (int nd = 0; nd < DV / 16; nd++) {
+                    uint32_t b[4];
+                    ldsm_x4_trans(b, Vs + (kc * 16 + vr) * LDV + nd * 16 + vc);
+                    mma_elem<T>::mma(o[2 * nd], a, b[0], b[1]);
+                    mma_elem<T>::mma(o[2 * nd + 1], a, b[2], b[3]);
+                }
+            }
+            __syncthreads(); /* every warp is done with this tile's buffer: the next load reuses it */
+        }
+        __pipeline_wait_prior(0); /* no tile (kend = 0): Q's batch */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+            const int64_t i = i0 + warp * 16 + g + 8 * r;
+            if (i >= p.Sq)
+                continue;
+            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; /* l = 0: no key, zeros */
+            uint16_t *yr = y + bb * p.sy[0] + h * p.sy[1] + i * p.sy[2];
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++) {
+                const float v0 = o[n][2 * r] * inv, v1 = o[n][2 * r + 1] * inv;
+                const int col = n * 8 + c2;
+                if (ypair) {
+                    *reinterpret_cast<uint32_t *>(yr + col) = mma_elem<T>::pack(v0, v1);
+                } else {
+                    yr[col * p.sy[3]] = tc_elem<T>::st(v0);
+                    yr[(col + 1) * p.sy[3]] = tc_elem<T>::st(v1);
+                }
+            }
+        }
+    }
+}
+
+#define SJ_EK_DEF_attention_mma64(tag)                                                             \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_MMA_THREADS)                            \
+        sj_ek_attention_mma64_##tag(const __grid_constant__ sj_ek_att a) {                         \
+        attention_mma<dt_##tag, 64, 64>(a);                                                        \
+    }
+#define SJ_EK_DEF_attention_mma128(tag)                                                            \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_MMA_THREADS)                            \
+        sj_ek_attention_mma128_##tag(const __grid_constant__ sj_ek_att a) {                        \
+        attention_mma<dt_##tag, 128, 128>(a);                                                      \
     }

@@ -53,6 +53,10 @@ _Static_assert(EK_binary_c_bool - EK_binary_c_f32 == SJ_BOOL && EK_unary_s_i64 -
 _Static_assert(EK_attention_tc_f16 == EK_attention_f32 + 3 && EK_attention_tc_bf16 == EK_attention_tc_f16 + 1 &&
                    EK_attention_tc1_f16 == EK_attention_tc_f16 + 2 && EK_attention_tc1_bf16 == EK_attention_tc_f16 + 3,
                "the attention kernels: f32, f16, bf16, then the tensor-core f16, bf16, then the one-tile f16, bf16");
+_Static_assert(EK_attention_mma64_f16 == EK_attention_tc1_bf16 + 1 && EK_attention_mma64_bf16 == EK_attention_mma64_f16 + 1 &&
+                   EK_attention_mma128_f16 == EK_attention_mma64_f16 + 2 &&
+                   EK_attention_mma128_bf16 == EK_attention_mma64_f16 + 3,
+               "then the register kernels: D = 64 f16, bf16, then D = 128 f16, bf16");
 
 #define MM_SLOTS0 256 /* the algorithm table's first capacity (doubles when 3/4 full) */
 
@@ -133,7 +137,7 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
      * memory (the tensor-core ones always do): opted in once, up to the
      * device's limit. Per call, two threads setting different limits could
      * each launch under the other's. */
-    for (int i = EK_attention_f32; i <= EK_attention_tc1_bf16; i++) {
+    for (int i = EK_attention_f32; i <= EK_attention_mma128_bf16; i++) {
         r = c->api.FuncSetAttribute(t->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->max_smem_optin);
         if (r != CUDA_SUCCESS) {
             sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention in to its shared memory");
@@ -1331,6 +1335,20 @@ int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H,
     return tc_blocks(B, H, Sq) <= 2 * (int64_t)c->sm_count && sj_ek_att_tc_smem(D, Dv, 2) <= c->max_smem_optin ? 2 : 1;
 }
 
+/* The register kernels (attention_mma) take D = Dv = 64 or 128, in blocks
+ * of W warps (16 W queries) that share their key and value tiles. H200,
+ * f16 [1, 12, S, 64], call median ms at S = 128 / 512 / 2048 (first
+ * version): W = 4 0.0134 / 0.0282 / 0.124; W = 2 0.0141 / 0.0326 / 0.198;
+ * W = 1 0.0157 / 0.0378 / 0.340; so four, even where that leaves SMs
+ * without a block (S = 512: 96 blocks on 132 SMs). attention_tc took
+ * 0.0224 / 0.0553 / 0.261. */
+int sj_cuda_attention_warps(const sj_cuda *c, sj_dtype dt, int64_t D, int64_t Dv) {
+    if (!(dt == SJ_F16 || dt == SJ_BF16) || c->cc_major < 8 || D != Dv || (D != 64 && D != 128) ||
+        sj_ek_att_mma_smem(D, Dv, SJ_EK_ATT_MMA_THREADS / 32) > c->max_smem_optin)
+        return 0;
+    return SJ_EK_ATT_MMA_THREADS / 32;
+}
+
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
     assert(q->rank == 4 && k->rank == 4 && v->rank == 4 && y->rank == 4);
@@ -1359,8 +1377,9 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
     a.scale = (float)scale;
     a.causal = causal != 0;
     sj_cuda *c = e->cuda;
-    int nb = sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
-    if (nb) {
+    int w = sj_cuda_attention_warps(c, q->dtype, a.D, a.Dv);
+    int nb = w ? 0 : sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
+    if (w || nb) {
         a.vec = 1;
         const sj_tensor *qkv[3] = {q, k, v};
         for (int t = 0; t < 3; t++) {
@@ -1369,6 +1388,15 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
                 (uintptr_t)x->data % 16)
                 a.vec = 0;
         }
+    }
+    if (w) {
+        int64_t blocks = a.B * a.H * ((a.Sq + 16 * w - 1) / (16 * w));
+        int kern = (a.D == 64 ? EK_attention_mma64_f16 : EK_attention_mma128_f16) + (q->dtype == SJ_BF16);
+        sj_cuda_bind(c);
+        return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), 32 * w, 1,
+                      (unsigned)sj_ek_att_mma_smem(a.D, a.Dv, w), &a);
+    }
+    if (nb) {
         int64_t blocks = tc_blocks(a.B, a.H, a.Sq);
         int kern = (nb == 2 ? EK_attention_tc_f16 : EK_attention_tc1_f16) + (q->dtype == SJ_BF16);
         sj_cuda_bind(c);
