@@ -6,7 +6,10 @@
  * Every function is reached through an sj_cuda_api table field named like
  * the API function without its prefix: api->MemAlloc is cuMemAlloc_v2,
  * api->nvrtcCompileProgram is nvrtcCompileProgram, api->LtMatmul is
- * cublasLtMatmul.
+ * cublasLtMatmul. cuBLASLt's descriptors are made in the caller's memory
+ * (api->LtMatmulDescInit and LtMatrixLayoutInit are the *_internal
+ * functions behind the header's inline cublasLt*Init, which pass the size
+ * of the opaque struct): no allocation and nothing to destroy.
  */
 #ifndef SJ_CUDA_API_H
 #define SJ_CUDA_API_H
@@ -97,14 +100,12 @@
       (cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *, cublasLtMatrixLayout_t, \
        const void *, cublasLtMatrixLayout_t, const void *, const void *, cublasLtMatrixLayout_t,   \
        void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t)) \
-    X(cublasStatus_t, LtMatmulDescCreate, "cublasLtMatmulDescCreate",                              \
-      (cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t))                               \
-    X(cublasStatus_t, LtMatmulDescDestroy, "cublasLtMatmulDescDestroy", (cublasLtMatmulDesc_t))    \
+    X(cublasStatus_t, LtMatmulDescInit, "cublasLtMatmulDescInit_internal",                         \
+      (cublasLtMatmulDesc_t, size_t, cublasComputeType_t, cudaDataType_t))                         \
     X(cublasStatus_t, LtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute",                  \
       (cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void *, size_t))                \
-    X(cublasStatus_t, LtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate",                          \
-      (cublasLtMatrixLayout_t *, cudaDataType, uint64_t, uint64_t, int64_t))                       \
-    X(cublasStatus_t, LtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy", (cublasLtMatrixLayout_t)) \
+    X(cublasStatus_t, LtMatrixLayoutInit, "cublasLtMatrixLayoutInit_internal",                     \
+      (cublasLtMatrixLayout_t, size_t, cudaDataType, uint64_t, uint64_t, int64_t))                 \
     X(cublasStatus_t, LtMatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute",              \
       (cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, const void *, size_t))             \
     X(cublasStatus_t, LtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate", (cublasLtMatmulPreference_t *)) \

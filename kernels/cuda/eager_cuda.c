@@ -737,11 +737,12 @@ static int lt_class_choice(sj_cuda *c, cublasLtMatmulDesc_t op, cublasLtMatrixLa
                            const uint64_t (*dims)[2], cudaDataType_t ty, cublasLtMatmulPreference_t pref,
                            uint64_t ws_bytes, mm_algo *algo) {
     const sj_cuda_api *api = &c->api;
-    cublasLtMatrixLayout_t ql[3] = {NULL, NULL, NULL};
+    cublasLtMatrixLayoutOpaque_t ql_mem[3];
+    cublasLtMatrixLayout_t ql[3] = {&ql_mem[0], &ql_mem[1], &ql_mem[2]};
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
     for (int i = 0; i < 3 && s == CUBLAS_STATUS_SUCCESS; i++) {
         int64_t ld = mats[i]->ld > (int64_t)dims[i][0] ? mats[i]->ld : (int64_t)dims[i][0];
-        s = api->LtMatrixLayoutCreate(&ql[i], ty, dims[i][0], dims[i][1], ld);
+        s = api->LtMatrixLayoutInit(ql[i], sizeof ql_mem[i], ty, dims[i][0], dims[i][1], ld);
     }
     cublasLtMatmulHeuristicResult_t res, chk;
     int nres = 0;
@@ -749,9 +750,6 @@ static int lt_class_choice(sj_cuda *c, cublasLtMatmulDesc_t op, cublasLtMatrixLa
         s = api->LtMatmulAlgoGetHeuristic(c->lt, op, ql[0], ql[1], ql[2], ql[2], pref, 1, &res, &nres);
     if (s == CUBLAS_STATUS_SUCCESS && nres > 0)
         s = api->LtMatmulAlgoCheck(c->lt, op, lay[0], lay[1], lay[2], lay[2], &res.algo, &chk);
-    for (int i = 0; i < 3; i++)
-        if (ql[i])
-            api->LtMatrixLayoutDestroy(ql[i]);
     if (s != CUBLAS_STATUS_SUCCESS || nres < 1)
         return 0;
     /* the workspace for the class's largest sizes, which covers every size
@@ -795,8 +793,10 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     /* the workspace limit: a graph's own workspace, else the device's
      * limit for one taken from the allocator per product */
     uint64_t ws_bytes = e->ws ? e->ws_bytes : c->lt_workspace_bytes;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t lay[3] = {NULL, NULL, NULL};
+    cublasLtMatmulDescOpaque_t op_mem; /* descriptors in place: no allocation */
+    cublasLtMatrixLayoutOpaque_t lay_mem[3];
+    cublasLtMatmulDesc_t op = &op_mem;
+    cublasLtMatrixLayout_t lay[3] = {&lay_mem[0], &lay_mem[1], &lay_mem[2]};
     cublasLtMatmulPreference_t pref = NULL;
     const lt_mat *mats[3] = {A, B, D};
     sj_status st = SJ_OK;
@@ -807,7 +807,7 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
         st = lt_err(s, what);                                                                      \
         goto done;                                                                                 \
     }
-    LT(api->LtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    LT(api->LtMatmulDescInit(op, sizeof op_mem, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit");
     LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "setting TRANSA");
     LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "setting TRANSB");
     if (bias) { /* set before the heuristic, which reads the pointer's alignment */
@@ -819,7 +819,8 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     }
     for (int i = 0; i < 3; i++) {
         const lt_mat *mm = mats[i];
-        LT(api->LtMatrixLayoutCreate(&lay[i], ty, mm->rows, mm->cols, mm->ld), "cublasLtMatrixLayoutCreate");
+        LT(api->LtMatrixLayoutInit(lay[i], sizeof lay_mem[i], ty, mm->rows, mm->cols, mm->ld),
+           "cublasLtMatrixLayoutInit");
         if (batched) {
             int32_t cnt = batch;
             int64_t bs = mm->bstride;
@@ -914,11 +915,6 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
 done:
     if (pref)
         api->LtMatmulPreferenceDestroy(pref);
-    for (int i = 0; i < 3; i++)
-        if (lay[i])
-            api->LtMatrixLayoutDestroy(lay[i]);
-    if (op)
-        api->LtMatmulDescDestroy(op);
     return st;
 }
 
