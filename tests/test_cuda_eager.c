@@ -748,9 +748,9 @@ static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t
 }
 
 /* The cases with head sizes in multiples of 16 run on tensor cores in f16
- * and bf16 (on this device: compute capability 8.0 or later): D = Dv = 64
- * or 128 in registers, others through shared memory with two key tiles
- * when all their blocks fit at once, else one. */
+ * and bf16 (on this device: compute capability 8.0 or later): D = Dv = 32,
+ * 64, 96 or 128 in registers, others through shared memory with two key
+ * tiles when all their blocks fit at once, else one. */
 static void test_attention(void **state) {
     int tc = dev->cc_major >= 8, many = 4 * dev->sm_count; /* heads: more blocks than fit */
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 64, 64), 2 * tc);
@@ -758,16 +758,20 @@ static void test_attention(void **state) {
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, many, 130, 32, 32), tc);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_BF16, 1, many, 130, 32, 32), tc);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F32, 1, 12, 512, 64, 64), 0);
-    /* D = Dv = 64 or 128: the register kernels, 4 warps a block */
+    /* D = Dv = 32, 64, 96 or 128: the register kernels, 4 warps a block */
     assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 64, 64), 4 * tc);
     assert_int_equal(sj_cuda_attention_warps(dev, SJ_BF16, 128, 128), 4 * tc);
+    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 32, 32), 4 * tc);
+    assert_int_equal(sj_cuda_attention_warps(dev, SJ_BF16, 96, 96), 4 * tc);
     assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 64, 32), 0);
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 32, 32), 0);
+    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 48, 48), 0);
+    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 160, 160), 0);
     assert_int_equal(sj_cuda_attention_warps(dev, SJ_F32, 64, 64), 0);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 8, 6), 0);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 256, 256), 0);
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, many, 130, 48, 48), tc);
     for (int d = 0; d < 3; d++) /* one key tile */
-        run_attention(tu_floats[d], 1, many, 130, 70, 32, 32, (int64_t[]){50}, SJ_I32, 1, 0);
+        run_attention(tu_floats[d], 1, many, 130, 70, 48, 48, (int64_t[]){50}, SJ_I32, 1, 0);
     tu_attention_cases(true, run_attention);
 }
 

@@ -441,10 +441,12 @@ void tu_attention_cases(bool cuda, tu_attention_run run) {
             run(dt, 1, 2, 90, 40, 16, 32, S(40), SJ_I64, 1, 1);          /* Sq > Sk, causal */
             run(dt, 2, 1, 64, 64, 128, 128, S(0, 64), SJ_I32, 0, 2);     /* a batch with no key */
             run(dt, 1, 1, 200, 300, 48, 80, NULL, SJ_I32, 1, 3);
-            /* D = Dv = 64, 128 (the register kernels): one query; several
-             * query blocks and key tiles, partial ones, causal */
+            /* D = Dv = 32, 64, 96, 128 (the register kernels): one query;
+             * several query blocks and key tiles, partial ones, causal */
             run(dt, 1, 2, 1, 77, 64, 64, NULL, SJ_I32, 0, 0);
             run(dt, 1, 1, 150, 200, 128, 128, S(180), SJ_I64, 1, 3);
+            run(dt, 2, 2, 100, 150, 32, 32, S(150, 90), SJ_I32, 1, 1);
+            run(dt, 1, 3, 70, 70, 96, 96, NULL, SJ_I64, 0, 2);
         }
     }
 }

@@ -21,7 +21,8 @@
  *   matmul_int           sj_ek_mm     i32 / i64
  *   attention            sj_ek_att    float dtype
  *   attention_tc, _tc1   sj_ek_att    f16 / bf16 (tensor cores; two or one key tiles)
- *   attention_mma64, 128 sj_ek_att    f16 / bf16 (tensor cores, registers; D = Dv = 64, 128)
+ *   attention_mma<D>     sj_ek_att    f16 / bf16 (tensor cores, registers; D = Dv = 32, 64,
+ *                                     96, 128)
  *   gather               sj_ek_gather element size
  *
  * _c kernels: every operand is one contiguous run (element stride 1) or a
@@ -90,8 +91,12 @@
     X(attention_tc, bf16)                                                                          \
     X(attention_tc1, f16)                                                                          \
     X(attention_tc1, bf16)                                                                         \
+    X(attention_mma32, f16)                                                                        \
+    X(attention_mma32, bf16)                                                                       \
     X(attention_mma64, f16)                                                                        \
     X(attention_mma64, bf16)                                                                       \
+    X(attention_mma96, f16)                                                                        \
+    X(attention_mma96, bf16)                                                                       \
     X(attention_mma128, f16)                                                                       \
     X(attention_mma128, bf16)                                                                      \
     SJ_EK_SIZES(X, gather)
@@ -198,7 +203,7 @@ typedef struct sj_ek_gather {
     int32_t idx_i64, contig;
 } sj_ek_gather;
 
-/* attention_mma64, 128 (eager_attention_tc.cuh): at most this many
+/* attention_mma<D> (eager_attention_tc.cuh): at most this many
  * threads a block (4 warps of 16 queries), and the dynamic shared memory
  * with W warps: Q's rows and two tiles of keys and values. */
 #define SJ_EK_ATT_MMA_THREADS 128

@@ -1,8 +1,7 @@
 /* Attention on tensor cores, f16 and bf16: the kernels attention_tc_<tag>
  * and attention_tc1_<tag> for head sizes in multiples of 16, and
- * attention_mma64_<tag> and attention_mma128_<tag> (below) for D = Dv = 64
- * and 128, about twice as fast (included by eager.cu after
- * eager_common.cuh).
+ * attention_mma<D>_<tag> (below) for D = Dv = 32, 64, 96 and 128, about
+ * twice as fast (included by eager.cu after eager_common.cuh).
  *
  * A block of SJ_EK_ATT_TC_THREADS (4 warps) takes SJ_EK_ATT_TQ (64) queries of
  * one (b, h); each warp owns 16 of them, and two lanes own each of those
@@ -243,8 +242,8 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
     }
 
 /* -- attention_mma: the scores, the softmax and the output in registers ------------
- * The kernels attention_mma64_<tag> and attention_mma128_<tag> (D = Dv = 64
- * or 128), as flash attention 2 lays the work out: a block of W warps
+ * The kernels attention_mma<D>_<tag> (D = Dv = 32, 64, 96 or 128), as flash
+ * attention 2 lays the work out: a block of W warps
  * (blockDim.x = 32 W, W = 1, 2 or 4, the host's choice) takes 16 W queries
  * of one (b, h); each warp owns 16 of them and keeps everything about them
  * in registers, with mma.sync m16n8k16 (f32 accumulation) instead of
@@ -320,7 +319,7 @@ SJ_DEV void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t *row) {
 
 template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) {
     constexpr int TK = SJ_EK_ATT_TK, LDQ = D + 8, LDV = DV + 8;
-    static_assert(D % 16 == 0 && DV % 16 == 0 && TK % 16 == 0, "fragment sizes");
+    static_assert(D % 32 == 0 && DV % 16 == 0 && TK % 16 == 0, "fragment sizes (K's come 32 columns at a time)");
     extern __shared__ __align__(128) unsigned char att_tc_sm[];
     const int W = (int)(blockDim.x >> 5), TQ = 16 * W;
     uint16_t *Qs = reinterpret_cast<uint16_t *>(att_tc_sm);
@@ -478,13 +477,12 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
     }
 }
 
-#define SJ_EK_DEF_attention_mma64(tag)                                                             \
+#define SJ_EK_DEF_ATT_MMA(d, tag)                                                                  \
     extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_MMA_THREADS)                            \
-        sj_ek_attention_mma64_##tag(const __grid_constant__ sj_ek_att a) {                         \
-        attention_mma<dt_##tag, 64, 64>(a);                                                        \
+        sj_ek_attention_mma##d##_##tag(const __grid_constant__ sj_ek_att a) {                      \
+        attention_mma<dt_##tag, d, d>(a);                                                          \
     }
-#define SJ_EK_DEF_attention_mma128(tag)                                                            \
-    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_MMA_THREADS)                            \
-        sj_ek_attention_mma128_##tag(const __grid_constant__ sj_ek_att a) {                        \
-        attention_mma<dt_##tag, 128, 128>(a);                                                      \
-    }
+#define SJ_EK_DEF_attention_mma32(tag) SJ_EK_DEF_ATT_MMA(32, tag)
+#define SJ_EK_DEF_attention_mma64(tag) SJ_EK_DEF_ATT_MMA(64, tag)
+#define SJ_EK_DEF_attention_mma96(tag) SJ_EK_DEF_ATT_MMA(96, tag)
+#define SJ_EK_DEF_attention_mma128(tag) SJ_EK_DEF_ATT_MMA(128, tag)

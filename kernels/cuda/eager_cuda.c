@@ -53,10 +53,12 @@ _Static_assert(EK_binary_c_bool - EK_binary_c_f32 == SJ_BOOL && EK_unary_s_i64 -
 _Static_assert(EK_attention_tc_f16 == EK_attention_f32 + 3 && EK_attention_tc_bf16 == EK_attention_tc_f16 + 1 &&
                    EK_attention_tc1_f16 == EK_attention_tc_f16 + 2 && EK_attention_tc1_bf16 == EK_attention_tc_f16 + 3,
                "the attention kernels: f32, f16, bf16, then the tensor-core f16, bf16, then the one-tile f16, bf16");
-_Static_assert(EK_attention_mma64_f16 == EK_attention_tc1_bf16 + 1 && EK_attention_mma64_bf16 == EK_attention_mma64_f16 + 1 &&
-                   EK_attention_mma128_f16 == EK_attention_mma64_f16 + 2 &&
-                   EK_attention_mma128_bf16 == EK_attention_mma64_f16 + 3,
-               "then the register kernels: D = 64 f16, bf16, then D = 128 f16, bf16");
+_Static_assert(EK_attention_mma32_f16 == EK_attention_tc1_bf16 + 1 && EK_attention_mma32_bf16 == EK_attention_mma32_f16 + 1 &&
+                   EK_attention_mma64_f16 == EK_attention_mma32_f16 + 2 &&
+                   EK_attention_mma96_f16 == EK_attention_mma32_f16 + 4 &&
+                   EK_attention_mma128_f16 == EK_attention_mma32_f16 + 6 &&
+                   EK_attention_mma128_bf16 == EK_attention_mma32_f16 + 7,
+               "then the register kernels: f16, bf16 for D = 32, 64, 96, 128");
 
 #define MM_SLOTS0 256 /* the algorithm table's first capacity (doubles when 3/4 full) */
 
@@ -1331,7 +1333,7 @@ int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H,
     return tc_blocks(B, H, Sq) <= 2 * (int64_t)c->sm_count && sj_ek_att_tc_smem(D, Dv, 2) <= c->max_smem_optin ? 2 : 1;
 }
 
-/* The register kernels (attention_mma) take D = Dv = 64 or 128, in blocks
+/* The register kernels (attention_mma) take D = Dv = 32, 64, 96 or 128, in blocks
  * of W warps (16 W queries) that share their key and value tiles. H200,
  * f16 [1, 12, S, 64], call median ms at S = 128 / 512 / 2048 (first
  * version): W = 4 0.0134 / 0.0282 / 0.124; W = 2 0.0141 / 0.0326 / 0.198;
@@ -1339,7 +1341,7 @@ int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H,
  * without a block (S = 512: 96 blocks on 132 SMs). attention_tc took
  * 0.0224 / 0.0553 / 0.261. */
 int sj_cuda_attention_warps(const sj_cuda *c, sj_dtype dt, int64_t D, int64_t Dv) {
-    if (!(dt == SJ_F16 || dt == SJ_BF16) || c->cc_major < 8 || D != Dv || (D != 64 && D != 128) ||
+    if (!(dt == SJ_F16 || dt == SJ_BF16) || c->cc_major < 8 || D != Dv || D % 32 || D < 32 || D > 128 ||
         sj_ek_att_mma_smem(D, Dv, SJ_EK_ATT_MMA_THREADS / 32) > c->max_smem_optin)
         return 0;
     return SJ_EK_ATT_MMA_THREADS / 32;
@@ -1387,7 +1389,7 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
     }
     if (w) {
         int64_t blocks = a.B * a.H * ((a.Sq + 16 * w - 1) / (16 * w));
-        int kern = (a.D == 64 ? EK_attention_mma64_f16 : EK_attention_mma128_f16) + (q->dtype == SJ_BF16);
+        int kern = EK_attention_mma32_f16 + 2 * (int)(a.D / 32 - 1) + (q->dtype == SJ_BF16);
         sj_cuda_bind(c);
         return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), 32 * w, 1,
                       (unsigned)sj_ek_att_mma_smem(a.D, a.Dv, w), &a);

@@ -80,7 +80,7 @@ int sj_cuda_test_reject_class(int n);
 void sj_cuda_matmul_warming(sj_cuda *c, int on);
 void sj_cuda_matmul_warm_wait(sj_cuda *c);
 /* Attention: f16 and bf16 on tensor cores, 64 queries a block. With D =
- * Dv = 64 or 128, scores, softmax and output in registers, W warps a
+ * Dv = 32, 64, 96 or 128, scores, softmax and output in registers, W warps a
  * block (sj_cuda_attention_warps: W, or 0 for any other call); else with
  * head sizes D, Dv multiples of 16 up to 128, through shared memory with
  * one or two key tiles (sj_cuda_attention_tiles: which, or 0). Any other
