@@ -244,7 +244,7 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
 /* -- attention_mma: the scores, the softmax and the output in registers ------------
  * The kernels attention_mma<D>_<tag> (D = Dv = 32, 64, 96 or 128), as flash
  * attention 2 lays the work out: a block of W warps
- * (blockDim.x = 32 W, W = 1, 2 or 4, the host's choice) takes 16 W queries
+ * (blockDim.x = 32 W, W at most 4; the host launches 4) takes 16 W queries
  * of one (b, h); each warp owns 16 of them and keeps everything about them
  * in registers, with mma.sync m16n8k16 (f32 accumulation) instead of
  * wmma's opaque fragments:
@@ -258,7 +258,8 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
  *     tiles is the A layout of one 16 x 16);
  *   - O (16 x Dv) as Dv / 8 accumulator tiles, rescaled by alpha in place.
  * Keys and values come through shared memory as in attention_tc (cp.async,
- * two tiles); V's B fragments are read transposed by ldmatrix.trans. No
+ * two tiles); K's and V's B fragments are read by ldmatrix (V's
+ * transposed), 32 columns of K at a time, hence D a multiple of 32. No
  * shared memory holds S, P or O, and a warp never waits for another except
  * at the tile loads. The masks, the rounding of P before P V, l in f32 and
  * the outputs of queries without keys are attention_tc's.
@@ -268,34 +269,27 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
  * 16 bytes, so that the fragment reads of eight rows fall in different
  * banks. */
 template <class T> struct mma_elem;
-template <> struct mma_elem<dt_f16> {
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        __half2 h = __floats2half2_rn(lo, hi); /* lo in the low half: the lower column */
-        uint32_t u;
-        memcpy(&u, &h, 4);
-        return u;
-    }
-    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-template <> struct mma_elem<dt_bf16> {
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-        uint32_t u;
-        memcpy(&u, &h, 4);
-        return u;
-    }
-    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
+/* pack: two floats rounded to nearest even, lo in the low half (the lower
+ * column); mma: d += a b on one m16n8k16 tile. */
+#define SJ_MMA_ELEM(tag, H2, cvt, ty)                                                              \
+    template <> struct mma_elem<dt_##tag> {                                                        \
+        static __device__ __forceinline__ uint32_t pack(float lo, float hi) {                      \
+            H2 h = cvt(lo, hi);                                                                    \
+            uint32_t u;                                                                            \
+            memcpy(&u, &h, 4);                                                                     \
+            return u;                                                                              \
+        }                                                                                          \
+        static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, \
+                                                   uint32_t b1) {                                  \
+            asm("mma.sync.aligned.m16n8k16.row.col.f32." ty "." ty ".f32 {%0,%1,%2,%3}, "          \
+                "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                           \
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                   \
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                   \
+        }                                                                                          \
+    };
+SJ_MMA_ELEM(f16, __half2, __floats2half2_rn, "f16")
+SJ_MMA_ELEM(bf16, __nv_bfloat162, __floats2bfloat162_rn, "bf16")
+#undef SJ_MMA_ELEM
 
 SJ_DEV uint32_t sm_u32(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
