@@ -749,8 +749,10 @@ static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t
 
 /* The cases with head sizes in multiples of 16 run on tensor cores in f16
  * and bf16 (on this device: compute capability 8.0 or later): D = Dv = 32,
- * 64, 96 or 128 in registers, others through shared memory with two key
- * tiles when all their blocks fit at once, else one. */
+ * 64, 96 or 128 in registers (the cases of tu_attention_cases with two key
+ * groups where they have more than one key tile, the many-heads one with
+ * one), others through shared memory with two key tiles when all their
+ * blocks fit at once, else one. */
 static void test_attention(void **state) {
     int tc = dev->cc_major >= 8, many = 4 * dev->sm_count; /* heads: more blocks than fit */
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 64, 64), 2 * tc);
@@ -758,20 +760,25 @@ static void test_attention(void **state) {
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, many, 130, 32, 32), tc);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_BF16, 1, many, 130, 32, 32), tc);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F32, 1, 12, 512, 64, 64), 0);
-    /* D = Dv = 32, 64, 96 or 128: the register kernels, 4 warps a block */
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 64, 64), 4 * tc);
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_BF16, 128, 128), 4 * tc);
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 32, 32), 4 * tc);
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_BF16, 96, 96), 4 * tc);
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 64, 32), 0);
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 48, 48), 0);
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F16, 160, 160), 0);
-    assert_int_equal(sj_cuda_attention_warps(dev, SJ_F32, 64, 64), 0);
+    /* D = Dv = 32, 64, 96 or 128: the register kernels, with two key
+     * groups where the blocks (64 queries) are at most one an SM and there
+     * is more than one tile of keys */
+    int sms = dev->sm_count;
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_F16, 1, 1, 64 * sms, 512, 64, 64), 2 * tc);
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_BF16, 1, 1, 64 * sms + 1, 512, 128, 128), tc);
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_F16, 1, 1, 64, 64, 32, 32), tc);
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_BF16, 2, 3, 100, 65, 96, 96), 2 * tc);
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_F16, 1, 1, 64, 512, 64, 32), 0);
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_F16, 1, 1, 64, 512, 48, 48), 0);
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_F16, 1, 1, 64, 512, 160, 160), 0);
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_F32, 1, 1, 64, 512, 64, 64), 0);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 8, 6), 0);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 256, 256), 0);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, many, 130, 48, 48), tc);
-    for (int d = 0; d < 3; d++) /* one key tile */
+    for (int d = 0; d < 3; d++) { /* one key tile; the register kernel with one key group */
         run_attention(tu_floats[d], 1, many, 130, 70, 48, 48, (int64_t[]){50}, SJ_I32, 1, 0);
+        run_attention(tu_floats[d], 1, many, 70, 200, 64, 64, (int64_t[]){150}, SJ_I64, 1, 1);
+    }
     tu_attention_cases(true, run_attention);
 }
 

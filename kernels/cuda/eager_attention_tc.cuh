@@ -60,10 +60,10 @@ template <> struct tc_elem<dt_bf16> {
 /* rows [0, rows) of an [*, n] slab at src (row stride s_row, element stride
  * s_col) into dst (row stride ld); rows from `valid` on are zeros. vec: 8
  * elements at a time (s_col is 1, src and s_row 16-byte aligned), copied
- * asynchronously: the caller commits the batch and waits for it. */
+ * asynchronously: the caller commits the batch and waits for it. Copied by
+ * threads t of nthr (default: the block's). */
 SJ_DEV void tc_load(uint16_t *dst, int ld, const uint16_t *src, int64_t s_row, int64_t s_col, int rows, int valid,
-                    int n, bool vec) {
-    const int t = (int)threadIdx.x, nthr = (int)blockDim.x;
+                    int n, bool vec, int t = (int)threadIdx.x, int nthr = (int)blockDim.x) {
     if (vec) {
         const int cpr = n >> 3;
         for (int c = t; c < rows * cpr; c += nthr) {
@@ -311,19 +311,105 @@ SJ_DEV void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t *row) {
                  : "r"(a));
 }
 
-template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) {
+/* One tile of 64 keys (from j0) for one warp's 16 queries: S = Q K^T from
+ * qf and the tile's K (Ks), the online softmax into m and l, O += P V with
+ * the tile's V (Vs). rl: the keys of the lane's two rows. */
+template <class T, int D, int DV>
+SJ_DEV void attention_mma_tile(const uint32_t (&qf)[D / 16][4], float (&o)[DV / 8][4], float (&m)[2], float (&l)[2],
+                               const uint16_t *Ks, const uint16_t *Vs, const int64_t (&rl)[2], int64_t j0,
+                               float scale, int lane) {
     constexpr int TK = SJ_EK_ATT_TK, LDQ = D + 8, LDV = DV + 8;
+    const int c2 = (lane & 3) * 2;
+    /* S = Q K^T: B's column n is key n, K's row; its fragments for
+     * two steps of 16 along D come from one ldmatrix */
+    float s[TK / 8][4];
+    const uint16_t *kr = Ks + (lane & 7) * LDQ + (lane >> 3) * 8;
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc += 2) {
+            uint32_t b[4];
+            ldsm_x4(b, kr + n * 8 * LDQ + kc * 16);
+            mma_elem<T>::mma(s[n], qf[kc], b[0], b[1]);
+            mma_elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
+        }
+    }
+    float cm[2] = {-INFINITY, -INFINITY};
+    int kl[2]; /* keys of this tile in use by each row */
+#pragma unroll
+    for (int r = 0; r < 2; r++) kl[r] = (int)(rl[r] - j0 < 0 ? 0 : rl[r] - j0 > TK ? TK : rl[r] - j0);
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            const float sv = n * 8 + c2 + (e & 1) < kl[r] ? s[n][e] * scale : -INFINITY;
+            s[n][e] = sv;
+            cm[r] = max_nan(cm[r], sv);
+        }
+    float alpha[2], mn[2], cs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        cm[r] = max_nan(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 1));
+        cm[r] = max_nan(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 2));
+        mn[r] = max_nan(m[r], cm[r]);
+        /* mn = -inf only when every score so far is -inf: those weigh 0 */
+        alpha[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - mn[r]);
+    }
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            const float ex = mn[r] == -INFINITY ? 0.0f : __expf(s[n][e] - mn[r]);
+            s[n][e] = ex;
+            cs[r] += ex;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] = l[r] * alpha[r] + cs[r];
+        m[r] = mn[r];
+    }
+#pragma unroll
+    for (int n = 0; n < DV / 8; n++) {
+        o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+    /* O += P V: P's 16 x 16 A fragment for keys 16 kc.. is S's tiles
+     * 2 kc and 2 kc + 1; V's B fragments for output columns 16 nd..
+     * come transposed from rows 16 kc.. of the tile */
+    const int vr = (lane & 7) + ((lane >> 3) & 1) * 8, vc = (lane >> 4) * 8;
+#pragma unroll
+    for (int kc = 0; kc < TK / 16; kc++) {
+        const uint32_t a[4] = {mma_elem<T>::pack(s[2 * kc][0], s[2 * kc][1]),
+                               mma_elem<T>::pack(s[2 * kc][2], s[2 * kc][3]),
+                               mma_elem<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                               mma_elem<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < DV / 16; nd++) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, Vs + (kc * 16 + vr) * LDV + nd * 16 + vc);
+            mma_elem<T>::mma(o[2 * nd], a, b[0], b[1]);
+            mma_elem<T>::mma(o[2 * nd + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) {
+    constexpr int TK = SJ_EK_ATT_TK, LDQ = D + 8, LDV = DV + 8, W = SJ_EK_ATT_MMA_WARPS, TQ = 16 * W;
     static_assert(D % 32 == 0 && DV % 16 == 0 && TK % 16 == 0, "fragment sizes (K's come 32 columns at a time)");
     extern __shared__ __align__(128) unsigned char att_tc_sm[];
-    const int W = (int)(blockDim.x >> 5), TQ = 16 * W;
+    const int KG = (int)(blockDim.x / (32 * W)); /* key groups: 1 or 2 */
     uint16_t *Qs = reinterpret_cast<uint16_t *>(att_tc_sm);
-    uint16_t *Kb = Qs + TQ * LDQ, *Vb = Kb + 2 * TK * LDQ; /* two tiles each */
     const uint16_t *q = reinterpret_cast<const uint16_t *>(p.q);
     const uint16_t *k = reinterpret_cast<const uint16_t *>(p.k);
     const uint16_t *v = reinterpret_cast<const uint16_t *>(p.v);
     uint16_t *y = reinterpret_cast<uint16_t *>(p.y);
     const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int grp = warp / W, wq = warp % W; /* this warp's key group, and its queries' place */
     const int g = lane >> 2, c2 = (lane & 3) * 2; /* this lane's rows g, g + 8; columns c2, c2 + 1 */
+    uint16_t *Kb = Qs + TQ * LDQ + grp * 2 * TK * (LDQ + LDV), *Vb = Kb + 2 * TK * LDQ; /* the group's two tiles */
     const bool vec = p.vec != 0;
     /* results written two at a time where pairs are 4-byte aligned */
     const bool ypair = p.sy[3] == 1 && ((p.y | (uint64_t)(p.sy[0] | p.sy[1] | p.sy[2]) << 1) & 3) == 0;
@@ -331,35 +417,41 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
     for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
         const tc_block tb = tc_block_at(p, blk, TQ);
         const int64_t h = tb.h, bb = tb.bb, i0 = tb.i0, kend = tb.kend;
-        const int nq = tb.nq;
-        const int64_t rl[2] = {tc_row_keys(p, tb, i0 + warp * 16 + g), /* keys of this lane's rows */
-                               tc_row_keys(p, tb, i0 + warp * 16 + g + 8)};
+        const int64_t rl[2] = {tc_row_keys(p, tb, i0 + wq * 16 + g), /* keys of this lane's rows */
+                               tc_row_keys(p, tb, i0 + wq * 16 + g + 8)};
         __syncthreads(); /* the previous block's readers of Q, K and V are done */
-        tc_load(Qs, LDQ, q + bb * p.sq[0] + h * p.sq[1] + i0 * p.sq[2], p.sq[2], p.sq[3], TQ, nq, D, vec);
+        tc_load(Qs, LDQ, q + bb * p.sq[0] + h * p.sq[1] + i0 * p.sq[2], p.sq[2], p.sq[3], TQ, tb.nq, D, vec);
         const uint16_t *kh = k + bb * p.sk[0] + h * p.sk[1], *vh = v + bb * p.sv[0] + h * p.sv[1];
-        auto load_kv = [&](int64_t j0) {
-            const int nk = (int)(kend - j0 < TK ? kend - j0 : TK), buf = (int)((j0 / TK) & 1);
-            tc_load(Kb + buf * TK * LDQ, LDQ, kh + j0 * p.sk[2], p.sk[2], p.sk[3], TK, nk, D, vec);
-            tc_load(Vb + buf * TK * LDV, LDV, vh + j0 * p.sv[2], p.sv[2], p.sv[3], TK, nk, DV, vec);
+        /* group grp takes tiles grp, grp + KG, ...: its it-th in buffer it % 2,
+         * copied by its own threads */
+        auto load_kv = [&](int j0, int it) {
+            const int nk = (int)(kend - j0 < TK ? kend - j0 : TK), buf = (int)(it & 1);
+            const int gt = t - grp * 32 * W, gn = 32 * W;
+            tc_load(Kb + buf * TK * LDQ, LDQ, kh + j0 * p.sk[2], p.sk[2], p.sk[3], TK, nk, D, vec, gt, gn);
+            tc_load(Vb + buf * TK * LDV, LDV, vh + j0 * p.sv[2], p.sv[2], p.sv[3], TK, nk, DV, vec, gt, gn);
         };
-        if (kend > 0) load_kv(0);
+        if (grp * TK < kend) load_kv(grp * TK, 0);
         __pipeline_commit(); /* with Q */
         uint32_t qf[D / 16][4];
         float o[DV / 8][4];
 #pragma unroll
         for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's part of the row's sum */
-        for (int64_t j0 = 0; j0 < kend; j0 += TK) {
-            if (j0 + TK < kend) {
-                load_kv(j0 + TK);
+        /* tiles: kend < 2^31 keys (a head's keys, at most 2^48 elements, of
+         * at least 32 each) */
+        const int iters = (int)(((kend + TK - 1) / TK + KG - 1) / KG); /* the same for every group */
+        for (int it = 0; it < iters; it++) {
+            const int j0 = (it * KG + grp) * TK, jn = j0 + KG * TK;
+            if (jn < kend) {
+                load_kv(jn, it + 1);
                 __pipeline_commit();
                 __pipeline_wait_prior(1); /* all but the newest batch: this tile's */
             } else {
                 __pipeline_wait_prior(0);
             }
             __syncthreads(); /* Q and this tile's K and V written, by every thread */
-            if (j0 == 0) {
-                const uint16_t *qr = Qs + (warp * 16 + g) * LDQ + c2;
+            if (it == 0) {
+                const uint16_t *qr = Qs + (wq * 16 + g) * LDQ + c2;
 #pragma unroll
                 for (int kc = 0; kc < D / 16; kc++) {
                     qf[kc][0] = sm_u32(qr + kc * 16);
@@ -368,81 +460,10 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
                     qf[kc][3] = sm_u32(qr + 8 * LDQ + kc * 16 + 8);
                 }
             }
-            const int buf = (int)((j0 / TK) & 1);
-            const uint16_t *Ks = Kb + buf * TK * LDQ, *Vs = Vb + buf * TK * LDV;
-            /* S = Q K^T: B's column n is key n, K's row; its fragments for
-             * two steps of 16 along D come from one ldmatrix */
-            float s[TK / 8][4];
-            const uint16_t *kr = Ks + (lane & 7) * LDQ + (lane >> 3) * 8;
-#pragma unroll
-            for (int n = 0; n < TK / 8; n++) {
-                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-                for (int kc = 0; kc < D / 16; kc += 2) {
-                    uint32_t b[4];
-                    ldsm_x4(b, kr + n * 8 * LDQ + kc * 16);
-                    mma_elem<T>::mma(s[n], qf[kc], b[0], b[1]);
-                    mma_elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
-                }
-            }
-            float cm[2] = {-INFINITY, -INFINITY};
-            int kl[2]; /* keys of this tile in use by each row */
-#pragma unroll
-            for (int r = 0; r < 2; r++) kl[r] = (int)(rl[r] - j0 < 0 ? 0 : rl[r] - j0 > TK ? TK : rl[r] - j0);
-#pragma unroll
-            for (int n = 0; n < TK / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1;
-                    const float sv = n * 8 + c2 + (e & 1) < kl[r] ? s[n][e] * p.scale : -INFINITY;
-                    s[n][e] = sv;
-                    cm[r] = max_nan(cm[r], sv);
-                }
-            float alpha[2], mn[2], cs[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                cm[r] = max_nan(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 1));
-                cm[r] = max_nan(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 2));
-                mn[r] = max_nan(m[r], cm[r]);
-                /* mn = -inf only when every score so far is -inf: those weigh 0 */
-                alpha[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - mn[r]);
-            }
-#pragma unroll
-            for (int n = 0; n < TK / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1;
-                    const float ex = mn[r] == -INFINITY ? 0.0f : __expf(s[n][e] - mn[r]);
-                    s[n][e] = ex;
-                    cs[r] += ex;
-                }
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                l[r] = l[r] * alpha[r] + cs[r];
-                m[r] = mn[r];
-            }
-#pragma unroll
-            for (int n = 0; n < DV / 8; n++) {
-                o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-            }
-            /* O += P V: P's 16 x 16 A fragment for keys 16 kc.. is S's tiles
-             * 2 kc and 2 kc + 1; V's B fragments for output columns 16 nd..
-             * come transposed from rows 16 kc.. of the tile */
-            const int vr = (lane & 7) + ((lane >> 3) & 1) * 8, vc = (lane >> 4) * 8;
-#pragma unroll
-            for (int kc = 0; kc < TK / 16; kc++) {
-                const uint32_t a[4] = {mma_elem<T>::pack(s[2 * kc][0], s[2 * kc][1]),
-                                       mma_elem<T>::pack(s[2 * kc][2], s[2 * kc][3]),
-                                       mma_elem<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                       mma_elem<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-                for (int nd = 0; nd < DV / 16; nd++) {
-                    uint32_t b[4];
-                    ldsm_x4_trans(b, Vs + (kc * 16 + vr) * LDV + nd * 16 + vc);
-                    mma_elem<T>::mma(o[2 * nd], a, b[0], b[1]);
-                    mma_elem<T>::mma(o[2 * nd + 1], a, b[2], b[3]);
-                }
+            if (j0 < kend) { /* this group's last iteration may have no tile */
+                const int buf = (int)(it & 1);
+                const uint16_t *Ks = Kb + buf * TK * LDQ, *Vs = Vb + buf * TK * LDV;
+                attention_mma_tile<T, D, DV>(qf, o, m, l, Ks, Vs, rl, j0, p.scale, lane);
             }
             __syncthreads(); /* every warp is done with this tile's buffer: the next load reuses it */
         }
@@ -451,7 +472,42 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
         for (int r = 0; r < 2; r++) {
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-            const int64_t i = i0 + warp * 16 + g + 8 * r;
+        }
+        if (KG == 2) {
+            /* group 1 hands its rows' m, l and O to group 0's warp with the
+             * same queries, lane for lane (the same fragment layout), through
+             * the key buffers: float e of lane l at [wq][e][l] */
+            constexpr int NE = DV / 2 + 4;
+            float *xs = reinterpret_cast<float *>(Qs + TQ * LDQ) + wq * NE * 32 + lane;
+            __syncthreads(); /* (no tile ran: nothing else synchronised the groups) */
+            if (grp == 1) {
+#pragma unroll
+                for (int n = 0; n < DV / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) xs[(n * 4 + e) * 32] = o[n][e];
+                xs[(DV / 2) * 32] = m[0], xs[(DV / 2 + 1) * 32] = m[1];
+                xs[(DV / 2 + 2) * 32] = l[0], xs[(DV / 2 + 3) * 32] = l[1];
+            }
+            __syncthreads();
+            if (grp == 1)
+                continue;
+            float a0[2], a1[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float m1 = xs[(DV / 2 + r) * 32], l1 = xs[(DV / 2 + 2 + r) * 32];
+                const float mx = max_nan(m[r], m1);
+                a0[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - mx);
+                a1[r] = m1 == -INFINITY ? 0.0f : __expf(m1 - mx);
+                l[r] = l[r] * a0[r] + l1 * a1[r];
+            }
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[n][e] = o[n][e] * a0[e >> 1] + xs[(n * 4 + e) * 32] * a1[e >> 1];
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t i = i0 + wq * 16 + g + 8 * r;
             if (i >= p.Sq)
                 continue;
             const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; /* l = 0: no key, zeros */
@@ -471,12 +527,16 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
     }
 }
 
-#define SJ_EK_DEF_ATT_MMA(d, tag)                                                                  \
-    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_MMA_THREADS)                            \
+/* Registers: at most what keeps three blocks of one key group an SM at D
+ * <= 64 (168 x 128 x 3 <= 64 K), which __launch_bounds__ for the two-group
+ * block (256 threads) would not (187 at D = 64); more at D = 96 and 128,
+ * which need them. */
+#define SJ_EK_DEF_ATT_MMA(d, tag, regs)                                                            \
+    extern "C" __global__ void __maxnreg__(regs)                                                   \
         sj_ek_attention_mma##d##_##tag(const __grid_constant__ sj_ek_att a) {                      \
         attention_mma<dt_##tag, d, d>(a);                                                          \
     }
-#define SJ_EK_DEF_attention_mma32(tag) SJ_EK_DEF_ATT_MMA(32, tag)
-#define SJ_EK_DEF_attention_mma64(tag) SJ_EK_DEF_ATT_MMA(64, tag)
-#define SJ_EK_DEF_attention_mma96(tag) SJ_EK_DEF_ATT_MMA(96, tag)
-#define SJ_EK_DEF_attention_mma128(tag) SJ_EK_DEF_ATT_MMA(128, tag)
+#define SJ_EK_DEF_attention_mma32(tag) SJ_EK_DEF_ATT_MMA(32, tag, 168)
+#define SJ_EK_DEF_attention_mma64(tag) SJ_EK_DEF_ATT_MMA(64, tag, 168)
+#define SJ_EK_DEF_attention_mma96(tag) SJ_EK_DEF_ATT_MMA(96, tag, 240)
+#define SJ_EK_DEF_attention_mma128(tag) SJ_EK_DEF_ATT_MMA(128, tag, 255)

@@ -1333,18 +1333,27 @@ int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H,
     return tc_blocks(B, H, Sq) <= 2 * (int64_t)c->sm_count && sj_ek_att_tc_smem(D, Dv, 2) <= c->max_smem_optin ? 2 : 1;
 }
 
-/* The register kernels (attention_mma) take D = Dv = 32, 64, 96 or 128, in blocks
- * of W warps (16 W queries) that share their key and value tiles. H200,
- * f16 [1, 12, S, 64], call median ms at S = 128 / 512 / 2048 (first
- * version): W = 4 0.0134 / 0.0282 / 0.124; W = 2 0.0141 / 0.0326 / 0.198;
- * W = 1 0.0157 / 0.0378 / 0.340; so four, even where that leaves SMs
- * without a block (S = 512: 96 blocks on 132 SMs). attention_tc took
- * 0.0224 / 0.0553 / 0.261. */
-int sj_cuda_attention_warps(const sj_cuda *c, sj_dtype dt, int64_t D, int64_t Dv) {
+/* The register kernels (attention_mma) take D = Dv = 32, 64, 96 or 128, in
+ * blocks of 64 queries: 4 warps of 16 that share their key and value
+ * tiles, times the key groups. Every warp is a chain of key tiles, and how
+ * many warps there are is set by the queries, so a call whose blocks do
+ * not fill the device (S = 512 with 12 heads: 96 blocks on an H200's 132
+ * SMs) has few warps an SM, each waiting on its own latencies. Two key
+ * groups give such a call twice the warps, each group taking every other
+ * tile, and combine their rows' softmax states at the end (registers: one
+ * block an SM then, so only where blocks are at most one an SM anyway).
+ * H200, f16 [1, 12, S, 64], call median ms at S = 128 / 512 / 2048 (one
+ * group): 0.012 / 0.024 / 0.119; attention_tc took 0.022 / 0.054 / 0.259.
+ * Blocks of 1 or 2 warps instead of 4 were slower at every size. */
+int sj_cuda_attention_groups(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D,
+                             int64_t Dv) {
     if (!(dt == SJ_F16 || dt == SJ_BF16) || c->cc_major < 8 || D != Dv || D % 32 || D < 32 || D > 128 ||
-        sj_ek_att_mma_smem(D, Dv, SJ_EK_ATT_MMA_THREADS / 32) > c->max_smem_optin)
+        sj_ek_att_mma_smem(D, Dv, 1) > c->max_smem_optin)
         return 0;
-    return SJ_EK_ATT_MMA_THREADS / 32;
+    int64_t blocks = B * H * ((Sq + 16 * SJ_EK_ATT_MMA_WARPS - 1) / (16 * SJ_EK_ATT_MMA_WARPS));
+    return blocks <= (int64_t)c->sm_count && Sk > SJ_EK_ATT_TK && sj_ek_att_mma_smem(D, Dv, 2) <= c->max_smem_optin
+               ? 2
+               : 1;
 }
 
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
@@ -1375,9 +1384,9 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
     a.scale = (float)scale;
     a.causal = causal != 0;
     sj_cuda *c = e->cuda;
-    int w = sj_cuda_attention_warps(c, q->dtype, a.D, a.Dv);
-    int nb = w ? 0 : sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
-    if (w || nb) {
+    int kg = sj_cuda_attention_groups(c, q->dtype, a.B, a.H, a.Sq, a.Sk, a.D, a.Dv);
+    int nb = kg ? 0 : sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
+    if (kg || nb) {
         a.vec = 1;
         const sj_tensor *qkv[3] = {q, k, v};
         for (int t = 0; t < 3; t++) {
@@ -1387,12 +1396,13 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
                 a.vec = 0;
         }
     }
-    if (w) {
-        int64_t blocks = a.B * a.H * ((a.Sq + 16 * w - 1) / (16 * w));
+    if (kg) {
+        const int tq = 16 * SJ_EK_ATT_MMA_WARPS;
+        int64_t blocks = a.B * a.H * ((a.Sq + tq - 1) / tq);
         int kern = EK_attention_mma32_f16 + 2 * (int)(a.D / 32 - 1) + (q->dtype == SJ_BF16);
         sj_cuda_bind(c);
-        return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), 32 * w, 1,
-                      (unsigned)sj_ek_att_mma_smem(a.D, a.Dv, w), &a);
+        return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), 32 * SJ_EK_ATT_MMA_WARPS * kg, 1,
+                      (unsigned)sj_ek_att_mma_smem(a.D, a.Dv, kg), &a);
     }
     if (nb) {
         int64_t blocks = tc_blocks(a.B, a.H, a.Sq);
