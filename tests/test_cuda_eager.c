@@ -772,6 +772,9 @@ static void test_attention(void **state) {
     assert_int_equal(sj_cuda_attention_groups(dev, SJ_F16, 1, 1, 64, 512, 48, 48), 0);
     assert_int_equal(sj_cuda_attention_groups(dev, SJ_F16, 1, 1, 64, 512, 160, 160), 0);
     assert_int_equal(sj_cuda_attention_groups(dev, SJ_F32, 1, 1, 64, 512, 64, 64), 0);
+    /* key tiles indexed in int: that many keys go to the wmma kernel */
+    assert_int_equal(sj_cuda_attention_groups(dev, SJ_F16, 1, 1, 64, (int64_t)1 << 30, 64, 64), 0);
+    assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 1, 64, 64, 64), 2 * tc);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 8, 6), 0);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, 12, 512, 256, 256), 0);
     assert_int_equal(sj_cuda_attention_tiles(dev, SJ_F16, 1, many, 130, 48, 48), tc);

@@ -42,9 +42,11 @@
  *                 dynamic shared memory (D + Dv + SJ_EK_ATT_CHUNK) floats
  *   attention_tc  block (SJ_EK_ATT_TC_THREADS), one block per (b, h, SJ_EK_ATT_TQ
  *                 queries), dynamic shared memory sj_ek_att_tc_smem(D, Dv, 2 or 1)
- *   attention_mma block (128 kg, kg in {1, 2} key groups), one block per
- *                 (b, h, 64 queries), dynamic shared memory
- *                 sj_ek_att_mma_smem(D, Dv, kg)                bound 256
+ *   attention_mma block (32 SJ_EK_ATT_MMA_WARPS kg, kg in {1, 2} key
+ *                 groups), one block per (b, h, SJ_EK_ATT_TQ queries),
+ *                 dynamic shared memory sj_ek_att_mma_smem(D, Dv, kg);
+ *                 no __launch_bounds__: __maxnreg__ per head size, at most
+ *                 255, so that 256 threads always fit an SM's registers
  *   gather        block (256), grid-stride                   bound 256
  */
 #ifndef SJ_EAGER_ABI_CUH
@@ -204,11 +206,11 @@ typedef struct sj_ek_gather {
     int32_t idx_i64, contig;
 } sj_ek_gather;
 
-/* attention_mma<D> (eager_attention_tc.cuh): warps a key group (4, each
- * with 16 of the block's 64 queries; a block has one or two key groups),
- * and the dynamic shared memory with kg groups: Q's rows and, per group,
- * two tiles of keys and values. */
-#define SJ_EK_ATT_MMA_WARPS 4
+/* attention_mma<D> (eager_attention_tc.cuh): warps a key group (one for
+ * each 16 of the block's SJ_EK_ATT_TQ queries; a block has one or two key
+ * groups), and the dynamic shared memory with kg groups: Q's rows and, per
+ * group, two tiles of keys and values. */
+#define SJ_EK_ATT_MMA_WARPS (SJ_EK_ATT_TQ / 16)
 static inline int64_t sj_ek_att_mma_smem(int64_t D, int64_t Dv, int kg) {
     return ((int64_t)16 * SJ_EK_ATT_MMA_WARPS * (D + 8) + kg * 2 * (int64_t)SJ_EK_ATT_TK * (D + 8 + Dv + 8)) * 2;
 }

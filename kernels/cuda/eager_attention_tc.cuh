@@ -243,9 +243,9 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
 
 /* -- attention_mma: the scores, the softmax and the output in registers ------------
  * The kernels attention_mma<D>_<tag> (D = Dv = 32, 64, 96 or 128), as flash
- * attention 2 lays the work out: a block of W warps
- * (blockDim.x = 32 W, W at most 4; the host launches 4) takes 16 W queries
- * of one (b, h); each warp owns 16 of them and keeps everything about them
+ * attention 2 lays the work out: a key group of W = SJ_EK_ATT_MMA_WARPS
+ * warps takes 16 W queries of one (b, h); each warp owns 16 of them and
+ * keeps everything about them
  * in registers, with mma.sync m16n8k16 (f32 accumulation) instead of
  * wmma's opaque fragments:
  *   - its Q rows as A fragments, loaded once;
@@ -264,10 +264,17 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
  * at the tile loads. The masks, the rounding of P before P V, l in f32 and
  * the outputs of queries without keys are attention_tc's.
  *
- * Shared memory: Q [16 W][D + 8], K [2][TK][D + 8], V [2][TK][Dv + 8] in the
- * dtype (sj_ek_att_mma_smem; 46 KiB for D = 64 and W = 4). Rows padded by
- * 16 bytes, so that the fragment reads of eight rows fall in different
- * banks. */
+ * A block has one or two key groups (blockDim.x = 32 W KG, the host's
+ * choice): with two, group g takes key tiles g, g + 2, ... for the same
+ * queries, and at the end group 1's warps hand their rows' m, l and O to
+ * group 0's through shared memory, where the two parts are combined as
+ * softmax parts are (rescaled to the larger max).
+ *
+ * Shared memory: Q [16 W][D + 8], then per key group K [2][TK][D + 8] and
+ * V [2][TK][Dv + 8], in the dtype (sj_ek_att_mma_smem: 46 KiB for D = 64
+ * and one group). Rows padded by 16 bytes, so that the fragment reads of
+ * eight rows fall in different banks. Tile indices are ints: the host
+ * sends calls with 2^30 keys or more to attention_tc. */
 template <class T> struct mma_elem;
 /* pack: two floats rounded to nearest even, lo in the low half (the lower
  * column); mma: d += a b on one m16n8k16 tile. */
@@ -437,8 +444,7 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
 #pragma unroll
         for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's part of the row's sum */
-        /* tiles: kend < 2^31 keys (a head's keys, at most 2^48 elements, of
-         * at least 32 each) */
+        /* tile indices in int: kend < 2^30 (the host's rule) */
         const int iters = (int)(((kend + TK - 1) / TK + KG - 1) / KG); /* the same for every group */
         for (int it = 0; it < iters; it++) {
             const int j0 = (it * KG + grp) * TK, jn = j0 + KG * TK;

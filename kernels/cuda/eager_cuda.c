@@ -580,13 +580,13 @@ static int lt_operand(lt_mat *m, CUdeviceptr p, int64_t R, int64_t C, int64_t sr
     return 0;
 }
 
-/* Largest power of two (<= 256) dividing the pointer and the byte strides. */
 /* The largest power of two (<= 256) dividing bits. */
 static uint32_t align256(uint64_t bits) {
     bits |= 256;
     return (uint32_t)(bits & (~bits + 1));
 }
 
+/* ... dividing the pointer and the byte strides. */
 static uint32_t lt_align(const lt_mat *m, size_t es, int batched) {
     return align256(m->p | (uint64_t)m->ld * es | (batched ? (uint64_t)m->bstride * es : 0));
 }
@@ -1326,6 +1326,9 @@ sj_status sj_cuda_matmul_bias(const sj_cuda_exec *e, const sj_tensor *a, const s
  * 0.26 ms. */
 static int64_t tc_blocks(int64_t B, int64_t H, int64_t Sq) { return B * H * ((Sq + SJ_EK_ATT_TQ - 1) / SJ_EK_ATT_TQ); }
 
+/* attention_mma indexes key tiles with ints. */
+#define ATT_MMA_MAX_SK ((int64_t)1 << 30)
+
 int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t D, int64_t Dv) {
     if (!(dt == SJ_F16 || dt == SJ_BF16) || c->cc_major < 8 || D <= 0 || Dv <= 0 || D % 16 || Dv % 16 ||
         D > SJ_EK_ATT_TC_DMAX || Dv > SJ_EK_ATT_TC_DMAX || sj_ek_att_tc_smem(D, Dv, 1) > c->max_smem_optin)
@@ -1342,16 +1345,17 @@ int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H,
  * groups give such a call twice the warps, each group taking every other
  * tile, and combine their rows' softmax states at the end (registers: one
  * block an SM then, so only where blocks are at most one an SM anyway).
- * H200, f16 [1, 12, S, 64], call median ms at S = 128 / 512 / 2048 (one
- * group): 0.012 / 0.024 / 0.119; attention_tc took 0.022 / 0.054 / 0.259.
- * Blocks of 1 or 2 warps instead of 4 were slower at every size. */
+ * H200, f16 [1, 12, S, 64], call median ms at S = 128 / 512 / 2048: one
+ * group 0.012 / 0.025 / 0.120, two where chosen 0.011 / 0.020 / (one);
+ * attention_tc took 0.022 / 0.054 / 0.259. Blocks of 1 or 2 warps instead
+ * of 4 were slower at every size. */
 int sj_cuda_attention_groups(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D,
                              int64_t Dv) {
     if (!(dt == SJ_F16 || dt == SJ_BF16) || c->cc_major < 8 || D != Dv || D % 32 || D < 32 || D > 128 ||
-        sj_ek_att_mma_smem(D, Dv, 1) > c->max_smem_optin)
+        Sk >= ATT_MMA_MAX_SK || sj_ek_att_mma_smem(D, Dv, 1) > c->max_smem_optin)
         return 0;
-    int64_t blocks = B * H * ((Sq + 16 * SJ_EK_ATT_MMA_WARPS - 1) / (16 * SJ_EK_ATT_MMA_WARPS));
-    return blocks <= (int64_t)c->sm_count && Sk > SJ_EK_ATT_TK && sj_ek_att_mma_smem(D, Dv, 2) <= c->max_smem_optin
+    return tc_blocks(B, H, Sq) <= (int64_t)c->sm_count && Sk > SJ_EK_ATT_TK &&
+                   sj_ek_att_mma_smem(D, Dv, 2) <= c->max_smem_optin
                ? 2
                : 1;
 }
@@ -1397,8 +1401,7 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
         }
     }
     if (kg) {
-        const int tq = 16 * SJ_EK_ATT_MMA_WARPS;
-        int64_t blocks = a.B * a.H * ((a.Sq + tq - 1) / tq);
+        int64_t blocks = tc_blocks(a.B, a.H, a.Sq);
         int kern = EK_attention_mma32_f16 + 2 * (int)(a.D / 32 - 1) + (q->dtype == SJ_BF16);
         sj_cuda_bind(c);
         return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), 32 * SJ_EK_ATT_MMA_WARPS * kg, 1,

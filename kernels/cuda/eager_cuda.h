@@ -80,12 +80,12 @@ int sj_cuda_test_reject_class(int n);
 void sj_cuda_matmul_warming(sj_cuda *c, int on);
 void sj_cuda_matmul_warm_wait(sj_cuda *c);
 /* Attention: f16 and bf16 on tensor cores, 64 queries a block. With D =
- * Dv = 32, 64, 96 or 128, scores, softmax and output in registers, with
- * one or two key groups a block (sj_cuda_attention_groups: which, or 0 for
- * any other call); else with head sizes D, Dv multiples of 16 up to 128,
- * through shared memory with one or two key tiles
- * (sj_cuda_attention_tiles: which, or 0). Any other call runs one query a
- * block in f32. */
+ * Dv = 32, 64, 96 or 128 (and fewer than 2^30 keys), scores, softmax and
+ * output in registers, with one or two key groups a block
+ * (sj_cuda_attention_groups: which, or 0 for any other call); else with
+ * head sizes D, Dv multiples of 16 up to 128, through shared memory with
+ * one or two key tiles (sj_cuda_attention_tiles: which, or 0). Any other
+ * call runs one query a block in f32. */
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
 int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t D, int64_t Dv);
