@@ -253,7 +253,9 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
  *     lane l holds rows l / 4 and l / 4 + 8 of each, columns 2 (l % 4) and
  *     one more; a row's max and sum combine over the four lanes that share
  *     it (two shuffles);
- *   - P = exp(S - m) rounded to the dtype, which as packed pairs is already
+ *   - P = exp(scale S - max) rounded to the dtype, computed in base 2 as
+ *     2^(S sl - m) with sl = scale log2(e) and m the running max of S sl
+ *     (one ex2 instruction a score), which as packed pairs is already
  *     the A fragment of P V (the accumulator layout of two neighbouring
  *     tiles is the A layout of one 16 x 16);
  *   - O (16 x Dv) as Dv / 8 accumulator tiles, rescaled by alpha in place.
@@ -318,13 +320,30 @@ SJ_DEV void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t *row) {
                  : "r"(a));
 }
 
+/* 2^x, the hardware's approximation (as __expf after its multiply by
+ * log2 e: a few ulp, results below 2^-126 flushed to 0; 2^-inf = 0). */
+SJ_DEV float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* What 2^(x - mx) subtracts: mx, or 0 where mx = -inf (every score so far
+ * masked: x is -inf too, and 2^(-inf - 0) = 0 where -inf - -inf would be
+ * NaN). */
+SJ_DEV float ex2_base(float mx) { return mx == -INFINITY ? 0.0f : mx; }
+
 /* One tile of 64 keys (from j0) for one warp's 16 queries: S = Q K^T from
  * qf and the tile's K (Ks), the online softmax into m and l, O += P V with
- * the tile's V (Vs). rl: the keys of the lane's two rows. */
+ * the tile's V (Vs). rl: the keys of the lane's two rows. The softmax works
+ * in base 2: sl = scale log2(e) folded into one multiply of the score, m is
+ * the max of score * sl, and P = 2^(score * sl - m) = exp(score * scale -
+ * max): per score a multiply, a max, a subtract, an ex2 and an add (and the
+ * mask's select where the tile passes a row's last key). */
 template <class T, int D, int DV>
 SJ_DEV void attention_mma_tile(const uint32_t (&qf)[D / 16][4], float (&o)[DV / 8][4], float (&m)[2], float (&l)[2],
                                const uint16_t *Ks, const uint16_t *Vs, const int64_t (&rl)[2], int64_t j0,
-                               float scale, int lane) {
+                               float sl, int lane) {
     constexpr int TK = SJ_EK_ATT_TK, LDQ = D + 8, LDV = DV + 8;
     const int c2 = (lane & 3) * 2;
     /* S = Q K^T: B's column n is key n, K's row; its fragments for
@@ -342,42 +361,47 @@ SJ_DEV void attention_mma_tile(const uint32_t (&qf)[D / 16][4], float (&o)[DV / 
             mma_elem<T>::mma(s[n], qf[kc + 1], b[2], b[3]);
         }
     }
-    float cm[2] = {-INFINITY, -INFINITY};
     int kl[2]; /* keys of this tile in use by each row */
 #pragma unroll
     for (int r = 0; r < 2; r++) kl[r] = (int)(rl[r] - j0 < 0 ? 0 : rl[r] - j0 > TK ? TK : rl[r] - j0);
 #pragma unroll
     for (int n = 0; n < TK / 8; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = e >> 1;
-            const float sv = n * 8 + c2 + (e & 1) < kl[r] ? s[n][e] * scale : -INFINITY;
-            s[n][e] = sv;
-            cm[r] = max_nan(cm[r], sv);
-        }
-    float alpha[2], mn[2], cs[2] = {0.0f, 0.0f};
+        for (int e = 0; e < 4; e++) s[n][e] *= sl;
+    if (kl[0] < TK || kl[1] < TK) { /* a row's last key is in this tile */
+#pragma unroll
+        for (int n = 0; n < TK / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (n * 8 + c2 + (e & 1) >= kl[e >> 1]) s[n][e] = -INFINITY;
+    }
+    /* fmaxf passes over a NaN score; its P, 2^NaN, makes the row's l and
+     * O NaN all the same */
+    float cm[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < TK / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) cm[e >> 1] = fmaxf(cm[e >> 1], s[n][e]);
+    float alpha[2], mb[2], cs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        cm[r] = max_nan(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 1));
-        cm[r] = max_nan(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 2));
-        mn[r] = max_nan(m[r], cm[r]);
-        /* mn = -inf only when every score so far is -inf: those weigh 0 */
-        alpha[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - mn[r]);
+        cm[r] = fmaxf(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 1));
+        cm[r] = fmaxf(cm[r], __shfl_xor_sync(0xffffffffu, cm[r], 2));
+        const float mn = fmaxf(m[r], cm[r]);
+        mb[r] = ex2_base(mn);
+        alpha[r] = ex2_approx(m[r] - mb[r]); /* m = -inf: 0 */
+        m[r] = mn;
     }
 #pragma unroll
     for (int n = 0; n < TK / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int r = e >> 1;
-            const float ex = mn[r] == -INFINITY ? 0.0f : __expf(s[n][e] - mn[r]);
+            const float ex = ex2_approx(s[n][e] - mb[e >> 1]);
             s[n][e] = ex;
-            cs[r] += ex;
+            cs[e >> 1] += ex;
         }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] = l[r] * alpha[r] + cs[r];
-        m[r] = mn[r];
-    }
+    for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + cs[r];
 #pragma unroll
     for (int n = 0; n < DV / 8; n++) {
         o[n][0] *= alpha[0], o[n][1] *= alpha[0];
@@ -421,6 +445,7 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
     /* results written two at a time where pairs are 4-byte aligned */
     const bool ypair = p.sy[3] == 1 && ((p.y | (uint64_t)(p.sy[0] | p.sy[1] | p.sy[2]) << 1) & 3) == 0;
     const int64_t total = p.B * p.H * ((p.Sq + TQ - 1) / TQ);
+    const float sl = p.scale * 1.44269504088896341f; /* scores in base 2 (attention_mma_tile) */
     for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
         const tc_block tb = tc_block_at(p, blk, TQ);
         const int64_t h = tb.h, bb = tb.bb, i0 = tb.i0, kend = tb.kend;
@@ -469,7 +494,7 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
             if (j0 < kend) { /* this group's last iteration may have no tile */
                 const int buf = (int)(it & 1);
                 const uint16_t *Ks = Kb + buf * TK * LDQ, *Vs = Vb + buf * TK * LDV;
-                attention_mma_tile<T, D, DV>(qf, o, m, l, Ks, Vs, rl, j0, p.scale, lane);
+                attention_mma_tile<T, D, DV>(qf, o, m, l, Ks, Vs, rl, j0, sl, lane);
             }
             __syncthreads(); /* every warp is done with this tile's buffer: the next load reuses it */
         }
@@ -501,9 +526,9 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const float m1 = xs[(DV / 2 + r) * 32], l1 = xs[(DV / 2 + 2 + r) * 32];
-                const float mx = max_nan(m[r], m1);
-                a0[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - mx);
-                a1[r] = m1 == -INFINITY ? 0.0f : __expf(m1 - mx);
+                const float mb = ex2_base(fmaxf(m[r], m1)); /* m in base 2 */
+                a0[r] = ex2_approx(m[r] - mb);
+                a1[r] = ex2_approx(m1 - mb);
                 l[r] = l[r] * a0[r] + l1 * a1[r];
             }
 #pragma unroll
