@@ -650,8 +650,11 @@ SJ_API sj_status sj_mark_static(sj_fn *fn, int input, int axis);
  *   TensorRT optimization profile); sizes outside it fail with
  *   SJ_ECONSTRAINT.
  * A dimension with no rule of its own whose size equals a bucketed one's in
- * the traced call follows the bucket (one symbol for both), so a second
- * input of the same length shares its entries.
+ * the traced call follows the bucket: it is symbolic over the same range,
+ * so a second input of the same length shares the bucket's entries (the
+ * model's equality between the two becomes a guard), while a size that
+ * only happens to equal it (a feature axis the model ties to a weight)
+ * stays pinned on its own and does not pin the bucket.
  * Sizes 0 and 1 are specialized as always. Environment: SHAPEJIT_BUCKETS
  * (see sj_runtime_config). Errors: SJ_EINVAL (fn NULL, input or axis out of
  * range, bounds not increasing, sizes < 1). */

@@ -135,11 +135,17 @@ sj_status sj_policy_plan(const sj_policy *p, const sj_tensor *in, bool fallback,
             }
         }
     }
-    /* A size of no rule equal to a bucketed one follows it, range and all,
-     * so that they share one symbol (duck sizing): a second input of the
-     * same length would otherwise pin the bucket's symbol to this call's
-     * size. (Marks stay exact: a marked size that the model ties to an
-     * unmarked one is an error, see sj_mark_dynamic.) */
+    /* A size of no rule equal to a bucketed one follows it: symbolic with
+     * the bucket's range, so that a second input of the same length does
+     * not pin the bucket's symbol to this call's size through the equality
+     * the model needs (a constant there would). It gets a symbol of its own
+     * (sj_plan_dim), and the trace's relations say how it and the bucket's
+     * relate: equal where the model needs them equal, and pinned alone
+     * where the model ties it to a constant (a feature axis that merely
+     * equals this call's length, contracted with a weight), which with one
+     * shared symbol would have pinned the bucket too. (Marks stay exact: a
+     * marked size that the model ties to an unmarked one is an error, see
+     * sj_mark_dynamic.) */
     for (int i = 0; i < p->n_inputs; i++)
         for (int a = 0; a < in[i].rank; a++) {
             sj_dim_plan *d = &plan->dims[i][a];
@@ -149,7 +155,7 @@ sj_status sj_policy_plan(const sj_policy *p, const sj_tensor *in, bool fallback,
                 for (int b = 0; b < in[j].rank; b++) {
                     const sj_dim_plan *o = &plan->dims[j][b];
                     if (o->bucketed && in[j].shape[b] == in[i].shape[a]) {
-                        d->symbolic = done = true;
+                        d->symbolic = d->follower = done = true;
                         d->lo = o->lo, d->hi = o->hi;
                         break;
                     }
@@ -162,11 +168,12 @@ sj_expr sj_plan_dim(void *ctx, sj_exprs *ex, int input, int axis, int64_t size) 
     sj_plan *plan = ctx;
     sj_dim_plan *d = &plan->dims[input][axis];
     if (!d->symbolic) return sj_ex_const(ex, size);
-    /* Duck sizing: an equal size with the same range shares the symbol. */
-    for (int i = 0; i <= input; i++)
+    /* Duck sizing: an equal size with the same range shares the symbol
+     * (followers neither share nor are shared: see sj_policy_plan). */
+    for (int i = 0; i <= input && !d->follower; i++)
         for (int a = 0; a < SJ_MAX_RANK && (i < input || a < axis); a++) {
             const sj_dim_plan *o = &plan->dims[i][a];
-            if (o->sym >= 0 && o->lo == d->lo && o->hi == d->hi && sj_sym_hint(ex, o->sym) == size) {
+            if (o->sym >= 0 && !o->follower && o->lo == d->lo && o->hi == d->hi && sj_sym_hint(ex, o->sym) == size) {
                 d->sym = o->sym;
                 return sj_ex_sym(ex, d->sym);
             }

@@ -50,6 +50,7 @@ typedef struct sj_dim_plan {
     bool symbolic;
     bool marked;   /* sj_mark_dynamic: specializing it is an error */
     bool bucketed;
+    bool follower;  /* no rule, equal to a bucketed size: symbolic in its range, a symbol of its own */
     int64_t lo, hi; /* the symbol's range */
     int sym;        /* the symbol made for it (set while tracing), -1 if none */
 } sj_dim_plan;
@@ -68,7 +69,8 @@ sj_status sj_policy_plan(const sj_policy *p, const sj_tensor *in, bool fallback,
                          sj_plan *plan);
 
 /* The tracer's dim callback (sj_dim_policy) over an sj_plan: constants, or
- * symbols shared by equal sizes with equal ranges (duck sizing). */
+ * symbols shared by equal sizes with equal ranges (duck sizing); a
+ * follower always gets a symbol of its own. */
 sj_expr sj_plan_dim(void *plan, sj_exprs *ex, int input, int axis, int64_t size);
 
 /* After a trace: SJ_ECONSTRAINT if a fact pins a marked dimension to a

@@ -642,6 +642,28 @@ static void test_bucket_follows_equal_sizes(void **state) {
     sj_fn_destroy(fn);
 }
 
+/* A size that only happens to equal the bucketed one (x's feature axis,
+ * here 8 = the rows of the first call) follows the bucket with a symbol of
+ * its own: the matmul's contraction pins that symbol to 8, not the bucket's,
+ * so the next length in the bucket is served by the same entry. (With one
+ * shared symbol the entry served S = 8 alone.) */
+static void test_bucket_follower_pinned_elsewhere(void **state) {
+    for (int dyn = SJ_DYNAMIC_AUTO; dyn <= SJ_DYNAMIC_STATIC; dyn++) {
+        sj_fn *fn = make("pinned", 2, m_matmul, (sj_dynamic)dyn, NULL);
+        assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 16), SJ_OK);
+        int64_t rows[] = {8, 5, 7, 8, 16, 9, 3};
+        int want[] = {0, 0, 0, 0, 1, 1, 2};
+        for (int i = 0; i < 7; i++) {
+            sj_tensor in[2] = {mat(SJ_F32, rows[i], 8), mat(SJ_F32, 8, 3)};
+            assert_int_equal(call_check(fn, m_matmul, in, 2), want[i]);
+        }
+        sj_stats s;
+        sj_fn_stats(fn, &s);
+        assert_int_equal(s.entries, 3);
+        sj_fn_destroy(fn);
+    }
+}
+
 static void test_buckets_list_multiple_profile(void **state) {
     sj_fn *fn = make("list", 1, m_affine, SJ_DYNAMIC_STATIC, NULL);
     assert_int_equal(sj_set_buckets(fn, 0, 0, (int64_t[]){4, 10}, 2), SJ_OK);
@@ -866,7 +888,7 @@ int main(void) {
         T(test_runtime_total_limit),  T(test_duck_sizing),             T(test_zero_one_specialized),
         T(test_dtype_and_stride_changes), T(test_relations),           T(test_size_read_specializes),
         T(test_bad_input_leaves_no_entry), T(test_mark_dynamic),       T(test_mark_specialized_is_error),
-        T(test_mark_static_under_symbolic), T(test_buckets_pow2), T(test_bucket_follows_equal_sizes), T(test_buckets_list_multiple_profile),
+        T(test_mark_static_under_symbolic), T(test_buckets_pow2), T(test_bucket_follows_equal_sizes), T(test_bucket_follower_pinned_elsewhere), T(test_buckets_list_multiple_profile),
         T(test_buckets_from_config),  T(test_hotness),                 T(test_logs_explain_stats),
         T(test_threads_with_retraces),
     };
