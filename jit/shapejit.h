@@ -124,13 +124,19 @@ typedef enum sj_dtype {
 /* Where a tensor's data lives. */
 typedef enum sj_device { SJ_HOST = 0, SJ_CUDA = 1 } sj_device;
 
+/* The most elements a tensor may have, and the most its sizes may multiply
+ * to with a size of 0 counted as 1 (its span), so that an empty tensor's
+ * contiguous strides do not overflow. */
+#define SJ_MAX_SPAN (INT64_C(1) << 48)
+
 /* A tensor descriptor over memory the caller owns (except outputs the runtime
  * allocated; see sj_call). Strides are in elements, not bytes, may be 0 (a
  * broadcast input) and must be >= 0. Sizes must be >= 0 and multiply to at
- * most 2^48, a size of 0 counting as 1 (sj_call: SJ_EINVAL otherwise); every
- * result a model computes is held to the same limit (SJ_ESHAPE, naming the
- * op). bool is one byte per element, 0 or 1.
+ * most SJ_MAX_SPAN (2^48), a size of 0 counting as 1 (sj_call: SJ_EINVAL
+ * otherwise); every result a model computes is held to the same limit
+ * (SJ_ESHAPE, naming the op). bool is one byte per element, 0 or 1.
  * f16 is IEEE binary16; bf16 is the upper half of an IEEE binary32. */
+
 typedef struct sj_tensor {
     void *data;
     sj_dtype dtype;

@@ -6,11 +6,6 @@
 
 #include "jit/shapejit.h"
 
-/* Most elements a tensor may have. The product of a tensor's sizes with
- * zeros counted as 1 (its span) must not exceed it either, so that an
- * empty tensor's contiguous strides do not overflow. */
-#define SJ_MAX_SPAN (INT64_C(1) << 48)
-
 /* The first axis where sizes go wrong: a negative size, or the span
  * passing SJ_MAX_SPAN; -1 when none. *empty (when not NULL; set when none
  * is wrong) says whether a size is 0. The rule of sj_tensor_check and of traced

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "jit/error.h"
-#include "jit/tensor.h"
 
 /* -- Specs ------------------------------------------------------------------ */
 
