@@ -166,11 +166,22 @@ $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(STATIC)
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< $(TEST_UTIL_OBJ) -o $@ $(STATIC) $(TEST_LIBS) $(LDLIBS)
 
-test: deps $(TEST_BIN)
+# Test programs, then every sample that has a samples/NAME/test-args file,
+# run with those arguments (each sample checks its own results and exits
+# nonzero on a wrong one), without the persistent kernel cache.
+test: deps $(TEST_BIN) $(SAMPLE_BIN)
 	@failed=0; \
 	for t in $(TEST_BIN); do \
 	  printf '  TEST    %s\n' "$$(basename $$t)"; \
 	  if ! $$t; then failed=$$((failed+1)); echo "  FAIL    $$t"; fi; \
+	done; \
+	for s in $(SAMPLES); do \
+	  [ -f samples/$$s/test-args ] || continue; \
+	  args=$$(cat samples/$$s/test-args); \
+	  printf '  SAMPLE  %s %s\n' "$$s" "$$args"; \
+	  if ! SHAPEJIT_CACHE_DIR= $(BUILD)/samples/$$s $$args > $(BUILD)/samples/$$s.log 2>&1; then \
+	    failed=$$((failed+1)); tail -n 30 $(BUILD)/samples/$$s.log; echo "  FAIL    sample $$s"; \
+	  fi; \
 	done; \
 	if [ $$failed -ne 0 ]; then echo "$$failed test program(s) failed"; exit 1; fi; \
 	echo "all test programs passed"
