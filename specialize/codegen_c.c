@@ -705,18 +705,6 @@ static void put_opt(cg *c, int32_t u, const char *dflt) {
     else sj_cg_put_ref(c, u);
 }
 
-void sj_cg_put_norm_tail(cg *c, const sj_node *n, int32_t gw, int32_t bw) {
-    if (n->op == SJ_OP_LAYER_NORM) {
-        put(&c->o, " - mean) * rstd * ");
-        put_opt(c, gw, "1.0f");
-        put(&c->o, " + ");
-        put_opt(c, bw, "0.0f");
-    } else {
-        put(&c->o, ") * r * ");
-        put_opt(c, gw, "1.0f");
-    }
-}
-
 typedef struct fill_ctx {
     const rowop *R;
     const char *dst;
@@ -770,11 +758,14 @@ static void out_body(cg *c, const void *ctx) {
     if (o->softmax) {
         if (o->buffered) put(&c->o, "buf[j] * inv;\n");
         else put(&c->o, "sj_rt_expf("), sj_cg_put_ref(c, R->x), put(&c->o, " - m) * inv;\n");
-    } else {
-        put(&c->o, "(float)(((double)");
+    } else { /* in f32, as the eager kernels (kernels/cpu/reduce.c) */
+        bool ln = R->n->op == SJ_OP_LAYER_NORM;
+        put(&c->o, ln ? "(((" : "(");
         if (o->x_in_buf && c->vpos[R->x] < 0) put(&c->o, "buf[j]");
         else sj_cg_put_ref(c, R->x);
-        sj_cg_put_norm_tail(c, R->n, R->gw, R->bw);
+        put(&c->o, ln ? " - mhi) - mlo) * frs * " : " * fr * ");
+        put_opt(c, R->gw, "1.0f");
+        if (ln) put(&c->o, " + "), put_opt(c, R->bw, "0.0f");
         put(&c->o, ");\n");
     }
     sj_cg_put_nodes(c, c->rp + 1, c->G->n_nodes);
@@ -843,7 +834,9 @@ static void put_row_body(cg *c, const rowop *R, bool buffered, const char *bufle
             put_chunks(c, R, CHUNK, false, "sj_rt_dsum_addsq(&acc2, cb, mean, k);\n");
             put(&c->o, "const double var = sj_rt_dsum_get(&acc2) / (double)n%d;\n", L);
         }
-        put(&c->o, "const double rstd = 1.0 / sqrt(var + %s);\n", eps);
+        /* the mean as two floats (see kernels/cpu/reduce.c) */
+        put(&c->o, "const float mhi = (float)mean, mlo = (float)(mean - (double)mhi);\n");
+        put(&c->o, "const float frs = (float)(1.0 / sqrt(var + %s));\n", eps);
         break;
     default: /* RMS norm */
         if (buffered) {
@@ -853,7 +846,7 @@ static void put_row_body(cg *c, const rowop *R, bool buffered, const char *bufle
             put_chunks(c, R, CHUNK, true, "sj_rt_dsum_addsq(&acc, cb, 0.0, k);\n");
             put(&c->o, "const double ms = sj_rt_dsum_get(&acc) / (double)n%d;\n", L);
         }
-        put(&c->o, "const double r = 1.0 / sqrt(ms + %s);\n", eps);
+        put(&c->o, "const float fr = (float)(1.0 / sqrt(ms + %s));\n", eps);
         break;
     }
     put_out_pass(c, R, buffered);

@@ -204,6 +204,21 @@ static const char prelude_tail[] =
 
 #define put sj_cg_put
 
+/* After a norm's centred (or raw, for RMS) value: ` - mean) * rstd * g + b`
+ * for layer norm, `) * r * g` for RMS norm (gw, bw: operands, -1 absent:
+ * 1 and 0), in f32. (The CPU's kernels split the mean in two floats
+ * instead: specialize/codegen_c.c.) */
+static void put_norm_tail(sj_cg *c, const sj_node *n, int32_t gw, int32_t bw) {
+    bool ln = n->op == SJ_OP_LAYER_NORM;
+    put(&c->o, ln ? " - mean) * rstd * " : ") * r * ");
+    if (gw < 0) put(&c->o, "1.0f");
+    else sj_cg_put_ref(c, gw);
+    if (!ln) return;
+    put(&c->o, " + ");
+    if (bw < 0) put(&c->o, "0.0f");
+    else sj_cg_put_ref(c, bw);
+}
+
 /* The generator's own state (sj_cg.user). */
 typedef struct cu {
     bool vec; /* inside the vector path: elements are x<k>[ix] / w<k>[ix] */
@@ -521,7 +536,7 @@ static void put_out_pass(sj_cg *c, const rowop *R, rmode m) {
         put(&c->o, "(");
         if (x_in_cache && c->vpos[R->x] < 0) put(&c->o, "%s", slot(m));
         else sj_cg_put_ref(c, R->x);
-        sj_cg_put_norm_tail(c, R->n, R->gw, R->bw);
+        put_norm_tail(c, R->n, R->gw, R->bw);
         put(&c->o, ";\n");
     }
     sj_cg_put_nodes(c, c->rp + 1, n_pos);

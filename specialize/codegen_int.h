@@ -102,11 +102,6 @@ void sj_cg_put_ref(sj_cg *c, int32_t u);
 /* `const <ctype> v<out> = <the elementwise op>;` */
 void sj_cg_put_node(sj_cg *c, const sj_node *n);
 
-/* After a norm's centred (or raw, for RMS) value: ` - mean) * rstd * g + b`
- * for layer norm, `) * r * g` for RMS norm (gw, bw: operands, -1 absent:
- * 1 and 0). */
-void sj_cg_put_norm_tail(sj_cg *c, const sj_node *n, int32_t gw, int32_t bw);
-
 /* -- Blocks ------------------------------------------------------------------------ */
 
 void sj_cg_reset_want(sj_cg *c);

@@ -420,6 +420,24 @@ static void run_norm(int rms, sj_dtype dt, int rank, const int64_t *shape, int l
 
 static void test_norms(void **state) { tu_norm_cases(false, run_norm); }
 
+/* Layer norm of rows whose mean is large against their spread (4000 +
+ * U(-1, 1): the mean's f32 rounding, up to 1.2e-4, is a hundred times the
+ * tolerance once scaled by rstd). The per-element pass works in f32 with
+ * the mean split in two floats; a kernel that dropped the low part would
+ * fail here. */
+static void test_layer_norm_offset(void **state) {
+    for (int rows = 1; rows <= 7; rows += 3) {
+        int64_t shape[2] = {rows, 300}, n = 300;
+        sj_tensor x = tu_random(SJ_F32, 2, shape, L_CONTIG), g = tu_random(SJ_F32, 1, &n, L_CONTIG),
+                  b = tu_random(SJ_F32, 1, &n, L_CONTIG), y = make(SJ_F32, 2, shape, L_CONTIG);
+        for (int64_t i = 0; i < tu_numel(&x); i++) tu_set(&x, i, 4000.0 + tu_get(&x, i));
+        double *r = tu_refbuf(0, tu_numel(&x));
+        tu_ref_layer_norm(&x, &g, &b, 1e-5, r);
+        assert_int_equal(sj_cpu_layer_norm(&x, &g, &b, 1e-5, &y), SJ_OK);
+        expect(&y, r, NULL, tu_tol(SJ_F32), label("layer norm offset rows %d", rows));
+    }
+}
+
 /* -- Matmul --------------------------------------------------------------- */
 
 /* test_matmul_bias: float products get a bias [N] (strided when N is odd) */
@@ -627,7 +645,7 @@ int main(void) {
         T(test_half),   T(test_approximations),  T(test_unary),      T(test_unary_specials),
         T(test_binary), T(test_int_semantics),   T(test_nan_binary), T(test_where),
         T(test_cast),   T(test_copy_transposed), T(test_reduce),     T(test_softmax),
-        T(test_norms),  T(test_matmul), T(test_matmul_bias), T(test_attention),  T(test_split), T(test_concat),
+        T(test_norms),  T(test_layer_norm_offset), T(test_matmul), T(test_matmul_bias), T(test_attention),  T(test_split), T(test_concat),
         T(test_gather), T(test_scratch),
     };
 #undef T

@@ -8,10 +8,18 @@
  *   amax       max propagating NaN (an empty axis is the tracer's error)
  *   softmax    e = exp(x - max), y = e * (float)(1 / sum(e)); a row that is
  *              all -inf gives zeros (sj_cpu_softmax_row)
- *   layer norm mean, var = mean((x - mean)^2) (biased), rstd =
- *              1 / sqrt(var + eps), y = (x - mean) * rstd * g + b, all in
- *              double, rounded once to the output
- *   rms norm   r = 1 / sqrt(mean(x^2) + eps), y = x * r * g in double
+ *   layer norm mean, var = mean((x - mean)^2) (biased) and rstd =
+ *              1 / sqrt(var + eps) in double; then per element, in f32,
+ *              y = ((x - mhi) - mlo) * frs * g + b, where mhi + mlo is the
+ *              mean split into two floats (mhi = (float)mean, mlo = the
+ *              rest) and frs = (float)rstd: x - mhi is exact where x is near
+ *              the mean, so a row whose mean is large against its spread
+ *              keeps its digits, and the per-element work stays in f32
+ *              vectors (no conversions to double and back: a few ulp
+ *              instead of one rounding)
+ *   rms norm   r = 1 / sqrt(mean(x^2) + eps) in double, y = x * (float)r * g
+ *              in f32
+ * The fused kernels (specialize/codegen_c.c) compute the same.
  */
 #include <assert.h>
 #include <math.h>
@@ -244,13 +252,13 @@ static void norm_row(const norm_args *a, float *restrict out, const float *restr
     const float *restrict g = a->g, *restrict b = a->b;
     if (a->rms) {
         double ms = cpu_sumsq_f32(xr, 0.0, n) / (double)n;
-        double r = 1.0 / sqrt(ms + a->eps);
-        CPU_VLOOP(i, n, out[i] = (float)(xr[i] * r * g[i]));
+        const float fr = (float)(1.0 / sqrt(ms + a->eps));
+        CPU_VLOOP(i, n, out[i] = xr[i] * fr * g[i]);
     } else {
         double mean = cpu_sum_f32(xr, n) / (double)n;
         double var = cpu_sumsq_f32(xr, mean, n) / (double)n;
-        double rstd = 1.0 / sqrt(var + a->eps);
-        CPU_VLOOP(i, n, out[i] = (float)((xr[i] - mean) * rstd * g[i] + b[i]));
+        const float mhi = (float)mean, mlo = (float)(mean - (double)mhi), frs = (float)(1.0 / sqrt(var + a->eps));
+        CPU_VLOOP(i, n, out[i] = ((xr[i] - mhi) - mlo) * frs * g[i] + b[i]);
     }
 }
 
