@@ -136,7 +136,6 @@ typedef enum sj_device { SJ_HOST = 0, SJ_CUDA = 1 } sj_device;
  * otherwise); every result a model computes is held to the same limit
  * (SJ_ESHAPE, naming the op). bool is one byte per element, 0 or 1.
  * f16 is IEEE binary16; bf16 is the upper half of an IEEE binary32. */
-
 typedef struct sj_tensor {
     void *data;
     sj_dtype dtype;
