@@ -785,6 +785,48 @@ static void test_attention(void **state) {
     tu_attention_cases(true, run_attention);
 }
 
+/* A NaN reaches only the rows whose scores it enters, on every kernel:
+ * q[0, 0, 5, 3] (query 5 of head 0) and k[0, 1, 100, 7] (key 100 of head 1,
+ * which every query of head 1 scores) are NaN; the register kernel keeps
+ * its running max with fmaxf, which passes over a NaN score, so the row
+ * must turn NaN through its P = 2^NaN. Compared with the CPU kernel, and
+ * every other row finite. */
+static void test_attention_nan(void **state) {
+    /* Sq, Sk, D, Dv, causal: the register kernel (D = 64, 128; causal with
+     * Sk - Sq = 70, queries 0-29 do not see key 100) and the wmma one (48) */
+    static const int64_t dims[][5] = {
+        {130, 200, 64, 64, 0}, {70, 300, 128, 128, 1}, {130, 200, 64, 64, 1}, {130, 200, 48, 48, 1}};
+    for (int d = 0; d < 2; d++)
+        for (int c = 0; c < 4; c++) {
+            const int64_t *m = dims[c];
+            int64_t H = 2, Sq = m[0], Sk = m[1], D = m[2], Dv = m[3];
+            int causal = (int)m[4];
+            tu_attention a;
+            tu_attention_case(&a, tu_floats[d + 1], 1, H, Sq, Sk, D, Dv, NULL, SJ_I32, L_CONTIG, causal, 0);
+            tu_set(&a.q, (0 * Sq + 5) * D + 3, NAN);
+            tu_set(&a.k, (1 * Sk + 100) * D + 7, NAN);
+            sj_tensor yc = tu_attention_out(tu_floats[d + 1], 1, H, Sq, Dv, 0);
+            assert_int_equal(sj_cpu_attention(&a.q, &a.k, &a.v, NULL, a.scale, causal, &yc, NULL), SJ_OK);
+            sj_tensor dq = to_dev(&a.q), dk = to_dev(&a.k), dv = to_dev(&a.v), dy = to_dev(&a.y);
+            settle();
+            const char *what = label("attention NaN dtype %d Sq %lld Sk %lld D %lld causal %d", tu_floats[d + 1],
+                                     (long long)Sq, (long long)Sk, (long long)D, causal);
+            finish(sj_cuda_attention(&ex, &dq, &dk, &dv, NULL, a.scale, causal, &dy), &dy, &a.y, what);
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < Sq; i++) {
+                    /* causal: query i sees keys up to i + Sk - Sq */
+                    bool sees_k = !causal || i + Sk - Sq >= 100;
+                    bool nan_row = (h == 0 && i == 5) || (h == 1 && sees_k);
+                    for (int64_t j = 0; j < Dv; j++) {
+                        double gy = tu_get(&a.y, (h * Sq + i) * Dv + j), cy = tu_get(&yc, (h * Sq + i) * Dv + j);
+                        if (nan_row ? !(isnan(gy) && isnan(cy)) : !(isfinite(gy) && isfinite(cy)))
+                            fail_msg("%s: head %lld query %lld column %lld: GPU %g, CPU %g, want %s", what, (long long)h,
+                                     (long long)i, (long long)j, gy, cy, nan_row ? "NaN" : "finite");
+                    }
+                }
+        }
+}
+
 /* -- Concat and gather ------------------------------------------------------ */
 
 static void run_concat(sj_dtype dt, int axis, int lay, const sj_tensor *xs, const int64_t *ys, const double *r) {
@@ -943,7 +985,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention), T(test_attention_nan),   T(test_concat),  T(test_gather),
         T(test_large),
     };
 #undef T

@@ -221,11 +221,11 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
             __syncthreads(); /* every warp is done with this tile's buffer: the next load reuses it */
         }
         __pipeline_wait_prior(0); /* no tile (kend = 0): Q's batch */
-        if (i < p.Sq) { /* l = 0: no key (O may not even be zeroed yet: no tile ran) */
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        if (i < p.Sq) { /* l = 0: no key (O may not even be zeroed yet: no tile ran); NaN stays NaN */
+            const float inv = 1.0f / l;
             uint16_t *yr = y + bb * p.sy[0] + h * p.sy[1] + i * p.sy[2];
             const float *orow = Os + row * ldo;
-            for (int e = odd; e < Dv; e += 2) yr[e * p.sy[3]] = tc_elem<T>::st(l > 0.0f ? orow[e] * inv : 0.0f);
+            for (int e = odd; e < Dv; e += 2) yr[e * p.sy[3]] = tc_elem<T>::st(l != 0.0f ? orow[e] * inv : 0.0f);
         }
     }
 }
@@ -541,7 +541,7 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
             const int64_t i = i0 + wq * 16 + g + 8 * r;
             if (i >= p.Sq)
                 continue;
-            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; /* l = 0: no key, zeros */
+            const float inv = l[r] != 0.0f ? 1.0f / l[r] : 0.0f; /* l = 0: no key, zeros; NaN stays NaN */
             uint16_t *yr = y + bb * p.sy[0] + h * p.sy[1] + i * p.sy[2];
 #pragma unroll
             for (int n = 0; n < DV / 8; n++) {
