@@ -365,6 +365,19 @@ SJ_RT_FN float sj_rt_gelu_tanhf(float x) {
     return 0.5f * x * (1.0f + sj_rt_tanhf(inner));
 }
 SJ_RT_FN float sj_rt_reluf(float x) { return x < 0.0f ? 0.0f : x; }
+/* Layer norm's per-element pass, shared by the eager CPU kernel and the
+ * generated C (kernels/cpu/reduce.c states the definition): the row's mean
+ * (summed in double) as two floats mhi + mlo (sj_rt_split), so that x - mhi
+ * is exact near the mean and a row whose mean is large against its spread
+ * keeps its digits, and the rest in f32 vectors. */
+SJ_RT_FN float sj_rt_split(double v, float *lo) {
+    float hi = (float)v;
+    *lo = (float)(v - (double)hi);
+    return hi;
+}
+SJ_RT_FN float sj_rt_layer_norm1(float x, float mhi, float mlo, float rstd, float g, float b) {
+    return ((x - mhi) - mlo) * rstd * g + b;
+}
 SJ_RT_FN float sj_rt_maxf(float a, float b) { return (a != a || a > b) ? a : b; }
 SJ_RT_FN float sj_rt_minf(float a, float b) { return (a != a || a < b) ? a : b; }
 

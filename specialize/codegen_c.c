@@ -758,14 +758,14 @@ static void out_body(cg *c, const void *ctx) {
     if (o->softmax) {
         if (o->buffered) put(&c->o, "buf[j] * inv;\n");
         else put(&c->o, "sj_rt_expf("), sj_cg_put_ref(c, R->x), put(&c->o, " - m) * inv;\n");
-    } else { /* in f32, as the eager kernels (kernels/cpu/reduce.c) */
+    } else { /* in f32, with the eager kernels' functions (kernels/cpu/reduce.c) */
         bool ln = R->n->op == SJ_OP_LAYER_NORM;
-        put(&c->o, ln ? "(((" : "(");
+        put(&c->o, ln ? "sj_rt_layer_norm1(" : "(");
         if (o->x_in_buf && c->vpos[R->x] < 0) put(&c->o, "buf[j]");
         else sj_cg_put_ref(c, R->x);
-        put(&c->o, ln ? " - mhi) - mlo) * frs * " : " * fr * ");
+        put(&c->o, ln ? ", mhi, mlo, frs, " : " * fr * ");
         put_opt(c, R->gw, "1.0f");
-        if (ln) put(&c->o, " + "), put_opt(c, R->bw, "0.0f");
+        if (ln) put(&c->o, ", "), put_opt(c, R->bw, "0.0f");
         put(&c->o, ");\n");
     }
     sj_cg_put_nodes(c, c->rp + 1, c->G->n_nodes);
@@ -834,8 +834,7 @@ static void put_row_body(cg *c, const rowop *R, bool buffered, const char *bufle
             put_chunks(c, R, CHUNK, false, "sj_rt_dsum_addsq(&acc2, cb, mean, k);\n");
             put(&c->o, "const double var = sj_rt_dsum_get(&acc2) / (double)n%d;\n", L);
         }
-        /* the mean as two floats (see kernels/cpu/reduce.c) */
-        put(&c->o, "const float mhi = (float)mean, mlo = (float)(mean - (double)mhi);\n");
+        put(&c->o, "float mlo;\nconst float mhi = sj_rt_split(mean, &mlo);\n");
         put(&c->o, "const float frs = (float)(1.0 / sqrt(var + %s));\n", eps);
         break;
     default: /* RMS norm */

@@ -16,7 +16,8 @@
  *              the mean, so a row whose mean is large against its spread
  *              keeps its digits, and the per-element work stays in f32
  *              vectors (no conversions to double and back: a few ulp
- *              instead of one rounding)
+ *              instead of one rounding); sj_rt_split and sj_rt_layer_norm1
+ *              in kernels/sj_kernel_rt.h, which the generated C calls too
  *   rms norm   r = 1 / sqrt(mean(x^2) + eps) in double, y = x * (float)r * g
  *              in f32
  * The fused kernels (specialize/codegen_c.c) compute the same.
@@ -257,8 +258,8 @@ static void norm_row(const norm_args *a, float *restrict out, const float *restr
     } else {
         double mean = cpu_sum_f32(xr, n) / (double)n;
         double var = cpu_sumsq_f32(xr, mean, n) / (double)n;
-        const float mhi = (float)mean, mlo = (float)(mean - (double)mhi), frs = (float)(1.0 / sqrt(var + a->eps));
-        CPU_VLOOP(i, n, out[i] = ((xr[i] - mhi) - mlo) * frs * g[i] + b[i]);
+        float mlo, mhi = sj_rt_split(mean, &mlo), frs = (float)(1.0 / sqrt(var + a->eps));
+        CPU_VLOOP(i, n, out[i] = sj_rt_layer_norm1(xr[i], mhi, mlo, frs, g[i], b[i]));
     }
 }
 

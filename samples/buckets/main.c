@@ -334,6 +334,7 @@ int main(int argc, char **argv) {
     if (!st) st = sj_runtime_create(&cfg, &rt_eager);
     if (st) {
         fprintf(stderr, "runtime: %s: %s\n", sj_status_name(st), sj_last_error());
+        sj_runtime_destroy(rt_jit); /* NULL if it was the one that failed */
         return 1;
     }
 
@@ -348,15 +349,15 @@ int main(int argc, char **argv) {
     opt.recompile_limit = MAX_ENTRIES;
     opt.input_names = (const char *const[]){"x"};
 
-    static const config configs[] = {
-        {"no_buckets", "STATIC, no rule (eager)", RULE_NONE, false},
-        {"pow2", "sj_set_buckets_pow2 16,512", RULE_POW2, false},
-        {"multiple", "sj_set_buckets_multiple 64", RULE_MULT, false},
-        {"list", "sj_set_buckets 32,128,256", RULE_LIST, false},
-        {"profile", "sj_set_profile 1,128,256", RULE_PROFILE, false},
-        {"bucketed_env", "text " TEXT_RULE " (eager)", RULE_POW2, true},
+    enum { C_NONE, C_POW2, C_MULT, C_LIST, C_PROFILE, C_TEXT, N_CFG }; /* C_NONE first: the reference */
+    static const config configs[N_CFG] = {
+        [C_NONE] = {"no_buckets", "STATIC, no rule (eager)", RULE_NONE, false},
+        [C_POW2] = {"pow2", "sj_set_buckets_pow2 16,512", RULE_POW2, false},
+        [C_MULT] = {"multiple", "sj_set_buckets_multiple 64", RULE_MULT, false},
+        [C_LIST] = {"list", "sj_set_buckets 32,128,256", RULE_LIST, false},
+        [C_PROFILE] = {"profile", "sj_set_profile 1,128,256", RULE_PROFILE, false},
+        [C_TEXT] = {"bucketed_env", "text " TEXT_RULE " (eager)", RULE_POW2, true},
     };
-    enum { N_CFG = sizeof configs / sizeof configs[0], POW2 = 1, TEXT = 5 };
     sj_fn *fns[N_CFG];
     for (int c = 0; c < N_CFG; c++) {
         const config *cf = &configs[c];
@@ -389,26 +390,26 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N_REQ; i++) reqs.ref[i] = xmalloc((size_t)lens[i] * D * sizeof(float));
     static run runs[N_CFG];
     pthread_t th[N_CFG];
-    for (int c = 0; c < N_CFG; c++) runs[c] = (run){.s = &reqs, .fn = fns[c], .is_ref = c == 0};
-    serve(&runs[0]);
-    for (int c = 1; c < N_CFG; c++)
+    for (int c = 0; c < N_CFG; c++) runs[c] = (run){.s = &reqs, .fn = fns[c], .is_ref = c == C_NONE};
+    serve(&runs[C_NONE]);
+    for (int c = C_NONE + 1; c < N_CFG; c++)
         if (pthread_create(&th[c], NULL, serve, &runs[c])) {
             fprintf(stderr, "cannot start a thread\n");
             return 1;
         }
-    for (int c = 1; c < N_CFG; c++) pthread_join(th[c], NULL);
+    for (int c = C_NONE + 1; c < N_CFG; c++) pthread_join(th[c], NULL);
     double worst = 0;
     for (int c = 0; c < N_CFG; c++) {
         worst = runs[c].max_rel > worst ? runs[c].max_rel : worst;
         if (quiet) continue;
         printf("\n%s: %s; %.0f ms compiling\n", configs[c].name, configs[c].how, runs[c].st.compile_ms);
         if (runs[c].n_rejected) printf("    first rejection: %s\n", runs[c].reject_msg);
-        if (c) print_entries(&runs[c], lens);
+        if (c != C_NONE) print_entries(&runs[c], lens);
         else printf("    one static entry per distinct length (--explain shows the pow2 function's)\n");
     }
     if (explain) {
         printf("\n");
-        sj_fn_explain(fns[POW2], stdout);
+        sj_fn_explain(fns[C_POW2], stdout);
     }
 
     /* The baseline's longest output against double precision. */
@@ -450,11 +451,11 @@ int main(int argc, char **argv) {
         check(!lost, configs[c].name, "served requests no entry counted", lost, 0);
         mismatches += r->mismatches;
     }
-    const run *a = &runs[POW2], *b = &runs[TEXT];
+    const run *a = &runs[C_POW2], *b = &runs[C_TEXT];
     bool same = a->n_ent == b->n_ent;
     for (int k = 0; same && k < a->n_ent; k++)
         same = a->ent[k].calls == b->ent[k].calls && !strcmp(a->ent[k].what, b->ent[k].what);
-    check(same, configs[TEXT].name, "entries like pow2's", b->n_ent, a->n_ent);
+    check(same, configs[C_TEXT].name, "entries like pow2's", b->n_ent, a->n_ent);
     check(!mismatches, "outputs", "elements off no_buckets' by more than 1e-5", mismatches, 0);
     check(!ref_bad, "outputs", "elements off the double reference by more than 1e-4", ref_bad, 0);
 
