@@ -168,6 +168,7 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
                                fn->name, f.message);
         }
     }
+    if (!st) sj_plan_describe(plan, in, g->ex, res.facts, res.n_facts, e->what, sizeof e->what);
     free(res.facts);
     if (st) {
         if (e) sj_entry_free(e); /* frees g too */
@@ -179,7 +180,6 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
     for (int i = 0; i < fn->n_inputs; i++)
         for (int a = 0; a < in[i].rank; a++) e->bucketed |= plan->dims[i][a].bucketed;
     e->fallback = plan->fallback;
-    sj_plan_describe(plan, in, e->what, sizeof e->what);
     sj_ctarget_init(&e->ct);
     e->created_ns = sj_now_ns();
     e->plan = sj_fuse(g, in); /* before publishing: it adds to the graph's expressions */

@@ -757,7 +757,10 @@ typedef struct sj_entry_info {
     int n_symbols;
     int n_guards;      /* instructions in its guard program */
     uint64_t calls;
-    char what[128];    /* "static", "symbolic in x.size(0)", ... */
+    /* "static", "symbolic in x.size(0)", "symbolic in x.size(0) bucket
+     * (16, 32]": the sizes its guards leave free (a size the model ties to
+     * a constant is not listed) */
+    char what[128];
     /* "eager", "queued", "compiling", "fused symbolic", "fused specialized",
      * "compile failed" */
     char tier[32];

@@ -217,13 +217,27 @@ void sj_policy_observe(sj_policy *p, const sj_tensor *in) {
         }
 }
 
-void sj_plan_describe(const sj_plan *plan, const sj_tensor *in, char *buf, size_t n) {
+/* True when a fact ties the plain symbol to a constant: its guard admits
+ * one value, so the size is in effect static. */
+static bool pinned(const sj_exprs *ex, const sj_fact *facts, int n_facts, int sym) {
+    for (int f = 0; f < n_facts; f++) {
+        int s;
+        if (facts[f].rel != SJ_REL_EQ) continue;
+        if ((sj_ex_is_sym(ex, facts[f].lhs, &s) && s == sym && sj_ex_is_const(ex, facts[f].rhs, NULL)) ||
+            (sj_ex_is_sym(ex, facts[f].rhs, &s) && s == sym && sj_ex_is_const(ex, facts[f].lhs, NULL)))
+            return true;
+    }
+    return false;
+}
+
+void sj_plan_describe(const sj_plan *plan, const sj_tensor *in, const sj_exprs *ex, const sj_fact *facts,
+                      int n_facts, char *buf, size_t n) {
     size_t used = 0;
     buf[0] = '\0';
     for (int i = 0; i < plan->n_inputs; i++)
         for (int a = 0; a < in[i].rank && used < n; a++) {
             const sj_dim_plan *d = &plan->dims[i][a];
-            if (!d->symbolic) continue;
+            if (!d->symbolic || (d->sym >= 0 && pinned(ex, facts, n_facts, d->sym))) continue;
             char nm[48];
             const char *name = plan->names && plan->names[i] ? plan->names[i] : NULL;
             if (name) snprintf(nm, sizeof nm, "%s", name);

@@ -81,8 +81,11 @@ sj_status sj_plan_check_facts(const sj_plan *plan, const sj_exprs *ex, const sj_
 void sj_policy_observe(sj_policy *p, const sj_tensor *in);
 
 /* "static", or "symbolic in x.size(1), y.size(0)" (with "bucket (16, 32]"
- * for bucketed dimensions). */
-void sj_plan_describe(const sj_plan *plan, const sj_tensor *in, char *buf, size_t n);
+ * for bucketed dimensions). A dimension whose symbol the trace's facts tie
+ * to a constant (a follower the model pins) is left out: its guard admits
+ * one size. */
+void sj_plan_describe(const sj_plan *plan, const sj_tensor *in, const sj_exprs *ex, const sj_fact *facts,
+                      int n_facts, char *buf, size_t n);
 
 /* "x" or "input 0" for messages. */
 const char *sj_input_name(const char *const *names, int input, char *buf, size_t n);

@@ -107,6 +107,11 @@ static sj_status m_matmul(sj_tracer *t, const sj_val *in, int n, void *u) {
     return sj_output(t, sj_matmul(t, in[0], in[1]));
 }
 
+/* x [s, 8] times a weight [8, 3] (u points at it) */
+static sj_status m_proj(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_matmul(t, in[0], sj_param(t, u)));
+}
+
 /* -- Harness -------------------------------------------------------------------------- */
 
 static sj_fn *make(const char *name, int n_in, sj_model_fn m, sj_dynamic dyn, const sj_fn_options *base) {
@@ -664,6 +669,33 @@ static void test_bucket_follower_pinned_elsewhere(void **state) {
     }
 }
 
+/* x's feature axis (8) follows the bucket of its rows when the first call
+ * has 8 rows; the weight pins it to 8. The entry's description leaves the
+ * pinned axis out: its guard admits one size. */
+static void test_bucket_follower_pinned_described(void **state) {
+    sj_tensor w = mat(SJ_F32, 8, 3);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_AUTO;
+    sj_fn *fn = NULL;
+    assert_int_equal(sj_fn_create(rt, "proj", 1, m_proj, &w, &o, &fn), SJ_OK);
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 16), SJ_OK);
+    int64_t rows[] = {8, 5, 7, 3};
+    for (int i = 0; i < 4; i++) {
+        sj_tensor x = mat(SJ_F32, rows[i], 8), out = {0};
+        assert_int_equal(sj_call(fn, &x, 1, &out, 1), SJ_OK);
+        assert_int_equal(out.shape[0], rows[i]);
+        sj_tensor_free(rt, &out);
+    }
+    sj_entry_info info[4];
+    assert_int_equal(sj_fn_entries(fn, info, 4), 2);
+    int big = info[0].calls == 3 ? 0 : 1; /* the table lists entries in its own order */
+    assert_int_equal(info[big].calls, 3);
+    assert_string_equal(info[big].what, "symbolic in in0.size(0) bucket (4, 8]");
+    assert_string_equal(info[1 - big].what, "symbolic in in0.size(0) bucket (1, 4]");
+    sj_fn_destroy(fn);
+}
+
 static void test_buckets_list_multiple_profile(void **state) {
     sj_fn *fn = make("list", 1, m_affine, SJ_DYNAMIC_STATIC, NULL);
     assert_int_equal(sj_set_buckets(fn, 0, 0, (int64_t[]){4, 10}, 2), SJ_OK);
@@ -888,7 +920,7 @@ int main(void) {
         T(test_runtime_total_limit),  T(test_duck_sizing),             T(test_zero_one_specialized),
         T(test_dtype_and_stride_changes), T(test_relations),           T(test_size_read_specializes),
         T(test_bad_input_leaves_no_entry), T(test_mark_dynamic),       T(test_mark_specialized_is_error),
-        T(test_mark_static_under_symbolic), T(test_buckets_pow2), T(test_bucket_follows_equal_sizes), T(test_bucket_follower_pinned_elsewhere), T(test_buckets_list_multiple_profile),
+        T(test_mark_static_under_symbolic), T(test_buckets_pow2), T(test_bucket_follows_equal_sizes), T(test_bucket_follower_pinned_elsewhere), T(test_bucket_follower_pinned_described), T(test_buckets_list_multiple_profile),
         T(test_buckets_from_config),  T(test_hotness),                 T(test_logs_explain_stats),
         T(test_threads_with_retraces),
     };
