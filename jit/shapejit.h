@@ -725,7 +725,9 @@ typedef struct sj_stats {
     uint64_t fused_symbolic_calls;    /* calls served by an entry's symbolic fused kernels */
     uint64_t fused_specialized_calls; /* calls served by kernels with every size constant */
     uint64_t compiles;         /* kernels made ready (compiled or loaded from the cache) */
-    uint64_t compile_cache_hits; /* of which loaded from the persistent cache */
+    /* of which needed no compiler run: loaded from the persistent cache, or
+     * an identical unit loaded already in this process (shared) */
+    uint64_t compile_cache_hits;
     uint64_t compile_failures; /* compiles that failed (those entries stay eager) */
     uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
     double compile_ms;         /* compiler time, total */

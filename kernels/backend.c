@@ -1,11 +1,12 @@
-/* What the backends share: writing files, dumping generated sources, the
- * compile driver (declared in kernels/backend.h). */
+/* What the backends share: writing files, dumping generated sources, units
+ * shared by key, the compile driver (declared in kernels/backend.h). */
 #include "kernels/backend.h"
 
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,118 @@ sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj
     return SJ_OK;
 }
 
+/* -- Units shared by key ------------------------------------------------------- */
+
+typedef struct share_slot {
+    char key[65];
+    sj_module *m; /* NULL while its first compile runs */
+    int refs;
+} share_slot;
+
+struct sj_modshare {
+    pthread_mutex_t lock;
+    pthread_cond_t changed; /* a slot was filled or removed */
+    share_slot *slots;
+    int n, cap;
+};
+
+sj_modshare *sj_modshare_create(void) {
+    sj_modshare *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->changed, NULL);
+    return s;
+}
+
+void sj_modshare_destroy(sj_modshare *s) {
+    if (!s) return;
+    assert(s->n == 0);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->changed);
+    free(s->slots);
+    free(s);
+}
+
+static int find_key(const sj_modshare *s, const char *key) {
+    for (int i = 0; i < s->n; i++)
+        if (!strcmp(s->slots[i].key, key)) return i;
+    return -1;
+}
+
+static void remove_slot(sj_modshare *s, int i) { s->slots[i] = s->slots[--s->n]; }
+
+/* A reference to the module loaded under key (true), or false with
+ * *reserved set when this thread now compiles it (another thread asking
+ * for the key waits until share_publish). Out of memory: false, not
+ * reserved (the unit is then compiled and not shared). */
+static bool share_acquire(sj_modshare *s, const char *key, sj_module **m, bool *reserved) {
+    *reserved = false;
+    pthread_mutex_lock(&s->lock);
+    for (int i; (i = find_key(s, key)) >= 0;) {
+        if (s->slots[i].m) {
+            s->slots[i].refs++;
+            *m = s->slots[i].m;
+            pthread_mutex_unlock(&s->lock);
+            return true;
+        }
+        pthread_cond_wait(&s->changed, &s->lock);
+    }
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        share_slot *ns = realloc(s->slots, (size_t)cap * sizeof *ns);
+        if (ns) s->slots = ns, s->cap = cap;
+    }
+    if (s->n < s->cap) {
+        share_slot *sl = &s->slots[s->n++];
+        snprintf(sl->key, sizeof sl->key, "%s", key);
+        sl->m = NULL;
+        sl->refs = 0;
+        *reserved = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return false;
+}
+
+/* The reserved key's compile finished: m (its first reference), or NULL
+ * when it failed (a waiter then compiles it itself). */
+static void share_publish(sj_modshare *s, const char *key, sj_module *m) {
+    pthread_mutex_lock(&s->lock);
+    int i = find_key(s, key);
+    assert(i >= 0 && !s->slots[i].m);
+    if (m) s->slots[i].m = m, s->slots[i].refs = 1;
+    else remove_slot(s, i);
+    pthread_cond_broadcast(&s->changed);
+    pthread_mutex_unlock(&s->lock);
+}
+
+bool sj_modshare_release(sj_modshare *s, sj_module *m) {
+    if (!s || !m) return true;
+    bool last = true;
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->n; i++) {
+        if (s->slots[i].m != m) continue;
+        if (--s->slots[i].refs > 0) last = false;
+        else remove_slot(s, i);
+        break;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return last;
+}
+
+/* A compile served by a module loaded already (a reference held). */
+static sj_status use_shared(const sj_backend_driver *d, const sj_compile_req *req, const char *tag, sj_module *m,
+                            sj_compile_result *out) {
+    if (!d->resolve(d->self, m, req, out)) {
+        if (sj_modshare_release(d->share, m)) d->drop(d->self, m);
+        return sj_backend_fail(d->rt, d->who, out, tag, out->log);
+    }
+    out->module = m;
+    out->from_cache = out->shared = true;
+    out->log[0] = '\0';
+    sj_logf(d->rt, SJ_LOG_COMPILE, "%s: %s: shares the unit loaded already (key %.16s)", d->who, tag, out->key);
+    return SJ_OK;
+}
+
 /* -- The compile driver --------------------------------------------------------- */
 
 static void sleep_ms(int ms) {
@@ -125,6 +238,13 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
     sj_cache_key(out->key, parts, n);
     if (d->dump_dir) sj_backend_dump(d->rt, d->who, d->dump_dir, tag, d->ext, src, req->source_len);
 
+    sj_module *shared = NULL;
+    bool reserved = false;
+    if (!d->test_fail && d->share && share_acquire(d->share, out->key, &shared, &reserved)) {
+        st = use_shared(d, req, tag, shared, out);
+        free(src);
+        return st;
+    }
     char note[sizeof out->log + 64] = "", why[256];
     const char *refused = NULL;
     int cached = d->test_fail ? 0 : d->load_cached(d->self, req, out);
@@ -146,6 +266,7 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
         memset(out->fns, 0, sizeof out->fns);
         st = d->compile_fresh(d->self, req, src, tag, note, out);
     }
+    if (reserved) share_publish(d->share, out->key, st ? NULL : out->module);
     free(src);
     return st;
 }

@@ -28,9 +28,10 @@ typedef struct sj_compile_req {
 } sj_compile_req;
 
 typedef struct sj_compile_result {
-    sj_module *module;    /* NULL on failure */
+    sj_module *module;    /* NULL on failure; unload it once (shared ones are counted) */
     void *fns[SJ_COMPILE_SYMBOLS_MAX]; /* the resolved symbols, in request order (owned by module) */
-    bool from_cache;      /* loaded from the persistent cache, no compiler run */
+    bool from_cache;      /* no compiler run: the persistent cache, or shared */
+    bool shared;          /* the same unit was already loaded by this backend: module is that one */
     double compile_ms;    /* wall time of the compiler run (0 on a cache hit) */
     char key[65];         /* the cache key (hex) */
     char log[2048];       /* compiler diagnostics on failure, truncated */
@@ -43,7 +44,8 @@ struct sj_backend {
      * SJ_EBACKEND with out->log set (compiler missing, compile error, load
      * failure). Thread-safe. */
     sj_status (*compile)(sj_backend *b, const sj_compile_req *req, sj_compile_result *out);
-    /* Unload a module (NULL is a no-op). */
+    /* Unload a module (NULL is a no-op); a shared one when its last user
+     * unloads it. */
     void (*unload)(sj_backend *b, sj_module *m);
     /* A line describing the toolchain, for explain and cache keys
      * ("cc: gcc (Debian 12.2.0-14) 12.2.0; -O3 -march=native ..."). */
@@ -78,6 +80,24 @@ sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj
  * line); *len its length. */
 const char *sj_backend_error_line(const char *log, int *len);
 
+/* -- Units shared in a process (kernels/backend.c) ----------------------------
+ *
+ * A backend keeps one loaded module per cache key. A compile whose key is
+ * loaded already takes a reference to that module instead of running the
+ * toolchain or loading the artifact again; one whose key is being compiled
+ * by another thread waits for it. Identical units are common: every bucket
+ * of a function has the same symbolic kernels, and without a persistent
+ * cache each would otherwise be compiled. Thread-safe. */
+
+typedef struct sj_modshare sj_modshare;
+
+sj_modshare *sj_modshare_create(void); /* NULL when out of memory */
+/* Every module must have been released. NULL is a no-op. */
+void sj_modshare_destroy(sj_modshare *s);
+/* Drop one reference to m: true when the caller must unload it (it was the
+ * last, or m was never shared). */
+bool sj_modshare_release(sj_modshare *s, sj_module *m);
+
 /* -- The compile driver (kernels/backend.c) ----------------------------------
  *
  * Both backends compile the same way: check and copy the request, derive the
@@ -105,6 +125,12 @@ typedef struct sj_backend_driver {
      * note is appended to the success log line. */
     sj_status (*compile_fresh)(void *self, const sj_compile_req *req, const char *src, const char *tag,
                                const char *note, sj_compile_result *out);
+    /* Modules shared by key (NULL: none), with the steps sharing needs:
+     * resolve req's symbols in a loaded module into out->fns (false with
+     * out->log saying why), and unload a module for good. */
+    sj_modshare *share;
+    bool (*resolve)(void *self, sj_module *m, const sj_compile_req *req, sj_compile_result *out);
+    void (*drop)(void *self, sj_module *m);
 } sj_backend_driver;
 
 /* The backend table's compile, driven by d. */

@@ -3,7 +3,8 @@
  * compiler (fails fast, "not found"); a missing symbol; invalid requests;
  * the persistent cache (a second backend loads without running the
  * compiler, a corrupt cached .so and an unloadable one are recompiled); the
- * test hooks; dump_dir; compiles from 4 threads at once; no fd, child or
+ * test hooks; dump_dir; units shared by key (also when 4 threads compile
+ * one at once); compiles from 4 threads at once; no fd, child or
  * temporary left behind on any path; and timings. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -110,7 +111,7 @@ static void test_compile_and_call(void **state) {
     tu_compile_fresh(b, &req, &r);
     check_kernels(&r);
     assert_true(tu_logged(&f->log, "cpu: t.e0.static: compiled in"));
-    /* the same request twice: same key, independent modules */
+    /* the same request twice: same key, the loaded unit shared */
     tu_check_second_compile(b, &req, &r, check_kernels);
     print_message("identity: %s\ncompile_ms (cc, %zu bytes of C): %.1f\n", id, strlen(SRC), r.compile_ms);
     b->destroy(b);
@@ -294,6 +295,92 @@ static void test_dump_dir(void **state) {
     b->destroy(b);
 }
 
+/* -- Shared units ------------------------------------------------------------------ */
+
+/* A unit whose key is loaded already is shared, not compiled again; a
+ * request for a symbol it lacks fails without harming it; it is unloaded
+ * with its last user, and the next compile runs the compiler again. */
+static void test_shared_units(void **state) {
+    fixture *f = *state;
+    char cc[PATH_MAX], cclog[PATH_MAX];
+    make_wrapper(f, cc, sizeof cc, cclog, sizeof cclog);
+    sj_backend *b = make(f, cc, NULL); /* no persistent cache */
+    sj_compile_req req = req_of(SRC, "first");
+    sj_compile_result ra, rb, rc;
+    tu_compile_fresh(b, &req, &ra);
+    req.tag = "second";
+    assert_int_equal(b->compile(b, &req, &rb), SJ_OK);
+    assert_int_equal(compiler_runs(cclog), 1);
+    assert_true(rb.shared && rb.from_cache);
+    assert_true(rb.compile_ms == 0);
+    assert_ptr_equal(rb.module, ra.module);
+    assert_true(tu_logged(&f->log, "cpu: second: shares the unit loaded already"));
+
+    const char *const syms[] = {"k1", "k_missing"};
+    sj_compile_req bad = {SRC, strlen(SRC), syms, 2, "third"};
+    assert_int_equal(b->compile(b, &bad, &rc), SJ_EBACKEND);
+    assert_null(rc.module);
+    assert_non_null(strstr(rc.log, "k_missing"));
+    assert_int_equal(compiler_runs(cclog), 1);
+
+    b->unload(b, ra.module);
+    check_kernels(&rb); /* still loaded: rb holds it */
+    b->unload(b, rb.module);
+    req.tag = "again";
+    tu_compile_fresh(b, &req, &rc); /* the last user unloaded it: compiled anew */
+    assert_false(rc.shared);
+    assert_int_equal(compiler_runs(cclog), 2);
+    check_kernels(&rc);
+    b->unload(b, rc.module);
+    b->destroy(b);
+}
+
+typedef struct same_job {
+    sj_backend *b;
+    pthread_barrier_t *all_compiled;
+    sj_status st;
+    sj_compile_result r;
+} same_job;
+
+static void *compile_same(void *p) {
+    same_job *j = p;
+    sj_compile_req req = req_of(SRC, "same");
+    j->st = j->b->compile(j->b, &req, &j->r);
+    pthread_barrier_wait(j->all_compiled); /* nobody unloads before all have compiled */
+    return NULL;
+}
+
+/* Four threads compile one unit at once: the compiler runs once, the others
+ * wait for it and share its module. */
+static void test_shared_concurrent(void **state) {
+    fixture *f = *state;
+    char cc[PATH_MAX], cclog[PATH_MAX];
+    make_wrapper(f, cc, sizeof cc, cclog, sizeof cclog);
+    sj_backend *b = make(f, cc, NULL);
+    enum { N = 4 };
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, N);
+    same_job jobs[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (same_job){.b = b, .all_compiled = &bar, .st = SJ_EINTERNAL};
+        assert_int_equal(pthread_create(&th[i], NULL, compile_same, &jobs[i]), 0);
+    }
+    int shared = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].st, SJ_OK);
+        assert_ptr_equal(jobs[i].r.module, jobs[0].r.module);
+        shared += jobs[i].r.shared;
+        check_kernels(&jobs[i].r);
+    }
+    pthread_barrier_destroy(&bar);
+    assert_int_equal(compiler_runs(cclog), 1);
+    assert_int_equal(shared, N - 1);
+    for (int i = 0; i < N; i++) b->unload(b, jobs[i].r.module);
+    b->destroy(b);
+}
+
 /* -- Concurrency ------------------------------------------------------------------ */
 
 static void *compile_thread(void *p) {
@@ -380,6 +467,7 @@ int main(void) {
         T(test_compile_and_call),    T(test_compile_error),        T(test_missing_compiler),
         T(test_missing_symbol),      T(test_invalid_requests),     T(test_cache_second_backend),
         T(test_cache_corrupt_recompiled), T(test_hooks),           T(test_dump_dir),
+        T(test_shared_units),        T(test_shared_concurrent),
         T(test_concurrent_compiles), T(test_no_leaks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -597,6 +597,38 @@ static void test_hot_shapes_specialized(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* Buckets' symbolic kernels are one unit: with no persistent cache the
+ * compiler still runs once, later entries share the loaded unit, and a
+ * second function of the same model shares it too and keeps it loaded when
+ * the first is destroyed. */
+static void test_identical_units_shared(void **state) {
+    sj_runtime *rt = runtime(SJ_COMPILE_SYNC, NULL, NULL);
+    sj_fn *fn = make(rt, "buckets", 3, m_w1, SJ_DYNAMIC_AUTO, 1);
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 16, 256), SJ_OK);
+    sj_tensor in[3];
+    int64_t sizes[] = {20, 40, 70, 150};
+    for (int i = 0; i < 4; i++) {
+        w1_inputs(in, sizes[i]);
+        call_and_compare(rt, fn, m_w1, in, 3, 1, 1e-5);
+    }
+    sj_stats s = stats(fn);
+    assert_int_equal(s.entries, 4);
+    assert_int_equal(s.fused_symbolic_calls, 4);
+    assert_int_equal(s.compiles, 4);
+    assert_int_equal(s.compile_cache_hits, 3); /* compiled once */
+
+    sj_fn *other = make(rt, "other", 3, m_w1, SJ_DYNAMIC_AUTO, 1);
+    assert_int_equal(sj_set_buckets_pow2(other, 0, 0, 16, 256), SJ_OK);
+    w1_inputs(in, 33);
+    call_and_compare(rt, other, m_w1, in, 3, 1, 1e-5);
+    assert_int_equal(stats(other).compile_cache_hits, 1);
+    sj_fn_destroy(fn);
+    w1_inputs(in, 60);
+    call_and_compare(rt, other, m_w1, in, 3, 1, 1e-5);
+    assert_int_equal(stats(other).fused_symbolic_calls, 2);
+    sj_runtime_destroy(rt);
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_teardown(f, teardown_each)
     const struct CMUnitTest tests[] = {
@@ -605,7 +637,7 @@ int main(void) {
         T(test_destroy_during_compile),         T(test_cold_job_dropped),       T(test_missing_compiler),
         T(test_compile_error_injected),         T(test_cache_warm_and_corrupt), T(test_hot_shapes_specialized),
         T(test_streaming_config),
-        T(test_blas_threads),
+        T(test_blas_threads),                   T(test_identical_units_shared),
     };
     return cmocka_run_group_tests_name("jit", tests, setup_group, teardown_group);
 }

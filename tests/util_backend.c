@@ -69,6 +69,11 @@ void tu_check_second_compile(sj_backend *b, const sj_compile_req *req, const sj_
     sj_compile_result r2;
     assert_int_equal(b->compile(b, req, &r2), SJ_OK);
     assert_string_equal(r->key, r2.key);
+    /* the unit loaded already, shared: it stays loaded until both unload */
+    assert_true(r2.shared);
+    assert_true(r2.from_cache);
+    assert_ptr_equal(r2.module, r->module);
+    assert_memory_equal(r2.fns, r->fns, (size_t)req->n_symbols * sizeof r->fns[0]);
     b->unload(b, r->module);
     check(&r2);
     b->unload(b, r2.module);

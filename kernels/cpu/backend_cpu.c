@@ -51,6 +51,7 @@ typedef struct cpu_backend {
     char *flags[MAX_FLAGS];
     int n_flags;
     sj_cache *cache;
+    sj_modshare *share;    /* loaded units by key */
     const sj_runtime *rt;
     int test_delay_ms, test_fail;
     bool cc_missing;
@@ -191,6 +192,20 @@ static void probe(cpu_backend *b) {
 
 /* -- Loading ---------------------------------------------------------------- */
 
+/* Resolve every symbol of req in h into out->fns; false with out->log set. */
+static bool resolve_in(void *h, const sj_compile_req *req, sj_compile_result *out) {
+    for (int i = 0; i < req->n_symbols; i++) {
+        dlerror();
+        void *f = dlsym(h, req->symbols[i]);
+        if (!f) {
+            snprintf(out->log, sizeof out->log, "symbol '%s' not found in the compiled unit", req->symbols[i]);
+            return false;
+        }
+        out->fns[i] = f;
+    }
+    return true;
+}
+
 /* dlopen path and resolve every symbol into out. On failure writes why to
  * out->log and returns false with nothing loaded. */
 static bool load(const char *path, const sj_compile_req *req, sj_compile_result *out) {
@@ -200,15 +215,9 @@ static bool load(const char *path, const sj_compile_req *req, sj_compile_result 
         snprintf(out->log, sizeof out->log, "dlopen failed: %s", e ? e : "unknown error");
         return false;
     }
-    for (int i = 0; i < req->n_symbols; i++) {
-        dlerror();
-        void *f = dlsym(h, req->symbols[i]);
-        if (!f) {
-            snprintf(out->log, sizeof out->log, "symbol '%s' not found in the compiled unit", req->symbols[i]);
-            dlclose(h);
-            return false;
-        }
-        out->fns[i] = f;
+    if (!resolve_in(h, req, out)) {
+        dlclose(h);
+        return false;
     }
     sj_module *m = malloc(sizeof *m);
     if (!m) {
@@ -319,23 +328,33 @@ static const char *cpu_refuse(void *self, char *buf, size_t n) {
     return buf;
 }
 
+static bool cpu_resolve(void *self, sj_module *m, const sj_compile_req *req, sj_compile_result *out) {
+    (void)self;
+    return resolve_in(m->handle, req, out);
+}
+
+static void cpu_drop(void *self, sj_module *m) {
+    (void)self;
+    dlclose(m->handle);
+    free(m);
+}
+
 static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
     cpu_backend *b = (cpu_backend *)base;
     const char *key[] = {"cpu", b->identity};
     sj_backend_driver d = {.who = "cpu", .ext = ".c", .key_parts = key, .n_key_parts = 2, .rt = b->rt,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cpu_load_cached, .refuse = cpu_refuse,
-                           .compile_fresh = compile_fresh};
+                           .compile_fresh = compile_fresh, .share = b->share, .resolve = cpu_resolve,
+                           .drop = cpu_drop};
     return sj_backend_compile(&d, req, out);
 }
 
 /* -- Table and lifecycle ----------------------------------------------------- */
 
-static void cpu_unload(sj_backend *b, sj_module *m) {
-    (void)b;
-    if (!m) return;
-    dlclose(m->handle);
-    free(m);
+static void cpu_unload(sj_backend *base, sj_module *m) {
+    cpu_backend *b = (cpu_backend *)base;
+    if (m && sj_modshare_release(b->share, m)) cpu_drop(b, m);
 }
 
 static const char *cpu_identity_fn(sj_backend *base) { return ((cpu_backend *)base)->identity; }
@@ -347,6 +366,7 @@ static void cpu_destroy(sj_backend *base) {
     free(b->cflags);
     free(b->dump_dir);
     free(b->flag_text);
+    sj_modshare_destroy(b->share);
     free(b);
 }
 
@@ -362,7 +382,8 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     b->cflags = strdup(c.cflags ? c.cflags : DEFAULT_CFLAGS);
     b->flag_text = b->cflags ? strdup(b->cflags) : NULL;
     b->dump_dir = c.dump_dir && c.dump_dir[0] ? strdup(c.dump_dir) : NULL;
-    if (!b->cc || !b->cflags || !b->flag_text || (c.dump_dir && c.dump_dir[0] && !b->dump_dir)) {
+    b->share = sj_modshare_create();
+    if (!b->cc || !b->cflags || !b->flag_text || !b->share || (c.dump_dir && c.dump_dir[0] && !b->dump_dir)) {
         cpu_destroy(&b->base);
         return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
     }

@@ -6,8 +6,9 @@
  * failure is a miss) -> else NVRTC (one program per call: NVRTC is
  * thread-safe across programs), load the CUBIN, resolve the symbols, and
  * only then store it, so the cache never receives an image that did not
- * load here. After creation the backend is immutable: compiles share no
- * mutable state; module calls bind the device's context first.
+ * load here. After creation the backend's only mutable state is the table
+ * of loaded modules (sj_modshare, locked); module calls bind the device's
+ * context first.
  */
 #include "kernels/cuda/backend_cuda.h"
 
@@ -27,6 +28,7 @@ typedef struct cuda_backend {
     sj_backend base; /* first: the table the JIT sees */
     sj_cuda *cuda;
     sj_cache *cache;
+    sj_modshare *share; /* loaded modules by key */
     char *dump_dir;
     const sj_runtime *rt;
     int test_delay_ms, test_fail;
@@ -51,6 +53,29 @@ static void cu_error_text(const sj_cuda *c, CUresult r, char *buf, size_t n) {
     else snprintf(buf, n, "CUresult %d", (int)r);
 }
 
+/* Resolve every symbol of req in mod into out->fns (the context bound);
+ * false with out->log set. */
+static bool resolve_in(const sj_cuda *c, CUmodule mod, const sj_compile_req *req, sj_compile_result *out) {
+    char err[256];
+    for (int i = 0; i < req->n_symbols; i++) {
+        CUfunction f = NULL;
+        CUresult r = c->api.ModuleGetFunction(&f, mod, req->symbols[i]);
+        if (r != CUDA_SUCCESS || !f) {
+            if (r == CUDA_ERROR_NOT_FOUND)
+                snprintf(out->log, sizeof out->log,
+                         "symbol '%s' not found in the compiled unit (a kernel needs extern \"C\" __global__)",
+                         req->symbols[i]);
+            else {
+                cu_error_text(c, r, err, sizeof err);
+                snprintf(out->log, sizeof out->log, "cuModuleGetFunction('%s') failed: %s", req->symbols[i], err);
+            }
+            return false;
+        }
+        out->fns[i] = (void *)f;
+    }
+    return true;
+}
+
 /* Load a CUBIN and resolve every symbol into out. On failure writes why to
  * out->log and returns false with nothing loaded. */
 static bool load(const cuda_backend *b, const void *image, size_t len, const sj_compile_req *req,
@@ -73,22 +98,9 @@ static bool load(const cuda_backend *b, const void *image, size_t len, const sj_
                  b->nvrtc_id, c->driver_version);
         return false;
     }
-    for (int i = 0; i < req->n_symbols; i++) {
-        CUfunction f = NULL;
-        r = c->api.ModuleGetFunction(&f, mod, req->symbols[i]);
-        if (r != CUDA_SUCCESS || !f) {
-            if (r == CUDA_ERROR_NOT_FOUND)
-                snprintf(out->log, sizeof out->log,
-                         "symbol '%s' not found in the compiled unit (a kernel needs extern \"C\" __global__)",
-                         req->symbols[i]);
-            else {
-                cu_error_text(c, r, err, sizeof err);
-                snprintf(out->log, sizeof out->log, "cuModuleGetFunction('%s') failed: %s", req->symbols[i], err);
-            }
-            c->api.ModuleUnload(mod);
-            return false;
-        }
-        out->fns[i] = (void *)f;
+    if (!resolve_in(c, mod, req, out)) {
+        c->api.ModuleUnload(mod);
+        return false;
     }
     sj_module *m = malloc(sizeof *m);
     if (!m) {
@@ -202,12 +214,26 @@ static int cuda_load_cached(void *self, const sj_compile_req *req, sj_compile_re
     return ok ? 1 : -1;
 }
 
+static bool cuda_resolve(void *self, sj_module *m, const sj_compile_req *req, sj_compile_result *out) {
+    cuda_backend *b = self;
+    sj_cuda_bind(b->cuda);
+    return resolve_in(b->cuda, m->mod, req, out);
+}
+
+static void cuda_drop(void *self, sj_module *m) {
+    cuda_backend *b = self;
+    sj_cuda_bind(b->cuda);
+    b->cuda->api.ModuleUnload(m->mod);
+    free(m);
+}
+
 static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
     cuda_backend *b = (cuda_backend *)base;
     const char *key[] = {"cuda", b->arch, b->nvrtc_id};
     sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 3, .rt = b->rt,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
-                           .self = b, .load_cached = cuda_load_cached, .compile_fresh = compile_fresh};
+                           .self = b, .load_cached = cuda_load_cached, .compile_fresh = compile_fresh,
+                           .share = b->share, .resolve = cuda_resolve, .drop = cuda_drop};
     return sj_backend_compile(&d, req, out);
 }
 
@@ -215,10 +241,7 @@ static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_co
 
 static void cuda_unload(sj_backend *base, sj_module *m) {
     cuda_backend *b = (cuda_backend *)base;
-    if (!m) return;
-    sj_cuda_bind(b->cuda);
-    b->cuda->api.ModuleUnload(m->mod);
-    free(m);
+    if (m && sj_modshare_release(b->share, m)) cuda_drop(b, m);
 }
 
 static const char *cuda_identity_fn(sj_backend *base) { return ((cuda_backend *)base)->identity; }
@@ -227,6 +250,7 @@ static void cuda_destroy(sj_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
     free(b->dump_dir);
+    sj_modshare_destroy(b->share);
     free(b);
 }
 
@@ -240,8 +264,9 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
         return sj_seterr(SJ_EINVAL, "sj_cuda_backend_create: the CUDA device is not open");
     cuda_backend *b = calloc(1, sizeof *b);
     if (!b) return sj_seterr(SJ_ENOMEM, "sj_cuda_backend_create: out of memory");
-    if (cfg->dump_dir && cfg->dump_dir[0] && !(b->dump_dir = strdup(cfg->dump_dir))) {
-        free(b);
+    if ((cfg->dump_dir && cfg->dump_dir[0] && !(b->dump_dir = strdup(cfg->dump_dir))) ||
+        !(b->share = sj_modshare_create())) {
+        cuda_destroy(&b->base);
         return sj_seterr(SJ_ENOMEM, "sj_cuda_backend_create: out of memory");
     }
     b->cuda = cfg->cuda;
