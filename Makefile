@@ -70,6 +70,11 @@ endif
 
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# The slowest first, so that programs run at once (TEST_JOBS) end together.
+TEST_SLOW := $(filter %/test_codegen_cuda %/test_fusion %/test_jit %/test_cpu_kernels,$(TEST_BIN))
+TEST_RUN  := $(TEST_SLOW) $(filter-out $(TEST_SLOW),$(TEST_BIN))
+# Test programs run at once by `make test` (tests/run.sh); CI uses every core.
+TEST_JOBS ?= 1
 TEST_UTIL := $(sort $(wildcard tests/util_*.c))
 TEST_UTIL_OBJ := $(TEST_UTIL:%.c=$(BUILD)/obj/%.o)
 
@@ -166,15 +171,13 @@ $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(STATIC)
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< $(TEST_UTIL_OBJ) -o $@ $(STATIC) $(TEST_LIBS) $(LDLIBS)
 
-# Test programs, then every sample that has a samples/NAME/test-args file,
-# run with those arguments (each sample checks its own results and exits
-# nonzero on a wrong one), without the persistent kernel cache.
+# Test programs (TEST_JOBS at a time), then every sample that has a
+# samples/NAME/test-args file, run with those arguments (each sample checks
+# its own results and exits nonzero on a wrong one), without the persistent
+# kernel cache.
 test: deps $(TEST_BIN) $(SAMPLE_BIN)
 	@failed=0; \
-	for t in $(TEST_BIN); do \
-	  printf '  TEST    %s\n' "$$(basename $$t)"; \
-	  if ! $$t; then failed=$$((failed+1)); echo "  FAIL    $$t"; fi; \
-	done; \
+	sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
 	for s in $(SAMPLES); do \
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
@@ -183,7 +186,7 @@ test: deps $(TEST_BIN) $(SAMPLE_BIN)
 	    failed=$$((failed+1)); tail -n 30 $(BUILD)/samples/$$s.log; echo "  FAIL    sample $$s"; \
 	  fi; \
 	done; \
-	if [ $$failed -ne 0 ]; then echo "$$failed test program(s) failed"; exit 1; fi; \
+	if [ $$failed -ne 0 ]; then echo "tests failed (see above)"; exit 1; fi; \
 	echo "all test programs passed"
 
 test-asan: deps
