@@ -41,7 +41,10 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = asan ]; then # needs a package made with ASAN=1 bash bench/gpu_pack.sh
-    for t in test_cuda_dev test_cuda_eager test_cuda_jit; do
+    # test_cuda_eager takes about 110 s unsanitized and more than 300 s
+    # under the sanitizers: give it a call of its own
+    # (SJ_ASAN_TESTS=test_cuda_eager SJ_TEST_TIMEOUT=560).
+    for t in ${SJ_ASAN_TESTS:-test_cuda_dev test_cuda_eager test_cuda_jit}; do
         [ -x ".gpu-build/asan/$t" ] || { echo "MISSING asan/$t" | tee -a "$summary"; continue; }
         LD_LIBRARY_PATH="$PWD/.gpu-build/asan:$LD_LIBRARY_PATH" \
         ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:halt_on_error=1 \
