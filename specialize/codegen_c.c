@@ -757,7 +757,7 @@ static void out_body(cg *c, const void *ctx) {
     put(&c->o, "const float v%d = ", (int)R->n->out);
     if (o->softmax) {
         if (o->buffered) put(&c->o, "buf[j] * inv;\n");
-        else put(&c->o, "sj_rt_expf("), sj_cg_put_ref(c, R->x), put(&c->o, " - m) * inv;\n");
+        else put(&c->o, "sj_rt_exp_shifted("), sj_cg_put_ref(c, R->x), put(&c->o, " - m) * inv;\n");
     } else { /* in f32, with the eager kernels' functions (kernels/cpu/reduce.c) */
         bool ln = R->n->op == SJ_OP_LAYER_NORM;
         put(&c->o, ln ? "sj_rt_layer_norm1(" : "(");
@@ -790,7 +790,7 @@ static void put_out_pass(cg *c, const rowop *R, bool buffered) {
 
 static void exp_body(cg *c, const void *ctx) {
     (void)ctx;
-    put(&c->o, "buf[j] = sj_rt_expf(buf[j] - m);\n");
+    put(&c->o, "buf[j] = sj_rt_exp_shifted(buf[j] - m);\n");
 }
 
 /* Softmax or a norm over one row, buffered or recomputing. */
@@ -818,7 +818,7 @@ static void put_row_body(cg *c, const rowop *R, bool buffered, const char *bufle
             put(&c->o, "if (m == -INFINITY) {\ninv = 0.0f;\nm = 0.0f;\n} else {\n");
             put(&c->o, "sj_rt_dsum acc;\nsj_rt_dsum_init(&acc);\n");
             put_chunks(c, R, CHUNK, false,
-                       "for (int64_t jj = 0; jj < k; jj++) cb[jj] = sj_rt_expf(cb[jj] - m);\n"
+                       "for (int64_t jj = 0; jj < k; jj++) cb[jj] = sj_rt_exp_shifted(cb[jj] - m);\n"
                        "sj_rt_dsum_add(&acc, cb, k);\n");
             put(&c->o, "inv = (float)(1.0 / sj_rt_dsum_get(&acc));\n}\n");
         }

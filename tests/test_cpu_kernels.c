@@ -178,6 +178,49 @@ static void test_approximations(void **state) {
     assert_true(cpu_tanhf(INFINITY) == 1.0f && cpu_tanhf(-INFINITY) == -1.0f);
     assert_true(cpu_erff(INFINITY) == 1.0f && cpu_erff(-INFINITY) == -1.0f);
     assert_true(cpu_tanhf(-0.0f) == 0.0f && signbit(cpu_tanhf(-0.0f)));
+
+    /* softmax's exp of x - max <= 0: every float in [-87.33, 0], against
+     * exp; below that flushed to 0 */
+    worst = 0;
+    for (uint32_t bits = 0x80000000u; bits <= 0xC2AEA8F6u; bits += 7) { /* -0 .. -87.33 */
+        float x;
+        memcpy(&x, &bits, 4);
+        double r = exp((double)x), err = fabs(sj_rt_exp_shifted(x) - r) / r;
+        worst = err > worst ? err : worst;
+    }
+    print_message("  exp_shifted max relative error %.3g on [-87.33, 0]\n", worst);
+    assert_true(worst <= 2e-7);
+    assert_true(sj_rt_exp_shifted(0.0f) == 1.0f && sj_rt_exp_shifted(-87.4f) == 0.0f);
+    assert_true(sj_rt_exp_shifted(-1e4f) == 0.0f && sj_rt_exp_shifted(-INFINITY) == 0.0f);
+    assert_true(isnan(sj_rt_exp_shifted(NAN)));
+}
+
+/* The vectorised max against a plain loop: every length to 100, NaN or an
+ * infinity at every position (the first NaN is returned, and a row of
+ * -inf gives -inf). */
+static void test_max_f32(void **state) {
+    float x[100];
+    const float special[] = {NAN, INFINITY, -INFINITY};
+    for (int n = 0; n <= 100; n++) {
+        for (int at = -1; at < n; at++)
+            for (int sp = 0; sp < 3; sp++) {
+                for (int i = 0; i < n; i++) x[i] = (float)((i * 37 + n * 11) % 101) * 0.37f - 20.0f;
+                if (at >= 0) x[at] = special[sp];
+                float want = -INFINITY;
+                bool nan = false;
+                for (int i = 0; i < n && !nan; i++) {
+                    if (isnan(x[i])) nan = true;
+                    else if (x[i] > want) want = x[i];
+                }
+                float got = sj_rt_max_f32(x, n);
+                if (nan ? !isnan(got) : got != want)
+                    fail_msg("max of %d floats, special %d at %d: got %g, want %g", n, sp, at, (double)got,
+                             nan ? (double)NAN : (double)want);
+                if (at < 0) break;
+            }
+    }
+    for (int i = 0; i < 40; i++) x[i] = -INFINITY;
+    assert_true(sj_rt_max_f32(x, 40) == -INFINITY);
 }
 
 /* -- Unary ---------------------------------------------------------------- */
@@ -642,7 +685,7 @@ int main(void) {
     tu_seed(seed ? strtoull(seed, NULL, 10) : 20240611);
 #define T(f) cmocka_unit_test_teardown(f, tu_teardown)
     const struct CMUnitTest tests[] = {
-        T(test_half),   T(test_approximations),  T(test_unary),      T(test_unary_specials),
+        T(test_half),   T(test_approximations),  T(test_max_f32),    T(test_unary),      T(test_unary_specials),
         T(test_binary), T(test_int_semantics),   T(test_nan_binary), T(test_where),
         T(test_cast),   T(test_copy_transposed), T(test_reduce),     T(test_softmax),
         T(test_norms),  T(test_layer_norm_offset), T(test_matmul), T(test_matmul_bias), T(test_attention),  T(test_split), T(test_concat),

@@ -205,7 +205,7 @@ sj_status sj_cpu_reduce(sj_op op, const sj_tensor *x, int axis, const sj_tensor 
 /* -- Row kernels: softmax and norms --------------------------------------- */
 
 CPU_CLONES static void exp_shifted(float *x, float m, int64_t n) {
-    CPU_VLOOP(i, n, x[i] = cpu_expf(x[i] - m));
+    CPU_VLOOP(i, n, x[i] = sj_rt_exp_shifted(x[i] - m));
 }
 
 void sj_cpu_softmax_row(float *x, int64_t n) {
