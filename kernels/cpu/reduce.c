@@ -6,8 +6,9 @@
  *   sum        exact order not specified (blocked partial sums in double)
  *   mean       sum / n in double; n = 0 gives NaN
  *   amax       max propagating NaN (an empty axis is the tracer's error)
- *   softmax    e = exp(x - max), y = e * (float)(1 / sum(e)); a row that is
- *              all -inf gives zeros (sj_cpu_softmax_row)
+ *   softmax    e = exp(x - max) (sj_rt_exp_shifted: an e below 2^-126 is
+ *              0), y = e * (float)(1 / sum(e)); a row that is all -inf
+ *              gives zeros (sj_cpu_softmax_row, which attention uses too)
  *   layer norm mean, var = mean((x - mean)^2) (biased) and rstd =
  *              1 / sqrt(var + eps) in double; then per element, in f32,
  *              y = ((x - mhi) - mlo) * frs * g + b, where mhi + mlo is the
