@@ -486,7 +486,9 @@ SJ_API sj_val sj_sum(sj_tracer *t, sj_val x, int axis, int keepdim);
 SJ_API sj_val sj_mean(sj_tracer *t, sj_val x, int axis, int keepdim);
 SJ_API sj_val sj_amax(sj_tracer *t, sj_val x, int axis, int keepdim);
 
-/* softmax over `axis`; a row whose inputs are all -inf gives zeros. */
+/* softmax over `axis`; a row whose inputs are all -inf gives zeros. Results
+ * below 2^-126 (about 1.2e-38) may be flushed to 0, on the CPU as on the
+ * GPU. */
 SJ_API sj_val sj_softmax(sj_tracer *t, sj_val x, int axis);
 
 /* Layer norm over the last axis: (x - mean) / sqrt(var + eps) * g + b, with
