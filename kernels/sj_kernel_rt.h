@@ -214,11 +214,11 @@ SJ_RT_FN float sj_rt_expf(float x) {
 #endif
 }
 
-/* exp(x) for x <= 0 (softmax's x - max) or NaN: one factor 2^n instead of
- * two, no overflow clamp, and results below 2^-126 (x < -87.33) flushed to
- * 0, as the GPU's ex2.approx.ftz does; about 30% less work than
- * sj_rt_expf. A softmax output that small is below every tolerance that
- * a probability has. */
+/* exp(x) for x <= 0 (softmax's x - max, erfc's -a^2) or NaN: one factor
+ * 2^n instead of two, no overflow clamp, and results below 2^-126
+ * (x < -87.33) flushed to 0, as the GPU's ex2.approx.ftz does; about 30%
+ * less work than sj_rt_expf. A softmax output that small is below every
+ * tolerance that a probability has. */
 SJ_RT_FN float sj_rt_exp_shifted(float x) {
 #if defined(__CUDA_ARCH__)
     return expf(x);
@@ -282,15 +282,6 @@ SJ_RT_FN float sj_rt_exp_bits(float x) {
     return sj_rt_u2f(sj_rt_f2u(p) + ((uint32_t)n << 23));
 }
 
-/* exp(-u) for u >= 0, for the erfc below: sj_rt_exp_bits(-u), results
- * below 2^-126 flushed to 0 (u > 87; for u <= 87, n >= -126 and p >= 1.4
- * keep the result normal). A NaN u gives an unspecified value: the
- * caller's result is NaN through its other factor. */
-SJ_RT_FN float sj_rt_exp_neg_ftz(float u) {
-    float uc = sj_rt_sel(u > 87.0f, 87.0f, u);
-    return sj_rt_sel(u > 87.0f, 0.0f, sj_rt_exp_bits(-uc));
-}
-
 /* erfc(a) / 2 for a >= 0, given a2 = a^2 rounded once (its rounding error
  * is the result's relative error times 1/a2): exp(-a^2) R(a) with R = P/Q a rational fit of
  * erfc(a) exp(a^2) / 2 on [0, 10] (P of degree 4, Q of degree 5; relative
@@ -311,7 +302,7 @@ SJ_RT_FN float sj_rt_half_erfcf(float a, float a2) {
     q = q * ac + 2.400442467e+00f;
     q = q * ac + 2.365967798e+00f;
     q = q * ac + 1.0f;
-    return sj_rt_exp_neg_ftz(a2) * (p / q);
+    return sj_rt_exp_shifted(-a2) * (p / q);
 }
 
 /* erf: for |x| < 0.8, x + x (c + u P(u)) with u = x^2, c = 2/sqrt(pi) - 1

@@ -182,15 +182,21 @@ sj_expr sj_plan_dim(void *ctx, sj_exprs *ex, int input, int axis, int64_t size) 
     return d->sym < 0 ? SJ_EX_NONE : sj_ex_sym(ex, d->sym);
 }
 
+/* For a fact "e == constant" (either way round): e, with the constant in
+ * *c; else SJ_EX_NONE. */
+static sj_expr eq_const(const sj_exprs *ex, const sj_fact *ft, int64_t *c) {
+    if (ft->rel != SJ_REL_EQ) return SJ_EX_NONE;
+    if (sj_ex_is_const(ex, ft->lhs, c)) return ft->rhs;
+    if (sj_ex_is_const(ex, ft->rhs, c)) return ft->lhs;
+    return SJ_EX_NONE;
+}
+
 sj_status sj_plan_check_facts(const sj_plan *plan, const sj_exprs *ex, const sj_fact *facts, int n_facts) {
     for (int f = 0; f < n_facts; f++) {
         const sj_fact *ft = &facts[f];
         int64_t c;
-        if (ft->rel != SJ_REL_EQ) continue;
-        sj_expr other;
-        if (sj_ex_is_const(ex, ft->lhs, &c)) other = ft->rhs;
-        else if (sj_ex_is_const(ex, ft->rhs, &c)) other = ft->lhs;
-        else continue;
+        sj_expr other = eq_const(ex, ft, &c);
+        if (other == SJ_EX_NONE) continue;
         uint64_t syms = sj_ex_syms(ex, other);
         for (int i = 0; i < plan->n_inputs; i++)
             for (int a = 0; a < SJ_MAX_RANK; a++) {
@@ -221,11 +227,9 @@ void sj_policy_observe(sj_policy *p, const sj_tensor *in) {
  * one value, so the size is in effect static. */
 static bool pinned(const sj_exprs *ex, const sj_fact *facts, int n_facts, int sym) {
     for (int f = 0; f < n_facts; f++) {
+        int64_t c;
         int s;
-        if (facts[f].rel != SJ_REL_EQ) continue;
-        if ((sj_ex_is_sym(ex, facts[f].lhs, &s) && s == sym && sj_ex_is_const(ex, facts[f].rhs, NULL)) ||
-            (sj_ex_is_sym(ex, facts[f].rhs, &s) && s == sym && sj_ex_is_const(ex, facts[f].lhs, NULL)))
-            return true;
+        if (sj_ex_is_sym(ex, eq_const(ex, &facts[f], &c), &s) && s == sym) return true;
     }
     return false;
 }
