@@ -329,6 +329,12 @@ bool sj_cache_load(sj_cache *c, const char *key, const char *ext, void **data, s
     return lookup(c, key, ext, NULL, 0, data, len);
 }
 
+void sj_cache_touch(sj_cache *c, const char *key, const char *ext) {
+    char art[PATH_MAX];
+    if (!c || !valid_key(key) || !valid_ext(ext) || !make_path(art, sizeof art, c, key, ext)) return;
+    utimensat(AT_FDCWD, art, NULL, 0);
+}
+
 /* -- Eviction ---------------------------------------------------------------- */
 
 typedef struct entry {

@@ -42,6 +42,10 @@ void sj_cache_key(char out[65], const char *const *parts, int n_parts);
 bool sj_cache_lookup(sj_cache *c, const char *key, const char *ext, char *path, size_t n);
 /* The same, reading the artifact into a malloc'd buffer (caller frees). */
 bool sj_cache_load(sj_cache *c, const char *key, const char *ext, void **data, size_t *len);
+/* Mark the artifact used now (its place in the LRU order) without reading
+ * it: for a unit loaded once and used again from memory. Absent, or a
+ * read-only cache: nothing happens. NULL c is a no-op. */
+void sj_cache_touch(sj_cache *c, const char *key, const char *ext);
 
 /* Store an artifact from a file (moved or copied into the cache) or from
  * memory; then evict past the cap. Failures are reported and harmless (the

@@ -205,6 +205,7 @@ static sj_status use_shared(const sj_backend_driver *d, const sj_compile_req *re
         if (sj_modshare_release(d->share, m)) d->drop(d->self, m);
         return sj_backend_fail(d->rt, d->who, out, tag, out->log);
     }
+    sj_cache_touch(d->cache, out->key, d->cache_ext); /* used: not the next to evict */
     out->module = m;
     out->from_cache = out->shared = true;
     out->log[0] = '\0';

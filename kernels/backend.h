@@ -90,6 +90,7 @@ const char *sj_backend_error_line(const char *log, int *len);
  * cache each would otherwise be compiled. Thread-safe. */
 
 typedef struct sj_modshare sj_modshare;
+typedef struct sj_cache sj_cache;
 
 sj_modshare *sj_modshare_create(void); /* NULL when out of memory */
 /* Every module must have been released. NULL is a no-op. */
@@ -129,6 +130,8 @@ typedef struct sj_backend_driver {
      * resolve req's symbols in a loaded module into out->fns (false with
      * out->log saying why), and unload a module for good. */
     sj_modshare *share;
+    sj_cache *cache;       /* the persistent cache (NULL: none): a shared */
+    const char *cache_ext; /* unit refreshes its artifact's LRU time */
     bool (*resolve)(void *self, sj_module *m, const sj_compile_req *req, sj_compile_result *out);
     void (*drop)(void *self, sj_module *m);
 } sj_backend_driver;

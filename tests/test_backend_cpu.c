@@ -192,7 +192,8 @@ static void test_cache_second_backend(void **state) {
     fixture *f = *state;
     char cc[PATH_MAX], cclog[PATH_MAX];
     make_wrapper(f, cc, sizeof cc, cclog, sizeof cclog);
-    sj_cache *cache = tu_open_cache(f->dir, NULL);
+    char cdir[PATH_MAX];
+    sj_cache *cache = tu_open_cache(f->dir, cdir);
 
     sj_backend *a = make(f, cc, cache);
     sj_compile_req req = req_of(SRC, "cached");
@@ -218,6 +219,8 @@ static void test_cache_second_backend(void **state) {
     assert_true(tu_logged(&f->log, "cpu: cached: cache hit"));
     print_message("compile (cold, %zu bytes of C): %.1f ms; cache hit load: %.2f ms\n", strlen(SRC), cold, warm);
     b->unload(b, r2.module);
+    /* used from memory (shared) still counts as used for the LRU order */
+    tu_check_shared_touches_cache(b, cdir, &req, "so", check_kernels);
 
     /* /nonexistent/cc is another toolchain identity: another key, a miss */
     sj_backend *c = make(f, "/nonexistent/cc", cache);

@@ -307,24 +307,32 @@ static void test_lru_eviction(void **state) {
         set_mtime(art[i], base + 1000 * i); /* entry0 oldest */
     }
     assert_int_equal(stats_of(c).evictions, 0);
-    /* a lookup refreshes entry0: entry1 becomes the least recently used */
+    /* a lookup refreshes entry0 and a touch (a unit used from memory)
+     * entry1: entry2 becomes the least recently used */
     assert_true(sj_cache_lookup(c, keys[0], "so", path, sizeof path));
     assert_true(mtime_of(art[0]) >= time(NULL) - 5);
+    sj_cache_touch(c, keys[1], "so");
+    assert_true(mtime_of(art[1]) >= time(NULL) - 5);
+    sj_cache_touch(c, keys[2], "cubin"); /* no such artifact: nothing */
+    sj_cache_touch(c, "not a key", "so");
+    sj_cache_touch(NULL, keys[2], "so");
+    assert_true(mtime_of(art[2]) == base + 2000);
+    assert_int_equal(stats_of(c).hits, 1);
     key_of(keys[3], "entry3");
     path_of(art[3], sizeof art[3], f, keys[3], "so");
     assert_int_equal(sj_cache_store(c, keys[3], "so", data, sizeof data), SJ_OK);
-    assert_false(exists(art[1]));
-    assert_false(exists(meta[1]));
-    assert_true(exists(art[0]) && exists(art[2]) && exists(art[3]));
+    assert_false(exists(art[2]));
+    assert_false(exists(meta[2]));
+    assert_true(exists(art[0]) && exists(art[1]) && exists(art[3]));
     assert_int_equal(stats_of(c).evictions, 1);
     /* an artifact larger than the whole cap evicts everything older, then itself */
     char big[5000];
     memset(big, 'b', sizeof big);
-    set_mtime(art[0], base), set_mtime(art[2], base + 1), set_mtime(art[3], base + 2);
+    set_mtime(art[0], base), set_mtime(art[1], base + 1), set_mtime(art[3], base + 2);
     key_of(keys[4], "big");
     path_of(art[4], sizeof art[4], f, keys[4], "so");
     assert_int_equal(sj_cache_store(c, keys[4], "so", big, sizeof big), SJ_OK);
-    assert_false(exists(art[0]) || exists(art[2]) || exists(art[3]) || exists(art[4]));
+    assert_false(exists(art[0]) || exists(art[1]) || exists(art[3]) || exists(art[4]));
     assert_int_equal(stats_of(c).evictions, 5);
     sj_cache_close(c);
 }

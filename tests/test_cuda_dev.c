@@ -838,6 +838,7 @@ static void test_backend_cache(void **state) {
     assert_int_equal(s.stores, 1);
     assert_int_equal(s.hits, 1);
     print_message("compile (cold): %.1f ms; load from the cache: %.2f ms\n", cold, warm);
+    tu_check_shared_touches_cache(b, cdir, &req, "cubin", expect_kernels);
     a->destroy(a);
     b->destroy(b);
     sj_cache_close(cache);

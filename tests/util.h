@@ -371,11 +371,19 @@ sj_compile_req tu_unterminated(sj_compile_req valid, char *buf);
 /* Checks that a result's kernels work (asserts). */
 typedef void (*tu_kernels_check)(const sj_compile_result *r);
 
-/* req, compiled into r already, compiled again: the same key, a module of
- * its own (r's unloaded, the second's kernels pass check); unloading NULL
- * is a no-op. Unloads the second module. */
+/* req, compiled into r already, compiled again: the same key, r's module
+ * shared (r's reference dropped, the second's kernels still pass check);
+ * unloading NULL is a no-op. Unloads the second module. */
 void tu_check_second_compile(sj_backend *b, const sj_compile_req *req, const sj_compile_result *r,
                              tu_kernels_check check);
+
+/* b (with a cache in cdir) compiles req and keeps it loaded; the cached
+ * artifact (<key>.<ext>) is dated an hour back; a second compile shares
+ * the loaded unit and dates the artifact now, so that the LRU eviction of
+ * other processes sees it in use (the second's kernels pass check). Unloads
+ * both. */
+void tu_check_shared_touches_cache(sj_backend *b, const char *cdir, const sj_compile_req *req, const char *ext,
+                                   tu_kernels_check check);
 
 /* b (with cache, in cdir; log: its log) compiles req; the cached artifact
  * (<key>.<ext>) gets a byte flipped: the checksum catches it (counted as

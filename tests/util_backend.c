@@ -11,8 +11,11 @@
 
 #include "tests/util.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 
 sj_cache *tu_open_cache(const char *dir, char *cdir) {
     char own[PATH_MAX];
@@ -78,6 +81,25 @@ void tu_check_second_compile(sj_backend *b, const sj_compile_req *req, const sj_
     check(&r2);
     b->unload(b, r2.module);
     b->unload(b, NULL);
+}
+
+void tu_check_shared_touches_cache(sj_backend *b, const char *cdir, const sj_compile_req *req, const char *ext,
+                                   tu_kernels_check check) {
+    sj_compile_result r1, r2;
+    assert_int_equal(b->compile(b, req, &r1), SJ_OK);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s.%s", cdir, r1.key, ext);
+    time_t hour_ago = time(NULL) - 3600;
+    const struct timespec old[2] = {{hour_ago, 0}, {hour_ago, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, path, old, 0), 0);
+    assert_int_equal(b->compile(b, req, &r2), SJ_OK);
+    assert_true(r2.shared);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(st.st_mtime > hour_ago + 1800);
+    b->unload(b, r1.module);
+    check(&r2);
+    b->unload(b, r2.module);
 }
 
 void tu_check_corrupt_cache(sj_backend *b, sj_cache *cache, const char *cdir, const sj_compile_req *req,

@@ -233,7 +233,8 @@ static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_co
     sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 3, .rt = b->rt,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cuda_load_cached, .compile_fresh = compile_fresh,
-                           .share = b->share, .resolve = cuda_resolve, .drop = cuda_drop};
+                           .share = b->share, .cache = b->cache, .cache_ext = "cubin",
+                           .resolve = cuda_resolve, .drop = cuda_drop};
     return sj_backend_compile(&d, req, out);
 }
 
