@@ -286,8 +286,9 @@ typedef struct sj_runtime_config {
     int cuda_graphs;
     /* CPU fused kernels whose loads and stores move more bytes than this
      * write their f32 outputs with non-temporal stores (no read for
-     * ownership; the output is not left in the caches). 0 (default): the
-     * last-level cache size; negative: never. Only speed depends on it. */
+     * ownership; the output is not left in the caches). 0 (default): a
+     * quarter of the last-level cache, which other cores and processes
+     * share; negative: never. Only speed depends on it. */
     int64_t stream_min_bytes;
 } sj_runtime_config;
 

@@ -39,8 +39,8 @@ typedef struct sj_codegen_opts {
     /* C only: a kernel whose accesses move more than this many bytes in all
      * (the sum over its loads and stores that are not broadcast) writes its
      * f32 outputs with unit inner stride through non-temporal stores
-     * (sj_rt_stream_f32), decided per call from the sizes; 0: the
-     * last-level cache size of this machine; negative: never. */
+     * (sj_rt_stream_f32), decided per call from the sizes; 0: a
+     * quarter of this machine's last-level cache; negative: never. */
     int64_t stream_min_bytes;
     /* Out (may be NULL): per plan group, how many functions the generator
      * emitted for it. 1: one function, <prefix><group name>. k in

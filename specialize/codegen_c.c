@@ -969,14 +969,19 @@ char *sj_cg_take(cg *c, size_t *len) {
     return c->o.s;
 }
 
-/* The last-level cache's size, or 32 MiB when the system does not say. */
-static double llc_bytes(void) {
+/* The default streaming threshold: a quarter of the last-level cache (32
+ * MiB when the system does not say). Other cores, processes and virtual
+ * machines share that cache, so a call's data that fills more than a
+ * fraction of it is gone before anything reads it again: on a 2-vCPU VM
+ * whose host reports 105 MiB, calls moving 50-100 MB ran 1.2-1.4x faster
+ * streamed (w2 S = 4096, w3 S = 1024; bench/RESULTS.md, fifteenth stop). */
+static double stream_default(void) {
     long v = -1;
 #ifdef _SC_LEVEL3_CACHE_SIZE
     v = sysconf(_SC_LEVEL3_CACHE_SIZE);
     if (v <= 0) v = sysconf(_SC_LEVEL2_CACHE_SIZE);
 #endif
-    return v > 0 ? (double)v : 32.0 * 1024 * 1024;
+    return (v > 0 ? (double)v : 32.0 * 1024 * 1024) / 4;
 }
 
 char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const sj_codegen_opts *o,
@@ -988,7 +993,7 @@ char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals
     c.user = &cs;
     const char *prefix = o && o->prefix ? o->prefix : "";
     int64_t sm = o ? o->stream_min_bytes : 0;
-    cs.stream_min = sm < 0 ? -1.0 : sm == 0 ? llc_bytes() : (double)sm;
+    cs.stream_min = sm < 0 ? -1.0 : sm == 0 ? stream_default() : (double)sm;
     put(&c.o, "%s", sj_kernel_rt_text);
     put(&c.o, "\n/* -- generated: %d groups, %s form -- */\n", p->n_generated, sym_vals ? "specialized" : "symbolic");
     for (int gi = 0; gi < p->n_groups && !c.o.oom; gi++) {

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "jit/exec.h"
 #include "jit/runtime.h"
@@ -131,7 +132,7 @@ static void run_and_compare(const sj_graph *g, const sj_fplan *p, void *const *f
  * run inline and on the thread pool. */
 
 static unit units[2]; /* per form: specialized, symbolic */
-/* sj_codegen_opts.stream_min_bytes: 0, the cache size (the tests' shapes
+/* sj_codegen_opts.stream_min_bytes: 0, a quarter of the cache (the tests' shapes
  * stay under it: the chunked store loops without streaming); test_streamed
  * sets 1 (every f32 output streamed). */
 static int64_t stream_min;
@@ -696,6 +697,15 @@ static void test_codegen_text(void **state) {
     assert_non_null(strstr(spec, "if (nt) sj_rt_sfence();"));
     assert_null(strstr(sym, "const int nt"));
     assert_null(strstr(sym, "sj_rt_stream_f32(P"));
+    tu_codegen_done(spec, sym, p, g);
+    /* the default: a quarter of the last-level cache (32 MiB when unknown) */
+    const sj_codegen_opts dflt = {.prefix = "w2_"};
+    w2_sources(&dflt, &never, &spec, &sym, &p, &g);
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    char want[64];
+    snprintf(want, sizeof want, " > %.17g;\n", (llc > 0 ? (double)llc : 32.0 * 1024 * 1024) / 4);
+    assert_non_null(strstr(spec, want));
     tu_codegen_done(spec, sym, p, g);
 }
 
