@@ -345,8 +345,8 @@ static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_com
     sj_backend_driver d = {.who = "cpu", .ext = ".c", .key_parts = key, .n_key_parts = 2, .rt = b->rt,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cpu_load_cached, .refuse = cpu_refuse,
-                           .compile_fresh = compile_fresh, .share = b->share, .cache = b->cache, .cache_ext = "so", .resolve = cpu_resolve,
-                           .drop = cpu_drop};
+                           .compile_fresh = compile_fresh, .share = b->share, .cache = b->cache, .cache_ext = "so",
+                           .resolve = cpu_resolve, .drop = cpu_drop};
     return sj_backend_compile(&d, req, out);
 }
 
