@@ -698,6 +698,15 @@ static void put_row_modes(sj_cg *c, const rowop *R, bool vec) {
     else put_row_body(c, R, sm);
 }
 
+/* Register-cache chunks a thread needs for rows of a known length n (the
+ * loop skips those past n). */
+static int row_rc_known(int64_t n) {
+    if (n > ROW_CACHE) return ROW_RC;
+    int64_t nt = n <= ROW_WARP_MAX ? 32 : row_threads(n);
+    int rc = (int)((n + 4 * nt - 1) / (4 * nt));
+    return rc < 1 ? 1 : rc;
+}
+
 static void gen_row(sj_cg *c) {
     const sj_group *G = c->G;
     int L = last_axis(c);
@@ -710,14 +719,7 @@ static void gen_row(sj_cg *c) {
     /* the threads of a row: a literal when the size decides the launch */
     if (known) put(&c->o, "const int64_t tid = threadIdx.x, nt = %u;\n", nl <= ROW_WARP_MAX ? 32u : row_threads(nl));
     else put(&c->o, "const int64_t tid = threadIdx.x, nt = %u; /* this variant's */\n", ((cu *)c->user)->nt);
-    /* register-cache chunks a thread needs (the loop skips those past n) */
-    int rc = ROW_RC;
-    if (known && nl <= ROW_CACHE) {
-        int64_t nt = nl <= ROW_WARP_MAX ? 32 : row_threads(nl);
-        rc = (int)((nl + 4 * nt - 1) / (4 * nt));
-        if (rc < 1) rc = 1;
-    }
-    put(&c->o, "constexpr int RC = %d; (void)RC;\n", rc);
+        put(&c->o, "constexpr int RC = %d; (void)RC;\n", known ? row_rc_known(nl) : ROW_RC);
     bool vec = put_vec_flag(c);
     put(&c->o, "for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows;"
                " row += (int64_t)gridDim.x * blockDim.y) {\n");
@@ -772,10 +774,14 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
             u.nmin = nv > 1 ? row_nmin(v) : 0;
             u.nmax = nv > 1 ? row_vs[v].nmax : INT64_MAX;
             /* a variant holding rows of more than 2 chunks a thread in
-             * registers is bounded as a specialized kernel, by its block */
+             * registers is bounded as a specialized kernel, by its block;
+             * so is a symbolic kernel whose row length is known and takes
+             * more than 2 chunks (the encoder's norms over 768: 6 chunks,
+             * which spilled 100 bytes under the 40-register cap) */
             bool big_rc = nv > 1 && row_rc_all(&u) > 2;
+            bool known_rc = nv == 1 && row_rc_known(nl) > 2;
             put_head(&c, prefix, suffix, big_rc ? (int)u.nt * (u.nt == 32 ? ROW_WARPS : 1) : max_threads,
-                     literal || big_rc ? 0 : ROW_SYM_MIN_BLOCKS);
+                     literal || big_rc || known_rc ? 0 : ROW_SYM_MIN_BLOCKS);
             gen_row(&c);
             put(&c.o, "}\n");
         }

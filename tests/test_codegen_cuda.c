@@ -621,6 +621,23 @@ static void test_codegen_text(void **state) {
     free(stat);
     sj_fplan_free(p);
     sj_graph_destroy(g);
+    /* rows symbolic, their length a constant (a hidden size the weights
+     * fix): one kernel; 768 takes 6 register chunks a lane, so it is
+     * bounded by its block alone (under a 3-block minimum it spilled) */
+    tu_pol pl = {.sym = true, .fixed = (const int64_t[]){768, 0}};
+    sj_tensor in[16];
+    tu_pat_w2.make(S(9, 768), SJ_F32, in);
+    p = tu_pattern_plan(&tu_pat_w2, in, &pl, &g, sv);
+    int nv[4] = {0};
+    char *sym = sj_codegen_cuda(g, p, NULL, &(sj_codegen_opts){.prefix = "w_", .variants = nv}, NULL);
+    assert_non_null(sym);
+    assert_int_equal(nv[0], 1);
+    assert_non_null(strstr(sym, "(s0)"));
+    assert_non_null(strstr(sym, "constexpr int RC = 6;"));
+    assert_non_null(strstr(sym, "__launch_bounds__(512) w_k0("));
+    free(sym);
+    sj_fplan_free(p);
+    sj_graph_destroy(g);
 }
 
 /* Index math divides per row (32-bit when the row count fits, literal
