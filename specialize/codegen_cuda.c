@@ -719,7 +719,7 @@ static void gen_row(sj_cg *c) {
     /* the threads of a row: a literal when the size decides the launch */
     if (known) put(&c->o, "const int64_t tid = threadIdx.x, nt = %u;\n", nl <= ROW_WARP_MAX ? 32u : row_threads(nl));
     else put(&c->o, "const int64_t tid = threadIdx.x, nt = %u; /* this variant's */\n", ((cu *)c->user)->nt);
-        put(&c->o, "constexpr int RC = %d; (void)RC;\n", known ? row_rc_known(nl) : ROW_RC);
+    put(&c->o, "constexpr int RC = %d; (void)RC;\n", known ? row_rc_known(nl) : ROW_RC);
     bool vec = put_vec_flag(c);
     put(&c->o, "for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows;"
                " row += (int64_t)gridDim.x * blockDim.y) {\n");
@@ -775,11 +775,13 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
             u.nmax = nv > 1 ? row_vs[v].nmax : INT64_MAX;
             /* a variant holding rows of more than 2 chunks a thread in
              * registers is bounded as a specialized kernel, by its block;
-             * so is a symbolic kernel whose row length is known and takes
-             * more than 2 chunks (the encoder's norms over 768: 6 chunks,
-             * which spilled 100 bytes under the 40-register cap) */
+             * so is a symbolic kernel whose rows, of a known length, it
+             * caches in more than 2 chunks (the encoder's norms over 768: 6
+             * chunks, which spilled 100 bytes under the 40-register cap);
+             * reductions cache nothing */
             bool big_rc = nv > 1 && row_rc_all(&u) > 2;
-            bool known_rc = nv == 1 && row_rc_known(nl) > 2;
+            bool known_rc = nv == 1 && sj_op_kind_of(g->nodes[G->row_node].op) != SJ_K_REDUCE &&
+                            nl <= ROW_CACHE && row_rc_known(nl) > 2;
             put_head(&c, prefix, suffix, big_rc ? (int)u.nt * (u.nt == 32 ? ROW_WARPS : 1) : max_threads,
                      literal || big_rc || known_rc ? 0 : ROW_SYM_MIN_BLOCKS);
             gen_row(&c);

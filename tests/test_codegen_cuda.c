@@ -638,6 +638,19 @@ static void test_codegen_text(void **state) {
     free(sym);
     sj_fplan_free(p);
     sj_graph_destroy(g);
+    /* reductions over a known length cache nothing: they keep the minimum */
+    tu_pol pr = {.sym = true, .fixed = (const int64_t[]){768, 0}};
+    tu_pat_reduce.make(S(9, 768), SJ_F32, in);
+    p = tu_pattern_plan(&tu_pat_reduce, in, &pr, &g, sv);
+    sym = sj_codegen_cuda(g, p, NULL, &(sj_codegen_opts){.prefix = "r_"}, NULL);
+    assert_non_null(sym);
+    int rows = 0;
+    for (const char *at = sym; (at = strstr(at, "__launch_bounds__(512, 3) r_")); at++) rows++;
+    assert_true(rows >= 6); /* sum, mean, amax and the i32 ones */
+    assert_null(strstr(sym, "__launch_bounds__(512) r_"));
+    free(sym);
+    sj_fplan_free(p);
+    sj_graph_destroy(g);
 }
 
 /* Index math divides per row (32-bit when the row count fits, literal
