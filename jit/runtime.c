@@ -122,6 +122,7 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     if ((v = getenv("SHAPEJIT_CC")) && *v) cfg->cc = v;
     if ((v = getenv("SHAPEJIT_CFLAGS")) && *v) cfg->cflags = v;
     if ((v = getenv("SHAPEJIT_DUMP")) && *v) cfg->dump_dir = v;
+    if ((v = getenv("SHAPEJIT_NVRTC_FLAGS")) && *v) cfg->nvrtc_flags = v;
     if ((v = getenv("SHAPEJIT_CUDA_DEVICE")) && *v) {
         char *end;
         long n = strtol(v, &end, 10);
@@ -206,8 +207,9 @@ static sj_status start_services(sj_runtime *rt) {
     sj_codegen_fn codegen = sj_codegen_c;
 #ifdef SJ_WITH_CUDA
     if (rt->cuda) {
-        sj_cuda_backend_config bc = {.cuda = rt->cuda, .cache = rt->cache, .dump_dir = c->dump_dir, .rt = rt,
-                                     .test_delay_ms = test_delay_ms, .test_fail = test_fail};
+        sj_cuda_backend_config bc = {.cuda = rt->cuda, .cache = rt->cache, .dump_dir = c->dump_dir,
+                                     .nvrtc_flags = c->nvrtc_flags, .rt = rt, .test_delay_ms = test_delay_ms,
+                                     .test_fail = test_fail};
         st = sj_cuda_backend_create(&bc, &rt->backend);
         codegen = sj_codegen_cuda;
     } else
@@ -280,6 +282,13 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
 #endif
     if (c.cuda_device < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_device %d is negative", c.cuda_device);
     if (c.cuda_graphs < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_graphs %d is negative", c.cuda_graphs);
+#ifdef SJ_WITH_CUDA
+    sj_nvrtc_opts nvo; /* checked here so that the error does not depend on finding a GPU */
+    if ((st = sj_cuda_nvrtc_options("sm_90", 0, 0, c.nvrtc_flags, &nvo))) {
+        sj_err_prefix("sj_runtime_create: ");
+        return st;
+    }
+#endif
     sj_bucket_rule *rules = NULL;
     int n_rules = 0;
     if ((st = sj_bucket_parse(c.buckets, &rules, &n_rules))) {
@@ -294,9 +303,10 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
         return sj_seterr(SJ_ENOMEM, "sj_runtime_create: out of memory");
     }
     rt->cfg = c;
-    const char **fields[5] = {&rt->cfg.buckets, &rt->cfg.cache_dir, &rt->cfg.cc, &rt->cfg.cflags, &rt->cfg.dump_dir};
+    const char **fields[6] = {&rt->cfg.buckets, &rt->cfg.cache_dir, &rt->cfg.cc,
+                              &rt->cfg.cflags,  &rt->cfg.dump_dir,  &rt->cfg.nvrtc_flags};
     bool oom = false;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (!*fields[i]) continue;
         rt->strings[i] = strdup(*fields[i]);
         oom |= !rt->strings[i];
@@ -339,7 +349,7 @@ void sj_runtime_destroy(sj_runtime *rt) {
 #endif
     pthread_mutex_destroy(&rt->lock);
     free(rt->bucket_rules);
-    for (int i = 0; i < 5; i++) free(rt->strings[i]);
+    for (int i = 0; i < 6; i++) free(rt->strings[i]);
     free(rt);
 }
 

@@ -226,6 +226,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc, cflags
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
  *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
+ *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
  *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
  * An unparsable value is reported once on stderr and ignored. */
 typedef struct sj_runtime_config {
@@ -272,6 +273,12 @@ typedef struct sj_runtime_config {
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
     const char *dump_dir;         /* write every generated source there; NULL: no */
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
+    /* Options added after the CUDA backend's own NVRTC options (see
+     * README), separated by spaces: at most 16, 511 characters in all
+     * (else SJ_EINVAL). They are part of the kernel cache's key. An option
+     * NVRTC rejects fails each compile with NVRTC's message, and the
+     * functions keep running eagerly. NULL or "": none. */
+    const char *nvrtc_flags;
     /* CUDA graphs: the most kept per runtime (0: none); default 64. A
      * fused call that is the 48th with its exact input shapes, its input
      * and output buffers and its stream (sj_call's, or sj_call_stream's)

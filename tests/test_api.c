@@ -103,6 +103,19 @@ static void test_runtime_args(void **state) {
     cfg.cuda_graphs = -1;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
     assert_msg_has("cuda_graphs -1 is negative");
+#ifdef SJ_WITH_CUDA
+    /* NVRTC options are checked whichever backend the runtime gets */
+    sj_runtime_config_init(&cfg);
+    cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
+    cfg.nvrtc_flags = "-DA -DB -DC -DD -DE -DF -DG -DH -DI -DJ -DK -DL -DM -DN -DO -DP -DQ";
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
+    assert_null(r);
+    assert_msg_has("sj_runtime_create: nvrtc_flags: more than 16 options");
+    cfg.nvrtc_flags = "-DA -DB -DC -DD -DE -DF -DG -DH -DI -DJ -DK -DL -DM -DN -DO -DP";
+    assert_int_equal(sj_runtime_create(&cfg, &r), SJ_OK);
+    sj_runtime_destroy(r);
+    r = NULL;
+#endif
     sj_runtime_destroy(NULL); /* no-op */
     sj_fn_destroy(NULL);
 }
@@ -176,6 +189,12 @@ static void test_config_env(void **state) {
     assert_int_equal(config_with(cg, "0").cuda_graphs, 0);
     assert_int_equal(config_with(cg, "200").cuda_graphs, 200);
     assert_int_equal(config_with(cg, "-3").cuda_graphs, 64);
+    /* NVRTC options: taken as given (checked by sj_runtime_create) */
+    const char *nf = "SHAPEJIT_NVRTC_FLAGS";
+    assert_null(config_with(nf, NULL).nvrtc_flags);
+    assert_null(config_with(nf, "").nvrtc_flags);
+    assert_string_equal(config_with(nf, "-Xptxas=-O1 -DX").nvrtc_flags, "-Xptxas=-O1 -DX");
+    unsetenv(nf);
     unsetenv(sm);
     unsetenv(bt);
     unsetenv(cg);

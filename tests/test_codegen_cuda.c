@@ -49,6 +49,7 @@
 #include "specialize/fusion.h"
 #include "tests/util_patterns.h"
 #ifdef SJ_WITH_CUDA
+#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
@@ -102,7 +103,7 @@ static bool load_nvrtc(void) {
 
 static bool have_nvrtc, have_gpu;
 static char no_gpu_why[512] = "built without CUDA (no SJ_WITH_CUDA)";
-static char arch_opt[64] = "--gpu-architecture=sm_90"; /* the device's, when there is one */
+static char arch[16] = "sm_90"; /* the device's, when there is one */
 #ifdef SJ_WITH_CUDA
 static sj_cuda *dev;
 #endif
@@ -121,11 +122,23 @@ static struct {
  * the PTX, for a virtual arch) when out is not NULL. */
 static void nvrtc_compile(const char *src, const char *arch, const char *what, char **out, size_t *out_len) {
     nvrtc_prog prog;
-    const char *opts[] = {arch, "--std=c++17", "-default-device", "--extra-device-vectorization"};
+#ifdef SJ_WITH_CUDA
+    sj_nvrtc_opts o;
+    int maj = 0, min = 0;
+    nv.Version(&maj, &min);
+    assert_int_equal(sj_cuda_nvrtc_options(arch, maj, min, NULL, &o), SJ_OK);
+    const char *const *opts = o.argv;
+    int n_opts = o.argc;
+#else
+    char archopt[64];
+    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+    const char *opts[] = {archopt, "--std=c++17", "-default-device", "--extra-device-vectorization"};
+    int n_opts = 4;
+#endif
     assert_int_equal(nv.CreateProgram(&prog, src, "unit.cu", 0, NULL, NULL), 0);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int r = nv.CompileProgram(prog, 4, opts);
+    int r = nv.CompileProgram(prog, n_opts, opts);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     size_t ln = 0;
@@ -175,7 +188,7 @@ static int setup_all(void **state) {
 #ifdef SJ_WITH_CUDA
     if (have_nvrtc && sj_cuda_open(0, &dev) == SJ_OK) {
         have_gpu = true;
-        snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d%d", dev->cc_major, dev->cc_minor);
+        snprintf(arch, sizeof arch, "sm_%d%d", dev->cc_major, dev->cc_minor);
     } else {
         snprintf(no_gpu_why, sizeof no_gpu_why, "%s", have_nvrtc ? sj_last_error() : "no NVRTC");
     }
@@ -427,7 +440,7 @@ static void build(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int f
     char *cubin = NULL;
     size_t cubin_len = 0;
     if (p->n_generated > 0) {
-        nvrtc_compile(src, arch_opt, what, have_gpu ? &cubin : NULL, &cubin_len);
+        nvrtc_compile(src, arch, what, have_gpu ? &cubin : NULL, &cubin_len);
         if (have_gpu) unit_load(p, cubin, prefix, u);
     }
     free(cubin);
@@ -682,7 +695,7 @@ static void test_no_div64(void **state) {
             char *src = sj_codegen_cuda(g, p, form ? NULL : sv, &(sj_codegen_opts){.prefix = "k_"}, NULL), *ptx = NULL;
             size_t n = 0;
             const char *what = tu_label("%s %s ptx", cases[i].pt->name, form ? "sym" : "spec");
-            nvrtc_compile(src, "--gpu-architecture=compute_90", what, &ptx, &n);
+            nvrtc_compile(src, "compute_90", what, &ptx, &n);
             ptx = realloc(ptx, n + 1);
             ptx[n] = 0;
             const char *bad[] = {"div.s64", "div.u64", "rem.s64", "rem.u64"};
@@ -818,7 +831,7 @@ static void test_summary(void **state) {
     int maj = 0, min = 0;
     nv.Version(&maj, &min);
     printf("NVRTC %d.%d: %d units for %s, %.2f s in all, %.3f s on average, %.3f s at most (%s), %zu KB of source\n",
-           maj, min, stats.units, arch_opt + strlen("--gpu-architecture="), stats.total_s,
+           maj, min, stats.units, arch, stats.total_s,
            stats.units ? stats.total_s / stats.units : 0.0, stats.max_s, stats.slowest, stats.bytes / 1024);
     if (!have_gpu) printf("skipped: no CUDA device (%s)\n", no_gpu_why);
 #ifdef SJ_WITH_CUDA

@@ -16,7 +16,9 @@
  *   backend: NVRTC compile and launch of two kernels, a compile error with
  *   the NVRTC log, a missing symbol, invalid requests, the persistent cache
  *   (a second backend loads from it; a corrupt and an unloadable artifact
- *   are recompiled), test hooks, dumps, compiles from 4 threads at once.
+ *   are recompiled), test hooks, dumps, compiles from 4 threads at once;
+ *   nvrtc_flags: the option list (without a device too), flags reaching
+ *   NVRTC, part of the identity and the cache key, a rejected option.
  */
 /* clang-format off */
 #include <stdarg.h>
@@ -161,6 +163,47 @@ static void test_arguments(void **state) {
     sj_cuda_backend_config cfg = {.cuda = &closed};
     assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_EINVAL);
     assert_non_null(strstr(sj_last_error(), "not open"));
+}
+
+/* The NVRTC argument list: the backend's options, then the flags' words;
+ * the limits. Needs no device. */
+static void test_nvrtc_options(void **state) {
+    (void)state;
+    sj_nvrtc_opts o;
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, NULL, &o), SJ_OK);
+    assert_int_equal(o.argc, 5);
+    assert_string_equal(o.argv[0], "--gpu-architecture=sm_90");
+    assert_string_equal(o.argv[1], "--std=c++17");
+    assert_string_equal(o.argv[2], "-default-device");
+    assert_string_equal(o.argv[3], "--extra-device-vectorization");
+    assert_string_equal(o.argv[4], "-lineinfo");
+    const int own = o.argc;
+    assert_int_equal(sj_cuda_nvrtc_options("compute_80", 12, 4, "", &o), SJ_OK);
+    assert_int_equal(o.argc, own);
+    assert_string_equal(o.argv[0], "--gpu-architecture=compute_80");
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
+    assert_int_equal(o.argc, own + 3);
+    assert_string_equal(o.argv[own], "-DA=1");
+    assert_string_equal(o.argv[own + 1], "-Xptxas=-O1");
+    assert_string_equal(o.argv[own + 2], "--use_fast_math");
+
+    /* 16 words fit, 17 do not; 511 characters fit, 512 do not */
+    char flags[SJ_NVRTC_FLAGS_LEN + 2] = "";
+    for (int i = 0; i < SJ_NVRTC_MAX_FLAGS; i++) snprintf(flags + strlen(flags), 8, "-DX%d ", i);
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, flags, &o), SJ_OK);
+    assert_int_equal(o.argc, own + SJ_NVRTC_MAX_FLAGS);
+    assert_string_equal(o.argv[o.argc - 1], "-DX15");
+    strcat(flags, "-DX16");
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, flags, &o), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "nvrtc_flags: more than 16 options"));
+    memset(flags, 0, sizeof flags);
+    memcpy(flags, "-DLONG=", 7);
+    memset(flags + 7, 'x', SJ_NVRTC_FLAGS_LEN - 7);
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, flags, &o), SJ_OK);
+    assert_int_equal((int)strlen(o.argv[own]), SJ_NVRTC_FLAGS_LEN);
+    flags[SJ_NVRTC_FLAGS_LEN] = 'x';
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, flags, &o), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "nvrtc_flags: 512 characters, more than the 511 allowed"));
 }
 
 static void test_open_without_driver(void **state) {
@@ -886,6 +929,72 @@ static void test_backend_hooks_and_dump(void **state) {
     sj_cache_close(cache);
 }
 
+/* nvrtc_flags reach NVRTC (a macro the source needs), show in the
+ * identity and key the cache apart; an option NVRTC rejects fails the
+ * compile with NVRTC's message, and the backend goes on compiling. */
+static void test_backend_nvrtc_flags(void **state) {
+    fixture *f = *state;
+    sj_cache *cache = tu_open_cache(f->dir, NULL);
+    const char *src = "extern \"C\" __global__ void k_flag(float *y, int n) {\n"
+                      "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                      "    if (i < n) y[i] = SJ_TEST_K * (float)i;\n"
+                      "}\n";
+    const char *const syms[] = {"k_flag"};
+    sj_compile_req req = {src, strlen(src), syms, 1, "flags"};
+    sj_compile_result r;
+    const char *const ks[] = {"3", "5"};
+    char key0[65] = "";
+    for (int v = 0; v < 2; v++) {
+        char flags[64];
+        snprintf(flags, sizeof flags, " -Xptxas=-O2  -DSJ_TEST_K=%s.0f", ks[v]);
+        sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .rt = &f->rt, .nvrtc_flags = flags};
+        sj_backend *b = NULL;
+        assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
+        char want[64];
+        snprintf(want, sizeof want, "-lineinfo -Xptxas=-O2 -DSJ_TEST_K=%s.0f", ks[v]);
+        assert_non_null(strstr(b->identity(b), want));
+        assert_int_equal(b->compile(b, &req, &r), SJ_OK);
+        assert_false(r.from_cache); /* the other flags' CUBIN is not this one */
+        if (v) assert_string_not_equal(r.key, key0);
+        snprintf(key0, sizeof key0, "%s", r.key);
+        enum { N = 300 };
+        float y[N];
+        int n = N;
+        CUdeviceptr dy = sj_cuda_alloc(dev, sizeof y, dev->stream);
+        assert_true(dy != 0);
+        void *args[] = {&dy, &n};
+        assert_int_equal(launch((CUfunction)r.fns[0], N, args), CUDA_SUCCESS);
+        assert_int_equal(sj_cuda_to_host(dev, y, dy, sizeof y), SJ_OK);
+        sj_cuda_free(dev, dy, dev->stream);
+        const float k = v ? 5.0f : 3.0f;
+        for (int i = 0; i < N; i++) assert_true(y[i] == k * (float)i);
+        b->unload(b, r.module);
+        b->destroy(b);
+    }
+
+    sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .rt = &f->rt, .nvrtc_flags = "--no-such-option"};
+    sj_backend *b = NULL;
+    assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
+    sj_compile_req good = req_of(SRC, "after_bad_option");
+    assert_int_equal(b->compile(b, &good, &r), SJ_EBACKEND);
+    assert_null(r.module);
+    assert_non_null(strstr(sj_last_error(), "NVRTC"));
+    print_message("rejected option: %s\n", sj_last_error());
+    b->destroy(b);
+    b = make(f, cache); /* and a backend without them compiles it */
+    tu_compile_fresh(b, &good, &r);
+    assert_int_equal(run_kernels(&r), 0);
+    b->unload(b, r.module);
+    b->destroy(b);
+
+    cfg.nvrtc_flags = "-DA -DB -DC -DD -DE -DF -DG -DH -DI -DJ -DK -DL -DM -DN -DO -DP -DQ";
+    b = (sj_backend *)1;
+    assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_EINVAL);
+    assert_null(b);
+    assert_non_null(strstr(sj_last_error(), "sj_cuda_backend_create: nvrtc_flags: more than 16 options"));
+    sj_cache_close(cache);
+}
+
 static void *compile_thread(void *p) {
     tu_compile_job *j = p;
     char src[1024], tag[32], s0[32], s1[32];
@@ -945,6 +1054,7 @@ int main(void) {
     const struct CMUnitTest nodev[] = {
         cmocka_unit_test(test_loader),
         cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_nvrtc_options),
         cmocka_unit_test(test_open_without_driver),
     };
     sj_status st = sj_cuda_open(0, &dev);
@@ -963,6 +1073,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loader),
         cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_nvrtc_options),
         cmocka_unit_test(test_properties),
         cmocka_unit_test(test_bind_threads),
         cmocka_unit_test(test_fail_messages),
@@ -983,6 +1094,7 @@ int main(void) {
         T(test_backend_corrupt_cache),
         T(test_backend_hooks_and_dump),
         T(test_backend_concurrent),
+        T(test_backend_nvrtc_flags),
     };
     int failed = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
     sj_cuda_close(dev);

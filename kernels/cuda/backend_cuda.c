@@ -33,9 +33,10 @@ typedef struct cuda_backend {
     const sj_runtime *rt;
     int test_delay_ms, test_fail;
     char arch[32];       /* "sm_90" */
-    char arch_opt[64];   /* "--gpu-architecture=sm_90" */
     char nvrtc_id[32];   /* "nvrtc 13.0" */
-    char identity[512];
+    sj_nvrtc_opts opts;  /* every compile's NVRTC options */
+    char opt_line[704];  /* the same, joined by spaces (in the cache key) */
+    char identity[1024];
 } cuda_backend;
 
 struct sj_module {
@@ -146,9 +147,8 @@ static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag
         snprintf(out->log, sizeof out->log, "NVRTC: nvrtcCreateProgram: %s", a->nvrtcGetErrorString(nr));
         return fail(b, out, tag, out->log);
     }
-    const char *opts[] = {b->arch_opt, "--std=c++17", "-default-device", "--extra-device-vectorization", "-lineinfo"};
     double t0 = sj_now_ms();
-    nr = a->nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
+    nr = a->nvrtcCompileProgram(prog, b->opts.argc, b->opts.argv);
     out->compile_ms = sj_now_ms() - t0;
     if (nr != NVRTC_SUCCESS) {
         program_log(a, prog, out);
@@ -229,13 +229,50 @@ static void cuda_drop(void *self, sj_module *m) {
 
 static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
     cuda_backend *b = (cuda_backend *)base;
-    const char *key[] = {"cuda", b->arch, b->nvrtc_id};
-    sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 3, .rt = b->rt,
+    const char *key[] = {"cuda", b->arch, b->nvrtc_id, b->opt_line};
+    sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 4, .rt = b->rt,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cuda_load_cached, .compile_fresh = compile_fresh,
                            .share = b->share, .cache = b->cache, .cache_ext = "cubin",
                            .resolve = cuda_resolve, .drop = cuda_drop};
     return sj_backend_compile(&d, req, out);
+}
+
+/* -- Options ----------------------------------------------------------------------- */
+
+/* Append the string w (n bytes) to o's text and argv; false when full. */
+static bool opt_add(sj_nvrtc_opts *o, size_t *used, const char *w, size_t n) {
+    if (o->argc >= (int)(sizeof o->argv / sizeof o->argv[0]) || *used + n + 1 > sizeof o->text) return false;
+    memcpy(o->text + *used, w, n);
+    o->text[*used + n] = '\0';
+    o->argv[o->argc++] = o->text + *used;
+    *used += n + 1;
+    return true;
+}
+
+sj_status sj_cuda_nvrtc_options(const char *arch, int nvrtc_major, int nvrtc_minor, const char *flags,
+                                sj_nvrtc_opts *o) {
+    (void)nvrtc_major, (void)nvrtc_minor;
+    memset(o, 0, sizeof *o);
+    if (flags && strlen(flags) > SJ_NVRTC_FLAGS_LEN)
+        return sj_seterr(SJ_EINVAL, "nvrtc_flags: %zu characters, more than the %d allowed", strlen(flags),
+                         SJ_NVRTC_FLAGS_LEN);
+    char archopt[64];
+    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+    const char *own[] = {archopt, "--std=c++17", "-default-device", "--extra-device-vectorization", "-lineinfo"};
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) opt_add(o, &used, own[i], strlen(own[i]));
+    int words = 0;
+    for (const char *p = flags ? flags : ""; *p;) {
+        p += strspn(p, " \t");
+        size_t n = strcspn(p, " \t");
+        if (!n) break;
+        if (++words > SJ_NVRTC_MAX_FLAGS)
+            return sj_seterr(SJ_EINVAL, "nvrtc_flags: more than %d options in '%s'", SJ_NVRTC_MAX_FLAGS, flags);
+        opt_add(o, &used, p, n); /* fits: the text holds the backend's options and 511 more characters */
+        p += n;
+    }
+    return SJ_OK;
 }
 
 /* -- Table and lifecycle ------------------------------------------------------- */
@@ -276,10 +313,17 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     b->test_delay_ms = cfg->test_delay_ms;
     b->test_fail = cfg->test_fail;
     snprintf(b->arch, sizeof b->arch, "sm_%d%d", c->cc_major, c->cc_minor);
-    snprintf(b->arch_opt, sizeof b->arch_opt, "--gpu-architecture=%s", b->arch);
     snprintf(b->nvrtc_id, sizeof b->nvrtc_id, "nvrtc %d.%d", c->nvrtc_major, c->nvrtc_minor);
-    snprintf(b->identity, sizeof b->identity, "cuda %s %s %s driver %d", b->arch, c->name, b->nvrtc_id,
-             c->driver_version);
+    sj_status st = sj_cuda_nvrtc_options(b->arch, c->nvrtc_major, c->nvrtc_minor, cfg->nvrtc_flags, &b->opts);
+    if (st) {
+        cuda_destroy(&b->base);
+        sj_err_prefix("sj_cuda_backend_create: ");
+        return st;
+    }
+    for (int i = 0, len = 0; i < b->opts.argc; i++) /* fits: text's strings and a space each */
+        len += snprintf(b->opt_line + len, sizeof b->opt_line - (size_t)len, "%s%s", i ? " " : "", b->opts.argv[i]);
+    snprintf(b->identity, sizeof b->identity, "cuda %s %s %s driver %d, %s", b->arch, c->name, b->nvrtc_id,
+             c->driver_version, b->opt_line);
     b->base.name = "cuda";
     b->base.compile = cuda_compile;
     b->base.unload = cuda_unload;
