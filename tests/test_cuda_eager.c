@@ -35,6 +35,7 @@
 
 #include "jit/error.h"
 #include "kernels/cpu/eager.h"
+#include "kernels/sj_kernel_rt.h"
 #include "tests/util.h"
 
 #ifndef SJ_WITH_CUDA
@@ -380,6 +381,83 @@ static void test_cast(void **state) {
         finish(sj_cuda_copy(&ex, &dsb, &dy), &dy, &y, "broadcast copy");
         for (int i = 0; i < 9; i++) assert_true(tu_get(&y, i) == 1.5);
     }
+}
+
+/* Casts of bit patterns on the device against the CPU's conversions
+ * (sj_kernel_rt.h; the device's are cvt instructions): every f16 pattern
+ * to f32; to f16 and bf16, every 4099th f32 pattern, every f16 and bf16
+ * value, and the f32 midpoints between neighbouring f16 and bf16 values
+ * (ties round to even). Bit for bit, except that a NaN only has to stay
+ * NaN (the device's is canonical). */
+static void cast_bits(sj_dtype from, sj_dtype to, const void *bits, int64_t n, const char *what) {
+    sj_tensor x = tu_tensor(from, 1, &n), y = tu_tensor(to, 1, &n), yc = tu_tensor(to, 1, &n);
+    memcpy(x.data, bits, (size_t)n * (from == SJ_F32 ? 4 : 2));
+    assert_int_equal(sj_cpu_copy(&x, &yc), SJ_OK);
+    sj_tensor dx = to_dev(&x), dy = to_dev(&y);
+    settle();
+    finish(sj_cuda_copy(&ex, &dx, &dy), &dy, &y, what);
+    int64_t nans = 0, shown = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        bool nan_a, nan_b;
+        if (to == SJ_F32) {
+            a = ((const uint32_t *)y.data)[i], b = ((const uint32_t *)yc.data)[i];
+            nan_a = (a & 0x7fffffffu) > 0x7f800000u, nan_b = (b & 0x7fffffffu) > 0x7f800000u;
+        } else {
+            a = ((const uint16_t *)y.data)[i], b = ((const uint16_t *)yc.data)[i];
+            uint32_t inf = to == SJ_F16 ? 0x7c00u : 0x7f80u;
+            nan_a = (a & 0x7fffu) > inf, nan_b = (b & 0x7fffu) > inf;
+        }
+        if (nan_b) {
+            nans++;
+            if (!nan_a) fail_msg("%s: element %lld: device 0x%x for a NaN (CPU 0x%x)", what, (long long)i, a, b);
+            if (a != b && !shown++) print_message("%s: device NaN 0x%x, CPU 0x%x\n", what, a, b);
+        } else if (a != b) {
+            uint32_t in = from == SJ_F32 ? ((const uint32_t *)x.data)[i] : ((const uint16_t *)x.data)[i];
+            fail_msg("%s: element %lld (input 0x%x): device 0x%x, CPU 0x%x", what, (long long)i, in, a, b);
+        }
+    }
+    assert_true(nans > 0); /* the NaN rule was exercised */
+}
+
+static void test_cast_bits(void **state) {
+    enum { H = 65536 };
+    uint16_t *h = malloc(H * sizeof *h);
+    assert_non_null(h);
+    for (int i = 0; i < H; i++) h[i] = (uint16_t)i;
+    cast_bits(SJ_F16, SJ_F32, h, H, "every f16 -> f32");
+    cast_bits(SJ_BF16, SJ_F32, h, H, "every bf16 -> f32");
+    free(h);
+    const int64_t stride = 4099, n_walk = (INT64_C(1) << 32) / stride + 1;
+    /* the f16 overflow boundary (65520 and the float below it), the f16
+     * subnormal boundaries (2^-24, 2^-25 and their neighbours), the bf16
+     * overflow boundary (the top of the f32 range rounds to infinity) */
+    const uint32_t edges[] = {0x477ff000u, 0x477fefffu, 0x33800000u, 0x33000000u, 0x33000001u, 0x32ffffffu,
+                              0x387fe000u, 0x387fefffu, 0x7f7f8000u, 0x7f7f7fffu, 0x7f7fffffu};
+    const int64_t n_edges = (int64_t)(sizeof edges / sizeof edges[0]);
+    const int64_t n = n_walk + 4 * H + 2 * n_edges;
+    uint32_t *f = malloc((size_t)n * sizeof *f);
+    assert_non_null(f);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n_walk; i++) f[k++] = (uint32_t)(i * stride);
+    for (int dt = 0; dt < 2; dt++)
+        for (uint32_t v = 0; v < H; v++) {
+            /* the value itself, and the midpoint to the next pattern (exact in
+             * f32: a significand of at most 12 bits) */
+            float a = dt ? sj_bf16_to_f32((uint16_t)v) : sj_f16_to_f32((uint16_t)v);
+            float b = dt ? sj_bf16_to_f32((uint16_t)(v + 1)) : sj_f16_to_f32((uint16_t)(v + 1));
+            uint32_t ua, um;
+            memcpy(&ua, &a, 4);
+            float m = (float)(((double)a + (double)b) / 2);
+            memcpy(&um, &m, 4);
+            f[k++] = ua;
+            f[k++] = isfinite(a) && isfinite(b) && (v & 0x7fffu) != 0x7fffu ? um : ua;
+        }
+    for (int64_t i = 0; i < n_edges; i++) f[k++] = edges[i], f[k++] = edges[i] | 0x80000000u;
+    assert_int_equal(k, n);
+    cast_bits(SJ_F32, SJ_F16, f, n, "f32 patterns -> f16");
+    cast_bits(SJ_F32, SJ_BF16, f, n, "f32 patterns -> bf16");
+    free(f);
 }
 
 static void copy_cuda(const sj_tensor *x0, const sj_tensor *x, const sj_tensor *y, const char *what) {
@@ -983,7 +1061,7 @@ int main(void) {
 #define T(f) cmocka_unit_test_teardown(f, teardown)
     const struct CMUnitTest tests[] = {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
-        T(test_nan_binary), T(test_where),          T(test_cast),    T(test_copy_transposed),
+        T(test_nan_binary), T(test_where),          T(test_cast), T(test_cast_bits),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
         T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention), T(test_attention_nan),   T(test_concat),  T(test_gather),
         T(test_large),
