@@ -195,6 +195,28 @@ static const char prelude_tail[] =
     "    }\n"
     "    return v;\n"
     "}\n"
+    "/* Two float sums at once (layer norm's centred squares and values): one\n"
+    " * tree, the pairs through red as float2 (32 of them fit). */\n"
+    "static __device__ __forceinline__ void sj_cu_sum2(float &a, float &b, float2 *red) {\n"
+    "#pragma unroll\n"
+    "    for (int o = 16; o > 0; o >>= 1) {\n"
+    "        a += __shfl_xor_sync(0xffffffffu, a, o);\n"
+    "        b += __shfl_xor_sync(0xffffffffu, b, o);\n"
+    "    }\n"
+    "    if (blockDim.x > 32) {\n"
+    "        const unsigned lane = threadIdx.x & 31u;\n"
+    "        __syncthreads(); /* red's last readers are done */\n"
+    "        if (lane == 0) red[threadIdx.x >> 5] = make_float2(a, b);\n"
+    "        __syncthreads();\n"
+    "        const float2 v = lane < (blockDim.x >> 5) ? red[lane] : make_float2(0.0f, 0.0f);\n"
+    "        a = v.x, b = v.y;\n"
+    "#pragma unroll\n"
+    "        for (int o = 16; o > 0; o >>= 1) {\n"
+    "            a += __shfl_xor_sync(0xffffffffu, a, o);\n"
+    "            b += __shfl_xor_sync(0xffffffffu, b, o);\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
     "struct sj_cu_fadd { __device__ float operator()(float a, float b) const { return a + b; } };\n"
     "struct sj_cu_fmax { __device__ float operator()(float a, float b) const { return sj_rt_max_combine(a, b); } };\n"
     "struct sj_cu_uadd { __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a + b; } };\n"
@@ -204,13 +226,14 @@ static const char prelude_tail[] =
 
 #define put sj_cg_put
 
-/* After a norm's centred (or raw, for RMS) value: ` - mean) * rstd * g + b`
- * for layer norm, `) * r * g` for RMS norm (gw, bw: operands, -1 absent:
- * 1 and 0), in f32. (The CPU's kernels split the mean in two floats
- * instead: specialize/codegen_c.c.) */
+/* After a norm's centred (or raw, for RMS) value: ` - mean - cm) * rstd *
+ * g + b` for layer norm (the f32 mean, then its correction), `) * r * g`
+ * for RMS norm (gw, bw: operands, -1 absent: 1 and 0), in f32. (The CPU's
+ * kernels split a double mean in two floats instead:
+ * specialize/codegen_c.c.) */
 static void put_norm_tail(sj_cg *c, const sj_node *n, int32_t gw, int32_t bw) {
     bool ln = n->op == SJ_OP_LAYER_NORM;
-    put(&c->o, ln ? " - mean) * rstd * " : ") * r * ");
+    put(&c->o, ln ? " - mean - cm) * rstd * " : ") * r * ");
     if (gw < 0) put(&c->o, "1.0f");
     else sj_cg_put_ref(c, gw);
     if (!ln) return;
@@ -570,19 +593,24 @@ static void put_row_body(sj_cg *c, const rowop *R, rmode m) {
         put(&c->o, "const float inv = m == -INFINITY ? 0.0f : 1.0f / s;\n");
         break;
     case SJ_OP_LAYER_NORM:
-        put(&c->o, "float s = 0.0f, q = 0.0f;\n");
+        /* mean: the f32 sum's; cm: what it is off by, from the centred
+         * values' own sum (exact-ish where x is near the mean), so a row
+         * whose spread is small against its mean keeps its digits; the
+         * variance corrected by cm^2 (the corrected two-pass formula) */
+        put(&c->o, "float s = 0.0f, q = 0.0f, sc = 0.0f;\n");
         snprintf(then, sizeof then, "%s%ss += x;\n", cached ? sl : "", cached ? " = x;\n" : "");
         put_pass(c, R, m, true, then);
         put_reduce(c, "s", "0.0f", "fadd", "float");
         put(&c->o, "const float mean = s / (float)n%d;\n", L);
         if (cached) {
-            snprintf(then, sizeof then, "const float d = %s - mean;\nq += d * d;\n", sl);
+            snprintf(then, sizeof then, "const float d = %s - mean;\nq += d * d;\nsc += d;\n", sl);
             put_cache_loop(c, m, then, C_READ);
         } else {
-            put_pass(c, R, m, false, "const float d = x - mean;\nq += d * d;\n");
+            put_pass(c, R, m, false, "const float d = x - mean;\nq += d * d;\nsc += d;\n");
         }
-        put_reduce(c, "q", "0.0f", "fadd", "float");
-        put(&c->o, "const float rstd = 1.0f / sqrtf(q / (float)n%d + ", L);
+        put(&c->o, "sj_cu_sum2(q, sc, (float2 *)sj_red);\n");
+        put(&c->o, "const float cm = sc / (float)n%d, var = q / (float)n%d - cm * cm;\n", L, L);
+        put(&c->o, "const float rstd = 1.0f / sqrtf((var < 0.0f ? 0.0f : var) + ");
         sj_cg_put_float(c, (float)R->n->a.f);
         put(&c->o, ");\n");
         break;

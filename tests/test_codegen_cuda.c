@@ -742,6 +742,13 @@ static void test_rows(void **state) {
     run_both(&tu_pat_rows_mid, SJ_F32);
     run_both(&tu_pat_rows_long, SJ_F32);
 }
+/* Layer norms of rows far from zero: the f32 mean's rounding, scaled by
+ * rstd, would be a hundred times the tolerance without the kernels' mean
+ * correction. Run last, so that no other test's random inputs move. */
+static void test_ln_offset(void **state) {
+    run_both(&tu_pat_ln_offset, SJ_F32);
+    run_both(&tu_pat_ln_offset_long, SJ_F32);
+}
 static void test_casts_where(void **state) { run_both(&tu_pat_casts, SJ_F32); }
 static void test_ints(void **state) { run_both(&tu_pat_ints, SJ_F32); }
 static void test_shared_outputs(void **state) {
@@ -845,7 +852,7 @@ int main(void) {
         T(test_launch_rule), T(test_codegen_text), T(test_no_div64), T(test_w1),   T(test_w2),
         T(test_w3),          T(test_matmul_gelu),  T(test_views),    T(test_reduce), T(test_rows),
         T(test_casts_where), T(test_ints),         T(test_shared_outputs), T(test_half), T(test_edges),
-        T(test_many_rows),   T(test_row_variants), T(test_known_row_bounds), T(test_summary),
+        T(test_many_rows),   T(test_row_variants), T(test_known_row_bounds), T(test_ln_offset), T(test_summary),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

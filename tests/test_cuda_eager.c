@@ -541,6 +541,28 @@ static void run_norm(int rms, sj_dtype dt, int rank, const int64_t *shape, int l
 
 static void test_norms(void **state) { tu_norm_cases(true, run_norm); }
 
+/* Layer norm of rows whose mean is large against their spread (4000 +
+ * U(-1, 1)), as test_cpu_kernels' test_layer_norm_offset: the f32 mean's
+ * rounding, scaled by rstd, is a hundred times the tolerance unless the
+ * kernel corrects it. Warp rows (5, 300) and block rows (5000). */
+static void test_layer_norm_offset(void **state) {
+    const int64_t shapes[][2] = {{7, 5}, {4, 300}, {3, 5000}};
+    for (int i = 0; i < NELEM(shapes); i++) {
+        int64_t n = shapes[i][1];
+        sj_tensor x = tu_random(SJ_F32, 2, shapes[i], L_CONTIG), g = tu_random(SJ_F32, 1, &n, L_CONTIG),
+                  b = tu_random(SJ_F32, 1, &n, L_CONTIG), yc, y = out_like(SJ_F32, 2, shapes[i], L_CONTIG, &yc);
+        for (int64_t k = 0; k < tu_numel(&x); k++) tu_set(&x, k, 4000.0 + tu_get(&x, k));
+        double *r = ref(tu_numel(&y));
+        tu_ref_layer_norm(&x, &g, &b, 1e-5, r);
+        assert_int_equal(sj_cpu_layer_norm(&x, &g, &b, 1e-5, &yc), SJ_OK);
+        sj_tensor dx = to_dev(&x), dy = to_dev(&y), dg = to_dev(&g), db = to_dev(&b);
+        settle();
+        const char *what = label("layer norm offset [%lld, %lld]", (long long)shapes[i][0], (long long)n);
+        finish(sj_cuda_layer_norm(&ex, &dx, &dg, &db, 1e-5, &dy), &dy, &y, what);
+        expect(&y, &yc, r, NULL, tu_tol(SJ_F32), what);
+    }
+}
+
 /* -- Matmul ----------------------------------------------------------------- */
 
 /* Bias of run_matmul_bias: 0 none, 1 contiguous, 2 strided (L_GAP), 3 one
@@ -1064,7 +1086,7 @@ int main(void) {
         T(test_nan_binary), T(test_where),          T(test_cast), T(test_cast_bits),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
         T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention), T(test_attention_nan),   T(test_concat),  T(test_gather),
-        T(test_large),
+        T(test_large),      T(test_layer_norm_offset),
     };
 #undef T
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -220,26 +220,12 @@ static void enc_init(int h, int nh, int ff) {
     P_ENCODER.fixed[0] = h;
 }
 
-/* layer norm of rows whose mean is large against their spread (see
- * test_cpu_kernels' test_layer_norm_offset): x = 4000 + U(-1, 1) [S, N] */
-static sj_status m_ln(sj_tracer *t, const sj_val *in, int n, void *u) {
-    return sj_output(t, sj_layer_norm(t, in[0], in[1], in[2], 1e-5));
-}
-static void mk_ln_offset(const int64_t *d, sj_dtype dt, sj_tensor *in) {
-    in[0] = rnd(dt, 2, S(d[0], d[1]));
-    for (int64_t i = 0; i < tu_numel(&in[0]); i++) tu_set(&in[0], i, 4000.0 + tu_get(&in[0], i));
-    in[1] = rnd(dt, 1, S(d[1]));
-    in[2] = rnd(dt, 1, S(d[1]));
-}
-static void ref_ln(const sj_tensor *in, double *out) { tu_ref_layer_norm(&in[0], &in[1], &in[2], 1e-5, out); }
-
 /* -- This test's patterns (the shared ones: tu_pat_*) --------------------------------- */
 
 static const tu_pattern P_SOFTMAX0 = {"softmax axis 0", m_softmax0, 1, tu_mk_2d, 2, {2, 3}, {30, 90}, true, NULL, {0}};
 static const tu_pattern P_SQUARE = {"square", m_square, 2, mk_square, 1, {2}, {70}, true, NULL, {0}};
 static const tu_pattern P_CYCLE = {"cycle", m_cycle, 1, mk_cycle, 1, {2}, {40}, true, NULL, {16}};
 static tu_pattern P_ENCODER = {"encoder", m_encoder, 1, mk_encoder, 1, {2}, {40}, true, NULL, {EH}};
-static const tu_pattern P_LN_OFFSET = {"layer norm, mean 4000", m_ln, 3, mk_ln_offset, 2, {2, 16}, {9, 900}, true, ref_ln, {0}};
 
 /* -- Differential tests ---------------------------------------------------------- */
 
@@ -276,7 +262,7 @@ static void test_reduce(void **state) { run_both(&tu_pat_reduce, SJ_F32); }
 static void test_rows(void **state) {
     run_both(&tu_pat_rows, SJ_F32);
     run_both(&tu_pat_rows_long, SJ_F32);
-    run_both(&P_LN_OFFSET, SJ_F32);
+    run_both(&tu_pat_ln_offset, SJ_F32);
 }
 static void test_casts_where(void **state) { run_both(&tu_pat_casts, SJ_F32); }
 static void test_ints(void **state) { run_both(&tu_pat_ints, SJ_F32); }

@@ -76,6 +76,19 @@ static void ref_w2(const sj_tensor *in, double *out) {
     }
 }
 
+/* layer norm of rows whose mean is large against their spread (see
+ * test_cpu_kernels' test_layer_norm_offset): x = 4000 + U(-1, 1) [S, N] */
+static sj_status m_ln(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_layer_norm(t, in[0], in[1], in[2], 1e-5));
+}
+static void mk_ln_offset(const int64_t *d, sj_dtype dt, sj_tensor *in) {
+    in[0] = rnd(dt, 2, S(d[0], d[1]));
+    for (int64_t i = 0; i < tu_numel(&in[0]); i++) tu_set(&in[0], i, 4000.0 + tu_get(&in[0], i));
+    in[1] = rnd(dt, 1, S(d[1]));
+    in[2] = rnd(dt, 1, S(d[1]));
+}
+static void ref_ln(const sj_tensor *in, double *out) { tu_ref_layer_norm(&in[0], &in[1], &in[2], 1e-5, out); }
+
 /* w3: softmax(scores * 0.125 + mask [NH, 1, S], -1) */
 static sj_status m_w3(sj_tracer *t, const sj_val *in, int n, void *u) {
     return sj_output(t, sj_softmax(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 0.125)), in[1]), -1));
@@ -305,6 +318,8 @@ static sj_status m_sum0(sj_tracer *t, const sj_val *in, int n, void *u) {
 const tu_pattern tu_pat_w1 = {"w1", m_w1, 3, mk_w1, 2, {2, 3}, {40, 200}, true, ref_w1, {0}};
 const tu_pattern tu_pat_w1_big = {"w1 big", m_w1, 3, mk_w1, 2, {33, 4096}, {45, 4096}, true, ref_w1, {0}};
 const tu_pattern tu_pat_w2 = {"w2", m_w2, 4, mk_w2, 2, {2, 3}, {200, 300}, true, ref_w2, {0}};
+const tu_pattern tu_pat_ln_offset = {"layer norm, mean 4000", m_ln, 3, mk_ln_offset, 2, {2, 5}, {9, 900}, true, ref_ln, {0}};
+const tu_pattern tu_pat_ln_offset_long = {"layer norm, mean 4000, long rows", m_ln, 3, mk_ln_offset, 2, {2, 1025}, {4, 9090}, true, ref_ln, {0}};
 const tu_pattern tu_pat_w3 = {"w3", m_w3, 2, mk_w3, 2, {2, 3}, {14, 70}, true, ref_w3, {0}};
 const tu_pattern tu_pat_w3_masked = {"w3 masked", m_w3, 2, mk_w3_masked, 2, {2, 3}, {14, 70}, true, NULL, {0}};
 const tu_pattern tu_pat_mmgelu = {"matmul bias gelu", m_mmgelu, 1, mk_mmgelu, 1, {2}, {23}, true, NULL, {24}};

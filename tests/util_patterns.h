@@ -55,6 +55,9 @@ void tu_mk_2d(const int64_t *d, sj_dtype dt, sj_tensor *in);
 extern const tu_pattern tu_pat_w1, tu_pat_w1_big;
 /* w2: h = x + r; y = gelu(layer_norm(h, g, b)); outputs y, h */
 extern const tu_pattern tu_pat_w2;
+/* layer norm of rows whose mean is large against their spread: x = 4000 +
+ * U(-1, 1) [S, N], g, b [N]; rows of 5 .. 900, long 1025 .. 9090 */
+extern const tu_pattern tu_pat_ln_offset, tu_pat_ln_offset_long;
 /* w3: softmax(scores * 0.125 + mask [NH, 1, S], -1); masked: a mask of
  * -inf over head 0 (its rows softmax to zeros) and every third column */
 extern const tu_pattern tu_pat_w3, tu_pat_w3_masked;

@@ -191,20 +191,30 @@ template <class T> SJ_DEV void norm_row(const sj_ek_rows &p) {
     for_rows(p, [&](int64_t r, int t, int nthr) {
         int64_t ox, oy;
         row_offsets(p, r, ox, oy);
-        float mean = 0.0f;
+        /* layer norm: the f32 sum's mean, then cm, what it is off by, from
+         * the centred values' sum, and the variance corrected by cm^2 (as
+         * the generated kernels: specialize/codegen_cuda.c) */
+        float mean = 0.0f, cm = 0.0f;
         if (!rms) {
             float s = 0.0f;
             for (int64_t k = t; k < p.n; k += nthr) s += T::ld(x[ox + k * p.sx]);
             mean = group_reduce<r_sum_f>(s, p.group) / fn;
         }
-        float q = 0.0f;
+        float q = 0.0f, c = 0.0f;
         for (int64_t k = t; k < p.n; k += nthr) {
             float d = T::ld(x[ox + k * p.sx]) - mean;
             q += d * d;
+            c += d;
         }
-        const float rstd = 1.0f / sqrtf(group_reduce<r_sum_f>(q, p.group) / fn + p.eps);
+        float var = group_reduce<r_sum_f>(q, p.group) / fn;
+        if (!rms) {
+            cm = group_reduce<r_sum_f>(c, p.group) / fn;
+            var -= cm * cm;
+            var = var < 0.0f ? 0.0f : var; /* NaN stays */
+        }
+        const float rstd = 1.0f / sqrtf(var + p.eps);
         for (int64_t k = t; k < p.n; k += nthr) {
-            float v = (T::ld(x[ox + k * p.sx]) - mean) * rstd;
+            float v = (T::ld(x[ox + k * p.sx]) - mean - cm) * rstd;
             if (g)
                 v *= T::ld(g[k * p.sg]);
             if (b)
