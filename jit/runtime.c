@@ -284,7 +284,7 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     if (c.cuda_graphs < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_graphs %d is negative", c.cuda_graphs);
 #ifdef SJ_WITH_CUDA
     sj_nvrtc_opts nvo; /* checked here so that the error does not depend on finding a GPU */
-    if ((st = sj_cuda_nvrtc_options("sm_90", 0, 0, c.nvrtc_flags, &nvo))) {
+    if ((st = sj_cuda_nvrtc_options("sm_90", c.nvrtc_flags, &nvo))) {
         sj_err_prefix("sj_runtime_create: ");
         return st;
     }

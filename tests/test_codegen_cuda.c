@@ -124,9 +124,7 @@ static void nvrtc_compile(const char *src, const char *arch, const char *what, c
     nvrtc_prog prog;
 #ifdef SJ_WITH_CUDA
     sj_nvrtc_opts o;
-    int maj = 0, min = 0;
-    nv.Version(&maj, &min);
-    assert_int_equal(sj_cuda_nvrtc_options(arch, maj, min, NULL, &o), SJ_OK);
+    assert_int_equal(sj_cuda_nvrtc_options(arch, NULL, &o), SJ_OK);
     const char *const *opts = o.argv;
     int n_opts = o.argc;
 #else

@@ -170,7 +170,7 @@ static void test_arguments(void **state) {
 static void test_nvrtc_options(void **state) {
     (void)state;
     sj_nvrtc_opts o;
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, NULL, &o), SJ_OK);
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", NULL, &o), SJ_OK);
     assert_int_equal(o.argc, 5);
     assert_string_equal(o.argv[0], "--gpu-architecture=sm_90");
     assert_string_equal(o.argv[1], "--std=c++17");
@@ -178,10 +178,10 @@ static void test_nvrtc_options(void **state) {
     assert_string_equal(o.argv[3], "--extra-device-vectorization");
     assert_string_equal(o.argv[4], "-lineinfo");
     const int own = o.argc;
-    assert_int_equal(sj_cuda_nvrtc_options("compute_80", 12, 4, "", &o), SJ_OK);
+    assert_int_equal(sj_cuda_nvrtc_options("compute_80", "", &o), SJ_OK);
     assert_int_equal(o.argc, own);
     assert_string_equal(o.argv[0], "--gpu-architecture=compute_80");
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
     assert_int_equal(o.argc, own + 3);
     assert_string_equal(o.argv[own], "-DA=1");
     assert_string_equal(o.argv[own + 1], "-Xptxas=-O1");
@@ -190,19 +190,19 @@ static void test_nvrtc_options(void **state) {
     /* 16 words fit, 17 do not; 511 characters fit, 512 do not */
     char flags[SJ_NVRTC_FLAGS_LEN + 2] = "";
     for (int i = 0; i < SJ_NVRTC_MAX_FLAGS; i++) snprintf(flags + strlen(flags), 8, "-DX%d ", i);
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, flags, &o), SJ_OK);
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", flags, &o), SJ_OK);
     assert_int_equal(o.argc, own + SJ_NVRTC_MAX_FLAGS);
     assert_string_equal(o.argv[o.argc - 1], "-DX15");
     strcat(flags, "-DX16");
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, flags, &o), SJ_EINVAL);
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", flags, &o), SJ_EINVAL);
     assert_non_null(strstr(sj_last_error(), "nvrtc_flags: more than 16 options"));
     memset(flags, 0, sizeof flags);
     memcpy(flags, "-DLONG=", 7);
     memset(flags + 7, 'x', SJ_NVRTC_FLAGS_LEN - 7);
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, flags, &o), SJ_OK);
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", flags, &o), SJ_OK);
     assert_int_equal((int)strlen(o.argv[own]), SJ_NVRTC_FLAGS_LEN);
     flags[SJ_NVRTC_FLAGS_LEN] = 'x';
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", 13, 0, flags, &o), SJ_EINVAL);
+    assert_int_equal(sj_cuda_nvrtc_options("sm_90", flags, &o), SJ_EINVAL);
     assert_non_null(strstr(sj_last_error(), "nvrtc_flags: 512 characters, more than the 511 allowed"));
 }
 

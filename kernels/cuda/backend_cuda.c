@@ -250,9 +250,7 @@ static bool opt_add(sj_nvrtc_opts *o, size_t *used, const char *w, size_t n) {
     return true;
 }
 
-sj_status sj_cuda_nvrtc_options(const char *arch, int nvrtc_major, int nvrtc_minor, const char *flags,
-                                sj_nvrtc_opts *o) {
-    (void)nvrtc_major, (void)nvrtc_minor;
+sj_status sj_cuda_nvrtc_options(const char *arch, const char *flags, sj_nvrtc_opts *o) {
     memset(o, 0, sizeof *o);
     if (flags && strlen(flags) > SJ_NVRTC_FLAGS_LEN)
         return sj_seterr(SJ_EINVAL, "nvrtc_flags: %zu characters, more than the %d allowed", strlen(flags),
@@ -314,7 +312,7 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     b->test_fail = cfg->test_fail;
     snprintf(b->arch, sizeof b->arch, "sm_%d%d", c->cc_major, c->cc_minor);
     snprintf(b->nvrtc_id, sizeof b->nvrtc_id, "nvrtc %d.%d", c->nvrtc_major, c->nvrtc_minor);
-    sj_status st = sj_cuda_nvrtc_options(b->arch, c->nvrtc_major, c->nvrtc_minor, cfg->nvrtc_flags, &b->opts);
+    sj_status st = sj_cuda_nvrtc_options(b->arch, cfg->nvrtc_flags, &b->opts);
     if (st) {
         cuda_destroy(&b->base);
         sj_err_prefix("sj_cuda_backend_create: ");

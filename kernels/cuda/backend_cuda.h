@@ -26,11 +26,10 @@ typedef struct sj_nvrtc_opts {
     char text[640]; /* the strings argv points into */
 } sj_nvrtc_opts;
 
-/* Fill o for arch ("sm_90"), NVRTC major.minor and flags (NULL or "": none;
- * words separated by spaces or tabs). SJ_EINVAL naming the limit when flags
+/* Fill o for arch ("sm_90") and flags (NULL or "": none; words separated
+ * by spaces or tabs). SJ_EINVAL naming the limit when flags
  * has more than SJ_NVRTC_MAX_FLAGS words or SJ_NVRTC_FLAGS_LEN characters. */
-sj_status sj_cuda_nvrtc_options(const char *arch, int nvrtc_major, int nvrtc_minor, const char *flags,
-                                sj_nvrtc_opts *o);
+sj_status sj_cuda_nvrtc_options(const char *arch, const char *flags, sj_nvrtc_opts *o);
 
 typedef struct sj_cuda_backend_config {
     sj_cuda *cuda;          /* borrowed; outlives the backend */
