@@ -13,11 +13,11 @@
 #include "kernels/cpu/eager.h"
 #include "jit/tensor.h"
 #include "specialize/codegen.h"
+#include "specialize/codegen_cuda.h"
 #ifdef SJ_WITH_CUDA
 #include "jit/exec_cuda.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/eager_cuda.h"
-#include "specialize/codegen_cuda.h"
 #endif
 
 /* -- Configuration --------------------------------------------------------- */
@@ -282,13 +282,11 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
 #endif
     if (c.cuda_device < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_device %d is negative", c.cuda_device);
     if (c.cuda_graphs < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_graphs %d is negative", c.cuda_graphs);
-#ifdef SJ_WITH_CUDA
-    sj_nvrtc_opts nvo; /* checked here so that the error does not depend on finding a GPU */
-    if ((st = sj_cuda_nvrtc_options("sm_90", c.nvrtc_flags, &nvo))) {
+    sj_nvrtc_opts nvo; /* checked whichever backend the runtime gets */
+    if ((st = sj_codegen_cuda_options("sm_90", c.nvrtc_flags, &nvo))) {
         sj_err_prefix("sj_runtime_create: ");
         return st;
     }
-#endif
     sj_bucket_rule *rules = NULL;
     int n_rules = 0;
     if ((st = sj_bucket_parse(c.buckets, &rules, &n_rules))) {

@@ -277,8 +277,8 @@ typedef struct sj_runtime_config {
      * README), separated by spaces: at most 16, 511 characters in all
      * (else SJ_EINVAL). They are part of the kernel cache's key. An option
      * NVRTC rejects fails each compile with NVRTC's message, and the
-     * functions keep running eagerly. NULL or "": none. Ignored by a
-     * library built without CUDA. */
+     * functions keep running eagerly. NULL or "": none. Checked whichever
+     * backend the runtime gets; only the CUDA backend uses them. */
     const char *nvrtc_flags;
     /* CUDA graphs: the most kept per runtime (0: none); default 64. A
      * fused call that is the 48th with its exact input shapes, its input

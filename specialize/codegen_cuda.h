@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "jit/shapejit.h"
 #include "specialize/codegen.h"
 #include "specialize/fusion.h"
 
@@ -45,6 +46,23 @@
  * for sj_codegen_c; only its prefix applies). */
 char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const sj_codegen_opts *o,
                       size_t *len);
+
+/* The NVRTC options a unit is compiled with: the architecture (arch:
+ * "sm_90", or a virtual "compute_90" for PTX), --std=c++17 and
+ * -default-device (the unit's C++ and its undecorated device helpers),
+ * --extra-device-vectorization and -lineinfo, then the words of flags
+ * (NULL or "": none; separated by spaces or tabs): the runtime's
+ * nvrtc_flags. No fast math: erf, exp and division keep their IEEE
+ * behaviour, as the eager kernels do. SJ_EINVAL naming the limit when
+ * flags has more than SJ_NVRTC_MAX_FLAGS words or SJ_NVRTC_FLAGS_LEN
+ * characters. */
+enum { SJ_NVRTC_MAX_FLAGS = 16, SJ_NVRTC_FLAGS_LEN = 511 };
+typedef struct sj_nvrtc_opts {
+    const char *argv[8 + SJ_NVRTC_MAX_FLAGS];
+    int argc;
+    char text[640]; /* the strings argv points into */
+} sj_nvrtc_opts;
+sj_status sj_codegen_cuda_options(const char *arch, const char *flags, sj_nvrtc_opts *o);
 
 typedef struct sj_launch {
     unsigned grid[3], block[3];

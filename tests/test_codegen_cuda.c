@@ -49,7 +49,6 @@
 #include "specialize/fusion.h"
 #include "tests/util_patterns.h"
 #ifdef SJ_WITH_CUDA
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
@@ -122,21 +121,12 @@ static struct {
  * the PTX, for a virtual arch) when out is not NULL. */
 static void nvrtc_compile(const char *src, const char *arch, const char *what, char **out, size_t *out_len) {
     nvrtc_prog prog;
-#ifdef SJ_WITH_CUDA
     sj_nvrtc_opts o;
-    assert_int_equal(sj_cuda_nvrtc_options(arch, NULL, &o), SJ_OK);
-    const char *const *opts = o.argv;
-    int n_opts = o.argc;
-#else
-    char archopt[64];
-    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
-    const char *opts[] = {archopt, "--std=c++17", "-default-device", "--extra-device-vectorization"};
-    int n_opts = 4;
-#endif
+    assert_int_equal(sj_codegen_cuda_options(arch, NULL, &o), SJ_OK);
     assert_int_equal(nv.CreateProgram(&prog, src, "unit.cu", 0, NULL, NULL), 0);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int r = nv.CompileProgram(prog, n_opts, opts);
+    int r = nv.CompileProgram(prog, o.argc, o.argv);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     size_t ln = 0;
@@ -464,6 +454,49 @@ static void run_both(const tu_pattern *pt, sj_dtype dt) {
     if (!have_nvrtc) skip();
     run_pattern(pt, false, dt, NULL);
     run_pattern(pt, true, dt, NULL);
+}
+
+/* -- Tests: NVRTC options ----------------------------------------------------------- */
+
+/* The NVRTC argument list (what the CUDA backend and nvrtc_compile below
+ * pass): the generator's options, then the flags' words; the limits. */
+static void test_nvrtc_options(void **state) {
+    (void)state;
+    sj_nvrtc_opts o;
+    assert_int_equal(sj_codegen_cuda_options("sm_90", NULL, &o), SJ_OK);
+    assert_int_equal(o.argc, 5);
+    assert_string_equal(o.argv[0], "--gpu-architecture=sm_90");
+    assert_string_equal(o.argv[1], "--std=c++17");
+    assert_string_equal(o.argv[2], "-default-device");
+    assert_string_equal(o.argv[3], "--extra-device-vectorization");
+    assert_string_equal(o.argv[4], "-lineinfo");
+    const int own = o.argc;
+    assert_int_equal(sj_codegen_cuda_options("compute_80", "", &o), SJ_OK);
+    assert_int_equal(o.argc, own);
+    assert_string_equal(o.argv[0], "--gpu-architecture=compute_80");
+    assert_int_equal(sj_codegen_cuda_options("sm_90", "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
+    assert_int_equal(o.argc, own + 3);
+    assert_string_equal(o.argv[own], "-DA=1");
+    assert_string_equal(o.argv[own + 1], "-Xptxas=-O1");
+    assert_string_equal(o.argv[own + 2], "--use_fast_math");
+
+    /* 16 words fit, 17 do not; 511 characters fit, 512 do not */
+    char flags[SJ_NVRTC_FLAGS_LEN + 2] = "";
+    for (int i = 0; i < SJ_NVRTC_MAX_FLAGS; i++) snprintf(flags + strlen(flags), 8, "-DX%d ", i);
+    assert_int_equal(sj_codegen_cuda_options("sm_90", flags, &o), SJ_OK);
+    assert_int_equal(o.argc, own + SJ_NVRTC_MAX_FLAGS);
+    assert_string_equal(o.argv[o.argc - 1], "-DX15");
+    strcat(flags, "-DX16");
+    assert_int_equal(sj_codegen_cuda_options("sm_90", flags, &o), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "nvrtc_flags: more than 16 options"));
+    memset(flags, 0, sizeof flags);
+    memcpy(flags, "-DLONG=", 7);
+    memset(flags + 7, 'x', SJ_NVRTC_FLAGS_LEN - 7);
+    assert_int_equal(sj_codegen_cuda_options("sm_90", flags, &o), SJ_OK);
+    assert_int_equal((int)strlen(o.argv[own]), SJ_NVRTC_FLAGS_LEN);
+    flags[SJ_NVRTC_FLAGS_LEN] = 'x';
+    assert_int_equal(sj_codegen_cuda_options("sm_90", flags, &o), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "nvrtc_flags: 512 characters, more than the 511 allowed"));
 }
 
 /* -- Tests: the launch rule ---------------------------------------------------------- */
@@ -847,7 +880,7 @@ static void test_summary(void **state) {
 int main(void) {
 #define T(f) cmocka_unit_test_teardown(f, tu_teardown)
     const struct CMUnitTest tests[] = {
-        T(test_launch_rule), T(test_codegen_text), T(test_no_div64), T(test_w1),   T(test_w2),
+        T(test_nvrtc_options), T(test_launch_rule), T(test_codegen_text), T(test_no_div64), T(test_w1),   T(test_w2),
         T(test_w3),          T(test_matmul_gelu),  T(test_views),    T(test_reduce), T(test_rows),
         T(test_casts_where), T(test_ints),         T(test_shared_outputs), T(test_half), T(test_edges),
         T(test_many_rows),   T(test_row_variants), T(test_known_row_bounds), T(test_ln_offset), T(test_summary),

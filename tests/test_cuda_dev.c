@@ -17,8 +17,8 @@
  *   the NVRTC log, a missing symbol, invalid requests, the persistent cache
  *   (a second backend loads from it; a corrupt and an unloadable artifact
  *   are recompiled), test hooks, dumps, compiles from 4 threads at once;
- *   nvrtc_flags: the option list (without a device too), flags reaching
- *   NVRTC, part of the identity and the cache key, a rejected option.
+ *   nvrtc_flags: flags reaching NVRTC, part of the identity and the cache
+ *   key, a rejected option (the option list: test_codegen_cuda).
  */
 /* clang-format off */
 #include <stdarg.h>
@@ -163,47 +163,6 @@ static void test_arguments(void **state) {
     sj_cuda_backend_config cfg = {.cuda = &closed};
     assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_EINVAL);
     assert_non_null(strstr(sj_last_error(), "not open"));
-}
-
-/* The NVRTC argument list: the backend's options, then the flags' words;
- * the limits. Needs no device. */
-static void test_nvrtc_options(void **state) {
-    (void)state;
-    sj_nvrtc_opts o;
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", NULL, &o), SJ_OK);
-    assert_int_equal(o.argc, 5);
-    assert_string_equal(o.argv[0], "--gpu-architecture=sm_90");
-    assert_string_equal(o.argv[1], "--std=c++17");
-    assert_string_equal(o.argv[2], "-default-device");
-    assert_string_equal(o.argv[3], "--extra-device-vectorization");
-    assert_string_equal(o.argv[4], "-lineinfo");
-    const int own = o.argc;
-    assert_int_equal(sj_cuda_nvrtc_options("compute_80", "", &o), SJ_OK);
-    assert_int_equal(o.argc, own);
-    assert_string_equal(o.argv[0], "--gpu-architecture=compute_80");
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
-    assert_int_equal(o.argc, own + 3);
-    assert_string_equal(o.argv[own], "-DA=1");
-    assert_string_equal(o.argv[own + 1], "-Xptxas=-O1");
-    assert_string_equal(o.argv[own + 2], "--use_fast_math");
-
-    /* 16 words fit, 17 do not; 511 characters fit, 512 do not */
-    char flags[SJ_NVRTC_FLAGS_LEN + 2] = "";
-    for (int i = 0; i < SJ_NVRTC_MAX_FLAGS; i++) snprintf(flags + strlen(flags), 8, "-DX%d ", i);
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", flags, &o), SJ_OK);
-    assert_int_equal(o.argc, own + SJ_NVRTC_MAX_FLAGS);
-    assert_string_equal(o.argv[o.argc - 1], "-DX15");
-    strcat(flags, "-DX16");
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", flags, &o), SJ_EINVAL);
-    assert_non_null(strstr(sj_last_error(), "nvrtc_flags: more than 16 options"));
-    memset(flags, 0, sizeof flags);
-    memcpy(flags, "-DLONG=", 7);
-    memset(flags + 7, 'x', SJ_NVRTC_FLAGS_LEN - 7);
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", flags, &o), SJ_OK);
-    assert_int_equal((int)strlen(o.argv[own]), SJ_NVRTC_FLAGS_LEN);
-    flags[SJ_NVRTC_FLAGS_LEN] = 'x';
-    assert_int_equal(sj_cuda_nvrtc_options("sm_90", flags, &o), SJ_EINVAL);
-    assert_non_null(strstr(sj_last_error(), "nvrtc_flags: 512 characters, more than the 511 allowed"));
 }
 
 static void test_open_without_driver(void **state) {
@@ -1054,7 +1013,6 @@ int main(void) {
     const struct CMUnitTest nodev[] = {
         cmocka_unit_test(test_loader),
         cmocka_unit_test(test_arguments),
-        cmocka_unit_test(test_nvrtc_options),
         cmocka_unit_test(test_open_without_driver),
     };
     sj_status st = sj_cuda_open(0, &dev);
@@ -1073,7 +1031,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loader),
         cmocka_unit_test(test_arguments),
-        cmocka_unit_test(test_nvrtc_options),
         cmocka_unit_test(test_properties),
         cmocka_unit_test(test_bind_threads),
         cmocka_unit_test(test_fail_messages),

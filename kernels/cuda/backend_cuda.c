@@ -238,41 +238,6 @@ static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_co
     return sj_backend_compile(&d, req, out);
 }
 
-/* -- Options ----------------------------------------------------------------------- */
-
-/* Append the string w (n bytes) to o's text and argv; false when full. */
-static bool opt_add(sj_nvrtc_opts *o, size_t *used, const char *w, size_t n) {
-    if (o->argc >= (int)(sizeof o->argv / sizeof o->argv[0]) || *used + n + 1 > sizeof o->text) return false;
-    memcpy(o->text + *used, w, n);
-    o->text[*used + n] = '\0';
-    o->argv[o->argc++] = o->text + *used;
-    *used += n + 1;
-    return true;
-}
-
-sj_status sj_cuda_nvrtc_options(const char *arch, const char *flags, sj_nvrtc_opts *o) {
-    memset(o, 0, sizeof *o);
-    if (flags && strlen(flags) > SJ_NVRTC_FLAGS_LEN)
-        return sj_seterr(SJ_EINVAL, "nvrtc_flags: %zu characters, more than the %d allowed", strlen(flags),
-                         SJ_NVRTC_FLAGS_LEN);
-    char archopt[64];
-    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
-    const char *own[] = {archopt, "--std=c++17", "-default-device", "--extra-device-vectorization", "-lineinfo"};
-    size_t used = 0;
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) opt_add(o, &used, own[i], strlen(own[i]));
-    int words = 0;
-    for (const char *p = flags ? flags : ""; *p;) {
-        p += strspn(p, " \t");
-        size_t n = strcspn(p, " \t");
-        if (!n) break;
-        if (++words > SJ_NVRTC_MAX_FLAGS)
-            return sj_seterr(SJ_EINVAL, "nvrtc_flags: more than %d options in '%s'", SJ_NVRTC_MAX_FLAGS, flags);
-        opt_add(o, &used, p, n); /* fits: the text holds the backend's options and 511 more characters */
-        p += n;
-    }
-    return SJ_OK;
-}
-
 /* -- Table and lifecycle ------------------------------------------------------- */
 
 static void cuda_unload(sj_backend *base, sj_module *m) {
@@ -312,7 +277,7 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     b->test_fail = cfg->test_fail;
     snprintf(b->arch, sizeof b->arch, "sm_%d%d", c->cc_major, c->cc_minor);
     snprintf(b->nvrtc_id, sizeof b->nvrtc_id, "nvrtc %d.%d", c->nvrtc_major, c->nvrtc_minor);
-    sj_status st = sj_cuda_nvrtc_options(b->arch, cfg->nvrtc_flags, &b->opts);
+    sj_status st = sj_codegen_cuda_options(b->arch, cfg->nvrtc_flags, &b->opts);
     if (st) {
         cuda_destroy(&b->base);
         sj_err_prefix("sj_cuda_backend_create: ");
