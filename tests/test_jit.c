@@ -279,7 +279,11 @@ static void test_blas_threads(void **state) {
                                tu_tensor(SJ_F32, 2, (int64_t[]){128, 161}), tu_tensor(SJ_F32, 1, (int64_t[]){161})};
             for (int k = 0; k < 3; k++) tu_fill_random(&in[k]);
             uint64_t before = sj_cpu_split_count();
-            call_and_compare(rt, fn, m_mlp, in, 3, 1, 1e-5);
+            /* 1e-4, not 1e-5: h = 0.5 relu(x w + b) reaches ~20 over 128
+             * terms, and softmax turns h's rounding into relative error;
+             * each run alone is 1.3e-5 from a float64 reference (AMD EPYC,
+             * where the fused and eager products sum in other orders) */
+            call_and_compare(rt, fn, m_mlp, in, 3, 1, 1e-4);
             assert_int_equal(stats(fn).eager_calls, mode ? 0 : 1);
             /* this call's product and the reference run's are split
              * exactly when OpenBLAS is left single-threaded */
