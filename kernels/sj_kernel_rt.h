@@ -639,9 +639,9 @@ typedef int32_t sj_rt_vi __attribute__((vector_size(SJ_RT_VBYTES)));
 
 static inline float sj_rt_max_f32(const float *x, int64_t n) {
     const float ninf = -INFINITY;
+    const sj_rt_vf zero = {0}; /* whole vectors, not lane stores: gcc does not merge those */
     sj_rt_vf a[SJ_RT_VACC], p[SJ_RT_VACC], v;
-    for (int k = 0; k < SJ_RT_VACC; k++)
-        for (int j = 0; j < SJ_RT_VLANES; j++) a[k][j] = ninf, p[k][j] = 0.0f;
+    for (int k = 0; k < SJ_RT_VACC; k++) a[k] = zero + ninf, p[k] = zero;
     /* bounds as n - n % m, not i + m <= n: gcc 12 -O3 warns about the tail */
     int64_t i = 0, n32 = n - n % 32, nv = n - n % SJ_RT_VLANES;
     for (; i < n32; i += 32)
