@@ -1,8 +1,9 @@
 /* CPU benchmarks for the shared workloads (../shared/workloads/README.md).
  *
- *   bench_cpu [--quick] [--workloads ceiling,w0,w1,w2,w3,kernels,time_to_fused,warm_start]
+ *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start]
  *
- * w1-w3 run in three modes: eager, fused_static, fused_symbolic.
+ * w1-w3 run in three modes: eager, fused_static, fused_symbolic; dispatch
+ * is w0's call from 1, 2, 4, ... threads at once on one function.
  *
  * Prints one JSON object per line. Times are wall-clock medians of many
  * repetitions after a warm-up; inputs are random (never zeros). The memcpy
@@ -202,6 +203,80 @@ static void bench_w0(sj_runtime *rt) {
     free(t);
     free(x);
     sj_fn_destroy(fn);
+}
+
+/* -- Dispatch from many threads ------------------------------------------------- */
+
+/* w0's call (x + 1 over 8 floats) from T threads at once on one function,
+ * as a server's workers call it: host nanoseconds a call per thread and
+ * calls a second in all, T = 1, 2, 4, ... up to the CPUs. State that
+ * every call writes and threads share (counters, locks, free lists) shows
+ * as per-call time growing with T. Modes: eager (no compiles), a static
+ * entry fused, a symbolic entry fused (default thresholds: its shape gets
+ * specialized kernels after 16 calls, as a server's hot shapes do). */
+typedef struct disp_job {
+    sj_fn *fn;
+    int reps;
+    pthread_barrier_t *start;
+} disp_job;
+
+static void *disp_thread(void *arg) {
+    disp_job *j = arg;
+    float x[8], y[8];
+    for (int i = 0; i < 8; i++) x[i] = 0.125f * (float)i - 0.4f;
+    sj_tensor in = sj_tensor_make(x, SJ_F32, 1, (int64_t[]){8}), out = sj_tensor_make(y, SJ_F32, 1, (int64_t[]){8});
+    pthread_barrier_wait(j->start);
+    for (int i = 0; i < j->reps; i++)
+        if (sj_call(j->fn, &in, 1, &out, 1)) bench_die("sj_call");
+    return NULL;
+}
+
+static void bench_dispatch(void) {
+    static const char *modes[3] = {"eager", "fused_static", "fused_symbolic"};
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu < 2) ncpu = 2;
+    if (ncpu > 64) ncpu = 64;
+    int reps = quick ? 20000 : 200000;
+    for (int mode = 0; mode < 3; mode++) {
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CPU;
+        cfg.compile_mode = mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF;
+        cfg.cache_dir = NULL;
+        cfg.exec_threads = 1; /* 8 elements: the callers' own threads run them */
+        sj_runtime *rt;
+        if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
+        sj_fn_options o;
+        sj_fn_options_init(&o);
+        o.dynamic = mode == 2 ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
+        sj_fn *fn;
+        if (sj_fn_create(rt, "dispatch", 1, bench_w0_model, NULL, &o, &fn)) bench_die("sj_fn_create");
+        for (int T = 1; T <= ncpu; T = T * 2 > ncpu && T < ncpu ? ncpu : T * 2) {
+            double best = 1e30;
+            for (int r = 0; r < 3; r++) { /* the fastest of 3: a shared VM's neighbours add noise */
+                pthread_barrier_t start;
+                pthread_barrier_init(&start, NULL, (unsigned)T + 1);
+                pthread_t th[64];
+                disp_job j = {fn, reps, &start};
+                for (int t = 0; t < T; t++) pthread_create(&th[t], NULL, disp_thread, &j);
+                pthread_barrier_wait(&start);
+                double t0 = bench_now_s();
+                for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+                double secs = bench_now_s() - t0;
+                pthread_barrier_destroy(&start);
+                if (secs < best) best = secs;
+            }
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            printf("{\"workload\": \"dispatch\", \"mode\": \"%s\", \"backend\": \"cpu\", \"threads\": %d, "
+                   "\"ns_per_call\": %.1f, \"Mcalls_per_s\": %.2f, \"eager_calls\": %llu}\n",
+                   modes[mode], T, best / reps * 1e9, (double)T * reps / best / 1e6,
+                   (unsigned long long)st.eager_calls);
+            fflush(stdout);
+        }
+        sj_fn_destroy(fn);
+        sj_runtime_destroy(rt);
+    }
 }
 
 /* -- w1-w3 ------------------------------------------------------------------------- */
@@ -436,13 +511,13 @@ static void bench_kernels(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *wl = "ceiling,w0,w1,w2,w3,kernels,time_to_fused,warm_start";
+    const char *wl = "ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--child-warm") && i + 1 < argc) return child_warm(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,kernels,time_to_fused,warm_start]\n",
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start]\n",
                     argv[0]);
             return 2;
         }
@@ -458,6 +533,7 @@ int main(int argc, char **argv) {
     }
     bench_ceiling(); /* always: every bandwidth figure is read against it */
     if (strstr(wl, "w0")) bench_w0(rt);
+    if (strstr(wl, "dispatch")) bench_dispatch();
     for (size_t k = 0; k < sizeof workloads / sizeof workloads[0]; k++)
         if (strstr(wl, workloads[k].name)) bench_workload(&workloads[k]);
     if (strstr(wl, "kernels")) bench_kernels();

@@ -1,6 +1,7 @@
 /* The per-function table of guarded entries (see table.h). */
 #include "guards/table.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,14 @@ unsigned sj_sig_hash(const int64_t *sig, int words) {
 
 /* -- Lifecycle ------------------------------------------------------------------- */
 
+#define MEMO_INDEX0 16 /* slots of a new index (a power of two) */
+
+static sj_memo_index *index_new(size_t cap) {
+    sj_memo_index *x = calloc(1, sizeof *x + cap * sizeof(x->slot[0]));
+    if (x) x->cap = cap;
+    return x;
+}
+
 int sj_table_init(sj_table *t) {
     t->memo = NULL;
     t->n_memo = 0;
@@ -37,7 +46,14 @@ int sj_table_init(sj_table *t) {
     t->graph_ctx = NULL;
     atomic_init(&t->n_entries, 0);
     atomic_init(&t->entries, NULL);
-    return pthread_rwlock_init(&t->lock, NULL);
+    sj_memo_index *x = index_new(MEMO_INDEX0);
+    if (!x) return -1;
+    atomic_init(&t->index, x);
+    if (pthread_mutex_init(&t->lock, NULL)) {
+        free(x);
+        return -1;
+    }
+    return 0;
 }
 
 void sj_entry_free(sj_entry *e) {
@@ -58,6 +74,7 @@ void sj_table_destroy(sj_table *t) {
             if (g && t->graph_free) t->graph_free(t->graph_ctx, g);
         }
         sj_ctarget_release(&m->ct);
+        free(atomic_load(&m->calls_hot));
         free(m);
     }
     sj_entry *e = atomic_load(&t->entries);
@@ -67,17 +84,61 @@ void sj_table_destroy(sj_table *t) {
         e = next;
     }
     atomic_store(&t->entries, NULL);
-    pthread_rwlock_destroy(&t->lock);
+    for (sj_memo_index *x = atomic_exchange(&t->index, NULL), *older; x; x = older) {
+        older = x->older;
+        free(x);
+    }
+    pthread_mutex_destroy(&t->lock);
 }
 
 /* -- Lookup ---------------------------------------------------------------------- */
 
+/* The slot of x holding the item for sig (*hit true), or the empty slot
+ * where it would go (*hit false). The verdict is the probe's own: a slot
+ * published after the probe saw it empty may hold this very key. */
+static _Atomic(sj_memo *) *index_probe(sj_memo_index *x, const int64_t *sig, int words, unsigned hash, bool *hit) {
+    for (size_t i = hash & (x->cap - 1);; i = (i + 1) & (x->cap - 1)) {
+        sj_memo *m = atomic_load_explicit(&x->slot[i], memory_order_acquire);
+        if (!m || (m->hash == hash && m->key_words == words &&
+                   !memcmp(m->key, sig, (size_t)words * sizeof(int64_t)))) {
+            *hit = m != NULL;
+            return &x->slot[i];
+        }
+    }
+}
+
 sj_memo *sj_table_find(sj_table *t, const int64_t *sig, int words, unsigned hash) {
-    sj_memo *m = NULL;
-    pthread_rwlock_rdlock(&t->lock);
-    HASH_FIND_BYHASHVALUE(hh, t->memo, sig, (unsigned)((size_t)words * sizeof(int64_t)), hash, m);
-    pthread_rwlock_unlock(&t->lock);
-    return m;
+    bool hit;
+    _Atomic(sj_memo *) *sl = index_probe(atomic_load_explicit(&t->index, memory_order_acquire), sig, words, hash, &hit);
+    return hit ? atomic_load_explicit(sl, memory_order_relaxed) : NULL;
+}
+
+/* Locked. Publish m in x, which has room. */
+static void index_put(sj_memo_index *x, sj_memo *m) {
+    bool hit;
+    _Atomic(sj_memo *) *sl = index_probe(x, m->key, m->key_words, m->hash, &hit);
+    if (hit) return;
+    x->n++;
+    atomic_store_explicit(sl, m, memory_order_release);
+}
+
+/* Locked. Publish m in the table's index, first growing it if 3/4 full.
+ * Returns false when there is no memory for a bigger index. */
+static bool index_add(sj_table *t, sj_memo *m) {
+    sj_memo_index *x = atomic_load_explicit(&t->index, memory_order_relaxed);
+    if ((x->n + 1) * 4 > x->cap * 3) {
+        sj_memo_index *big = index_new(2 * x->cap);
+        if (!big) return false;
+        big->older = x;
+        for (size_t i = 0; i < x->cap; i++) {
+            sj_memo *o = atomic_load_explicit(&x->slot[i], memory_order_relaxed);
+            if (o) index_put(big, o);
+        }
+        atomic_store_explicit(&t->index, big, memory_order_release);
+        x = big;
+    }
+    index_put(x, m);
+    return true;
 }
 
 sj_entry *sj_table_match(sj_table *t, const sj_tensor *in, int64_t *sym_vals, sj_guard_failure *fails,
@@ -99,22 +160,29 @@ sj_memo *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned h
                           const int64_t *sym_vals) {
     size_t key_bytes = (size_t)words * sizeof(int64_t);
     sj_memo *m = NULL;
-    pthread_rwlock_wrlock(&t->lock);
+    pthread_mutex_lock(&t->lock);
     HASH_FIND_BYHASHVALUE(hh, t->memo, sig, (unsigned)key_bytes, hash, m);
     if (!m && t->n_memo < SJ_MEMO_MAX) {
         m = calloc(1, sizeof *m + key_bytes + (size_t)e->n_syms * sizeof(int64_t));
         if (m) {
+            m->hash = hash;
             m->entry = e;
             sj_ctarget_init(&m->ct);
             m->key_words = words;
             memcpy(m->key, sig, key_bytes);
             m->syms = m->key + words;
             if (e->n_syms) memcpy(m->syms, sym_vals, (size_t)e->n_syms * sizeof(int64_t));
-            HASH_ADD_KEYPTR_BYHASHVALUE(hh, t->memo, m->key, (unsigned)key_bytes, hash, m);
-            t->n_memo++;
+            if (index_add(t, m)) {
+                HASH_ADD_KEYPTR_BYHASHVALUE(hh, t->memo, m->key, (unsigned)key_bytes, hash, m);
+                t->n_memo++;
+            } else { /* no memory for the index: not memoised, as when calloc fails */
+                sj_ctarget_release(&m->ct);
+                free(m);
+                m = NULL;
+            }
         }
     }
-    pthread_rwlock_unlock(&t->lock);
+    pthread_mutex_unlock(&t->lock);
     return m;
 }
 

@@ -5,10 +5,11 @@
  * without a lock (entries are immutable once published, except their atomic
  * counters, and live until the table is destroyed).
  *
- * In front of the guard sets sits the memo: a uthash table from an exact
- * input signature to the entry that serves it and the symbol values it
- * binds, so that a signature seen before costs one hash and one compare.
- * The memo is read under a read lock and grown under the write lock.
+ * In front of the guard sets sits the memo: from an exact input signature
+ * to the entry that serves it and the symbol values it binds, so that a
+ * signature seen before costs one hash and one compare. Its items are
+ * owned by a uthash table, grown under the memo lock; calls look them up
+ * without a lock, in a read index (sj_memo_index) published beside it.
  *
  * Lock order: the function's trace lock, then the memo lock.
  */
@@ -23,6 +24,7 @@
 #include "guards/guard.h"
 #include "jit/compile.h"
 #include "jit/graph.h"
+#include "jit/shard.h"
 #include "specialize/fusion.h"
 
 /* An input signature, packed as int64 words: per input, one word of
@@ -46,7 +48,7 @@ typedef struct sj_entry {
     bool fallback;         /* made past the recompile limit */
     char what[128];        /* "symbolic in x.size(0)", "static", ... */
     char reason[1024];     /* why it was traced */
-    _Atomic uint64_t calls;
+    sj_counter calls;      /* sharded: every call of the entry adds one */
     _Atomic size_t arena_hint;
     _Atomic bool hot;      /* reached the hot threshold */
     sj_fplan *plan;        /* fused plan; NULL: eager only */
@@ -57,8 +59,14 @@ typedef struct sj_entry {
 /* One exact signature -> its entry and symbol values. */
 typedef struct sj_memo {
     UT_hash_handle hh;
+    unsigned hash;         /* sj_sig_hash of the key */
     sj_entry *entry;
+    /* Calls of this shape: counted here up to the specialize threshold,
+     * then in calls_hot, a sharded counter made when the shape crosses it
+     * (a per-call write to one line would bounce it between the cores of
+     * threads calling the shape at once); sj_memo_calls sums the two. */
     _Atomic uint64_t calls;
+    _Atomic(sj_counter *) calls_hot;
     _Atomic bool hot;      /* marked for a specialized compile */
     sj_ctarget ct;         /* the entry's plan specialized to this shape */
     /* CUDA graphs of this signature's fused calls (jit/exec_graph.c), filled
@@ -74,10 +82,25 @@ typedef struct sj_memo {
     int64_t key[];
 } sj_memo;
 
+/* The memo's read index: open addressing, linear probing, item pointers.
+ * A slot is written once (NULL -> item), under the memo lock, with a
+ * release store; lookups take no lock (an acquire load a slot probed) and
+ * slots never change after. 3/4 full, the index is copied into one twice
+ * the size, published with a release store; the old one stays (`older`)
+ * until the table is destroyed, since a lookup may still be reading it.
+ * A read lock here cost every call two atomic writes to one shared line,
+ * which bounced between the cores of threads calling at once. */
+typedef struct sj_memo_index {
+    size_t cap, n;
+    struct sj_memo_index *older;
+    _Atomic(sj_memo *) slot[];
+} sj_memo_index;
+
 typedef struct sj_table {
-    pthread_rwlock_t lock; /* the memo */
+    pthread_mutex_t lock; /* the memo: its items (uthash) and index writes */
     sj_memo *memo;
     int n_memo;
+    _Atomic(sj_memo_index *) index;
     _Atomic(sj_entry *) entries; /* newest first */
     _Atomic int n_entries;       /* written under the function's trace lock */
     /* Frees a memo's CUDA graphs at destroy (set by the owner; NULL: none). */
@@ -93,7 +116,13 @@ void sj_table_destroy(sj_table *t);
 int sj_sig_pack(const sj_tensor *in, int n, int64_t *sig);
 unsigned sj_sig_hash(const int64_t *sig, int words);
 
-/* The memo item for an exact signature, or NULL. */
+/* Calls counted for a memo item (exact when no call is in flight). */
+static inline uint64_t sj_memo_calls(sj_memo *m) {
+    sj_counter *h = atomic_load_explicit(&m->calls_hot, memory_order_acquire);
+    return atomic_load_explicit(&m->calls, memory_order_relaxed) + (h ? sj_counter_sum(h) : 0);
+}
+
+/* The memo item for an exact signature, or NULL. Lock-free. */
 sj_memo *sj_table_find(sj_table *t, const int64_t *sig, int words, unsigned hash);
 
 /* The newest entry whose guards pass, with its symbol values in sym_vals;

@@ -61,10 +61,13 @@ static bool at_limit(const sj_fn *fn) {
 
 /* Count a call of entry e; a hot entry asks for its plan to be compiled
  * (again, if a queued compile was dropped as cold). */
-static void note_call(sj_fn *fn, sj_entry *e) {
-    uint64_t c = atomic_fetch_add_explicit(&e->calls, 1, RELAXED) + 1;
-    if (c < (uint64_t)fn->policy.hot_threshold) return;
-    if (c == (uint64_t)fn->policy.hot_threshold && !atomic_exchange(&e->hot, true)) {
+static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
+    sj_counter_inc(&e->calls, shard);
+    /* until the entry is hot, every call sums the shards (hot_threshold
+     * calls, 2 by default); after, only reads of lines nobody writes */
+    if (!atomic_load_explicit(&e->hot, RELAXED)) {
+        uint64_t c = sj_counter_sum(&e->calls);
+        if (c < (uint64_t)fn->policy.hot_threshold || atomic_exchange(&e->hot, true)) return;
         atomic_fetch_add_explicit(&fn->c.hot_entries, 1, RELAXED);
         sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
                 (unsigned long long)c);
@@ -76,13 +79,22 @@ static void note_call(sj_fn *fn, sj_entry *e) {
 /* A symbolic entry counts the exact shapes it serves; a shape that reaches
  * the threshold is marked for a specialized compile, within the budget and
  * the recompile limit. */
-static void note_shape(sj_fn *fn, sj_memo *m) {
+static void note_shape(sj_fn *fn, sj_memo *m, unsigned shard) {
     if (!m->entry->symbolic) return;
-    uint64_t c = atomic_fetch_add_explicit(&m->calls, 1, RELAXED) + 1;
-    if (c > (uint64_t)fn->policy.specialize_threshold && atomic_load_explicit(&m->hot, RELAXED) &&
+    sj_counter *hc = atomic_load_explicit(&m->calls_hot, memory_order_acquire);
+    uint64_t c = 0;
+    if (hc)
+        sj_counter_inc(hc, shard); /* past the threshold */
+    else
+        c = atomic_fetch_add_explicit(&m->calls, 1, RELAXED) + 1;
+    if ((hc || c > (uint64_t)fn->policy.specialize_threshold) && atomic_load_explicit(&m->hot, RELAXED) &&
         atomic_load_explicit(&m->ct.state, RELAXED) == SJ_CS_NONE)
         sj_compiler_request(fn->rt->compiler, fn, m->entry, m); /* re-queue after a cold drop */
-    if (c != (uint64_t)fn->policy.specialize_threshold) return;
+    if (hc || c != (uint64_t)fn->policy.specialize_threshold) return;
+    /* from here on the shape counts in shards (no memory: it goes on here) */
+    sj_counter *fresh = calloc(1, sizeof *fresh);
+    sj_counter *none = NULL;
+    if (fresh && !atomic_compare_exchange_strong(&m->calls_hot, &none, fresh)) free(fresh);
     int used = atomic_load_explicit(&fn->specializations, RELAXED);
     if (used >= fn->policy.specialize_budget ||
         atomic_load_explicit(&fn->table.n_entries, RELAXED) + used >= fn->policy.limit)
@@ -309,14 +321,16 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     const int64_t *syms;
     bool transient = false;
     sj_entry *e;
+    unsigned shard = sj_shard_index();
+    sj_fn_shard *hot = &fn->hot[shard];
     sj_memo *m = sj_table_find(&fn->table, sig, words, h);
     if (m) {
         e = m->entry;
         syms = m->syms;
-        atomic_fetch_add_explicit(&fn->c.memo_hits, 1, RELAXED);
-        note_shape(fn, m);
+        atomic_fetch_add_explicit(&hot->memo_hits, 1, RELAXED);
+        note_shape(fn, m, shard);
     } else {
-        atomic_fetch_add_explicit(&fn->c.guard_evals, 1, RELAXED);
+        atomic_fetch_add_explicit(&hot->guard_evals, 1, RELAXED);
         e = sj_table_match(&fn->table, inputs, local_syms, NULL, 0, NULL);
         if (!e) {
             st = retrace(fn, inputs, local_syms, &e, &transient);
@@ -327,7 +341,7 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
             if (transient) sj_entry_free(e);
             goto fail;
         }
-        if (!transient && (m = sj_table_memoize(&fn->table, sig, words, h, e, local_syms))) note_shape(fn, m);
+        if (!transient && (m = sj_table_memoize(&fn->table, sig, words, h, e, local_syms))) note_shape(fn, m, shard);
         syms = local_syms;
     }
 
@@ -337,14 +351,14 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         if (transient) sj_entry_free(e);
         goto fail;
     }
-    if (!transient) note_call(fn, e); /* may compile here in sync mode */
+    if (!transient) note_call(fn, e, shard); /* may compile here in sync mode */
 
     /* The best code ready: this shape's specialization, else the entry's. */
     sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
-    _Atomic uint64_t *tier = &fn->c.fused_spec_calls;
+    _Atomic uint64_t *tier = &hot->fused_spec_calls;
     if (!cd && !transient) {
         cd = atomic_load_explicit(&e->ct.ready, memory_order_acquire);
-        if (e->n_syms) tier = &fn->c.fused_sym_calls;
+        if (e->n_syms) tier = &hot->fused_sym_calls;
     }
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
                  .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
@@ -373,7 +387,7 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
 #endif
     } else {
         st = sj_exec_eager(&x);
-        tier = &fn->c.eager_calls;
+        tier = &hot->eager_calls;
     }
 #ifdef SJ_WITH_CUDA
     /* A transient entry's device constants are freed with it: the caller's
@@ -388,8 +402,7 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
 #endif
     if (transient) sj_entry_free(e);
     if (st) goto fail;
-    atomic_fetch_add_explicit(&fn->c.calls, 1, RELAXED);
-    atomic_fetch_add_explicit(tier, 1, RELAXED);
+    atomic_fetch_add_explicit(tier, 1, RELAXED); /* and so to calls */
     return SJ_OK;
 
 fail:

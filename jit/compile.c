@@ -247,7 +247,7 @@ static void *worker_main(void *arg) {
         }
         job j = pop(c);
         sj_ctarget *t = target_of(j.entry, j.memo);
-        uint64_t calls = atomic_load_explicit(&j.entry->calls, RELAXED);
+        uint64_t calls = sj_counter_sum(&j.entry->calls);
         if (sj_now_ns() - j.queued_ns > c->cold_ns && calls == t->queued_calls) {
             target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
             atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
@@ -337,7 +337,7 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
                 c->heap = h;
                 c->cap_jobs = cap;
             }
-            t->queued_calls = atomic_load_explicit(&e->calls, RELAXED);
+            t->queued_calls = sj_counter_sum(&e->calls);
             c->heap[c->n_jobs] = (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns()};
             heap_up(c->heap, c->n_jobs++);
             target_transition(t, SJ_CS_QUEUED);

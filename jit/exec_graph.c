@@ -228,7 +228,7 @@ sj_graph_use sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda
     const sj_cgraph *g = find(m, x, cd, graph_stream_of(cc), NULL);
     if (!g) return SJ_GRAPH_COUNT;
     *st = launch(cc, g);
-    if (!*st) atomic_fetch_add_explicit(&fn->c.graph_calls, 1, RELAXED);
+    if (!*st) atomic_fetch_add_explicit(&fn->hot[sj_shard_index()].graph_calls, 1, RELAXED);
     return SJ_GRAPH_SERVED;
 }
 

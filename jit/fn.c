@@ -82,8 +82,11 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     sj_status st = check_options(&o);
     if (st) return st;
 
-    sj_fn *fn = calloc(1, sizeof *fn);
+    /* 64-byte aligned: the call counters' shards are a cache line each */
+    size_t fn_bytes = (sizeof(sj_fn) + 63) & ~(size_t)63;
+    sj_fn *fn = aligned_alloc(64, fn_bytes);
     if (!fn) return sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
+    memset(fn, 0, fn_bytes);
     fn->rt = rt;
     fn->n_inputs = n_inputs;
     fn->model = model;
@@ -240,13 +243,19 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     if (!cfn) return;
     sj_fn *fn = (sj_fn *)cfn; /* atomics are read through a non-const pointer */
     sj_fn_counters *c = &fn->c;
-    out->calls = atomic_load_explicit(&c->calls, RELAXED);
+    for (int k = 0; k < SJ_SHARDS; k++) {
+        sj_fn_shard *h = &fn->hot[k];
+        out->memo_hits += atomic_load_explicit(&h->memo_hits, RELAXED);
+        out->guard_evals += atomic_load_explicit(&h->guard_evals, RELAXED);
+        out->eager_calls += atomic_load_explicit(&h->eager_calls, RELAXED);
+        out->fused_symbolic_calls += atomic_load_explicit(&h->fused_sym_calls, RELAXED);
+        out->fused_specialized_calls += atomic_load_explicit(&h->fused_spec_calls, RELAXED);
+        out->graph_calls += atomic_load_explicit(&h->graph_calls, RELAXED);
+    }
+    out->calls = out->eager_calls + out->fused_symbolic_calls + out->fused_specialized_calls;
     out->errors = atomic_load_explicit(&c->errors, RELAXED);
-    out->eager_calls = atomic_load_explicit(&c->eager_calls, RELAXED);
     out->traces = atomic_load_explicit(&c->traces, RELAXED);
     out->trace_errors = atomic_load_explicit(&c->trace_errors, RELAXED);
-    out->memo_hits = atomic_load_explicit(&c->memo_hits, RELAXED);
-    out->guard_evals = atomic_load_explicit(&c->guard_evals, RELAXED);
     for (int k = 0; k < SJ_GUARD_KIND_COUNT; k++)
         out->guard_failures[k] = atomic_load_explicit(&c->guard_failures[k], RELAXED);
     out->limit_hits = atomic_load_explicit(&c->limit_hits, RELAXED);
@@ -255,14 +264,11 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->static_entries = atomic_load_explicit(&c->static_entries, RELAXED);
     out->symbolic_entries = atomic_load_explicit(&c->symbolic_entries, RELAXED);
     out->entries = out->static_entries + out->symbolic_entries;
-    out->fused_symbolic_calls = atomic_load_explicit(&c->fused_sym_calls, RELAXED);
-    out->fused_specialized_calls = atomic_load_explicit(&c->fused_spec_calls, RELAXED);
     out->compiles = atomic_load_explicit(&c->compiles, RELAXED);
     out->compile_cache_hits = atomic_load_explicit(&c->compile_cache_hits, RELAXED);
     out->compile_failures = atomic_load_explicit(&c->compile_failures, RELAXED);
     out->compiles_dropped = atomic_load_explicit(&c->compiles_dropped, RELAXED);
     out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
-    out->graph_calls = atomic_load_explicit(&c->graph_calls, RELAXED);
     out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
     out->graph_failures = atomic_load_explicit(&c->graph_failures, RELAXED);
 }
@@ -293,10 +299,10 @@ static const char *tier_name(const sj_entry *e) {
 /* Ready specialized shapes of an entry (memo items with their own code). */
 static int specialized_shapes(sj_fn *fn, const sj_entry *e) {
     int n = 0;
-    pthread_rwlock_rdlock(&fn->table.lock);
+    pthread_mutex_lock(&fn->table.lock);
     for (sj_memo *m = fn->table.memo; m; m = m->hh.next)
         if (m->entry == e && atomic_load_explicit(&m->ct.ready, memory_order_acquire)) n++;
-    pthread_rwlock_unlock(&fn->table.lock);
+    pthread_mutex_unlock(&fn->table.lock);
     return n;
 }
 
@@ -317,7 +323,7 @@ int sj_fn_entries(const sj_fn *cfn, sj_entry_info *out, int max) {
         i->hot = atomic_load_explicit(&e->hot, RELAXED);
         i->n_symbols = e->n_syms;
         i->n_guards = sj_guard_size(e->guards);
-        i->calls = atomic_load_explicit(&e->calls, RELAXED);
+        i->calls = sj_counter_sum(&e->calls);
         snprintf(i->what, sizeof i->what, "%s", e->what);
         snprintf(i->tier, sizeof i->tier, "%s", tier_name(e));
         i->specialized_shapes = specialized_shapes(fn, e);
@@ -353,11 +359,11 @@ static void explain_symbols(const sj_entry *e, FILE *out) {
 
 /* Hot shapes of one entry, from the memo. */
 static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
-    pthread_rwlock_rdlock(&fn->table.lock);
+    pthread_mutex_lock(&fn->table.lock);
     int shown = 0;
     for (sj_memo *m = fn->table.memo; m; m = m->hh.next) {
         if (m->entry != e || !e->n_syms) continue;
-        uint64_t calls = atomic_load_explicit(&m->calls, RELAXED);
+        uint64_t calls = sj_memo_calls(m);
         bool hot = atomic_load_explicit(&m->hot, RELAXED);
         if (!hot && shown >= 4) continue;
         if (!shown++) fprintf(out, "    shapes:");
@@ -366,7 +372,7 @@ static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
         fprintf(out, ") %llu calls%s;", (unsigned long long)calls, hot ? " [marked for specialization]" : "");
     }
     if (shown) fprintf(out, "\n");
-    pthread_rwlock_unlock(&fn->table.lock);
+    pthread_mutex_unlock(&fn->table.lock);
 }
 
 void sj_fn_explain(const sj_fn *cfn, FILE *out) {
@@ -411,7 +417,7 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
     for (sj_entry *e = atomic_load(&fn->table.entries); e; e = e->next) {
         fprintf(out, "  entry %d: %s%s; tier %s; %llu calls%s; %d nodes\n", e->id, e->what,
                 e->fallback ? " (past the limit)" : "", tier_name(e),
-                (unsigned long long)atomic_load_explicit(&e->calls, RELAXED),
+                (unsigned long long)sj_counter_sum(&e->calls),
                 atomic_load_explicit(&e->hot, RELAXED) ? " (hot)" : "", e->g->n_nodes);
         fprintf(out, "    traced because: %s\n", e->reason);
         if (atomic_load_explicit(&e->ct.state, RELAXED) == SJ_CS_FAILED)

@@ -14,18 +14,27 @@
 #include "guards/table.h"
 #include "jit/pool.h"
 #include "jit/runtime.h"
+#include "jit/shard.h"
 #include "specialize/policy.h"
 
 #define SJ_RECENT_FAILURES 8
 
+/* Counters of rarer events: traces, errors, compiles, ... */
 typedef struct sj_fn_counters {
-    _Atomic uint64_t calls, errors, eager_calls, traces, trace_errors, memo_hits, guard_evals;
+    _Atomic uint64_t errors, traces, trace_errors;
     _Atomic uint64_t guard_failures[SJ_GUARD_KIND_COUNT];
     _Atomic uint64_t limit_hits, hot_entries, hot_shapes, static_entries, symbolic_entries;
-    _Atomic uint64_t fused_sym_calls, fused_spec_calls, compiles, compile_cache_hits, compile_failures,
-        compiles_dropped, compile_us;
-    _Atomic uint64_t graph_calls, graphs, graph_failures;
+    _Atomic uint64_t compiles, compile_cache_hits, compile_failures, compiles_dropped, compile_us;
+    _Atomic uint64_t graphs, graph_failures;
 } sj_fn_counters;
+
+/* What every successful call counts, one 64-byte line per thread shard
+ * (jit/shard.h; sj_fn is allocated 64-byte aligned); calls are the sum of
+ * the three tiers. */
+typedef struct sj_fn_shard {
+    _Alignas(64) _Atomic uint64_t memo_hits;
+    _Atomic uint64_t guard_evals, eager_calls, fused_sym_calls, fused_spec_calls, graph_calls;
+} sj_fn_shard;
 
 struct sj_fn {
     sj_runtime *rt;
@@ -55,6 +64,7 @@ struct sj_fn {
 
     sj_pool pool;
     sj_fn_counters c;
+    sj_fn_shard hot[SJ_SHARDS];
 };
 
 #endif

@@ -20,10 +20,17 @@ static inline void *sj_block_data(sj_block *b) { return (char *)b + SJ_BLOCK_HEA
 
 /* Free blocks sit in a fixed array of atomic slots: taking one is an
  * exchange with NULL, returning one a compare-exchange into an empty slot,
- * so warm calls neither lock nor allocate. */
+ * so warm calls neither lock nor allocate. Each slot has a 64-byte line of
+ * its own, and a thread starts at the slot of its shard (jit/shard.h), so
+ * threads calling at once take and return blocks on lines of their own. */
+typedef struct sj_pool_slot {
+    _Atomic(sj_block *) b;
+    char pad[64 - sizeof(void *)];
+} sj_pool_slot;
+
 typedef struct sj_pool {
     const sj_runtime *rt;
-    _Atomic(sj_block *) slot[SJ_POOL_SLOTS];
+    sj_pool_slot slot[SJ_POOL_SLOTS];
 } sj_pool;
 
 int sj_pool_init(sj_pool *p, const sj_runtime *rt);

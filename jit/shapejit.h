@@ -40,7 +40,10 @@
  *   an sj_call() that finds another in flight runs on a stream the runtime
  *   keeps for that (a lane), so concurrent calls' GPU work overlaps; a
  *   call alone runs on the runtime's stream. Either way it first waits
- *   for the work already queued on the runtime's stream.
+ *   for the work already queued on the runtime's stream. A call that hits
+ *   a known shape takes no lock, and what it counts goes to per-thread
+ *   shards summed when read, so calls from many threads scale with the
+ *   cores (bench_cpu's dispatch workload).
  * - sj_fn_create() may be called concurrently on one runtime.
  * - sj_fn_destroy() and sj_runtime_destroy() must not race with any other use
  *   of the handle they destroy (the caller quiesces its own threads first).
@@ -747,6 +750,8 @@ typedef struct sj_stats {
     uint64_t graphs;           /* CUDA graphs captured */
     uint64_t graph_failures;   /* captures abandoned (those shapes keep launching kernel by kernel) */
 } sj_stats;
+/* Counts are exact for the calls that have returned; a call in flight on
+ * another thread may or may not be in them yet. */
 SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
 
 /* A human-readable account of the function to `out`: its policy and limits;

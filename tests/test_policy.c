@@ -873,13 +873,14 @@ static void test_logs_explain_stats(void **state) {
 
 typedef struct worker {
     sj_fn *fn;
-    int id, bad;
+    int id, bad, iters;
+    int64_t (*size)(int id, int it); /* the length of call `it` */
 } worker;
 
 static void *worker_main(void *arg) {
     worker *w = arg;
-    for (int it = 0; it < 200; it++) {
-        int64_t n = 1 + (w->id * 5 + it * 3) % 40;
+    for (int it = 0; it < w->iters; it++) {
+        int64_t n = w->size(w->id, it);
         float x[64], y[64];
         for (int i = 0; i < n; i++) x[i] = 0.01f * (float)(i * (w->id + 1)) - 0.2f;
         sj_tensor in = sj_tensor_make(x, SJ_F32, 1, &n), out = sj_tensor_make(y, SJ_F32, 1, &n);
@@ -893,22 +894,66 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-static void test_threads_with_retraces(void **state) {
-    sj_fn *fn = make("threads", 1, m_affine, SJ_DYNAMIC_AUTO, NULL);
+/* Runs nt workers on fn; each call's result must be right. */
+static void run_workers(sj_fn *fn, int nt, int iters, int64_t (*size)(int, int)) {
     pthread_t th[8];
     worker w[8];
-    for (int i = 0; i < 8; i++) {
-        w[i] = (worker){fn, i, 0};
-        pthread_create(&th[i], NULL, worker_main, &w[i]);
+    assert_true(nt <= 8);
+    for (int i = 0; i < nt; i++) {
+        w[i] = (worker){fn, i, 0, iters, size};
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
     }
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < nt; i++) {
         pthread_join(th[i], NULL);
         assert_int_equal(w[i].bad, 0);
     }
+}
+
+static int64_t size_mixed(int id, int it) { return 1 + (id * 5 + it * 3) % 40; }
+
+static void test_threads_with_retraces(void **state) {
+    sj_fn *fn = make("threads", 1, m_affine, SJ_DYNAMIC_AUTO, NULL);
+    run_workers(fn, 8, 200, size_mixed);
     sj_stats s;
     sj_fn_stats(fn, &s);
     assert_int_equal(s.calls, 1600);
     assert_true(s.entries <= 3); /* first static size, then symbolic (and size 1) */
+    sj_fn_destroy(fn);
+}
+
+/* Counts from threads calling at once are exact: the per-call counters are
+ * sharded per thread (jit/shard.h) and summed when read, and a shape's
+ * calls move to a sharded counter when it crosses the specialize
+ * threshold; both sums must lose no call. */
+static int64_t size_three(int id, int it) { return 5 + it % 3; } /* three shapes, in turn */
+
+static void test_threads_count_exactly(void **state) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.specialize_threshold = 3;
+    o.specialize_budget = 2;
+    sj_fn *fn = make("counted", 1, m_affine, SJ_DYNAMIC_SYMBOLIC, &o);
+    enum { NT = 8 };
+    run_workers(fn, NT, 300, size_three);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.calls, NT * 300);
+    assert_int_equal(s.eager_calls, NT * 300); /* this suite compiles nothing */
+    assert_int_equal(s.memo_hits + s.guard_evals, NT * 300);
+    assert_int_equal(s.entries, 1);
+    assert_int_equal(entry_calls(fn, 0), NT * 300);
+    assert_int_equal(s.hot_shapes, 2); /* the budget */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    sj_fn_explain(fn, f);
+    fclose(f);
+    for (int n = 5; n <= 7; n++) {
+        char want[64];
+        snprintf(want, sizeof want, "(s0=%d) %d calls", n, NT * 100);
+        if (!strstr(text, want)) fail_msg("explain lacks \"%s\":\n%s", want, text);
+    }
+    free(text);
     sj_fn_destroy(fn);
 }
 
@@ -922,7 +967,7 @@ int main(void) {
         T(test_bad_input_leaves_no_entry), T(test_mark_dynamic),       T(test_mark_specialized_is_error),
         T(test_mark_static_under_symbolic), T(test_buckets_pow2), T(test_bucket_follows_equal_sizes), T(test_bucket_follower_pinned_elsewhere), T(test_bucket_follower_pinned_described), T(test_buckets_list_multiple_profile),
         T(test_buckets_from_config),  T(test_hotness),                 T(test_logs_explain_stats),
-        T(test_threads_with_retraces),
+        T(test_threads_with_retraces), T(test_threads_count_exactly),
     };
     return cmocka_run_group_tests_name("policy", tests, setup, teardown);
 }
