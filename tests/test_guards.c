@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "guards/guard.h"
+#include "guards/table.h"
 #include "jit/tensor.h"
 
 /* -- Helpers ------------------------------------------------------------- */
@@ -815,6 +816,94 @@ static void test_alloc_failure(void **state) {
     sj_exprs_destroy(p);
 }
 
+/* -- The memo's lock-free index ----------------------------------------------- */
+
+/* Threads memoise signatures of their own while every thread looks up
+ * everyone's: the index grows from 16 slots to 8192 under them. A lookup
+ * finds each signature memoised before it began, with its own symbol
+ * value, and never another key's item. */
+enum { MEMO_THREADS = 8, MEMO_EACH = 500 };
+
+typedef struct memo_worker {
+    sj_table *t;
+    sj_entry *e;
+    int id, errors;
+} memo_worker;
+
+static int memo_sig(int id, int k, int64_t *sig) {
+    sig[0] = id, sig[1] = k, sig[2] = (int64_t)k * 7919 + id;
+    return 3 + (k % 3); /* keys of 3 to 5 words */
+}
+
+static int64_t memo_sym(int id, int k) { return (int64_t)id * 100000 + k; }
+
+static void *memo_work(void *arg) {
+    memo_worker *w = arg;
+    int64_t sig[8] = {0};
+    for (int k = 0; k < MEMO_EACH; k++) {
+        int words = memo_sig(w->id, k, sig);
+        int64_t sym = memo_sym(w->id, k);
+        sj_memo *m = sj_table_memoize(w->t, sig, words, sj_sig_hash(sig, words), w->e, &sym);
+        if (!m || m->syms[0] != sym) w->errors++;
+        for (int j = 0; j <= k; j += 1 + k / 8) { /* mine so far: all there */
+            words = memo_sig(w->id, j, sig);
+            m = sj_table_find(w->t, sig, words, sj_sig_hash(sig, words));
+            if (!m || m->syms[0] != memo_sym(w->id, j) || m->key_words != words) w->errors++;
+        }
+        int other = (w->id + 1 + k) % MEMO_THREADS; /* another's: absent or its own */
+        words = memo_sig(other, k, sig);
+        m = sj_table_find(w->t, sig, words, sj_sig_hash(sig, words));
+        if (m && (m->syms[0] != memo_sym(other, k) || m->key_words != words)) w->errors++;
+    }
+    return NULL;
+}
+
+static void test_memo_index_threads(void **state) {
+    sj_table t;
+    assert_int_equal(sj_table_init(&t), 0);
+    sj_entry e;
+    memset(&e, 0, sizeof e);
+    e.n_syms = 1;
+    memo_worker w[MEMO_THREADS];
+    pthread_t th[MEMO_THREADS];
+    for (int i = 0; i < MEMO_THREADS; i++) {
+        w[i] = (memo_worker){&t, &e, i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, memo_work, &w[i]), 0);
+    }
+    for (int i = 0; i < MEMO_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].errors, 0);
+    }
+    assert_int_equal(t.n_memo, MEMO_THREADS * MEMO_EACH);
+    int64_t sig[8] = {0};
+    for (int i = 0; i < MEMO_THREADS; i++)
+        for (int k = 0; k < MEMO_EACH; k++) {
+            int words = memo_sig(i, k, sig);
+            sj_memo *m = sj_table_find(&t, sig, words, sj_sig_hash(sig, words));
+            assert_non_null(m);
+            assert_int_equal(m->syms[0], memo_sym(i, k));
+            assert_ptr_equal(m->entry, &e);
+            /* memoising it again returns the same item */
+            int64_t other = -1;
+            assert_ptr_equal(sj_table_memoize(&t, sig, words, sj_sig_hash(sig, words), &e, &other), m);
+        }
+    int words = memo_sig(MEMO_THREADS, 0, sig); /* never memoised */
+    assert_null(sj_table_find(&t, sig, words, sj_sig_hash(sig, words)));
+    words = memo_sig(0, 0, sig);
+    assert_null(sj_table_find(&t, sig, words - 1, sj_sig_hash(sig, words - 1))); /* a prefix is another key */
+    /* up to SJ_MEMO_MAX items, then NULL: the call is served unmemoised */
+    for (int k = 0; t.n_memo < SJ_MEMO_MAX; k++) {
+        words = memo_sig(MEMO_THREADS + 1, k, sig);
+        int64_t sym = k;
+        assert_non_null(sj_table_memoize(&t, sig, words, sj_sig_hash(sig, words), &e, &sym));
+    }
+    words = memo_sig(MEMO_THREADS + 2, 0, sig);
+    int64_t sym = 0;
+    assert_null(sj_table_memoize(&t, sig, words, sj_sig_hash(sig, words), &e, &sym));
+    assert_null(sj_table_find(&t, sig, words, sj_sig_hash(sig, words)));
+    sj_table_destroy(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kind_names),      cmocka_unit_test(test_build_edges),
@@ -826,6 +915,7 @@ int main(void) {
         cmocka_unit_test(test_size_expressions), cmocka_unit_test(test_many_symbols),
         cmocka_unit_test(test_first_failure),   cmocka_unit_test(test_threads),
         cmocka_unit_test(test_print),           cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_memo_index_threads),
     };
     return cmocka_run_group_tests_name("guards", tests, NULL, NULL);
 }
