@@ -27,6 +27,7 @@
 #include "jit/error.h"
 #include "jit/runtime.h"
 #include "kernels/cpu/backend_cpu.h"
+#include "specialize/codegen.h"
 #include "tests/util.h"
 
 /* -- Helpers --------------------------------------------------------------- */
@@ -114,6 +115,28 @@ static void test_compile_and_call(void **state) {
     /* the same request twice: same key, the loaded unit shared */
     tu_check_second_compile(b, &req, &r, check_kernels);
     print_message("identity: %s\ncompile_ms (cc, %zu bytes of C): %.1f\n", id, strlen(SRC), r.compile_ms);
+    b->destroy(b);
+}
+
+/* The runtime header compiled as generated kernels are (-march=native:
+ * 64-, 32- or 16-byte vectors by machine), its row max checked like the
+ * tests' own build of it: the width-dependent code runs here. */
+static void test_rt_max_native_width(void **state) {
+    fixture *f = *state;
+    sj_backend *b = make(f, NULL, NULL);
+    static const char tail[] = "float k_max(const float *x, int64_t n) { return sj_rt_max_f32(x, n); }\n";
+    size_t n = strlen(sj_kernel_rt_text);
+    char *src = malloc(n + sizeof tail);
+    assert_non_null(src);
+    memcpy(src, sj_kernel_rt_text, n);
+    memcpy(src + n, tail, sizeof tail);
+    static const char *const sym[] = {"k_max"};
+    sj_compile_req req = {src, n + sizeof tail - 1, sym, 1, "rt_max"};
+    sj_compile_result r;
+    tu_compile_fresh(b, &req, &r);
+    tu_check_max_f32((float (*)(const float *, int64_t))r.fns[0], "-march=native");
+    b->unload(b, r.module);
+    free(src);
     b->destroy(b);
 }
 
@@ -467,7 +490,7 @@ static void test_no_leaks(void **state) {
 int main(void) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
-        T(test_compile_and_call),    T(test_compile_error),        T(test_missing_compiler),
+        T(test_compile_and_call),    T(test_rt_max_native_width), T(test_compile_error),        T(test_missing_compiler),
         T(test_missing_symbol),      T(test_invalid_requests),     T(test_cache_second_backend),
         T(test_cache_corrupt_recompiled), T(test_hooks),           T(test_dump_dir),
         T(test_shared_units),        T(test_shared_concurrent),

@@ -172,6 +172,12 @@ sj_tensor tu_random(sj_dtype dt, int rank, const int64_t *shape, int layout);
 /* A comparison (its result is bool). */
 int tu_is_cmp(sj_op op);
 
+/* Asserts: max (sj_rt_max_f32 as some build compiled it) agrees with a
+ * plain loop on every length to 100, with NaN or an infinity at every
+ * position (the first NaN is returned; a row of -inf gives -inf). `what`
+ * names the build in a failure. */
+void tu_check_max_f32(float (*max)(const float *, int64_t), const char *what);
+
 /* Unary: x filled for op (log and the roots in [0.05, 4], else at random);
  * the cases over every op and the numeric dtypes it takes. */
 typedef void (*tu_unary_run)(sj_op op, sj_dtype dt, int rank, const int64_t *shape, int lx, int ly);

@@ -499,3 +499,30 @@ void tu_gather_cases(tu_gather_run run) {
 }
 
 const int64_t tu_gather_bad[2][6] = {{1, 2, 3, 4, 10, 0}, {0, 0, 0, 0, 0, -1}};
+
+/* -- The row max ------------------------------------------------------------- */
+
+void tu_check_max_f32(float (*max)(const float *, int64_t), const char *what) {
+    float x[100];
+    const float special[] = {NAN, INFINITY, -INFINITY};
+    for (int n = 0; n <= 100; n++) {
+        for (int at = -1; at < n; at++)
+            for (int sp = 0; sp < 3; sp++) {
+                for (int i = 0; i < n; i++) x[i] = (float)((i * 37 + n * 11) % 101) * 0.37f - 20.0f;
+                if (at >= 0) x[at] = special[sp];
+                float want = -INFINITY;
+                bool nan = false;
+                for (int i = 0; i < n && !nan; i++) {
+                    if (isnan(x[i])) nan = true;
+                    else if (x[i] > want) want = x[i];
+                }
+                float got = max(x, n);
+                if (nan ? !isnan(got) : got != want)
+                    fail_msg("%s: max of %d floats, special %d at %d: got %g, want %g", what, n, sp, at, (double)got,
+                             nan ? (double)NAN : (double)want);
+                if (at < 0) break;
+            }
+    }
+    for (int i = 0; i < 40; i++) x[i] = -INFINITY;
+    if (max(x, 40) != -INFINITY) fail_msg("%s: max of 40 -inf is not -inf", what);
+}
