@@ -141,6 +141,20 @@ static bool index_add(sj_table *t, sj_memo *m) {
     return true;
 }
 
+uint64_t sj_memo_count(sj_memo *m, unsigned shard, uint64_t shard_at) {
+    sj_counter *h = atomic_load_explicit(&m->calls_hot, memory_order_acquire);
+    if (h) {
+        sj_counter_inc(h, shard);
+        return 0;
+    }
+    uint64_t c = atomic_fetch_add_explicit(&m->calls, 1, memory_order_relaxed) + 1;
+    if (c == shard_at) { /* this call alone sees it; freed with m */
+        sj_counter *fresh = calloc(1, sizeof *fresh);
+        if (fresh) atomic_store_explicit(&m->calls_hot, fresh, memory_order_release);
+    }
+    return c;
+}
+
 sj_entry *sj_table_match(sj_table *t, const sj_tensor *in, int64_t *sym_vals, sj_guard_failure *fails,
                          int max_fails, int *n_fails) {
     int nf = 0;

@@ -116,6 +116,11 @@ void sj_table_destroy(sj_table *t);
 int sj_sig_pack(const sj_tensor *in, int n, int64_t *sig);
 unsigned sj_sig_hash(const int64_t *sig, int words);
 
+/* Count a call of m's shape, in the caller's shard. Returns the count while
+ * it is kept in one word: up to shard_at, where one call moves it to a
+ * sharded counter (if memory allows); 0 once it is sharded. */
+uint64_t sj_memo_count(sj_memo *m, unsigned shard, uint64_t shard_at);
+
 /* Calls counted for a memo item (exact when no call is in flight). */
 static inline uint64_t sj_memo_calls(sj_memo *m) {
     sj_counter *h = atomic_load_explicit(&m->calls_hot, memory_order_acquire);

@@ -81,20 +81,12 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
  * the recompile limit. */
 static void note_shape(sj_fn *fn, sj_memo *m, unsigned shard) {
     if (!m->entry->symbolic) return;
-    sj_counter *hc = atomic_load_explicit(&m->calls_hot, memory_order_acquire);
-    uint64_t c = 0;
-    if (hc)
-        sj_counter_inc(hc, shard); /* past the threshold */
-    else
-        c = atomic_fetch_add_explicit(&m->calls, 1, RELAXED) + 1;
-    if ((hc || c > (uint64_t)fn->policy.specialize_threshold) && atomic_load_explicit(&m->hot, RELAXED) &&
+    uint64_t th = (uint64_t)fn->policy.specialize_threshold;
+    uint64_t c = sj_memo_count(m, shard, th); /* 0: past th, counted in shards */
+    if ((c == 0 || c > th) && atomic_load_explicit(&m->hot, RELAXED) &&
         atomic_load_explicit(&m->ct.state, RELAXED) == SJ_CS_NONE)
         sj_compiler_request(fn->rt->compiler, fn, m->entry, m); /* re-queue after a cold drop */
-    if (hc || c != (uint64_t)fn->policy.specialize_threshold) return;
-    /* from here on the shape counts in shards (no memory: it goes on here) */
-    sj_counter *fresh = calloc(1, sizeof *fresh);
-    sj_counter *none = NULL;
-    if (fresh && !atomic_compare_exchange_strong(&m->calls_hot, &none, fresh)) free(fresh);
+    if (c != th) return;
     int used = atomic_load_explicit(&fn->specializations, RELAXED);
     if (used >= fn->policy.specialize_budget ||
         atomic_load_explicit(&fn->table.n_entries, RELAXED) + used >= fn->policy.limit)

@@ -4,11 +4,8 @@
 #include <limits.h>
 
 static _Atomic unsigned next_shard;
-static _Thread_local unsigned my_shard = UINT_MAX;
+_Thread_local unsigned sj_shard_tls __attribute__((tls_model("initial-exec"))) = UINT_MAX;
 
-unsigned sj_shard_index(void) {
-    unsigned k = my_shard;
-    if (k == UINT_MAX)
-        my_shard = k = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) % SJ_SHARDS;
-    return k;
+unsigned sj_shard_assign(void) {
+    return sj_shard_tls = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) % SJ_SHARDS;
 }

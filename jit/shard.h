@@ -18,8 +18,16 @@
 #define SJ_SHARDS 16
 
 /* This thread's shard, in [0, SJ_SHARDS): assigned on the thread's first
- * call, round robin over the process. */
-unsigned sj_shard_index(void);
+ * call, round robin over the process. A call reads it a few times, so the
+ * variable uses the initial-exec TLS model: one load, where the shared
+ * library's default model calls __tls_get_addr each time (4 bytes of the
+ * static TLS surplus glibc keeps for libraries loaded later). */
+extern _Thread_local unsigned sj_shard_tls __attribute__((tls_model("initial-exec")));
+unsigned sj_shard_assign(void);
+static inline unsigned sj_shard_index(void) {
+    unsigned k = sj_shard_tls;
+    return k < SJ_SHARDS ? k : sj_shard_assign();
+}
 
 /* One counter, sharded. 64 bytes a shard (padded, not _Alignas: the
  * structs holding these come from calloc, which aligns to 16; shard i's
