@@ -27,7 +27,6 @@
 #include "jit/error.h"
 #include "jit/runtime.h"
 #include "kernels/cpu/backend_cpu.h"
-#include "specialize/codegen.h"
 #include "tests/util.h"
 
 /* -- Helpers --------------------------------------------------------------- */
@@ -124,19 +123,11 @@ static void test_compile_and_call(void **state) {
 static void test_rt_max_native_width(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL, NULL);
-    static const char tail[] = "float k_max(const float *x, int64_t n) { return sj_rt_max_f32(x, n); }\n";
-    size_t n = strlen(sj_kernel_rt_text);
-    char *src = malloc(n + sizeof tail);
-    assert_non_null(src);
-    memcpy(src, sj_kernel_rt_text, n);
-    memcpy(src + n, tail, sizeof tail);
-    static const char *const sym[] = {"k_max"};
-    sj_compile_req req = {src, n + sizeof tail - 1, sym, 1, "rt_max"};
     sj_compile_result r;
-    tu_compile_fresh(b, &req, &r);
-    tu_check_max_f32((float (*)(const float *, int64_t))r.fns[0], "-march=native");
+    float (*k_max)(const float *, int64_t) = (float (*)(const float *, int64_t))tu_compile_rt_unit(
+        b, "float k_max(const float *x, int64_t n) { return sj_rt_max_f32(x, n); }\n", "k_max", "rt_max", &r);
+    tu_check_max_f32(k_max, "-march=native");
     b->unload(b, r.module);
-    free(src);
     b->destroy(b);
 }
 

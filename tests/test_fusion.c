@@ -301,26 +301,18 @@ static int stream_default(void **state) {
 /* The default kernel flags turn streaming on where the CPU can stream
  * (else every streamed pattern below would run the plain variant). */
 static void expect_stream_compiled(void) {
-    static const char tail[] = "\nint sj_have_stream(void);\nint sj_have_stream(void) { return SJ_RT_HAVE_STREAM; }\n";
-    size_t n = strlen(sj_kernel_rt_text);
-    char *src = malloc(n + sizeof tail);
-    assert_non_null(src);
-    memcpy(src, sj_kernel_rt_text, n);
-    memcpy(src + n, tail, sizeof tail);
-    const char *names[] = {"sj_have_stream"};
-    sj_compile_req req = {.source = src, .source_len = n + sizeof tail - 1, .symbols = names, .n_symbols = 1,
-                          .tag = "have_stream"};
     sj_compile_result *res = calloc(1, sizeof *res);
     assert_non_null(res);
-    assert_int_equal(be->compile(be, &req, res), SJ_OK);
-    int have = ((int (*)(void))res->fns[0])();
+    int (*have_stream)(void) = (int (*)(void))tu_compile_rt_unit(
+        be, "\nint sj_have_stream(void);\nint sj_have_stream(void) { return SJ_RT_HAVE_STREAM; }\n",
+        "sj_have_stream", "have_stream", res);
+    int have = have_stream();
 #if defined(__x86_64__)
     if (!getenv("SJ_TEST_KCFLAGS")) assert_int_equal(have, __builtin_cpu_supports("avx") ? 1 : 0);
 #endif
     print_message("  streaming stores in generated kernels: %s\n", have ? "yes" : "no (plain copies)");
     be->unload(be, res->module);
     free(res);
-    free(src);
 }
 
 static void test_streamed(void **state) {

@@ -358,6 +358,11 @@ sj_cache *tu_open_cache(const char *dir, char *cdir);
  * cache, compile_ms > 0, a 64-digit key. */
 void tu_compile_fresh(sj_backend *b, const sj_compile_req *req, sj_compile_result *r);
 
+/* b compiles the runtime header (sj_kernel_rt_text) followed by `tail`,
+ * which defines `symbol`, into r (SJ_OK); returns that function, as
+ * generated kernels would see the header. The caller unloads r->module. */
+void *tu_compile_rt_unit(sj_backend *b, const char *tail, const char *symbol, const char *tag, sj_compile_result *r);
+
 /* b compiles req into r (SJ_OK); the milliseconds it took. */
 double tu_compile_timed(sj_backend *b, const sj_compile_req *req, sj_compile_result *r);
 

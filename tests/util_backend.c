@@ -11,8 +11,11 @@
 
 #include "tests/util.h"
 
+#include "specialize/codegen.h"
+
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -24,6 +27,19 @@ sj_cache *tu_open_cache(const char *dir, char *cdir) {
     sj_cache *cache;
     assert_int_equal(sj_cache_open(p, 0, &cache), SJ_OK);
     return cache;
+}
+
+void *tu_compile_rt_unit(sj_backend *b, const char *tail, const char *symbol, const char *tag, sj_compile_result *r) {
+    size_t n = strlen(sj_kernel_rt_text), k = strlen(tail);
+    char *src = malloc(n + k + 1);
+    assert_non_null(src);
+    memcpy(src, sj_kernel_rt_text, n);
+    memcpy(src + n, tail, k + 1);
+    const char *names[] = {symbol};
+    sj_compile_req req = {.source = src, .source_len = n + k, .symbols = names, .n_symbols = 1, .tag = tag};
+    assert_int_equal(b->compile(b, &req, r), SJ_OK);
+    free(src);
+    return r->fns[0];
 }
 
 void tu_compile_fresh(sj_backend *b, const sj_compile_req *req, sj_compile_result *r) {
