@@ -101,7 +101,7 @@ SHARED := $(BUILD)/lib/libshapejit.so
 
 .SECONDARY:
 
-.PHONY: all lib binaries deps model run test test-asan test-tsan bench install check-symbols clean help
+.PHONY: all lib binaries deps model fuzz fuzz-build run test test-asan test-tsan bench install check-symbols clean help
 
 all: lib
 lib: deps $(STATIC) $(SHARED)
@@ -209,6 +209,35 @@ test-asan: deps
 test-tsan: deps
 	$(Q)OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  $(MAKE) --no-print-directory BUILD=$(BUILD)-tsan OPT=-O1 SANITIZE="-fsanitize=thread -DSJ_NO_CLONES" test
+
+# -- Fuzzing ---------------------------------------------------------------
+# libFuzzer harnesses: tests/fuzz/fuzz_NAME.c, each defining
+# LLVMFuzzerTestOneInput over the library built by clang with ASan + UBSan.
+# `make fuzz` runs each for FUZZ_SECONDS (CI: a short fixed time) from its
+# committed seeds (tests/fuzz/corpus/NAME/, if any) and fails on a crash.
+
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SECONDS ?= 10
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+fuzz-build: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang OPT=-O1 \
+	  SANITIZE="-fsanitize=fuzzer-no-link $(FUZZ_SAN)" lib
+	@mkdir -p build-fuzz/fuzz
+	$(Q)for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
+	  echo "  FUZZCC  build-fuzz/fuzz/$$n"; \
+	  clang $(CSTD) -g -O1 -I. -Ijit -fsanitize=fuzzer $(FUZZ_SAN) $$f -o build-fuzz/fuzz/$$n \
+	    build-fuzz/lib/libshapejit.a $(LDLIBS) || exit 1; done
+
+fuzz: fuzz-build
+	$(Q)for f in $(FUZZ_SRC); do n=$$(basename $$f .c); c=tests/fuzz/corpus/$${n#fuzz_}; \
+	  mkdir -p build-fuzz/corpus/$$n; \
+	  echo "  FUZZ    $$n ($(FUZZ_SECONDS) s)"; \
+	  build-fuzz/fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus/$$n $$( [ -d $$c ] && echo $$c ) \
+	    > build-fuzz/$$n.log 2>&1 || { tail -n 40 build-fuzz/$$n.log; echo "  FAIL    $$n"; exit 1; }; \
+	  grep -E 'stat::number_of_executed_units|cov:' build-fuzz/$$n.log | tail -n 2 | tr '\n' ' '; echo; \
+	done
 
 # -- Samples and benchmarks -----------------------------------------------
 
