@@ -192,7 +192,7 @@ test: deps $(TEST_BIN) $(SAMPLE_BIN)
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
 	  printf '  SAMPLE  %s %s\n' "$$s" "$$args"; \
-	  if ! SHAPEJIT_CACHE_DIR= $(BUILD)/samples/$$s $$args > $(BUILD)/samples/$$s.log 2>&1; then \
+	  if ! SHAPEJIT_CACHE_DIR= timeout -k 10 $${SJ_TEST_TIMEOUT:-600} $(BUILD)/samples/$$s $$args > $(BUILD)/samples/$$s.log 2>&1; then \
 	    failed=$$((failed+1)); tail -n 30 $(BUILD)/samples/$$s.log; echo "  FAIL    sample $$s"; \
 	  fi; \
 	done; \
@@ -295,7 +295,7 @@ check-symbols: $(SHARED)
 	echo "  OK      $(SHARED) exports only sj_ symbols ($$(nm -D --defined-only $(SHARED) | wc -l))"
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(CUDA_GEN)
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan build-fuzz $(CUDA_GEN)
 
 help:
 	@sed -n '1,13p' Makefile
