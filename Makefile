@@ -59,7 +59,7 @@ NVCC_FLAGS ?= -O3 --std=c++17 -Xptxas -O3 \
 
 # -- Sources ---------------------------------------------------------------
 
-LIB_DIRS := jit guards shapes specialize kernels kernels/cpu
+LIB_DIRS := base jit guards shapes specialize kernels kernels/cpu
 ifeq ($(WITH_CUDA),1)
 LIB_DIRS += kernels/cuda
 CFLAGS   += -I$(CUDA_HOME)/include -DSJ_WITH_CUDA
@@ -112,17 +112,17 @@ $(BUILD)/obj/%.o: %.c | deps
 	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 # The runtime header of generated kernels, embedded as a C string.
-$(BUILD)/gen/sj_kernel_rt_text.c: kernels/sj_kernel_rt.h
+$(BUILD)/gen/sj_kernel_rt_text.c: base/sj_kernel_rt.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  GEN     $@")
-	$(Q){ echo '/* generated from kernels/sj_kernel_rt.h: do not edit */'; \
+	$(Q){ echo '/* generated from base/sj_kernel_rt.h: do not edit */'; \
 	  echo 'const char sj_kernel_rt_text[] ='; \
 	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; \
 	  echo ';'; } > $@
 
 # The eager CUDA kernels: one fatbin for every build flavour (no sanitizer
 # reaches device code), embedded as a byte array.
-$(CUDA_GEN)/eager_cuda.fatbin: kernels/cuda/eager.cu kernels/sj_kernel_rt.h $(wildcard kernels/cuda/*.cuh)
+$(CUDA_GEN)/eager_cuda.fatbin: kernels/cuda/eager.cu base/sj_kernel_rt.h $(wildcard kernels/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCC_FLAGS) -I. -fatbin -o $@ $<

@@ -31,14 +31,14 @@
 #include <time.h>
 
 #include "jit/runtime.h"
-#include "jit/tensor.h"
+#include "base/tensor.h"
 #include "bench/bench_util.h"
 #include "jit/shapejit.h"
 
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/eager_cuda.h"
-#include "kernels/half.h"
+#include "base/half.h"
 
 static int quick;
 static double ceiling;

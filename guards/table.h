@@ -24,7 +24,7 @@
 #include "guards/guard.h"
 #include "jit/compile.h"
 #include "jit/graph.h"
-#include "jit/shard.h"
+#include "base/shard.h"
 #include "specialize/fusion.h"
 
 /* An input signature, packed as int64 words: per input, one word of

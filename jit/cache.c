@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 
 #define META_MAGIC "shapejit-cache 1"
 #define TMP_PREFIX ".sjtmp."

@@ -15,12 +15,12 @@
 #include <string.h>
 
 #include "jit/compile.h"
-#include "jit/clock.h"
-#include "jit/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "jit/exec.h"
 #include "jit/exec_cuda.h"
 #include "jit/fn.h"
-#include "jit/tensor.h"
+#include "base/tensor.h"
 #include "jit/trace.h"
 
 #define RELAXED memory_order_relaxed

@@ -12,8 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "jit/clock.h"
-#include "jit/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "jit/fn.h"
 #include "specialize/codegen.h"
 

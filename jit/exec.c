@@ -16,8 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "jit/error.h"
-#include "jit/tensor.h"
+#include "base/error.h"
+#include "base/tensor.h"
 #include "jit/threads.h"
 #include "kernels/cpu/eager.h"
 #include "specialize/fusion.h"

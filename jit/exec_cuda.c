@@ -15,8 +15,8 @@
 
 #include <string.h>
 
-#include "jit/error.h"
-#include "jit/tensor.h"
+#include "base/error.h"
+#include "base/tensor.h"
 #include "specialize/codegen_cuda.h"
 
 /* -- Kernels ------------------------------------------------------------------- */

@@ -12,9 +12,9 @@
  */
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "jit/exec.h"
-#include "jit/tensor.h"
+#include "base/tensor.h"
 #include "specialize/codegen.h"
 #include "specialize/fusion.h"
 

@@ -61,8 +61,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/clock.h"
-#include "jit/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "jit/exec_cuda.h"
 #include "jit/fn.h"
 #include "jit/graph.h"

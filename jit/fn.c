@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "jit/compile.h"
-#include "jit/error.h"
+#include "base/error.h"
 #include "jit/exec_cuda.h"
 #include "kernels/backend.h"
 

@@ -14,7 +14,7 @@
 #include "guards/table.h"
 #include "jit/pool.h"
 #include "jit/runtime.h"
-#include "jit/shard.h"
+#include "base/shard.h"
 #include "specialize/policy.h"
 
 #define SJ_RECENT_FAILURES 8
@@ -29,7 +29,7 @@ typedef struct sj_fn_counters {
 } sj_fn_counters;
 
 /* What every successful call counts, one 64-byte line per thread shard
- * (jit/shard.h; sj_fn is allocated 64-byte aligned); calls are the sum of
+ * (base/shard.h; sj_fn is allocated 64-byte aligned); calls are the sum of
  * the three tiers. */
 typedef struct sj_fn_shard {
     _Alignas(64) _Atomic uint64_t memo_hits;

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/error.h"
-#include "kernels/half.h"
+#include "base/error.h"
+#include "base/half.h"
 
 /* -- Op tables ------------------------------------------------------------- */
 

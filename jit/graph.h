@@ -15,7 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "jit/ops.h"
+#include "base/ops.h"
 #include "jit/shapejit.h"
 #include "shapes/expr.h"
 

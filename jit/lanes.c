@@ -25,7 +25,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "jit/exec_cuda.h"
 #include "jit/runtime.h"
 

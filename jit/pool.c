@@ -1,7 +1,7 @@
 /* Reusable execution arenas (see pool.h). */
 #include "jit/pool.h"
 
-#include "jit/shard.h"
+#include "base/shard.h"
 
 int sj_pool_init(sj_pool *p, const sj_runtime *rt) {
     p->rt = rt;

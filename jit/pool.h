@@ -21,7 +21,7 @@ static inline void *sj_block_data(sj_block *b) { return (char *)b + SJ_BLOCK_HEA
 /* Free blocks sit in a fixed array of atomic slots: taking one is an
  * exchange with NULL, returning one a compare-exchange into an empty slot,
  * so warm calls neither lock nor allocate. Each slot has a 64-byte line of
- * its own, and a thread starts at the slot of its shard (jit/shard.h), so
+ * its own, and a thread starts at the slot of its shard (base/shard.h), so
  * threads calling at once take and return blocks on lines of their own. */
 typedef struct sj_pool_slot {
     _Atomic(sj_block *) b;

@@ -7,11 +7,11 @@
 
 #include "jit/cache.h"
 #include "jit/compile.h"
-#include "jit/error.h"
+#include "base/error.h"
 #include "jit/threads.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/eager.h"
-#include "jit/tensor.h"
+#include "base/tensor.h"
 #include "specialize/codegen.h"
 #include "specialize/codegen_cuda.h"
 #ifdef SJ_WITH_CUDA

@@ -449,7 +449,7 @@ SJ_API sj_val sj_scalar(sj_tracer *t, double v);
  * erf, sigmoid and gelu are vectorizable approximations within 2e-7
  * relative (erf and gelu: 1.5e-7 and 3e-7 of max(|result|, 1); gelu's
  * small negative results keep 2e-6 relative); the bounds are asserted in
- * tests/test_cpu_kernels.c and listed in kernels/sj_kernel_rt.h. */
+ * tests/test_cpu_kernels.c and listed in base/sj_kernel_rt.h. */
 SJ_API sj_val sj_neg(sj_tracer *t, sj_val x);
 SJ_API sj_val sj_abs(sj_tracer *t, sj_val x);
 SJ_API sj_val sj_exp(sj_tracer *t, sj_val x);

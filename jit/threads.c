@@ -19,7 +19,7 @@
  */
 #include "jit/threads.h"
 
-#include "jit/clock.h"
+#include "base/clock.h"
 
 #include <assert.h>
 #include <pthread.h>

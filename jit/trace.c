@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/error.h"
-#include "jit/tensor.h"
+#include "base/error.h"
+#include "base/tensor.h"
 
 struct sj_tracer {
     sj_graph *g;

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "jit/cache.h"
-#include "jit/clock.h"
-#include "jit/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "jit/runtime.h"
 
 int sj_backend_write_file(const char *path, const char *data, size_t len) {

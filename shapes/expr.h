@@ -95,7 +95,7 @@ void sj_ex_eval_all(const sj_exprs *p, const int64_t *sym_vals, int64_t *out);
 int sj_ex_print(const sj_exprs *p, sj_expr e, char *buf, size_t n);
 /* A C expression of type int64_t over variables named `<prefix><i>` for
  * symbol i, using the macros SJ_FLOORDIV(a,b), SJ_MOD(a,b), SJ_MIN(a,b),
- * SJ_MAX(a,b) (defined in kernels/sj_kernel_rt.h for generated code) and
+ * SJ_MAX(a,b) (defined in base/sj_kernel_rt.h for generated code) and
  * INT64_C constants. snprintf contract. */
 int sj_ex_print_c(const sj_exprs *p, sj_expr e, const char *prefix, char *buf, size_t n);
 

@@ -19,7 +19,7 @@
  * literal) and symbolic (sym_vals NULL: sizes computed from s[] by the
  * expressions' C forms). Numerics follow the eager kernels exactly where
  * the order of operations allows: the same f32 math functions (from
- * kernels/sj_kernel_rt.h, embedded in every unit), f16/bf16 computed in f32,
+ * base/sj_kernel_rt.h, embedded in every unit), f16/bf16 computed in f32,
  * integers in int64, reductions accumulated in double.
  */
 #ifndef SJ_CODEGEN_H
@@ -30,7 +30,7 @@
 
 #include "specialize/fusion.h"
 
-/* The text of kernels/sj_kernel_rt.h, embedded at build time. */
+/* The text of base/sj_kernel_rt.h, embedded at build time. */
 extern const char sj_kernel_rt_text[];
 
 /* What a generator is told besides the plan. */

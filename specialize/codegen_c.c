@@ -47,7 +47,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels/sj_kernel_rt.h"
+#include "base/sj_kernel_rt.h"
 #include "specialize/codegen_int.h"
 
 #define ROWBUF 8192 /* floats a row keeps on the stack */

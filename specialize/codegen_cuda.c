@@ -54,7 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "specialize/codegen.h"
 #include "specialize/codegen_int.h"
 

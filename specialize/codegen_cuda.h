@@ -28,7 +28,7 @@
  *              32 floats of shared memory for the block-wide reductions.
  * Numerics follow the CPU's definitions (the same sj_rt functions, compiled
  * for the device, where exp, erf and tanh are the CUDA math library's:
- * kernels/sj_kernel_rt.h): exact erf, IEEE sqrt, reductions in f32 (tree
+ * base/sj_kernel_rt.h): exact erf, IEEE sqrt, reductions in f32 (tree
  * order), which the tests compare with the eager kernels and float64.
  * Specialized (sym_vals given: sizes are literals) and symbolic forms.
  */

@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/tensor.h"
+#include "base/tensor.h"
 #include "specialize/fusion_int.h"
 
 /* -- Expressions ----------------------------------------------------------- */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 
 /* -- Rules ------------------------------------------------------------------------ */
 

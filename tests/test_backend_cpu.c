@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "jit/runtime.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "tests/util.h"

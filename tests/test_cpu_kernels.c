@@ -20,11 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "jit/threads.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
-#include "kernels/half.h"
+#include "base/half.h"
 #include "tests/util.h"
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})

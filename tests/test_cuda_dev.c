@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #include "jit/cache.h"
-#include "jit/error.h"
+#include "base/error.h"
 #include "jit/runtime.h"
 #include "tests/util.h"
 

@@ -33,9 +33,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "kernels/cpu/eager.h"
-#include "kernels/sj_kernel_rt.h"
+#include "base/sj_kernel_rt.h"
 #include "tests/util.h"
 
 #ifndef SJ_WITH_CUDA

@@ -17,7 +17,7 @@
 
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
-#include "jit/tensor.h"
+#include "base/tensor.h"
 #include "tests/util.h"
 #include "tests/util_encoder.h"
 

@@ -17,7 +17,7 @@
 
 #include "guards/guard.h"
 #include "guards/table.h"
-#include "jit/tensor.h"
+#include "base/tensor.h"
 
 /* -- Helpers ------------------------------------------------------------- */
 

@@ -922,7 +922,7 @@ static void test_threads_with_retraces(void **state) {
 }
 
 /* Counts from threads calling at once are exact: the per-call counters are
- * sharded per thread (jit/shard.h) and summed when read, and a shape's
+ * sharded per thread (base/shard.h) and summed when read, and a shape's
  * calls move to a sharded counter when it crosses the specialize
  * threshold; both sums must lose no call. */
 static int64_t size_three(int id, int it) { return 5 + it % 3; } /* three shapes, in turn */

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "jit/cache.h"
-#include "jit/ops.h"
+#include "base/ops.h"
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
 #include "kernels/backend.h"
@@ -86,11 +86,11 @@ void tu_set_all(const sj_tensor *t, const double *v);
 void tu_seti_all(const sj_tensor *t, const int64_t *v);
 
 /* The value v becomes when stored in dt: f32/f16/bf16 round to nearest even
- * (implemented here with frexp/nearbyint, independently of kernels/half.h),
+ * (implemented here with frexp/nearbyint, independently of base/half.h),
  * ints truncate and saturate (NaN -> 0), bool is v != 0. */
 double tu_round(sj_dtype dt, double v);
 
-/* Encodings used by tu_set, exposed to test kernels/half.h against. */
+/* Encodings used by tu_set, exposed to test base/half.h against. */
 uint16_t tu_f16_bits(double v);
 uint16_t tu_bf16_bits(double v);
 double tu_f16_value(uint16_t h);

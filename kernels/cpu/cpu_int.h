@@ -14,11 +14,11 @@
 #include <string.h>
 
 #include "jit/shapejit.h"
-#include "kernels/sj_kernel_rt.h"
+#include "base/sj_kernel_rt.h"
 
 /* -- f32 math ----------------------------------------------------------------
  *
- * The definitions live in kernels/sj_kernel_rt.h (shared with generated
+ * The definitions live in base/sj_kernel_rt.h (shared with generated
  * kernels, with their error bounds); these names are kept for the eager
  * kernels and their tests.
  */

@@ -6,8 +6,8 @@
 #include <assert.h>
 #include <string.h>
 
-#include "jit/error.h"
-#include "jit/tensor.h"
+#include "base/error.h"
+#include "base/tensor.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
 

@@ -21,7 +21,7 @@
 #ifndef SJ_CPU_EAGER_H
 #define SJ_CPU_EAGER_H
 
-#include "jit/ops.h"
+#include "base/ops.h"
 #include "jit/shapejit.h"
 
 struct sj_threads;

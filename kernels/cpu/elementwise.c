@@ -12,14 +12,14 @@
  * - everything else (f16/bf16, any stride) goes through CHUNK-element f32
  *   (or int64) buffers on the stack: load, the same f32 loops, store.
  * f16/bf16 are computed in f32; integers in int64, wrapping, then narrowed.
- * The f32 math is kernels/sj_kernel_rt.h's (see the definitions there),
+ * The f32 math is base/sj_kernel_rt.h's (see the definitions there),
  * shared with generated kernels.
  */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
 
@@ -198,7 +198,7 @@ static const cmp_f32_fn cmp_f32[SJ_OP_COUNT] = {
  *
  * int64, wrapping: div truncates toward zero, x / 0 = 0, min / -1 = min;
  * pow by squaring, a negative exponent gives 0 except for bases 1 and -1
- * (sj_rt_idiv, sj_rt_ipow in kernels/sj_kernel_rt.h).
+ * (sj_rt_idiv, sj_rt_ipow in base/sj_kernel_rt.h).
  */
 
 static void bin_i64(sj_op op, int64_t *y, const int64_t *a, int64_t sa, const int64_t *b,

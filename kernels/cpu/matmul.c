@@ -43,7 +43,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "jit/threads.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"

@@ -18,7 +18,7 @@
  *              keeps its digits, and the per-element work stays in f32
  *              vectors (no conversions to double and back: a few ulp
  *              instead of one rounding); sj_rt_split and sj_rt_layer_norm1
- *              in kernels/sj_kernel_rt.h, which the generated C calls too
+ *              in base/sj_kernel_rt.h, which the generated C calls too
  *   rms norm   r = 1 / sqrt(mean(x^2) + eps) in double, y = x * (float)r * g
  *              in f32
  * The fused kernels (specialize/codegen_c.c) compute the same.
@@ -27,7 +27,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
 

@@ -21,8 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "jit/clock.h"
-#include "jit/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 typedef struct cuda_backend {
     sj_backend base; /* first: the table the JIT sees */

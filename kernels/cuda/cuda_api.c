@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 
 /* -- Opening libraries ------------------------------------------------------ */
 

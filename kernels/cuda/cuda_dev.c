@@ -59,8 +59,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/clock.h"
-#include "jit/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "kernels/cuda/eager_cuda.h"
 
 #define SMALL_LIMIT ((size_t)1 << 20) /* classes up to here are 512 B granules */

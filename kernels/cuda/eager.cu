@@ -5,7 +5,7 @@
  * Built ahead of time by the Makefile (nvcc -fatbin: sm_90 and sm_80
  * machine code, compute_90 PTX) and embedded in the library. No CUDA
  * runtime API: everything is launched from C through the driver API.
- * The math is kernels/sj_kernel_rt.h's (compiled here for the device), so
+ * The math is base/sj_kernel_rt.h's (compiled here for the device), so
  * the kernels compute the same functions as the CPU eager kernels
  * (kernels/cpu/); reductions accumulate in f32 with a tree instead of the
  * CPU's double.

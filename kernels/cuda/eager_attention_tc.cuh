@@ -23,7 +23,7 @@
  *
  * Unlike the one-query kernel: P is rounded to the input dtype before P V
  * (its sum l is not), as flash attention does; exp is the hardware's
- * (__expf, a few ulp: far below that rounding), not kernels/sj_kernel_rt.h's
+ * (__expf, a few ulp: far below that rounding), not base/sj_kernel_rt.h's
  * polynomial; and a key masked for one query of a block but in use by a
  * later one (causal) is multiplied by P = 0, so an inf or NaN value there
  * makes that query's output NaN (the one-query kernel never reads such

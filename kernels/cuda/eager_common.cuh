@@ -1,5 +1,5 @@
 /* Shared device code of the eager CUDA kernels (included by eager.cu only):
- * dtype traits, the scalar math of every op (kernels/sj_kernel_rt.h's
+ * dtype traits, the scalar math of every op (base/sj_kernel_rt.h's
  * functions, compiled for the device), index arithmetic over collapsed
  * strided layouts, and warp/block reductions.
  */
@@ -9,11 +9,11 @@
 #include <stdint.h>
 
 extern "C" {
-#include "jit/ops.h"
+#include "base/ops.h"
 #include "jit/shapejit.h"
 }
 #include "kernels/cuda/eager_abi.cuh"
-#include "kernels/sj_kernel_rt.h"
+#include "base/sj_kernel_rt.h"
 
 #define SJ_DEV static __device__ __forceinline__
 

@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/clock.h"
-#include "jit/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "jit/graph.h" /* sj_dtype_is_float */
-#include "jit/tensor.h"
+#include "base/tensor.h"
 #include "kernels/cuda/eager_abi.cuh"
 
 /* -- Kernel table ------------------------------------------------------------ */

@@ -21,7 +21,7 @@
 #ifndef SJ_EAGER_CUDA_H
 #define SJ_EAGER_CUDA_H
 
-#include "jit/ops.h"
+#include "base/ops.h"
 #include "kernels/cuda/cuda_dev.h"
 
 typedef struct sj_cuda_exec {

@@ -1,5 +1,5 @@
 /* Per-thread shard indices (see shard.h). */
-#include "jit/shard.h"
+#include "base/shard.h"
 
 #include <limits.h>
 

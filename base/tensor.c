@@ -1,11 +1,11 @@
 /* Tensor descriptors: dtype tables, construction and validation. */
-#include "jit/tensor.h"
+#include "base/tensor.h"
 
 #include <assert.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "jit/error.h"
+#include "base/error.h"
 
 static const size_t dtype_sizes[] = {
 #define SJ_X(name, e, bytes) bytes,

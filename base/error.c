@@ -1,5 +1,5 @@
 /* Errors: status names and the thread-local message. */
-#include "jit/error.h"
+#include "base/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>
