@@ -59,7 +59,7 @@ NVCC_FLAGS ?= -O3 --std=c++17 -Xptxas -O3 \
 
 # -- Sources ---------------------------------------------------------------
 
-LIB_DIRS := base jit guards shapes specialize kernels kernels/cpu
+LIB_DIRS := base jit jit/ir guards shapes specialize kernels kernels/cpu
 ifeq ($(WITH_CUDA),1)
 LIB_DIRS += kernels/cuda
 CFLAGS   += -I$(CUDA_HOME)/include -DSJ_WITH_CUDA
@@ -243,10 +243,10 @@ fuzz: fuzz-build
 
 # A sample is every .c file of its folder, linked with samples/bert.
 .SECONDEXPANSION:
-$(BUILD)/samples/%: $$(wildcard samples/$$*/*.c) $(MODEL_OBJ) $(STATIC)
+$(BUILD)/samples/%: samples/%/main.c $$(wildcard samples/$$*/*.c) $(MODEL_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(CFLAGS) -Ijit $(DEPFLAGS) $(filter %.c,$^) $(MODEL_OBJ) -o $@ $(STATIC) $(MODEL_LIBS) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -Ijit $(DEPFLAGS) $(sort $(filter %.c,$^)) $(MODEL_OBJ) -o $@ $(STATIC) $(MODEL_LIBS) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(STATIC)
 	@mkdir -p $(dir $@)

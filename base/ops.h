@@ -72,7 +72,7 @@ typedef enum sj_op {
     SJ_OP_COUNT
 } sj_op;
 
-/* Name and kind of an op (defined in jit/graph.c). */
+/* Name and kind of an op (defined in jit/ir/graph.c). */
 const char *sj_op_name(sj_op op);
 sj_op_kind sj_op_kind_of(sj_op op);
 

@@ -23,7 +23,7 @@
 
 #include "guards/guard.h"
 #include "jit/compile.h"
-#include "jit/graph.h"
+#include "jit/ir/graph.h"
 #include "base/shard.h"
 #include "specialize/fusion.h"
 

@@ -18,7 +18,7 @@
 
 #include "base/error.h"
 #include "base/tensor.h"
-#include "jit/threads.h"
+#include "kernels/cpu/threads.h"
 #include "kernels/cpu/eager.h"
 #include "specialize/fusion.h"
 

@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "jit/graph.h"
+#include "jit/ir/graph.h"
 #include "jit/pool.h"
 
 struct sj_fplan;

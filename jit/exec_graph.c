@@ -65,7 +65,7 @@
 #include "base/error.h"
 #include "jit/exec_cuda.h"
 #include "jit/fn.h"
-#include "jit/graph.h"
+#include "jit/ir/graph.h"
 #include "specialize/fusion.h"
 
 #define RELAXED memory_order_relaxed

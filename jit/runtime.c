@@ -8,7 +8,7 @@
 #include "jit/cache.h"
 #include "jit/compile.h"
 #include "base/error.h"
-#include "jit/threads.h"
+#include "kernels/cpu/threads.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/eager.h"
 #include "base/tensor.h"

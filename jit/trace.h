@@ -3,7 +3,7 @@
 #ifndef SJ_TRACE_H
 #define SJ_TRACE_H
 
-#include "jit/graph.h"
+#include "jit/ir/graph.h"
 #include "shapes/infer.h"
 
 /* How the tracer types input sizes: returns the expression to use for

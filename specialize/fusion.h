@@ -45,7 +45,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "jit/graph.h"
+#include "jit/ir/graph.h"
 
 typedef enum sj_store_kind {
     SJ_ST_INPUT,  /* index: input position */

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "jit/threads.h"
+#include "kernels/cpu/threads.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
 #include "base/half.h"

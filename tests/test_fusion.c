@@ -25,7 +25,7 @@
 
 #include "jit/exec.h"
 #include "jit/runtime.h"
-#include "jit/threads.h"
+#include "kernels/cpu/threads.h"
 #include "jit/trace.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "specialize/codegen.h"

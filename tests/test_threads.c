@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "jit/threads.h"
+#include "kernels/cpu/threads.h"
 
 /* -- Helpers --------------------------------------------------------------- */
 

@@ -25,7 +25,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
-#include "jit/graph.h" /* sj_dtype_is_float */
+#include "jit/ir/graph.h" /* sj_dtype_is_float */
 #include "base/tensor.h"
 #include "kernels/cuda/eager_abi.cuh"
 

@@ -1,5 +1,5 @@
 /* The graph IR: building, checking, printing. */
-#include "jit/graph.h"
+#include "jit/ir/graph.h"
 
 #include <math.h>
 #include <stdio.h>

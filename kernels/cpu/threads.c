@@ -17,7 +17,7 @@
  *
  * Lock order: busy -> lock. `lock` is never held while running fn.
  */
-#include "jit/threads.h"
+#include "kernels/cpu/threads.h"
 
 #include "base/clock.h"
 
