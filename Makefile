@@ -101,7 +101,7 @@ SHARED := $(BUILD)/lib/libshapejit.so
 
 .SECONDARY:
 
-.PHONY: all lib binaries deps model fuzz fuzz-build run test test-asan test-tsan bench install check-symbols clean help
+.PHONY: all lib binaries deps model fuzz fuzz-build check-layers run test test-asan test-tsan bench install check-symbols clean help
 
 all: lib
 lib: deps $(STATIC) $(SHARED)
@@ -288,6 +288,11 @@ install: lib
 	ln -sf libshapejit.so.0 $(DESTDIR)$(PREFIX)/lib/libshapejit.so
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LDLIBS)|' shapejit.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/shapejit.pc
+
+# The layering rule (ARCHITECTURE.md): no include from a lower floor to a
+# higher one beyond the debt listed in tests/layers_known.txt.
+check-layers:
+	$(Q)sh tests/check_layers.sh
 
 check-symbols: $(SHARED)
 	@bad=$$(nm -D --defined-only $(SHARED) | awk '{print $$3}' | grep -v '^sj_' || true); \

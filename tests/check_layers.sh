@@ -1,0 +1,36 @@
+#!/bin/sh
+# The layering rule of ARCHITECTURE.md, checked: a file never includes a
+# header of a higher floor. Floors, bottom up:
+#   0 base/   1 shapes/   2 jit/ir/   3 guards/   4 specialize/
+#   5 kernels/ (and kernels/cpu/, kernels/cuda/)   6 jit/
+# jit/shapejit.h, the public header, includes nothing and may be included
+# from anywhere. tests/layers_known.txt lists the upward includes not yet
+# removed (the ratchet: each line is debt; a new upward include fails).
+# Usage: sh tests/check_layers.sh [--list]
+cd "$(dirname "$0")/.." || exit 1
+floor() {
+    case "$1" in
+    base/*) echo 0 ;; shapes/*) echo 1 ;; jit/ir/*) echo 2 ;; guards/*) echo 3 ;;
+    specialize/*) echo 4 ;; kernels/*) echo 5 ;; jit/*) echo 6 ;; *) echo -1 ;;
+    esac
+}
+found=$(mktemp) || exit 1
+trap 'rm -f "$found"' EXIT
+for f in $(git ls-files 'base/*' 'shapes/*' 'jit/*' 'guards/*' 'specialize/*' 'kernels/*' | grep -E '\.(c|h|cu|cuh)$'); do
+    ff=$(floor "$f")
+    grep -o '^#include "[^"]*"' "$f" | sed 's/^#include "//; s/"$//' | while read -r inc; do
+        [ "$inc" = jit/shapejit.h ] && continue
+        fi=$(floor "$inc")
+        [ "$fi" -gt "$ff" ] && echo "$f -> $inc"
+    done
+done | sort > "$found"
+if [ "${1:-}" = --list ]; then cat "$found"; exit 0; fi
+new=$(comm -23 "$found" tests/layers_known.txt)
+gone=$(comm -13 "$found" tests/layers_known.txt)
+if [ -n "$gone" ]; then
+    echo "layers: no longer upward (remove from tests/layers_known.txt):"; echo "$gone"
+fi
+if [ -n "$new" ]; then
+    echo "layers: new includes from a lower floor to a higher one:"; echo "$new"; exit 1
+fi
+echo "  OK      layers: no new upward include ($(wc -l < tests/layers_known.txt) known, listed in tests/layers_known.txt)"
