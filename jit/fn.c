@@ -7,6 +7,7 @@
 
 #include "jit/compile.h"
 #include "base/error.h"
+#include "base/tunables.h"
 #include "jit/exec_cuda.h"
 #include "kernels/backend.h"
 
@@ -24,16 +25,17 @@ static sj_status check_options(const sj_fn_options *o) {
     if ((unsigned)o->dynamic > SJ_DYNAMIC_SYMBOLIC)
         return sj_seterr(SJ_EINVAL, "sj_fn_create: dynamic %d is not a policy", (int)o->dynamic);
     const struct {
-        const char *name;
+        sj_tunable_id id;
         int v;
-    } f[] = {{"recompile_limit", o->recompile_limit},
-             {"hot_threshold", o->hot_threshold},
-             {"specialize_threshold", o->specialize_threshold},
-             {"specialize_budget", o->specialize_budget}};
+    } f[] = {{SJ_TUNE_recompile_limit, o->recompile_limit},
+             {SJ_TUNE_hot_threshold, o->hot_threshold},
+             {SJ_TUNE_specialize_threshold, o->specialize_threshold},
+             {SJ_TUNE_specialize_budget, o->specialize_budget}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].v < 0 || f[i].v > 1000000)
-            return sj_seterr(SJ_EINVAL, "sj_fn_create: %s %d out of range [0, 1000000] (0: the runtime's default)",
-                             f[i].name, f[i].v);
+        if (f[i].v != 0 && !sj_tunable_int_ok(f[i].id, f[i].v))
+            return sj_seterr(SJ_EINVAL, "sj_fn_create: %s %d out of range [%lld, %lld] (0: the runtime's default)",
+                             sj_tunables[f[i].id].field, f[i].v, (long long)sj_tunables[f[i].id].lo,
+                             (long long)sj_tunables[f[i].id].hi);
     return SJ_OK;
 }
 

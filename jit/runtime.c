@@ -8,6 +8,7 @@
 #include "jit/cache.h"
 #include "jit/compile.h"
 #include "base/error.h"
+#include "base/tunables.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/eager.h"
@@ -55,22 +56,12 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     cfg->backend = SJ_BACKEND_AUTO;
     cfg->log_mask = SJ_LOG_WARN;
     cfg->allocator = (sj_allocator){default_alloc, default_free, NULL};
-    cfg->recompile_limit = 8;
-    cfg->total_recompile_limit = 256;
-    cfg->hot_threshold = 2;
-    cfg->specialize_threshold = 16;
-    cfg->specialize_budget = 4;
+    sj_tunables_defaults(cfg);
     cfg->buckets = NULL;
     cfg->compile_mode = SJ_COMPILE_ASYNC;
-    cfg->compile_threads = 1;
-    cfg->exec_threads = 0;
-    cfg->blas_threads = 0;
-    cfg->cache_max_bytes = UINT64_C(1) << 30;
     cfg->cc = NULL;
     cfg->cflags = NULL;
     cfg->dump_dir = NULL;
-    cfg->stream_min_bytes = 0;
-    cfg->cuda_graphs = 64;
     pthread_once(&dflt_cache_once, find_default_cache);
     cfg->cache_dir = dflt_cache[0] ? dflt_cache : NULL;
 
@@ -88,13 +79,6 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
         if (m < 0) env_warn("SHAPEJIT_LOG", v, "unknown topic; topics: warn,recompiles,guards,compile,fusion,perf,trace,all,none");
         else cfg->log_mask = (unsigned)m;
     }
-    v = getenv("SHAPEJIT_RECOMPILE_LIMIT");
-    if (v && *v) {
-        char *end;
-        long n = strtol(v, &end, 10);
-        if (*end || n < 1 || n > 1000000) env_warn("SHAPEJIT_RECOMPILE_LIMIT", v, "expected an integer in [1, 1000000]");
-        else cfg->recompile_limit = (int)n;
-    }
     v = getenv("SHAPEJIT_COMPILE");
     if (v && *v) {
         if (!strcmp(v, "async")) cfg->compile_mode = SJ_COMPILE_ASYNC;
@@ -102,40 +86,12 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
         else if (!strcmp(v, "off")) cfg->compile_mode = SJ_COMPILE_OFF;
         else env_warn("SHAPEJIT_COMPILE", v, "expected async, sync or off");
     }
-    const struct {
-        const char *name;
-        int *field;
-        int lo;
-    } ints[] = {{"SHAPEJIT_COMPILE_THREADS", &cfg->compile_threads, 1},
-                {"SHAPEJIT_THREADS", &cfg->exec_threads, 0},
-                {"SHAPEJIT_BLAS_THREADS", &cfg->blas_threads, -1},
-                {"SHAPEJIT_CUDA_GRAPHS", &cfg->cuda_graphs, 0}};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        v = getenv(ints[i].name);
-        if (!v || !*v) continue;
-        char *end;
-        long n = strtol(v, &end, 10);
-        if (*end || n < ints[i].lo || n > 1024) env_warn(ints[i].name, v, "expected an integer in range");
-        else *ints[i].field = (int)n;
-    }
+    sj_tunables_from_env(cfg);
     if ((v = getenv("SHAPEJIT_CACHE_DIR"))) cfg->cache_dir = *v ? v : NULL;
     if ((v = getenv("SHAPEJIT_CC")) && *v) cfg->cc = v;
     if ((v = getenv("SHAPEJIT_CFLAGS")) && *v) cfg->cflags = v;
     if ((v = getenv("SHAPEJIT_DUMP")) && *v) cfg->dump_dir = v;
     if ((v = getenv("SHAPEJIT_NVRTC_FLAGS")) && *v) cfg->nvrtc_flags = v;
-    if ((v = getenv("SHAPEJIT_CUDA_DEVICE")) && *v) {
-        char *end;
-        long n = strtol(v, &end, 10);
-        if (*end || n < 0 || n > 1023) env_warn("SHAPEJIT_CUDA_DEVICE", v, "expected a device index");
-        else cfg->cuda_device = (int)n;
-    }
-    if ((v = getenv("SHAPEJIT_STREAM_MIN_BYTES")) && *v) {
-        char *end;
-        errno = 0;
-        long long n = strtoll(v, &end, 10);
-        if (*end || errno) env_warn("SHAPEJIT_STREAM_MIN_BYTES", v, "expected an integer (0: the cache size, -1: never)");
-        else cfg->stream_min_bytes = (int64_t)n;
-    }
     v = getenv("SHAPEJIT_BUCKETS");
     if (v && *v) {
         sj_bucket_rule *rules;
@@ -148,12 +104,6 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
             cfg->buckets = v;
         }
     }
-}
-
-static sj_status check_tunable(const char *name, int v) {
-    if (v < 1 || v > 1000000)
-        return sj_seterr(SJ_EINVAL, "sj_runtime_create: %s %d out of range [1, 1000000]", name, v);
-    return SJ_OK;
 }
 
 /* -- Lifecycle ------------------------------------------------------------- */
@@ -262,26 +212,14 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
         return sj_seterr(SJ_EINVAL, "sj_runtime_create: allocator needs both alloc and free, or neither");
     if (!c.allocator.alloc) c.allocator = (sj_allocator){default_alloc, default_free, NULL};
     sj_status st;
-    if ((st = check_tunable("recompile_limit", c.recompile_limit)) ||
-        (st = check_tunable("total_recompile_limit", c.total_recompile_limit)) ||
-        (st = check_tunable("hot_threshold", c.hot_threshold)) ||
-        (st = check_tunable("specialize_threshold", c.specialize_threshold)) ||
-        (st = check_tunable("specialize_budget", c.specialize_budget)))
-        return st;
+    if ((st = sj_tunables_check(&c, "sj_runtime_create"))) return st;
     if ((unsigned)c.compile_mode > SJ_COMPILE_OFF)
         return sj_seterr(SJ_EINVAL, "sj_runtime_create: compile_mode %d is not a mode", (int)c.compile_mode);
-    if (c.compile_threads < 1 || c.compile_threads > 1024 || c.exec_threads < 0 || c.exec_threads > 1024)
-        return sj_seterr(SJ_EINVAL, "sj_runtime_create: compile_threads %d / exec_threads %d out of range",
-                         c.compile_threads, c.exec_threads);
-    if (c.blas_threads < -1 || c.blas_threads > 1024)
-        return sj_seterr(SJ_EINVAL, "sj_runtime_create: blas_threads %d out of range (-1 .. 1024)", c.blas_threads);
 #ifndef SJ_WITH_CUDA
     if (c.backend == SJ_BACKEND_CUDA)
         return sj_seterr(SJ_EBACKEND, "sj_runtime_create: the CUDA backend is not built into this library "
                                       "(built without the CUDA toolkit); use SJ_BACKEND_CPU or SJ_BACKEND_AUTO");
 #endif
-    if (c.cuda_device < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_device %d is negative", c.cuda_device);
-    if (c.cuda_graphs < 0) return sj_seterr(SJ_EINVAL, "sj_runtime_create: cuda_graphs %d is negative", c.cuda_graphs);
     sj_nvrtc_opts nvo; /* checked whichever backend the runtime gets */
     if ((st = sj_codegen_cuda_options("sm_90", c.nvrtc_flags, &nvo))) {
         sj_err_prefix("sj_runtime_create: ");

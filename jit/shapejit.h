@@ -231,7 +231,13 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
  *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
  *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
- * An unparsable value is reported once on stderr and ignored. */
+ *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
+ *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
+ *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
+ * Every numeric field has one default and one range (README's environment
+ * table); sj_runtime_create returns SJ_EINVAL naming a field out of its
+ * range. An unparsable or out-of-range value in the environment is
+ * reported once on stderr and ignored. */
 typedef struct sj_runtime_config {
     sj_backend_kind backend; /* default SJ_BACKEND_AUTO */
     unsigned log_mask;       /* default SJ_LOG_WARN */

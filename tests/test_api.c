@@ -102,7 +102,7 @@ static void test_runtime_args(void **state) {
     cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;
     cfg.cuda_graphs = -1;
     assert_int_equal(sj_runtime_create(&cfg, &r), SJ_EINVAL);
-    assert_msg_has("cuda_graphs -1 is negative");
+    assert_msg_has("cuda_graphs -1 out of range (0 .. 1000000)");
     /* NVRTC options are checked whichever backend the runtime gets */
     sj_runtime_config_init(&cfg);
     cfg.compile_mode = SJ_COMPILE_OFF, cfg.cache_dir = NULL;

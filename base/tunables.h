@@ -1,0 +1,82 @@
+/* Tunables: every number of sj_runtime_config a program or an operator may
+ * set, once, with its default, its range, its environment variable and a
+ * line of documentation (LuaJIT's JIT_PARAMDEF). The config's defaults, the
+ * SHAPEJIT_* parsing and sj_runtime_create's validation derive from this
+ * list; sj_fn_options reuse the per-function rows' ranges; README's
+ * environment table states the same values (tests/test_tunables.c reads
+ * README and compares).
+ *
+ * X(field, type, default, lo, hi, env, doc): type is int, int64_t or
+ * uint64_t (the field's C type); default and the range [lo, hi] in that
+ * type; env is the SHAPEJIT_ variable. */
+#ifndef SJ_BASE_TUNABLES_H
+#define SJ_BASE_TUNABLES_H
+
+#include <stdint.h>
+
+#include "jit/shapejit.h"
+
+#define SJ_TUNABLE_LIST(X)                                                                        \
+    X(recompile_limit, int, 8, 1, 1000000, "SHAPEJIT_RECOMPILE_LIMIT", "entries per function")    \
+    X(total_recompile_limit, int, 256, 1, 1000000, "SHAPEJIT_TOTAL_RECOMPILE_LIMIT",              \
+      "entries per runtime, all functions")                                                       \
+    X(hot_threshold, int, 2, 1, 1000000, "SHAPEJIT_HOT_THRESHOLD",                                \
+      "calls before an entry is hot and queues its compile")                                      \
+    X(specialize_threshold, int, 16, 1, 1000000, "SHAPEJIT_SPECIALIZE_THRESHOLD",                 \
+      "calls of one exact shape of a symbolic entry before it gets a specialized compile")        \
+    X(specialize_budget, int, 4, 1, 1000000, "SHAPEJIT_SPECIALIZE_BUDGET",                        \
+      "specializations per function")                                                             \
+    X(compile_threads, int, 1, 1, 1024, "SHAPEJIT_COMPILE_THREADS", "background compile workers") \
+    X(exec_threads, int, 0, 0, 1024, "SHAPEJIT_THREADS",                                          \
+      "kernel threads: fused kernels, matrix products and attention are split over them "         \
+      "(`0`: all CPUs)")                                                                          \
+    X(blas_threads, int, 0, -1, 1024, "SHAPEJIT_BLAS_THREADS",                                    \
+      "`0`: matrix products run on shapejit's kernel threads and OpenBLAS is set to one thread "  \
+      "(process-wide); `n`: OpenBLAS gets `n` threads of its own; `-1`: OpenBLAS left as the "    \
+      "program set it")                                                                           \
+    X(cuda_device, int, 0, 0, 1023, "SHAPEJIT_CUDA_DEVICE", "CUDA device ordinal")                \
+    X(cuda_graphs, int, 64, 0, 1000000, "SHAPEJIT_CUDA_GRAPHS",                                   \
+      "most CUDA graphs kept per runtime (`0`: none)")                                            \
+    X(cache_max_bytes, uint64_t, UINT64_C(1) << 30, 0, UINT64_MAX, "SHAPEJIT_CACHE_MAX_BYTES",    \
+      "kernel cache size; least recently used kernels are evicted past it")                       \
+    X(stream_min_bytes, int64_t, 0, INT64_MIN, INT64_MAX, "SHAPEJIT_STREAM_MIN_BYTES",            \
+      "CPU kernels moving more bytes than this stream their f32 outputs (non-temporal stores); "  \
+      "`0`: a quarter of the last-level cache; negative: never")
+
+typedef enum sj_tunable_id {
+#define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,
+    SJ_TUNABLE_LIST(SJ_X)
+#undef SJ_X
+        SJ_TUNE_COUNT
+} sj_tunable_id;
+
+/* One row, for code that walks the table (the env parser, the checks, the
+ * README test). Values are widened to long double-free integers: lo/hi/dflt
+ * as int64 where they fit, with is_unsigned for the uint64 rows. */
+typedef struct sj_tunable {
+    const char *field, *env, *doc;
+    int size;        /* sizeof the field: 4 or 8 */
+    int is_unsigned; /* uint64_t */
+    int64_t dflt, lo, hi; /* for uint64 rows: hi is stored as INT64_MAX, meaning UINT64_MAX */
+    size_t offset;   /* in sj_runtime_config */
+} sj_tunable;
+
+extern const sj_tunable sj_tunables[SJ_TUNE_COUNT];
+
+/* Set every field of the table to its default. */
+void sj_tunables_defaults(sj_runtime_config *cfg);
+
+/* Apply the table's SHAPEJIT_* variables: a value that does not parse or
+ * lies outside its range is reported once on stderr (naming the variable,
+ * the value and the range) and ignored. */
+void sj_tunables_from_env(sj_runtime_config *cfg);
+
+/* SJ_EINVAL naming the field, its value and its range for the first field
+ * out of range; `who` prefixes the message. */
+sj_status sj_tunables_check(const sj_runtime_config *cfg, const char *who);
+
+/* The range check of one int row (sj_fn_options reuse the per-function
+ * rows, where 0 also means "the runtime's default"). */
+int sj_tunable_int_ok(sj_tunable_id id, int64_t v);
+
+#endif
