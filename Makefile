@@ -248,10 +248,10 @@ $(BUILD)/samples/%: samples/%/main.c $$(wildcard samples/$$*/*.c) $(MODEL_OBJ) $
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(CFLAGS) -Ijit $(DEPFLAGS) $(sort $(filter %.c,$^)) $(MODEL_OBJ) -o $@ $(STATIC) $(MODEL_LIBS) $(LDLIBS)
 
-$(BUILD)/bench/%: bench/%.c $(STATIC)
+$(BUILD)/bench/%: bench/%.c $(MODEL_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< -o $@ $(STATIC) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< $(MODEL_OBJ) -o $@ $(STATIC) $(MODEL_LIBS) $(LDLIBS)
 
 # Every test, benchmark and sample binary, built but not run.
 binaries: deps $(TEST_BIN) $(BENCH_BIN) $(SAMPLE_BIN)
