@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/cache.h"
+#include "kernels/cache.h"
 #include "jit/compile.h"
 #include "base/error.h"
 #include "base/tunables.h"
@@ -158,7 +158,7 @@ static sj_status start_services(sj_runtime *rt) {
 #ifdef SJ_WITH_CUDA
     if (rt->cuda) {
         sj_cuda_backend_config bc = {.cuda = rt->cuda, .cache = rt->cache, .dump_dir = c->dump_dir,
-                                     .nvrtc_flags = c->nvrtc_flags, .rt = rt, .test_delay_ms = test_delay_ms,
+                                     .nvrtc_flags = c->nvrtc_flags, .log = &rt->log, .test_delay_ms = test_delay_ms,
                                      .test_fail = test_fail};
         st = sj_cuda_backend_create(&bc, &rt->backend);
         codegen = sj_codegen_cuda;
@@ -166,7 +166,7 @@ static sj_status start_services(sj_runtime *rt) {
 #endif
     {
         sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .dump_dir = c->dump_dir, .cache = rt->cache,
-                                    .rt = rt, .test_delay_ms = test_delay_ms, .test_fail = test_fail};
+                                    .log = &rt->log, .test_delay_ms = test_delay_ms, .test_fail = test_fail};
         st = sj_cpu_backend_create(&bc, &rt->backend);
     }
     if (!st) {
@@ -239,6 +239,7 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
         return sj_seterr(SJ_ENOMEM, "sj_runtime_create: out of memory");
     }
     rt->cfg = c;
+    rt->log = (sj_log_sink){c.log_mask, c.log_fn, c.log_user};
     const char **fields[6] = {&rt->cfg.buckets, &rt->cfg.cache_dir, &rt->cfg.cc,
                               &rt->cfg.cflags,  &rt->cfg.dump_dir,  &rt->cfg.nvrtc_flags};
     bool oom = false;

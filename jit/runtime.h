@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "base/log.h"
 #include "jit/shapejit.h"
 #include "shapes/bucket.h"
 
@@ -19,6 +20,7 @@ struct sj_threads;
 
 struct sj_runtime {
     sj_runtime_config cfg;        /* strings point at copies owned here */
+    sj_log_sink log;              /* cfg's log_mask, log_fn, log_user */
     sj_backend_kind backend_kind;
     pthread_mutex_t lock;         /* guards fns; never held while calling out */
     struct sj_fn *fns;            /* live functions (for destroy) */
@@ -41,12 +43,9 @@ struct sj_runtime {
  * as a compile error. Call before any sj_fn exists. */
 void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail);
 
-/* Log a line under `topic` if the runtime's mask enables it. */
-void sj_logf(const sj_runtime *rt, unsigned topic, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+/* Log a line under `topic` if the runtime's mask enables it (rt may be
+ * NULL: nothing). */
+#define sj_logf(rt, topic, ...) sj_log_write((rt) ? &(rt)->log : NULL, topic, __VA_ARGS__)
 
 static inline int sj_log_on(const sj_runtime *rt, unsigned topic) {
     return (rt->cfg.log_mask & topic) != 0;
@@ -55,10 +54,6 @@ static inline int sj_log_on(const sj_runtime *rt, unsigned topic) {
 /* Host memory through the runtime's allocator hooks. */
 void *sj_host_alloc(const sj_runtime *rt, size_t bytes, size_t align);
 void sj_host_free(const sj_runtime *rt, void *p);
-
-/* Parse a SHAPEJIT_LOG value into a mask; -1 if a name is unknown (the
- * unknown name is copied to bad). */
-long sj_log_parse(const char *s, char *bad, size_t n);
 
 /* Runtime unlinking of a destroyed function (jit/fn.c). */
 void sj_runtime_unlink_fn(sj_runtime *rt, struct sj_fn *fn);

@@ -14,10 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "jit/cache.h"
+#include "kernels/cache.h"
 #include "base/clock.h"
 #include "base/error.h"
-#include "jit/runtime.h"
+#include "base/log.h"
 
 int sj_backend_write_file(const char *path, const char *data, size_t len) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -48,7 +48,7 @@ static int mkdir_p(const char *dir) {
     return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
 }
 
-void sj_backend_dump(const sj_runtime *rt, const char *who, const char *dir, const char *tag, const char *ext,
+void sj_backend_dump(const sj_log_sink *log, const char *who, const char *dir, const char *tag, const char *ext,
                      const char *src, size_t len) {
     char name[256], path[PATH_MAX];
     snprintf(name, sizeof name, "%s", tag);
@@ -56,14 +56,14 @@ void sj_backend_dump(const sj_runtime *rt, const char *who, const char *dir, con
         if (*s == '/') *s = '_';
     if (mkdir_p(dir) || snprintf(path, sizeof path, "%s/%s%s", dir, name, ext) >= (int)sizeof path ||
         sj_backend_write_file(path, src, len))
-        sj_logf(rt, SJ_LOG_WARN, "%s: cannot dump %s to %s: %s", who, tag, dir, strerror(errno));
+        sj_log_write(log, SJ_LOG_WARN, "%s: cannot dump %s to %s: %s", who, tag, dir, strerror(errno));
 }
 
-sj_status sj_backend_fail(const sj_runtime *rt, const char *who, sj_compile_result *out, const char *tag,
+sj_status sj_backend_fail(const sj_log_sink *log, const char *who, sj_compile_result *out, const char *tag,
                           const char *what) {
     out->module = NULL;
     memset(out->fns, 0, sizeof out->fns);
-    sj_logf(rt, SJ_LOG_COMPILE, "%s: %s: %s", who, tag, what);
+    sj_log_write(log, SJ_LOG_COMPILE, "%s: %s: %s", who, tag, what);
     return sj_seterr(SJ_EBACKEND, "%s backend: %s: %s", who, tag, what);
 }
 
@@ -203,13 +203,13 @@ static sj_status use_shared(const sj_backend_driver *d, const sj_compile_req *re
                             sj_compile_result *out) {
     if (!d->resolve(d->self, m, req, out)) {
         if (sj_modshare_release(d->share, m)) d->drop(d->self, m);
-        return sj_backend_fail(d->rt, d->who, out, tag, out->log);
+        return sj_backend_fail(d->log, d->who, out, tag, out->log);
     }
     sj_cache_touch(d->cache, out->key, d->cache_ext); /* used: not the next to evict */
     out->module = m;
     out->from_cache = out->shared = true;
     out->log[0] = '\0';
-    sj_logf(d->rt, SJ_LOG_COMPILE, "%s: %s: shares the unit loaded already (key %.16s)", d->who, tag, out->key);
+    sj_log_write(d->log, SJ_LOG_COMPILE, "%s: %s: shares the unit loaded already (key %.16s)", d->who, tag, out->key);
     return SJ_OK;
 }
 
@@ -237,7 +237,7 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
     assert(d->n_key_parts < 8);
     for (int i = 0; i < d->n_key_parts; i++) parts[n++] = d->key_parts[i];
     sj_cache_key(out->key, parts, n);
-    if (d->dump_dir) sj_backend_dump(d->rt, d->who, d->dump_dir, tag, d->ext, src, req->source_len);
+    if (d->dump_dir) sj_backend_dump(d->log, d->who, d->dump_dir, tag, d->ext, src, req->source_len);
 
     sj_module *shared = NULL;
     bool reserved = false;
@@ -252,15 +252,15 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
     if (cached < 0) snprintf(note, sizeof note, "; cached artifact unusable: %s", out->log);
     if (d->test_fail) {
         snprintf(out->log, sizeof out->log, "compile failed (test hook)");
-        st = sj_backend_fail(d->rt, d->who, out, tag, out->log);
+        st = sj_backend_fail(d->log, d->who, out, tag, out->log);
     } else if (cached > 0) {
         out->from_cache = true;
         out->log[0] = '\0';
-        sj_logf(d->rt, SJ_LOG_COMPILE, "%s: %s: cache hit (key %.16s)", d->who, tag, out->key);
+        sj_log_write(d->log, SJ_LOG_COMPILE, "%s: %s: cache hit (key %.16s)", d->who, tag, out->key);
         st = SJ_OK;
     } else if (d->refuse && (refused = d->refuse(d->self, why, sizeof why))) {
         snprintf(out->log, sizeof out->log, "%s", refused);
-        st = sj_backend_fail(d->rt, d->who, out, tag, out->log);
+        st = sj_backend_fail(d->log, d->who, out, tag, out->log);
     } else {
         out->log[0] = '\0'; /* a failed cache load is just a miss */
         out->module = NULL;

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "base/log.h"
 #include "jit/shapejit.h"
 
 typedef struct sj_module sj_module; /* a loaded compiled unit, owned by its backend */
@@ -62,12 +63,12 @@ int sj_backend_write_file(const char *path, const char *data, size_t len);
 /* Write a generated source to <dir>/<tag><ext> (a '/' in the tag becomes
  * '_'; dir created as needed). A failure is logged as a warning naming
  * `who`, never returned: dumps are for people. */
-void sj_backend_dump(const sj_runtime *rt, const char *who, const char *dir, const char *tag, const char *ext,
+void sj_backend_dump(const sj_log_sink *log, const char *who, const char *dir, const char *tag, const char *ext,
                      const char *src, size_t len);
 
 /* Fail a compile: out emptied, `who: tag: what` logged (compile topic),
  * SJ_EBACKEND returned with the same text as the last error. */
-sj_status sj_backend_fail(const sj_runtime *rt, const char *who, sj_compile_result *out, const char *tag,
+sj_status sj_backend_fail(const sj_log_sink *log, const char *who, sj_compile_result *out, const char *tag,
                           const char *what);
 
 /* Check a compile request (source, symbols: SJ_EINVAL naming what is
@@ -111,7 +112,7 @@ typedef struct sj_backend_driver {
     const char *ext;              /* dump file extension: ".c", ".cu" */
     const char *const *key_parts; /* the toolchain's part of the cache key */
     int n_key_parts;
-    const sj_runtime *rt;
+    const sj_log_sink *log;
     const char *dump_dir;         /* NULL: no dumps */
     int test_delay_ms;            /* sleep first (tests: a slow compile) */
     int test_fail;                /* fail every compile (tests) */

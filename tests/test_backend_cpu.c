@@ -40,7 +40,7 @@ static sj_backend *make(fixture *f, const char *cc, sj_cache *cache) {
     sj_cpu_backend_config cfg = {0};
     cfg.cc = cc;
     cfg.cache = cache;
-    cfg.rt = &f->rt;
+    cfg.log = &f->rt.log;
     sj_backend *b = NULL;
     assert_int_equal(sj_cpu_backend_create(&cfg, &b), SJ_OK);
     assert_non_null(b);
@@ -265,7 +265,7 @@ static void test_hooks(void **state) {
     fixture *f = *state;
     char cc[PATH_MAX], cclog[PATH_MAX];
     make_wrapper(f, cc, sizeof cc, cclog, sizeof cclog);
-    sj_cpu_backend_config cfg = {.cc = cc, .rt = &f->rt, .test_fail = 1};
+    sj_cpu_backend_config cfg = {.cc = cc, .log = &f->rt.log, .test_fail = 1};
     sj_backend *b;
     assert_int_equal(sj_cpu_backend_create(&cfg, &b), SJ_OK);
     sj_compile_req req = req_of(SRC, "hooked");
@@ -274,7 +274,7 @@ static void test_hooks(void **state) {
     assert_int_equal(compiler_runs(cclog), 0);
     b->destroy(b);
 
-    cfg = (sj_cpu_backend_config){.rt = &f->rt, .test_delay_ms = 150};
+    cfg = (sj_cpu_backend_config){.log = &f->rt.log, .test_delay_ms = 150};
     assert_int_equal(sj_cpu_backend_create(&cfg, &b), SJ_OK);
     tu_compile_delayed(b, &req, &r, 150);
     check_kernels(&r);
@@ -286,7 +286,7 @@ static void test_dump_dir(void **state) {
     fixture *f = *state;
     char dump[PATH_MAX], path[PATH_MAX];
     snprintf(dump, sizeof dump, "%s/dumps/nested", f->dir);
-    sj_cpu_backend_config cfg = {.rt = &f->rt, .dump_dir = dump};
+    sj_cpu_backend_config cfg = {.log = &f->rt.log, .dump_dir = dump};
     sj_backend *b;
     assert_int_equal(sj_cpu_backend_create(&cfg, &b), SJ_OK);
     sj_compile_req req = req_of(SRC, "enc.e1.sym");

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "jit/cache.h"
+#include "kernels/cache.h"
 #include "tests/util.h"
 
 /* -- Helpers --------------------------------------------------------------- */

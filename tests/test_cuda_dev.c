@@ -39,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "jit/cache.h"
+#include "kernels/cache.h"
 #include "base/error.h"
 #include "jit/runtime.h"
 #include "tests/util.h"
@@ -694,7 +694,7 @@ static sj_compile_req req_of(const char *src, const char *tag) {
 }
 
 static sj_backend *make(fixture *f, sj_cache *cache) {
-    sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .rt = &f->rt};
+    sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .log = &f->rt.log};
     sj_backend *b = NULL;
     assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
     assert_non_null(b);
@@ -865,7 +865,7 @@ static void test_backend_hooks_and_dump(void **state) {
     char dump[PATH_MAX], path[PATH_MAX];
     snprintf(dump, sizeof dump, "%s/dumps/nested", f->dir);
     sj_cache *cache = tu_open_cache(f->dir, NULL);
-    sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .rt = &f->rt, .test_fail = 1};
+    sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .log = &f->rt.log, .test_fail = 1};
     sj_backend *b;
     assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
     sj_compile_req req = req_of(SRC, "hooked");
@@ -876,7 +876,7 @@ static void test_backend_hooks_and_dump(void **state) {
     sj_cache_get_stats(cache, &s);
     assert_int_equal(s.stores, 0);
 
-    cfg = (sj_cuda_backend_config){.cuda = dev, .rt = &f->rt, .test_delay_ms = 100, .dump_dir = dump};
+    cfg = (sj_cuda_backend_config){.cuda = dev, .log = &f->rt.log, .test_delay_ms = 100, .dump_dir = dump};
     assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
     req.tag = "enc.e1/sym";
     tu_compile_delayed(b, &req, &r, 100);
@@ -906,7 +906,7 @@ static void test_backend_nvrtc_flags(void **state) {
     for (int v = 0; v < 2; v++) {
         char flags[64];
         snprintf(flags, sizeof flags, " -Xptxas=-O2  -DSJ_TEST_K=%s.0f", ks[v]);
-        sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .rt = &f->rt, .nvrtc_flags = flags};
+        sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .log = &f->rt.log, .nvrtc_flags = flags};
         sj_backend *b = NULL;
         assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
         char want[64];
@@ -931,7 +931,7 @@ static void test_backend_nvrtc_flags(void **state) {
         b->destroy(b);
     }
 
-    sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .rt = &f->rt, .nvrtc_flags = "--no-such-option"};
+    sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .log = &f->rt.log, .nvrtc_flags = "--no-such-option"};
     sj_backend *b = NULL;
     assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
     sj_compile_req good = req_of(SRC, "after_bad_option");

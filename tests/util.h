@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "jit/cache.h"
+#include "kernels/cache.h"
 #include "base/ops.h"
 #include "jit/runtime.h"
 #include "jit/shapejit.h"

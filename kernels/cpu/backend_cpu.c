@@ -52,7 +52,7 @@ typedef struct cpu_backend {
     int n_flags;
     sj_cache *cache;
     sj_modshare *share;    /* loaded units by key */
-    const sj_runtime *rt;
+    const sj_log_sink *log;
     int test_delay_ms, test_fail;
     bool cc_missing;
     char identity[1024];
@@ -233,7 +233,7 @@ static bool load(const char *path, const sj_compile_req *req, sj_compile_result 
 /* -- Compile ----------------------------------------------------------------- */
 
 static sj_status fail(const cpu_backend *b, sj_compile_result *out, const char *tag, const char *what) {
-    return sj_backend_fail(b->rt, "cpu", out, tag, what);
+    return sj_backend_fail(b->log, "cpu", out, tag, what);
 }
 
 
@@ -305,9 +305,9 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
     }
     out->log[0] = '\0';
     if (b->cache && sj_cache_store_file(b->cache, out->key, "so", sofile))
-        sj_logf(b->rt, SJ_LOG_WARN, "cpu: %s: not cached: %s", tag, sj_last_error());
+        sj_log_write(b->log, SJ_LOG_WARN, "cpu: %s: not cached: %s", tag, sj_last_error());
     remove_tmpdir(dir);
-    sj_logf(b->rt, SJ_LOG_COMPILE, "cpu: %s: compiled in %.1f ms (key %.16s)%s", tag, out->compile_ms, out->key,
+    sj_log_write(b->log, SJ_LOG_COMPILE, "cpu: %s: compiled in %.1f ms (key %.16s)%s", tag, out->compile_ms, out->key,
             note);
     return SJ_OK;
 }
@@ -342,7 +342,7 @@ static void cpu_drop(void *self, sj_module *m) {
 static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
     cpu_backend *b = (cpu_backend *)base;
     const char *key[] = {"cpu", b->identity};
-    sj_backend_driver d = {.who = "cpu", .ext = ".c", .key_parts = key, .n_key_parts = 2, .rt = b->rt,
+    sj_backend_driver d = {.who = "cpu", .ext = ".c", .key_parts = key, .n_key_parts = 2, .log = b->log,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cpu_load_cached, .refuse = cpu_refuse,
                            .compile_fresh = compile_fresh, .share = b->share, .cache = b->cache, .cache_ext = "so",
@@ -396,7 +396,7 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
         b->flags[b->n_flags++] = f;
     }
     b->cache = c.cache;
-    b->rt = c.rt;
+    b->log = c.log;
     b->test_delay_ms = c.test_delay_ms;
     b->test_fail = c.test_fail;
     b->base.name = "cpu";
@@ -405,7 +405,7 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     b->base.identity = cpu_identity_fn;
     b->base.destroy = cpu_destroy;
     probe(b);
-    if (b->cc_missing) sj_logf(b->rt, SJ_LOG_WARN, "cpu: compiler '%s' not found; kernels will not be compiled", b->cc);
+    if (b->cc_missing) sj_log_write(b->log, SJ_LOG_WARN, "cpu: compiler '%s' not found; kernels will not be compiled", b->cc);
     *out = &b->base;
     return SJ_OK;
 }

@@ -30,7 +30,7 @@ typedef struct cuda_backend {
     sj_cache *cache;
     sj_modshare *share; /* loaded modules by key */
     char *dump_dir;
-    const sj_runtime *rt;
+    const sj_log_sink *log;
     int test_delay_ms, test_fail;
     char arch[32];       /* "sm_90" */
     char nvrtc_id[32];   /* "nvrtc 13.0" */
@@ -117,7 +117,7 @@ static bool load(const cuda_backend *b, const void *image, size_t len, const sj_
 /* -- Compile ------------------------------------------------------------------- */
 
 static sj_status fail(const cuda_backend *b, sj_compile_result *out, const char *tag, const char *what) {
-    return sj_backend_fail(b->rt, "cuda", out, tag, what);
+    return sj_backend_fail(b->log, "cuda", out, tag, what);
 }
 
 
@@ -195,9 +195,9 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
     }
     out->log[0] = '\0';
     if (b->cache && sj_cache_store(b->cache, out->key, "cubin", cubin, len))
-        sj_logf(b->rt, SJ_LOG_WARN, "cuda: %s: not cached: %s", tag, sj_last_error());
+        sj_log_write(b->log, SJ_LOG_WARN, "cuda: %s: not cached: %s", tag, sj_last_error());
     free(cubin);
-    sj_logf(b->rt, SJ_LOG_COMPILE, "cuda: %s: compiled in %.1f ms for %s (%zu-byte CUBIN, key %.16s)%s", tag,
+    sj_log_write(b->log, SJ_LOG_COMPILE, "cuda: %s: compiled in %.1f ms for %s (%zu-byte CUBIN, key %.16s)%s", tag,
             out->compile_ms, b->arch, len, out->key, note);
     return SJ_OK;
 }
@@ -230,7 +230,7 @@ static void cuda_drop(void *self, sj_module *m) {
 static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
     cuda_backend *b = (cuda_backend *)base;
     const char *key[] = {"cuda", b->arch, b->nvrtc_id, b->opt_line};
-    sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 4, .rt = b->rt,
+    sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 4, .log = b->log,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cuda_load_cached, .compile_fresh = compile_fresh,
                            .share = b->share, .cache = b->cache, .cache_ext = "cubin",
@@ -272,7 +272,7 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     }
     b->cuda = cfg->cuda;
     b->cache = cfg->cache;
-    b->rt = cfg->rt;
+    b->log = cfg->log;
     b->test_delay_ms = cfg->test_delay_ms;
     b->test_fail = cfg->test_fail;
     snprintf(b->arch, sizeof b->arch, "sm_%d%d", c->cc_major, c->cc_minor);

@@ -13,8 +13,8 @@
 #ifndef SJ_BACKEND_CUDA_H
 #define SJ_BACKEND_CUDA_H
 
-#include "jit/cache.h"
-#include "jit/runtime.h"
+#include "kernels/cache.h"
+#include "base/log.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "specialize/codegen_cuda.h"
@@ -24,7 +24,7 @@ typedef struct sj_cuda_backend_config {
     sj_cache *cache;        /* NULL: no persistent cache */
     const char *dump_dir;   /* NULL: none; else every source as <tag>.cu */
     const char *nvrtc_flags; /* extra NVRTC options (sj_codegen_cuda_options); NULL: none */
-    const sj_runtime *rt;   /* logging (SJ_LOG_COMPILE) */
+    const sj_log_sink *log;   /* where log lines go (SJ_LOG_COMPILE, SJ_LOG_WARN); NULL: none */
     int test_delay_ms, test_fail; /* test hooks, as the CPU backend's */
 } sj_cuda_backend_config;
 

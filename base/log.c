@@ -1,9 +1,9 @@
-/* Logging: one line per message, to the runtime's sink or stderr. */
+/* Logging: one line per message, to a sink's callback or stderr. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "jit/runtime.h"
+#include "base/log.h"
 
 static const struct {
     const char *name;
@@ -36,15 +36,15 @@ long sj_log_parse(const char *s, char *bad, size_t n) {
     return (long)mask;
 }
 
-void sj_logf(const sj_runtime *rt, unsigned topic, const char *fmt, ...) {
-    if (!rt || !(rt->cfg.log_mask & topic)) return;
+void sj_log_write(const sj_log_sink *s, unsigned topic, const char *fmt, ...) {
+    if (!sj_log_enabled(s, topic)) return;
     char line[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    if (rt->cfg.log_fn) {
-        rt->cfg.log_fn(rt->cfg.log_user, topic, line);
+    if (s->fn) {
+        s->fn(s->user, topic, line);
     } else {
         const char *name = "log";
         for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++)

@@ -17,7 +17,7 @@
  * Locks: `lock` guards the counters only; `evict_lock` serialises this
  * process's eviction scans. They are never held together.
  */
-#include "jit/cache.h"
+#include "kernels/cache.h"
 
 #include <dirent.h>
 #include <errno.h>
