@@ -45,7 +45,7 @@ static char dflt_cache[512];
 static pthread_once_t dflt_cache_once = PTHREAD_ONCE_INIT;
 
 static void find_default_cache(void) {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    const char *xdg = secure_getenv("XDG_CACHE_HOME"), *home = secure_getenv("HOME");
     if (xdg && *xdg) snprintf(dflt_cache, sizeof dflt_cache, "%s/shapejit", xdg);
     else if (home && *home) snprintf(dflt_cache, sizeof dflt_cache, "%s/.cache/shapejit", home);
 }
@@ -87,11 +87,12 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
         else env_warn("SHAPEJIT_COMPILE", v, "expected async, sync or off");
     }
     sj_tunables_from_env(cfg);
-    if ((v = getenv("SHAPEJIT_CACHE_DIR"))) cfg->cache_dir = *v ? v : NULL;
-    if ((v = getenv("SHAPEJIT_CC")) && *v) cfg->cc = v;
-    if ((v = getenv("SHAPEJIT_CFLAGS")) && *v) cfg->cflags = v;
-    if ((v = getenv("SHAPEJIT_DUMP")) && *v) cfg->dump_dir = v;
-    if ((v = getenv("SHAPEJIT_NVRTC_FLAGS")) && *v) cfg->nvrtc_flags = v;
+    if ((v = secure_getenv("SHAPEJIT_CACHE_DIR"))) cfg->cache_dir = *v ? v : NULL;
+    if ((v = secure_getenv("SHAPEJIT_CC")) && *v) cfg->cc = v;
+    if ((v = secure_getenv("SHAPEJIT_CFLAGS")) && *v) cfg->cflags = v;
+    if ((v = secure_getenv("SHAPEJIT_DUMP")) && *v) cfg->dump_dir = v;
+    if ((v = secure_getenv("SHAPEJIT_NVRTC_FLAGS")) && *v) cfg->nvrtc_flags = v;
+    if ((v = secure_getenv("SHAPEJIT_CACHE_KEY")) && *v) cfg->cache_key = v;
     v = getenv("SHAPEJIT_BUCKETS");
     if (v && *v) {
         sj_bucket_rule *rules;
@@ -149,7 +150,7 @@ static sj_status start_services(sj_runtime *rt) {
         sj_err_prefix("sj_runtime_create: ");
         return st;
     }
-    if (c->cache_dir && *c->cache_dir && sj_cache_open(c->cache_dir, c->cache_max_bytes, &rt->cache)) {
+    if (c->cache_dir && *c->cache_dir && sj_cache_open_keyed(c->cache_dir, c->cache_max_bytes, c->cache_key, &rt->log, &rt->cache)) {
         snprintf(rt->cache_error, sizeof rt->cache_error, "%s", sj_last_error());
         sj_logf(rt, SJ_LOG_WARN, "no persistent kernel cache: %s", rt->cache_error);
         sj_clearerr();
@@ -240,10 +241,10 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     }
     rt->cfg = c;
     rt->log = (sj_log_sink){c.log_mask, c.log_fn, c.log_user};
-    const char **fields[6] = {&rt->cfg.buckets, &rt->cfg.cache_dir, &rt->cfg.cc,
-                              &rt->cfg.cflags,  &rt->cfg.dump_dir,  &rt->cfg.nvrtc_flags};
+    const char **fields[7] = {&rt->cfg.buckets, &rt->cfg.cache_dir, &rt->cfg.cc,         &rt->cfg.cflags,
+                              &rt->cfg.dump_dir, &rt->cfg.nvrtc_flags, &rt->cfg.cache_key};
     bool oom = false;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         if (!*fields[i]) continue;
         rt->strings[i] = strdup(*fields[i]);
         oom |= !rt->strings[i];
@@ -286,7 +287,7 @@ void sj_runtime_destroy(sj_runtime *rt) {
 #endif
     pthread_mutex_destroy(&rt->lock);
     free(rt->bucket_rules);
-    for (int i = 0; i < 6; i++) free(rt->strings[i]);
+    for (int i = 0; i < 7; i++) free(rt->strings[i]);
     free(rt);
 }
 

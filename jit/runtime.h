@@ -28,7 +28,7 @@ struct sj_runtime {
     int n_bucket_rules;
     _Atomic int total_entries;    /* entries of all functions (total_recompile_limit) */
     _Atomic int cuda_graphs;      /* CUDA graphs kept, all functions (cfg.cuda_graphs) */
-    char *strings[6];             /* copies of cfg's buckets, cache_dir, cc, cflags, dump_dir, nvrtc_flags */
+    char *strings[7];             /* copies of cfg's buckets, cache_dir, cc, cflags, dump_dir, nvrtc_flags, cache_key */
     struct sj_cache *cache;       /* NULL: no persistent cache */
     struct sj_backend *backend;   /* compiles and loads fused kernels */
     struct sj_compiler *compiler; /* background compile workers */

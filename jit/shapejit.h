@@ -226,6 +226,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_THREADS=n                  -> exec_threads
  *   SHAPEJIT_BLAS_THREADS=n             -> blas_threads
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
+ *   SHAPEJIT_CACHE_KEY=secret           -> cache_key
  *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc, cflags
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
  *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
@@ -278,6 +279,15 @@ typedef struct sj_runtime_config {
                                      Default $SHAPEJIT_CACHE_DIR, else
                                      $XDG_CACHE_HOME/shapejit or ~/.cache/shapejit */
     uint64_t cache_max_bytes;     /* least recently used kernels are evicted past it; default 1 GiB */
+    /* A secret that signs the cache's entries (a keyed BLAKE2b digest over
+     * each entry's bytes and cache key). NULL or "" (default
+     * $SHAPEJIT_CACHE_KEY): a private cache, used only when its directory
+     * is owned by the effective user and writable by nobody else (else it
+     * is refused with one warning and the runtime compiles without it).
+     * With a key, a directory shared between users (group-writable, or
+     * another user's) is used too, and an entry without a valid digest
+     * under this key is refused, whoever wrote it. Copied. */
+    const char *cache_key;
     const char *cc;               /* C compiler command; default "cc" */
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
     const char *dump_dir;         /* write every generated source there; NULL: no */

@@ -4,6 +4,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
@@ -19,44 +20,79 @@
 #include "base/error.h"
 #include "base/log.h"
 
-int sj_backend_write_file(const char *path, const char *data, size_t len) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return -1;
+int sj_backend_write_fd(int fd, const char *data, size_t len) {
     while (len > 0) {
         ssize_t w = write(fd, data, len);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
-            int e = errno;
-            close(fd);
-            errno = e ? e : EIO;
+            if (!w) errno = EIO;
             return -1;
         }
         data += w, len -= (size_t)w;
     }
+    return 0;
+}
+
+int sj_backend_write_file(const char *path, const char *data, size_t len) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    if (sj_backend_write_fd(fd, data, len)) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
     return close(fd);
 }
 
+/* Creates the missing directories of dir, 0700. */
 static int mkdir_p(const char *dir) {
     char p[PATH_MAX];
     if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return errno = ENAMETOOLONG, -1;
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/') continue;
+    for (char *s = p + 1;; s++) {
+        if (*s && *s != '/') continue;
+        char was = *s;
         *s = '\0';
-        if (mkdir(p, 0755) && errno != EEXIST) return -1;
-        *s = '/';
+        if (mkdir(p, 0700) && errno != EEXIST) return -1;
+        *s = was;
+        if (!was) break;
     }
-    return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+    return 0;
 }
 
+/* The dump writer trusts the directory no more than the cache does: it is
+ * opened without following a symlink and must be the user's and writable
+ * by nobody else; a file is written as a new temporary there and renamed
+ * over the name (so a planted symlink is replaced, never written through,
+ * and no file the writer did not create is truncated). Names keep
+ * [A-Za-z0-9._-] and turn anything else (a '/', a newline) into '_'. */
 void sj_backend_dump(const sj_log_sink *log, const char *who, const char *dir, const char *tag, const char *ext,
                      const char *src, size_t len) {
-    char name[256], path[PATH_MAX];
-    snprintf(name, sizeof name, "%s", tag);
+    char name[256], tmp[300];
+    snprintf(name, sizeof name, "%s%s", tag, ext);
     for (char *s = name; *s; s++)
-        if (*s == '/') *s = '_';
-    if (mkdir_p(dir) || snprintf(path, sizeof path, "%s/%s%s", dir, name, ext) >= (int)sizeof path ||
-        sj_backend_write_file(path, src, len))
-        sj_log_write(log, SJ_LOG_WARN, "%s: cannot dump %s to %s: %s", who, tag, dir, strerror(errno));
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '.' ||
+              *s == '-' || *s == '_'))
+            *s = '_';
+    if (name[0] == '.') name[0] = '_';
+    const char *why = NULL;
+    struct stat ds;
+    int dfd = -1, fd = -1;
+    if (mkdir_p(dir) || (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(dfd, &ds))
+        why = errno == ELOOP ? "it is a symbolic link" : strerror(errno);
+    else if (ds.st_uid != geteuid()) why = "owned by another user";
+    else if (ds.st_mode & (S_IWGRP | S_IWOTH)) why = "writable by group or others";
+    if (!why) {
+        static _Atomic unsigned long n;
+        snprintf(tmp, sizeof tmp, ".sjdump.%ld.%lu", (long)getpid(), atomic_fetch_add(&n, 1));
+        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0 || sj_backend_write_fd(fd, src, len) || close(fd) || renameat(dfd, tmp, dfd, name)) {
+            why = strerror(errno);
+            if (fd >= 0) unlinkat(dfd, tmp, 0);
+        }
+    }
+    if (dfd >= 0) close(dfd);
+    if (why) sj_log_write(log, SJ_LOG_WARN, "%s: cannot dump %s to %s: %s", who, name, dir, why);
 }
 
 sj_status sj_backend_fail(const sj_log_sink *log, const char *who, sj_compile_result *out, const char *tag,

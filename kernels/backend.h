@@ -56,9 +56,12 @@ struct sj_backend {
 
 /* -- Shared by the backends (kernels/backend.c) -------------------------- */
 
-/* Write len bytes to path (created or truncated, mode 0644): 0, or -1 with
+/* Write len bytes to a new file at path (created with O_EXCL, never through
+ * a symlink, mode 0600): 0, or -1 with
  * errno set. */
 int sj_backend_write_file(const char *path, const char *data, size_t len);
+/* Write all of data to fd; 0, or -1 with errno. */
+int sj_backend_write_fd(int fd, const char *data, size_t len);
 
 /* Write a generated source to <dir>/<tag><ext> (a '/' in the tag becomes
  * '_'; dir created as needed). A failure is logged as a warning naming

@@ -2,14 +2,27 @@
  *
  * Files in the directory:
  *   <key>.<ext>          the artifact, byte for byte as the backend loads it
- *   <key>.meta           "shapejit-cache 1", the ext, the size and a 64-bit
- *                        checksum of the artifact, one per line
+ *   <key>.meta           "shapejit-cache 2", the ext, the size and the
+ *                        digest of the artifact, one per line
  *   .sjtmp.<pid>.<n>.<t> a temporary being written; renamed into place
  * Anything else is not ours and is never touched.
  *
+ * Trust (README "The kernel cache's trust rules"): the directory is opened
+ * once, without following a symlink, and checked: a private cache must be
+ * owned by the effective user and writable by nobody else; a directory
+ * that is not (shared between users) is used only with a key. Every file
+ * is opened relative to that directory handle with O_NOFOLLOW|O_NONBLOCK,
+ * checked on its handle (a regular file; without a key also owned by the
+ * user and writable by nobody else; a bounded size) and read through that
+ * handle only. The digest is BLAKE2b-256 (libsodium) over a domain tag,
+ * the entry's cache key, its extension and its bytes, keyed with a key
+ * derived from cache_key when one is set (then a forged entry cannot carry
+ * a valid digest). Callers get the verified bytes (sj_cache_load), never a
+ * path to open again. Files are created 0600 (0644 in a keyed cache, which
+ * other users may read), directories 0700, whatever the umask.
+ *
  * A store writes the artifact first and the meta second, each through a
- * temporary and rename(2) (sj_cache_store_file renames the caller's file
- * straight into place when it is on the same filesystem), so a reader sees either nothing, an artifact
+ * temporary and rename(2), so a reader sees either nothing, an artifact
  * without a meta (a miss), or both complete. Races between processes can
  * only cost a recompile: a lookup trusts nothing that it has not verified
  * against the meta, and a file deleted under us is a miss.
@@ -32,15 +45,26 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/error.h"
+#include <sodium.h>
 
-#define META_MAGIC "shapejit-cache 1"
+#include "base/error.h"
+#include "base/log.h"
+
+#define META_MAGIC "shapejit-cache 2"
+#define DIGEST_TAG "shapejit kernel cache entry v2"
+/* The most bytes an artifact may have; a larger file is refused. */
+#define ARTIFACT_MAX (UINT64_C(1) << 30)
 #define TMP_PREFIX ".sjtmp."
 #define TMP_MAX_AGE_S 3600
 #define EXT_MAX 15
 
 struct sj_cache {
     char *dir;
+    int dfd;               /* the directory, opened once and checked */
+    bool keyed;            /* a key is set: digests are keyed; shared dirs allowed */
+    uint8_t mac_key[crypto_generichash_KEYBYTES];
+    const sj_log_sink *log;
+    _Atomic bool warned;   /* one warning per cache for refused entries */
     uint64_t max_bytes;
     pthread_mutex_t lock; /* guards stats */
     pthread_mutex_t evict_lock;
@@ -51,83 +75,54 @@ struct sj_cache {
 static _Atomic unsigned long tmp_counter;
 
 /* -- Hashing ---------------------------------------------------------------
- * Four 64-bit lanes, each a multiply-rotate round over 8-byte words with its
- * own constants, then a finalizer that mixes every lane with its neighbour
- * and the total length. Not cryptographic; keys are not adversarial. */
+ * BLAKE2b (libsodium's crypto_generichash) for keys and digests. */
 
-typedef struct hasher {
-    uint64_t h[4];
-    uint8_t buf[8];
-    size_t nbuf;
-    uint64_t total;
-} hasher;
+static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
+static int sodium_ok;
 
-static const uint64_t LANE_MUL[4] = {0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
-                                     0x85EBCA77C2B2AE63ull};
-static const uint64_t LANE_ADD[4] = {0x27D4EB2F165667C5ull, 0xFF51AFD7ED558CCDull, 0xC4CEB9FE1A85EC53ull,
-                                     0x94D049BB133111EBull};
-static const int LANE_ROT[4] = {31, 27, 33, 29};
+static void sodium_start(void) { sodium_ok = sodium_init() >= 0; }
 
-static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-static uint64_t fmix64(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xFF51AFD7ED558CCDull;
-    k ^= k >> 33;
-    k *= 0xC4CEB9FE1A85EC53ull;
-    k ^= k >> 33;
-    return k;
+static bool crypto_ready(void) {
+    pthread_once(&sodium_once, sodium_start);
+    return sodium_ok;
 }
 
-static void hash_init(hasher *s) {
-    memset(s, 0, sizeof *s);
-    for (int i = 0; i < 4; i++) s->h[i] = LANE_ADD[i] ^ ((uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull);
-}
-
-static void hash_word(hasher *s, uint64_t w) {
-    for (int i = 0; i < 4; i++) s->h[i] = rotl64(s->h[i] + w * LANE_MUL[i], LANE_ROT[i]) * LANE_MUL[3 - i] + LANE_ADD[i];
-}
-
-static uint64_t load64le(const uint8_t *p) {
-    uint64_t w = 0;
-    for (int i = 7; i >= 0; i--) w = (w << 8) | p[i];
-    return w;
-}
-
-static void hash_update(hasher *s, const void *data, size_t len) {
-    const uint8_t *p = data;
-    s->total += len;
-    while (len > 0 && s->nbuf > 0) {
-        s->buf[s->nbuf++] = *p++, len--;
-        if (s->nbuf == 8) hash_word(s, load64le(s->buf)), s->nbuf = 0;
-    }
-    for (; len >= 8; p += 8, len -= 8) hash_word(s, load64le(p));
-    while (len > 0) s->buf[s->nbuf++] = *p++, len--;
-}
-
-static void hash_final(hasher *s, uint64_t out[4]) {
-    if (s->nbuf > 0) {
-        memset(s->buf + s->nbuf, 0, 8 - s->nbuf);
-        hash_word(s, load64le(s->buf) ^ ((uint64_t)s->nbuf << 56));
-    }
-    hash_word(s, s->total);
-    for (int i = 0; i < 4; i++) out[i] = fmix64(s->h[i] ^ rotl64(s->h[(i + 1) & 3], 17) ^ s->total);
+static void to_hex(char *out, const uint8_t *h, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) out[2 * i] = hex[h[i] >> 4], out[2 * i + 1] = hex[h[i] & 15];
+    out[2 * n] = '\0';
 }
 
 void sj_cache_key(char out[65], const char *const *parts, int n_parts) {
-    hasher s;
-    hash_init(&s);
+    crypto_ready();
+    crypto_generichash_state s;
+    crypto_generichash_init(&s, NULL, 0, 32);
     for (int i = 0; i < n_parts; i++) {
         const char *p = parts && parts[i] ? parts[i] : "";
         uint64_t len = strlen(p);
         uint8_t lb[8];
         for (int b = 0; b < 8; b++) lb[b] = (uint8_t)(len >> (8 * b));
-        hash_update(&s, lb, 8);
-        hash_update(&s, p, (size_t)len);
+        crypto_generichash_update(&s, lb, 8);
+        crypto_generichash_update(&s, (const uint8_t *)p, (size_t)len);
     }
-    uint64_t h[4];
-    hash_final(&s, h);
-    for (int i = 0; i < 4; i++) snprintf(out + 16 * i, 17, "%016llx", (unsigned long long)h[i]);
+    uint8_t h[32];
+    crypto_generichash_final(&s, h, sizeof h);
+    to_hex(out, h, sizeof h);
+}
+
+/* The digest of an entry: keyed when the cache has a key, bound to the
+ * entry's cache key and extension so bytes cannot move between entries. */
+static void digest_init(const sj_cache *c, crypto_generichash_state *s, const char *key, const char *ext) {
+    crypto_generichash_init(s, c->keyed ? c->mac_key : NULL, c->keyed ? sizeof c->mac_key : 0, 32);
+    crypto_generichash_update(s, (const uint8_t *)DIGEST_TAG, sizeof DIGEST_TAG);
+    crypto_generichash_update(s, (const uint8_t *)key, 65);
+    crypto_generichash_update(s, (const uint8_t *)ext, strlen(ext) + 1);
+}
+
+static void digest_final(crypto_generichash_state *s, char out[65]) {
+    uint8_t h[32];
+    crypto_generichash_final(s, h, sizeof h);
+    to_hex(out, h, sizeof h);
 }
 
 /* -- Names and paths -------------------------------------------------------- */
@@ -157,8 +152,9 @@ static int classify(const char *name) {
     return valid_ext(name + 65) ? NAME_ARTIFACT : NAME_OTHER;
 }
 
-static bool make_path(char *buf, size_t n, const sj_cache *c, const char *key, const char *ext) {
-    int w = snprintf(buf, n, "%s/%s.%s", c->dir, key, ext);
+/* The entry's file name (relative to the directory handle). */
+static bool make_name(char *buf, size_t n, const char *key, const char *ext) {
+    int w = snprintf(buf, n, "%s.%s", key, ext);
     return w > 0 && (size_t)w < n;
 }
 
@@ -166,6 +162,14 @@ static void count(sj_cache *c, uint64_t *field) {
     pthread_mutex_lock(&c->lock);
     (*field)++;
     pthread_mutex_unlock(&c->lock);
+}
+
+/* One warning per cache for a refused entry (a symlink, another owner, a
+ * FIFO, a bad digest): the call is served without it. */
+static void refuse(sj_cache *c, const char *name, const char *why) {
+    if (!atomic_exchange(&c->warned, true))
+        sj_log_write(c->log, SJ_LOG_WARN, "kernel cache %s: refused %s: %s (further refusals are not logged)",
+                     c->dir, name, why);
 }
 
 /* -- File helpers ------------------------------------------------------------ */
@@ -181,47 +185,83 @@ static int write_all(int fd, const void *data, size_t len) {
     return 0;
 }
 
-/* A fresh temporary in the cache dir, opened for writing; -1 on failure. */
-static int open_tmp(const sj_cache *c, char *path, size_t n) {
+static mode_t file_mode(const sj_cache *c) { return c->keyed ? 0644 : 0600; }
+
+/* A fresh temporary in the cache dir, opened for writing with the cache's
+ * file mode (whatever the umask); its name in name. -1 on failure. */
+static int open_tmp(const sj_cache *c, char *name, size_t n) {
     for (int attempt = 0; attempt < 16; attempt++) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         unsigned long k = atomic_fetch_add(&tmp_counter, 1);
-        int w = snprintf(path, n, "%s/" TMP_PREFIX "%ld.%lu.%lx", c->dir, (long)getpid(), k,
-                         (unsigned long)ts.tv_nsec);
+        int w = snprintf(name, n, TMP_PREFIX "%ld.%lu.%lx", (long)getpid(), k, (unsigned long)ts.tv_nsec);
         if (w < 0 || (size_t)w >= n) return -1;
-        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd >= 0 || errno != EEXIST) return fd;
+        int fd = openat(c->dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            if (fchmod(fd, file_mode(c))) {
+                close(fd);
+                unlinkat(c->dfd, name, 0);
+                return -1;
+            }
+            return fd;
+        }
+        if (errno != EEXIST) return fd;
     }
     return -1;
 }
 
-/* Write data to dest through a temporary and rename. */
+/* Write data to the entry `dest` through a temporary and rename. */
 static sj_status write_atomic(const sj_cache *c, const char *dest, const void *data, size_t len) {
-    char tmp[PATH_MAX];
+    char tmp[128];
     int fd = open_tmp(c, tmp, sizeof tmp);
     if (fd < 0) return sj_seterr(SJ_EBACKEND, "cache: cannot create a temporary in %s: %s", c->dir, strerror(errno));
     int bad = write_all(fd, data, len);
     int err = errno;
     if (close(fd) && !bad) bad = -1, err = errno;
-    if (!bad && rename(tmp, dest)) bad = -1, err = errno;
+    if (!bad && renameat(c->dfd, tmp, c->dfd, dest)) bad = -1, err = errno;
     if (bad) {
-        unlink(tmp);
-        return sj_seterr(SJ_EBACKEND, "cache: cannot write %s: %s", dest, strerror(err));
+        unlinkat(c->dfd, tmp, 0);
+        return sj_seterr(SJ_EBACKEND, "cache: cannot write %s/%s: %s", c->dir, dest, strerror(err));
     }
     return SJ_OK;
 }
 
-static int format_meta(char *buf, size_t n, const char *ext, uint64_t size, uint64_t sum) {
-    return snprintf(buf, n, META_MAGIC "\next %s\nsize %llu\nsum %016llx\n", ext, (unsigned long long)size,
-                    (unsigned long long)sum);
+static int format_meta(char *buf, size_t n, const char *ext, uint64_t size, const char *digest) {
+    return snprintf(buf, n, META_MAGIC "\next %s\nsize %llu\ndigest %s\n", ext, (unsigned long long)size, digest);
+}
+
+/* Opens an entry's file relative to the directory without following a
+ * symlink or blocking on a FIFO, and checks it on its handle: a regular
+ * file of at most max bytes; without a key, owned by the effective user
+ * and writable by nobody else. Returns the fd, or -1 with *why set (NULL
+ * when the file is simply absent). */
+static int open_checked(const sj_cache *c, const char *name, uint64_t max, struct stat *st, const char **why) {
+    *why = NULL;
+    int fd = openat(c->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ELOOP) *why = "a symbolic link";
+        else if (errno != ENOENT) *why = strerror(errno);
+        return -1;
+    }
+    if (fstat(fd, st)) *why = strerror(errno);
+    else if (!S_ISREG(st->st_mode)) *why = "not a regular file";
+    else if (!c->keyed && st->st_uid != geteuid()) *why = "owned by another user";
+    else if (!c->keyed && (st->st_mode & (S_IWGRP | S_IWOTH))) *why = "writable by group or others";
+    else if ((uint64_t)st->st_size > max) *why = "too large";
+    if (*why) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 /* Reads and parses a meta. 1: valid (and for `ext`); 0: missing; -1:
- * garbage; -2: unreadable. */
-static int read_meta(const char *path, const char *ext, uint64_t *size, uint64_t *sum) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT ? 0 : -2;
+ * garbage or refused (*why says which when refused); -2: unreadable. */
+static int read_meta(const sj_cache *c, const char *name, const char *ext, uint64_t *size, char digest[65],
+                     const char **why) {
+    struct stat st;
+    int fd = open_checked(c, name, 255, &st, why);
+    if (fd < 0) return *why ? -1 : 0;
     char buf[256];
     size_t got = 0;
     for (;;) {
@@ -234,83 +274,97 @@ static int read_meta(const char *path, const char *ext, uint64_t *size, uint64_t
     close(fd);
     buf[got] = '\0';
     char e[EXT_MAX + 2];
-    unsigned long long sz, cs;
-    if (sscanf(buf, META_MAGIC "\next %16s\nsize %llu\nsum %llx\n", e, &sz, &cs) != 3) return -1;
+    unsigned long long sz;
+    if (sscanf(buf, META_MAGIC "\next %16s\nsize %llu\ndigest %64s\n", e, &sz, digest) != 3) return -1;
     /* Strict: the text must be exactly what a store writes. */
     char canon[256];
-    int w = format_meta(canon, sizeof canon, e, sz, cs);
-    if (w <= 0 || (size_t)w != got || memcmp(canon, buf, got) || strcmp(e, ext)) return -1;
-    *size = sz, *sum = cs;
+    int w = format_meta(canon, sizeof canon, e, sz, digest);
+    if (w <= 0 || (size_t)w != got || memcmp(canon, buf, got) || strcmp(e, ext) || strlen(digest) != 64 ||
+        !is_hex64(digest))
+        return -1;
+    *size = sz;
     return 1;
 }
 
 /* -- Lookup ------------------------------------------------------------------ */
 
-/* Deletes a bad entry; the artifact only if it is still the file we read. */
-static void drop_entry(const char *art, const char *meta, const struct stat *seen) {
+/* Deletes a bad entry; the artifact only if it is still the file we read
+ * (or, with no file read, whatever stands under its name: a link, a FIFO). */
+static void drop_entry(const sj_cache *c, const char *art, const char *meta, const struct stat *seen) {
     struct stat now;
-    if (!stat(art, &now) && now.st_dev == seen->st_dev && now.st_ino == seen->st_ino) unlink(art);
-    unlink(meta);
+    if (!fstatat(c->dfd, art, &now, AT_SYMLINK_NOFOLLOW) &&
+        (!seen || (now.st_dev == seen->st_dev && now.st_ino == seen->st_ino)))
+        unlinkat(c->dfd, art, 0);
+    unlinkat(c->dfd, meta, 0);
 }
 
 static bool lookup(sj_cache *c, const char *key, const char *ext, char *path, size_t n, void **data,
                    size_t *len) {
-    char art[PATH_MAX], meta[PATH_MAX];
-    if (!c || !valid_key(key) || !valid_ext(ext) || !make_path(art, sizeof art, c, key, ext) ||
-        !make_path(meta, sizeof meta, c, key, "meta"))
+    char art[96], meta[96];
+    if (!c || !valid_key(key) || !valid_ext(ext) || !make_name(art, sizeof art, key, ext) ||
+        !make_name(meta, sizeof meta, key, "meta"))
         return false;
-    if (path && strlen(art) >= n) return false;
+    if (path && strlen(c->dir) + 1 + strlen(art) >= n) return false;
 
-    int fd = open(art, O_RDONLY | O_CLOEXEC);
+    const char *why = NULL;
+    struct stat st;
+    int fd = open_checked(c, art, ARTIFACT_MAX, &st, &why);
     if (fd < 0) {
-        if (errno == ENOENT) unlink(meta); /* orphaned meta */
+        if (why) { /* refused: a link, another owner, a FIFO ... */
+            refuse(c, art, why);
+            drop_entry(c, art, meta, NULL);
+            pthread_mutex_lock(&c->lock);
+            c->stats.misses++, c->stats.corrupt++;
+            pthread_mutex_unlock(&c->lock);
+            return false;
+        }
+        unlinkat(c->dfd, meta, 0); /* orphaned meta */
         count(c, &c->stats.misses);
         return false;
     }
     bool ok = false, corrupt = false;
-    struct stat st;
-    uint64_t want_size = 0, want_sum = 0;
+    uint64_t want_size = 0;
+    char want[65] = "", got_digest[65];
     uint8_t *buf = NULL;
-    int m = read_meta(meta, ext, &want_size, &want_sum);
-    if (fstat(fd, &st)) goto done;
+    int m = read_meta(c, meta, ext, &want_size, want, &why);
     if (m == 0) { /* an artifact without its meta is an orphan */
-        drop_entry(art, meta, &st);
+        drop_entry(c, art, meta, &st);
         goto done;
     }
     if (m == -2) goto done;
-    if (m < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != want_size || want_size > SIZE_MAX - 1) {
+    if (m < 0 || (uint64_t)st.st_size != want_size) {
+        if (why) refuse(c, meta, why);
         corrupt = true;
         goto done;
     }
-    size_t cap = data ? (size_t)want_size + 1 : 65536;
+    size_t cap = (size_t)want_size + 1;
     if (!(buf = malloc(cap))) goto done;
-    hasher h;
-    hash_init(&h);
+    crypto_generichash_state h;
+    digest_init(c, &h, key, ext);
     uint64_t total = 0;
     for (;;) {
-        size_t room = data ? cap - (size_t)total : cap;
-        ssize_t r = read(fd, data ? buf + total : buf, room);
+        ssize_t r = read(fd, buf + total, cap - (size_t)total);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) goto done;
         if (r == 0) break;
-        hash_update(&h, data ? buf + total : buf, (size_t)r);
+        crypto_generichash_update(&h, buf + total, (size_t)r);
         total += (uint64_t)r;
-        if (data && total == cap) break; /* grew under us: mismatch below */
+        if (total == cap) break; /* grew under us: mismatch below */
     }
-    uint64_t sum[4];
-    hash_final(&h, sum);
-    if (total != want_size || sum[0] != want_sum) {
+    digest_final(&h, got_digest);
+    if (total != want_size || sodium_memcmp(got_digest, want, 64)) {
+        refuse(c, art, "its digest does not match (tampered, corrupt, or written under another key)");
         corrupt = true;
         goto done;
     }
     ok = true;
     futimens(fd, NULL); /* LRU: refresh the mtime; a read-only cache just skips it */
-    if (path) snprintf(path, n, "%s", art);
+    if (path) snprintf(path, n, "%s/%s", c->dir, art);
     if (data) *data = buf, *len = (size_t)total, buf = NULL;
 done:
     close(fd);
     free(buf);
-    if (corrupt) drop_entry(art, meta, &st);
+    if (corrupt) drop_entry(c, art, meta, &st);
     pthread_mutex_lock(&c->lock);
     if (ok) c->stats.hits++;
     else c->stats.misses++;
@@ -330,9 +384,9 @@ bool sj_cache_load(sj_cache *c, const char *key, const char *ext, void **data, s
 }
 
 void sj_cache_touch(sj_cache *c, const char *key, const char *ext) {
-    char art[PATH_MAX];
-    if (!c || !valid_key(key) || !valid_ext(ext) || !make_path(art, sizeof art, c, key, ext)) return;
-    utimensat(AT_FDCWD, art, NULL, 0);
+    char art[96];
+    if (!c || !valid_key(key) || !valid_ext(ext) || !make_name(art, sizeof art, key, ext)) return;
+    utimensat(c->dfd, art, NULL, AT_SYMLINK_NOFOLLOW);
 }
 
 /* -- Eviction ---------------------------------------------------------------- */
@@ -399,7 +453,7 @@ static int scan(int dfd, entry **out, size_t *count_out, uint64_t *total) {
 
 static void evict(sj_cache *c) {
     pthread_mutex_lock(&c->evict_lock);
-    int dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = openat(c->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own read position */
     entry *v = NULL;
     size_t n = 0;
     uint64_t total = 0, evicted = 0;
@@ -449,19 +503,19 @@ static sj_status check_store(const sj_cache *c, const char *key, const char *ext
     if (!c) return sj_seterr(SJ_EINVAL, "cache: NULL cache");
     if (!valid_key(key)) return sj_seterr(SJ_EINVAL, "cache: key is not 64 hex digits");
     if (!valid_ext(ext)) return sj_seterr(SJ_EINVAL, "cache: bad artifact extension '%s'", ext ? ext : "(null)");
-    if (!make_path(art, PATH_MAX, c, key, ext) || !make_path(meta, PATH_MAX, c, key, "meta"))
-        return sj_seterr(SJ_EINVAL, "cache: path too long in %s", c->dir);
+    make_name(art, 96, key, ext);
+    make_name(meta, 96, key, "meta");
     return SJ_OK;
 }
 
 /* The meta goes last: it is what makes the artifact visible to lookups. */
 static sj_status finish_store(sj_cache *c, const char *ext, const char *art, const char *meta, uint64_t size,
-                              uint64_t sum) {
+                              const char *digest) {
     char text[256];
-    int w = format_meta(text, sizeof text, ext, size, sum);
+    int w = format_meta(text, sizeof text, ext, size, digest);
     sj_status st = write_atomic(c, meta, text, (size_t)w);
     if (st) {
-        unlink(art); /* no orphan left behind */
+        unlinkat(c->dfd, art, 0); /* no orphan left behind */
         return st;
     }
     count(c, &c->stats.stores);
@@ -470,25 +524,44 @@ static sj_status finish_store(sj_cache *c, const char *ext, const char *art, con
 }
 
 sj_status sj_cache_store(sj_cache *c, const char *key, const char *ext, const void *data, size_t len) {
-    char art[PATH_MAX], meta[PATH_MAX];
+    char art[96], meta[96];
     sj_status st = check_store(c, key, ext, art, meta);
     if (st) return st;
     if (!data && len) return sj_seterr(SJ_EINVAL, "cache: NULL data");
+    if (len > ARTIFACT_MAX) return sj_seterr(SJ_EINVAL, "cache: %zu-byte artifact over the limit", len);
     if ((st = write_atomic(c, art, data, len))) return st;
-    hasher h;
-    hash_init(&h);
-    hash_update(&h, data, len);
-    uint64_t sum[4];
-    hash_final(&h, sum);
-    return finish_store(c, ext, art, meta, len, sum[0]);
+    crypto_generichash_state h;
+    digest_init(c, &h, key, ext);
+    crypto_generichash_update(&h, data, len);
+    char digest[65];
+    digest_final(&h, digest);
+    return finish_store(c, ext, art, meta, len, digest);
 }
 
-/* Copies fd (from its start) into a temporary and renames that to art. */
-static int copy_into(const sj_cache *c, int in, const char *art) {
-    char tmp[PATH_MAX], buf[65536];
-    if (lseek(in, 0, SEEK_SET) < 0) return -1;
+sj_status sj_cache_store_file(sj_cache *c, const char *key, const char *ext, const char *file) {
+    char art[96], meta[96];
+    sj_status st = check_store(c, key, ext, art, meta);
+    if (st) return st;
+    if (!file) return sj_seterr(SJ_EINVAL, "cache: NULL file");
+    /* The file is read once, through one handle, into a temporary of the
+     * cache's own (the bytes digested are the bytes stored). */
+    int in = open(file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (in < 0) return sj_seterr(SJ_EBACKEND, "cache: cannot open %s: %s", file, strerror(errno));
+    struct stat sb;
+    if (fstat(in, &sb) || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > ARTIFACT_MAX) {
+        close(in);
+        return sj_seterr(SJ_EBACKEND, "cache: %s is not a regular file of at most 1 GiB", file);
+    }
+    char tmp[128], buf[65536];
     int out = open_tmp(c, tmp, sizeof tmp);
-    if (out < 0) return -1;
+    if (out < 0) {
+        int err = errno;
+        close(in);
+        return sj_seterr(SJ_EBACKEND, "cache: cannot create a temporary in %s: %s", c->dir, strerror(err));
+    }
+    crypto_generichash_state h;
+    digest_init(c, &h, key, ext);
+    uint64_t total = 0;
     int bad = 0, err = 0;
     for (;;) {
         ssize_t r = read(in, buf, sizeof buf);
@@ -499,71 +572,48 @@ static int copy_into(const sj_cache *c, int in, const char *art) {
             bad = 1, err = errno;
             break;
         }
-    }
-    if (close(out) && !bad) bad = 1, err = errno;
-    if (!bad && rename(tmp, art)) bad = 1, err = errno;
-    if (bad) {
-        unlink(tmp);
-        errno = err;
-        return -1;
-    }
-    return 0;
-}
-
-sj_status sj_cache_store_file(sj_cache *c, const char *key, const char *ext, const char *file) {
-    char art[PATH_MAX], meta[PATH_MAX];
-    sj_status st = check_store(c, key, ext, art, meta);
-    if (st) return st;
-    if (!file) return sj_seterr(SJ_EINVAL, "cache: NULL file");
-    int in = open(file, O_RDONLY | O_CLOEXEC);
-    if (in < 0) return sj_seterr(SJ_EBACKEND, "cache: cannot open %s: %s", file, strerror(errno));
-    struct stat sb;
-    if (fstat(in, &sb) || !S_ISREG(sb.st_mode)) {
-        close(in);
-        return sj_seterr(SJ_EBACKEND, "cache: %s is not a regular file", file);
-    }
-    hasher h;
-    hash_init(&h);
-    uint64_t total = 0;
-    char buf[65536];
-    int bad = 0;
-    for (;;) {
-        ssize_t r = read(in, buf, sizeof buf);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) bad = 1;
-        if (r <= 0) break;
-        hash_update(&h, buf, (size_t)r);
+        crypto_generichash_update(&h, (const uint8_t *)buf, (size_t)r);
         total += (uint64_t)r;
     }
-    /* Move it into place; on another filesystem, copy it. */
-    if (!bad && rename(file, art)) bad = errno != EXDEV || copy_into(c, in, art);
-    int err = errno;
     close(in);
-    if (bad) return sj_seterr(SJ_EBACKEND, "cache: cannot store %s: %s", file, strerror(err));
-    uint64_t sum[4];
-    hash_final(&h, sum);
-    return finish_store(c, ext, art, meta, total, sum[0]);
+    if (close(out) && !bad) bad = 1, err = errno;
+    if (!bad && renameat(c->dfd, tmp, c->dfd, art)) bad = 1, err = errno;
+    if (bad) {
+        unlinkat(c->dfd, tmp, 0);
+        return sj_seterr(SJ_EBACKEND, "cache: cannot store %s: %s", file, strerror(err));
+    }
+    char digest[65];
+    digest_final(&h, digest);
+    return finish_store(c, ext, art, meta, total, digest);
 }
 
 /* -- Lifecycle ---------------------------------------------------------------- */
 
+/* Creates the missing directories of path, each 0700 whatever the umask. */
 static int mkdir_p(char *path) {
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
+    for (char *p = path + 1;; p++) {
+        if (*p && *p != '/') continue;
+        char was = *p;
         *p = '\0';
-        int r = mkdir(path, 0755);
-        *p = '/';
+        int r = mkdir(path, 0700);
+        if (!r) chmod(path, 0700);
+        *p = was;
         if (r && errno != EEXIST) return -1;
+        if (!was) break;
     }
-    if (mkdir(path, 0755) && errno != EEXIST) return -1;
-    struct stat st;
-    return !stat(path, &st) && S_ISDIR(st.st_mode) ? 0 : -1;
+    return 0;
 }
 
 sj_status sj_cache_open(const char *dir, uint64_t max_bytes, sj_cache **out) {
+    return sj_cache_open_keyed(dir, max_bytes, NULL, NULL, out);
+}
+
+sj_status sj_cache_open_keyed(const char *dir, uint64_t max_bytes, const char *key, const sj_log_sink *log,
+                              sj_cache **out) {
     if (!out) return sj_seterr(SJ_EINVAL, "sj_cache_open: out is NULL");
     *out = NULL;
     if (!dir || !*dir) return sj_seterr(SJ_EINVAL, "sj_cache_open: no directory given");
+    if (!crypto_ready()) return sj_seterr(SJ_EBACKEND, "sj_cache_open: libsodium failed to initialise");
     size_t len = strlen(dir);
     if (len + 1 + 64 + 1 + EXT_MAX + 1 >= PATH_MAX) return sj_seterr(SJ_EINVAL, "sj_cache_open: path too long");
     sj_cache *c = calloc(1, sizeof *c);
@@ -571,19 +621,44 @@ sj_status sj_cache_open(const char *dir, uint64_t max_bytes, sj_cache **out) {
         free(c);
         return sj_seterr(SJ_ENOMEM, "sj_cache_open: out of memory");
     }
-    while (len > 1 && c->dir[len - 1] == '/') c->dir[--len] = '\0';
-    if (mkdir_p(c->dir) || access(c->dir, W_OK | X_OK)) {
-        int err = errno;
-        free(c->dir);
-        free(c);
-        return sj_seterr(SJ_EINVAL, "sj_cache_open: cannot use directory %s: %s", dir, strerror(err));
+    c->dfd = -1;
+    c->log = log;
+    if (key && *key) {
+        c->keyed = true;
+        crypto_generichash(c->mac_key, sizeof c->mac_key, (const uint8_t *)key, strlen(key), NULL, 0);
     }
-    bool locked = !pthread_mutex_init(&c->lock, NULL);
-    if (!locked || pthread_mutex_init(&c->evict_lock, NULL)) {
+    while (len > 1 && c->dir[len - 1] == '/') c->dir[--len] = '\0';
+    sj_status st = SJ_OK;
+    struct stat ds;
+    struct stat ls;
+    if (!lstat(c->dir, &ls) && S_ISLNK(ls.st_mode)) {
+        st = sj_seterr(SJ_EINVAL, "sj_cache_open: refusing %s: it is a symbolic link", dir);
+    } else if (mkdir_p(c->dir) || (c->dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+               fstat(c->dfd, &ds) || faccessat(c->dfd, ".", W_OK | X_OK, AT_EACCESS)) {
+        st = sj_seterr(SJ_EINVAL, "sj_cache_open: cannot use directory %s: %s", dir,
+                       errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+    } else if (!c->keyed && ds.st_uid != geteuid()) {
+        st = sj_seterr(SJ_EINVAL,
+                       "sj_cache_open: refusing %s: owned by uid %u, not this process's uid %u (a cache shared "
+                       "between users needs a key: SHAPEJIT_CACHE_KEY or cache_key)",
+                       dir, (unsigned)ds.st_uid, (unsigned)geteuid());
+    } else if (!c->keyed && (ds.st_mode & (S_IWGRP | S_IWOTH))) {
+        st = sj_seterr(SJ_EINVAL,
+                       "sj_cache_open: refusing %s: writable by group or others (mode %03o; chmod 700 it, or "
+                       "share it with a key: SHAPEJIT_CACHE_KEY or cache_key)",
+                       dir, (unsigned)(ds.st_mode & 0777));
+    }
+    bool locked = !st && !pthread_mutex_init(&c->lock, NULL);
+    if (!st && (!locked || pthread_mutex_init(&c->evict_lock, NULL))) {
         if (locked) pthread_mutex_destroy(&c->lock);
+        st = sj_seterr(SJ_ENOMEM, "sj_cache_open: cannot create a mutex");
+    }
+    if (st) {
+        if (c->dfd >= 0) close(c->dfd);
+        sodium_memzero(c->mac_key, sizeof c->mac_key);
         free(c->dir);
         free(c);
-        return sj_seterr(SJ_ENOMEM, "sj_cache_open: cannot create a mutex");
+        return st;
     }
     c->max_bytes = max_bytes;
     /* Sweep stale temporaries (and trim to the cap) once at open. */
@@ -596,6 +671,8 @@ void sj_cache_close(sj_cache *c) {
     if (!c) return;
     pthread_mutex_destroy(&c->evict_lock);
     pthread_mutex_destroy(&c->lock);
+    if (c->dfd >= 0) close(c->dfd);
+    sodium_memzero(c->mac_key, sizeof c->mac_key);
     free(c->dir);
     free(c);
 }
@@ -611,3 +688,5 @@ void sj_cache_get_stats(const sj_cache *c, sj_cache_stats *out) {
 }
 
 const char *sj_cache_dir(const sj_cache *c) { return c ? c->dir : NULL; }
+
+bool sj_cache_keyed(const sj_cache *c) { return c && c->keyed; }

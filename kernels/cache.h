@@ -5,7 +5,8 @@
  *
  * Layout: <dir>/<key>.<ext> is the artifact exactly as the backend loads it
  * (a shared object for the CPU, a CUBIN for CUDA) and <dir>/<key>.meta
- * records its size and checksum. Both are written atomically (a temporary
+ * records its size and digest (BLAKE2b, keyed when the cache has a key;
+ * the trust rules are at the top of cache.c). Both are written atomically (a temporary
  * file, then rename). A lookup verifies the checksum; a corrupt, truncated or
  * orphaned artifact is deleted and reported as a miss. The directory is kept
  * under a size cap by deleting the least recently used artifacts (use
@@ -20,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/log.h"
 #include "jit/shapejit.h"
 
 typedef struct sj_cache sj_cache;
@@ -28,9 +30,20 @@ typedef struct sj_cache_stats {
     uint64_t hits, misses, stores, corrupt, evictions;
 } sj_cache_stats;
 
-/* Open (creating the directory, and its parents, if needed). max_bytes 0:
- * no cap. SJ_EINVAL when dir is NULL or empty or cannot be created. */
+/* Open (creating the directory, and its parents, 0700 if needed). max_bytes
+ * 0: no cap. key: NULL or "" for a private cache, which must be owned by
+ * the effective user and writable by nobody else; with a key, entries'
+ * digests are keyed with it (BLAKE2b, libsodium) and a directory shared
+ * between users is allowed. log: where a refused entry is warned about
+ * (once per cache); NULL: nowhere. SJ_EINVAL when dir is NULL or empty,
+ * cannot be created, is a symbolic link, or fails the ownership rules
+ * (the message says which and how to fix it). */
+sj_status sj_cache_open_keyed(const char *dir, uint64_t max_bytes, const char *key, const sj_log_sink *log,
+                              sj_cache **out);
+/* sj_cache_open_keyed without a key or a log. */
 sj_status sj_cache_open(const char *dir, uint64_t max_bytes, sj_cache **out);
+/* Whether the cache was opened with a key. */
+bool sj_cache_keyed(const sj_cache *c);
 void sj_cache_close(sj_cache *c); /* NULL is a no-op */
 
 /* A 64-hex-digit key from any number of byte strings (NUL-terminated,
@@ -38,7 +51,9 @@ void sj_cache_close(sj_cache *c); /* NULL is a no-op */
 void sj_cache_key(char out[65], const char *const *parts, int n_parts);
 
 /* Verified lookup. On a hit writes the artifact's path (ext: "so", "cubin")
- * to path and returns true; the file stays valid until evicted. */
+ * to path and returns true. For tests and tools only: code that loads an
+ * artifact must use sj_cache_load, which returns the very bytes that were
+ * verified (a path opened again could name another file by then). */
 bool sj_cache_lookup(sj_cache *c, const char *key, const char *ext, char *path, size_t n);
 /* The same, reading the artifact into a malloc'd buffer (caller frees). */
 bool sj_cache_load(sj_cache *c, const char *key, const char *ext, void **data, size_t *len);

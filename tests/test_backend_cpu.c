@@ -259,6 +259,77 @@ static void test_cache_corrupt_recompiled(void **state) {
     sj_cache_close(cache);
 }
 
+/* The attack of issue 25: someone who can write the cache directory plants
+ * a valid shared object that also holds the real kernels, with a matching
+ * meta, under the key of a unit the runtime will load. In a keyed cache the
+ * forger lacks the key: the entry is refused, its constructor never runs,
+ * the unit is compiled anew and the kernels are right. */
+static void test_planted_shared_object_refused(void **state) {
+    fixture *f = *state;
+    char cdir[PATH_MAX], marker[PATH_MAX], evil_c[PATH_MAX], evil_so[PATH_MAX];
+    snprintf(cdir, sizeof cdir, "%s/cache", f->dir);
+    sj_cache *keyed, *forger;
+    assert_int_equal(sj_cache_open_keyed(cdir, 0, "the operator's secret", NULL, &keyed), SJ_OK);
+    assert_int_equal(sj_cache_open(cdir, 0, &forger), SJ_OK); /* writes the dir, lacks the key */
+    sj_backend *b = make(f, NULL, keyed);
+    sj_compile_req req = req_of(SRC, "planted");
+    sj_compile_result r;
+    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
+    char key[65];
+    memcpy(key, r.key, sizeof key);
+    b->unload(b, r.module);
+    b->destroy(b);
+
+    /* the forged unit: the real kernels plus a constructor that leaves a mark */
+    snprintf(marker, sizeof marker, "%s/constructor-ran", f->dir);
+    snprintf(evil_c, sizeof evil_c, "%s/evil.c", f->dir);
+    snprintf(evil_so, sizeof evil_so, "%s/evil.so", f->dir);
+    FILE *fp = fopen(evil_c, "w");
+    assert_non_null(fp);
+    fprintf(fp, "%s\n#include <stdio.h>\n__attribute__((constructor)) static void planted(void) {\n"
+                "    FILE *m = fopen(\"%s\", \"w\"); if (m) fclose(m);\n}\n", SRC, marker);
+    assert_int_equal(fclose(fp), 0);
+    char cmd[3 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "cc -O1 -fPIC -shared -o '%s' '%s' -lm", evil_so, evil_c);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(sj_cache_store_file(forger, key, "so", evil_so), SJ_OK);
+
+    sj_backend *b2 = make(f, NULL, keyed);
+    assert_int_equal(b2->compile(b2, &req, &r), SJ_OK);
+    assert_false(r.from_cache); /* refused, compiled anew */
+    check_kernels(&r);
+    assert_int_equal(access(marker, F_OK), -1); /* the planted constructor never ran */
+    sj_cache_stats st;
+    sj_cache_get_stats(keyed, &st);
+    assert_int_equal(st.corrupt, 1);
+    b2->unload(b2, r.module);
+    b2->destroy(b2);
+    sj_cache_close(forger);
+    sj_cache_close(keyed);
+}
+
+/* A unit loaded from the cache is loaded from the bytes that were verified:
+ * replacing the artifact after a store changes nothing a later load sees
+ * unless the digest matches. */
+static void test_cache_hit_loads_verified_bytes(void **state) {
+    fixture *f = *state;
+    char cdir[PATH_MAX];
+    sj_cache *cache = tu_open_cache(f->dir, cdir);
+    sj_backend *b = make(f, NULL, cache);
+    sj_compile_req req = req_of(SRC, "verified");
+    sj_compile_result r;
+    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
+    b->unload(b, r.module);
+    b->destroy(b);
+    sj_backend *b2 = make(f, NULL, cache);
+    assert_int_equal(b2->compile(b2, &req, &r), SJ_OK);
+    assert_true(r.from_cache);
+    check_kernels(&r);
+    b2->unload(b2, r.module);
+    b2->destroy(b2);
+    sj_cache_close(cache);
+}
+
 /* -- Hooks and dumps ------------------------------------------------------------- */
 
 static void test_hooks(void **state) {
@@ -299,8 +370,43 @@ static void test_dump_dir(void **state) {
     req.tag = "../escape";
     assert_int_equal(b->compile(b, &req, &r), SJ_OK);
     b->unload(b, r.module);
-    snprintf(path, sizeof path, "%s/.._escape.c", dump);
+    snprintf(path, sizeof path, "%s/_._escape.c", dump);
     assert_int_equal(access(path, F_OK), 0);
+    /* a name with a newline stays one file name without it */
+    req.tag = "two\nlines";
+    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
+    b->unload(b, r.module);
+    snprintf(path, sizeof path, "%s/two_lines.c", dump);
+    assert_int_equal(access(path, F_OK), 0);
+    /* a planted symlink where a dump goes: replaced, its target untouched */
+    char victim[PATH_MAX];
+    snprintf(victim, sizeof victim, "%s/victim", f->dir);
+    FILE *vf = fopen(victim, "w");
+    assert_non_null(vf);
+    fputs("precious", vf);
+    fclose(vf);
+    snprintf(path, sizeof path, "%s/enc.e1.sym.c", dump);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(symlink(victim, path), 0);
+    req.tag = "enc.e1.sym";
+    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
+    b->unload(b, r.module);
+    tu_expect_file(victim, "precious", 8);
+    tu_expect_file(path, SRC, strlen(SRC));
+    struct stat lst;
+    assert_int_equal(lstat(path, &lst), 0);
+    assert_true(S_ISREG(lst.st_mode));
+    b->destroy(b);
+    /* a dump dir writable by others: refused (logged), the compile works */
+    char open_dir[PATH_MAX];
+    snprintf(open_dir, sizeof open_dir, "%s/opendump", f->dir);
+    assert_int_equal(mkdir(open_dir, 0777), 0);
+    assert_int_equal(chmod(open_dir, 0777), 0);
+    cfg.dump_dir = open_dir;
+    assert_int_equal(sj_cpu_backend_create(&cfg, &b), SJ_OK);
+    assert_int_equal(b->compile(b, &req, &r), SJ_OK);
+    b->unload(b, r.module);
+    assert_true(tu_logged(&f->log, "writable by group or others"));
     b->destroy(b);
     /* a dump dir that cannot be made: logged, the compile still works */
     snprintf(path, sizeof path, "%s/dumps/nested/enc.e1.sym.c/sub", f->dir);
@@ -484,6 +590,7 @@ int main(void) {
         T(test_compile_and_call),    T(test_rt_max_native_width), T(test_compile_error),        T(test_missing_compiler),
         T(test_missing_symbol),      T(test_invalid_requests),     T(test_cache_second_backend),
         T(test_cache_corrupt_recompiled), T(test_hooks),           T(test_dump_dir),
+        T(test_planted_shared_object_refused), T(test_cache_hit_loads_verified_bytes),
         T(test_shared_units),        T(test_shared_concurrent),
         T(test_concurrent_compiles), T(test_no_leaks),
     };

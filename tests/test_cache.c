@@ -1,6 +1,8 @@
-/* Tests for jit/cache: key determinism and sensitivity (part boundaries),
- * store and lookup from memory and from a file (moved, or copied across
- * filesystems), corrupt / truncated / orphaned / garbage entries are misses
+/* Tests for kernels/cache: key determinism and sensitivity (part
+ * boundaries), store and lookup from memory and from a file (copied),
+ * the trust rules (another owner's or a group-writable directory refused
+ * without a key; modes 0700/0600 whatever the umask; symlinks, FIFOs and
+ * other owners' entries refused; keyed digests), corrupt / truncated / orphaned / garbage entries are misses
  * and are deleted, the size cap evicts least-recently-used first (a lookup
  * refreshes), two caches on one directory, 8 threads storing and loading at
  * once, files that are not ours left alone, stale temporaries swept, and
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -178,7 +181,7 @@ static void test_store_file(void **state) {
     snprintf(src, sizeof src, "%s/k.so", f->dir);
     write_bytes(src, data, sizeof data);
     assert_int_equal(sj_cache_store_file(c, key, "so", src), SJ_OK);
-    assert_false(exists(src)); /* same filesystem: moved */
+    assert_true(exists(src)); /* copied: the bytes digested are the bytes written into the cache */
     assert_true(sj_cache_lookup(c, key, "so", path, sizeof path));
     void *got;
     size_t len;
@@ -511,6 +514,187 @@ static void test_open_errors(void **state) {
     assert_int_equal(s.hits, 0);
 }
 
+/* -- Trust ----------------------------------------------------------------------- */
+
+/* A user that is not the test's (tests run as root in CI; as a user, the
+ * chown checks need root and are skipped). */
+#define OTHER_UID 65534
+
+static void test_dir_of_another_user(void **state) {
+    fixture *f = *state;
+    if (geteuid() != 0) {
+        print_message("skipped: chown to another user needs root\n");
+        return;
+    }
+    assert_int_equal(mkdir(f->cdir, 0700), 0);
+    assert_int_equal(chown(f->cdir, OTHER_UID, OTHER_UID), 0);
+    sj_cache *c = NULL;
+    assert_int_equal(sj_cache_open(f->cdir, 0, &c), SJ_EINVAL);
+    assert_null(c);
+    assert_non_null(strstr(sj_last_error(), "owned by uid 65534"));
+    assert_non_null(strstr(sj_last_error(), "SHAPEJIT_CACHE_KEY"));
+    /* with a key, a shared directory is used (entries are verified by it) */
+    assert_int_equal(sj_cache_open_keyed(f->cdir, 0, "team secret", NULL, &c), SJ_OK);
+    assert_true(sj_cache_keyed(c));
+    sj_cache_close(c);
+}
+
+static void test_dir_writable_by_others(void **state) {
+    fixture *f = *state;
+    assert_int_equal(mkdir(f->cdir, 0700), 0);
+    assert_int_equal(chmod(f->cdir, 0777), 0);
+    sj_cache *c = NULL;
+    assert_int_equal(sj_cache_open(f->cdir, 0, &c), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "writable by group or others (mode 777"));
+    assert_int_equal(chmod(f->cdir, 0770), 0);
+    assert_int_equal(sj_cache_open(f->cdir, 0, &c), SJ_EINVAL);
+    assert_int_equal(chmod(f->cdir, 0755), 0);
+    assert_int_equal(sj_cache_open(f->cdir, 0, &c), SJ_OK);
+    sj_cache_close(c);
+    /* a symlink to a good directory is not followed */
+    char link[PATH_MAX];
+    snprintf(link, sizeof link, "%s/link", f->dir);
+    assert_int_equal(symlink(f->cdir, link), 0);
+    assert_int_equal(sj_cache_open(link, 0, &c), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "symbolic link"));
+}
+
+static mode_t mode_of(const char *path) {
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    return st.st_mode & 07777;
+}
+
+static void test_modes_whatever_the_umask(void **state) {
+    fixture *f = *state;
+    mode_t old = umask(0);
+    char deep[PATH_MAX], art[PATH_MAX], meta[PATH_MAX], key[65], src[PATH_MAX];
+    snprintf(deep, sizeof deep, "%s/made/here", f->dir);
+    sj_cache *c;
+    assert_int_equal(sj_cache_open(deep, 0, &c), SJ_OK);
+    umask(old);
+    assert_int_equal(mode_of(deep), 0700);
+    snprintf(art, sizeof art, "%s/made", f->dir);
+    assert_int_equal(mode_of(art), 0700);
+    umask(0);
+    key_of(key, "modes");
+    assert_int_equal(sj_cache_store(c, key, "cubin", "abc", 3), SJ_OK);
+    snprintf(art, sizeof art, "%s/%s.cubin", deep, key);
+    snprintf(meta, sizeof meta, "%s/%s.meta", deep, key);
+    assert_int_equal(mode_of(art), 0600);
+    assert_int_equal(mode_of(meta), 0600);
+    /* a compiler's output of mode 0777 is stored 0600 */
+    snprintf(src, sizeof src, "%s/k.so", f->dir);
+    write_bytes(src, "so bytes", 8);
+    assert_int_equal(chmod(src, 0777), 0);
+    key_of(key, "modes2");
+    assert_int_equal(sj_cache_store_file(c, key, "so", src), SJ_OK);
+    snprintf(art, sizeof art, "%s/%s.so", deep, key);
+    assert_int_equal(mode_of(art), 0600);
+    umask(old);
+    sj_cache_close(c);
+}
+
+/* Each way an entry's file can be something other than what the cache
+ * wrote: refused (a miss, counted as corrupt, removed), never followed,
+ * never blocking. */
+enum { SYMLINK_ART, SYMLINK_META, FIFO_ART, OTHER_OWNER_ART, GROUP_WRITABLE_ART };
+
+static void refused_case(fixture *f, int how) {
+    sj_cache *c;
+    assert_int_equal(sj_cache_open(f->cdir, 0, &c), SJ_OK);
+    char key[65], art[PATH_MAX], meta[PATH_MAX], elsewhere[PATH_MAX];
+    key_of(key, "refused");
+    path_of(art, sizeof art, f, key, "so");
+    path_of(meta, sizeof meta, f, key, "meta");
+    assert_int_equal(sj_cache_store(c, key, "so", "real bytes", 10), SJ_OK);
+    snprintf(elsewhere, sizeof elsewhere, "%s/elsewhere", f->dir);
+    switch (how) {
+    case SYMLINK_ART: /* the same valid bytes, through a link */
+        assert_int_equal(rename(art, elsewhere), 0);
+        assert_int_equal(symlink(elsewhere, art), 0);
+        break;
+    case SYMLINK_META:
+        assert_int_equal(rename(meta, elsewhere), 0);
+        assert_int_equal(symlink(elsewhere, meta), 0);
+        break;
+    case FIFO_ART:
+        assert_int_equal(unlink(art), 0);
+        assert_int_equal(mkfifo(art, 0600), 0);
+        break;
+    case OTHER_OWNER_ART:
+        if (geteuid() != 0) {
+            print_message("skipped: chown needs root\n");
+            sj_cache_close(c);
+            return;
+        }
+        assert_int_equal(chown(art, OTHER_UID, OTHER_UID), 0);
+        break;
+    case GROUP_WRITABLE_ART:
+        assert_int_equal(chmod(art, 0620), 0);
+        break;
+    }
+    alarm(20); /* a FIFO that blocked the open would hang here */
+    void *got = NULL;
+    size_t len = 0;
+    assert_false(sj_cache_load(c, key, "so", &got, &len));
+    alarm(0);
+    assert_int_equal(stats_of(c).corrupt, 1);
+    struct stat st;
+    assert_true(lstat(art, &st) != 0 || how == SYMLINK_META); /* removed (a link itself, not its target) */
+    assert_true(exists(elsewhere) || how == FIFO_ART || how == OTHER_OWNER_ART || how == GROUP_WRITABLE_ART);
+    /* the slot is usable again */
+    assert_int_equal(sj_cache_store(c, key, "so", "new bytes!", 10), SJ_OK);
+    assert_true(sj_cache_load(c, key, "so", &got, &len));
+    assert_memory_equal(got, "new bytes!", 10);
+    free(got);
+    sj_cache_close(c);
+}
+
+static void test_symlinked_artifact(void **state) { refused_case(*state, SYMLINK_ART); }
+static void test_symlinked_meta(void **state) { refused_case(*state, SYMLINK_META); }
+static void test_fifo_artifact(void **state) { refused_case(*state, FIFO_ART); }
+static void test_artifact_of_another_user(void **state) { refused_case(*state, OTHER_OWNER_ART); }
+static void test_group_writable_artifact(void **state) { refused_case(*state, GROUP_WRITABLE_ART); }
+
+/* With a key, an entry written without it, or under another key, is
+ * refused: whoever can write the directory cannot forge an entry. */
+static void test_keyed_digests(void **state) {
+    fixture *f = *state;
+    sj_cache *plain, *k1, *k2;
+    assert_int_equal(sj_cache_open(f->cdir, 0, &plain), SJ_OK);
+    assert_int_equal(sj_cache_open_keyed(f->cdir, 0, "key one", NULL, &k1), SJ_OK);
+    assert_int_equal(sj_cache_open_keyed(f->cdir, 0, "key two", NULL, &k2), SJ_OK);
+    char key[65];
+    void *got;
+    size_t len;
+    key_of(key, "keyed");
+    assert_int_equal(sj_cache_store(k1, key, "so", "signed", 6), SJ_OK);
+    assert_true(sj_cache_load(k1, key, "so", &got, &len));
+    free(got);
+    assert_false(sj_cache_load(k2, key, "so", &got, &len)); /* another key: refused and removed */
+    assert_int_equal(stats_of(k2).corrupt, 1);
+    assert_false(sj_cache_load(k1, key, "so", &got, &len));
+    /* a forger without the key writes a consistent unkeyed entry */
+    assert_int_equal(sj_cache_store(plain, key, "so", "forged", 6), SJ_OK);
+    assert_true(sj_cache_load(plain, key, "so", &got, &len));
+    free(got);
+    assert_false(sj_cache_load(k1, key, "so", &got, &len));
+    /* the digest binds the entry's key: bytes moved to another key's name
+     * are refused */
+    char key2[65], a1[PATH_MAX], m1[PATH_MAX], a2[PATH_MAX], m2[PATH_MAX];
+    key_of(key2, "keyed2");
+    assert_int_equal(sj_cache_store(k1, key, "so", "first", 5), SJ_OK);
+    path_of(a1, sizeof a1, f, key, "so"), path_of(m1, sizeof m1, f, key, "meta");
+    path_of(a2, sizeof a2, f, key2, "so"), path_of(m2, sizeof m2, f, key2, "meta");
+    assert_int_equal(rename(a1, a2), 0);
+    assert_int_equal(rename(m1, m2), 0);
+    assert_false(sj_cache_load(k1, key2, "so", &got, &len));
+    sj_cache_close(plain);
+    sj_cache_close(k1);
+    sj_cache_close(k2);
+}
+
 int main(void) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
@@ -529,6 +713,15 @@ int main(void) {
         T(test_concurrent),
         T(test_concurrent_capped),
         T(test_open_errors),
+        T(test_dir_of_another_user),
+        T(test_dir_writable_by_others),
+        T(test_modes_whatever_the_umask),
+        T(test_symlinked_artifact),
+        T(test_symlinked_meta),
+        T(test_fifo_artifact),
+        T(test_artifact_of_another_user),
+        T(test_group_writable_artifact),
+        T(test_keyed_digests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

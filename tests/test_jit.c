@@ -569,6 +569,55 @@ static void test_cache_warm_and_corrupt(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* The runtime and the cache's trust rules: a directory others may write
+ * is refused with one warning and the function still gets fused kernels
+ * (compiled, not loaded); with cache_key, entries are signed and another
+ * key's entries are recompiled. */
+static void test_cache_trust_in_runtime(void **state) {
+    sj_tensor in[4];
+    w2_inputs(in, 5, 32);
+    char open_dir[300], keyed[300];
+    snprintf(open_dir, sizeof open_dir, "%s/open", cache_dir);
+    snprintf(keyed, sizeof keyed, "%s/keyed", cache_dir);
+    assert_int_equal(mkdir(open_dir, 0700), 0);
+    assert_int_equal(chmod(open_dir, 0777), 0);
+    tu_logbook log = {0};
+    pthread_mutex_init(&log.lock, NULL);
+    sj_runtime_config cfg = config(SJ_COMPILE_SYNC, NULL, open_dir);
+    cfg.log_mask = SJ_LOG_WARN;
+    cfg.log_fn = tu_log_sink;
+    cfg.log_user = &log;
+    sj_runtime *rt = create(&cfg);
+    assert_true(tu_logged(&log, "no persistent kernel cache"));
+    assert_true(tu_logged(&log, "writable by group or others"));
+    sj_fn *fn = make(rt, "refused", 4, m_w2, SJ_DYNAMIC_STATIC, 1);
+    call_and_compare(rt, fn, m_w2, in, 4, 2, 1e-5);
+    assert_int_equal(stats(fn).fused_specialized_calls, 1);
+    sj_runtime_destroy(rt);
+    assert_int_equal(count_files(open_dir, ".so"), 0);
+
+    /* signed with one key: a hit under it, a recompile under another */
+    const char *keys[3] = {"alpha", "alpha", "beta"};
+    const uint64_t hits[3] = {0, 1, 0};
+    for (int i = 0; i < 3; i++) {
+        cfg = config(SJ_COMPILE_SYNC, NULL, keyed);
+        cfg.cache_key = keys[i];
+        rt = create(&cfg);
+        fn = make(rt, "signed", 4, m_w2, SJ_DYNAMIC_STATIC, 1);
+        call_and_compare(rt, fn, m_w2, in, 4, 2, 1e-5);
+        assert_int_equal(stats(fn).compile_cache_hits, hits[i]);
+        assert_int_equal(stats(fn).fused_specialized_calls, 1);
+        sj_runtime_destroy(rt);
+    }
+    /* SHAPEJIT_CACHE_KEY is read into cache_key */
+    setenv("SHAPEJIT_CACHE_KEY", "from the environment", 1);
+    sj_runtime_config_init(&cfg);
+    assert_string_equal(cfg.cache_key, "from the environment");
+    unsetenv("SHAPEJIT_CACHE_KEY");
+    tu_free_all();
+    pthread_mutex_destroy(&log.lock);
+}
+
 /* -- Specialization of hot shapes ------------------------------------------------------------- */
 
 static void test_hot_shapes_specialized(void **state) {
@@ -639,7 +688,8 @@ int main(void) {
         T(test_sync_fused_static_and_symbolic), T(test_two_outputs_row_group), T(test_matmul_chain_and_caller_outputs),
         T(test_off_mode),                       T(test_async_slow_compile_hot_swap), T(test_wait_idle_timeout),
         T(test_destroy_during_compile),         T(test_cold_job_dropped),       T(test_missing_compiler),
-        T(test_compile_error_injected),         T(test_cache_warm_and_corrupt), T(test_hot_shapes_specialized),
+        T(test_compile_error_injected),         T(test_cache_warm_and_corrupt), T(test_cache_trust_in_runtime),
+        T(test_hot_shapes_specialized),
         T(test_streaming_config),
         T(test_blas_threads),                   T(test_identical_units_shared),
     };

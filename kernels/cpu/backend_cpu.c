@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -250,7 +251,7 @@ static void remove_tmpdir(const char *dir) {
 static sj_status compile_fresh(void *self, const sj_compile_req *req, const char *src, const char *tag,
                                const char *note, sj_compile_result *out) {
     cpu_backend *b = self;
-    const char *tmp = getenv("TMPDIR");
+    const char *tmp = secure_getenv("TMPDIR");
     char dir[PATH_MAX], cfile[PATH_MAX], sofile[PATH_MAX], msg[512];
     if (!tmp || !*tmp) tmp = "/tmp";
     if (snprintf(dir, sizeof dir, "%s/sjcc-XXXXXX", tmp) >= (int)sizeof dir - 8 || !mkdtemp(dir)) {
@@ -314,11 +315,42 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
 
 /* -- Driver steps (sj_backend_compile) --------------------------------------- */
 
+/* Loads a cached unit from exactly the bytes the cache verified: they are
+ * copied into an anonymous memory file (memfd) and dlopen'd through its
+ * /proc/self/fd name, so no file in the cache directory is opened again
+ * (a swap between the check and the load cannot win). Where memfd or
+ * /proc is missing, a private copy in a fresh 0700 directory is loaded. */
+static bool load_bytes(const void *data, size_t len, const sj_compile_req *req, sj_compile_result *out) {
+    char path[PATH_MAX];
+    int fd = memfd_create("shapejit-kernel", MFD_CLOEXEC);
+    if (fd >= 0) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        bool ok = !sj_backend_write_fd(fd, data, len) && !access(path, R_OK) && load(path, req, out);
+        close(fd); /* the mapping keeps the unit */
+        if (ok) return true;
+    }
+    const char *tmp = secure_getenv("TMPDIR");
+    char dir[PATH_MAX];
+    if (!tmp || !*tmp) tmp = "/tmp";
+    if (snprintf(dir, sizeof dir, "%s/sjld-XXXXXX", tmp) >= (int)sizeof dir - 8 || !mkdtemp(dir)) {
+        snprintf(out->log, sizeof out->log, "cannot create a temporary directory in %s: %s", tmp, strerror(errno));
+        return false;
+    }
+    snprintf(path, sizeof path, "%s/k.so", dir);
+    bool ok = !sj_backend_write_file(path, data, len) && load(path, req, out);
+    unlink(path);
+    rmdir(dir);
+    return ok;
+}
+
 static int cpu_load_cached(void *self, const sj_compile_req *req, sj_compile_result *out) {
     cpu_backend *b = self;
-    char path[PATH_MAX];
-    if (!b->cache || !sj_cache_lookup(b->cache, out->key, "so", path, sizeof path)) return 0;
-    return load(path, req, out) ? 1 : -1;
+    void *data = NULL;
+    size_t len = 0;
+    if (!b->cache || !sj_cache_load(b->cache, out->key, "so", &data, &len)) return 0;
+    bool ok = load_bytes(data, len, req, out);
+    free(data);
+    return ok ? 1 : -1;
 }
 
 static const char *cpu_refuse(void *self, char *buf, size_t n) {

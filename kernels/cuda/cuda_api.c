@@ -50,8 +50,8 @@ static void append(char *buf, size_t n, const char *s) {
  * tried and `why` keeps the first error that was not a plain "not found"
  * (a library that exists but does not load says more than a missing one). */
 static void *open_first(const char *const *names, int n_names, char *tried, size_t tn, char *why, size_t wn) {
-    const char *env_libs = getenv("SHAPEJIT_CUDA_LIBS");
-    const char *cuda_home = getenv("CUDA_HOME");
+    const char *env_libs = secure_getenv("SHAPEJIT_CUDA_LIBS");
+    const char *cuda_home = secure_getenv("CUDA_HOME");
     char home_lib[PATH_MAX] = "";
     if (cuda_home && cuda_home[0]) snprintf(home_lib, sizeof home_lib, "%s/lib64", cuda_home);
     const char *dirs[] = {env_libs, home_lib, "/usr/local/cuda/lib64", NULL /* bare names */};
