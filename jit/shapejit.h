@@ -379,6 +379,58 @@ SJ_API sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor 
  * Thread-safe. */
 SJ_API void sj_tensor_free(sj_runtime *rt, sj_tensor *t);
 
+/* -- Weights from safetensors files ----------------------------------------
+ *
+ * A model's weights in the safetensors format (an 8-byte little-endian
+ * header length, a JSON header naming each tensor's dtype, shape and byte
+ * range, then the data), as Hugging Face models ship them.
+ *
+ *   sj_weights *w;
+ *   sj_weights_open(rt, "model/model.safetensors", &w);
+ *   sj_tensor q;
+ *   sj_weights_get(w, "encoder.layer.0.attention.self.query.weight", SJ_F32,
+ *                  2, (int64_t[]){384, 384}, &q);   // then sj_param(t, &q)
+ *   ...                                             // destroy the functions
+ *   sj_weights_close(w);
+ *
+ * The file is mapped read-only once. Every entry is checked at open (a
+ * named dtype, at most SJ_MAX_RANK non-negative sizes, a byte range inside
+ * the data that holds exactly its elements, no two ranges overlapping), so
+ * a malformed or truncated file is refused whole, with an sj_status whose
+ * message names the file, the tensor and what was wrong.
+ *
+ * Ownership: the tensors sj_weights_get returns belong to w and stay valid
+ * until sj_weights_close; functions that captured them with sj_param must
+ * be destroyed first. On the CPU backend a tensor asked for in its stored
+ * dtype is the mapping itself (zero-copy; a copy if misaligned); a
+ * conversion between f32, f16 and bf16 (round to nearest even) is made once
+ * per (tensor, dtype). On the CUDA backend the tensor is uploaded once per
+ * (tensor, dtype) and the same device tensor is returned to every caller,
+ * so every entry and function shares it.
+ * Thread-safe: sj_weights_get may be called from several threads. */
+typedef struct sj_weights sj_weights;
+
+/* Open and check path. Errors: SJ_EINVAL (NULL arguments, a missing or
+ * unreadable file, not a regular file, a truncated file, a header out of
+ * bounds or not JSON, a malformed entry, overlapping ranges), SJ_ENOMEM. */
+SJ_API sj_status sj_weights_open(sj_runtime *rt, const char *path, sj_weights **w);
+/* Unmap and free every copy. NULL is a no-op. */
+SJ_API void sj_weights_close(sj_weights *w);
+/* The number of tensors, and the name of the i-th in the header's order
+ * (NULL when out of range); names stay valid until close. */
+SJ_API int sj_weights_count(const sj_weights *w);
+SJ_API const char *sj_weights_name(const sj_weights *w, int i);
+/* The tensor as stored: dtype, rank and shape, data pointing into the
+ * mapping (host memory, read only). Errors: SJ_EINVAL (no such tensor),
+ * SJ_EDTYPE (a dtype shapejit does not compute with, e.g. F64). */
+SJ_API sj_status sj_weights_info(const sj_weights *w, const char *name, sj_tensor *desc);
+/* The tensor `name` as dtype, checked against the expected rank and shape
+ * (shape NULL: any). Errors: SJ_EINVAL (no such tensor), SJ_ESHAPE (wrong
+ * shape, expected and actual named), SJ_EDTYPE (a stored dtype that does
+ * not convert to dtype: only f32, f16 and bf16 convert), SJ_ENOMEM. */
+SJ_API sj_status sj_weights_get(sj_weights *w, const char *name, sj_dtype dtype, int rank, const int64_t *shape,
+                                sj_tensor *out);
+
 /* -- Tracing: what a model function calls -------------------------------- */
 
 typedef struct sj_tracer sj_tracer;
