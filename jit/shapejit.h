@@ -366,10 +366,15 @@ SJ_API void *sj_runtime_stream(const sj_runtime *rt);
  * runtime lacks), SJ_ENOMEM. Thread-safe. */
 SJ_API sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t);
 
-/* Copy src into dst: same dtype and shape, both contiguous, any devices
- * (host <-> device, device <-> device, host <-> host). Synchronous. Host to
- * host, src and dst may overlap; device copies must not. Errors: SJ_EINVAL,
- * SJ_EDTYPE, SJ_ESHAPE, SJ_EBACKEND. Thread-safe. */
+/* Copy src into dst: same shape, both contiguous, any devices (host <->
+ * device, device <-> device, host <-> host). Synchronous. Host to host
+ * with the same dtype, src and dst may overlap; device copies must not.
+ * Dtypes may differ: the values are converted as sj_cast does (floats
+ * through f32, f16/bf16 rounded to nearest even; float -> int toward zero,
+ * NaN -> 0; anything -> bool as != 0), on the host (device tensors are
+ * staged through host memory; convert weights once, not per call); a
+ * converting copy must not overlap. Errors: SJ_EINVAL, SJ_ESHAPE,
+ * SJ_EBACKEND, SJ_ENOMEM. Thread-safe. */
 SJ_API sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src);
 
 /* Release an output tensor the runtime allocated in sj_call (data was NULL on

@@ -997,9 +997,29 @@ static void test_tensor_helpers(void **state) {
     sj_tensor wrong = f32(back, 2, (int64_t[]){5, 3});
     assert_int_equal(sj_tensor_copy(rt, &wrong, &a), SJ_ESHAPE);
     assert_msg_has("size mismatch at axis 0: 3 vs 5");
-    sj_tensor ints = sj_tensor_make(back, SJ_I32, 2, (int64_t[]){3, 5});
-    assert_int_equal(sj_tensor_copy(rt, &ints, &a), SJ_EDTYPE);
-    assert_msg_has("dtypes differ (f32 vs i32)");
+    /* dtypes may differ: converted as sj_cast does */
+    int32_t iv[15];
+    sj_tensor ints = sj_tensor_make(iv, SJ_I32, 2, (int64_t[]){3, 5});
+    assert_int_equal(sj_tensor_copy(rt, &ints, &a), SJ_OK);
+    for (int i = 0; i < 15; i++) assert_int_equal(iv[i], (int32_t)src[i]); /* toward zero */
+    uint16_t hv[15], bv[15];
+    float fv[15];
+    sj_tensor h16 = sj_tensor_make(hv, SJ_F16, 2, (int64_t[]){3, 5}), b16 = sj_tensor_make(bv, SJ_BF16, 2, (int64_t[]){3, 5});
+    sj_tensor f32b = f32(fv, 2, (int64_t[]){3, 5});
+    assert_int_equal(sj_tensor_copy(rt, &h16, &hs), SJ_OK);
+    assert_int_equal(sj_tensor_copy(rt, &b16, &h16), SJ_OK);
+    assert_int_equal(sj_tensor_copy(rt, &f32b, &b16), SJ_OK);
+    for (int i = 0; i < 15; i++) {
+        _Float16 want = (_Float16)src[i];
+        uint16_t wb;
+        memcpy(&wb, &want, 2);
+        assert_int_equal(hv[i], wb);
+        assert_true(fv[i] == src[i]); /* quarter steps survive f16 and bf16 */
+    }
+    uint8_t bools[15];
+    sj_tensor bt = sj_tensor_make(bools, SJ_BOOL, 2, (int64_t[]){3, 5});
+    assert_int_equal(sj_tensor_copy(rt, &bt, &hs), SJ_OK);
+    for (int i = 0; i < 15; i++) assert_int_equal(bools[i], src[i] != 0.0f);
     sj_tensor tr = hb;
     tr.shape[0] = 5, tr.shape[1] = 3, tr.stride[0] = 1, tr.stride[1] = 5; /* a transposed view */
     sj_tensor a53 = f32(src, 2, (int64_t[]){5, 3});

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "shapejit.h"
+#include <shapejit.h>
 
 /* From config.json. */
 typedef struct bert_config {
@@ -36,8 +36,12 @@ typedef struct bert_model bert_model;
  * encoder's jitted function (named "bert"; SHAPEJIT_BUCKETS may name it).
  * dtype: the compute dtype (SJ_F32; SJ_F16 or SJ_BF16 too). Weights are
  * converted once here, never per call. Returns SJ_OK, or an error whose
- * sj_last_error() names the file, the key or tensor and what was wrong. */
+ * bert_error() names the file, the key or tensor and what was wrong. */
 sj_status bert_load(sj_runtime *rt, const char *dir, sj_dtype dtype, bert_model **out);
+
+/* The message of the last bert_* call that failed on this thread ("" if
+ * none). */
+const char *bert_error(void);
 
 /* Destroys the function and releases the weights. NULL is a no-op. Must not
  * race with bert_embed. */
