@@ -106,10 +106,13 @@ static sj_runtime *runtime(sj_compile_mode mode) {
 /* Embeds refs[first .. first+count) as one padded batch and checks each. */
 static void check_batch(bert_model *m, int first, int count, double min_cos, double max_abs, double *worst_cos,
                         double *worst_abs) {
+    assert_true(count >= 1 && count <= MAX_REF);
     int S = 0;
     for (int i = 0; i < count; i++) S = refs[first + i].n > S ? refs[first + i].n : S;
-    int32_t *ids = calloc((size_t)count * S, sizeof *ids), *len = malloc((size_t)count * sizeof *len);
+    assert_true(S >= 1 && S <= 512);
+    int32_t *ids = calloc((size_t)count * (size_t)S, sizeof *ids), *len = calloc((size_t)count, sizeof *len);
     float *out = malloc((size_t)count * HID * sizeof *out);
+    assert_true(ids && len && out);
     for (int i = 0; i < count; i++) {
         memcpy(ids + (size_t)i * S, refs[first + i].ids, (size_t)refs[first + i].n * sizeof *ids);
         for (int k = refs[first + i].n; k < S; k++) ids[(size_t)i * S + k] = 100 + k; /* garbage past the length */

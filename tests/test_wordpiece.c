@@ -174,9 +174,9 @@ static void *encode_all(void *arg) {
     int32_t got[1024];
     for (int i = 0; i < n_lines; i++) {
         int n = wp_encode(tk, texts[i], text_len[i], got, 1024);
-        int32_t s = n;
-        for (int k = 0; k < n && k < 1024; k++) s = s * 31 + got[k];
-        sums[i] = s;
+        uint32_t s = (uint32_t)n;
+        for (int k = 0; k < n && k < 1024; k++) s = s * 31u + (uint32_t)got[k];
+        sums[i] = (int32_t)s;
     }
     return NULL;
 }
