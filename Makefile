@@ -258,8 +258,9 @@ $(BUILD)/bench/%: bench/%.c $(MODEL_OBJ) $(STATIC)
 # Every test, benchmark and sample binary, built but not run.
 binaries: deps $(TEST_BIN) $(BENCH_BIN) $(SAMPLE_BIN)
 
-run: deps $(BUILD)/samples/varlen_encoder
-	$(BUILD)/samples/varlen_encoder samples/varlen_encoder/lengths.txt
+# The main job: the embedding server on the real model, driven by its client.
+run: deps model $(BUILD)/samples/embed_server $(BUILD)/samples/embed_client
+	@BUILD=$(BUILD) MODEL_DIR=$(MODEL_DIR) sh samples/embed_server/run.sh
 
 bench: deps $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do $$b || exit 1; done

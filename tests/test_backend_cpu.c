@@ -330,6 +330,45 @@ static void test_cache_hit_loads_verified_bytes(void **state) {
     sj_cache_close(cache);
 }
 
+/* Two different units loaded from the cache one after the other are two
+ * units: dlopen returns an object already loaded under the same name, so
+ * the loader must never reuse a name (a memfd's /proc/self/fd/N did, once
+ * N was reused, and the second unit's kernels were the first's). */
+static void test_cache_hits_of_two_units(void **state) {
+    fixture *f = *state;
+    char cdir[PATH_MAX];
+    sj_cache *cache = tu_open_cache(f->dir, cdir);
+    static const char SRC2[] = "#include <math.h>\n"
+                               "void k0(float *y, const float *x, long n) {\n"
+                               "    for (long i = 0; i < n; i++) y[i] = 3.0f * x[i] - 1.0f;\n"
+                               "}\n"
+                               "void k1(float *y, const float *x, long n) {\n"
+                               "    for (long i = 0; i < n; i++) y[i] = -x[i];\n"
+                               "}\n";
+    sj_backend *a = make(f, NULL, cache);
+    sj_compile_req r1 = req_of(SRC, "unit1"), r2 = req_of(SRC2, "unit2");
+    sj_compile_result x, y;
+    assert_int_equal(a->compile(a, &r1, &x), SJ_OK);
+    assert_int_equal(a->compile(a, &r2, &y), SJ_OK);
+    a->unload(a, x.module);
+    a->unload(a, y.module);
+    a->destroy(a);
+    for (int round = 0; round < 3; round++) {
+        sj_backend *b = make(f, NULL, cache);
+        assert_int_equal(b->compile(b, &r1, &x), SJ_OK);
+        assert_int_equal(b->compile(b, &r2, &y), SJ_OK);
+        assert_true(x.from_cache && y.from_cache);
+        check_kernels(&x);
+        float in[4] = {1, 2, -3, 0.5f}, out[4];
+        ((kernel)y.fns[0])(out, in, 4);
+        for (int i = 0; i < 4; i++) assert_float_equal(out[i], 3.0f * in[i] - 1.0f, 1e-6);
+        b->unload(b, x.module);
+        b->unload(b, y.module);
+        b->destroy(b);
+    }
+    sj_cache_close(cache);
+}
+
 /* -- Hooks and dumps ------------------------------------------------------------- */
 
 static void test_hooks(void **state) {
@@ -591,6 +630,7 @@ int main(void) {
         T(test_missing_symbol),      T(test_invalid_requests),     T(test_cache_second_backend),
         T(test_cache_corrupt_recompiled), T(test_hooks),           T(test_dump_dir),
         T(test_planted_shared_object_refused), T(test_cache_hit_loads_verified_bytes),
+        T(test_cache_hits_of_two_units),
         T(test_shared_units),        T(test_shared_concurrent),
         T(test_concurrent_compiles), T(test_no_leaks),
     };

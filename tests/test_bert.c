@@ -144,8 +144,12 @@ static void run_all(sj_compile_mode mode, sj_dtype dt, double min_cos, double ma
     double wc = 1, wa = 0;
     for (int i = 0; i < n_refs; i++) check_batch(m, i, 1, min_cos, max_abs, &wc, &wa);
     /* padded batches of mixed lengths: 8 and a ragged tail */
-    for (int i = 0; i < n_refs; i += 8) check_batch(m, i, n_refs - i < 8 ? n_refs - i : 8, min_cos, max_abs, &wc, &wa);
-    check_batch(m, 40, 24, min_cos, max_abs, &wc, &wa);
+    /* each twice: the second call of a shape runs the kernels its first made hot */
+    for (int rep = 0; rep < 2; rep++) {
+        for (int i = 0; i < n_refs; i += 8)
+            check_batch(m, i, n_refs - i < 8 ? n_refs - i : 8, min_cos, max_abs, &wc, &wa);
+        check_batch(m, 40, 24, min_cos, max_abs, &wc, &wa);
+    }
     sj_stats s;
     sj_fn_stats(bert_fn(m), &s);
     print_message("%s: %d sentences, worst cosine %.9f, worst max abs error %.3g; entries %llu, eager calls %llu, "

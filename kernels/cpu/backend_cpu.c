@@ -20,10 +20,10 @@
 #include <limits.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -238,12 +238,11 @@ static sj_status fail(const cpu_backend *b, sj_compile_result *out, const char *
 }
 
 
-static void remove_tmpdir(const char *dir) {
+static void remove_tmpdir(const char *dir, const char *sofile) {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/k.c", dir);
     unlink(p);
-    snprintf(p, sizeof p, "%s/k.so", dir);
-    unlink(p);
+    unlink(sofile);
     rmdir(dir);
 }
 
@@ -260,10 +259,12 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
         return fail(b, out, tag, msg);
     }
     snprintf(cfile, sizeof cfile, "%s/k.c", dir);
-    snprintf(sofile, sizeof sofile, "%s/k.so", dir);
+    /* a name this process never loaded before (dlopen matches names) */
+    static _Atomic unsigned long units;
+    snprintf(sofile, sizeof sofile, "%s/k%lu.so", dir, atomic_fetch_add(&units, 1));
     if (sj_backend_write_file(cfile, src, req->source_len)) {
         snprintf(msg, sizeof msg, "cannot write %s: %s", cfile, strerror(errno));
-        remove_tmpdir(dir);
+        remove_tmpdir(dir, sofile);
         snprintf(out->log, sizeof out->log, "%s", msg);
         return fail(b, out, tag, msg);
     }
@@ -283,13 +284,13 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
     int rc = run_program(argv, out->log, sizeof out->log, &r);
     out->compile_ms = sj_now_ms() - t0;
     if (not_found(&r, rc)) {
-        remove_tmpdir(dir);
+        remove_tmpdir(dir, sofile);
         snprintf(msg, sizeof msg, "compiler '%s' not found", b->cc);
         snprintf(out->log, sizeof out->log, "%s", msg);
         return fail(b, out, tag, msg);
     }
     if (rc || r.signal || r.exit_code) {
-        remove_tmpdir(dir);
+        remove_tmpdir(dir, sofile);
         if (rc) snprintf(msg, sizeof msg, "compile failed: cannot run '%s': %s", b->cc, strerror(r.spawn_errno));
         else if (r.signal) snprintf(msg, sizeof msg, "compile failed: '%s' killed by signal %d", b->cc, r.signal);
         else {
@@ -301,13 +302,13 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
         return fail(b, out, tag, msg);
     }
     if (!load(sofile, req, out)) {
-        remove_tmpdir(dir);
+        remove_tmpdir(dir, sofile);
         return fail(b, out, tag, out->log);
     }
     out->log[0] = '\0';
     if (b->cache && sj_cache_store_file(b->cache, out->key, "so", sofile))
         sj_log_write(b->log, SJ_LOG_WARN, "cpu: %s: not cached: %s", tag, sj_last_error());
-    remove_tmpdir(dir);
+    remove_tmpdir(dir, sofile);
     sj_log_write(b->log, SJ_LOG_COMPILE, "cpu: %s: compiled in %.1f ms (key %.16s)%s", tag, out->compile_ms, out->key,
             note);
     return SJ_OK;
@@ -316,27 +317,22 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
 /* -- Driver steps (sj_backend_compile) --------------------------------------- */
 
 /* Loads a cached unit from exactly the bytes the cache verified: they are
- * copied into an anonymous memory file (memfd) and dlopen'd through its
- * /proc/self/fd name, so no file in the cache directory is opened again
- * (a swap between the check and the load cannot win). Where memfd or
- * /proc is missing, a private copy in a fresh 0700 directory is loaded. */
+ * written to a new file in a fresh private (0700) directory and dlopen'd
+ * from there, so no file in the cache directory is opened again (a swap
+ * between the check and the load cannot win). The file's name carries a
+ * per-process counter: dlopen returns an object already loaded under the
+ * same name, so a name is never used twice (a memfd's /proc/self/fd/N
+ * would be, once N is reused). */
 static bool load_bytes(const void *data, size_t len, const sj_compile_req *req, sj_compile_result *out) {
-    char path[PATH_MAX];
-    int fd = memfd_create("shapejit-kernel", MFD_CLOEXEC);
-    if (fd >= 0) {
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-        bool ok = !sj_backend_write_fd(fd, data, len) && !access(path, R_OK) && load(path, req, out);
-        close(fd); /* the mapping keeps the unit */
-        if (ok) return true;
-    }
+    static _Atomic unsigned long loads;
     const char *tmp = secure_getenv("TMPDIR");
-    char dir[PATH_MAX];
+    char dir[PATH_MAX], path[PATH_MAX];
     if (!tmp || !*tmp) tmp = "/tmp";
-    if (snprintf(dir, sizeof dir, "%s/sjld-XXXXXX", tmp) >= (int)sizeof dir - 8 || !mkdtemp(dir)) {
+    if (snprintf(dir, sizeof dir, "%s/sjld-XXXXXX", tmp) >= (int)sizeof dir - 32 || !mkdtemp(dir)) {
         snprintf(out->log, sizeof out->log, "cannot create a temporary directory in %s: %s", tmp, strerror(errno));
         return false;
     }
-    snprintf(path, sizeof path, "%s/k.so", dir);
+    snprintf(path, sizeof path, "%s/%ld-%lu.so", dir, (long)getpid(), atomic_fetch_add(&loads, 1));
     bool ok = !sj_backend_write_file(path, data, len) && load(path, req, out);
     unlink(path);
     rmdir(dir);
