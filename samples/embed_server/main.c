@@ -15,9 +15,10 @@
  * (MHD_USE_THREAD_PER_CONNECTION: a request's thread can simply wait for
  * its embeddings); each request's texts are tokenized there (WordPiece,
  * samples/bert) and queued; one batcher thread (--batchers for more) takes
- * queued sentences oldest first under a token budget (batch x longest
- * sentence <= --max-batch-tokens), waiting at most --max-batch-wait-ms for
- * a batch to fill, sorts them by length, and runs the encoder
+ * up to --max-batch of the oldest queued sentences, waiting at most
+ * --max-batch-wait-ms for them to come, sorts them by length and cuts them
+ * into batches of similar lengths (at most about twice the shortest) under
+ * a token budget (batch x longest <= --max-batch-tokens), and runs the encoder
  * (samples/bert, shapejit) once per batch; both the batch and the sequence
  * length vary from call to call, which is what shapejit's guards and
  * buckets are for. Limits answer with JSON errors (400, 404, 405, 413,
@@ -223,9 +224,8 @@ static void finish_item(item *it, sj_status st, const char *err) {
     pthread_mutex_unlock(&r->lock);
 }
 
-/* Runs one batch: padded to its longest sentence. */
+/* Runs one batch, sorted by length: padded to its longest sentence. */
 static void run_batch(server *s, item *b, int n) {
-    qsort(b, (size_t)n, sizeof *b, by_length);
     int S = b[n - 1].n;
     int32_t *ids = calloc((size_t)n * (size_t)S, sizeof *ids), *len = malloc((size_t)n * sizeof *len);
     float *out = malloc((size_t)n * (size_t)s->hidden * sizeof *out);
@@ -275,19 +275,25 @@ static void *batcher_main(void *arg) {
             while (s->qlen < s->o.max_batch && !s->stopping)
                 if (pthread_cond_timedwait(&s->qcond, &s->qlock, &dl) == ETIMEDOUT) break;
         }
-        /* oldest first under the token budget (batch x longest) */
-        int n = 0, longest = 0;
+        /* the oldest sentences, up to a batch ... */
+        int n = 0;
         while (s->qlen && n < s->o.max_batch) {
-            item *it = &s->queue[s->qhead];
-            int l = it->n > longest ? it->n : longest;
-            if (n && (n + 1) * l > s->o.max_batch_tokens) break;
-            batch[n++] = *it;
-            longest = l;
+            batch[n++] = s->queue[s->qhead];
             s->qhead = (s->qhead + 1) % s->o.queue_depth;
             s->qlen--;
         }
         pthread_mutex_unlock(&s->qlock);
-        run_batch(s, batch, n);
+        /* ... sorted by length and cut where padding would waste much or
+         * the token budget (batch x longest) would be passed */
+        qsort(batch, (size_t)n, sizeof *batch, by_length);
+        for (int first = 0; first < n;) {
+            int end = first + 1;
+            while (end < n && (end + 1 - first) * batch[end].n <= s->o.max_batch_tokens &&
+                   batch[end].n <= 2 * batch[first].n + 8)
+                end++;
+            run_batch(s, batch + first, end - first);
+            first = end;
+        }
         pthread_mutex_lock(&s->qlock);
     }
     pthread_mutex_unlock(&s->qlock);
