@@ -89,7 +89,6 @@ MODEL_SRC := $(sort $(wildcard samples/bert/*.c))
 MODEL_OBJ := $(MODEL_SRC:%.c=$(BUILD)/obj/%.o)
 MODEL_LIBS := -lutf8proc -lmicrohttpd
 # samples/bert includes the public header as a user does (<shapejit.h>).
-$(MODEL_OBJ) $(TEST_BIN) $(BENCH_BIN): CFLAGS += -Ijit
 # The server tests/test_embed_server.c starts (test-tsan uses the plain
 # build's: libmicrohttpd is not instrumented).
 EMBED_SERVER ?= $(BUILD)/samples/embed_server
@@ -98,6 +97,7 @@ MODEL_DIR ?= models/all-MiniLM-L6-v2
 
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+$(MODEL_OBJ) $(TEST_BIN) $(BENCH_BIN): CFLAGS += -Ijit
 
 STATIC := $(BUILD)/lib/libshapejit.a
 SHARED := $(BUILD)/lib/libshapejit.so

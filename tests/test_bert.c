@@ -94,7 +94,8 @@ static int group_teardown(void **state) {
 static sj_runtime *runtime(sj_compile_mode mode) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
+    /* the default backend: CUDA where a GPU is usable (the GPU session runs
+     * this test there), else the CPU */
     cfg.compile_mode = mode;
     cfg.cache_dir = NULL;
     cfg.log_mask = SJ_LOG_WARN;
