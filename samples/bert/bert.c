@@ -117,63 +117,50 @@ static sj_status read_config(const char *dir, bert_config *c) {
     return bad ? SJ_EINVAL : SJ_OK;
 }
 
-/* A tensor the model owns: on a CUDA runtime, a device copy of host. */
-static sj_status own(bert_model *m, const sj_tensor *host, sj_tensor *out) {
+static sj_status get(bert_model *m, const char *name, int rank, const int64_t *shape, sj_tensor *out) {
+    return sj_weights_get(m->weights, name, m->dtype, rank, shape, out);
+}
+
+/* The model's own copy of a tensor: kept until bert_free. */
+static sj_status keep(bert_model *m, const sj_tensor *t) {
     if (m->n_owned == m->cap_owned) {
         int cap = m->cap_owned ? 2 * m->cap_owned : 64;
         sj_tensor *v = realloc(m->owned, (size_t)cap * sizeof *v);
         if (!v) return SJ_ENOMEM;
         m->owned = v, m->cap_owned = cap;
     }
-    sj_tensor t = *host;
-    t.data = NULL;
-    t.device = m->cuda ? SJ_CUDA : SJ_HOST;
-    sj_status st = sj_tensor_alloc(m->rt, &t);
-    if (!st) st = sj_tensor_copy(m->rt, &t, host);
-    if (st) {
-        sj_tensor_free(m->rt, &t);
-        return st;
-    }
-    m->owned[m->n_owned++] = t;
-    *out = t;
+    m->owned[m->n_owned++] = *t;
     return SJ_OK;
 }
 
-static sj_status get(bert_model *m, const char *name, int rank, const int64_t *shape, sj_tensor *out) {
-    return sj_weights_get(m->weights, name, m->dtype, rank, shape, out);
-}
-
-/* A linear layer: weight [out, in] in the file -> [in, out] (f32 on the
- * host, transposed, then converted and uploaded by sj_tensor_copy). */
+/* A linear layer: weight [out, in] in the file -> [in, out] in the compute
+ * dtype, on the runtime's device. The stored bytes (host, any float dtype)
+ * are converted to f32 on the host, transposed, then converted and, on
+ * CUDA, uploaded by one sj_tensor_copy. */
 static sj_status load_linear(bert_model *m, const char *prefix, int in, int out, linear *l) {
     char name[256];
-    sj_tensor w;
+    sj_tensor stored;
     snprintf(name, sizeof name, "%s.weight", prefix);
-    sj_status st = sj_weights_get(m->weights, name, SJ_F32, 2, (int64_t[]){out, in}, &w);
+    sj_status st = sj_weights_info(m->weights, name, &stored);
     if (st) return st;
+    if (stored.rank != 2 || stored.shape[0] != out || stored.shape[1] != in)
+        return set_error(SJ_ESHAPE, "tensor '%s': wrong shape: expected [%d, %d]", name, out, in);
+    sj_tensor f = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){out, in});
     sj_tensor t = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){in, out});
-    if ((st = sj_tensor_alloc(m->rt, &t))) return st;
-    const float *src = w.data;
-    float *dst = t.data;
-    for (int i = 0; i < out; i++)
-        for (int j = 0; j < in; j++) dst[(size_t)j * out + i] = src[(size_t)i * in + j];
     sj_tensor conv = sj_tensor_make(NULL, m->dtype, 2, (int64_t[]){in, out});
-    if (!(st = sj_tensor_alloc(m->rt, &conv)) && !(st = sj_tensor_copy(m->rt, &conv, &t)))
-        st = m->cuda ? own(m, &conv, &l->w) : SJ_OK;
-    sj_tensor_free(m->rt, &t);
-    if (!st && !m->cuda) {
-        /* the host copy is the model's own */
-        if (m->n_owned == m->cap_owned) {
-            int cap = m->cap_owned ? 2 * m->cap_owned : 64;
-            sj_tensor *v = realloc(m->owned, (size_t)cap * sizeof *v);
-            if (!v) return SJ_ENOMEM;
-            m->owned = v, m->cap_owned = cap;
-        }
-        m->owned[m->n_owned++] = conv;
-        l->w = conv;
-        conv.data = NULL;
+    conv.device = m->cuda ? SJ_CUDA : SJ_HOST;
+    if (!(st = sj_tensor_alloc(m->rt, &f)) && !(st = sj_tensor_alloc(m->rt, &t)) &&
+        !(st = sj_tensor_copy(m->rt, &f, &stored))) {
+        const float *src = f.data;
+        float *dst = t.data;
+        for (int i = 0; i < out; i++)
+            for (int j = 0; j < in; j++) dst[(size_t)j * out + i] = src[(size_t)i * in + j];
+        if (!(st = sj_tensor_alloc(m->rt, &conv)) && !(st = sj_tensor_copy(m->rt, &conv, &t))) st = keep(m, &conv);
+        if (!st) l->w = conv;
+        else sj_tensor_free(m->rt, &conv);
     }
-    if (conv.data && m->cuda) sj_tensor_free(m->rt, &conv);
+    sj_tensor_free(m->rt, &f);
+    sj_tensor_free(m->rt, &t);
     if (st) return st;
     snprintf(name, sizeof name, "%s.bias", prefix);
     return get(m, name, 1, (int64_t[]){out}, &l->b);
