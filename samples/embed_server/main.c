@@ -515,7 +515,9 @@ static enum MHD_Result handle_embeddings(server *s, struct MHD_Connection *c, co
             for (int k = 0; k < s->hidden; k++) appendf(&b, &len, &cap, "%s%.9g", k ? "," : "", out[i * (size_t)s->hidden + k]);
             appendf(&b, &len, &cap, "]}");
         }
-        char *name = json_dumps(model ? model : json_string(s->o.name), JSON_ENCODE_ANY);
+        json_t *dflt = model ? NULL : json_string(s->o.name);
+        char *name = json_dumps(model ? model : dflt, JSON_ENCODE_ANY);
+        json_decref(dflt);
         appendf(&b, &len, &cap, "],\"model\":%s,\"usage\":{\"prompt_tokens\":%ld,\"total_tokens\":%ld}}",
                 name ? name : "\"\"", tokens, tokens);
         free(name);
