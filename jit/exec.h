@@ -115,6 +115,8 @@ typedef struct sj_kernels {
                            const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
     sj_status (*concat)(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
     sj_status (*gather)(void *c, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+    /* y[i] = i (rank 1, any stride), converted to y's dtype */
+    sj_status (*arange)(void *c, const sj_tensor *y);
 } sj_kernels;
 
 /* c: the runtime's sj_threads pool (or NULL), over which matrix products

@@ -66,8 +66,11 @@ static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, con
     return sj_cuda_gather(E(c), t, idx, y);
 }
 
+static sj_status k_arange(void *c, const sj_tensor *y) { return sj_cuda_arange(E(c), y); }
+
 const sj_kernels sj_cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
-                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather};
+                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
+                                    k_arange};
 
 /* -- The execution table ---------------------------------------------------------- */
 

@@ -540,6 +540,19 @@ SJ_API sj_val sj_transpose(sj_tracer *t, sj_val x, int axis0, int axis1);
 /* Elements start, start+step, ... < end along axis. Negative start/end count
  * from the end; both are clamped to [0, size] as in Python. step >= 1. */
 SJ_API sj_val sj_slice(sj_tracer *t, sj_val x, int axis, int64_t start, int64_t end, int64_t step);
+/* Elements start, start+1, ..., end-1 along axis, with bounds that are
+ * sizes of the trace (sj_dim_of, sj_dim_const, sj_dim_add, ...), so a
+ * slice such as position_embeddings[0:S] for a symbolic S installs no
+ * guard on S. Both bounds are >= 0 by construction and are clamped to
+ * [0, size] as in Python; an empty range (end <= start after clamping)
+ * gives size 0. The result is a view, like sj_slice's. */
+SJ_API sj_val sj_slice_dim(sj_tracer *t, sj_val x, int axis, sj_dim start, sj_dim end);
+/* 0, 1, ..., n-1 as a 1-D tensor [n] of dtype dt (f32, f16, bf16, i32 or
+ * i64; not bool), for a constant or symbolic n: position ids built in the
+ * graph without sj_size specialising on the length. Element i is the
+ * integer i converted as sj_cast converts an i64 (f16/bf16: through f32,
+ * rounded to nearest even, so exact up to 2048 / 256). */
+SJ_API sj_val sj_arange(sj_tracer *t, sj_dim n, sj_dtype dt);
 /* Join along axis; all other sizes and the dtypes must match. 1 <= n <= 64. */
 SJ_API sj_val sj_concat(sj_tracer *t, const sj_val *xs, int n, int axis);
 /* Embedding lookup: table [V, ...], idx i32/i64 of any shape ->

@@ -488,6 +488,32 @@ sj_val sj_slice(sj_tracer *t, sj_val x, int axis, int64_t start, int64_t end, in
     return emit(t, SJ_OP_SLICE, &x.id, 1, &at, val(t, x)->dtype, &s);
 }
 
+static bool dim_ok(sj_tracer *t, sj_dim d, const char *name);
+
+sj_val sj_slice_dim(sj_tracer *t, sj_val x, int axis, sj_dim start, sj_dim end) {
+    if (!t || !ok(t, x, "slice_dim", "x")) return BAD;
+    int a = axis_arg(t, "slice_dim", x, axis);
+    if (a < 0 || !dim_ok(t, start, "slice_dim: start") || !dim_ok(t, end, "slice_dim: end")) return BAD;
+    sj_shape in, s;
+    sj_expr st_e;
+    shape_of(t, x, &in);
+    sj_status st = sj_infer_slice_dim(&t->inf, &in, a, start.e, end.e, &s, &st_e);
+    if (st) return infer_fail(t, st, "slice_dim", &x, 1);
+    sj_attrs at = {.axis = a, .start = st_e, .step = 1};
+    return emit(t, SJ_OP_SLICE, &x.id, 1, &at, val(t, x)->dtype, &s);
+}
+
+sj_val sj_arange(sj_tracer *t, sj_dim n, sj_dtype dt) {
+    if (!t || !dim_ok(t, n, "arange: n")) return BAD;
+    if (!sj_dtype_valid(dt) || dt == SJ_BOOL)
+        return fail(t, SJ_EDTYPE, "arange: dtype %s not supported (f32, f16, bf16, i32, i64)",
+                    sj_dtype_valid(dt) ? sj_dtype_name(dt) : "?");
+    sj_shape s = {.rank = 1, .d = {n.e}};
+    sj_attrs at = {.dtype = dt};
+    int32_t none = -1;
+    return emit(t, SJ_OP_ARANGE, &none, 0, &at, dt, &s);
+}
+
 sj_val sj_concat(sj_tracer *t, const sj_val *xs, int n, int axis) {
     if (!t || t->err) return BAD;
     if (!xs || n < 1 || n > 64) return fail(t, SJ_EINVAL, "concat: %d operands (expected 1 .. 64)", n);

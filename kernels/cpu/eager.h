@@ -82,6 +82,10 @@ sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y
  * An index outside [0, V) returns SJ_EINDEX naming the index and position. */
 sj_status sj_cpu_gather(const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
 
+/* y[i] = i for a rank-1 y (any stride, any dtype but bool): integers
+ * exact, floats through f32 as sj_cpu_copy converts an i64. */
+sj_status sj_cpu_arange(const sj_tensor *y);
+
 /* Set OpenBLAS's own thread count (process-wide). */
 void sj_cpu_blas_threads(int n);
 

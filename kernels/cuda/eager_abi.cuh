@@ -24,6 +24,7 @@
  *   attention_mma<D>     sj_ek_att    f16 / bf16 (tensor cores, registers; D = Dv = 32, 64,
  *                                     96, 128)
  *   gather               sj_ek_gather element size
+ *   arange               sj_ek_ew     dtype (not bool); ptr[0] = y, n, stride[0][0]
  *
  * _c kernels: every operand is one contiguous run (element stride 1) or a
  * scalar (stride 0) over the flattened index [0, n); with vec set, every
@@ -48,6 +49,7 @@
  *                 no __launch_bounds__: __maxnreg__ per head size, at most
  *                 255, so that 256 threads always fit an SM's registers
  *   gather        block (256), grid-stride                   bound 256
+ *   arange        block (256), grid-stride over n            bound 256
  */
 #ifndef SJ_EAGER_ABI_CUH
 #define SJ_EAGER_ABI_CUH
@@ -102,7 +104,8 @@
     X(attention_mma96, bf16)                                                                       \
     X(attention_mma128, f16)                                                                       \
     X(attention_mma128, bf16)                                                                      \
-    SJ_EK_SIZES(X, gather)
+    SJ_EK_SIZES(X, gather)                                                                         \
+    SJ_EK_NUMERIC(X, arange)
 
 /* -- Elementwise ---------------------------------------------------------
  * Operand k (0 = output) is ptr[k] with element strides stride[k][0..rank)

@@ -1468,3 +1468,20 @@ sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj
     return launch(e, EK_gather_e1 + log2_size(sj_dtype_size(y->dtype)), grid_for(e->cuda, work, SJ_EK_THREADS),
                   SJ_EK_THREADS, 1, 0, &g);
 }
+
+/* -- Arange ---------------------------------------------------------------------------- */
+
+sj_status sj_cuda_arange(const sj_cuda_exec *e, const sj_tensor *y) {
+    assert(y->rank == 1 && y->dtype != SJ_BOOL);
+    if (y->shape[0] == 0)
+        return SJ_OK;
+    sj_ek_ew a;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = dptr(y->data);
+    a.n = y->shape[0];
+    a.stride[0][0] = y->stride[0];
+    a.rank = 1;
+    a.shape[0] = a.n;
+    sj_cuda_bind(e->cuda);
+    return launch(e, EK_arange_f32 + y->dtype, grid_for(e->cuda, a.n, SJ_EK_THREADS), SJ_EK_THREADS, 1, 0, &a);
+}

@@ -93,5 +93,8 @@ int sj_cuda_attention_groups(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H
                              int64_t Dv);
 sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
 sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+/* y[i] = i for a rank-1 y of any stride and any dtype but bool (floats
+ * through f32, as kernels/cpu's sj_cpu_arange). */
+sj_status sj_cuda_arange(const sj_cuda_exec *e, const sj_tensor *y);
 
 #endif /* SJ_EAGER_CUDA_H */

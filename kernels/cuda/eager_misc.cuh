@@ -159,6 +159,18 @@ template <class E> SJ_DEV void gather(const sj_ek_gather &p) {
     }
 }
 
+/* -- Arange ------------------------------------------------------------------------------
+ * y[i * stride] = i, converted as T stores it: integers exact (i32 wraps
+ * past 2^31), floats through f32 like the CPU's sj_cpu_arange. */
+
+template <class T> SJ_DEV void arange(const sj_ek_ew &p) {
+    typedef typename T::S S;
+    typedef typename T::C C;
+    S *y = reinterpret_cast<S *>(p.ptr[0]);
+    const int64_t s = p.stride[0][0], nt = gthreads();
+    for (int64_t i = gtid(); i < p.n; i += nt) y[i * s] = T::st((C)i);
+}
+
 /* -- Kernel definitions ------------------------------------------------------------------ */
 
 #define SJ_EK_DEF_matmul_int(tag)                                                                  \
@@ -175,6 +187,12 @@ template <class E> SJ_DEV void gather(const sj_ek_gather &p) {
     extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
         sj_ek_gather_##tag(const __grid_constant__ sj_ek_gather a) {                               \
         gather<dt_##tag>(a);                                                                       \
+    }
+
+#define SJ_EK_DEF_arange(tag)                                                                      \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
+        sj_ek_arange_##tag(const __grid_constant__ sj_ek_ew a) {                                   \
+        arange<dt_##tag>(a);                                                                       \
     }
 
 #endif /* SJ_EAGER_MISC_CUH */

@@ -1,0 +1,135 @@
+/* The graph API of issue 26 on the CPU, through the public API, eager and
+ * fused (symbolic and specialized kernels), against float64 references on
+ * random inputs: sj_arange and sj_slice_dim build position ids and
+ * position-embedding slices for a symbolic length without specializing on
+ * it. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/shapejit.h"
+#include "tests/util.h"
+#include "tests/util_graphapi.h"
+
+static sj_runtime *runtime(sj_compile_mode mode) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = mode;
+    cfg.cache_dir = NULL;
+    cfg.log_mask = 0;
+    sj_runtime *rt = NULL;
+    if (sj_runtime_create(&cfg, &rt)) fail_msg("runtime: %s", sj_last_error());
+    return rt;
+}
+
+static sj_stats stats_of(sj_fn *fn) {
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    return s;
+}
+
+/* One call of the position model at length S, every output checked. */
+static void pos_call(sj_runtime *rt, sj_fn *fn, sj_dtype dt, int64_t S, const char *what) {
+    const int64_t B = 2, H = 6, P = 16;
+    /* a strided input is guarded on its exact strides: x stays contiguous,
+     * the table (one shape throughout) has gaps */
+    sj_tensor x = tu_random(dt, 3, (int64_t[]){B, S, H}, TU_CONTIG);
+    sj_tensor table = tu_random(dt, 2, (int64_t[]){P, H}, TU_GAP);
+    sj_tensor in[2] = {x, table}, out[TU_POS_OUTPUTS] = {{0}};
+    sj_status st = sj_call(fn, in, 2, out, TU_POS_OUTPUTS);
+    if (st) fail_msg("%s S=%lld: %s", what, (long long)S, sj_last_error());
+    assert_int_equal(out[3].shape[0], P - S);
+    assert_int_equal(out[4].dtype, SJ_I32);
+    assert_int_equal(out[5].rank, 3);
+    assert_int_equal(out[5].shape[1], 0);
+    for (int k = 0; k < TU_POS_OUTPUTS; k++) {
+        int64_t n = tu_numel(&out[k]);
+        double *ref = calloc((size_t)(n ? n : 1), sizeof(double));
+        tu_pos_ref(&x, &table, k, ref);
+        char label[128];
+        snprintf(label, sizeof label, "%s S=%lld output %d", what, (long long)S, k);
+        /* output 2 multiplies by s itself: exact products of rounded inputs */
+        if (!tu_check(&out[k], ref, k == 4 ? 0 : tu_tol(dt), label)) fail_msg("%s: mismatch", label);
+        free(ref);
+        sj_tensor_free(rt, &out[k]);
+    }
+}
+
+static void test_arange_slice_dim(void **state) {
+    static const int64_t lengths[] = {5, 9, 3, 12, 7, 9};
+    tu_seed(2601);
+    for (int mode = 0; mode < 2; mode++) {
+        sj_runtime *rt = runtime(mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF);
+        for (int d = 0; d < 3; d++)
+            for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
+                sj_dtype dt = d == 0 ? SJ_F32 : d == 1 ? SJ_F16 : SJ_BF16;
+                sj_fn_options o;
+                sj_fn_options_init(&o);
+                o.dynamic = (sj_dynamic)dyn;
+                o.hot_threshold = 1;
+                o.specialize_threshold = 1000;
+                sj_fn *fn;
+                assert_int_equal(sj_fn_create(rt, "pos", 2, tu_pos_model, NULL, &o, &fn), SJ_OK);
+                char what[64];
+                snprintf(what, sizeof what, "%s %s %s", mode ? "fused" : "eager", sj_dtype_name(dt),
+                         dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic");
+                for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) pos_call(rt, fn, dt, lengths[i], what);
+                sj_stats s = stats_of(fn);
+                if (getenv("SJ_TEST_EXPLAIN")) sj_fn_explain(fn, stderr);
+                int n = (int)(sizeof lengths / sizeof lengths[0]);
+                if (dyn == SJ_DYNAMIC_SYMBOLIC) {
+                    /* no sj_size: every length is served by the one trace */
+                    assert_int_equal(s.traces, 1);
+                    if (mode) assert_int_equal(s.fused_symbolic_calls, n);
+                } else {
+                    assert_int_equal(s.traces, 5); /* one per distinct length */
+                    if (mode) assert_int_equal(s.fused_specialized_calls, n);
+                }
+                if (!mode) assert_int_equal(s.eager_calls, n);
+                sj_fn_destroy(fn);
+            }
+        sj_runtime_destroy(rt);
+    }
+    tu_free_all();
+}
+
+/* Bad arguments are recorded as trace errors, never crashes. */
+static sj_status bad_arange(sj_tracer *t, const sj_val *in, int n, void *u) {
+    int which = *(int *)u;
+    if (which == 0) return sj_output(t, sj_arange(t, sj_dim_of(t, in[0], 0), SJ_BOOL));
+    if (which == 1) return sj_output(t, sj_arange(t, (sj_dim){12345}, SJ_I64));
+    return sj_output(t, sj_slice_dim(t, in[0], 3, sj_dim_const(t, 0), sj_dim_const(t, 1)));
+}
+
+static void test_bad_arguments(void **state) {
+    sj_runtime *rt = runtime(SJ_COMPILE_OFF);
+    static const sj_status want[] = {SJ_EDTYPE, SJ_EINVAL, SJ_EINVAL};
+    static const char *const msg[] = {"arange: dtype bool", "arange: n", "slice_dim"};
+    sj_tensor x = tu_random(SJ_F32, 2, (int64_t[]){3, 4}, TU_CONTIG);
+    for (int which = 0; which < 3; which++) {
+        sj_fn *fn;
+        assert_int_equal(sj_fn_create(rt, "bad", 1, bad_arange, &which, NULL, &fn), SJ_OK);
+        sj_tensor out = {0};
+        assert_int_equal(sj_call(fn, &x, 1, &out, 1), want[which]);
+        if (!strstr(sj_last_error(), msg[which])) fail_msg("message: %s", sj_last_error());
+        sj_fn_destroy(fn);
+    }
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_arange_slice_dim),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests_name("graphapi", tests, NULL, NULL);
+}
