@@ -20,6 +20,7 @@
 #include "base/tensor.h"
 #include "tests/util.h"
 #include "tests/util_encoder.h"
+#include "tests/util_graphapi.h"
 
 #ifdef SJ_WITH_CUDA
 #include "jit/exec_cuda.h"
@@ -481,6 +482,64 @@ static sj_status gather2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
  * new data each time; other buffers or another stream get graphs of their
  * own; a plan that needs memory mid-call (gather) is not captured and
  * still reports bad indices. */
+
+/* sj_arange and sj_slice_dim on the device (issue 26): eager and fused,
+ * static and symbolic, against float64; the symbolic function traces once
+ * for every length. */
+static void test_arange_slice_dim_on_device(void **state) {
+    static const int64_t lengths[] = {5, 9, 3, 12, 7, 9};
+    const int n_len = (int)(sizeof lengths / sizeof lengths[0]);
+    tu_seed(2602);
+    for (int mode = 0; mode < 2; mode++) {
+        sj_runtime *rt = gpu_runtime(mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF);
+        for (int d = 0; d < 3; d++)
+            for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
+                sj_dtype dt = d == 0 ? SJ_F32 : d == 1 ? SJ_F16 : SJ_BF16;
+                sj_fn_options o;
+                sj_fn_options_init(&o);
+                o.dynamic = (sj_dynamic)dyn;
+                o.hot_threshold = 1;
+                o.specialize_threshold = 1000;
+                sj_fn *fn;
+                assert_int_equal(sj_fn_create(rt, "pos", 2, tu_pos_model, NULL, &o, &fn), SJ_OK);
+                for (int li = 0; li < n_len; li++) {
+                    int64_t S = lengths[li], B = 2, H = 6, P = 16;
+                    sj_tensor x = tu_random(dt, 3, (int64_t[]){B, S, H}, TU_CONTIG);
+                    sj_tensor table = tu_random(dt, 2, (int64_t[]){P, H}, TU_GAP);
+                    dbuf dx = to_dev(rt, &x), dt_ = to_dev(rt, &table);
+                    sj_tensor in[2] = {dx.t, dt_.t}, out[TU_POS_OUTPUTS] = {{0}};
+                    if (sj_call(fn, in, 2, out, TU_POS_OUTPUTS))
+                        fail_msg("pos on device S=%lld: %s", (long long)S, sj_last_error());
+                    for (int k = 0; k < TU_POS_OUTPUTS; k++) {
+                        sj_tensor h = to_host(rt, &out[k]);
+                        int64_t n = tu_numel(&h);
+                        double *ref = calloc((size_t)(n ? n : 1), sizeof(double));
+                        tu_pos_ref(&x, &table, k, ref);
+                        const char *what = tu_label("pos %s %s %s S=%lld output %d", mode ? "fused" : "eager",
+                                                    sj_dtype_name(dt), dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic",
+                                                    (long long)S, k);
+                        if (!tu_check(&h, ref, k == 4 ? 0 : tu_tol(dt), what)) fail_msg("%s: mismatch", what);
+                        free(ref);
+                        sj_tensor_free(rt, &out[k]);
+                    }
+                    free_dev(rt, &dx);
+                    free_dev(rt, &dt_);
+                }
+                sj_stats s = stats_of(fn);
+                if (dyn == SJ_DYNAMIC_SYMBOLIC) {
+                    assert_int_equal(s.traces, 1);
+                    if (mode) assert_int_equal(s.fused_symbolic_calls, n_len);
+                } else if (mode) {
+                    assert_int_equal(s.fused_specialized_calls, n_len);
+                }
+                if (!mode) assert_int_equal(s.eager_calls, n_len);
+                sj_fn_destroy(fn);
+            }
+        sj_runtime_destroy(rt);
+    }
+    tu_free_all();
+}
+
 static void test_cuda_graphs(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     tu_seed(21);
@@ -1073,6 +1132,7 @@ int main(void) {
         cmocka_unit_test(test_limits_on_device),        cmocka_unit_test(test_transient_entry_on_stream),
         cmocka_unit_test(test_params_on_device),  cmocka_unit_test(test_encoder_fused),
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
+        cmocka_unit_test(test_arange_slice_dim_on_device),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);
