@@ -174,8 +174,15 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
         return k->matmul(c, &ea, &eb, &bv, y);
     }
     case SJ_K_ATTENTION:
-        return k->attention(c, &rv[in[0]], &rv[in[1]], &rv[in[2]], in[3] >= 0 ? &rv[in[3]] : NULL, n->a.f,
-                                n->a.causal, y);
+    {
+        sj_tensor m; /* the mask broadcast to the scores [B, H, Sq, Sk] */
+        if (in[4] >= 0) {
+            int64_t sc[4] = {rv[in[0]].shape[0], rv[in[0]].shape[1], rv[in[0]].shape[2], rv[in[1]].shape[2]};
+            m = expand(&rv[in[4]], 4, sc);
+        }
+        return k->attention(c, &rv[in[0]], &rv[in[1]], &rv[in[2]], in[3] >= 0 ? &rv[in[3]] : NULL,
+                            in[4] >= 0 ? &m : NULL, n->a.f, n->a.causal, y);
+    }
     case SJ_K_CONCAT: {
         sj_tensor xs[64];
         for (int i = 0; i < n->n_in; i++) xs[i] = rv[in[i]];
@@ -443,8 +450,9 @@ static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const
     return sj_cpu_matmul_bias(a, b, bias, y, c);
 }
 static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
-    return sj_cpu_attention(q, k, v, lengths, scale, causal, y, c);
+                             const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                             const sj_tensor *y) {
+    return sj_cpu_attention_mask(q, k, v, lengths, mask, scale, causal, y, c);
 }
 static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
     return sj_cpu_concat(xs, n, axis, y);

@@ -48,8 +48,9 @@ static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const
     return sj_cuda_matmul_bias(E(c), a, b, bias, y);
 }
 static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
-    return sj_cuda_attention(E(c), q, k, v, lengths, scale, causal, y);
+                             const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                             const sj_tensor *y) {
+    return sj_cuda_attention_mask(E(c), q, k, v, lengths, mask, scale, causal, y);
 }
 static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
     return sj_cuda_concat(E(c), xs, n, axis, y);

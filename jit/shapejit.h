@@ -528,6 +528,18 @@ SJ_API sj_val sj_matmul(sj_tracer *t, sj_val a, sj_val b);
  * gives zeros. Float dtypes. */
 SJ_API sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val lengths, double scale,
                            int causal);
+/* Attention with an additive mask: as sj_attention without lengths, with
+ * mask added to the scaled scores q k^T * scale before the softmax. mask
+ * is broadcastable to the scores [B, H, Sq, Sk] (rank <= 4, each axis 1 or
+ * the scores' size, aligned from the right, e.g. [B, 1, 1, Sk] for key
+ * padding or [Sq, Sk]) and has dtype f32, q's dtype, or bool. A float
+ * mask is added (-inf masks a key out); a bool mask keeps the keys where
+ * it is true and masks the others, so 0/1 masks such as left padding
+ * (sj_cast to bool) work as they are. causal applies on top. A query
+ * whose every key is masked gives zeros. On CUDA a masked attention runs
+ * the general kernel (the tensor-core kernels take no mask yet). */
+SJ_API sj_val sj_attention_mask(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val mask, double scale,
+                                int causal);
 
 /* Views and data movement. */
 /* New shape with the same element count. At most one SJ_DIM_INFER. */

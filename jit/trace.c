@@ -407,8 +407,40 @@ sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val lengths, 
     sj_status st = sj_infer_attention(&t->inf, &sq, &sk, &sv, lengths.id >= 0 ? &sl : NULL, &s);
     if (st) return infer_fail(t, st, "attention", ins, 4);
     sj_attrs at = {.f = scale, .causal = causal != 0};
-    int32_t ids[4] = {q.id, k.id, v.id, lengths.id};
-    return emit(t, SJ_OP_ATTENTION, ids, 4, &at, dt, &s);
+    int32_t ids[5] = {q.id, k.id, v.id, lengths.id, -1};
+    return emit(t, SJ_OP_ATTENTION, ids, 5, &at, dt, &s);
+}
+
+sj_val sj_attention_mask(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val mask, double scale, int causal) {
+    if (!t || !ok(t, mask, "attention_mask", "mask")) return BAD;
+    sj_val r = sj_attention(t, q, k, v, SJ_NONE, scale, causal);
+    if (t->err) return BAD;
+    const sj_value *m = val(t, mask);
+    char b0[128], b1[128], b2[128];
+    if (m->dtype != val(t, q)->dtype && m->dtype != SJ_F32 && m->dtype != SJ_BOOL)
+        return fail(t, SJ_EDTYPE, "attention_mask(q: %s, mask: %s): mask must be bool, f32 or q's dtype",
+                    desc(t, q, b0, sizeof b0), desc(t, mask, b1, sizeof b1));
+    /* broadcastable to the scores [B, H, Sq, Sk] */
+    const sj_value *qv = val(t, q), *kv = val(t, k);
+    sj_expr sc[4] = {qv->shape[0], qv->shape[1], qv->shape[2], kv->shape[2]};
+    sj_val ins[4] = {q, k, v, mask};
+    set_why(t, "attention_mask", ins, 4);
+    if (m->rank > 4)
+        return fail(t, SJ_ESHAPE, "attention_mask(mask: %s): mask has rank %d, at most 4 ([B, H, Sq, Sk])",
+                    desc(t, mask, b1, sizeof b1), m->rank);
+    for (int i = 0; i < m->rank; i++) {
+        int a = 4 - m->rank + i;
+        sj_expr d = val(t, mask)->shape[i];
+        if (!sj_infer_is_one(&t->inf, d) && !sj_infer_eq(&t->inf, d, sc[a]))
+            return fail(t, SJ_ESHAPE,
+                        "attention_mask(q: %s, k: %s, mask: %s): mask does not broadcast to the scores [B, H, Sq, Sk] "
+                        "at their axis %d",
+                        desc(t, q, b0, sizeof b0), desc(t, k, b1, sizeof b1), desc(t, mask, b2, sizeof b2), a);
+    }
+    /* the node just emitted takes the mask as its fifth operand */
+    sj_node *n = &t->g->nodes[t->g->vals[r.id].index];
+    t->g->args[n->in_off + 4] = mask.id;
+    return r;
 }
 
 /* -- Views and data movement ------------------------------------------------ */

@@ -126,10 +126,134 @@ static void test_bad_arguments(void **state) {
     tu_free_all();
 }
 
+
+/* -- Masked attention ----------------------------------------------------------- */
+
+typedef struct mask_case {
+    int rank;
+    int64_t shape[4]; /* -1: B, -2: Sq, -3: Sk, -4: H */
+    int mdt;          /* 0: q's dtype, 1: f32, 2: bool */
+    int causal;
+} mask_case;
+
+static const mask_case mask_cases[] = {
+    {4, {-1, 1, 1, -3}, 0, 0},   /* key padding */
+    {2, {-2, -3}, 1, 1},         /* one [Sq, Sk] mask, causal on top */
+    {4, {-1, -4, -2, -3}, 2, 0}, /* a full bool mask */
+    {3, {1, -2, -3}, 2, 1},
+};
+
+static int64_t mask_size(int64_t c, int64_t B, int64_t H, int64_t Sq, int64_t Sk) {
+    return c == -1 ? B : c == -2 ? Sq : c == -3 ? Sk : c == -4 ? H : c;
+}
+
+static void mask_call(sj_runtime *rt, sj_fn *fn, const mask_case *mc, sj_dtype dt, const tu_mask_spec *sp,
+                      int64_t S, const char *what) {
+    const int64_t B = 2, H = 3, D = 8, Dv = 6, Sq = S, Sk = S;
+    sj_tensor q = tu_random(dt, 4, (int64_t[]){B, H, Sq, D}, TU_CONTIG);
+    sj_tensor k = tu_random(dt, 4, (int64_t[]){B, H, Sk, D}, TU_CONTIG);
+    sj_tensor v = tu_random(dt, 4, (int64_t[]){B, H, Sk, Dv}, TU_CONTIG);
+    int64_t ms[4];
+    for (int i = 0; i < mc->rank; i++) ms[i] = mask_size(mc->shape[i], B, H, Sq, Sk);
+    sj_dtype mdt = mc->mdt == 0 ? dt : mc->mdt == 1 ? SJ_F32 : SJ_BOOL;
+    sj_tensor mask = tu_random_mask(mdt, mc->rank, ms);
+    /* left padding: batch b keeps its last Sk - b - 1 keys; batch 1 none
+     * when S == 2 */
+    sj_tensor keep = tu_tensor(SJ_I32, 2, (int64_t[]){B, Sk});
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < Sk; j++) tu_seti(&keep, b * Sk + j, j > b);
+    sj_tensor in[5] = {q, k, v, mask, keep}, out[2] = {{0}};
+    if (sj_call(fn, in, 5, out, 2)) fail_msg("%s S=%lld: %s", what, (long long)S, sj_last_error());
+    for (int o = 0; o < 2; o++) {
+        int64_t n = tu_numel(&out[o]);
+        double *ref = calloc((size_t)n, sizeof(double));
+        sj_tensor bm = keep;
+        if (o == 1) { /* keep as [B, 1, 1, Sk] */
+            bm.rank = 4;
+            bm.shape[0] = B, bm.shape[1] = 1, bm.shape[2] = 1, bm.shape[3] = Sk;
+            bm.stride[0] = Sk, bm.stride[1] = bm.stride[2] = Sk, bm.stride[3] = 1;
+            bm.dtype = SJ_I32;
+        }
+        /* an i32 0/1 mask is a bool one for the reference */
+        sj_tensor *mref = o ? &bm : &mask;
+        if (o == 1) {
+            sj_tensor bb = tu_tensor(SJ_BOOL, 4, bm.shape);
+            for (int64_t i = 0; i < tu_numel(&bb); i++) tu_seti(&bb, i, tu_geti(&bm, i));
+            *mref = bb;
+        }
+        tu_ref_attention_mask(&q, &k, &v, mref, sp->scale, o ? 0 : sp->causal, ref);
+        char label[160];
+        snprintf(label, sizeof label, "%s S=%lld output %d", what, (long long)S, o);
+        if (!tu_check(&out[o], ref, 2 * tu_tol(dt), label)) fail_msg("%s: mismatch", label);
+        free(ref);
+        sj_tensor_free(rt, &out[o]);
+    }
+}
+
+static void test_attention_mask(void **state) {
+    static const int64_t lengths[] = {5, 9, 2, 17};
+    const int n_len = (int)(sizeof lengths / sizeof lengths[0]);
+    tu_seed(2603);
+    for (int mode = 0; mode < 2; mode++) {
+        sj_runtime *rt = runtime(mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF);
+        for (size_t c = 0; c < sizeof mask_cases / sizeof mask_cases[0]; c++)
+            for (int d = 0; d < 3; d++)
+                for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
+                    const mask_case *mc = &mask_cases[c];
+                    sj_dtype dt = d == 0 ? SJ_F32 : d == 1 ? SJ_F16 : SJ_BF16;
+                    tu_mask_spec sp = {0.4, mc->causal};
+                    sj_fn_options o;
+                    sj_fn_options_init(&o);
+                    o.dynamic = (sj_dynamic)dyn;
+                    o.hot_threshold = 1;
+                    o.specialize_threshold = 1000;
+                    sj_fn *fn;
+                    assert_int_equal(sj_fn_create(rt, "mask", 5, tu_mask_model, &sp, &o, &fn), SJ_OK);
+                    const char *what = tu_label("attention_mask %s case %d %s %s", mode ? "fused" : "eager", (int)c,
+                                                sj_dtype_name(dt), dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic");
+                    for (int i = 0; i < n_len; i++) mask_call(rt, fn, mc, dt, &sp, lengths[i], what);
+                    sj_stats s = stats_of(fn);
+                    if (mode) assert_int_equal(s.eager_calls, 0);
+                    else assert_int_equal(s.eager_calls, n_len);
+                    sj_fn_destroy(fn);
+                }
+        sj_runtime_destroy(rt);
+    }
+    tu_free_all();
+}
+
+/* A mask that does not broadcast to the scores, or of an integer dtype,
+ * fails the trace with a message naming it. */
+static sj_status bad_mask_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_attention_mask(t, in[0], in[0], in[0], in[1], 1.0, 0));
+}
+
+static void test_attention_mask_bad(void **state) {
+    sj_runtime *rt = runtime(SJ_COMPILE_OFF);
+    sj_tensor q = tu_random(SJ_F32, 4, (int64_t[]){2, 3, 5, 4}, TU_CONTIG);
+    sj_tensor m1 = tu_random(SJ_F32, 2, (int64_t[]){5, 4}, TU_CONTIG); /* Sk is 5 */
+    sj_tensor m2 = tu_random(SJ_I32, 2, (int64_t[]){5, 5}, TU_CONTIG);
+    sj_tensor m3 = tu_random(SJ_F16, 2, (int64_t[]){5, 5}, TU_CONTIG);
+    const sj_tensor *ms[3] = {&m1, &m2, &m3};
+    static const sj_status want[3] = {SJ_ESHAPE, SJ_EDTYPE, SJ_EDTYPE};
+    for (int i = 0; i < 3; i++) {
+        sj_fn *fn;
+        assert_int_equal(sj_fn_create(rt, "badmask", 2, bad_mask_model, NULL, NULL, &fn), SJ_OK);
+        sj_tensor in[2] = {q, *ms[i]}, out = {0};
+        assert_int_equal(sj_call(fn, in, 2, &out, 1), want[i]);
+        if (!strstr(sj_last_error(), "attention_mask")) fail_msg("message: %s", sj_last_error());
+        sj_fn_destroy(fn);
+    }
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arange_slice_dim),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_attention_mask),
+        cmocka_unit_test(test_attention_mask_bad),
     };
     return cmocka_run_group_tests_name("graphapi", tests, NULL, NULL);
 }

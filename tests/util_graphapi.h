@@ -19,4 +19,25 @@ sj_status tu_pos_model(sj_tracer *t, const sj_val *in, int n, void *user);
 /* The float64 reference of output k into ref (row-major). */
 void tu_pos_ref(const sj_tensor *x, const sj_tensor *table, int k, double *ref);
 
+/* Masked attention: inputs q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,Dv],
+ * mask (float or bool, broadcastable to [B,H,Sq,Sk]) and keep (i32 0/1
+ * [B, Sk]). Outputs:
+ *   0: attention_mask(q, k, v, mask, scale, causal)
+ *   1: attention_mask(q, k, v, bool(reshape(keep, [B,1,1,Sk])), scale, 0)
+ *      (a 0/1 padding mask made in the graph) */
+typedef struct tu_mask_spec {
+    double scale;
+    int causal;
+} tu_mask_spec;
+sj_status tu_mask_model(sj_tracer *t, const sj_val *in, int n, void *user);
+/* The float64 reference: mask (any rank <= 4; bool: false masks; NULL:
+ * none) broadcast to the scores; a query with no key left gives zeros. */
+void tu_ref_attention_mask(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v, const sj_tensor *mask,
+                           double scale, int causal, double *out);
+/* A random mask of dtype dt and shape (rank <= 4): floats in [-2, 2]
+ * with -inf at about a quarter of the elements and at every element of
+ * row 0 (of the last two axes) when it has more than one row; bool: about
+ * a third false, row 0 all false likewise. */
+sj_tensor tu_random_mask(sj_dtype dt, int rank, const int64_t *shape);
+
 #endif
