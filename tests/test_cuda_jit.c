@@ -540,6 +540,68 @@ static void test_arange_slice_dim_on_device(void **state) {
     tu_free_all();
 }
 
+
+/* sj_attention_mask on the device (issue 26): float masks of q's dtype
+ * and f32, bool masks, a 0/1 padding mask made in the graph; eager and
+ * fused, static and symbolic, against float64. */
+static void test_attention_mask_on_device(void **state) {
+    static const int64_t lengths[] = {5, 9, 2, 70}; /* 70: more than one key chunk */
+    tu_seed(2604);
+    for (int mode = 0; mode < 2; mode++) {
+        sj_runtime *rt = gpu_runtime(mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF);
+        for (int c = 0; c < 3; c++)
+            for (int d = 0; d < 3; d++)
+                for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
+                    sj_dtype dt = d == 0 ? SJ_F32 : d == 1 ? SJ_F16 : SJ_BF16;
+                    tu_mask_spec sp = {0.4, c == 1};
+                    sj_fn_options o;
+                    sj_fn_options_init(&o);
+                    o.dynamic = (sj_dynamic)dyn;
+                    o.hot_threshold = 1;
+                    o.specialize_threshold = 1000;
+                    sj_fn *fn;
+                    assert_int_equal(sj_fn_create(rt, "mask", 5, tu_mask_model, &sp, &o, &fn), SJ_OK);
+                    for (int li = 0; li < 4; li++) {
+                        const int64_t B = 2, H = 3, D = 64, Dv = 64, S = lengths[li];
+                        sj_tensor q = tu_random(dt, 4, (int64_t[]){B, H, S, D}, TU_CONTIG);
+                        sj_tensor k = tu_random(dt, 4, (int64_t[]){B, H, S, D}, TU_CONTIG);
+                        sj_tensor v = tu_random(dt, 4, (int64_t[]){B, H, S, Dv}, TU_CONTIG);
+                        sj_tensor mask = c == 0   ? tu_random_mask(dt, 4, (int64_t[]){B, 1, 1, S})
+                                         : c == 1 ? tu_random_mask(SJ_F32, 2, (int64_t[]){S, S})
+                                                  : tu_random_mask(SJ_BOOL, 4, (int64_t[]){B, H, S, S});
+                        sj_tensor keep = tu_tensor(SJ_I32, 2, (int64_t[]){B, S});
+                        sj_tensor keepb = tu_tensor(SJ_BOOL, 4, (int64_t[]){B, 1, 1, S});
+                        for (int64_t i = 0; i < B * S; i++) {
+                            tu_seti(&keep, i, i % S > i / S);
+                            tu_seti(&keepb, i, i % S > i / S);
+                        }
+                        sj_tensor hin[5] = {q, k, v, mask, keep}, din[5], out[2] = {{0}};
+                        dbuf db[5];
+                        for (int i = 0; i < 5; i++) db[i] = to_dev(rt, &hin[i]), din[i] = db[i].t;
+                        if (sj_call(fn, din, 5, out, 2))
+                            fail_msg("mask on device S=%lld: %s", (long long)S, sj_last_error());
+                        for (int r = 0; r < 2; r++) {
+                            sj_tensor h = to_host(rt, &out[r]);
+                            double *ref = calloc((size_t)tu_numel(&h), sizeof(double));
+                            tu_ref_attention_mask(&q, &k, &v, r ? &keepb : &mask, sp.scale, r ? 0 : sp.causal, ref);
+                            const char *what = tu_label("attention_mask on device %s case %d %s %s S=%lld output %d",
+                                                        mode ? "fused" : "eager", c, sj_dtype_name(dt),
+                                                        dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic", (long long)S, r);
+                            if (!tu_check(&h, ref, 2 * tu_tol(dt), what)) fail_msg("%s: mismatch", what);
+                            free(ref);
+                            sj_tensor_free(rt, &out[r]);
+                        }
+                        for (int i = 0; i < 5; i++) free_dev(rt, &db[i]);
+                    }
+                    sj_stats s = stats_of(fn);
+                    assert_int_equal(s.eager_calls, mode ? 0 : 4);
+                    sj_fn_destroy(fn);
+                }
+        sj_runtime_destroy(rt);
+    }
+    tu_free_all();
+}
+
 static void test_cuda_graphs(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     tu_seed(21);
@@ -1132,7 +1194,7 @@ int main(void) {
         cmocka_unit_test(test_limits_on_device),        cmocka_unit_test(test_transient_entry_on_stream),
         cmocka_unit_test(test_params_on_device),  cmocka_unit_test(test_encoder_fused),
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
-        cmocka_unit_test(test_arange_slice_dim_on_device),
+        cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);
