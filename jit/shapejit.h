@@ -356,10 +356,18 @@ SJ_API void *sj_runtime_stream(const sj_runtime *rt);
  * runtime lacks), SJ_ENOMEM. Thread-safe. */
 SJ_API sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t);
 
-/* Copy src into dst: same dtype and shape, both contiguous, any devices
- * (host <-> device, device <-> device, host <-> host). Synchronous. Host to
- * host, src and dst may overlap; device copies must not. Errors: SJ_EINVAL,
- * SJ_EDTYPE, SJ_ESHAPE, SJ_EBACKEND. Thread-safe. */
+/* Copy src into dst: same shape, both contiguous, any devices (host <->
+ * device, device <-> device, host <-> host). Synchronous. The dtypes may
+ * differ (f32, f16, bf16, i32, i64, bool, any pair): elements convert as
+ * sj_cast converts them, on host and device alike: to f16/bf16 through
+ * f32, rounded to nearest even (integers first rounded to f32); float to
+ * integer truncates toward zero, saturates at the integer's range, NaN
+ * gives 0; i64 to i32 wraps; anything to bool is != 0; bool reads as 0/1.
+ * Without a conversion, host to host, src and dst may overlap; device
+ * copies, and any copy that converts, must not. A conversion between host
+ * and device converts on the host (a temporary host buffer of the
+ * element count); device to device runs one kernel. Errors: SJ_EINVAL,
+ * SJ_ESHAPE, SJ_ENOMEM, SJ_EBACKEND. Thread-safe. */
 SJ_API sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src);
 
 /* Release an output tensor the runtime allocated in sj_call (data was NULL on

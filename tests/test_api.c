@@ -997,9 +997,15 @@ static void test_tensor_helpers(void **state) {
     sj_tensor wrong = f32(back, 2, (int64_t[]){5, 3});
     assert_int_equal(sj_tensor_copy(rt, &wrong, &a), SJ_ESHAPE);
     assert_msg_has("size mismatch at axis 0: 3 vs 5");
-    sj_tensor ints = sj_tensor_make(back, SJ_I32, 2, (int64_t[]){3, 5});
-    assert_int_equal(sj_tensor_copy(rt, &ints, &a), SJ_EDTYPE);
-    assert_msg_has("dtypes differ (f32 vs i32)");
+    /* a dtype change converts as sj_cast: f32 -> i32 truncates toward zero */
+    int32_t iv[15];
+    sj_tensor ints = sj_tensor_make(iv, SJ_I32, 2, (int64_t[]){3, 5});
+    assert_int_equal(sj_tensor_copy(rt, &ints, &a), SJ_OK);
+    for (int i = 0; i < 15; i++) assert_int_equal(iv[i], (int32_t)src[i]);
+    /* ... but not between overlapping buffers */
+    sj_tensor over = sj_tensor_make(back, SJ_I32, 2, (int64_t[]){3, 5});
+    assert_int_equal(sj_tensor_copy(rt, &over, &hb), SJ_EINVAL);
+    assert_msg_has("overlap");
     sj_tensor tr = hb;
     tr.shape[0] = 5, tr.shape[1] = 3, tr.stride[0] = 1, tr.stride[1] = 5; /* a transposed view */
     sj_tensor a53 = f32(src, 2, (int64_t[]){5, 3});

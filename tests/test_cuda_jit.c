@@ -602,6 +602,55 @@ static void test_attention_mask_on_device(void **state) {
     tu_free_all();
 }
 
+
+/* sj_tensor_copy with a dtype change (issue 26): every pair of dtypes,
+ * host -> device (converted on the host), device -> device (the cast
+ * kernel) and device -> host, each against tu_ref_cast exactly. */
+static void test_tensor_copy_convert_on_device(void **state) {
+    static const sj_dtype dts[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64, SJ_BOOL};
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_OFF);
+    tu_seed(2606);
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++) {
+            int64_t shape[2] = {5, 13};
+            sj_tensor x = tu_random(dts[a], 2, shape, TU_CONTIG);
+            if (dts[a] == SJ_F32) tu_set(&x, 0, 70000.5), tu_set(&x, 1, -3.75), tu_set(&x, 2, NAN);
+            if (dts[a] == SJ_I64) tu_seti(&x, 0, 16777217), tu_seti(&x, 1, ((int64_t)1 << 33) + 5);
+            double *ref = calloc(65, sizeof(double));
+            tu_ref_cast(&x, dts[b], ref);
+            /* host x -> device (dtype b) -> host (dtype b) */
+            sj_tensor d1 = {.dtype = dts[b], .rank = 2, .shape = {5, 13}, .device = SJ_CUDA};
+            assert_int_equal(sj_tensor_alloc(rt, &d1), SJ_OK);
+            assert_int_equal(sj_tensor_copy(rt, &d1, &x), SJ_OK);
+            sj_tensor h1 = tu_tensor(dts[b], 2, shape);
+            assert_int_equal(sj_tensor_copy(rt, &h1, &d1), SJ_OK);
+            const char *what = tu_label("copy host %s -> device %s", sj_dtype_name(dts[a]), sj_dtype_name(dts[b]));
+            if (!tu_check(&h1, ref, 0, what)) fail_msg("%s: mismatch", what);
+            /* device (dtype a) -> device (dtype b): the cast kernel */
+            sj_tensor d0 = {.dtype = dts[a], .rank = 2, .shape = {5, 13}, .device = SJ_CUDA};
+            sj_tensor d2 = {.dtype = dts[b], .rank = 2, .shape = {5, 13}, .device = SJ_CUDA};
+            assert_int_equal(sj_tensor_alloc(rt, &d0), SJ_OK);
+            assert_int_equal(sj_tensor_alloc(rt, &d2), SJ_OK);
+            assert_int_equal(sj_tensor_copy(rt, &d0, &x), SJ_OK);
+            assert_int_equal(sj_tensor_copy(rt, &d2, &d0), SJ_OK);
+            sj_tensor h2 = tu_tensor(dts[b], 2, shape);
+            assert_int_equal(sj_tensor_copy(rt, &h2, &d2), SJ_OK);
+            what = tu_label("copy device %s -> device %s", sj_dtype_name(dts[a]), sj_dtype_name(dts[b]));
+            if (!tu_check(&h2, ref, 0, what)) fail_msg("%s: mismatch", what);
+            /* device (dtype a) -> host (dtype b) */
+            sj_tensor h3 = tu_tensor(dts[b], 2, shape);
+            assert_int_equal(sj_tensor_copy(rt, &h3, &d0), SJ_OK);
+            what = tu_label("copy device %s -> host %s", sj_dtype_name(dts[a]), sj_dtype_name(dts[b]));
+            if (!tu_check(&h3, ref, 0, what)) fail_msg("%s: mismatch", what);
+            sj_tensor_free(rt, &d0);
+            sj_tensor_free(rt, &d1);
+            sj_tensor_free(rt, &d2);
+            free(ref);
+        }
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
 static void test_cuda_graphs(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     tu_seed(21);
@@ -1195,6 +1244,7 @@ int main(void) {
         cmocka_unit_test(test_params_on_device),  cmocka_unit_test(test_encoder_fused),
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
         cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
+        cmocka_unit_test(test_tensor_copy_convert_on_device),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

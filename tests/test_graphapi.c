@@ -248,12 +248,45 @@ static void test_attention_mask_bad(void **state) {
     tu_free_all();
 }
 
+
+/* -- sj_tensor_copy with a dtype change ----------------------------------------- */
+
+/* Every pair of dtypes, host to host, against tu_ref_cast (float64 of the
+ * sj_cast rules), on random values with special ones mixed in: halves (ties
+ * for rounding to int are not: truncation), values past f16's range, NaN,
+ * and integers past 2^24 (rounded to f32 first). */
+static void test_tensor_copy_convert(void **state) {
+    static const sj_dtype dts[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64, SJ_BOOL};
+    sj_runtime *rt = runtime(SJ_COMPILE_OFF);
+    tu_seed(2605);
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++) {
+            sj_tensor x = tu_random(dts[a], 2, (int64_t[]){7, 9}, TU_CONTIG);
+            if (dts[a] == SJ_F32) {
+                tu_set(&x, 0, 70000.5), tu_set(&x, 1, -3.75), tu_set(&x, 2, NAN), tu_set(&x, 3, 1e12);
+                tu_set(&x, 4, 1.0009765625 + 1.0 / 4096); /* between f16 neighbours */
+            }
+            if (dts[a] == SJ_I64) tu_seti(&x, 0, 16777217), tu_seti(&x, 1, ((int64_t)1 << 33) + 5);
+            if (dts[a] == SJ_I32) tu_seti(&x, 0, 16777217), tu_seti(&x, 1, -2147483647);
+            sj_tensor y = tu_tensor(dts[b], 2, (int64_t[]){7, 9});
+            assert_int_equal(sj_tensor_copy(rt, &y, &x), SJ_OK);
+            double *ref = calloc(63, sizeof(double));
+            tu_ref_cast(&x, dts[b], ref);
+            const char *what = tu_label("sj_tensor_copy %s -> %s", sj_dtype_name(dts[a]), sj_dtype_name(dts[b]));
+            if (!tu_check(&y, ref, 0, what)) fail_msg("%s: mismatch", what);
+            free(ref);
+        }
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arange_slice_dim),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_attention_mask),
         cmocka_unit_test(test_attention_mask_bad),
+        cmocka_unit_test(test_tensor_copy_convert),
     };
     return cmocka_run_group_tests_name("graphapi", tests, NULL, NULL);
 }
