@@ -58,8 +58,10 @@ static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const s
 static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, const sj_tensor *y) {
     sj_cuda_call *cc = c;
     if (!cc->e.error_flag) { /* a device int for bad indices, zeroed in stream order */
-        cc->e.error_flag = sj_cuda_alloc(cc->e.cuda, sizeof(int), cc->e.stream);
+        /* capturing: the graph's own (no allocation may happen in a capture) */
+        cc->e.error_flag = cc->graph_flag ? cc->graph_flag : sj_cuda_alloc(cc->e.cuda, sizeof(int), cc->e.stream);
         if (!cc->e.error_flag) return SJ_ENOMEM;
+        cc->flag_used = true;
         sj_status st = SJ_CU(cc->e.cuda, cc->e.cuda->api.MemsetD8Async(cc->e.error_flag, 0, sizeof(int), cc->e.stream),
                              "gather: clearing the error flag");
         if (st) return st;
@@ -84,13 +86,14 @@ static sj_status copy(void *c, const sj_tensor *x, const sj_tensor *y) { return 
 
 static void *buf_alloc(void *c, size_t bytes) {
     sj_cuda_call *cc = c;
-    if (cc->graph_arena) { /* the graph's own, ordered on the stream the graph will run on */
-        size_t ws = cc->graph_ws_bytes;
-        if (!ws && !bytes) return NULL;
-        CUdeviceptr p = sj_cuda_alloc(cc->e.cuda, ws + bytes, cc->graph_stream);
+    if (cc->graph_arena) { /* the graph's own, ordered on the stream the graph will run on:
+                              [workspace][gather error flag][arena] */
+        size_t ws = cc->graph_ws_bytes, fl = SJ_GRAPH_FLAG_BYTES;
+        CUdeviceptr p = sj_cuda_alloc(cc->e.cuda, ws + fl + bytes, cc->graph_stream);
         *cc->graph_arena = p;
         if (p && ws) cc->e.ws = p, cc->e.ws_bytes = ws;
-        return p && bytes ? (void *)(uintptr_t)(p + ws) : NULL;
+        if (p) cc->graph_flag = p + ws;
+        return p && bytes ? (void *)(uintptr_t)(p + ws + fl) : NULL;
     }
     if (!bytes) return NULL;
     return (void *)(uintptr_t)sj_cuda_alloc(cc->e.cuda, bytes, cc->e.stream);
@@ -142,7 +145,7 @@ static sj_status finish(void *c) {
         if (!st) st = sst;
         if (!st && flag) st = sj_seterr(SJ_EINDEX, "gather: an index is out of range");
     }
-    if (cc->e.error_flag) sj_cuda_free(cu, cc->e.error_flag, cc->e.stream);
+    if (cc->e.error_flag && cc->e.error_flag != cc->graph_flag) sj_cuda_free(cu, cc->e.error_flag, cc->e.stream);
     cc->e.error_flag = 0;
     return st;
 }

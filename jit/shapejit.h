@@ -299,7 +299,9 @@ typedef struct sj_runtime_config {
      * graphs per shape; a graph holds its own intermediate memory and a
      * 4 MiB cuBLASLt workspace until its function is destroyed. Calls
      * whose outputs shapejit allocates and plans that need memory mid-call
-     * (a gather's error flag) are never captured. $SHAPEJIT_CUDA_GRAPHS. */
+     * are never captured. A plan with a gather is: its error flag lives in
+     * the graph's memory, and a synchronous call served by the graph still
+     * fails with SJ_EINDEX on an index out of range. $SHAPEJIT_CUDA_GRAPHS. */
     int cuda_graphs;
     /* CPU fused kernels whose loads and stores move more bytes than this
      * write their f32 outputs with non-temporal stores (no read for

@@ -651,6 +651,66 @@ static void test_tensor_copy_convert_on_device(void **state) {
     tu_free_all();
 }
 
+
+/* A plan with a gather is captured into a CUDA graph (issue 26): its error
+ * flag lives in the graph's memory. Outputs against float64; an index out
+ * of range in the graph's own buffers still fails the call (SJ_EINDEX),
+ * and the graph serves the next good call. */
+static sj_status gather_graph_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_mul(t, sj_gather(t, in[0], in[1]), sj_scalar(t, 3.0)));
+}
+
+static void test_gather_graph_captured(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    tu_seed(2607);
+    const int64_t V = 50, H = 32, B = 2, S = 11;
+    sj_tensor table = tu_random(SJ_F32, 2, (int64_t[]){V, H}, TU_CONTIG);
+    sj_tensor idx = tu_tensor(SJ_I64, 2, (int64_t[]){B, S});
+    for (int64_t i = 0; i < B * S; i++) tu_seti(&idx, i, tu_randint(0, V - 1));
+    sj_tensor y = tu_tensor(SJ_F32, 3, (int64_t[]){B, S, H});
+    dbuf dt_ = to_dev(rt, &table), di = to_dev(rt, &idx), dy = to_dev(rt, &y);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "gather_graph", 2, gather_graph_model, NULL, &o, &fn), SJ_OK);
+    sj_tensor in[2] = {dt_.t, di.t};
+    for (int i = 0; i < SJ_GRAPH_AFTER; i++) assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
+    assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
+    for (int i = 0; i < 3; i++) assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
+    sj_stats s = stats_of(fn);
+    assert_int_equal(s.graph_failures, 0);
+    assert_int_equal(s.graphs, 1);
+    assert_true(s.graph_calls >= 3);
+    sj_tensor h = to_host(rt, &dy.t);
+    double *ref = calloc((size_t)(B * S * H), sizeof(double));
+    for (int64_t p = 0; p < B * S; p++)
+        for (int64_t j = 0; j < H; j++) ref[p * H + j] = 3.0 * tu_get(&table, tu_geti(&idx, p) * H + j);
+    if (!tu_check(&h, ref, tu_tol(SJ_F32), "gather graph")) fail_msg("gather graph: mismatch");
+    /* a bad index in the same buffer: the graph's call fails, and says why */
+    tu_seti(&idx, 5, V);
+    sj_cuda_bind(rt->cuda);
+    assert_int_equal(sj_cuda_to_device(rt->cuda, di.base, idx.data, (size_t)(B * S) * 8), SJ_OK);
+    uint64_t before = stats_of(fn).graph_calls;
+    assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_EINDEX);
+    assert_non_null(strstr(sj_last_error(), "out of range"));
+    /* fixed again: served by the graph, right */
+    tu_seti(&idx, 5, 7);
+    assert_int_equal(sj_cuda_to_device(rt->cuda, di.base, idx.data, (size_t)(B * S) * 8), SJ_OK);
+    assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
+    assert_true(stats_of(fn).graph_calls > before);
+    h = to_host(rt, &dy.t);
+    for (int64_t j = 0; j < H; j++) ref[5 * H + j] = 3.0 * tu_get(&table, 7 * H + j);
+    if (!tu_check(&h, ref, tu_tol(SJ_F32), "gather graph after a bad index")) fail_msg("mismatch");
+    free(ref);
+    sj_fn_destroy(fn);
+    free_dev(rt, &dt_);
+    free_dev(rt, &di);
+    free_dev(rt, &dy);
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
 static void test_cuda_graphs(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     tu_seed(21);
@@ -749,7 +809,7 @@ static void test_cuda_graphs(void **state) {
         }
     assert_int_equal(atomic_load(&rt->cuda_graphs), 0);
 
-    /* gather asks for its error flag mid-call: the capture is abandoned */
+    /* gather's error flag has its home in the graph's memory: captured */
     sj_fn_options o;
     sj_fn_options_init(&o);
     o.hot_threshold = 1;
@@ -769,8 +829,13 @@ static void test_cuda_graphs(void **state) {
     assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
     sj_stats s = stats_of(fn);
     assert_true(s.fused_specialized_calls >= SJ_GRAPH_AFTER);
-    assert_int_equal(s.graph_failures, 1);
-    assert_int_equal(s.graphs, 0);
+    assert_int_equal(s.graph_failures, 0);
+    assert_int_equal(s.graphs, 1);
+    {
+        sj_tensor out1 = dy.t;
+        assert_int_equal(sj_call(fn, din, 2, &out1, 1), SJ_OK);
+        assert_true(stats_of(fn).graph_calls > 0);
+    }
     sj_tensor h = to_host(rt, &dy.t);
     for (int64_t r = 0; r < 6; r++)
         for (int64_t c = 0; c < 16; c++)
@@ -778,7 +843,9 @@ static void test_cuda_graphs(void **state) {
     int64_t bad_idx = 10;
     assert_int_equal(sj_cuda_to_device(rt->cuda, d1.base + 3 * sizeof(int64_t), &bad_idx, sizeof bad_idx), SJ_OK);
     sj_tensor out = dy.t;
-    assert_int_equal(sj_call(fn, din, 2, &out, 1), SJ_EINDEX);
+    uint64_t served = stats_of(fn).graph_calls;
+    assert_int_equal(sj_call(fn, din, 2, &out, 1), SJ_EINDEX); /* by the graph, which reads its flag */
+    assert_int_equal(stats_of(fn).graph_calls, served);       /* a failed call is not counted as served */
     sj_fn_destroy(fn);
     free_dev(rt, &d0);
     free_dev(rt, &d1);
@@ -1244,7 +1311,7 @@ int main(void) {
         cmocka_unit_test(test_params_on_device),  cmocka_unit_test(test_encoder_fused),
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
         cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
-        cmocka_unit_test(test_tensor_copy_convert_on_device),
+        cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);
