@@ -19,6 +19,7 @@ typedef enum sj_op_kind {
     SJ_K_CONCAT,
     SJ_K_GATHER,
     SJ_K_COPY,      /* materialise a value contiguously */
+    SJ_K_ARANGE,    /* no operands: 0, 1, ..., n-1 */
 } sj_op_kind;
 
 /* X(enum, name, kind) */
@@ -63,7 +64,8 @@ typedef enum sj_op_kind {
     X(SJ_OP_SLICE, "slice", SJ_K_VIEW)                                          \
     X(SJ_OP_CONCAT, "concat", SJ_K_CONCAT)                                      \
     X(SJ_OP_GATHER, "gather", SJ_K_GATHER)                                      \
-    X(SJ_OP_COPY, "copy", SJ_K_COPY)
+    X(SJ_OP_COPY, "copy", SJ_K_COPY)                                            \
+    X(SJ_OP_ARANGE, "arange", SJ_K_ARANGE)
 
 typedef enum sj_op {
 #define SJ_X(e, name, kind) e,

@@ -1,10 +1,6 @@
 /* Tensor descriptors: dtype tables, construction and validation. */
 #include "base/tensor.h"
 
-#include <stdint.h>
-
-#include "base/half.h"
-
 #include <assert.h>
 #include <stdint.h>
 #include <string.h>
@@ -153,46 +149,4 @@ sj_status sj_tensor_check(const sj_tensor *x, const char *what) {
             return sj_seterr(SJ_EINVAL, "%s: stride %lld at axis %d is negative", what, (long long)x->stride[i], i);
     if (!empty && !x->data) return sj_seterr(SJ_EINVAL, "%s: data is NULL", what);
     return SJ_OK;
-}
-
-/* -- Conversion ------------------------------------------------------------- */
-
-static double load_f(const void *p, sj_dtype dt, int64_t i) {
-    switch (dt) {
-    case SJ_F32: return ((const float *)p)[i];
-    case SJ_F16: return sj_f16_to_f32(((const uint16_t *)p)[i]);
-    case SJ_BF16: return sj_bf16_to_f32(((const uint16_t *)p)[i]);
-    case SJ_I32: return ((const int32_t *)p)[i];
-    case SJ_I64: return (double)((const int64_t *)p)[i];
-    default: return ((const uint8_t *)p)[i] != 0;
-    }
-}
-
-static int64_t load_i(const void *p, sj_dtype dt, int64_t i) {
-    switch (dt) {
-    case SJ_I32: return ((const int32_t *)p)[i];
-    case SJ_I64: return ((const int64_t *)p)[i];
-    case SJ_BOOL: return ((const uint8_t *)p)[i] != 0;
-    default: {
-        double v = load_f(p, dt, i);
-        if (v != v) return 0;                        /* NaN -> 0 */
-        if (v >= 9223372036854775807.0) return INT64_MAX;
-        if (v <= -9223372036854775808.0) return INT64_MIN;
-        return (int64_t)v;                           /* toward zero */
-    }
-    }
-}
-
-void sj_tensor_convert(void *dst, sj_dtype dd, const void *src, sj_dtype sd, int64_t n) {
-    bool src_float = sd == SJ_F32 || sd == SJ_F16 || sd == SJ_BF16;
-    for (int64_t i = 0; i < n; i++) {
-        switch (dd) {
-        case SJ_F32: ((float *)dst)[i] = (float)load_f(src, sd, i); break;
-        case SJ_F16: ((uint16_t *)dst)[i] = sj_f32_to_f16((float)load_f(src, sd, i)); break;
-        case SJ_BF16: ((uint16_t *)dst)[i] = sj_f32_to_bf16((float)load_f(src, sd, i)); break;
-        case SJ_I32: ((int32_t *)dst)[i] = (int32_t)(uint32_t)(uint64_t)load_i(src, sd, i); break;
-        case SJ_I64: ((int64_t *)dst)[i] = load_i(src, sd, i); break;
-        default: ((uint8_t *)dst)[i] = src_float ? load_f(src, sd, i) != 0 : load_i(src, sd, i) != 0; break;
-        }
-    }
 }

@@ -44,10 +44,4 @@ void sj_tensor_set_contiguous(sj_tensor *x);
  * that overflows: an allocation of it fails). */
 size_t sj_tensor_nbytes(const sj_tensor *x);
 
-/* Convert n elements from src (dtype sd) to dst (dtype dd), both host and
- * contiguous: floats through f32 (f16/bf16 rounded to nearest even),
- * float -> int toward zero (NaN -> 0, saturating), int -> narrower int
- * wrapping, anything -> bool as != 0. */
-void sj_tensor_convert(void *dst, sj_dtype dd, const void *src, sj_dtype sd, int64_t n);
-
 #endif

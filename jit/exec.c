@@ -4,12 +4,15 @@
  * operand's memory (reshape copies first when the operand is not
  * contiguous). Every other node writes a fresh contiguous buffer in the
  * call's arena, or straight into the caller's output when its value is an
- * output. A matmul with a bias add marked as its own (sj_node.fold) runs
+ * output. The arena is planned per call (sizes are this call's): a buffer
+ * is free again after the last node that reads it or a view of it, and a
+ * later result reuses its bytes (first fit), so a chain of ops needs a few
+ * buffers, not one per node. A matmul with a bias add marked as its own (sj_node.fold) runs
  * as one product that adds the bias and writes the add's result; the add
  * is skipped. The arena comes from the function's pool, so a warm call
  * does not allocate.
  *
- * Arena layout: [expression values][value descriptors][buffers...]
+ * Arena layout: [expression values][value descriptors][direct][plan][buffers...]
  */
 #include "jit/exec.h"
 
@@ -33,6 +36,7 @@ typedef struct run {
     sj_tensor *rv;      /* runtime descriptor of every value */
     char *buf, *buf_end;
     unsigned char *direct; /* per value: index+1 of the output it writes, or 0 */
+    int64_t *off;       /* per value: its buffer's byte offset from buf, or -1 */
 } run;
 
 static void shape_from(const sj_graph *g, const int64_t *exv, int32_t v, sj_tensor *t) {
@@ -55,10 +59,11 @@ static size_t value_bytes(const run *r, int32_t v) {
     return align_up(n);
 }
 
-static void *take(run *r, size_t bytes) {
-    char *p = r->buf;
-    r->buf += align_up(bytes);
-    return r->buf <= r->buf_end ? p : NULL;
+/* The planned buffer of value v (NULL: none planned, or past the end). */
+static void *take(run *r, int32_t v, size_t bytes) {
+    if (r->off[v] < 0) return NULL;
+    char *p = r->buf + r->off[v];
+    return p + align_up(bytes) <= r->buf_end ? p : NULL;
 }
 
 /* x broadcast to `rank` axes of sizes `shape`: stride 0 where x has size 1
@@ -87,7 +92,7 @@ static sj_status view(run *r, const sj_node *n, sj_tensor *y) {
         if (!sj_tensor_is_contiguous(x)) {
             sj_tensor c = *x;
             sj_tensor_set_contiguous(&c);
-            c.data = take(r, sj_tensor_nbytes(x));
+            c.data = take(r, n->out, sj_tensor_nbytes(x));
             if (!c.data) return sj_seterr(SJ_EINTERNAL, "exec: arena overflow in reshape");
             sj_status st = r->x->ops->copy(r->x->ops_ctx, x, &c);
             if (st) return st;
@@ -174,8 +179,15 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
         return k->matmul(c, &ea, &eb, &bv, y);
     }
     case SJ_K_ATTENTION:
-        return k->attention(c, &rv[in[0]], &rv[in[1]], &rv[in[2]], in[3] >= 0 ? &rv[in[3]] : NULL, n->a.f,
-                                n->a.causal, y);
+    {
+        sj_tensor m; /* the mask broadcast to the scores [B, H, Sq, Sk] */
+        if (in[4] >= 0) {
+            int64_t sc[4] = {rv[in[0]].shape[0], rv[in[0]].shape[1], rv[in[0]].shape[2], rv[in[1]].shape[2]};
+            m = expand(&rv[in[4]], 4, sc);
+        }
+        return k->attention(c, &rv[in[0]], &rv[in[1]], &rv[in[2]], in[3] >= 0 ? &rv[in[3]] : NULL,
+                            in[4] >= 0 ? &m : NULL, n->a.f, n->a.causal, y);
+    }
     case SJ_K_CONCAT: {
         sj_tensor xs[64];
         for (int i = 0; i < n->n_in; i++) xs[i] = rv[in[i]];
@@ -183,6 +195,8 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
     }
     case SJ_K_GATHER:
         return k->gather(c, &rv[in[0]], &rv[in[1]], y);
+    case SJ_K_ARANGE:
+        return k->arange(c, y);
     case SJ_K_VIEW: { /* a reshape that must copy: copy in the operand's shape, contiguously */
         sj_tensor yc = *y;
         yc.rank = rv[in[0]].rank;
@@ -280,13 +294,109 @@ sj_status sj_exec_alloc_outputs(const sj_exec *x, const int64_t *exv, unsigned c
 
 /* -- Running ------------------------------------------------------------------ */
 
-static size_t header_bytes(const sj_graph *g) {
-    return align_up((size_t)sj_ex_count(g->ex) * sizeof(int64_t)) + align_up((size_t)g->n_vals * sizeof(sj_tensor)) +
-           align_up((size_t)g->n_vals);
+/* Per-call planning scratch after the descriptors: offsets (int64 per
+ * value), last uses and death lists (int32 per value, per node + 1), free
+ * spans (two int64 per value). */
+static size_t plan_bytes(const sj_graph *g) {
+    return align_up((size_t)g->n_vals * sizeof(int64_t)) + align_up((size_t)g->n_vals * 2 * sizeof(int32_t)) +
+           align_up((size_t)(g->n_nodes + 1) * sizeof(int32_t)) + align_up((size_t)g->n_vals * 2 * sizeof(int64_t));
 }
 
-/* Lay the header out in block b and evaluate expressions; returns the bytes
- * of buffers the call needs. */
+static size_t header_bytes(const sj_graph *g) {
+    return align_up((size_t)sj_ex_count(g->ex) * sizeof(int64_t)) + align_up((size_t)g->n_vals * sizeof(sj_tensor)) +
+           align_up((size_t)g->n_vals) + plan_bytes(g);
+}
+
+/* -- The memory plan --------------------------------------------------------------
+ * In the executor's order: a non-view node's result (unless it goes
+ * straight to an output) and a reshape's room for a copy take a span,
+ * first fit among the free spans or from the top; after node i, the spans
+ * of values whose last use is i go back. A value's last use is the last
+ * node reading it or any view of it (a view's memory is its operand's);
+ * outputs live to the end. Returns the top: the bytes the call needs. */
+
+typedef struct span {
+    int64_t off, len;
+} span;
+
+static int64_t span_take(span *fl, int *nf, int64_t len, int64_t *top) {
+    for (int k = 0; k < *nf; k++)
+        if (fl[k].len >= len) {
+            int64_t o = fl[k].off;
+            fl[k].off += len;
+            fl[k].len -= len;
+            if (!fl[k].len) fl[k] = fl[--*nf];
+            return o;
+        }
+    int64_t o = *top;
+    *top += len;
+    return o;
+}
+
+static void span_give(span *fl, int *nf, int64_t off, int64_t len, int64_t *top) {
+    for (int k = 0; k < *nf;) { /* merge with free neighbours */
+        if (fl[k].off + fl[k].len == off) {
+            off = fl[k].off, len += fl[k].len;
+            fl[k] = fl[--*nf];
+        } else if (off + len == fl[k].off) {
+            len += fl[k].len;
+            fl[k] = fl[--*nf];
+        } else {
+            k++;
+        }
+    }
+    if (off + len == *top) *top = off; /* the top shrinks back */
+    else fl[(*nf)++] = (span){off, len};
+}
+
+static size_t plan_memory(run *r, char *p) {
+    const sj_graph *g = r->x->g;
+    int nv = g->n_vals, nn = g->n_nodes;
+    r->off = (int64_t *)p;
+    p += align_up((size_t)nv * sizeof(int64_t));
+    int32_t *last = (int32_t *)p, *next = last + nv;
+    p += align_up((size_t)nv * 2 * sizeof(int32_t));
+    int32_t *dies = (int32_t *)p; /* dies[i]: the first value whose span goes back after node i */
+    p += align_up((size_t)(nn + 1) * sizeof(int32_t));
+    span *fl = (span *)p;
+    int nf = 0;
+    int64_t top = 0, peak = 0; /* the top falls back as spans return; peak is its highest */
+    for (int v = 0; v < nv; v++) last[v] = -1, r->off[v] = -1;
+    for (int i = 0; i <= nn; i++) dies[i] = -1;
+    for (int i = 0; i < nn; i++) {
+        const sj_node *n = &g->nodes[i];
+        const int32_t *in = sj_node_ins(g, n);
+        for (int k = 0; k < n->n_in; k++)
+            if (in[k] >= 0 && last[in[k]] < i) last[in[k]] = i;
+    }
+    for (int i = 0; i < g->n_outputs; i++) last[g->outputs[i]] = nn;
+    for (int i = nn - 1; i >= 0; i--) { /* views keep their operand alive */
+        const sj_node *n = &g->nodes[i];
+        int32_t x = sj_node_ins(g, n)[0];
+        if (sj_op_kind_of(n->op) == SJ_K_VIEW && last[x] < last[n->out]) last[x] = last[n->out];
+    }
+    for (int i = 0; i < nn; i++) {
+        const sj_node *n = &g->nodes[i];
+        if (n->fold != SJ_FOLDED) {
+            int32_t out = n->fold >= 0 ? g->nodes[n->fold].out : n->out;
+            bool view = sj_op_kind_of(n->op) == SJ_K_VIEW;
+            if (view ? n->op == SJ_OP_RESHAPE : !r->direct[out]) {
+                int64_t len = (int64_t)value_bytes(r, out);
+                r->off[out] = span_take(fl, &nf, len, &top);
+                if (top > peak) peak = top;
+                int d = last[out] < i ? i : last[out]; /* never read: free after its own node */
+                next[out] = dies[d];
+                dies[d] = out;
+            }
+        }
+        for (int32_t v = dies[i]; v >= 0; v = next[v])
+            span_give(fl, &nf, r->off[v], (int64_t)value_bytes(r, v), &top);
+    }
+    return (size_t)peak;
+}
+
+/* Lay the header out in block b, evaluate expressions and plan the
+ * buffers; returns the bytes of buffers the call needs. */
 static size_t prepare(run *r, sj_block *b) {
     const sj_graph *g = r->x->g;
     char *p = sj_block_data(b);
@@ -296,16 +406,15 @@ static size_t prepare(run *r, sj_block *b) {
     p += align_up((size_t)g->n_vals * sizeof(sj_tensor));
     r->direct = (unsigned char *)p;
     p += align_up((size_t)g->n_vals);
+    char *plan = p;
+    p += plan_bytes(g);
     r->buf = p;
     r->buf_end = (char *)sj_block_data(b) + b->cap;
     sj_ex_eval_all(g->ex, r->x->sym_vals, r->exv);
-    size_t need = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const sj_node *n = &g->nodes[i];
-        if (n->op == SJ_OP_PERMUTE || n->op == SJ_OP_SLICE) continue;
-        need += value_bytes(r, n->out); /* reshape: room for a copy if needed */
-    }
-    return need;
+    /* which values write straight into an output (the first output naming them) */
+    memset(r->direct, 0, (size_t)g->n_vals);
+    for (int i = g->n_outputs - 1; i >= 0; i--) r->direct[g->outputs[i]] = (unsigned char)(i + 1);
+    return plan_memory(r, plan);
 }
 
 sj_status sj_exec_eager(const sj_exec *x) {
@@ -340,9 +449,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
     sj_status st = sj_exec_check_outputs(x, r.exv);
     if (!st) st = sj_exec_alloc_outputs(x, r.exv, allocated);
 
-    /* Operand descriptors, and which values write straight into an output. */
-    memset(r.direct, 0, (size_t)g->n_vals);
-    for (int i = g->n_outputs - 1; i >= 0; i--) r.direct[g->outputs[i]] = (unsigned char)(i + 1);
+    /* Operand descriptors (prepare marked which values write straight into an output). */
     for (int v = 0; v < g->n_vals && !st; v++) {
         const sj_value *val = &g->vals[v];
         switch (val->kind) {
@@ -380,7 +487,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
             *y = x->outputs[oi - 1];
         } else {
             sj_tensor_set_contiguous(y);
-            y->data = take(&r, sj_tensor_nbytes(y));
+            y->data = take(&r, out, sj_tensor_nbytes(y));
             if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
         }
         if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, bias, y);
@@ -441,8 +548,9 @@ static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const
     return sj_cpu_matmul_bias(a, b, bias, y, c);
 }
 static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
-    return sj_cpu_attention(q, k, v, lengths, scale, causal, y, c);
+                             const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                             const sj_tensor *y) {
+    return sj_cpu_attention_mask(q, k, v, lengths, mask, scale, causal, y, c);
 }
 static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
     return sj_cpu_concat(xs, n, axis, y);
@@ -450,9 +558,11 @@ static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const s
 static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, const sj_tensor *y) {
     return sj_cpu_gather(t, idx, y);
 }
+static sj_status k_arange(void *c, const sj_tensor *y) { return sj_cpu_arange(y); }
 
 const sj_kernels sj_cpu_kernels = {k_unary,    k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
-                                   k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather};
+                                   k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
+                                   k_arange};
 
 static sj_status cpu_node(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
                           const sj_tensor *y) {

@@ -111,10 +111,14 @@ typedef struct sj_kernels {
     sj_status (*rms_norm)(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y);
     /* bias: NULL, or a rank-1 tensor of y's last size added to every row */
     sj_status (*matmul)(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y);
+    /* mask: NULL, or f32 / q's dtype / bool already broadcast to [B, H, Sq, Sk] */
     sj_status (*attention)(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                           const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
+                           const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                           const sj_tensor *y);
     sj_status (*concat)(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
     sj_status (*gather)(void *c, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+    /* y[i] = i (rank 1, any stride), converted to y's dtype */
+    sj_status (*arange)(void *c, const sj_tensor *y);
 } sj_kernels;
 
 /* c: the runtime's sj_threads pool (or NULL), over which matrix products

@@ -48,8 +48,9 @@ static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const
     return sj_cuda_matmul_bias(E(c), a, b, bias, y);
 }
 static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
-    return sj_cuda_attention(E(c), q, k, v, lengths, scale, causal, y);
+                             const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                             const sj_tensor *y) {
+    return sj_cuda_attention_mask(E(c), q, k, v, lengths, mask, scale, causal, y);
 }
 static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
     return sj_cuda_concat(E(c), xs, n, axis, y);
@@ -57,8 +58,10 @@ static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const s
 static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, const sj_tensor *y) {
     sj_cuda_call *cc = c;
     if (!cc->e.error_flag) { /* a device int for bad indices, zeroed in stream order */
-        cc->e.error_flag = sj_cuda_alloc(cc->e.cuda, sizeof(int), cc->e.stream);
+        /* capturing: the graph's own (no allocation may happen in a capture) */
+        cc->e.error_flag = cc->graph_flag ? cc->graph_flag : sj_cuda_alloc(cc->e.cuda, sizeof(int), cc->e.stream);
         if (!cc->e.error_flag) return SJ_ENOMEM;
+        cc->flag_used = true;
         sj_status st = SJ_CU(cc->e.cuda, cc->e.cuda->api.MemsetD8Async(cc->e.error_flag, 0, sizeof(int), cc->e.stream),
                              "gather: clearing the error flag");
         if (st) return st;
@@ -66,8 +69,11 @@ static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, con
     return sj_cuda_gather(E(c), t, idx, y);
 }
 
+static sj_status k_arange(void *c, const sj_tensor *y) { return sj_cuda_arange(E(c), y); }
+
 const sj_kernels sj_cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
-                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather};
+                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
+                                    k_arange};
 
 /* -- The execution table ---------------------------------------------------------- */
 
@@ -80,13 +86,14 @@ static sj_status copy(void *c, const sj_tensor *x, const sj_tensor *y) { return 
 
 static void *buf_alloc(void *c, size_t bytes) {
     sj_cuda_call *cc = c;
-    if (cc->graph_arena) { /* the graph's own, ordered on the stream the graph will run on */
-        size_t ws = cc->graph_ws_bytes;
-        if (!ws && !bytes) return NULL;
-        CUdeviceptr p = sj_cuda_alloc(cc->e.cuda, ws + bytes, cc->graph_stream);
+    if (cc->graph_arena) { /* the graph's own, ordered on the stream the graph will run on:
+                              [workspace][gather error flag][arena] */
+        size_t ws = cc->graph_ws_bytes, fl = SJ_GRAPH_FLAG_BYTES;
+        CUdeviceptr p = sj_cuda_alloc(cc->e.cuda, ws + fl + bytes, cc->graph_stream);
         *cc->graph_arena = p;
         if (p && ws) cc->e.ws = p, cc->e.ws_bytes = ws;
-        return p && bytes ? (void *)(uintptr_t)(p + ws) : NULL;
+        if (p) cc->graph_flag = p + ws;
+        return p && bytes ? (void *)(uintptr_t)(p + ws + fl) : NULL;
     }
     if (!bytes) return NULL;
     return (void *)(uintptr_t)sj_cuda_alloc(cc->e.cuda, bytes, cc->e.stream);
@@ -138,7 +145,7 @@ static sj_status finish(void *c) {
         if (!st) st = sst;
         if (!st && flag) st = sj_seterr(SJ_EINDEX, "gather: an index is out of range");
     }
-    if (cc->e.error_flag) sj_cuda_free(cu, cc->e.error_flag, cc->e.stream);
+    if (cc->e.error_flag && cc->e.error_flag != cc->graph_flag) sj_cuda_free(cu, cc->e.error_flag, cc->e.stream);
     cc->e.error_flag = 0;
     return st;
 }

@@ -21,7 +21,15 @@ typedef struct sj_cuda_call {
     CUdeviceptr *graph_arena;
     size_t graph_ws_bytes;
     CUstream graph_stream; /* where the graph will run: its memory is ordered there */
+    /* While capturing: the gather error flag's home in the graph's memory
+     * (after the workspace, SJ_GRAPH_FLAG_BYTES of it), so a gather takes
+     * no allocation during the capture; the graph zeroes it (a captured
+     * memset) before its first gather on every launch. 0 otherwise. */
+    CUdeviceptr graph_flag;
+    bool flag_used; /* a gather of this call used e.error_flag */
 } sj_cuda_call;
+
+#define SJ_GRAPH_FLAG_BYTES 256 /* keeps the arena after it 256-byte aligned */
 
 extern const sj_kernels sj_cuda_kernels;
 extern const sj_exec_ops sj_cuda_exec_ops;
@@ -44,6 +52,8 @@ sj_status sj_cuda_upload_graph(sj_cuda *cuda, sj_graph *g);
  * never a graph, e.g. outputs allocated by the call). */
 struct sj_fn;
 struct sj_memo;
+/* (A captured graph with a gather reads its flag after a synchronous
+ * launch and fails the call with SJ_EINDEX, as kernel-by-kernel calls do.) */
 struct sj_compiled;
 typedef enum sj_graph_use { SJ_GRAPH_NO, SJ_GRAPH_COUNT, SJ_GRAPH_SERVED } sj_graph_use;
 sj_graph_use sj_cuda_graph_call(struct sj_fn *fn, struct sj_memo *m, const sj_exec *x, sj_cuda_call *cc,

@@ -42,7 +42,8 @@
  * the allocator during a capture, and a workspace shared with other
  * products is wrong (another thread's split product can straddle the
  * graph's launch on the stream: see eager_fns in eager_cuda.c). Anything that asks the allocator for memory
- * on the captured stream (a matmul's packed operand, a gather's error flag)
+ * on the captured stream (a matmul's packed operand; a gather's error flag
+ * has a home in the graph's memory instead)
  * fails, the capture is abandoned and the signature is never captured
  * again. A graph for the runtime's stream is uploaded to the device
  * (cuGraphUpload) on the grapher, not by its first launch.
@@ -75,7 +76,8 @@ typedef struct sj_cgraph {
     const sj_compiled *cd; /* the code captured */
     CUstream stream;       /* where it is launched: the calls' stream */
     CUgraphExec exec;
-    CUdeviceptr mem;       /* the graph's own: cuBLASLt's workspace, then the intermediates */
+    CUdeviceptr mem;       /* the graph's own: cuBLASLt's workspace, the gather flag, the intermediates */
+    CUdeviceptr flag;      /* the gather error flag in mem, when the plan gathers; else 0 */
     int n_in, n_out;
     const void *in[SJ_MAX_INPUTS]; /* the caller's input addresses */
     sj_tensor out[SJ_MAX_OUTPUTS]; /* the caller's outputs, as checked at capture */
@@ -139,7 +141,12 @@ static sj_status launch(sj_cuda_call *cc, const sj_cgraph *g) {
     sj_cuda *cu = cc->e.cuda;
     sj_cuda_bind(cu);
     sj_status st = SJ_CU(cu, cu->api.GraphLaunch(g->exec, cc->e.stream), "launching a CUDA graph");
+    int flag = 0; /* a gather's bad index (the graph zeroed the flag before its gathers) */
+    if (!st && cc->sync && g->flag)
+        st = SJ_CU(cu, cu->api.MemcpyDtoHAsync(&flag, g->flag, sizeof flag, cc->e.stream),
+                   "reading the gather error flag");
     if (!st && cc->sync) st = SJ_CU(cu, cu->api.StreamSynchronize(cc->e.stream), "waiting for a CUDA graph");
+    if (!st && flag) st = sj_seterr(SJ_EINDEX, "gather: an index is out of range");
     return st;
 }
 
@@ -185,6 +192,7 @@ static sj_status capture(const sj_exec *x, sj_cuda *cu, int n_syms, const sj_fpl
         sj_cuda_capturing(cu->capture_stream);
         st = sj_exec_fused(&xc, plan, g->cd->fns);
         sj_cuda_capturing(NULL);
+        g->flag = cap.flag_used ? cap.graph_flag : 0;
         sj_status est = SJ_CU(cu, a->StreamEndCapture(cu->capture_stream, &graph), "ending a CUDA graph capture");
         if (!st) st = est;
     }

@@ -352,30 +352,15 @@ sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t) {
     return t->data ? SJ_OK : sj_seterr(SJ_ENOMEM, "sj_tensor_alloc: out of memory for %zu bytes", bytes);
 }
 
-/* A copy that changes the dtype: converted on the host (sj_tensor_convert),
- * device tensors staged through host memory. */
-static sj_status convert_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
-    int64_t n = sj_tensor_numel(src);
-    size_t sb = (size_t)n * sj_dtype_size(src->dtype), db = (size_t)n * sj_dtype_size(dst->dtype);
-    void *s = src->data, *d = dst->data, *sh = NULL, *dh = NULL;
-    sj_status st = SJ_OK;
-    if (src->device != SJ_HOST && !(s = sh = malloc(sb))) st = sj_seterr(SJ_ENOMEM, "sj_tensor_copy: out of memory");
-    if (!st && dst->device != SJ_HOST && !(d = dh = malloc(db)))
-        st = sj_seterr(SJ_ENOMEM, "sj_tensor_copy: out of memory");
-    if (!st && sh) {
-        sj_tensor hs = *src;
-        hs.data = sh, hs.device = SJ_HOST;
-        st = sj_tensor_copy(rt, &hs, src);
-    }
-    if (!st) sj_tensor_convert(d, dst->dtype, s, src->dtype, n);
-    if (!st && dh) {
-        sj_tensor hd = *dst;
-        hd.data = dh, hd.device = SJ_HOST;
-        st = sj_tensor_copy(rt, dst, &hd);
-    }
-    free(sh);
-    free(dh);
-    return st;
+/* A host copy of t's elements in another dtype (or its own), through the
+ * runtime's allocator; NULL data on failure. */
+static sj_tensor host_like(sj_runtime *rt, const sj_tensor *t, sj_dtype dt) {
+    sj_tensor h = *t;
+    h.dtype = dt;
+    h.device = SJ_HOST;
+    sj_tensor_set_contiguous(&h);
+    h.data = sj_host_alloc(rt, sj_tensor_nbytes(&h), 64);
+    return h;
 }
 
 sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
@@ -392,17 +377,44 @@ sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
     if (!sj_tensor_is_contiguous(src) || !sj_tensor_is_contiguous(dst))
         return sj_seterr(SJ_EINVAL, "sj_tensor_copy: both tensors must be contiguous");
     size_t bytes = sj_tensor_nbytes(src);
-    if (!bytes) return SJ_OK;
-    if (src->dtype != dst->dtype) return convert_copy(rt, dst, src);
+    bool convert = src->dtype != dst->dtype;
+    if (!sj_tensor_nbytes(dst) && !bytes) return SJ_OK;
     if (src->device == SJ_HOST && dst->device == SJ_HOST) {
-        memmove(dst->data, src->data, bytes); /* the two may overlap */
-        return SJ_OK;
+        if (!convert) {
+            memmove(dst->data, src->data, bytes); /* the two may overlap */
+            return SJ_OK;
+        }
+        const char *s0 = src->data, *d0 = dst->data;
+        if (s0 < d0 + sj_tensor_nbytes(dst) && d0 < s0 + bytes)
+            return sj_seterr(SJ_EINVAL, "sj_tensor_copy: src and dst overlap, and a dtype conversion (%s to %s) "
+                                        "needs them apart", sj_dtype_name(src->dtype), sj_dtype_name(dst->dtype));
+        return sj_cpu_copy(src, dst); /* converts as sj_cast does */
     }
 #ifdef SJ_WITH_CUDA
     if (!rt->cuda) return sj_seterr(SJ_EINVAL, "sj_tensor_copy: device memory on a CPU runtime");
     sj_cuda *cu = rt->cuda;
     sj_cuda_bind(cu);
     CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst->data, s = (CUdeviceptr)(uintptr_t)src->data;
+    if (convert && src->device != SJ_HOST && dst->device != SJ_HOST) { /* the cast kernel */
+        sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
+        st = sj_cuda_copy(&e, src, dst);
+        return st ? st : SJ_CU(cu, cu->api.StreamSynchronize(cu->stream), "sj_tensor_copy: waiting for the stream");
+    }
+    if (convert) { /* host <-> device: converted on the host, moved in the destination's dtype */
+        bool up = src->device == SJ_HOST;
+        sj_tensor h = host_like(rt, up ? dst : src, up ? dst->dtype : src->dtype);
+        if (!h.data) return sj_seterr(SJ_ENOMEM, "sj_tensor_copy: out of memory for a conversion buffer");
+        size_t hb = sj_tensor_nbytes(&h);
+        if (up) {
+            st = sj_cpu_copy(src, &h);
+            if (!st) st = sj_cuda_to_device(cu, d, h.data, hb);
+        } else {
+            st = sj_cuda_to_host(cu, h.data, s, hb);
+            if (!st) st = sj_cpu_copy(&h, dst);
+        }
+        sj_host_free(rt, h.data);
+        return st;
+    }
     if (src->device == SJ_HOST) return sj_cuda_to_device(cu, d, src->data, bytes);
     if (dst->device == SJ_HOST) return sj_cuda_to_host(cu, dst->data, s, bytes); /* ordered on the stream */
     st = SJ_CU(cu, cu->api.MemcpyDtoDAsync(d, s, bytes, cu->stream), "sj_tensor_copy");

@@ -309,7 +309,9 @@ typedef struct sj_runtime_config {
      * graphs per shape; a graph holds its own intermediate memory and a
      * 4 MiB cuBLASLt workspace until its function is destroyed. Calls
      * whose outputs shapejit allocates and plans that need memory mid-call
-     * (a gather's error flag) are never captured. $SHAPEJIT_CUDA_GRAPHS. */
+     * are never captured. A plan with a gather is: its error flag lives in
+     * the graph's memory, and a synchronous call served by the graph still
+     * fails with SJ_EINDEX on an index out of range. $SHAPEJIT_CUDA_GRAPHS. */
     int cuda_graphs;
     /* CPU fused kernels whose loads and stores move more bytes than this
      * write their f32 outputs with non-temporal stores (no read for
@@ -367,14 +369,17 @@ SJ_API void *sj_runtime_stream(const sj_runtime *rt);
 SJ_API sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t);
 
 /* Copy src into dst: same shape, both contiguous, any devices (host <->
- * device, device <-> device, host <-> host). Synchronous. Host to host
- * with the same dtype, src and dst may overlap; device copies must not.
- * Dtypes may differ: the values are converted as sj_cast does (floats
- * through f32, f16/bf16 rounded to nearest even; float -> int toward zero,
- * NaN -> 0; anything -> bool as != 0), on the host (device tensors are
- * staged through host memory; convert weights once, not per call); a
- * converting copy must not overlap. Errors: SJ_EINVAL, SJ_ESHAPE,
- * SJ_EBACKEND, SJ_ENOMEM. Thread-safe. */
+ * device, device <-> device, host <-> host). Synchronous. The dtypes may
+ * differ (f32, f16, bf16, i32, i64, bool, any pair): elements convert as
+ * sj_cast converts them, on host and device alike: to f16/bf16 through
+ * f32, rounded to nearest even (integers first rounded to f32); float to
+ * integer truncates toward zero, saturates at the integer's range, NaN
+ * gives 0; i64 to i32 wraps; anything to bool is != 0; bool reads as 0/1.
+ * Without a conversion, host to host, src and dst may overlap; device
+ * copies, and any copy that converts, must not. A conversion between host
+ * and device converts on the host (a temporary host buffer of the
+ * element count); device to device runs one kernel. Errors: SJ_EINVAL,
+ * SJ_ESHAPE, SJ_ENOMEM, SJ_EBACKEND. Thread-safe. */
 SJ_API sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src);
 
 /* Release an output tensor the runtime allocated in sj_call (data was NULL on
@@ -595,6 +600,18 @@ SJ_API sj_val sj_matmul(sj_tracer *t, sj_val a, sj_val b);
  * gives zeros. Float dtypes. */
 SJ_API sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val lengths, double scale,
                            int causal);
+/* Attention with an additive mask: as sj_attention without lengths, with
+ * mask added to the scaled scores q k^T * scale before the softmax. mask
+ * is broadcastable to the scores [B, H, Sq, Sk] (rank <= 4, each axis 1 or
+ * the scores' size, aligned from the right, e.g. [B, 1, 1, Sk] for key
+ * padding or [Sq, Sk]) and has dtype f32, q's dtype, or bool. A float
+ * mask is added (-inf masks a key out); a bool mask keeps the keys where
+ * it is true and masks the others, so 0/1 masks such as left padding
+ * (sj_cast to bool) work as they are. causal applies on top. A query
+ * whose every key is masked gives zeros. On CUDA a masked attention runs
+ * the general kernel (the tensor-core kernels take no mask yet). */
+SJ_API sj_val sj_attention_mask(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val mask, double scale,
+                                int causal);
 
 /* Views and data movement. */
 /* New shape with the same element count. At most one SJ_DIM_INFER. */
@@ -607,6 +624,19 @@ SJ_API sj_val sj_transpose(sj_tracer *t, sj_val x, int axis0, int axis1);
 /* Elements start, start+step, ... < end along axis. Negative start/end count
  * from the end; both are clamped to [0, size] as in Python. step >= 1. */
 SJ_API sj_val sj_slice(sj_tracer *t, sj_val x, int axis, int64_t start, int64_t end, int64_t step);
+/* Elements start, start+1, ..., end-1 along axis, with bounds that are
+ * sizes of the trace (sj_dim_of, sj_dim_const, sj_dim_add, ...), so a
+ * slice such as position_embeddings[0:S] for a symbolic S installs no
+ * guard on S. Both bounds are >= 0 by construction and are clamped to
+ * [0, size] as in Python; an empty range (end <= start after clamping)
+ * gives size 0. The result is a view, like sj_slice's. */
+SJ_API sj_val sj_slice_dim(sj_tracer *t, sj_val x, int axis, sj_dim start, sj_dim end);
+/* 0, 1, ..., n-1 as a 1-D tensor [n] of dtype dt (f32, f16, bf16, i32 or
+ * i64; not bool), for a constant or symbolic n: position ids built in the
+ * graph without sj_size specialising on the length. Element i is the
+ * integer i converted as sj_cast converts an i64 (f16/bf16: through f32,
+ * rounded to nearest even, so exact up to 2048 / 256). */
+SJ_API sj_val sj_arange(sj_tracer *t, sj_dim n, sj_dtype dt);
 /* Join along axis; all other sizes and the dtypes must match. 1 <= n <= 64. */
 SJ_API sj_val sj_concat(sj_tracer *t, const sj_val *xs, int n, int axis);
 /* Embedding lookup: table [V, ...], idx i32/i64 of any shape ->

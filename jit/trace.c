@@ -64,6 +64,7 @@ static bool ok(sj_tracer *t, sj_val v, const char *op, const char *what) {
 }
 
 static const sj_value *val(sj_tracer *t, sj_val v) { return &t->g->vals[v.id]; }
+static bool dim_ok(sj_tracer *t, sj_dim d, const char *name);
 
 static void shape_of(sj_tracer *t, sj_val v, sj_shape *s) {
     const sj_value *x = val(t, v);
@@ -383,32 +384,76 @@ sj_val sj_matmul(sj_tracer *t, sj_val a, sj_val b) {
     return emit(t, SJ_OP_MATMUL, ids, 2, NULL, va->dtype, &s);
 }
 
-sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val lengths, double scale, int causal) {
-    if (!t || !ok(t, q, "attention", "q") || !ok(t, k, "attention", "k") || !ok(t, v, "attention", "v")) return BAD;
-    if (lengths.id != SJ_NONE.id && !ok(t, lengths, "attention", "lengths")) return BAD;
-    sj_val ins[4] = {q, k, v, lengths};
+/* mask (SJ_NONE or not): f32, q's dtype or bool, broadcastable to the
+ * scores [B, H, Sq, Sk]. */
+static bool mask_ok(sj_tracer *t, sj_val q, sj_val k, sj_val mask) {
+    const sj_value *m = val(t, mask), *qv = val(t, q), *kv = val(t, k);
+    char b0[128], b1[128], b2[128];
+    if (m->dtype != qv->dtype && m->dtype != SJ_F32 && m->dtype != SJ_BOOL) {
+        fail(t, SJ_EDTYPE, "attention_mask(q: %s, mask: %s): mask must be bool, f32 or q's dtype",
+             desc(t, q, b0, sizeof b0), desc(t, mask, b1, sizeof b1));
+        return false;
+    }
+    if (m->rank > 4) {
+        fail(t, SJ_ESHAPE, "attention_mask(mask: %s): mask has rank %d, at most 4 ([B, H, Sq, Sk])",
+             desc(t, mask, b1, sizeof b1), m->rank);
+        return false;
+    }
+    sj_expr sc[4] = {qv->shape[0], qv->shape[1], qv->shape[2], kv->shape[2]};
+    for (int i = 0; i < m->rank; i++) {
+        int a = 4 - m->rank + i;
+        sj_expr d = val(t, mask)->shape[i];
+        if (!sj_infer_is_one(&t->inf, d) && !sj_infer_eq(&t->inf, d, sc[a])) {
+            fail(t, SJ_ESHAPE,
+                 "attention_mask(q: %s, k: %s, mask: %s): mask does not broadcast to the scores [B, H, Sq, Sk] "
+                 "at their axis %d",
+                 desc(t, q, b0, sizeof b0), desc(t, k, b1, sizeof b1), desc(t, mask, b2, sizeof b2), a);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The attention node: operands q, k, v, lengths, mask (the last two may be
+ * SJ_NONE). */
+static sj_val attention(sj_tracer *t, const char *name, sj_val q, sj_val k, sj_val v, sj_val lengths, sj_val mask,
+                        double scale, int causal) {
+    if (!ok(t, q, name, "q") || !ok(t, k, name, "k") || !ok(t, v, name, "v")) return BAD;
+    if (lengths.id != SJ_NONE.id && !ok(t, lengths, name, "lengths")) return BAD;
+    if (mask.id != SJ_NONE.id && !ok(t, mask, name, "mask")) return BAD;
+    sj_val ins[5] = {q, k, v, lengths, mask};
     sj_dtype dt = val(t, q)->dtype;
-    if (!float_arg(t, "attention", q)) return BAD;
+    if (!float_arg(t, name, q)) return BAD;
     if (val(t, k)->dtype != dt || val(t, v)->dtype != dt) {
         char b0[128], b1[128], b2[128];
-        return fail(t, SJ_EDTYPE, "attention(q: %s, k: %s, v: %s): q, k, v must share a dtype",
+        return fail(t, SJ_EDTYPE, "%s(q: %s, k: %s, v: %s): q, k, v must share a dtype", name,
                     desc(t, q, b0, sizeof b0), desc(t, k, b1, sizeof b1), desc(t, v, b2, sizeof b2));
     }
     if (lengths.id >= 0 && !sj_dtype_is_int(val(t, lengths)->dtype)) {
         char b0[128];
-        return fail(t, SJ_EDTYPE, "attention: lengths is %s, expected i32 or i64", desc(t, lengths, b0, sizeof b0));
+        return fail(t, SJ_EDTYPE, "%s: lengths is %s, expected i32 or i64", name, desc(t, lengths, b0, sizeof b0));
     }
     sj_shape sq, sk, sv, sl, s;
     shape_of(t, q, &sq);
     shape_of(t, k, &sk);
     shape_of(t, v, &sv);
     if (lengths.id >= 0) shape_of(t, lengths, &sl);
-    set_why(t, "attention", ins, 4);
+    set_why(t, name, ins, 5);
     sj_status st = sj_infer_attention(&t->inf, &sq, &sk, &sv, lengths.id >= 0 ? &sl : NULL, &s);
-    if (st) return infer_fail(t, st, "attention", ins, 4);
+    if (st) return infer_fail(t, st, name, ins, 5);
+    if (mask.id >= 0 && !mask_ok(t, q, k, mask)) return BAD;
     sj_attrs at = {.f = scale, .causal = causal != 0};
-    int32_t ids[4] = {q.id, k.id, v.id, lengths.id};
-    return emit(t, SJ_OP_ATTENTION, ids, 4, &at, dt, &s);
+    int32_t ids[5] = {q.id, k.id, v.id, lengths.id, mask.id};
+    return emit(t, SJ_OP_ATTENTION, ids, 5, &at, dt, &s);
+}
+
+sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val lengths, double scale, int causal) {
+    return t ? attention(t, "attention", q, k, v, lengths, SJ_NONE, scale, causal) : BAD;
+}
+
+sj_val sj_attention_mask(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val mask, double scale, int causal) {
+    if (!t || !ok(t, mask, "attention_mask", "mask")) return BAD;
+    return attention(t, "attention_mask", q, k, v, SJ_NONE, mask, scale, causal);
 }
 
 /* -- Views and data movement ------------------------------------------------ */
@@ -486,6 +531,30 @@ sj_val sj_slice(sj_tracer *t, sj_val x, int axis, int64_t start, int64_t end, in
     if (st) return infer_fail(t, st, "slice", &x, 1);
     sj_attrs at = {.axis = a, .start = st_e, .step = step};
     return emit(t, SJ_OP_SLICE, &x.id, 1, &at, val(t, x)->dtype, &s);
+}
+
+sj_val sj_slice_dim(sj_tracer *t, sj_val x, int axis, sj_dim start, sj_dim end) {
+    if (!t || !ok(t, x, "slice_dim", "x")) return BAD;
+    int a = axis_arg(t, "slice_dim", x, axis);
+    if (a < 0 || !dim_ok(t, start, "slice_dim: start") || !dim_ok(t, end, "slice_dim: end")) return BAD;
+    sj_shape in, s;
+    sj_expr st_e;
+    shape_of(t, x, &in);
+    sj_status st = sj_infer_slice_dim(&t->inf, &in, a, start.e, end.e, &s, &st_e);
+    if (st) return infer_fail(t, st, "slice_dim", &x, 1);
+    sj_attrs at = {.axis = a, .start = st_e, .step = 1};
+    return emit(t, SJ_OP_SLICE, &x.id, 1, &at, val(t, x)->dtype, &s);
+}
+
+sj_val sj_arange(sj_tracer *t, sj_dim n, sj_dtype dt) {
+    if (!t || !dim_ok(t, n, "arange: n")) return BAD;
+    if (!sj_dtype_valid(dt) || dt == SJ_BOOL)
+        return fail(t, SJ_EDTYPE, "arange: dtype %s not supported (f32, f16, bf16, i32, i64)",
+                    sj_dtype_valid(dt) ? sj_dtype_name(dt) : "?");
+    sj_shape s = {.rank = 1, .d = {n.e}};
+    sj_attrs at = {.dtype = dt};
+    int32_t none = -1;
+    return emit(t, SJ_OP_ARANGE, &none, 0, &at, dt, &s);
 }
 
 sj_val sj_concat(sj_tracer *t, const sj_val *xs, int n, int axis) {

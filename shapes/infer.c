@@ -251,6 +251,20 @@ sj_status sj_infer_slice(sj_infer *c, const sj_shape *in, int axis, int64_t star
     return SJ_OK;
 }
 
+sj_status sj_infer_slice_dim(sj_infer *c, const sj_shape *in, int axis, sj_expr start, sj_expr end,
+                             sj_shape *out, sj_expr *start_out) {
+    sj_exprs *ex = c->ex;
+    sj_expr size = in->d[axis];
+    /* both bounds are sizes (>= 0): clamp to [0, size], length max(0, e - s) */
+    sj_expr s = sj_ex_min(ex, start, size), e = sj_ex_min(ex, end, size);
+    sj_expr len = sj_ex_max(ex, sj_ex_sub(ex, e, s), sj_ex_const(ex, 0));
+    if (len == SJ_EX_NONE || s == SJ_EX_NONE) return SJ_ENOMEM;
+    *out = *in;
+    out->d[axis] = len;
+    *start_out = s;
+    return SJ_OK;
+}
+
 sj_status sj_infer_concat(sj_infer *c, const sj_shape *const *in, int n, int axis, sj_shape *out) {
     char b1[64], b2[64];
     *out = *in[0];

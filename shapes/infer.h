@@ -69,6 +69,10 @@ sj_status sj_infer_permute(sj_infer *c, const sj_shape *in, const int *perm, sj_
  * clamped first index. */
 sj_status sj_infer_slice(sj_infer *c, const sj_shape *in, int axis, int64_t start, int64_t end,
                          int64_t step, sj_shape *out, sj_expr *start_out);
+/* A step-1 slice with symbolic bounds (sizes, so >= 0): start and end are
+ * clamped to the axis size; the length is max(0, end - start) after it. */
+sj_status sj_infer_slice_dim(sj_infer *c, const sj_shape *in, int axis, sj_expr start, sj_expr end,
+                             sj_shape *out, sj_expr *start_out);
 /* Concatenation along a normalised axis. */
 sj_status sj_infer_concat(sj_infer *c, const sj_shape *const *in, int n, int axis, sj_shape *out);
 /* table [V, rest...], idx [...] -> [idx..., rest...]. */

@@ -37,6 +37,7 @@
 #include "kernels/cpu/eager.h"
 #include "base/sj_kernel_rt.h"
 #include "tests/util.h"
+#include "tests/util_graphapi.h"
 
 #ifndef SJ_WITH_CUDA
 int main(void) {
@@ -830,6 +831,63 @@ static void test_matmul_threads(void **state) {
     }
 }
 
+
+/* -- Arange and masked attention (issue 26) ------------------------------------ */
+
+/* y[i] = i in every dtype but bool, contiguous and strided, against float64
+ * and the CPU kernel; nothing written between the elements. */
+static void test_arange(void **state) {
+    static const sj_dtype dts[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64};
+    static const int64_t ns[] = {0, 1, 37, 70001};
+    for (int d = 0; d < 5; d++)
+        for (int k = 0; k < 4; k++)
+            for (int lay = 0; lay < 2; lay++) {
+                int64_t n = ns[k];
+                sj_tensor yc, y = out_like(dts[d], 1, &n, lay ? L_GAP : L_CONTIG, &yc);
+                double *r = ref(n);
+                for (int64_t i = 0; i < n; i++) r[i] = tu_round(dts[d], (double)(float)i);
+                if (dts[d] == SJ_I32 || dts[d] == SJ_I64)
+                    for (int64_t i = 0; i < n; i++) r[i] = (double)i;
+                assert_int_equal(sj_cpu_arange(&yc), SJ_OK);
+                sj_tensor dy = to_dev(&y);
+                settle();
+                const char *what = label("arange %s n %lld lay %d", sj_dtype_name(dts[d]), (long long)n, lay);
+                finish(sj_cuda_arange(&ex, &dy), &dy, &y, what);
+                expect(&y, &yc, r, NULL, 0, what);
+            }
+}
+
+/* Additive masks (f32, q's dtype) and bool masks, broadcast over heads
+ * (stride 0), with and without causal; f16/bf16 with D = 64 would take the
+ * tensor-core kernels without a mask: here they take the general one.
+ * Against float64 and the CPU kernel. */
+static void test_attention_mask(void **state) {
+    tu_seed(2609);
+    for (int d = 0; d < 3; d++)
+        for (int m = 0; m < 3; m++)
+            for (int causal = 0; causal < 2; causal++) {
+                sj_dtype dt = tu_floats[d], mdt = m == 0 ? SJ_F32 : m == 1 ? dt : SJ_BOOL;
+                const int64_t B = 2, H = 3, Sq = 5, Sk = 70, D = 64, Dv = 32;
+                sj_tensor q = rnd(dt, 4, S(B, H, Sq, D), L_CONTIG), k = rnd(dt, 4, S(B, H, Sk, D), L_CONTIG);
+                sj_tensor v = rnd(dt, 4, S(B, H, Sk, Dv), L_CONTIG);
+                sj_tensor mask = tu_random_mask(mdt, 4, S(B, 1, Sq, Sk)); /* row 0: every key masked */
+                sj_tensor mb = tu_broadcast(&mask, 4, S(B, H, Sq, Sk));
+                sj_tensor yc, y = out_like(dt, 4, S(B, H, Sq, Dv), L_CONTIG, &yc);
+                double *r = ref(tu_numel(&y));
+                tu_ref_attention_mask(&q, &k, &v, &mask, 0.125, causal, r);
+                assert_int_equal(sj_cpu_attention_mask(&q, &k, &v, NULL, &mb, 0.125, causal, &yc, NULL), SJ_OK);
+                sj_tensor dq = to_dev(&q), dk = to_dev(&k), dv = to_dev(&v), dm = to_dev(&mask), dy = to_dev(&y);
+                sj_tensor dmb = dm;
+                dmb.rank = 4;
+                for (int i = 0; i < 4; i++) dmb.shape[i] = mb.shape[i], dmb.stride[i] = mb.stride[i];
+                settle();
+                const char *what = label("attention mask %s mask %s causal %d", sj_dtype_name(dt), sj_dtype_name(mdt),
+                                         causal);
+                finish(sj_cuda_attention_mask(&ex, &dq, &dk, &dv, NULL, &dmb, 0.125, causal, &dy), &dy, &y, what);
+                expect(&y, &yc, r, NULL, 2 * tu_tol(dt), what);
+            }
+}
+
 /* -- Attention -------------------------------------------------------------- */
 
 static void run_attention(sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D, int64_t Dv,
@@ -1085,7 +1143,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast), T(test_cast_bits),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention), T(test_attention_nan),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention), T(test_attention_nan), T(test_arange), T(test_attention_mask),   T(test_concat),  T(test_gather),
         T(test_large),      T(test_layer_norm_offset),
     };
 #undef T

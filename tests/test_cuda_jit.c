@@ -20,6 +20,7 @@
 #include "base/tensor.h"
 #include "tests/util.h"
 #include "tests/util_encoder.h"
+#include "tests/util_graphapi.h"
 
 #ifdef SJ_WITH_CUDA
 #include "jit/exec_cuda.h"
@@ -481,6 +482,235 @@ static sj_status gather2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
  * new data each time; other buffers or another stream get graphs of their
  * own; a plan that needs memory mid-call (gather) is not captured and
  * still reports bad indices. */
+
+/* sj_arange and sj_slice_dim on the device (issue 26): eager and fused,
+ * static and symbolic, against float64; the symbolic function traces once
+ * for every length. */
+static void test_arange_slice_dim_on_device(void **state) {
+    static const int64_t lengths[] = {5, 9, 3, 12, 7, 9};
+    const int n_len = (int)(sizeof lengths / sizeof lengths[0]);
+    tu_seed(2602);
+    for (int mode = 0; mode < 2; mode++) {
+        sj_runtime *rt = gpu_runtime(mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF);
+        for (int d = 0; d < 3; d++)
+            for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
+                sj_dtype dt = d == 0 ? SJ_F32 : d == 1 ? SJ_F16 : SJ_BF16;
+                sj_fn_options o;
+                sj_fn_options_init(&o);
+                o.dynamic = (sj_dynamic)dyn;
+                o.hot_threshold = 1;
+                o.specialize_threshold = 1000;
+                sj_fn *fn;
+                assert_int_equal(sj_fn_create(rt, "pos", 2, tu_pos_model, NULL, &o, &fn), SJ_OK);
+                for (int li = 0; li < n_len; li++) {
+                    int64_t S = lengths[li], B = 2, H = 6, P = 16;
+                    sj_tensor x = tu_random(dt, 3, (int64_t[]){B, S, H}, TU_CONTIG);
+                    sj_tensor table = tu_random(dt, 2, (int64_t[]){P, H}, TU_GAP);
+                    dbuf dx = to_dev(rt, &x), dt_ = to_dev(rt, &table);
+                    sj_tensor in[2] = {dx.t, dt_.t}, out[TU_POS_OUTPUTS] = {{0}};
+                    if (sj_call(fn, in, 2, out, TU_POS_OUTPUTS))
+                        fail_msg("pos on device S=%lld: %s", (long long)S, sj_last_error());
+                    for (int k = 0; k < TU_POS_OUTPUTS; k++) {
+                        sj_tensor h = to_host(rt, &out[k]);
+                        int64_t n = tu_numel(&h);
+                        double *ref = calloc((size_t)(n ? n : 1), sizeof(double));
+                        tu_pos_ref(&x, &table, k, ref);
+                        const char *what = tu_label("pos %s %s %s S=%lld output %d", mode ? "fused" : "eager",
+                                                    sj_dtype_name(dt), dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic",
+                                                    (long long)S, k);
+                        if (!tu_check(&h, ref, k == 4 ? 0 : tu_tol(dt), what)) fail_msg("%s: mismatch", what);
+                        free(ref);
+                        sj_tensor_free(rt, &out[k]);
+                    }
+                    free_dev(rt, &dx);
+                    free_dev(rt, &dt_);
+                }
+                sj_stats s = stats_of(fn);
+                if (dyn == SJ_DYNAMIC_SYMBOLIC) {
+                    assert_int_equal(s.traces, 1);
+                    if (mode) assert_int_equal(s.fused_symbolic_calls, n_len);
+                } else if (mode) {
+                    assert_int_equal(s.fused_specialized_calls, n_len);
+                }
+                if (!mode) assert_int_equal(s.eager_calls, n_len);
+                sj_fn_destroy(fn);
+            }
+        sj_runtime_destroy(rt);
+    }
+    tu_free_all();
+}
+
+
+/* sj_attention_mask on the device (issue 26): float masks of q's dtype
+ * and f32, bool masks, a 0/1 padding mask made in the graph; eager and
+ * fused, static and symbolic, against float64. */
+static void test_attention_mask_on_device(void **state) {
+    static const int64_t lengths[] = {5, 9, 2, 70}; /* 70: more than one key chunk */
+    tu_seed(2604);
+    for (int mode = 0; mode < 2; mode++) {
+        sj_runtime *rt = gpu_runtime(mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF);
+        for (int c = 0; c < 3; c++)
+            for (int d = 0; d < 3; d++)
+                for (int dyn = SJ_DYNAMIC_STATIC; dyn <= SJ_DYNAMIC_SYMBOLIC; dyn++) {
+                    sj_dtype dt = d == 0 ? SJ_F32 : d == 1 ? SJ_F16 : SJ_BF16;
+                    tu_mask_spec sp = {0.4, c == 1};
+                    sj_fn_options o;
+                    sj_fn_options_init(&o);
+                    o.dynamic = (sj_dynamic)dyn;
+                    o.hot_threshold = 1;
+                    o.specialize_threshold = 1000;
+                    sj_fn *fn;
+                    assert_int_equal(sj_fn_create(rt, "mask", 5, tu_mask_model, &sp, &o, &fn), SJ_OK);
+                    for (int li = 0; li < 4; li++) {
+                        const int64_t B = 2, H = 3, D = 64, Dv = 64, S = lengths[li];
+                        sj_tensor q = tu_random(dt, 4, (int64_t[]){B, H, S, D}, TU_CONTIG);
+                        sj_tensor k = tu_random(dt, 4, (int64_t[]){B, H, S, D}, TU_CONTIG);
+                        sj_tensor v = tu_random(dt, 4, (int64_t[]){B, H, S, Dv}, TU_CONTIG);
+                        sj_tensor mask = c == 0   ? tu_random_mask(dt, 4, (int64_t[]){B, 1, 1, S})
+                                         : c == 1 ? tu_random_mask(SJ_F32, 2, (int64_t[]){S, S})
+                                                  : tu_random_mask(SJ_BOOL, 4, (int64_t[]){B, H, S, S});
+                        sj_tensor keep = tu_tensor(SJ_I32, 2, (int64_t[]){B, S});
+                        sj_tensor keepb = tu_tensor(SJ_BOOL, 4, (int64_t[]){B, 1, 1, S});
+                        for (int64_t i = 0; i < B * S; i++) {
+                            tu_seti(&keep, i, i % S > i / S);
+                            tu_seti(&keepb, i, i % S > i / S);
+                        }
+                        sj_tensor hin[5] = {q, k, v, mask, keep}, din[5], out[2] = {{0}};
+                        dbuf db[5];
+                        for (int i = 0; i < 5; i++) db[i] = to_dev(rt, &hin[i]), din[i] = db[i].t;
+                        if (sj_call(fn, din, 5, out, 2))
+                            fail_msg("mask on device S=%lld: %s", (long long)S, sj_last_error());
+                        for (int r = 0; r < 2; r++) {
+                            sj_tensor h = to_host(rt, &out[r]);
+                            double *ref = calloc((size_t)tu_numel(&h), sizeof(double));
+                            tu_ref_attention_mask(&q, &k, &v, r ? &keepb : &mask, sp.scale, r ? 0 : sp.causal, ref);
+                            const char *what = tu_label("attention_mask on device %s case %d %s %s S=%lld output %d",
+                                                        mode ? "fused" : "eager", c, sj_dtype_name(dt),
+                                                        dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic", (long long)S, r);
+                            if (!tu_check(&h, ref, 2 * tu_tol(dt), what)) fail_msg("%s: mismatch", what);
+                            free(ref);
+                            sj_tensor_free(rt, &out[r]);
+                        }
+                        for (int i = 0; i < 5; i++) free_dev(rt, &db[i]);
+                    }
+                    sj_stats s = stats_of(fn);
+                    assert_int_equal(s.eager_calls, mode ? 0 : 4);
+                    sj_fn_destroy(fn);
+                }
+        sj_runtime_destroy(rt);
+    }
+    tu_free_all();
+}
+
+
+/* sj_tensor_copy with a dtype change (issue 26): every pair of dtypes,
+ * host -> device (converted on the host), device -> device (the cast
+ * kernel) and device -> host, each against tu_ref_cast exactly. */
+static void test_tensor_copy_convert_on_device(void **state) {
+    static const sj_dtype dts[] = {SJ_F32, SJ_F16, SJ_BF16, SJ_I32, SJ_I64, SJ_BOOL};
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_OFF);
+    tu_seed(2606);
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++) {
+            int64_t shape[2] = {5, 13};
+            sj_tensor x = tu_random(dts[a], 2, shape, TU_CONTIG);
+            if (dts[a] == SJ_F32) tu_set(&x, 0, 70000.5), tu_set(&x, 1, -3.75), tu_set(&x, 2, NAN);
+            if (dts[a] == SJ_I64) tu_seti(&x, 0, 16777217), tu_seti(&x, 1, ((int64_t)1 << 33) + 5);
+            double *ref = calloc(65, sizeof(double));
+            tu_ref_cast(&x, dts[b], ref);
+            /* host x -> device (dtype b) -> host (dtype b) */
+            sj_tensor d1 = {.dtype = dts[b], .rank = 2, .shape = {5, 13}, .device = SJ_CUDA};
+            assert_int_equal(sj_tensor_alloc(rt, &d1), SJ_OK);
+            assert_int_equal(sj_tensor_copy(rt, &d1, &x), SJ_OK);
+            sj_tensor h1 = tu_tensor(dts[b], 2, shape);
+            assert_int_equal(sj_tensor_copy(rt, &h1, &d1), SJ_OK);
+            const char *what = tu_label("copy host %s -> device %s", sj_dtype_name(dts[a]), sj_dtype_name(dts[b]));
+            if (!tu_check(&h1, ref, 0, what)) fail_msg("%s: mismatch", what);
+            /* device (dtype a) -> device (dtype b): the cast kernel */
+            sj_tensor d0 = {.dtype = dts[a], .rank = 2, .shape = {5, 13}, .device = SJ_CUDA};
+            sj_tensor d2 = {.dtype = dts[b], .rank = 2, .shape = {5, 13}, .device = SJ_CUDA};
+            assert_int_equal(sj_tensor_alloc(rt, &d0), SJ_OK);
+            assert_int_equal(sj_tensor_alloc(rt, &d2), SJ_OK);
+            assert_int_equal(sj_tensor_copy(rt, &d0, &x), SJ_OK);
+            assert_int_equal(sj_tensor_copy(rt, &d2, &d0), SJ_OK);
+            sj_tensor h2 = tu_tensor(dts[b], 2, shape);
+            assert_int_equal(sj_tensor_copy(rt, &h2, &d2), SJ_OK);
+            what = tu_label("copy device %s -> device %s", sj_dtype_name(dts[a]), sj_dtype_name(dts[b]));
+            if (!tu_check(&h2, ref, 0, what)) fail_msg("%s: mismatch", what);
+            /* device (dtype a) -> host (dtype b) */
+            sj_tensor h3 = tu_tensor(dts[b], 2, shape);
+            assert_int_equal(sj_tensor_copy(rt, &h3, &d0), SJ_OK);
+            what = tu_label("copy device %s -> host %s", sj_dtype_name(dts[a]), sj_dtype_name(dts[b]));
+            if (!tu_check(&h3, ref, 0, what)) fail_msg("%s: mismatch", what);
+            sj_tensor_free(rt, &d0);
+            sj_tensor_free(rt, &d1);
+            sj_tensor_free(rt, &d2);
+            free(ref);
+        }
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
+
+/* A plan with a gather is captured into a CUDA graph (issue 26): its error
+ * flag lives in the graph's memory. Outputs against float64; an index out
+ * of range in the graph's own buffers still fails the call (SJ_EINDEX),
+ * and the graph serves the next good call. */
+static sj_status gather_graph_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    return sj_output(t, sj_mul(t, sj_gather(t, in[0], in[1]), sj_scalar(t, 3.0)));
+}
+
+static void test_gather_graph_captured(void **state) {
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    tu_seed(2607);
+    const int64_t V = 50, H = 32, B = 2, S = 11;
+    sj_tensor table = tu_random(SJ_F32, 2, (int64_t[]){V, H}, TU_CONTIG);
+    sj_tensor idx = tu_tensor(SJ_I64, 2, (int64_t[]){B, S});
+    for (int64_t i = 0; i < B * S; i++) tu_seti(&idx, i, tu_randint(0, V - 1));
+    sj_tensor y = tu_tensor(SJ_F32, 3, (int64_t[]){B, S, H});
+    dbuf dt_ = to_dev(rt, &table), di = to_dev(rt, &idx), dy = to_dev(rt, &y);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, "gather_graph", 2, gather_graph_model, NULL, &o, &fn), SJ_OK);
+    sj_tensor in[2] = {dt_.t, di.t};
+    for (int i = 0; i < SJ_GRAPH_AFTER; i++) assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
+    assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
+    for (int i = 0; i < 3; i++) assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
+    sj_stats s = stats_of(fn);
+    assert_int_equal(s.graph_failures, 0);
+    assert_int_equal(s.graphs, 1);
+    assert_true(s.graph_calls >= 3);
+    sj_tensor h = to_host(rt, &dy.t);
+    double *ref = calloc((size_t)(B * S * H), sizeof(double));
+    for (int64_t p = 0; p < B * S; p++)
+        for (int64_t j = 0; j < H; j++) ref[p * H + j] = 3.0 * tu_get(&table, tu_geti(&idx, p) * H + j);
+    if (!tu_check(&h, ref, tu_tol(SJ_F32), "gather graph")) fail_msg("gather graph: mismatch");
+    /* a bad index in the same buffer: the graph's call fails, and says why */
+    tu_seti(&idx, 5, V);
+    sj_cuda_bind(rt->cuda);
+    assert_int_equal(sj_cuda_to_device(rt->cuda, di.base, idx.data, (size_t)(B * S) * 8), SJ_OK);
+    uint64_t before = stats_of(fn).graph_calls;
+    assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_EINDEX);
+    assert_non_null(strstr(sj_last_error(), "out of range"));
+    /* fixed again: served by the graph, right */
+    tu_seti(&idx, 5, 7);
+    assert_int_equal(sj_cuda_to_device(rt->cuda, di.base, idx.data, (size_t)(B * S) * 8), SJ_OK);
+    assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
+    assert_true(stats_of(fn).graph_calls > before);
+    h = to_host(rt, &dy.t);
+    for (int64_t j = 0; j < H; j++) ref[5 * H + j] = 3.0 * tu_get(&table, 7 * H + j);
+    if (!tu_check(&h, ref, tu_tol(SJ_F32), "gather graph after a bad index")) fail_msg("mismatch");
+    free(ref);
+    sj_fn_destroy(fn);
+    free_dev(rt, &dt_);
+    free_dev(rt, &di);
+    free_dev(rt, &dy);
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
 static void test_cuda_graphs(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     tu_seed(21);
@@ -579,7 +809,7 @@ static void test_cuda_graphs(void **state) {
         }
     assert_int_equal(atomic_load(&rt->cuda_graphs), 0);
 
-    /* gather asks for its error flag mid-call: the capture is abandoned */
+    /* gather's error flag has its home in the graph's memory: captured */
     sj_fn_options o;
     sj_fn_options_init(&o);
     o.hot_threshold = 1;
@@ -599,8 +829,13 @@ static void test_cuda_graphs(void **state) {
     assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
     sj_stats s = stats_of(fn);
     assert_true(s.fused_specialized_calls >= SJ_GRAPH_AFTER);
-    assert_int_equal(s.graph_failures, 1);
-    assert_int_equal(s.graphs, 0);
+    assert_int_equal(s.graph_failures, 0);
+    assert_int_equal(s.graphs, 1);
+    {
+        sj_tensor out1 = dy.t;
+        assert_int_equal(sj_call(fn, din, 2, &out1, 1), SJ_OK);
+        assert_true(stats_of(fn).graph_calls > 0);
+    }
     sj_tensor h = to_host(rt, &dy.t);
     for (int64_t r = 0; r < 6; r++)
         for (int64_t c = 0; c < 16; c++)
@@ -608,7 +843,9 @@ static void test_cuda_graphs(void **state) {
     int64_t bad_idx = 10;
     assert_int_equal(sj_cuda_to_device(rt->cuda, d1.base + 3 * sizeof(int64_t), &bad_idx, sizeof bad_idx), SJ_OK);
     sj_tensor out = dy.t;
-    assert_int_equal(sj_call(fn, din, 2, &out, 1), SJ_EINDEX);
+    uint64_t served = stats_of(fn).graph_calls;
+    assert_int_equal(sj_call(fn, din, 2, &out, 1), SJ_EINDEX); /* by the graph, which reads its flag */
+    assert_int_equal(stats_of(fn).graph_calls, served);       /* a failed call is not counted as served */
     sj_fn_destroy(fn);
     free_dev(rt, &d0);
     free_dev(rt, &d1);
@@ -1073,6 +1310,8 @@ int main(void) {
         cmocka_unit_test(test_limits_on_device),        cmocka_unit_test(test_transient_entry_on_stream),
         cmocka_unit_test(test_params_on_device),  cmocka_unit_test(test_encoder_fused),
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
+        cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
+        cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

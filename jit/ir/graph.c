@@ -90,7 +90,7 @@ int32_t sj_graph_add_node(sj_graph *g, sj_op op, const int32_t *ins, int n_in, c
     n->in_off = g->n_args;
     n->n_in = n_in;
     if (a) n->a = *a;
-    memcpy(g->args + g->n_args, ins, sizeof(int32_t) * (size_t)n_in);
+    if (n_in) memcpy(g->args + g->n_args, ins, sizeof(int32_t) * (size_t)n_in); /* arange has none */
     g->n_args += n_in;
     return vid;
 }
@@ -255,7 +255,10 @@ static sj_status check_node(const sj_graph *g, int ni) {
         CHECK(x && x->rank >= 2 && o->rank >= 2, "node %d (%s): ranks", ni, name);
         break;
     case SJ_K_ATTENTION:
-        CHECK(n->n_in == 4 && o->rank == 4, "node %d (%s): form", ni, name);
+        CHECK(n->n_in == 5 && o->rank == 4, "node %d (%s): form", ni, name); /* q k v lengths mask */
+        break;
+    case SJ_K_ARANGE:
+        CHECK(n->n_in == 0 && o->rank == 1 && o->dtype == n->a.dtype, "node %d (%s): form", ni, name);
         break;
     default:
         break;

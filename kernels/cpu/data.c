@@ -83,3 +83,22 @@ sj_status sj_cpu_gather(const sj_tensor *table, const sj_tensor *idx, const sj_t
     gather_walk(table, idx, y, 1, &bad);
     return SJ_OK;
 }
+
+/* -- Arange ----------------------------------------------------------------- */
+
+sj_status sj_cpu_arange(const sj_tensor *y) {
+    assert(y->rank == 1 && y->dtype != SJ_BOOL);
+    int64_t n = y->shape[0], s = y->stride[0];
+    char *p = y->data;
+    size_t es = sj_dtype_size(y->dtype);
+    for (int64_t i = 0; i < n; i++) {
+        void *d = p + (size_t)(i * s) * es;
+        if (y->dtype == SJ_F32 || y->dtype == SJ_F16 || y->dtype == SJ_BF16) {
+            float f = (float)i;
+            cpu_store_f32(d, y->dtype, 1, &f, 1);
+        } else {
+            cpu_store_i64(d, y->dtype, 1, &i, 1);
+        }
+    }
+    return SJ_OK;
+}

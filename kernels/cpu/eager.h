@@ -74,6 +74,12 @@ sj_status sj_cpu_matmul_bias(const sj_tensor *a, const sj_tensor *b, const sj_te
 sj_status sj_cpu_attention(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                            const sj_tensor *lengths, double scale, int causal, const sj_tensor *y,
                            struct sj_threads *pool);
+/* The same with an additive mask: NULL, or f32 / q's dtype / bool of the
+ * scores' shape [B, H, Sq, Sk] (stride 0 on broadcast axes), added to the
+ * scaled scores (bool: false masks the key out). */
+sj_status sj_cpu_attention_mask(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                                const sj_tensor *y, struct sj_threads *pool);
 
 /* Concatenate n tensors along axis into y. */
 sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y);
@@ -81,6 +87,10 @@ sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y
 /* Embedding gather: y[i..., j...] = table[idx[i...], j...]. idx is i32/i64.
  * An index outside [0, V) returns SJ_EINDEX naming the index and position. */
 sj_status sj_cpu_gather(const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+
+/* y[i] = i for a rank-1 y (any stride, any dtype but bool): integers
+ * exact, floats through f32 as sj_cpu_copy converts an i64. */
+sj_status sj_cpu_arange(const sj_tensor *y);
 
 /* Set OpenBLAS's own thread count (process-wide). */
 void sj_cpu_blas_threads(int n);

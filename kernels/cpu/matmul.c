@@ -40,6 +40,7 @@
 #include <assert.h>
 #include <cblas.h>
 #include <limits.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -401,8 +402,23 @@ typedef struct att {
     float scale;
     int causal;
     const sj_tensor *y;
+    const sj_tensor *mask; /* NULL, or [B, H, Sq, Sk] (broadcast) */
+    const char *mp;        /* the mask of this (batch, head) */
     float *s, *o; /* QB x Sk scores, QB x Dv output */
 } att;
+
+/* Add query i's mask row to its lim scaled scores (bool: false -> -inf). */
+static void att_mask_row(const att *t, int64_t i, float *srow, int64_t lim) {
+    const sj_tensor *m = t->mask;
+    const char *row = t->mp + (size_t)(i * m->stride[2]) * cpu_dtype_size(m->dtype);
+    int64_t sj = m->stride[3];
+    if (m->dtype == SJ_BOOL) {
+        for (int64_t j = 0; j < lim; j++)
+            if (!((const uint8_t *)row)[j * sj]) srow[j] = -INFINITY;
+    } else {
+        for (int64_t j = 0; j < lim; j++) srow[j] += cpu_ld_f32(row, m->dtype, j * sj);
+    }
+}
 
 /* Keys visible to query i: a prefix of length lim (may be <= 0). */
 static int64_t att_lim(const att *t, int64_t L, int64_t i) {
@@ -427,6 +443,7 @@ static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int
                 int64_t lim = att_lim(t, L, i0 + r);
                 float *srow = t->s + r * kmax;
                 lim = lim < 0 ? 0 : lim;
+                if (t->mask) att_mask_row(t, i0 + r, srow, lim);
                 sj_cpu_softmax_row(srow, lim);
                 memset(srow + lim, 0, (size_t)(kmax - lim) * sizeof(float));
             }
@@ -469,6 +486,9 @@ static void att_heads(void *ctx, int64_t begin, int64_t end) {
         const char *kp = (const char *)k->data + (b * k->stride[0] + h * k->stride[1]) * t.es;
         const char *vp = (const char *)v->data + (b * v->stride[0] + h * v->stride[1]) * t.es;
         char *yp = (char *)t.y->data + (b * t.y->stride[0] + h * t.y->stride[1]) * t.es;
+        if (t.mask)
+            t.mp = (const char *)t.mask->data +
+                   (size_t)(b * t.mask->stride[0] + h * t.mask->stride[1]) * cpu_dtype_size(t.mask->dtype);
         const char *pq = NULL, *pk = NULL, *pv = NULL;
         mat mq, mk, mv;
         if (mat_prep(&mq, qp, t.dt, t.Sq, t.D, q->stride[2], q->stride[3], 0, &pq) ||
@@ -484,6 +504,12 @@ static void att_heads(void *ctx, int64_t begin, int64_t end) {
 sj_status sj_cpu_attention(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                            const sj_tensor *lengths, double scale, int causal, const sj_tensor *y,
                            sj_threads *pool) {
+    return sj_cpu_attention_mask(q, k, v, lengths, NULL, scale, causal, y, pool);
+}
+
+sj_status sj_cpu_attention_mask(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                                const sj_tensor *y, sj_threads *pool) {
     assert(q->rank == 4 && k->rank == 4 && v->rank == 4 && y->rank == 4);
     assert(cpu_is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype &&
            y->dtype == q->dtype);
@@ -495,12 +521,14 @@ sj_status sj_cpu_attention(const sj_tensor *q, const sj_tensor *k, const sj_tens
                        .Dv = v->shape[3],
                        .scale = (float)scale,
                        .causal = causal,
-                       .y = y},
+                       .y = y,
+                       .mask = mask},
                  .q = q, .k = k, .v = v, .lengths = lengths, .H = H};
     const att *t = &j.t;
     assert(k->shape[0] == B && k->shape[1] == H && k->shape[3] == t->D);
     assert(v->shape[0] == B && v->shape[1] == H && v->shape[2] == t->Sk);
     assert(y->shape[0] == B && y->shape[1] == H && y->shape[2] == t->Sq && y->shape[3] == t->Dv);
+    assert(!mask || (mask->rank == 4 && mask->shape[2] == t->Sq && mask->shape[3] == t->Sk));
     assert(!lengths || (lengths->rank == 1 && lengths->shape[0] == B &&
                         (lengths->dtype == SJ_I32 || lengths->dtype == SJ_I64)));
     if (B == 0 || H == 0 || t->Sq == 0 || t->Dv == 0)

@@ -24,6 +24,7 @@
  *   attention_mma<D>     sj_ek_att    f16 / bf16 (tensor cores, registers; D = Dv = 32, 64,
  *                                     96, 128)
  *   gather               sj_ek_gather element size
+ *   arange               sj_ek_ew     dtype (not bool); ptr[0] = y, n, stride[0][0]
  *
  * _c kernels: every operand is one contiguous run (element stride 1) or a
  * scalar (stride 0) over the flattened index [0, n); with vec set, every
@@ -48,6 +49,7 @@
  *                 no __launch_bounds__: __maxnreg__ per head size, at most
  *                 255, so that 256 threads always fit an SM's registers
  *   gather        block (256), grid-stride                   bound 256
+ *   arange        block (256), grid-stride over n            bound 256
  */
 #ifndef SJ_EAGER_ABI_CUH
 #define SJ_EAGER_ABI_CUH
@@ -102,7 +104,8 @@
     X(attention_mma96, bf16)                                                                       \
     X(attention_mma128, f16)                                                                       \
     X(attention_mma128, bf16)                                                                      \
-    SJ_EK_SIZES(X, gather)
+    SJ_EK_SIZES(X, gather)                                                                         \
+    SJ_EK_NUMERIC(X, arange)
 
 /* -- Elementwise ---------------------------------------------------------
  * Operand k (0 = output) is ptr[k] with element strides stride[k][0..rank)
@@ -162,16 +165,21 @@ typedef struct sj_ek_mm {
 /* -- Attention -------------------------------------------------------------
  * q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,Dv], y [B,H,Sq,Dv] with element
  * strides sq, sk, sv, sy; len: 0 or a [B] vector (i32 unless len_i64) at
- * stride slen. */
+ * stride slen; mask: 0 or [B,H,Sq,Sk] at strides smask (the attention
+ * family only; the tensor-core kernels take none). */
 typedef struct sj_ek_att {
     uint64_t q, k, v, y, len;
     int64_t sq[4], sk[4], sv[4], sy[4];
     int64_t slen;
     int64_t B, H, Sq, Sk, D, Dv;
+    uint64_t mask;     /* 0, or an additive mask over [B, H, Sq, Sk] (attention only) */
+    int64_t smask[4];  /* its element strides (0 on broadcast axes) */
     float scale;
     int32_t causal;
     int32_t len_i64;
     int32_t vec; /* attention_tc: q, k, v rows are read 16 bytes at a time */
+    int32_t mask_dt;   /* the mask's sj_dtype: f32, f16, bf16 (added) or bool (false: -inf) */
+    int32_t pad_;
 } sj_ek_att;
 
 /* attention_tc, _tc1 (eager_attention_tc.cuh): queries per block, keys per
@@ -224,7 +232,7 @@ static inline int64_t sj_ek_att_mma_smem(int64_t D, int64_t Dv, int kg) {
 SJ_EK_SIZE_CHECK(sj_ek_ew, 448);
 SJ_EK_SIZE_CHECK(sj_ek_rows, 288);
 SJ_EK_SIZE_CHECK(sj_ek_mm, 368);
-SJ_EK_SIZE_CHECK(sj_ek_att, 240);
+SJ_EK_SIZE_CHECK(sj_ek_att, 288);
 SJ_EK_SIZE_CHECK(sj_ek_gather, 464);
 
 #endif /* SJ_EAGER_ABI_CUH */

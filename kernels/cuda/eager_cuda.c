@@ -1362,6 +1362,12 @@ int sj_cuda_attention_groups(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H
 
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
+    return sj_cuda_attention_mask(e, q, k, v, lengths, NULL, scale, causal, y);
+}
+
+sj_status sj_cuda_attention_mask(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                 const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                                 const sj_tensor *y) {
     assert(q->rank == 4 && k->rank == 4 && v->rank == 4 && y->rank == 4);
     assert(sj_dtype_is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype && y->dtype == q->dtype);
     sj_ek_att a;
@@ -1387,9 +1393,15 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
     }
     a.scale = (float)scale;
     a.causal = causal != 0;
+    if (mask) { /* the general kernel only: the tensor-core ones take no mask */
+        assert(mask->rank == 4 && mask->shape[2] == a.Sq && mask->shape[3] == a.Sk);
+        a.mask = dptr(mask->data);
+        a.mask_dt = mask->dtype;
+        for (int i = 0; i < 4; i++) a.smask[i] = mask->stride[i];
+    }
     sj_cuda *c = e->cuda;
-    int kg = sj_cuda_attention_groups(c, q->dtype, a.B, a.H, a.Sq, a.Sk, a.D, a.Dv);
-    int nb = kg ? 0 : sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
+    int kg = mask ? 0 : sj_cuda_attention_groups(c, q->dtype, a.B, a.H, a.Sq, a.Sk, a.D, a.Dv);
+    int nb = kg || mask ? 0 : sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
     if (kg || nb) {
         a.vec = 1;
         const sj_tensor *qkv[3] = {q, k, v};
@@ -1467,4 +1479,21 @@ sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj
     int64_t work = g.count * (g.rowel > 0 ? g.rowel : 1);
     return launch(e, EK_gather_e1 + log2_size(sj_dtype_size(y->dtype)), grid_for(e->cuda, work, SJ_EK_THREADS),
                   SJ_EK_THREADS, 1, 0, &g);
+}
+
+/* -- Arange ---------------------------------------------------------------------------- */
+
+sj_status sj_cuda_arange(const sj_cuda_exec *e, const sj_tensor *y) {
+    assert(y->rank == 1 && y->dtype != SJ_BOOL);
+    if (y->shape[0] == 0)
+        return SJ_OK;
+    sj_ek_ew a;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = dptr(y->data);
+    a.n = y->shape[0];
+    a.stride[0][0] = y->stride[0];
+    a.rank = 1;
+    a.shape[0] = a.n;
+    sj_cuda_bind(e->cuda);
+    return launch(e, EK_arange_f32 + y->dtype, grid_for(e->cuda, a.n, SJ_EK_THREADS), SJ_EK_THREADS, 1, 0, &a);
 }

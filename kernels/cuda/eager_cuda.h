@@ -88,10 +88,20 @@ void sj_cuda_matmul_warm_wait(sj_cuda *c);
  * call runs one query a block in f32. */
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
+/* The same with an additive mask (NULL: none) of the scores' shape
+ * [B, H, Sq, Sk] (stride 0 on broadcast axes): f32 / f16 / bf16 added to
+ * the scaled scores, or bool (false masks the key). Runs the general
+ * attention kernel: the tensor-core kernels take no mask. */
+sj_status sj_cuda_attention_mask(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                 const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                                 const sj_tensor *y);
 int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t D, int64_t Dv);
 int sj_cuda_attention_groups(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D,
                              int64_t Dv);
 sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
 sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+/* y[i] = i for a rank-1 y of any stride and any dtype but bool (floats
+ * through f32, as kernels/cpu's sj_cpu_arange). */
+sj_status sj_cuda_arange(const sj_cuda_exec *e, const sj_tensor *y);
 
 #endif /* SJ_EAGER_CUDA_H */

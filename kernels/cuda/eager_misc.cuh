@@ -54,6 +54,18 @@ template <class T> SJ_DEV void matmul_int(const sj_ek_mm &p) {
  * output elements e (t, t + blockDim, ...). y = acc * (1 / l).
  * Dynamic shared memory: q[D], p[CHUNK], acc[Dv] floats. */
 
+/* The additive mask of score (b, h, i, j): f32/f16/bf16 values, or bool
+ * (false: -inf). */
+SJ_DEV float att_mask(const sj_ek_att &p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const int64_t o = b * p.smask[0] + h * p.smask[1] + i * p.smask[2] + j * p.smask[3];
+    switch (p.mask_dt) {
+    case SJ_F16: return dt_f16::ld(reinterpret_cast<const uint16_t *>(p.mask)[o]);
+    case SJ_BF16: return dt_bf16::ld(reinterpret_cast<const uint16_t *>(p.mask)[o]);
+    case SJ_BOOL: return reinterpret_cast<const uint8_t *>(p.mask)[o] ? 0.0f : -INFINITY;
+    default: return reinterpret_cast<const float *>(p.mask)[o];
+    }
+}
+
 template <class T> SJ_DEV void attention(const sj_ek_att &p) {
     typedef typename T::S S;
     extern __shared__ float att_sm[];
@@ -97,7 +109,7 @@ template <class T> SJ_DEV void attention(const sj_ek_att &p) {
                 for (int64_t d = lane; d < p.D; d += 32) dot += qs[d] * T::ld(kr[d * p.sk[3]]);
                 dot = warp_reduce<r_sum_f>(dot);
                 if (lane == 0)
-                    ps[jj] = dot * p.scale;
+                    ps[jj] = dot * p.scale + (p.mask ? att_mask(p, bb, h, i, j0 + jj) : 0.0f);
             }
             __syncthreads();
             float cm = -INFINITY;
@@ -120,7 +132,7 @@ template <class T> SJ_DEV void attention(const sj_ek_att &p) {
                 acc[e] = s;
             }
         }
-        const float inv = 1.0f / l;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f; /* every key masked (-inf): zeros */
         for (int64_t e = t; e < p.Dv; e += nthr) yr[e * p.sy[3]] = T::st(acc[e] * inv);
     }
 }
@@ -159,6 +171,18 @@ template <class E> SJ_DEV void gather(const sj_ek_gather &p) {
     }
 }
 
+/* -- Arange ------------------------------------------------------------------------------
+ * y[i * stride] = i, converted as T stores it: integers exact (i32 wraps
+ * past 2^31), floats through f32 like the CPU's sj_cpu_arange. */
+
+template <class T> SJ_DEV void arange(const sj_ek_ew &p) {
+    typedef typename T::S S;
+    typedef typename T::C C;
+    S *y = reinterpret_cast<S *>(p.ptr[0]);
+    const int64_t s = p.stride[0][0], nt = gthreads();
+    for (int64_t i = gtid(); i < p.n; i += nt) y[i * s] = T::st((C)i);
+}
+
 /* -- Kernel definitions ------------------------------------------------------------------ */
 
 #define SJ_EK_DEF_matmul_int(tag)                                                                  \
@@ -175,6 +199,12 @@ template <class E> SJ_DEV void gather(const sj_ek_gather &p) {
     extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
         sj_ek_gather_##tag(const __grid_constant__ sj_ek_gather a) {                               \
         gather<dt_##tag>(a);                                                                       \
+    }
+
+#define SJ_EK_DEF_arange(tag)                                                                      \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
+        sj_ek_arange_##tag(const __grid_constant__ sj_ek_ew a) {                                   \
+        arange<dt_##tag>(a);                                                                       \
     }
 
 #endif /* SJ_EAGER_MISC_CUH */
