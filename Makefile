@@ -222,6 +222,7 @@ test-tsan: deps
 # LLVMFuzzerTestOneInput over the library built by clang with ASan + UBSan.
 # `make fuzz` runs each for FUZZ_SECONDS (CI: a short fixed time) from its
 # committed seeds (tests/fuzz/corpus/NAME/, if any) and fails on a crash.
+# Harnesses link samples/bert too (fuzz_wordpiece), as the tests do.
 
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 10
@@ -233,8 +234,8 @@ fuzz-build: deps
 	@mkdir -p build-fuzz/fuzz
 	$(Q)for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
 	  echo "  FUZZCC  build-fuzz/fuzz/$$n"; \
-	  clang $(CSTD) -g -O1 -I. -Ijit -fsanitize=fuzzer $(FUZZ_SAN) $$f -o build-fuzz/fuzz/$$n \
-	    build-fuzz/lib/libshapejit.a $(LDLIBS) || exit 1; done
+	  clang $(CSTD) -g -O1 -I. -Ijit -fsanitize=fuzzer $(FUZZ_SAN) $$f $(MODEL_SRC) -o build-fuzz/fuzz/$$n \
+	    build-fuzz/lib/libshapejit.a $(MODEL_LIBS) $(LDLIBS) || exit 1; done
 
 fuzz: fuzz-build
 	$(Q)for f in $(FUZZ_SRC); do n=$$(basename $$f .c); c=tests/fuzz/corpus/$${n#fuzz_}; \

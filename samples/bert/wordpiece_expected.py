@@ -1,23 +1,35 @@
 #!/usr/bin/env python3
-"""Expected token ids of tests/data/wordpiece_corpus.jsonl from Hugging Face
-`tokenizers` (the model's tokenizer.json, truncation to 512, no padding):
-the answers tests/test_wordpiece.c checks our C tokenizer against, token for
-token. Committed; regenerate with
+"""Writes the reference ids for tests/test_wordpiece.c.
 
-    python3 samples/bert/wordpiece_expected.py models/all-MiniLM-L6-v2 \
-        tests/data/wordpiece_corpus.jsonl tests/data/wordpiece_expected.jsonl
+Reads tests/data/wordpiece_corpus.jsonl (one JSON string a line) and encodes
+each with Hugging Face `tokenizers` from the model's tokenizer.json (padding
+off, truncation to 512 ids), writing tests/data/wordpiece_expected.jsonl: one
+JSON list of ids a line, in the corpus's order. The C test compares
+samples/bert/wordpiece.c against it without needing Python.
+
+  python3 samples/bert/wordpiece_expected.py [MODEL_DIR]   (default models/all-MiniLM-L6-v2)
 """
 import json
-import os
 import sys
 
 from tokenizers import Tokenizer
 
-model_dir, corpus, out = sys.argv[1:4]
-tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
-tok.enable_truncation(max_length=512)
-tok.no_padding()
-with open(corpus, encoding="utf-8") as f, open(out, "w") as o:
-    for line in f:
-        text = json.loads(line)
-        o.write(json.dumps(tok.encode(text).ids) + "\n")
+MAX_LEN = 512
+
+
+def main():
+    model_dir = sys.argv[1] if len(sys.argv) > 1 else "models/all-MiniLM-L6-v2"
+    tok = Tokenizer.from_file(model_dir + "/tokenizer.json")
+    tok.no_padding()
+    tok.enable_truncation(max_length=MAX_LEN)
+    # split on "\n" only: a JSON line may hold U+2028 or U+0085 unescaped
+    with open("tests/data/wordpiece_corpus.jsonl", encoding="utf-8", newline="") as f:
+        lines = [l for l in f.read().split("\n") if l]
+    with open("tests/data/wordpiece_expected.jsonl", "w", encoding="utf-8") as out:
+        for line in lines:
+            out.write(json.dumps(tok.encode(json.loads(line)).ids) + "\n")
+    print("wrote %d lines to tests/data/wordpiece_expected.jsonl" % len(lines))
+
+
+if __name__ == "__main__":
+    main()
