@@ -172,6 +172,7 @@ def main():
         variant = "ort_optimized"
     tok = Tokenizer.from_file(os.path.join(a.model_dir, "tokenizer.json"))
     tok.enable_truncation(max_length=cfg["max_position_embeddings"])
+    tok.no_padding()  # tokenizer.json pads to 128; batches pad to their longest here
     texts = [l.rstrip("\n") for l in open(a.sentences, encoding="utf-8") if l.strip()]
     ids_list = [e.ids for e in tok.encode_batch(texts)]
     tokens = sum(len(t) for t in ids_list)
