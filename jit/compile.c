@@ -124,7 +124,8 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     } else {
         snprintf(tag, sizeof tag, "%s.e%d.%s", fn->name, e->id, e->n_syms ? "sym" : "static");
     }
-    sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag};
+    sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag,
+                          .cancel = &fn->cancel_compiles};
     sj_compile_result *res = calloc(1, sizeof *res);
     sj_compiled *cd = calloc(1, sizeof *cd);
     void **fns = calloc((size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX, sizeof *fns);
@@ -367,6 +368,7 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
     if (!c) return;
     pthread_mutex_lock(&c->lock);
     fn->cancelled = true;
+    atomic_store(&fn->cancel_compiles, 1); /* a running compiler is killed: no wait for it */
     for (int i = 0; i < c->n_jobs;) {
         if (c->heap[i].fn != fn) {
             i++;

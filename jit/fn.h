@@ -60,6 +60,7 @@ struct sj_fn {
     /* Compiles, under the compiler's lock. */
     int compiles_pending;     /* queued or running */
     bool cancelled;           /* being destroyed: no new compiles */
+    atomic_int cancel_compiles; /* set with cancelled: a running compiler is killed */
     bool compile_fail_logged;
 
     sj_pool pool;

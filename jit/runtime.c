@@ -166,7 +166,9 @@ static sj_status start_services(sj_runtime *rt) {
 #endif
     {
         sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .dump_dir = c->dump_dir, .cache = rt->cache,
-                                    .log = &rt->log, .test_delay_ms = test_delay_ms, .test_fail = test_fail};
+                                    .log = &rt->log, .test_delay_ms = test_delay_ms, .test_fail = test_fail,
+                                    .timeout_ms = c->compile_timeout_ms,
+                                    .no_probe = c->compile_mode == SJ_COMPILE_OFF};
         st = sj_cpu_backend_create(&bc, &rt->backend);
     }
     if (!st) {

@@ -226,11 +226,12 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_THREADS=n                  -> exec_threads
  *   SHAPEJIT_BLAS_THREADS=n             -> blas_threads
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
- *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc, cflags
+ *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc ("ccache cc": split on blanks, no shell), cflags
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
  *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
  *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
  *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
+ *   SHAPEJIT_COMPILE_TIMEOUT_MS=n       -> compile_timeout_ms
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -278,7 +279,9 @@ typedef struct sj_runtime_config {
                                      Default $SHAPEJIT_CACHE_DIR, else
                                      $XDG_CACHE_HOME/shapejit or ~/.cache/shapejit */
     uint64_t cache_max_bytes;     /* least recently used kernels are evicted past it; default 1 GiB */
-    const char *cc;               /* C compiler command; default "cc" */
+    const char *cc;               /* C compiler command; default "cc". Split on blanks
+                                     into a program and its first arguments
+                                     ("ccache cc"; no shell, no quoting) */
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
     const char *dump_dir;         /* write every generated source there; NULL: no */
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
@@ -307,6 +310,16 @@ typedef struct sj_runtime_config {
      * quarter of the last-level cache, which other cores and processes
      * share; negative: never. Only speed depends on it. */
     int64_t stream_min_bytes;
+    /* Bound on one run of the compiler (a CPU compile, or the `cc --version`
+     * probe at sj_runtime_create, which is skipped when compile_mode is
+     * SJ_COMPILE_OFF): past it the compiler is killed with its whole process
+     * group (SIGKILL), the compile fails and its entry keeps running
+     * eagerly (the failure is recorded; the unit is not compiled again).
+     * sj_fn_destroy and sj_runtime_destroy kill a running compile instead of
+     * waiting for it. 1 .. 86400000 ms; default 60000.
+     * $SHAPEJIT_COMPILE_TIMEOUT_MS. NVRTC compiles run inside the process
+     * and are not bounded by it. */
+    int compile_timeout_ms;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */

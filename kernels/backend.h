@@ -9,6 +9,7 @@
 #ifndef SJ_BACKEND_H
 #define SJ_BACKEND_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -26,6 +27,10 @@ typedef struct sj_compile_req {
     const char *const *symbols;   /* functions to resolve after loading */
     int n_symbols;
     const char *tag;              /* names the unit in logs and dumps ("enc.e1.sym") */
+    /* Nonzero while the compile should stop as soon as it can (its function
+     * is being destroyed): a running compiler process is killed. NULL: never.
+     * Backends that cannot interrupt their toolchain (NVRTC) ignore it. */
+    const atomic_int *cancel;
 } sj_compile_req;
 
 typedef struct sj_compile_result {
