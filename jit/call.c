@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "jit/compile.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -157,7 +158,7 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
                 gi[i].stride[a] = in[i].stride[a];
             }
         }
-        e = calloc(1, sizeof *e);
+        e = sj_calloc(1, sizeof *e);
         if (e) {
             e->id = atomic_load_explicit(&fn->table.n_entries, RELAXED);
             e->g = g;
@@ -238,7 +239,7 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
         *transient = fn->fallback_made;
     }
 
-    sj_plan *plan = malloc(sizeof *plan);
+    sj_plan *plan = sj_malloc(sizeof *plan);
     if (!plan) {
         st = sj_seterr(SJ_ENOMEM, "fn '%s': out of memory planning a trace", fn->name);
         goto done;

@@ -1,4 +1,5 @@
 /* Background compilation of fused plans (see compile.h). */
+#include "base/alloc.h"
 #include "jit/compile.h"
 
 #include <assert.h>
@@ -87,7 +88,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         return SJ_EBACKEND;
     }
     size_t len;
-    int *variants = calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
+    int *variants = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
     sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
                          .variants = variants};
     char *src = variants ? c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len) : NULL;
@@ -126,9 +127,9 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     }
     sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag,
                           .cancel = &fn->cancel_compiles};
-    sj_compile_result *res = calloc(1, sizeof *res);
-    sj_compiled *cd = calloc(1, sizeof *cd);
-    void **fns = calloc((size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX, sizeof *fns);
+    sj_compile_result *res = sj_calloc(1, sizeof *res);
+    sj_compiled *cd = sj_calloc(1, sizeof *cd);
+    void **fns = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX, sizeof *fns);
     sj_status st = (!res || !cd || !fns) ? SJ_ENOMEM : c->backend->compile(c->backend, &req, res);
     free(src);
     if (st) {
@@ -270,7 +271,7 @@ static void *worker_main(void *arg) {
 
 sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_workers, int mode,
                              const sj_runtime *rt, sj_compiler **out) {
-    sj_compiler *c = calloc(1, sizeof *c);
+    sj_compiler *c = sj_calloc(1, sizeof *c);
     if (!c) return sj_seterr(SJ_ENOMEM, "compiler: out of memory");
     c->backend = backend;
     c->codegen = codegen;
@@ -281,7 +282,7 @@ sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_w
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
     if (mode == SJ_CM_ASYNC && n_workers > 0) {
-        c->workers = calloc((size_t)n_workers, sizeof *c->workers);
+        c->workers = sj_calloc((size_t)n_workers, sizeof *c->workers);
         if (!c->workers) {
             sj_compiler_destroy(c);
             return sj_seterr(SJ_ENOMEM, "compiler: out of memory");
@@ -330,7 +331,7 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
         if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !c->stop && !fn->cancelled) {
             if (c->n_jobs == c->cap_jobs) {
                 int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
-                job *h = realloc(c->heap, (size_t)cap * sizeof *h);
+                job *h = sj_realloc(c->heap, (size_t)cap * sizeof *h);
                 if (!h) { /* not queued: the entry stays eager until a later request */
                     pthread_mutex_unlock(&c->lock);
                     return;

@@ -1,4 +1,5 @@
 /* Shape buckets (see bucket.h). */
+#include "base/alloc.h"
 #include "shapes/bucket.h"
 
 #include <errno.h>
@@ -177,7 +178,7 @@ sj_status sj_bucket_parse(const char *text, sj_bucket_rule **rules, int *n_rules
     if (!text) return SJ_OK;
     int cap = 1;
     for (const char *p = text; *p; p++) cap += *p == ';';
-    sj_bucket_rule *rs = calloc((size_t)cap, sizeof *rs);
+    sj_bucket_rule *rs = sj_calloc((size_t)cap, sizeof *rs);
     if (!rs) return sj_seterr(SJ_ENOMEM, "SHAPEJIT_BUCKETS: out of memory");
     int n = 0;
     const char *p = text;

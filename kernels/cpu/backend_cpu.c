@@ -12,6 +12,7 @@
  * k.so into the cache. Loading before storing means no other process can
  * evict or replace the file between our store and our load.
  */
+#include "base/alloc.h"
 #include "kernels/cpu/backend_cpu.h"
 
 #include <dlfcn.h>
@@ -291,7 +292,7 @@ static bool load(const char *path, const sj_compile_req *req, sj_compile_result 
         dlclose(h);
         return false;
     }
-    sj_module *m = malloc(sizeof *m);
+    sj_module *m = sj_malloc(sizeof *m);
     if (!m) {
         snprintf(out->log, sizeof out->log, "out of memory");
         dlclose(h);
@@ -460,13 +461,13 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     if (cfg) c = *cfg;
     if (c.timeout_ms < 0) return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: timeout_ms < 0");
     if (c.test_delay_ms < 0) return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: test_delay_ms < 0");
-    cpu_backend *b = calloc(1, sizeof *b);
+    cpu_backend *b = sj_calloc(1, sizeof *b);
     if (!b) return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
-    b->cc = strdup(c.cc && c.cc[0] ? c.cc : "cc");
-    b->cflags = strdup(c.cflags ? c.cflags : DEFAULT_CFLAGS);
-    b->flag_text = b->cflags ? strdup(b->cflags) : NULL;
-    b->cc_text = b->cc ? strdup(b->cc) : NULL;
-    b->dump_dir = c.dump_dir && c.dump_dir[0] ? strdup(c.dump_dir) : NULL;
+    b->cc = sj_strdup(c.cc && c.cc[0] ? c.cc : "cc");
+    b->cflags = sj_strdup(c.cflags ? c.cflags : DEFAULT_CFLAGS);
+    b->flag_text = b->cflags ? sj_strdup(b->cflags) : NULL;
+    b->cc_text = b->cc ? sj_strdup(b->cc) : NULL;
+    b->dump_dir = c.dump_dir && c.dump_dir[0] ? sj_strdup(c.dump_dir) : NULL;
     b->share = sj_modshare_create();
     if (!b->cc || !b->cc_text || !b->cflags || !b->flag_text || !b->share || (c.dump_dir && c.dump_dir[0] && !b->dump_dir)) {
         cpu_destroy(&b->base);
