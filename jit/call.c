@@ -55,6 +55,10 @@ static sj_status check_args(const sj_fn *fn, const sj_tensor *inputs, int n_inpu
 
 /* -- Counting --------------------------------------------------------------- */
 
+/* Entries kept past the recompile limit beside the fallback entry, for
+ * shapes it cannot serve. */
+#define SJ_EXTRA_ENTRIES 8
+
 static bool at_limit(const sj_fn *fn) {
     return atomic_load_explicit(&fn->table.n_entries, RELAXED) >= fn->policy.limit ||
            atomic_load_explicit(&fn->rt->total_entries, RELAXED) >= fn->rt->cfg.total_recompile_limit;
@@ -219,7 +223,7 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
 
     record_failures(fn, fails, nf); /* whether or not the retrace succeeds */
     sj_status st = SJ_OK;
-    bool fallback = false;
+    bool fallback = false, extra = false;
     if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0 && at_limit(fn)) {
         atomic_fetch_add_explicit(&fn->c.limit_hits, 1, RELAXED);
         const char *last = nf ? fails[0].message : "";
@@ -236,7 +240,11 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
                     fn->name, atomic_load(&fn->table.n_entries), last);
         }
         fallback = true;
-        *transient = fn->fallback_made;
+        /* A shape the fallback entry cannot serve (a size of 0 or 1 is
+         * always specialized) would be traced again on every call: the
+         * first few such get entries of their own; past those, one-off. */
+        *transient = fn->fallback_made && fn->extra_entries >= SJ_EXTRA_ENTRIES;
+        extra = fn->fallback_made && !*transient;
     }
 
     sj_plan *plan = sj_malloc(sizeof *plan);
@@ -256,6 +264,7 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
     sj_policy_observe(&fn->policy, in);
     atomic_fetch_add_explicit(&fn->c.traces, 1, RELAXED);
     if (fallback) fn->fallback_made = true;
+    if (extra) fn->extra_entries++;
     if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0)
         sj_logf(fn->rt, SJ_LOG_RECOMPILES, "fn '%s': retrace -> entry %d (%s%s) because %s", fn->name, e->id, e->what,
                 *transient ? ", not kept: past the recompile limit" : "", why);

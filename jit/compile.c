@@ -125,6 +125,10 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     } else {
         snprintf(tag, sizeof tag, "%s.e%d.%s", fn->name, e->id, e->n_syms ? "sym" : "static");
     }
+    /* the tag names dump files and log lines: a function name's control
+     * characters and slashes become '_' */
+    for (char *p = tag; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == '/') *p = '_';
     sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag,
                           .cancel = &fn->cancel_compiles};
     sj_compile_result *res = sj_calloc(1, sizeof *res);

@@ -54,6 +54,7 @@ struct sj_fn {
 
     bool limit_logged;        /* under trace_lock */
     bool fallback_made;       /* a fallback entry exists (under trace_lock) */
+    int extra_entries;        /* kept past the limit beside the fallback (under trace_lock) */
     sj_guard_failure recent[SJ_RECENT_FAILURES]; /* ring, under trace_lock */
     int n_recent;
 

@@ -135,8 +135,9 @@ typedef enum sj_device { SJ_HOST = 0, SJ_CUDA = 1 } sj_device;
 /* A tensor descriptor over memory the caller owns (except outputs the runtime
  * allocated; see sj_call). Strides are in elements, not bytes, may be 0 (a
  * broadcast input) and must be >= 0. Sizes must be >= 0 and multiply to at
- * most SJ_MAX_SPAN (2^48), a size of 0 counting as 1 (sj_call: SJ_EINVAL
- * otherwise); every result a model computes is held to the same limit
+ * most SJ_MAX_SPAN (2^48), a size of 0 counting as 1, and a non-empty
+ * tensor's largest element offset, the sum of (size - 1) * stride over its
+ * axes, must be below SJ_MAX_SPAN too (sj_call: SJ_EINVAL otherwise); every result a model computes is held to the same limit
  * (SJ_ESHAPE, naming the op). bool is one byte per element, 0 or 1.
  * f16 is IEEE binary16; bf16 is the upper half of an IEEE binary32. */
 typedef struct sj_tensor {

@@ -148,10 +148,21 @@ static sj_status parse_item(const char *item, sj_bucket_rule *r) {
         return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': expected NAME:INPUT:AXIS before '='", item);
     *c1 = '\0';
     char *end;
-    r->input = (int)strtol(c1 + 1, &end, 10);
+    /* range-checked before the narrowing: 4294967296 is not input 0 */
+    errno = 0;
+    long long in = strtoll(c1 + 1, &end, 10);
     if (end == c1 + 1 || *end) return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': bad input index", item);
-    r->axis = (int)strtol(c2 + 1, &end, 10);
+    if (errno == ERANGE || in < 0 || in >= SJ_MAX_INPUTS)
+        return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': input index %s out of range [0, %d]", item, c1 + 1,
+                         SJ_MAX_INPUTS - 1);
+    errno = 0;
+    long long ax = strtoll(c2 + 1, &end, 10);
     if (end == c2 + 1 || *end) return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': bad axis", item);
+    if (errno == ERANGE || ax < 0 || ax >= SJ_MAX_RANK)
+        return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': axis %s out of range [0, %d]", item, c2 + 1,
+                         SJ_MAX_RANK - 1);
+    r->input = (int)in;
+    r->axis = (int)ax;
     snprintf(r->fn_name, sizeof r->fn_name, "%s", head);
 
     const char *spec = eq + 1, *colon = strchr(spec, ':');
