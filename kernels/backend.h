@@ -31,6 +31,12 @@ typedef struct sj_compile_req {
      * is being destroyed): a running compiler process is killed. NULL: never.
      * Backends that cannot interrupt their toolchain (NVRTC) ignore it. */
     const atomic_int *cancel;
+    /* Priority that rises with the job's age: until this time (sj_now_ns)
+     * the compiler may run in the idle scheduling class; a compile still
+     * running then is restarted at normal priority (a starved idle compile
+     * has made no progress to lose). 0: normal priority from the start.
+     * Backends without a compiler process ignore it. */
+    int64_t idle_until_ns;
 } sj_compile_req;
 
 typedef struct sj_compile_result {

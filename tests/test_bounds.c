@@ -108,6 +108,7 @@ static void empty_null_input_fused(void **state) {
         sj_tensor in = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){0, 4});
         sj_tensor out = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){0, 4});
         assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+        sj_tensor_free(rt, &out); /* allocated by the call */
     }
     sj_runtime_destroy(rt);
 }

@@ -22,6 +22,7 @@
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -80,6 +81,7 @@ typedef struct run_result {
     int signal;
     bool timed_out;  /* killed at the deadline */
     bool cancelled;  /* killed because *cancel was set */
+    bool boosted;    /* killed at idle_until_ns: run it again at normal priority */
     size_t out_len;  /* bytes kept in out */
 } run_result;
 
@@ -92,10 +94,13 @@ typedef struct run_result {
  * process group of its own. Waits for the program's exit, not for the end
  * of its output: a background child that keeps the pipe open does not stall
  * the caller. At timeout_ms (> 0), or as soon as *cancel (may be NULL) is
- * nonzero, the whole group gets SIGKILL. Returns 0 when the child ran and
+ * nonzero, the whole group gets SIGKILL. With idle_until_ns in the future
+ * the program runs in the idle scheduling class (Linux SCHED_IDLE: only
+ * cores nothing else wants), and is killed at that time if still running
+ * (r->boosted; the caller runs it again at normal priority). Returns 0 when the child ran and
  * was reaped, -1 otherwise (r->spawn_errno says why). */
 static int run_program(char *const argv[], char *out, size_t n, int timeout_ms, const atomic_int *cancel,
-                       run_result *r) {
+                       int64_t idle_until_ns, run_result *r) {
     memset(r, 0, sizeof *r);
     if (n) out[0] = '\0';
     int p[2];
@@ -131,8 +136,18 @@ static int run_program(char *const argv[], char *out, size_t n, int timeout_ms, 
     if (!err) err = posix_spawnattr_setsigmask(&at, &none);
     if (!err) err = posix_spawnattr_setsigdefault(&at, &dflt);
     if (!err) err = posix_spawnattr_setpgroup(&at, 0);
-    if (!err)
-        err = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP;
+    bool idle = false;
+#if defined(__linux__) && defined(SCHED_IDLE)
+    if (!err && idle_until_ns > sj_now_ns()) {
+        struct sched_param sp = {.sched_priority = 0};
+        if (!posix_spawnattr_setschedpolicy(&at, SCHED_IDLE) && !posix_spawnattr_setschedparam(&at, &sp)) {
+            flags |= POSIX_SPAWN_SETSCHEDULER;
+            idle = true;
+        }
+    }
+#endif
+    if (!err) err = posix_spawnattr_setflags(&at, flags);
     pid_t pid = -1;
     if (!err) err = posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -178,11 +193,13 @@ static int run_program(char *const argv[], char *out, size_t n, int timeout_ms, 
         }
         bool cancel_now = cancel && atomic_load_explicit(cancel, memory_order_relaxed);
         int64_t now = sj_now_ns();
-        if (cancel_now || now >= deadline) {
+        bool boost = idle && now >= idle_until_ns;
+        if (cancel_now || now >= deadline || boost) {
             kill(-pid, SIGKILL);
             kill(pid, SIGKILL); /* in case the group could not be made */
             r->cancelled = cancel_now;
-            r->timed_out = !cancel_now;
+            r->timed_out = !cancel_now && now >= deadline;
+            r->boosted = !cancel_now && !r->timed_out;
             while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
             }
             reaped = w == pid;
@@ -190,7 +207,8 @@ static int run_program(char *const argv[], char *out, size_t n, int timeout_ms, 
             break;
         }
         int wait_ms = POLL_MS;
-        if (deadline - now < (int64_t)wait_ms * 1000000) wait_ms = (int)((deadline - now) / 1000000) + 1;
+        int64_t next = idle && idle_until_ns < deadline ? idle_until_ns : deadline;
+        if (next - now < (int64_t)wait_ms * 1000000) wait_ms = (int)((next - now) / 1000000) + 1;
         if (fd >= 0) {
             struct pollfd pf = {.fd = fd, .events = POLLIN};
             poll(&pf, 1, wait_ms);
@@ -245,7 +263,7 @@ static void probe(cpu_backend *b) {
     argv[argc++] = "--version";
     argv[argc] = NULL;
     run_result r;
-    int rc = run_program(argv, out, sizeof out, b->timeout_ms, NULL, &r);
+    int rc = run_program(argv, out, sizeof out, b->timeout_ms, NULL, 0, &r);
     char version[256] = "unknown version";
     if (r.timed_out) {
         snprintf(version, sizeof version, "--version timed out");
@@ -352,7 +370,14 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
 
     run_result r;
     double t0 = sj_now_ms();
-    int rc = run_program(argv, out->log, sizeof out->log, b->timeout_ms, req->cancel, &r);
+    int rc = run_program(argv, out->log, sizeof out->log, b->timeout_ms, req->cancel, req->idle_until_ns, &r);
+    if (r.boosted) { /* starved in the idle class: again, at normal priority, in the time left */
+        int left = b->timeout_ms ? b->timeout_ms - (int)(sj_now_ms() - t0) : 0;
+        sj_log_write(b->log, SJ_LOG_COMPILE, "cpu: %s: compile waited too long in the idle class; rerun at normal priority",
+                     tag);
+        if (b->timeout_ms && left < 1) left = 1;
+        rc = run_program(argv, out->log, sizeof out->log, left, req->cancel, 0, &r);
+    }
     out->compile_ms = sj_now_ms() - t0;
     if (r.timed_out || r.cancelled) {
         remove_tmpdir(dir);
