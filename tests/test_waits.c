@@ -241,8 +241,9 @@ static void cc_with_arguments(void **state) {
     unsetenv("SHAPEJIT_CC");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
+    if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test: the alarm ends the whole program */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(sync_call_with_hanging_compiler, setup, teardown),
         cmocka_unit_test_setup_teardown(destroy_during_hanging_async_compile, setup, teardown),
