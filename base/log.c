@@ -36,13 +36,37 @@ long sj_log_parse(const char *s, char *bad, size_t n) {
     return (long)mask;
 }
 
+/* One message is one line: control characters of the text (a compiler's
+ * multi-line diagnostics, a function name with a newline) are escaped as
+ * \n, \r, \t or \xHH, so a log reader can trust line boundaries. */
+static void escape_line(const char *in, char *out, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    size_t w = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p && w + 5 < n; p++) {
+        unsigned char ch = *p;
+        if (ch >= 0x20 && ch != 0x7f) {
+            out[w++] = (char)ch;
+            continue;
+        }
+        out[w++] = '\\';
+        if (ch == '\n') out[w++] = 'n';
+        else if (ch == '\r') out[w++] = 'r';
+        else if (ch == '\t') out[w++] = 't';
+        else out[w++] = 'x', out[w++] = hex[ch >> 4], out[w++] = hex[ch & 15];
+    }
+    out[w] = '\0';
+}
+
 void sj_log_write(const sj_log_sink *s, unsigned topic, const char *fmt, ...) {
     if (!sj_log_enabled(s, topic)) return;
-    char line[1024];
+    char raw[1024], line[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    size_t len = strlen(raw);
+    while (len && (raw[len - 1] == '\n' || raw[len - 1] == '\r')) raw[--len] = '\0'; /* a final newline is the line's */
+    escape_line(raw, line, sizeof line);
     if (s->fn) {
         s->fn(s->user, topic, line);
     } else {

@@ -119,6 +119,21 @@ int sj_sizes_bad_axis(const int64_t *shape, int rank, bool *empty) {
     return -1;
 }
 
+/* The first axis at which the memory the strides address (the largest
+ * element offset + 1) passes SJ_MAX_SPAN, or -1. Axes of size 0 or 1 take
+ * no stride; call it on valid sizes and strides >= 0. Keeps every element
+ * offset, in elements and in bytes, far from int64 overflow. */
+static int stride_bad_axis(const sj_tensor *x) {
+    int64_t last = 0; /* largest offset so far, <= SJ_MAX_SPAN - 1 */
+    for (int i = 0; i < x->rank; i++) {
+        int64_t d = x->shape[i], s = x->stride[i];
+        if (d <= 1 || s == 0) continue;
+        if (s > (SJ_MAX_SPAN - 1 - last) / (d - 1)) return i;
+        last += (d - 1) * s;
+    }
+    return -1;
+}
+
 bool sj_tensor_valid(const sj_tensor *x) {
     bool empty;
     if ((unsigned)x->dtype >= SJ_DTYPE_COUNT || x->rank < 0 || x->rank > SJ_MAX_RANK ||
@@ -126,6 +141,7 @@ bool sj_tensor_valid(const sj_tensor *x) {
         return false;
     for (int i = 0; i < x->rank; i++)
         if (x->stride[i] < 0) return false;
+    if (!empty && stride_bad_axis(x) >= 0) return false;
     return empty || x->data != NULL;
 }
 
@@ -147,6 +163,11 @@ sj_status sj_tensor_check(const sj_tensor *x, const char *what) {
     for (int i = 0; i < x->rank; i++)
         if (x->stride[i] < 0)
             return sj_seterr(SJ_EINVAL, "%s: stride %lld at axis %d is negative", what, (long long)x->stride[i], i);
+    if (!empty && (a = stride_bad_axis(x)) >= 0)
+        return sj_seterr(SJ_EINVAL,
+                         "%s: stride %lld at axis %d (size %lld) addresses past 2^48 elements (the strides' span "
+                         "is limited as the sizes' product is)",
+                         what, (long long)x->stride[a], a, (long long)x->shape[a]);
     if (!empty && !x->data) return sj_seterr(SJ_EINVAL, "%s: data is NULL", what);
     return SJ_OK;
 }

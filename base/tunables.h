@@ -41,7 +41,10 @@
       "kernel cache size; least recently used kernels are evicted past it")                       \
     X(stream_min_bytes, int64_t, 0, INT64_MIN, INT64_MAX, "SHAPEJIT_STREAM_MIN_BYTES",            \
       "CPU kernels moving more bytes than this stream their f32 outputs (non-temporal stores); "  \
-      "`0`: a quarter of the last-level cache; negative: never")
+      "`0`: a quarter of the last-level cache; negative: never")                                  \
+    X(compile_timeout_ms, int, 60000, 1, 86400000, "SHAPEJIT_COMPILE_TIMEOUT_MS",                 \
+      "a compiler run (a compile, or the `--version` probe) still running after this many "       \
+      "milliseconds is killed with its process group; the unit stays eager")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

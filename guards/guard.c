@@ -32,6 +32,7 @@
  * Unnamed inputs (names NULL, or a NULL or empty name) are "input 0", ... in
  * messages and in sj_guard_print, and their failures have input_name "".
  */
+#include "base/alloc.h"
 #include "guards/guard.h"
 
 #include <assert.h>
@@ -147,7 +148,7 @@ void sj_guard_fail_allocs_after(long n) { allocs_left = n; }
 static void *alloc(size_t n, bool zero) {
     if (allocs_left == 0) return NULL;
     if (allocs_left > 0) allocs_left--;
-    return zero ? calloc(1, n) : malloc(n);
+    return zero ? sj_calloc(1, n) : sj_malloc(n);
 }
 
 static bool valid_id(const sj_exprs *ex, sj_expr e) { return e >= 0 && e < sj_ex_count(ex); }

@@ -34,7 +34,7 @@ unsigned sj_sig_hash(const int64_t *sig, int words) {
 #define MEMO_INDEX0 16 /* slots of a new index (a power of two) */
 
 static sj_memo_index *index_new(size_t cap) {
-    sj_memo_index *x = calloc(1, sizeof *x + cap * sizeof(x->slot[0]));
+    sj_memo_index *x = sj_calloc(1, sizeof *x + cap * sizeof(x->slot[0]));
     if (x) x->cap = cap;
     return x;
 }
@@ -149,7 +149,7 @@ uint64_t sj_memo_count(sj_memo *m, unsigned shard, uint64_t shard_at) {
     }
     uint64_t c = atomic_fetch_add_explicit(&m->calls, 1, memory_order_relaxed) + 1;
     if (c == shard_at) { /* this call alone sees it; freed with m */
-        sj_counter *fresh = calloc(1, sizeof *fresh);
+        sj_counter *fresh = sj_calloc(1, sizeof *fresh);
         if (fresh) atomic_store_explicit(&m->calls_hot, fresh, memory_order_release);
     }
     return c;
@@ -177,7 +177,7 @@ sj_memo *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned h
     pthread_mutex_lock(&t->lock);
     HASH_FIND_BYHASHVALUE(hh, t->memo, sig, (unsigned)key_bytes, hash, m);
     if (!m && t->n_memo < SJ_MEMO_MAX) {
-        m = calloc(1, sizeof *m + key_bytes + (size_t)e->n_syms * sizeof(int64_t));
+        m = sj_calloc(1, sizeof *m + key_bytes + (size_t)e->n_syms * sizeof(int64_t));
         if (m) {
             m->hash = hash;
             m->entry = e;
@@ -186,10 +186,17 @@ sj_memo *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned h
             memcpy(m->key, sig, key_bytes);
             m->syms = m->key + words;
             if (e->n_syms) memcpy(m->syms, sym_vals, (size_t)e->n_syms * sizeof(int64_t));
-            if (index_add(t, m)) {
-                HASH_ADD_KEYPTR_BYHASHVALUE(hh, t->memo, m->key, (unsigned)key_bytes, hash, m);
+            /* into the owning hash first: the index is read without the
+             * lock, so nothing is taken back out of it */
+            HASH_ADD_KEYPTR_BYHASHVALUE(hh, t->memo, m->key, (unsigned)key_bytes, hash, m);
+            bool added = m->hh.tbl != NULL; /* NULL: uthash had no memory */
+            if (added && !index_add(t, m)) {
+                HASH_DELETE(hh, t->memo, m);
+                added = false;
+            }
+            if (added) {
                 t->n_memo++;
-            } else { /* no memory for the index: not memoised, as when calloc fails */
+            } else { /* no memory for the hash or the index: not memoised, as when calloc fails */
                 sj_ctarget_release(&m->ct);
                 free(m);
                 m = NULL;

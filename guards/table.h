@@ -19,6 +19,13 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+
+#include "base/alloc.h"
+/* uthash's default on a failed allocation is exit(-1): here a failed add
+ * leaves the item out (its hh.tbl NULL) and the caller goes on without it;
+ * its allocations go through the fault-injection point. */
+#define HASH_NONFATAL_OOM 1
+#define uthash_malloc(sz) sj_malloc(sz)
 #include <uthash.h>
 
 #include "guards/guard.h"

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "jit/compile.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -53,6 +54,10 @@ static sj_status check_args(const sj_fn *fn, const sj_tensor *inputs, int n_inpu
 }
 
 /* -- Counting --------------------------------------------------------------- */
+
+/* Entries kept past the recompile limit beside the fallback entry, for
+ * shapes it cannot serve. */
+#define SJ_EXTRA_ENTRIES 8
 
 static bool at_limit(const sj_fn *fn) {
     return atomic_load_explicit(&fn->table.n_entries, RELAXED) >= fn->policy.limit ||
@@ -157,7 +162,7 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
                 gi[i].stride[a] = in[i].stride[a];
             }
         }
-        e = calloc(1, sizeof *e);
+        e = sj_calloc(1, sizeof *e);
         if (e) {
             e->id = atomic_load_explicit(&fn->table.n_entries, RELAXED);
             e->g = g;
@@ -218,7 +223,7 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
 
     record_failures(fn, fails, nf); /* whether or not the retrace succeeds */
     sj_status st = SJ_OK;
-    bool fallback = false;
+    bool fallback = false, extra = false;
     if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0 && at_limit(fn)) {
         atomic_fetch_add_explicit(&fn->c.limit_hits, 1, RELAXED);
         const char *last = nf ? fails[0].message : "";
@@ -235,10 +240,14 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
                     fn->name, atomic_load(&fn->table.n_entries), last);
         }
         fallback = true;
-        *transient = fn->fallback_made;
+        /* A shape the fallback entry cannot serve (a size of 0 or 1 is
+         * always specialized) would be traced again on every call: the
+         * first few such get entries of their own; past those, one-off. */
+        *transient = fn->fallback_made && fn->extra_entries >= SJ_EXTRA_ENTRIES;
+        extra = fn->fallback_made && !*transient;
     }
 
-    sj_plan *plan = malloc(sizeof *plan);
+    sj_plan *plan = sj_malloc(sizeof *plan);
     if (!plan) {
         st = sj_seterr(SJ_ENOMEM, "fn '%s': out of memory planning a trace", fn->name);
         goto done;
@@ -255,6 +264,7 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
     sj_policy_observe(&fn->policy, in);
     atomic_fetch_add_explicit(&fn->c.traces, 1, RELAXED);
     if (fallback) fn->fallback_made = true;
+    if (extra) fn->extra_entries++;
     if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0)
         sj_logf(fn->rt, SJ_LOG_RECOMPILES, "fn '%s': retrace -> entry %d (%s%s) because %s", fn->name, e->id, e->what,
                 *transient ? ", not kept: past the recompile limit" : "", why);

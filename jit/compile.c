@@ -1,4 +1,5 @@
 /* Background compilation of fused plans (see compile.h). */
+#include "base/alloc.h"
 #include "jit/compile.h"
 
 #include <assert.h>
@@ -20,6 +21,9 @@
 #define RELAXED memory_order_relaxed
 /* A job that waited this long while its entry got no calls is dropped. */
 #define COLD_NS_DEFAULT (INT64_C(60) * 1000000000)
+/* A background compile runs in the idle scheduling class until its job is
+ * this old (from being queued); then at normal priority. */
+#define IDLE_NS_DEFAULT (INT64_C(1000) * 1000000)
 
 typedef struct job {
     struct sj_fn *fn;
@@ -42,6 +46,7 @@ struct sj_compiler {
     uint64_t seq;
     bool stop;
     int64_t cold_ns;
+    int64_t idle_ns;
     pthread_t *workers;
     int n_workers;
 };
@@ -77,8 +82,8 @@ void sj_ctarget_release(sj_ctarget *t) {
 
 /* -- Compiling one target (no lock held) ------------------------------------------- */
 
-static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj_compiled **out,
-                                char *err, size_t errn) {
+static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, int64_t idle_until_ns,
+                                sj_compiled **out, char *err, size_t errn) {
     const sj_fplan *plan = e->plan;
     *out = NULL;
     if (plan->n_generated * SJ_CG_VARIANTS_MAX > SJ_COMPILE_SYMBOLS_MAX) {
@@ -87,7 +92,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         return SJ_EBACKEND;
     }
     size_t len;
-    int *variants = calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
+    int *variants = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
     sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
                          .variants = variants};
     char *src = variants ? c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len) : NULL;
@@ -124,10 +129,15 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     } else {
         snprintf(tag, sizeof tag, "%s.e%d.%s", fn->name, e->id, e->n_syms ? "sym" : "static");
     }
-    sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag};
-    sj_compile_result *res = calloc(1, sizeof *res);
-    sj_compiled *cd = calloc(1, sizeof *cd);
-    void **fns = calloc((size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX, sizeof *fns);
+    /* the tag names dump files and log lines: a function name's control
+     * characters and slashes become '_' */
+    for (char *p = tag; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == '/') *p = '_';
+    sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag,
+                          .cancel = &fn->cancel_compiles, .idle_until_ns = idle_until_ns};
+    sj_compile_result *res = sj_calloc(1, sizeof *res);
+    sj_compiled *cd = sj_calloc(1, sizeof *cd);
+    void **fns = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX, sizeof *fns);
     sj_status st = (!res || !cd || !fns) ? SJ_ENOMEM : c->backend->compile(c->backend, &req, res);
     free(src);
     if (st) {
@@ -219,26 +229,17 @@ static job pop(sj_compiler *c) {
 
 /* -- Workers -------------------------------------------------------------------------- */
 
-/* Compile workers run in the idle scheduling class (Linux SCHED_IDLE), and
- * so do the compiler processes they start (children inherit the spawning
- * thread's policy): a request thread that wants a core takes it at once, so
- * no request waits on a compile, not even for cycles. Where that is not
- * available the worker only lowers its nice value. */
-static void lower_priority(void) {
-#if defined(__linux__) && defined(SCHED_IDLE)
-    struct sched_param sp = {.sched_priority = 0};
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) == 0) return;
-#endif
-#if defined(__linux__)
-    errno = 0;
-    int cur = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
-    if (errno == 0) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), cur + 10 > 19 ? 19 : cur + 10);
-#endif
-}
-
+/* Priority that rises with age. A compile worker thread keeps its normal
+ * priority (it mostly sleeps in poll while the compiler runs; an
+ * unprivileged thread that enters the idle class can never leave it), and
+ * starts each compiler process in the idle scheduling class (Linux
+ * SCHED_IDLE): a request thread that wants a core takes it at once, so no
+ * request waits on a compile. Starved on a loaded machine, an idle compile
+ * would never finish (16 threads calling: nothing fused in 180 s), so once
+ * its job is idle_ns old the backend reruns it at normal priority; a job
+ * that waited in the queue that long starts there. */
 static void *worker_main(void *arg) {
     sj_compiler *c = arg;
-    lower_priority();
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
         if (c->n_jobs == 0) {
@@ -256,10 +257,11 @@ static void *worker_main(void *arg) {
             continue;
         }
         target_transition(t, SJ_CS_COMPILING);
+        int64_t idle_until = c->idle_ns > 0 ? j.queued_ns + c->idle_ns : 0;
         pthread_mutex_unlock(&c->lock);
         char err[256] = "";
         sj_compiled *cd = NULL;
-        sj_status st = compile_target(c, j.fn, j.entry, j.memo, &cd, err, sizeof err);
+        sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err);
         pthread_mutex_lock(&c->lock);
         finish(c, j.fn, j.entry, j.memo, st, cd, err);
     }
@@ -269,18 +271,19 @@ static void *worker_main(void *arg) {
 
 sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_workers, int mode,
                              const sj_runtime *rt, sj_compiler **out) {
-    sj_compiler *c = calloc(1, sizeof *c);
+    sj_compiler *c = sj_calloc(1, sizeof *c);
     if (!c) return sj_seterr(SJ_ENOMEM, "compiler: out of memory");
     c->backend = backend;
     c->codegen = codegen;
     c->rt = rt;
     c->mode = mode;
     c->cold_ns = COLD_NS_DEFAULT;
+    c->idle_ns = IDLE_NS_DEFAULT;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
     if (mode == SJ_CM_ASYNC && n_workers > 0) {
-        c->workers = calloc((size_t)n_workers, sizeof *c->workers);
+        c->workers = sj_calloc((size_t)n_workers, sizeof *c->workers);
         if (!c->workers) {
             sj_compiler_destroy(c);
             return sj_seterr(SJ_ENOMEM, "compiler: out of memory");
@@ -318,6 +321,12 @@ void sj_compiler_set_cold_ms(sj_compiler *c, int ms) {
     pthread_mutex_unlock(&c->lock);
 }
 
+void sj_compiler_set_idle_ms(sj_compiler *c, int ms) {
+    pthread_mutex_lock(&c->lock);
+    c->idle_ns = (int64_t)ms * 1000000;
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* -- Requests ---------------------------------------------------------------------------- */
 
 void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) {
@@ -329,7 +338,7 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
         if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !c->stop && !fn->cancelled) {
             if (c->n_jobs == c->cap_jobs) {
                 int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
-                job *h = realloc(c->heap, (size_t)cap * sizeof *h);
+                job *h = sj_realloc(c->heap, (size_t)cap * sizeof *h);
                 if (!h) { /* not queued: the entry stays eager until a later request */
                     pthread_mutex_unlock(&c->lock);
                     return;
@@ -354,7 +363,7 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
         pthread_mutex_unlock(&c->lock);
         char err[256] = "";
         sj_compiled *cd = NULL;
-        sj_status st = compile_target(c, fn, e, m, &cd, err, sizeof err);
+        sj_status st = compile_target(c, fn, e, m, 0, &cd, err, sizeof err); /* a caller waits: normal priority */
         pthread_mutex_lock(&c->lock);
         finish(c, fn, e, m, st, cd, err);
     } else {
@@ -367,6 +376,7 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
     if (!c) return;
     pthread_mutex_lock(&c->lock);
     fn->cancelled = true;
+    atomic_store(&fn->cancel_compiles, 1); /* a running compiler is killed: no wait for it */
     for (int i = 0; i < c->n_jobs;) {
         if (c->heap[i].fn != fn) {
             i++;

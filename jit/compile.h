@@ -90,6 +90,10 @@ sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms);
 /* How long a queued job may wait with no calls to its entry before it is
  * dropped as cold (default 60 s; tests shorten it). */
 void sj_compiler_set_cold_ms(sj_compiler *c, int ms);
+/* How long a background job's compiler may run in the idle scheduling
+ * class, counted from the job's queueing (default 1000 ms; 0: never idle).
+ * Tests and benchmarks. */
+void sj_compiler_set_idle_ms(sj_compiler *c, int ms);
 
 /* Free a target's published code (at function destroy). */
 void sj_ctarget_release(sj_ctarget *t);

@@ -11,6 +11,7 @@
  */
 #ifdef SJ_WITH_CUDA
 
+#include "base/alloc.h"
 #include "jit/exec_cuda.h"
 
 #include <string.h>
@@ -205,7 +206,7 @@ sj_status sj_cuda_upload_graph(sj_cuda *cu, sj_graph *g) {
     g->dev_ctx = cu;
     g->dev_release = release;
     if (g->n_consts) {
-        int64_t bits[256], *all = g->n_consts <= 256 ? bits : malloc(sizeof(int64_t) * (size_t)g->n_consts);
+        int64_t bits[256], *all = g->n_consts <= 256 ? bits : sj_malloc(sizeof(int64_t) * (size_t)g->n_consts);
         if (!all) return sj_seterr(SJ_ENOMEM, "out of memory uploading constants");
         for (int i = 0; i < g->n_consts; i++) all[i] = g->consts[i].bits;
         CUdeviceptr d = sj_cuda_alloc(cu, sizeof(int64_t) * (size_t)g->n_consts, cu->stream);
@@ -215,7 +216,7 @@ sj_status sj_cuda_upload_graph(sj_cuda *cu, sj_graph *g) {
         g->dev_consts = (void *)(uintptr_t)d;
     }
     if (g->n_params) {
-        g->dev_params = calloc((size_t)g->n_params, sizeof *g->dev_params);
+        g->dev_params = sj_calloc((size_t)g->n_params, sizeof *g->dev_params);
         if (!g->dev_params) return sj_seterr(SJ_ENOMEM, "out of memory uploading parameters");
         for (int i = 0; i < g->n_params; i++) {
             const sj_tensor *w = &g->params[i];

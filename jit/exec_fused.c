@@ -47,7 +47,9 @@ static void layout_desc(const sj_graph *g, const sj_fplan *p, const int64_t *exv
         t->data = sj_graph_const_data(g, val->index, device);
         return;
     }
-    t->data = (char *)bases[l->store] + (size_t)exv[l->offset] * sj_dtype_size(val->dtype);
+    /* an empty input may have NULL data: no offset from NULL (UB, even + 0) */
+    char *base = bases[l->store];
+    t->data = base ? base + (size_t)exv[l->offset] * sj_dtype_size(val->dtype) : NULL;
     for (int i = 0; i < val->rank; i++) t->stride[i] = exv[l->stride[i]];
 }
 
@@ -108,7 +110,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         case SJ_ST_INPUT: bases[s] = x->inputs[so->index].data; break;
         case SJ_ST_PARAM: bases[s] = sj_graph_param(g, so->index, ops->device).data; break;
         case SJ_ST_OUTPUT: bases[s] = x->outputs[so->index].data; break;
-        case SJ_ST_ARENA: bases[s] = arena_base + exv[so->offset]; break;
+        case SJ_ST_ARENA: bases[s] = arena_base ? arena_base + exv[so->offset] : NULL; break;
         }
     }
 

@@ -62,6 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "jit/exec_cuda.h"
@@ -289,7 +290,7 @@ struct sj_grapher {
 static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
                     const sj_compiled *cd, CUstream s) {
     sj_grapher *gr = rt->grapher;
-    graph_job *j = gr ? malloc(sizeof *j) : NULL; /* once per capture, never on a served call */
+    graph_job *j = gr ? sj_malloc(sizeof *j) : NULL; /* once per capture, never on a served call */
     if (!j) return false;
     *j = (graph_job){.fn = fn, .m = m, .cd = cd, .plan = plan, .stream = s};
     memcpy(j->in, x->inputs, sizeof(sj_tensor) * (size_t)x->g->n_inputs);
@@ -310,7 +311,7 @@ static void run_job(sj_grapher *gr, graph_job *j) {
     sj_entry *e = m->entry;
     sj_exec x = {.rt = rt, .g = e->g, .fn_name = fn->name, .inputs = j->in, .outputs = j->out,
                  .sym_vals = m->syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = &sj_cuda_exec_ops};
-    sj_cgraph *g = calloc(1, sizeof *g);
+    sj_cgraph *g = sj_calloc(1, sizeof *g);
     sj_status st = g ? SJ_OK : sj_seterr(SJ_ENOMEM, "out of memory for a CUDA graph");
     int64_t t0 = sj_now_ns();
     if (g) {
@@ -368,7 +369,7 @@ static void *grapher_main(void *arg) {
 }
 
 sj_status sj_cuda_grapher_create(sj_runtime *rt) {
-    sj_grapher *gr = calloc(1, sizeof *gr);
+    sj_grapher *gr = sj_calloc(1, sizeof *gr);
     if (!gr) return sj_seterr(SJ_ENOMEM, "out of memory for the CUDA graph thread");
     gr->rt = rt;
     pthread_mutex_init(&gr->lock, NULL);

@@ -1,5 +1,6 @@
 /* Functions: lifecycle, options, marks and buckets, stats, explain. The
  * call path is in call.c. */
+#include "base/alloc.h"
 #include "jit/fn.h"
 
 #include <stdlib.h>
@@ -53,7 +54,7 @@ static sj_status apply_bucket_rules(sj_fn *fn) {
             return sj_seterr(SJ_EINVAL, "sj_fn_create: SHAPEJIT_BUCKETS names input %d axis %d of fn '%s', which has %d inputs",
                              r->input, r->axis, fn->name, fn->n_inputs);
         }
-        sj_bucket_spec *spec = malloc(sizeof *spec);
+        sj_bucket_spec *spec = sj_malloc(sizeof *spec);
         if (!spec) return sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
         *spec = r->spec;
         sj_policy_set_bucket(&fn->policy, r->input, r->axis, spec);
@@ -86,7 +87,7 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
 
     /* 64-byte aligned: the call counters' shards are a cache line each */
     size_t fn_bytes = (sizeof(sj_fn) + 63) & ~(size_t)63;
-    sj_fn *fn = aligned_alloc(64, fn_bytes);
+    sj_fn *fn = sj_aligned_alloc(64, fn_bytes);
     if (!fn) return sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
     memset(fn, 0, fn_bytes);
     fn->rt = rt;
@@ -95,13 +96,13 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     fn->user = user;
     fn->on_guard_fail = o.on_guard_fail;
     fn->on_guard_fail_user = o.on_guard_fail_user;
-    fn->name = strdup(name ? name : "fn");
+    fn->name = sj_strdup(name ? name : "fn");
     bool ok = fn->name != NULL;
     if (ok && o.input_names) {
-        fn->input_names = calloc((size_t)(n_inputs ? n_inputs : 1), sizeof *fn->input_names);
+        fn->input_names = sj_calloc((size_t)(n_inputs ? n_inputs : 1), sizeof *fn->input_names);
         ok = fn->input_names != NULL;
         for (int i = 0; ok && i < n_inputs; i++)
-            if (o.input_names[i]) ok = (fn->input_names[i] = strdup(o.input_names[i])) != NULL;
+            if (o.input_names[i]) ok = (fn->input_names[i] = sj_strdup(o.input_names[i])) != NULL;
     }
     bool locks = false, table = false, pool = false, policy = false;
     if (ok) ok = locks = !pthread_mutex_init(&fn->trace_lock, NULL);
@@ -207,7 +208,7 @@ sj_status sj_mark_static(sj_fn *fn, int input, int axis) {
 }
 
 static sj_status set_bucket(sj_fn *fn, int input, int axis, const sj_bucket_spec *spec) {
-    sj_bucket_spec *copy = malloc(sizeof *copy);
+    sj_bucket_spec *copy = sj_malloc(sizeof *copy);
     if (!copy) return sj_seterr(SJ_ENOMEM, "buckets: out of memory");
     *copy = *spec;
     pthread_mutex_lock(&fn->trace_lock);

@@ -54,12 +54,14 @@ struct sj_fn {
 
     bool limit_logged;        /* under trace_lock */
     bool fallback_made;       /* a fallback entry exists (under trace_lock) */
+    int extra_entries;        /* kept past the limit beside the fallback (under trace_lock) */
     sj_guard_failure recent[SJ_RECENT_FAILURES]; /* ring, under trace_lock */
     int n_recent;
 
     /* Compiles, under the compiler's lock. */
     int compiles_pending;     /* queued or running */
     bool cancelled;           /* being destroyed: no new compiles */
+    atomic_int cancel_compiles; /* set with cancelled: a running compiler is killed */
     bool compile_fail_logged;
 
     sj_pool pool;

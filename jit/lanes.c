@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "base/alloc.h"
 #include "base/error.h"
 #include "jit/exec_cuda.h"
 #include "jit/runtime.h"
@@ -66,7 +67,7 @@ static bool make_lane(sj_cuda *cu, lane *l) {
 static bool add_lane(sj_lanes *L, const lane *l) {
     if (L->n == L->cap) {
         int cap = L->cap ? L->cap * 2 : LANES_AT_START;
-        lane *v = realloc(L->v, sizeof *v * (size_t)cap);
+        lane *v = sj_realloc(L->v, sizeof *v * (size_t)cap);
         if (!v) return false;
         L->v = v, L->cap = cap;
     }
@@ -80,7 +81,7 @@ static void drop_lane(sj_cuda *cu, const lane *l) {
 }
 
 sj_status sj_cuda_lanes_create(sj_runtime *rt) {
-    sj_lanes *L = calloc(1, sizeof *L);
+    sj_lanes *L = sj_calloc(1, sizeof *L);
     if (!L || pthread_mutex_init(&L->lock, NULL)) {
         free(L);
         return sj_seterr(SJ_ENOMEM, "out of memory for the runtime's call streams");

@@ -1,4 +1,5 @@
 /* Runtime lifecycle, configuration from the environment, host memory. */
+#include "base/alloc.h"
 #include "jit/runtime.h"
 
 #include <errno.h>
@@ -27,7 +28,7 @@ static void *default_alloc(void *user, size_t bytes, size_t align) {
     (void)user;
     if (align < sizeof(void *)) align = sizeof(void *);
     bytes = (bytes + align - 1) / align * align;
-    return aligned_alloc(align, bytes ? bytes : align);
+    return sj_aligned_alloc(align, bytes ? bytes : align);
 }
 
 static void default_free(void *user, void *p) {
@@ -167,7 +168,9 @@ static sj_status start_services(sj_runtime *rt) {
 #endif
     {
         sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .dump_dir = c->dump_dir, .cache = rt->cache,
-                                    .log = &rt->log, .test_delay_ms = test_delay_ms, .test_fail = test_fail};
+                                    .log = &rt->log, .test_delay_ms = test_delay_ms, .test_fail = test_fail,
+                                    .timeout_ms = c->compile_timeout_ms,
+                                    .no_probe = c->compile_mode == SJ_COMPILE_OFF};
         st = sj_cpu_backend_create(&bc, &rt->backend);
     }
     if (!st) {
@@ -233,7 +236,7 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
         return st;
     }
 
-    sj_runtime *rt = calloc(1, sizeof *rt);
+    sj_runtime *rt = sj_calloc(1, sizeof *rt);
     if (!rt || pthread_mutex_init(&rt->lock, NULL)) {
         free(rt);
         free(rules);
@@ -246,7 +249,7 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     bool oom = false;
     for (int i = 0; i < 7; i++) {
         if (!*fields[i]) continue;
-        rt->strings[i] = strdup(*fields[i]);
+        rt->strings[i] = sj_strdup(*fields[i]);
         oom |= !rt->strings[i];
         *fields[i] = rt->strings[i];
     }

@@ -135,8 +135,9 @@ typedef enum sj_device { SJ_HOST = 0, SJ_CUDA = 1 } sj_device;
 /* A tensor descriptor over memory the caller owns (except outputs the runtime
  * allocated; see sj_call). Strides are in elements, not bytes, may be 0 (a
  * broadcast input) and must be >= 0. Sizes must be >= 0 and multiply to at
- * most SJ_MAX_SPAN (2^48), a size of 0 counting as 1 (sj_call: SJ_EINVAL
- * otherwise); every result a model computes is held to the same limit
+ * most SJ_MAX_SPAN (2^48), a size of 0 counting as 1, and a non-empty
+ * tensor's largest element offset, the sum of (size - 1) * stride over its
+ * axes, must be below SJ_MAX_SPAN too (sj_call: SJ_EINVAL otherwise); every result a model computes is held to the same limit
  * (SJ_ESHAPE, naming the op). bool is one byte per element, 0 or 1.
  * f16 is IEEE binary16; bf16 is the upper half of an IEEE binary32. */
 typedef struct sj_tensor {
@@ -227,11 +228,12 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_BLAS_THREADS=n             -> blas_threads
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
  *   SHAPEJIT_CACHE_KEY=secret           -> cache_key
- *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc, cflags
+ *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc ("ccache cc": split on blanks, no shell), cflags
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
  *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
  *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
  *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
+ *   SHAPEJIT_COMPILE_TIMEOUT_MS=n       -> compile_timeout_ms
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -288,7 +290,9 @@ typedef struct sj_runtime_config {
      * another user's) is used too, and an entry without a valid digest
      * under this key is refused, whoever wrote it. Copied. */
     const char *cache_key;
-    const char *cc;               /* C compiler command; default "cc" */
+    const char *cc;               /* C compiler command; default "cc". Split on blanks
+                                     into a program and its first arguments
+                                     ("ccache cc"; no shell, no quoting) */
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
     const char *dump_dir;         /* write every generated source there; NULL: no */
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
@@ -319,6 +323,16 @@ typedef struct sj_runtime_config {
      * quarter of the last-level cache, which other cores and processes
      * share; negative: never. Only speed depends on it. */
     int64_t stream_min_bytes;
+    /* Bound on one run of the compiler (a CPU compile, or the `cc --version`
+     * probe at sj_runtime_create, which is skipped when compile_mode is
+     * SJ_COMPILE_OFF): past it the compiler is killed with its whole process
+     * group (SIGKILL), the compile fails and its entry keeps running
+     * eagerly (the failure is recorded; the unit is not compiled again).
+     * sj_fn_destroy and sj_runtime_destroy kill a running compile instead of
+     * waiting for it. 1 .. 86400000 ms; default 60000.
+     * $SHAPEJIT_COMPILE_TIMEOUT_MS. NVRTC compiles run inside the process
+     * and are not bounded by it. */
+    int compile_timeout_ms;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */

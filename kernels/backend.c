@@ -1,5 +1,6 @@
 /* What the backends share: writing files, dumping generated sources, units
  * shared by key, the compile driver (declared in kernels/backend.h). */
+#include "base/alloc.h"
 #include "kernels/backend.h"
 
 #include <assert.h>
@@ -129,7 +130,7 @@ sj_status sj_backend_take_request(const char *who, const sj_compile_req *req, sj
     if (req->tag && req->tag[0]) *tag = req->tag;
     if (memchr(req->source, '\0', req->source_len))
         return sj_seterr(SJ_EINVAL, "%s backend: %s: the source contains a NUL byte", who, *tag);
-    *src = malloc(req->source_len + 1);
+    *src = sj_malloc(req->source_len + 1);
     if (!*src) return sj_seterr(SJ_ENOMEM, "%s backend: out of memory", who);
     memcpy(*src, req->source, req->source_len);
     (*src)[req->source_len] = '\0';
@@ -152,7 +153,7 @@ struct sj_modshare {
 };
 
 sj_modshare *sj_modshare_create(void) {
-    sj_modshare *s = calloc(1, sizeof *s);
+    sj_modshare *s = sj_calloc(1, sizeof *s);
     if (!s) return NULL;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->changed, NULL);
@@ -194,7 +195,7 @@ static bool share_acquire(sj_modshare *s, const char *key, sj_module **m, bool *
     }
     if (s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 16;
-        share_slot *ns = realloc(s->slots, (size_t)cap * sizeof *ns);
+        share_slot *ns = sj_realloc(s->slots, (size_t)cap * sizeof *ns);
         if (ns) s->slots = ns, s->cap = cap;
     }
     if (s->n < s->cap) {

@@ -9,6 +9,7 @@
 #ifndef SJ_BACKEND_H
 #define SJ_BACKEND_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -26,6 +27,16 @@ typedef struct sj_compile_req {
     const char *const *symbols;   /* functions to resolve after loading */
     int n_symbols;
     const char *tag;              /* names the unit in logs and dumps ("enc.e1.sym") */
+    /* Nonzero while the compile should stop as soon as it can (its function
+     * is being destroyed): a running compiler process is killed. NULL: never.
+     * Backends that cannot interrupt their toolchain (NVRTC) ignore it. */
+    const atomic_int *cancel;
+    /* Priority that rises with the job's age: until this time (sj_now_ns)
+     * the compiler may run in the idle scheduling class; a compile still
+     * running then is restarted at normal priority (a starved idle compile
+     * has made no progress to lose). 0: normal priority from the start.
+     * Backends without a compiler process ignore it. */
+    int64_t idle_until_ns;
 } sj_compile_req;
 
 typedef struct sj_compile_result {

@@ -1,4 +1,5 @@
 /* Shape buckets (see bucket.h). */
+#include "base/alloc.h"
 #include "shapes/bucket.h"
 
 #include <errno.h>
@@ -147,10 +148,21 @@ static sj_status parse_item(const char *item, sj_bucket_rule *r) {
         return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': expected NAME:INPUT:AXIS before '='", item);
     *c1 = '\0';
     char *end;
-    r->input = (int)strtol(c1 + 1, &end, 10);
+    /* range-checked before the narrowing: 4294967296 is not input 0 */
+    errno = 0;
+    long long in = strtoll(c1 + 1, &end, 10);
     if (end == c1 + 1 || *end) return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': bad input index", item);
-    r->axis = (int)strtol(c2 + 1, &end, 10);
+    if (errno == ERANGE || in < 0 || in >= SJ_MAX_INPUTS)
+        return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': input index %s out of range [0, %d]", item, c1 + 1,
+                         SJ_MAX_INPUTS - 1);
+    errno = 0;
+    long long ax = strtoll(c2 + 1, &end, 10);
     if (end == c2 + 1 || *end) return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': bad axis", item);
+    if (errno == ERANGE || ax < 0 || ax >= SJ_MAX_RANK)
+        return sj_seterr(SJ_EINVAL, "SHAPEJIT_BUCKETS: '%s': axis %s out of range [0, %d]", item, c2 + 1,
+                         SJ_MAX_RANK - 1);
+    r->input = (int)in;
+    r->axis = (int)ax;
     snprintf(r->fn_name, sizeof r->fn_name, "%s", head);
 
     const char *spec = eq + 1, *colon = strchr(spec, ':');
@@ -177,7 +189,7 @@ sj_status sj_bucket_parse(const char *text, sj_bucket_rule **rules, int *n_rules
     if (!text) return SJ_OK;
     int cap = 1;
     for (const char *p = text; *p; p++) cap += *p == ';';
-    sj_bucket_rule *rs = calloc((size_t)cap, sizeof *rs);
+    sj_bucket_rule *rs = sj_calloc((size_t)cap, sizeof *rs);
     if (!rs) return sj_seterr(SJ_ENOMEM, "SHAPEJIT_BUCKETS: out of memory");
     int n = 0;
     const char *p = text;

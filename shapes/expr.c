@@ -25,6 +25,7 @@
  * ring. Ranges and the simplifications decided by ranges assume that values
  * do not overflow int64, as sympy's unbounded integers do.
  */
+#include "base/alloc.h"
 #include "shapes/expr.h"
 
 #include <assert.h>
@@ -283,7 +284,7 @@ void sj_ex_fail_allocs_after(long n) { allocs_left = n; }
 static void *resize(void *old, size_t count, size_t elem) {
     if (count > SIZE_MAX / elem || allocs_left == 0) return NULL;
     if (allocs_left > 0) allocs_left--;
-    return realloc(old, count * elem);
+    return sj_realloc(old, count * elem);
 }
 
 #define RESIZE(obj, field, count)                                                                  \

@@ -1,4 +1,5 @@
 /* Per-op shape inference over symbolic sizes (see infer.h). */
+#include "base/alloc.h"
 #include "shapes/infer.h"
 
 #include <stdarg.h>
@@ -32,7 +33,7 @@ static void add_fact(sj_infer *c, sj_expr lhs, sj_rel rel, sj_expr rhs) {
     }
     if (c->n_facts == c->cap_facts) {
         int cap = c->cap_facts ? 2 * c->cap_facts : 8;
-        sj_fact *nf = realloc(c->facts, (size_t)cap * sizeof *nf);
+        sj_fact *nf = sj_realloc(c->facts, (size_t)cap * sizeof *nf);
         if (!nf) return; /* a lost fact only costs a guard: callers re-check on ENOMEM paths */
         c->facts = nf;
         c->cap_facts = cap;

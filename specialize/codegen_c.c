@@ -37,6 +37,7 @@
  * an i32 result wraps at once, as the eager kernels' i32 stores do. f16 and
  * bf16 intermediates are not rounded (only explicit casts round).
  */
+#include "base/alloc.h"
 #include "specialize/codegen.h"
 
 #include <assert.h>
@@ -74,7 +75,7 @@ void sj_cg_vput(sj_sbuf *b, const char *fmt, va_list ap0) {
     if (b->oom) return;
     if (!b->s) {
         b->cap = 1 << 16;
-        if (!(b->s = malloc(b->cap))) {
+        if (!(b->s = sj_malloc(b->cap))) {
             b->oom = true;
             return;
         }
@@ -93,7 +94,7 @@ void sj_cg_vput(sj_sbuf *b, const char *fmt, va_list ap0) {
             return;
         }
         size_t cap = b->cap * 2 + (size_t)n + 1;
-        char *s = realloc(b->s, cap);
+        char *s = sj_realloc(b->s, cap);
         if (!s) {
             b->oom = true;
             return;
@@ -130,7 +131,7 @@ void sj_cg_put_ex(cg *c, sj_expr e) {
         return;
     }
     int n = sj_ex_print_c(c->g->ex, e, "s", NULL, 0);
-    char *s = malloc((size_t)n + 1);
+    char *s = sj_malloc((size_t)n + 1);
     if (!s) {
         c->o.oom = true;
         return;
@@ -932,9 +933,9 @@ void sj_cg_init(cg *c, const sj_graph *g, const sj_fplan *p, const int64_t *sym_
     c->g = g;
     c->p = p;
     c->sym = sym_vals;
-    c->vpos = malloc(((size_t)g->n_vals + 1) * sizeof *c->vpos);
-    c->want = malloc(((size_t)g->n_nodes + 1) * sizeof *c->want);
-    c->avail = malloc(((size_t)g->n_nodes + 1) * sizeof *c->avail);
+    c->vpos = sj_malloc(((size_t)g->n_vals + 1) * sizeof *c->vpos);
+    c->want = sj_malloc(((size_t)g->n_nodes + 1) * sizeof *c->want);
+    c->avail = sj_malloc(((size_t)g->n_nodes + 1) * sizeof *c->avail);
     if (!c->vpos || !c->want || !c->avail) c->o.oom = true;
 }
 

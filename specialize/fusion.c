@@ -28,6 +28,7 @@
  * Pass 3 (fusion_plan.c) orders the groups, decides stores, plans the arena
  * and builds accesses.
  */
+#include "base/alloc.h"
 #include "specialize/fusion.h"
 
 #include <assert.h>
@@ -235,7 +236,7 @@ static int add_node(sj_fuse_st *b, int gi, int32_t ni) {
     sj_fuse_grp *gr = &b->gr[gi];
     if (gr->n_nodes == gr->cap) {
         int cap = gr->cap ? gr->cap * 2 : 8;
-        int32_t *nn = realloc(gr->nodes, (size_t)cap * sizeof *nn);
+        int32_t *nn = sj_realloc(gr->nodes, (size_t)cap * sizeof *nn);
         if (!nn) {
             b->oom = true;
             return -1;
@@ -555,15 +556,15 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced) {
     sj_fuse_st b = {.g = g, .ex = g->ex, .traced = traced};
     size_t nv = (size_t)g->n_vals + 1, nn = (size_t)g->n_nodes + 1;
     b.words = (int)((nn + 63) / 64);
-    b.root = malloc(nv * sizeof *b.root);
-    b.vgroup = malloc(nv * sizeof *b.vgroup);
-    b.voff = malloc(nv * sizeof *b.voff);
-    b.vst = calloc(nv * SJ_MAX_RANK, sizeof *b.vst);
-    b.copy = calloc(nv, sizeof *b.copy);
-    b.gr = calloc(nn, sizeof *b.gr);
-    b.dep = calloc(nn * (size_t)b.words, sizeof *b.dep);
-    b.vdep = calloc(nn * (size_t)b.words, sizeof *b.vdep);
-    b.scratch = calloc(4 * (size_t)b.words, sizeof *b.scratch);
+    b.root = sj_malloc(nv * sizeof *b.root);
+    b.vgroup = sj_malloc(nv * sizeof *b.vgroup);
+    b.voff = sj_malloc(nv * sizeof *b.voff);
+    b.vst = sj_calloc(nv * SJ_MAX_RANK, sizeof *b.vst);
+    b.copy = sj_calloc(nv, sizeof *b.copy);
+    b.gr = sj_calloc(nn, sizeof *b.gr);
+    b.dep = sj_calloc(nn * (size_t)b.words, sizeof *b.dep);
+    b.vdep = sj_calloc(nn * (size_t)b.words, sizeof *b.vdep);
+    b.scratch = sj_calloc(4 * (size_t)b.words, sizeof *b.scratch);
     sj_fplan *p = NULL;
     if (b.root && b.vgroup && b.voff && b.vst && b.copy && b.gr && b.dep && b.vdep && b.scratch) {
         for (size_t v = 0; v < nv; v++) b.vgroup[v] = -1;

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "specialize/fusion.h"
 #include "specialize/fusion_int.h"
 
@@ -166,9 +167,9 @@ static void plan_arena(plan_ctx *c) {
     sj_fuse_st *b = c->b;
     sj_fplan *p = c->p;
     int n = p->n_stores, n_slots = 0;
-    int *slot_of = calloc((size_t)n + 1, sizeof *slot_of), *slot_end = calloc((size_t)n + 1, sizeof *slot_end);
-    sj_expr *slot_size = calloc((size_t)n + 1, sizeof *slot_size);
-    int *start = calloc((size_t)n + 1, sizeof *start), *end = calloc((size_t)n + 1, sizeof *end);
+    int *slot_of = sj_calloc((size_t)n + 1, sizeof *slot_of), *slot_end = sj_calloc((size_t)n + 1, sizeof *slot_end);
+    sj_expr *slot_size = sj_calloc((size_t)n + 1, sizeof *slot_size);
+    int *start = sj_calloc((size_t)n + 1, sizeof *start), *end = sj_calloc((size_t)n + 1, sizeof *end);
     if (!slot_of || !slot_end || !slot_size || !start || !end) {
         b->oom = true;
         goto out;
@@ -305,8 +306,8 @@ static int make_accesses(plan_ctx *c, int k) {
     sj_group *G = &c->p->groups[k];
     int cap = 1;
     for (int j = 0; j < gr->n_nodes; j++) cap += g->nodes[gr->nodes[j]].n_in + 1;
-    G->loads = calloc((size_t)cap, sizeof *G->loads);
-    G->stores = calloc((size_t)cap, sizeof *G->stores);
+    G->loads = sj_calloc((size_t)cap, sizeof *G->loads);
+    G->stores = sj_calloc((size_t)cap, sizeof *G->stores);
     if (!G->loads || !G->stores) return -1;
     for (int j = 0; j < gr->n_nodes; j++) {
         const sj_node *n = &g->nodes[gr->nodes[j]];
@@ -331,7 +332,7 @@ static int make_accesses(plan_ctx *c, int k) {
 
 void sj_fplan_free(sj_fplan *p) {
     if (!p) return;
-    for (int i = 0; i < p->n_groups; i++) {
+    for (int i = 0; p->groups && i < p->n_groups; i++) { /* groups NULL: its allocation failed */
         free(p->groups[i].nodes);
         free(p->groups[i].loads);
         free(p->groups[i].stores);
@@ -381,20 +382,20 @@ sj_fplan *sj_fuse_finish(sj_fuse_st *b) {
     const sj_graph *g = b->g;
     size_t nv = (size_t)g->n_vals + 1;
     plan_ctx c = {.b = b};
-    sj_fplan *p = calloc(1, sizeof *p);
+    sj_fplan *p = sj_calloc(1, sizeof *p);
     c.p = p;
-    c.ord = malloc(((size_t)b->n_gr + 1) * sizeof *c.ord);
-    c.pos = malloc(((size_t)b->n_gr + 1) * sizeof *c.pos);
-    c.need = calloc(nv, sizeof *c.need);
-    c.last = malloc((nv + (size_t)g->n_inputs) * sizeof *c.last);
-    c.first_out = malloc(nv * sizeof *c.first_out);
+    c.ord = sj_malloc(((size_t)b->n_gr + 1) * sizeof *c.ord);
+    c.pos = sj_malloc(((size_t)b->n_gr + 1) * sizeof *c.pos);
+    c.need = sj_calloc(nv, sizeof *c.need);
+    c.last = sj_malloc((nv + (size_t)g->n_inputs) * sizeof *c.last);
+    c.first_out = sj_malloc(nv * sizeof *c.first_out);
     if (!p || !c.ord || !c.pos || !c.need || !c.last || !c.first_out) goto fail;
     for (size_t v = 0; v < nv; v++) c.last[v] = c.first_out[v] = -1;
     p->n_groups = order_groups(b, c.ord, c.pos);
-    p->groups = calloc((size_t)p->n_groups + 1, sizeof *p->groups);
-    p->layouts = calloc(nv, sizeof *p->layouts);
-    p->output_copy = calloc((size_t)g->n_outputs + 1, sizeof *p->output_copy);
-    p->stores = calloc((size_t)(g->n_inputs + g->n_params + g->n_vals) + 1, sizeof *p->stores);
+    p->groups = sj_calloc((size_t)p->n_groups + 1, sizeof *p->groups);
+    p->layouts = sj_calloc(nv, sizeof *p->layouts);
+    p->output_copy = sj_calloc((size_t)g->n_outputs + 1, sizeof *p->output_copy);
+    p->stores = sj_calloc((size_t)(g->n_inputs + g->n_params + g->n_vals) + 1, sizeof *p->stores);
     if (!p->groups || !p->layouts || !p->output_copy || !p->stores) goto fail;
     mark_reads(&c);
     make_stores(&c);

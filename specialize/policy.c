@@ -1,4 +1,5 @@
 /* The specialization policy (see policy.h). */
+#include "base/alloc.h"
 #include "specialize/policy.h"
 
 #include <stdio.h>
@@ -13,9 +14,9 @@ sj_status sj_policy_init(sj_policy *p, int n_inputs) {
     memset(p, 0, sizeof *p);
     p->n_inputs = n_inputs;
     size_t n = (size_t)(n_inputs ? n_inputs : 1) * SJ_MAX_RANK;
-    p->rules = calloc(n, sizeof *p->rules);
-    p->first = malloc(n * sizeof *p->first);
-    p->varies = calloc((size_t)(n_inputs ? n_inputs : 1), 1);
+    p->rules = sj_calloc(n, sizeof *p->rules);
+    p->first = sj_malloc(n * sizeof *p->first);
+    p->varies = sj_calloc((size_t)(n_inputs ? n_inputs : 1), 1);
     if (!p->rules || !p->first || !p->varies) {
         sj_policy_free(p);
         return SJ_ENOMEM;

@@ -1,4 +1,5 @@
 /* The graph IR: building, checking, printing. */
+#include "base/alloc.h"
 #include "jit/ir/graph.h"
 
 #include <math.h>
@@ -34,7 +35,7 @@ sj_op_kind sj_op_kind_of(sj_op op) { return op_kinds[op]; }
 
 static int grow(void **arr, int *cap, size_t elem, int init) {
     int ncap = *cap ? *cap * 2 : init;
-    void *p = realloc(*arr, (size_t)ncap * elem);
+    void *p = sj_realloc(*arr, (size_t)ncap * elem);
     if (!p) return -1;
     *arr = p;
     *cap = ncap;
@@ -42,7 +43,7 @@ static int grow(void **arr, int *cap, size_t elem, int init) {
 }
 
 sj_graph *sj_graph_create(int n_inputs) {
-    sj_graph *g = calloc(1, sizeof *g);
+    sj_graph *g = sj_calloc(1, sizeof *g);
     if (!g) return NULL;
     g->ex = sj_exprs_create();
     if (!g->ex) {
@@ -109,7 +110,7 @@ static bool bias_for(const sj_graph *g, int32_t w, int32_t u) {
 
 void sj_graph_mark_bias_adds(sj_graph *g) {
     /* readers of each product: node operands (views included) and outputs */
-    int32_t *readers = calloc((size_t)g->n_vals + 1, sizeof *readers);
+    int32_t *readers = sj_calloc((size_t)g->n_vals + 1, sizeof *readers);
     if (!readers) return; /* nothing marked: every add runs on its own */
     for (int i = 0; i < g->n_nodes; i++) {
         const sj_node *n = &g->nodes[i];

@@ -12,12 +12,17 @@
  * k.so into the cache. Loading before storing means no other process can
  * evict or replace the file between our store and our load.
  */
+#include "base/alloc.h"
 #include "kernels/cpu/backend_cpu.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
@@ -26,6 +31,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -44,6 +50,7 @@ extern char **environ;
 #endif
 #define DEFAULT_CFLAGS "-O3 -march=native" DEFAULT_VEC " -fPIC -shared -fno-math-errno -fno-trapping-math -std=gnu11 -w"
 #define MAX_FLAGS 128
+#define MAX_CC_WORDS 16
 
 typedef struct cpu_backend {
     sj_backend base; /* first: the table the JIT sees */
@@ -51,6 +58,10 @@ typedef struct cpu_backend {
     char *flag_text;       /* cflags split in place; flags[] point into it */
     char *flags[MAX_FLAGS];
     int n_flags;
+    char *cc_text;         /* cc split in place on blanks (no shell): a command with arguments */
+    char *cc_argv[MAX_CC_WORDS];
+    int n_cc;
+    int timeout_ms;        /* a compiler run is killed past it (0: never) */
     sj_cache *cache;
     sj_modshare *share;    /* loaded units by key */
     const sj_log_sink *log;
@@ -69,13 +80,28 @@ typedef struct run_result {
     int spawn_errno; /* nonzero: the program could not be started */
     int exit_code;   /* valid when !signal */
     int signal;
+    bool timed_out;  /* killed at the deadline */
+    bool cancelled;  /* killed because *cancel was set */
+    bool boosted;    /* killed at idle_until_ns: run it again at normal priority */
     size_t out_len;  /* bytes kept in out */
 } run_result;
 
+/* How often a running compiler is checked for the deadline and for a
+ * cancel while it writes nothing. */
+#define POLL_MS 20
+
 /* Runs argv[0] (searched in PATH) with stdin from /dev/null and stdout and
- * stderr into out (truncated to n-1 bytes; the rest is drained). Returns 0
- * when the child ran and was reaped, -1 otherwise (r->spawn_errno says why). */
-static int run_program(char *const argv[], char *out, size_t n, run_result *r) {
+ * stderr into out (truncated to n-1 bytes; the rest is drained), in a
+ * process group of its own. Waits for the program's exit, not for the end
+ * of its output: a background child that keeps the pipe open does not stall
+ * the caller. At timeout_ms (> 0), or as soon as *cancel (may be NULL) is
+ * nonzero, the whole group gets SIGKILL. With idle_until_ns in the future
+ * the program runs in the idle scheduling class (Linux SCHED_IDLE: only
+ * cores nothing else wants), and is killed at that time if still running
+ * (r->boosted; the caller runs it again at normal priority). Returns 0 when the child ran and
+ * was reaped, -1 otherwise (r->spawn_errno says why). */
+static int run_program(char *const argv[], char *out, size_t n, int timeout_ms, const atomic_int *cancel,
+                       int64_t idle_until_ns, run_result *r) {
     memset(r, 0, sizeof *r);
     if (n) out[0] = '\0';
     int p[2];
@@ -98,7 +124,8 @@ static int run_program(char *const argv[], char *out, size_t n, run_result *r) {
         return -1;
     }
     /* The child gets default signal handling and an empty mask, whatever
-     * the calling worker blocks or ignores. */
+     * the calling worker blocks or ignores, and a process group of its own
+     * (pgid = its pid), so that a kill reaches whatever it started. */
     sigset_t none, dflt;
     sigemptyset(&none);
     sigemptyset(&dflt);
@@ -109,7 +136,19 @@ static int run_program(char *const argv[], char *out, size_t n, run_result *r) {
     if (!err) err = posix_spawn_file_actions_adddup2(&fa, p[1], 2);
     if (!err) err = posix_spawnattr_setsigmask(&at, &none);
     if (!err) err = posix_spawnattr_setsigdefault(&at, &dflt);
-    if (!err) err = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    if (!err) err = posix_spawnattr_setpgroup(&at, 0);
+    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP;
+    bool idle = false;
+#if defined(__linux__) && defined(SCHED_IDLE)
+    if (!err && idle_until_ns > sj_now_ns()) {
+        struct sched_param sp = {.sched_priority = 0};
+        if (!posix_spawnattr_setschedpolicy(&at, SCHED_IDLE) && !posix_spawnattr_setschedparam(&at, &sp)) {
+            flags |= POSIX_SPAWN_SETSCHEDULER;
+            idle = true;
+        }
+    }
+#endif
+    if (!err) err = posix_spawnattr_setflags(&at, flags);
     pid_t pid = -1;
     if (!err) err = posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -120,24 +159,68 @@ static int run_program(char *const argv[], char *out, size_t n, run_result *r) {
         r->spawn_errno = err;
         return -1;
     }
+    int fd = p[0];
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    int64_t deadline = timeout_ms > 0 ? sj_now_ns() + (int64_t)timeout_ms * 1000000 : INT64_MAX;
     char drain[4096];
+    int status = 0;
+    bool reaped = false, lost = false;
     for (;;) {
-        size_t room = r->out_len + 1 < n ? n - 1 - r->out_len : 0;
-        char *dst = room ? out + r->out_len : drain;
-        ssize_t got = read(p[0], dst, room ? room : sizeof drain);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        if (room) r->out_len += (size_t)got;
+        /* read what is there */
+        while (fd >= 0) {
+            size_t room = r->out_len + 1 < n ? n - 1 - r->out_len : 0;
+            char *dst = room ? out + r->out_len : drain;
+            ssize_t got = read(fd, dst, room ? room : sizeof drain);
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+            if (got <= 0) { /* end of output, or an error: stop reading */
+                close(fd);
+                fd = -1;
+                break;
+            }
+            if (room) r->out_len += (size_t)got;
+        }
+        if (reaped || lost) break; /* exited: what it left in the pipe is read */
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) {
+            reaped = true;
+            continue; /* one more read of what is buffered, then done */
+        }
+        if (w < 0 && errno != EINTR) {
+            /* ECHILD: the program reaps children itself (SIGCHLD ignored).
+             * The status is lost; the caller's next step (dlopen) decides. */
+            lost = true;
+            continue;
+        }
+        bool cancel_now = cancel && atomic_load_explicit(cancel, memory_order_relaxed);
+        int64_t now = sj_now_ns();
+        bool boost = idle && now >= idle_until_ns;
+        if (cancel_now || now >= deadline || boost) {
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL); /* in case the group could not be made */
+            r->cancelled = cancel_now;
+            r->timed_out = !cancel_now && now >= deadline;
+            r->boosted = !cancel_now && !r->timed_out;
+            while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+            }
+            reaped = w == pid;
+            lost = !reaped;
+            break;
+        }
+        int wait_ms = POLL_MS;
+        int64_t next = idle && idle_until_ns < deadline ? idle_until_ns : deadline;
+        if (next - now < (int64_t)wait_ms * 1000000) wait_ms = (int)((next - now) / 1000000) + 1;
+        if (fd >= 0) {
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            poll(&pf, 1, wait_ms);
+        } else {
+            struct timespec ts = {0, (long)wait_ms * 1000000};
+            nanosleep(&ts, NULL);
+        }
     }
-    close(p[0]);
+    if (fd >= 0) close(fd);
     if (n) out[r->out_len] = '\0';
-    int status;
-    pid_t w;
-    while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
-    }
-    if (w < 0) {
-        /* ECHILD: the program reaps children itself (SIGCHLD ignored). The
-         * status is lost; the caller's next step (dlopen) decides. */
+    if (!reaped) {
         r->exit_code = 0;
         return 0;
     }
@@ -175,11 +258,19 @@ static void cpu_identity(char *buf, size_t n) {
 
 static void probe(cpu_backend *b) {
     char out[1024];
-    char *argv[] = {b->cc, "--version", NULL};
+    char *argv[MAX_CC_WORDS + 2];
+    int argc = 0;
+    for (int i = 0; i < b->n_cc; i++) argv[argc++] = b->cc_argv[i];
+    argv[argc++] = "--version";
+    argv[argc] = NULL;
     run_result r;
-    int rc = run_program(argv, out, sizeof out, &r);
+    int rc = run_program(argv, out, sizeof out, b->timeout_ms, NULL, 0, &r);
     char version[256] = "unknown version";
-    if (not_found(&r, rc)) {
+    if (r.timed_out) {
+        snprintf(version, sizeof version, "--version timed out");
+        sj_log_write(b->log, SJ_LOG_WARN, "cpu: '%s --version' did not finish in %d ms; killed", b->cc,
+                     b->timeout_ms);
+    } else if (not_found(&r, rc)) {
         b->cc_missing = true;
         snprintf(version, sizeof version, "not found");
     } else if (!rc && !r.signal && r.exit_code == 0 && out[0]) {
@@ -220,7 +311,7 @@ static bool load(const char *path, const sj_compile_req *req, sj_compile_result 
         dlclose(h);
         return false;
     }
-    sj_module *m = malloc(sizeof *m);
+    sj_module *m = sj_malloc(sizeof *m);
     if (!m) {
         snprintf(out->log, sizeof out->log, "out of memory");
         dlclose(h);
@@ -269,9 +360,9 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
         return fail(b, out, tag, msg);
     }
 
-    char *argv[MAX_FLAGS + 8];
+    char *argv[MAX_CC_WORDS + MAX_FLAGS + 8];
     int argc = 0;
-    argv[argc++] = b->cc;
+    for (int i = 0; i < b->n_cc; i++) argv[argc++] = b->cc_argv[i];
     for (int i = 0; i < b->n_flags; i++) argv[argc++] = b->flags[i];
     argv[argc++] = "-o";
     argv[argc++] = sofile;
@@ -281,8 +372,25 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
 
     run_result r;
     double t0 = sj_now_ms();
-    int rc = run_program(argv, out->log, sizeof out->log, &r);
+    int rc = run_program(argv, out->log, sizeof out->log, b->timeout_ms, req->cancel, req->idle_until_ns, &r);
+    if (r.boosted) { /* starved in the idle class: again, at normal priority, in the time left */
+        int left = b->timeout_ms ? b->timeout_ms - (int)(sj_now_ms() - t0) : 0;
+        sj_log_write(b->log, SJ_LOG_COMPILE, "cpu: %s: compile waited too long in the idle class; rerun at normal priority",
+                     tag);
+        if (b->timeout_ms && left < 1) left = 1;
+        rc = run_program(argv, out->log, sizeof out->log, left, req->cancel, 0, &r);
+    }
     out->compile_ms = sj_now_ms() - t0;
+    if (r.timed_out || r.cancelled) {
+        remove_tmpdir(dir, sofile);
+        if (r.timed_out)
+            snprintf(msg, sizeof msg, "compile failed: '%s' did not finish in %d ms (compile_timeout_ms); killed",
+                     b->cc, b->timeout_ms);
+        else
+            snprintf(msg, sizeof msg, "compile cancelled: '%s' killed", b->cc);
+        snprintf(out->log, sizeof out->log, "%s", msg);
+        return fail(b, out, tag, msg);
+    }
     if (not_found(&r, rc)) {
         remove_tmpdir(dir, sofile);
         snprintf(msg, sizeof msg, "compiler '%s' not found", b->cc);
@@ -394,6 +502,7 @@ static void cpu_destroy(sj_backend *base) {
     free(b->cflags);
     free(b->dump_dir);
     free(b->flag_text);
+    free(b->cc_text);
     sj_modshare_destroy(b->share);
     free(b);
 }
@@ -403,19 +512,33 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     *out = NULL;
     sj_cpu_backend_config c = {0};
     if (cfg) c = *cfg;
+    if (c.timeout_ms < 0) return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: timeout_ms < 0");
     if (c.test_delay_ms < 0) return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: test_delay_ms < 0");
-    cpu_backend *b = calloc(1, sizeof *b);
+    cpu_backend *b = sj_calloc(1, sizeof *b);
     if (!b) return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
-    b->cc = strdup(c.cc && c.cc[0] ? c.cc : "cc");
-    b->cflags = strdup(c.cflags ? c.cflags : DEFAULT_CFLAGS);
-    b->flag_text = b->cflags ? strdup(b->cflags) : NULL;
-    b->dump_dir = c.dump_dir && c.dump_dir[0] ? strdup(c.dump_dir) : NULL;
+    b->cc = sj_strdup(c.cc && c.cc[0] ? c.cc : "cc");
+    b->cflags = sj_strdup(c.cflags ? c.cflags : DEFAULT_CFLAGS);
+    b->flag_text = b->cflags ? sj_strdup(b->cflags) : NULL;
+    b->cc_text = b->cc ? sj_strdup(b->cc) : NULL;
+    b->dump_dir = c.dump_dir && c.dump_dir[0] ? sj_strdup(c.dump_dir) : NULL;
     b->share = sj_modshare_create();
-    if (!b->cc || !b->cflags || !b->flag_text || !b->share || (c.dump_dir && c.dump_dir[0] && !b->dump_dir)) {
+    if (!b->cc || !b->cc_text || !b->cflags || !b->flag_text || !b->share || (c.dump_dir && c.dump_dir[0] && !b->dump_dir)) {
         cpu_destroy(&b->base);
         return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
     }
     char *save = NULL;
+    for (char *w = strtok_r(b->cc_text, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
+        if (b->n_cc == MAX_CC_WORDS) {
+            cpu_destroy(&b->base);
+            return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: cc has more than %d words", MAX_CC_WORDS);
+        }
+        b->cc_argv[b->n_cc++] = w;
+    }
+    if (!b->n_cc) {
+        cpu_destroy(&b->base);
+        return sj_seterr(SJ_EINVAL, "sj_cpu_backend_create: cc is blank");
+    }
+    save = NULL;
     for (char *f = strtok_r(b->flag_text, " \t\n", &save); f; f = strtok_r(NULL, " \t\n", &save)) {
         if (b->n_flags == MAX_FLAGS) {
             cpu_destroy(&b->base);
@@ -427,12 +550,14 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     b->log = c.log;
     b->test_delay_ms = c.test_delay_ms;
     b->test_fail = c.test_fail;
+    b->timeout_ms = c.timeout_ms;
     b->base.name = "cpu";
     b->base.compile = cpu_compile;
     b->base.unload = cpu_unload;
     b->base.identity = cpu_identity_fn;
     b->base.destroy = cpu_destroy;
-    probe(b);
+    if (c.no_probe) snprintf(b->identity, sizeof b->identity, "%s (not probed: compiles off) %s", b->cc, b->cflags);
+    else probe(b);
     if (b->cc_missing) sj_log_write(b->log, SJ_LOG_WARN, "cpu: compiler '%s' not found; kernels will not be compiled", b->cc);
     *out = &b->base;
     return SJ_OK;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "base/alloc.h"
 #include "kernels/cpu/eager.h"
 
 #define ALIGN 64
@@ -41,7 +42,7 @@ void *sj_cpu_scratch(int slot, size_t bytes) {
     scratch *s = tls;
     if (!s) {
         pthread_once(&key_once, key_init);
-        s = calloc(1, sizeof *s);
+        s = sj_calloc(1, sizeof *s);
         if (!s)
             return NULL;
         /* without the key the buffers live until the process exits */
@@ -57,7 +58,7 @@ void *sj_cpu_scratch(int slot, size_t bytes) {
     cap = cap < bytes ? bytes : cap;
     cap = (cap + ALIGN - 1) / ALIGN * ALIGN;
     cap = cap ? cap : ALIGN;
-    void *p = aligned_alloc(ALIGN, cap);
+    void *p = sj_aligned_alloc(ALIGN, cap);
     if (!p)
         return NULL;
     free(s->p[slot]);

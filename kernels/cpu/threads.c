@@ -17,6 +17,7 @@
  *
  * Lock order: busy -> lock. `lock` is never held while running fn.
  */
+#include "base/alloc.h"
 #include "kernels/cpu/threads.h"
 
 #include "base/clock.h"
@@ -145,11 +146,11 @@ sj_threads *sj_threads_create(int n_threads) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = cpus < 1 ? 1 : cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
     }
-    sj_threads *t = calloc(1, sizeof *t);
+    sj_threads *t = sj_calloc(1, sizeof *t);
     if (!t) return NULL;
     t->n = n_threads;
     t->n_workers = n_threads - 1;
-    if (t->n_workers > 0 && !(t->workers = calloc((size_t)t->n_workers, sizeof *t->workers))) {
+    if (t->n_workers > 0 && !(t->workers = sj_calloc((size_t)t->n_workers, sizeof *t->workers))) {
         free(t);
         return NULL;
     }
