@@ -42,7 +42,7 @@ def main():
             feats = []
             for i in range(0, len(texts), b):
                 f = model.tokenize(texts[i:i + b])
-                feats.append((len(texts[i:i + b]), {k: v.to(a.device) for k, v in f.items()}))
+                feats.append((len(texts[i:i + b]), {k: v.to(a.device) for k, v in f.items() if torch.is_tensor(v)}))
             with torch.inference_mode():
                 for _, f in feats[:3]:
                     model(dict(f))

@@ -1277,7 +1277,9 @@ static void test_transient_entry_on_stream(void **state) {
     assert_true(tu_check(&h, r, 1e-5, "transient entry on a stream"));
     free(r);
     sj_fn_stats(fn, &s);
-    assert_int_equal(s.entries, entries); /* not kept */
+    /* past the limit, a shape the fallback entry cannot serve (another
+     * rank) gets an entry of its own (up to 8 such), no longer a one-off */
+    assert_int_equal(s.entries, entries + 1);
     sj_tensor_free(cpu, &ref);
     sj_fn_destroy(cfn);
     sj_tensor_free(rt, &out);
