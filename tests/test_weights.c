@@ -57,14 +57,9 @@ static const char *write_st(const char *name, const char *header, const void *da
     return path;
 }
 
-/* Independent conversions: the compiler's _Float16, and bf16 by rounding
+/* Independent conversions: the tests' own f16 (tests/util_ref.c), and bf16 by rounding
  * the upper half of the bits to nearest even. */
-static uint16_t ref_f16(float x) {
-    _Float16 h = (_Float16)x;
-    uint16_t u;
-    memcpy(&u, &h, 2);
-    return u;
-}
+static uint16_t ref_f16(float x) { return tu_f32_to_f16_ref(x); }
 
 static uint16_t ref_bf16(float x) {
     uint32_t u;

@@ -31,6 +31,11 @@ uint64_t tu_rand(void);
 double tu_uniform(double lo, double hi);    /* [lo, hi) */
 int64_t tu_randint(int64_t lo, int64_t hi); /* [lo, hi] */
 
+/* f32 -> IEEE binary16 bits, rounded to nearest even: an implementation of
+ * the tests' own, independent of the library's (and of the compiler's
+ * _Float16, which clang 14 lacks on x86-64). */
+uint16_t tu_f32_to_f16_ref(float f);
+
 /* -- Tensors -------------------------------------------------------------- */
 
 /* Contiguous row-major tensor; elements poisoned. */

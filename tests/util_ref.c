@@ -736,3 +736,23 @@ void tu_ref_gather(const sj_tensor *table, const sj_tensor *idx, double *out) {
             out[p * rest + r] = get_at(table, tidx);
         }
 }
+
+uint16_t tu_f32_to_f16_ref(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, e8 = (x >> 23) & 0xffu, mant = x & 0x7fffffu;
+    if (e8 == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0)); /* inf, NaN */
+    int32_t exp = (int32_t)e8 - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);                        /* overflow: inf */
+    if (exp <= 0) {                                                           /* subnormal or zero */
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        int shift = 14 - exp;
+        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
