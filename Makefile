@@ -41,7 +41,7 @@ endif
 # Debian packages the build, the tests and the sample need.
 # Why each is there: README "Dependencies".
 DEB_PKGS := uthash-dev libcmocka-dev libopenblas-dev pkg-config \
-  libjansson-dev libsodium-dev libutf8proc-dev libmicrohttpd-dev
+  libjansson-dev libsodium-dev libutf8proc-dev libmicrohttpd-dev clang
 
 # -- CUDA (optional) -------------------------------------------------------
 # With the CUDA toolkit (headers and nvcc) the CUDA backend is built in: its
@@ -204,8 +204,11 @@ test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN)
 	if [ $$failed -ne 0 ]; then echo "tests failed (see above)"; exit 1; fi; \
 	echo "all test programs passed"
 
+# AddressSanitizer with clang's UndefinedBehaviorSanitizer (clang from
+# Debian; gcc where clang is missing).
+ASAN_CC := $(shell command -v clang >/dev/null 2>&1 && echo clang || echo $(CC))
 test-asan: deps
-	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)-asan OPT=-O1 \
+	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)-asan OPT=-O1 CC=$(ASAN_CC) \
 	  SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # ThreadSanitizer over the whole suite. OpenBLAS is not instrumented, so its
