@@ -39,7 +39,7 @@ static void store(sj_runtime_config *cfg, const sj_tunable *t, int64_t v) {
     }
 }
 
-static int64_t load(const sj_runtime_config *cfg, const sj_tunable *t) {
+static int64_t load(const sj_runtime_config *cfg, const sj_tunable *t) { /* sj_tunable_get */
     const char *p = (const char *)cfg + t->offset;
     if (t->size == 4) {
         int x;
@@ -106,3 +106,5 @@ sj_status sj_tunables_check(const sj_runtime_config *cfg, const char *who) {
     }
     return SJ_OK;
 }
+
+int64_t sj_tunable_get(const sj_runtime_config *cfg, sj_tunable_id id) { return load(cfg, &sj_tunables[id]); }

@@ -78,6 +78,9 @@ void sj_tunables_from_env(sj_runtime_config *cfg);
  * out of range; `who` prefixes the message. */
 sj_status sj_tunables_check(const sj_runtime_config *cfg, const char *who);
 
+/* The value of a row's field in cfg (a uint64 field as its bits). */
+int64_t sj_tunable_get(const sj_runtime_config *cfg, sj_tunable_id id);
+
 /* The range check of one int row (sj_fn_options reuse the per-function
  * rows, where 0 also means "the runtime's default"). */
 int sj_tunable_int_ok(sj_tunable_id id, int64_t v);

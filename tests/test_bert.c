@@ -83,13 +83,7 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-#define NEED_MODEL()                                                                   \
-    do {                                                                               \
-        if (!have_model) {                                                             \
-            print_message("skipped: no model (make model)\n");                         \
-            return;                                                                    \
-        }                                                                              \
-    } while (0)
+#define NEED_MODEL() TU_NEED_MODEL(have_model)
 
 static sj_runtime *runtime(sj_compile_mode mode) {
     sj_runtime_config cfg;

@@ -161,13 +161,7 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-#define NEED_MODEL()                                                        \
-    do {                                                                    \
-        if (!have_model) {                                                  \
-            print_message("skipped: no model (make model)\n");              \
-            return;                                                         \
-        }                                                                   \
-    } while (0)
+#define NEED_MODEL() TU_NEED_MODEL(have_model)
 
 /* Checks an answer's embeddings against refs[idx[0..n)]. */
 static void check_answer(const char *body, const int *idx, int n) {

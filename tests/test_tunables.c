@@ -11,18 +11,7 @@
 
 #include "base/tunables.h"
 
-static int64_t field(const sj_runtime_config *c, sj_tunable_id id) {
-    const sj_tunable *t = &sj_tunables[id];
-    const char *p = (const char *)c + t->offset;
-    if (t->size == 4) {
-        int v;
-        memcpy(&v, p, sizeof v);
-        return v;
-    }
-    int64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+static int64_t field(const sj_runtime_config *c, sj_tunable_id id) { return sj_tunable_get(c, id); }
 
 /* Every row: the default is in range, and sj_runtime_config_init sets it. */
 static void test_defaults(void **state) {

@@ -36,6 +36,16 @@ int64_t tu_randint(int64_t lo, int64_t hi); /* [lo, hi] */
  * _Float16, which clang 14 lacks on x86-64). */
 uint16_t tu_f32_to_f16_ref(float f);
 
+/* In a test that needs the model's files (make model): returns from the
+ * test with a visible "skipped" line when have is false. */
+#define TU_NEED_MODEL(have)                                                     \
+    do {                                                                        \
+        if (!(have)) {                                                          \
+            print_message("skipped: no model (make model)\n");                  \
+            return;                                                             \
+        }                                                                       \
+    } while (0)
+
 /* -- Tensors -------------------------------------------------------------- */
 
 /* Contiguous row-major tensor; elements poisoned. */
