@@ -77,8 +77,7 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
         sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
                 (unsigned long long)c);
     }
-    if (e->plan && atomic_load_explicit(&e->ct.state, RELAXED) == SJ_CS_NONE)
-        sj_compiler_request(fn->rt->compiler, fn, e, NULL);
+    if (e->plan && sj_compiler_wants(fn->rt->compiler, &e->ct)) sj_compiler_request(fn->rt->compiler, fn, e, NULL);
 }
 
 /* A symbolic entry counts the exact shapes it serves; a shape that reaches
@@ -88,9 +87,8 @@ static void note_shape(sj_fn *fn, sj_memo *m, unsigned shard) {
     if (!m->entry->symbolic) return;
     uint64_t th = (uint64_t)fn->policy.specialize_threshold;
     uint64_t c = sj_memo_count(m, shard, th); /* 0: past th, counted in shards */
-    if ((c == 0 || c > th) && atomic_load_explicit(&m->hot, RELAXED) &&
-        atomic_load_explicit(&m->ct.state, RELAXED) == SJ_CS_NONE)
-        sj_compiler_request(fn->rt->compiler, fn, m->entry, m); /* re-queue after a cold drop */
+    if ((c == 0 || c > th) && atomic_load_explicit(&m->hot, RELAXED) && sj_compiler_wants(fn->rt->compiler, &m->ct))
+        sj_compiler_request(fn->rt->compiler, fn, m->entry, m); /* re-queue after a cold drop or a penalty */
     if (c != th) return;
     int used = atomic_load_explicit(&fn->specializations, RELAXED);
     if (used >= fn->policy.specialize_budget ||

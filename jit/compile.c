@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "jit/fn.h"
+#include "jit/runtime.h"
 #include "specialize/codegen.h"
 
 #define RELAXED memory_order_relaxed
@@ -30,7 +31,8 @@ typedef struct job {
     sj_entry *entry;
     sj_memo *memo; /* NULL: the entry's own target */
     uint64_t priority, seq;
-    int64_t queued_ns;
+    int64_t queued_ns;  /* monotonic: the idle-class deadline */
+    int64_t queued_vns; /* the runtime's clock: the cold drop */
 } job;
 
 struct sj_compiler {
@@ -47,6 +49,9 @@ struct sj_compiler {
     bool stop;
     int64_t cold_ns;
     int64_t idle_ns;
+    int64_t retry_ns;   /* first penalty (cfg.compile_retry_ms); 0: no retries */
+    int max_failures;   /* blacklisted after this many (cfg.compile_max_failures) */
+    uint64_t rng;       /* jitter (xorshift64) */
     pthread_t *workers;
     int n_workers;
 };
@@ -58,6 +63,7 @@ void sj_ctarget_init(sj_ctarget *t) {
     atomic_init(&t->state, SJ_CS_NONE);
     atomic_init(&t->ready, NULL);
     atomic_init(&t->ready_ns, 0);
+    atomic_init(&t->retry_ns, 0);
 }
 
 /* The one writer of a target's state. Legal moves only. */
@@ -65,7 +71,8 @@ static void target_transition(sj_ctarget *t, sj_cstate to) {
     sj_cstate from = (sj_cstate)atomic_load_explicit(&t->state, RELAXED);
     assert((from == SJ_CS_NONE && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)) ||
            (from == SJ_CS_QUEUED && (to == SJ_CS_COMPILING || to == SJ_CS_NONE)) ||
-           (from == SJ_CS_COMPILING && (to == SJ_CS_READY || to == SJ_CS_FAILED)));
+           (from == SJ_CS_COMPILING && (to == SJ_CS_READY || to == SJ_CS_FAILED)) ||
+           (from == SJ_CS_FAILED && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)));
     (void)from;
     atomic_store_explicit(&t->state, to, memory_order_release);
 }
@@ -166,6 +173,37 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     return SJ_OK;
 }
 
+/* -- Back-off ------------------------------------------------------------------------- */
+
+/* The wait after a target's n-th failure: retry_ns * 2^(n-1), times a
+ * jitter in [0.75, 1.25) so that targets failing together (a compiler gone
+ * missing) do not retry together. -1: no retries (retry_ns 0). Compiler
+ * lock held (the jitter's state). */
+static int64_t penalty_ns(sj_compiler *c, int n) {
+    if (c->retry_ns <= 0) return -1;
+    int64_t p = c->retry_ns;
+    for (int i = 1; i < n && p < INT64_MAX / 4; i++) p *= 2;
+    c->rng ^= c->rng << 13;
+    c->rng ^= c->rng >> 7;
+    c->rng ^= c->rng << 17;
+    double jitter = 0.75 + 0.5 * (double)(c->rng >> 11) / (double)(UINT64_C(1) << 53);
+    return (int64_t)((double)p * jitter);
+}
+
+bool sj_compiler_wants(const sj_compiler *c, const sj_ctarget *t) {
+    int s = atomic_load_explicit(&t->state, RELAXED);
+    if (s == SJ_CS_NONE) return true;
+    if (s != SJ_CS_FAILED || !c) return false;
+    int64_t at = atomic_load_explicit(&t->retry_ns, RELAXED);
+    return at != INT64_MAX && sj_runtime_now_ns(c->rt) >= at;
+}
+
+/* Whether a request may move t out of its state now (compiler lock held). */
+static bool may_queue(const sj_compiler *c, const sj_ctarget *t) {
+    int s = atomic_load_explicit(&t->state, RELAXED);
+    return s == SJ_CS_NONE || (s == SJ_CS_FAILED && sj_compiler_wants(c, t));
+}
+
 /* Publish or fail a target (compiler lock held). */
 static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj_status st, sj_compiled *cd,
                    const char *err) {
@@ -181,12 +219,26 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
                 m ? " shape" : "", cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
     } else {
         snprintf(t->error, sizeof t->error, "%s", err);
+        /* a plan too big for a unit, or an internal error, fails the same
+         * way every time: no retry can mend it */
+        bool hopeless = st == SJ_EINTERNAL || (st == SJ_EBACKEND && !strncmp(err, "the plan has", 12));
+        int fails = atomic_fetch_add_explicit(&t->fails, 1, RELAXED) + 1;
+        int64_t penalty = penalty_ns(c, fails);
+        bool blacklist = hopeless || penalty < 0 || fails >= c->max_failures;
+        atomic_store_explicit(&t->retry_ns, blacklist ? INT64_MAX : sj_runtime_now_ns(c->rt) + penalty, RELAXED);
         target_transition(t, SJ_CS_FAILED);
         atomic_fetch_add_explicit(&fn->c.compile_failures, 1, RELAXED);
+        if (blacklist) atomic_fetch_add_explicit(&fn->c.compiles_blacklisted, 1, RELAXED);
         if (!fn->compile_fail_logged) {
             fn->compile_fail_logged = true;
             sj_logf(c->rt, SJ_LOG_WARN, "fn '%s': compile failed, entry %d stays eager: %s", fn->name, e->id, err);
         }
+        if (blacklist)
+            sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s blacklisted after %d failed compiles", fn->name, e->id,
+                    m ? " shape" : "", fails);
+        else
+            sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s failed %d times, retry in %lld ms", fn->name, e->id,
+                    m ? " shape" : "", fails, (long long)(penalty / 1000000));
     }
     fn->compiles_pending--;
     pthread_cond_broadcast(&c->done);
@@ -238,35 +290,48 @@ static job pop(sj_compiler *c) {
  * would never finish (16 threads calling: nothing fused in 180 s), so once
  * its job is idle_ns old the backend reruns it at normal priority; a job
  * that waited in the queue that long starts there. */
+static void run_one(sj_compiler *c) {
+    job j = pop(c);
+    sj_ctarget *t = target_of(j.entry, j.memo);
+    uint64_t calls = sj_counter_sum(&j.entry->calls);
+    if (sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
+        target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
+        atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
+        j.fn->compiles_pending--;
+        pthread_cond_broadcast(&c->done);
+        return;
+    }
+    target_transition(t, SJ_CS_COMPILING);
+    int64_t idle_until = c->idle_ns > 0 ? j.queued_ns + c->idle_ns : 0;
+    pthread_mutex_unlock(&c->lock);
+    char err[256] = "";
+    sj_compiled *cd = NULL;
+    sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err);
+    pthread_mutex_lock(&c->lock);
+    finish(c, j.fn, j.entry, j.memo, st, cd, err);
+}
+
 static void *worker_main(void *arg) {
     sj_compiler *c = arg;
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
-        if (c->n_jobs == 0) {
-            pthread_cond_wait(&c->work, &c->lock);
-            continue;
-        }
-        job j = pop(c);
-        sj_ctarget *t = target_of(j.entry, j.memo);
-        uint64_t calls = sj_counter_sum(&j.entry->calls);
-        if (sj_now_ns() - j.queued_ns > c->cold_ns && calls == t->queued_calls) {
-            target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
-            atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
-            j.fn->compiles_pending--;
-            pthread_cond_broadcast(&c->done);
-            continue;
-        }
-        target_transition(t, SJ_CS_COMPILING);
-        int64_t idle_until = c->idle_ns > 0 ? j.queued_ns + c->idle_ns : 0;
-        pthread_mutex_unlock(&c->lock);
-        char err[256] = "";
-        sj_compiled *cd = NULL;
-        sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err);
-        pthread_mutex_lock(&c->lock);
-        finish(c, j.fn, j.entry, j.memo, st, cd, err);
+        if (c->n_jobs == 0) pthread_cond_wait(&c->work, &c->lock);
+        else run_one(c);
     }
     pthread_mutex_unlock(&c->lock);
     return NULL;
+}
+
+int sj_compiler_run_queued(sj_compiler *c, int max_jobs) {
+    if (!c) return 0;
+    int n = 0;
+    pthread_mutex_lock(&c->lock);
+    while (n < max_jobs && c->n_jobs > 0 && !c->stop) {
+        run_one(c);
+        n++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return n;
 }
 
 sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_workers, int mode,
@@ -279,6 +344,9 @@ sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_w
     c->mode = mode;
     c->cold_ns = COLD_NS_DEFAULT;
     c->idle_ns = IDLE_NS_DEFAULT;
+    c->retry_ns = rt ? (int64_t)rt->cfg.compile_retry_ms * 1000000 : 0;
+    c->max_failures = rt ? rt->cfg.compile_max_failures : 1;
+    c->rng = (uint64_t)sj_now_ns() | 1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
@@ -332,10 +400,10 @@ void sj_compiler_set_idle_ms(sj_compiler *c, int ms) {
 void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) {
     if (!c || c->mode == SJ_CM_OFF || !e->plan) return;
     sj_ctarget *t = target_of(e, m);
-    if (atomic_load_explicit(&t->state, memory_order_acquire) != SJ_CS_NONE && c->mode == SJ_CM_ASYNC) return;
+    if (c->mode == SJ_CM_ASYNC && !sj_compiler_wants(c, t)) return;
     pthread_mutex_lock(&c->lock);
     if (c->mode == SJ_CM_ASYNC) {
-        if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !c->stop && !fn->cancelled) {
+        if (may_queue(c, t) && !c->stop && !fn->cancelled) {
             if (c->n_jobs == c->cap_jobs) {
                 int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
                 job *h = sj_realloc(c->heap, (size_t)cap * sizeof *h);
@@ -347,7 +415,7 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
                 c->cap_jobs = cap;
             }
             t->queued_calls = sj_counter_sum(&e->calls);
-            c->heap[c->n_jobs] = (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns()};
+            c->heap[c->n_jobs] = (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt)};
             heap_up(c->heap, c->n_jobs++);
             target_transition(t, SJ_CS_QUEUED);
             fn->compiles_pending++;
@@ -357,7 +425,7 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
         return;
     }
     /* sync: compile here, or wait for the thread compiling it */
-    if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !fn->cancelled) {
+    if (may_queue(c, t) && !fn->cancelled) {
         target_transition(t, SJ_CS_COMPILING);
         fn->compiles_pending++;
         pthread_mutex_unlock(&c->lock);
@@ -404,6 +472,10 @@ sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms) 
     sj_status st = SJ_OK;
     pthread_mutex_lock(&c->lock);
     while (fn->compiles_pending > 0) {
+        if (c->n_workers == 0 && c->n_jobs > 0 && c->mode == SJ_CM_ASYNC) {
+            run_one(c); /* no workers: this thread is one */
+            continue;
+        }
         if (timeout_ms < 0) {
             pthread_cond_wait(&c->done, &c->lock);
         } else if (pthread_cond_timedwait(&c->done, &c->lock, &deadline) == ETIMEDOUT) {

@@ -8,10 +8,18 @@
  *
  *   NONE -> QUEUED -> COMPILING -> READY | FAILED
  *            \-> NONE (dropped while queued: cold, or its function destroyed)
+ *   FAILED -> QUEUED | COMPILING (a retry, once its penalty has passed)
  *
  * A READY target's code is published with one atomic store of `ready`;
- * callers pick it up with one atomic load. A FAILED target is never retried:
- * its entry keeps running eagerly, and the reason is logged once.
+ * callers pick it up with one atomic load. A FAILED target's entry keeps
+ * running eagerly and backs off (LuaJIT's penalty_pc): its n-th failure
+ * makes it wait compile_retry_ms * 2^(n-1), jittered by +-25%, before a
+ * hot call may queue it again; after compile_max_failures failures (or one
+ * that no retry can mend: a plan too big for a unit, an internal error) it
+ * is blacklisted and never compiled again. The first failure of each
+ * function is logged as a warning, blacklisting once per target under
+ * `compile`. Time here is the runtime's clock (sj_runtime_now_ns: the
+ * config's clock callback when set, so tests drive it).
  *
  * The compiler owns a pool of worker threads (compile_threads) fed by a
  * queue ordered by hotness (the entry's calls when the job was queued).
@@ -53,7 +61,9 @@ typedef struct sj_ctarget {
     uint64_t queued_calls;             /* the entry's calls when queued */
     int64_t seen_ns;                   /* when the target was first seen (entry made / shape hot) */
     _Atomic int64_t ready_ns;          /* when it became READY (0 before) */
-    char error[256];                   /* FAILED: why */
+    _Atomic int64_t retry_ns;          /* FAILED: when a retry may be queued; INT64_MAX: blacklisted */
+    _Atomic int fails;                 /* failed compiles so far (written under the compiler lock) */
+    char error[256];                   /* FAILED: why (the latest failure) */
 } sj_ctarget;
 
 struct sj_fn;
@@ -80,11 +90,22 @@ void sj_ctarget_init(sj_ctarget *t);
  * Thread-safe. */
 void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m);
 
+/* Whether a hot call should request t: never asked for, or failed and its
+ * penalty has passed (reads the runtime's clock only in the second case). */
+bool sj_compiler_wants(const sj_compiler *c, const sj_ctarget *t);
+
+/* Run up to max_jobs queued jobs on the calling thread, highest priority
+ * first; returns how many ran (compiled, failed or dropped as cold). For
+ * programs and tests that run background work themselves
+ * (sj_runtime_run_background). */
+int sj_compiler_run_queued(sj_compiler *c, int max_jobs);
+
 /* Drop fn's queued jobs and wait for its compiles in flight to finish. */
 void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn);
 
 /* Wait until fn has no queued or running compiles; SJ_ETIMEOUT after
- * timeout_ms (< 0: forever). */
+ * timeout_ms (< 0: forever). A compiler without worker threads runs fn's
+ * queued jobs on the calling thread instead. */
 sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms);
 
 /* How long a queued job may wait with no calls to its entry before it is

@@ -43,6 +43,11 @@ struct sj_runtime {
  * as a compile error. Call before any sj_fn exists. */
 void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail);
 
+/* The runtime's clock in nanoseconds: cfg.clock_ns when set (a test's
+ * virtual clock), else CLOCK_MONOTONIC. What it times: compile penalties
+ * and the cold drop of queued compiles. NULL rt: the monotonic clock. */
+int64_t sj_runtime_now_ns(const sj_runtime *rt);
+
 /* Log a line under `topic` if the runtime's mask enables it (rt may be
  * NULL: nothing). */
 #define sj_logf(rt, topic, ...) sj_log_write((rt) ? &(rt)->log : NULL, topic, __VA_ARGS__)

@@ -234,6 +234,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
  *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
  *   SHAPEJIT_COMPILE_TIMEOUT_MS=n       -> compile_timeout_ms
+ *   SHAPEJIT_COMPILE_RETRY_MS=n, SHAPEJIT_COMPILE_MAX_FAILURES=n -> those fields
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -330,9 +331,35 @@ typedef struct sj_runtime_config {
      * eagerly (the failure is recorded; the unit is not compiled again).
      * sj_fn_destroy and sj_runtime_destroy kill a running compile instead of
      * waiting for it. 1 .. 86400000 ms; default 60000.
-     * $SHAPEJIT_COMPILE_TIMEOUT_MS. NVRTC compiles run inside the process
-     * and are not bounded by it. */
+     * $SHAPEJIT_COMPILE_TIMEOUT_MS. An NVRTC compile (CUDA backend) runs
+     * inside the process and cannot be killed: past the timeout, or at
+     * destroy, it is abandoned instead (the compile fails, the call or the
+     * destroy returns, and NVRTC finishes on a thread of its own, which
+     * then frees its work); while 4 abandoned compiles are still running,
+     * new NVRTC compiles fail at once. */
     int compile_timeout_ms;
+    /* Back-off from compiles that fail (a compiler error, a timeout, a
+     * missing compiler, memory): the unit's entry keeps running eagerly,
+     * and after its n-th failure waits compile_retry_ms * 2^(n-1)
+     * milliseconds, jittered by +-25%, before a call may queue it again;
+     * after compile_max_failures failures it is blacklisted (eager for
+     * good). A failure no retry can mend (a plan too big for one unit) is
+     * blacklisted at once. sj_fn_explain and sj_entry_info.tier show the
+     * state; sj_stats counts failures and blacklisted units.
+     * compile_retry_ms: 0 .. 86400000, default 1000 (0: never retried);
+     * compile_max_failures: 1 .. 1000, default 4. */
+    int compile_retry_ms;
+    int compile_max_failures;
+    /* The runtime's clock, for tests that drive time (a virtual clock):
+     * nanoseconds from any fixed origin, never decreasing. NULL (default):
+     * CLOCK_MONOTONIC. It times what the runtime schedules: compile
+     * penalties (above) and the drop of queued compiles whose entry got no
+     * calls for 60 s. Called from calling threads and compile workers,
+     * concurrently: it must be thread-safe and must not call back into
+     * the library. Timeouts that bound waits (compile_timeout_ms,
+     * sj_fn_wait_idle) and the statistics' times stay on the real clock. */
+    int64_t (*clock_ns)(void *user);
+    void *clock_user;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -361,6 +388,15 @@ SJ_API sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **rt
  * tensors the runtime allocated for the caller (sj_tensor_free) first: they
  * came from the runtime's allocator, which goes away with it. */
 SJ_API void sj_runtime_destroy(sj_runtime *rt);
+
+/* Run up to max_jobs queued background compiles on the calling thread,
+ * the most valuable first, and return how many ran (each compiled, failed
+ * or was dropped as cold). With compile_threads 0 in SJ_COMPILE_ASYNC
+ * mode, nothing else runs them (sj_fn_wait_idle also runs the waited
+ * function's): a test or an event loop steps background work
+ * deterministically. With workers it competes with them. NULL rt or
+ * max_jobs <= 0: 0. Thread-safe. */
+SJ_API int sj_runtime_run_background(sj_runtime *rt, int max_jobs);
 
 /* The backend the runtime runs on (never AUTO). */
 SJ_API sj_backend_kind sj_runtime_backend(const sj_runtime *rt);
@@ -859,7 +895,8 @@ typedef struct sj_stats {
     /* of which needed no compiler run: loaded from the persistent cache, or
      * an identical unit loaded already in this process (shared) */
     uint64_t compile_cache_hits;
-    uint64_t compile_failures; /* compiles that failed (those entries stay eager) */
+    uint64_t compile_failures; /* compiles that failed (those entries run eagerly, then retry) */
+    uint64_t compiles_blacklisted; /* units that failed for good (compile_max_failures) */
     uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
     double compile_ms;         /* compiler time, total */
     /* CUDA backend (sj_runtime_config.cuda_graphs): */
@@ -897,7 +934,7 @@ typedef struct sj_entry_info {
      * a constant is not listed) */
     char what[128];
     /* "eager", "queued", "compiling", "fused symbolic", "fused specialized",
-     * "compile failed" */
+     * "compile failed" (retried after its penalty), "compile blacklisted" */
     char tier[32];
     int specialized_shapes;  /* exact shapes with their own specialized kernels ready */
     double time_to_fused_ms; /* from the entry's creation to its kernels being ready; -1 if not */
