@@ -23,6 +23,7 @@
 #include "tests/util_graphapi.h"
 
 #ifdef SJ_WITH_CUDA
+#include "base/bounded.h"
 #include "jit/exec_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
 
@@ -1108,6 +1109,53 @@ static void test_async_hot_swap_and_faults(void **state) {
     tu_free_all();
 }
 
+/* NVRTC cannot be killed: past compile_timeout_ms the compile is abandoned
+ * (it finishes on its own thread), the call is served eagerly and right,
+ * and destroy does not wait for it. */
+static void test_nvrtc_timeout(void **state) {
+    for (int mode = 0; mode < 2; mode++) {
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CUDA;
+        cfg.compile_mode = mode ? SJ_COMPILE_ASYNC : SJ_COMPILE_SYNC;
+        cfg.cache_dir = NULL;
+        cfg.log_mask = 0;
+        cfg.compile_timeout_ms = 1; /* any NVRTC compile takes longer */
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_fn_options o;
+        sj_fn_options_init(&o);
+        o.hot_threshold = 1;
+        sj_fn *fn;
+        assert_int_equal(sj_fn_create(rt, "nvrtc_slow", 3, w1_model, NULL, &o, &fn), SJ_OK);
+        tu_seed(31 + mode);
+        sj_tensor in[4];
+        make_inputs(0, 77, in);
+        compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "eager past the NVRTC timeout");
+        if (mode == 0) {
+            sj_stats s;
+            sj_fn_stats(fn, &s);
+            assert_int_equal(s.compile_failures, 1);
+            assert_int_equal(s.eager_calls, 1);
+            char *text = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&text, &len);
+            sj_fn_explain(fn, f);
+            fclose(f);
+            assert_non_null(strstr(text, "NVRTC did not finish in 1 ms"));
+            free(text);
+        }
+        double t0 = tu_now_ms();
+        sj_fn_destroy(fn); /* async: a compile may be running; not waited for */
+        sj_runtime_destroy(rt);
+        assert_true(tu_now_ms() - t0 < 5000);
+        tu_free_all();
+    }
+    /* the abandoned compiles end on their own and free their work */
+    for (int i = 0; i < 600 && sj_bounded_abandoned() > 0; i++) nanosleep(&(struct timespec){0, 50 * 1000000}, NULL);
+    assert_int_equal(sj_bounded_abandoned(), 0);
+}
+
 static void test_stream_api_and_bad_input(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     sj_fn *fn;
@@ -1314,6 +1362,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
         cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
+        cmocka_unit_test(test_nvrtc_timeout),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);
