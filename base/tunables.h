@@ -51,7 +51,12 @@
       "after its n-th failed compile a unit waits this many milliseconds times 2^(n-1), +-25%, "  \
       "before a call may queue it again (`0`: never retried)")                                    \
     X(compile_max_failures, int, 4, 1, 1000, "SHAPEJIT_COMPILE_MAX_FAILURES",                     \
-      "failed compiles after which a unit is blacklisted (stays eager for good)")
+      "failed compiles after which a unit is blacklisted (stays eager for good)")                 \
+    X(validate_calls, int, 0, 0, 1000000, "SHAPEJIT_VALIDATE_CALLS",                              \
+      "a newly compiled kernel's first calls that also run eagerly and are compared before it "   \
+      "serves alone (`0`: no validation)")                                                        \
+    X(validate_every, int, 0, 0, 1000000000, "SHAPEJIT_VALIDATE_EVERY",                           \
+      "after that, 1 call in this many (per entry and thread) is validated again (`0`: never)")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

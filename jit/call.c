@@ -23,6 +23,7 @@
 #include "jit/fn.h"
 #include "base/tensor.h"
 #include "jit/trace.h"
+#include "jit/validate.h"
 
 #define RELAXED memory_order_relaxed
 #define MAX_FAILS 64
@@ -353,13 +354,25 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     }
     if (!transient) note_call(fn, e, shard); /* may compile here in sync mode */
 
-    /* The best code ready: this shape's specialization, else the entry's. */
+    /* The best code ready: this shape's specialization, else the entry's;
+     * never a unit validation rejected (checks_left < 0). */
     sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
+    int checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
+    sj_memo *cm = m; /* whose target cd is: the shape's, or (NULL) the entry's */
     _Atomic uint64_t *tier = &hot->fused_spec_calls;
+    if (checks < 0) cd = NULL;
     if (!cd && !transient) {
         cd = atomic_load_explicit(&e->ct.ready, memory_order_acquire);
+        checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
+        if (checks < 0) cd = NULL;
+        cm = NULL;
         if (e->n_syms) tier = &hot->fused_sym_calls;
     }
+    /* the validated swap (jit/validate.h): a unit's first calls, then 1 in
+     * validate_every */
+    int every = fn->rt->cfg.validate_every;
+    bool validate = cd && (checks > 0 || (every > 0 && !transient &&
+                                          atomic_load_explicit(&e->calls.s[shard].v, RELAXED) % (uint64_t)every == 0));
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
                  .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
                  .ops = &sj_cpu_exec_ops, .ops_ctx = fn->rt->threads};
@@ -368,14 +381,26 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     int lane = -1;
     if (fn->rt->cuda) {
         CUstream s = stream ? (CUstream)stream : sync ? sj_cuda_lane_take(fn->rt, &lane) : fn->rt->cuda->stream;
-        sj_cuda_call_init(&cc, fn->rt->cuda, s, sync, e->n_syms);
+        sj_cuda_call_init(&cc, fn->rt->cuda, s, sync || validate, e->n_syms); /* a validation waits */
         x.ops = &sj_cuda_exec_ops;
         x.ops_ctx = &cc;
     }
 #else
     (void)stream, (void)sync;
 #endif
-    if (cd && sj_exec_fused_ok(&x)) {
+    if (cd && validate && sj_exec_fused_ok(&x)) {
+        sj_validation v;
+        st = sj_validate_call(&x, e->plan, cd->fns, &v); /* the caller gets the eager result */
+        tier = &hot->eager_calls;
+        atomic_fetch_add_explicit(&fn->c.validations, 1, RELAXED);
+        if (!st && v.differs) {
+            sj_compiler_reject(fn->rt->compiler, fn, e, cm, cd, v.why);
+        } else if (!st && !v.inconclusive) {
+            int ck = atomic_load_explicit(&cd->checks_left, RELAXED);
+            while (ck > 0 && !atomic_compare_exchange_weak(&cd->checks_left, &ck, ck - 1)) {
+            }
+        }
+    } else if (cd && sj_exec_fused_ok(&x)) {
 #ifdef SJ_WITH_CUDA
         sj_graph_use gu = fn->rt->cuda ? sj_cuda_graph_call(fn, m, &x, &cc, cd, &st) : SJ_GRAPH_NO;
         if (gu != SJ_GRAPH_SERVED) {

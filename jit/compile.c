@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "jit/fn.h"
 #include "jit/runtime.h"
+#include "kernels/cache.h"
 #include "specialize/codegen.h"
 
 #define RELAXED memory_order_relaxed
@@ -72,7 +73,8 @@ static void target_transition(sj_ctarget *t, sj_cstate to) {
     assert((from == SJ_CS_NONE && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)) ||
            (from == SJ_CS_QUEUED && (to == SJ_CS_COMPILING || to == SJ_CS_NONE)) ||
            (from == SJ_CS_COMPILING && (to == SJ_CS_READY || to == SJ_CS_FAILED)) ||
-           (from == SJ_CS_FAILED && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)));
+           (from == SJ_CS_FAILED && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)) ||
+           (from == SJ_CS_READY && to == SJ_CS_FAILED)); /* rejected by validation */
     (void)from;
     atomic_store_explicit(&t->state, to, memory_order_release);
 }
@@ -101,7 +103,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     size_t len;
     int *variants = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
     sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
-                         .variants = variants};
+                         .variants = variants, .test_skew = c->rt ? c->rt->test_skew : 0};
     char *src = variants ? c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len) : NULL;
     if (!src) {
         free(variants);
@@ -168,6 +170,8 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     cd->specialized = m != NULL || e->n_syms == 0;
     cd->from_cache = res->from_cache;
     cd->compile_ms = res->compile_ms;
+    memcpy(cd->key, res->key, sizeof cd->key);
+    atomic_init(&cd->checks_left, c->rt ? c->rt->cfg.validate_calls : 0);
     free(res);
     *out = cd;
     return SJ_OK;
@@ -242,6 +246,33 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
     }
     fn->compiles_pending--;
     pthread_cond_broadcast(&c->done);
+}
+
+bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj_compiled *cd, const char *why) {
+    int ck = atomic_load_explicit(&cd->checks_left, RELAXED);
+    do {
+        if (ck < 0) return false; /* another call rejected it first */
+    } while (!atomic_compare_exchange_weak(&cd->checks_left, &ck, -1));
+    sj_ctarget *t = target_of(e, m);
+    pthread_mutex_lock(&c->lock);
+    if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_READY && atomic_load_explicit(&t->ready, RELAXED) == cd) {
+        snprintf(t->error, sizeof t->error, "%s", why);
+        atomic_store_explicit(&t->retry_ns, INT64_MAX, RELAXED);
+        atomic_fetch_add_explicit(&t->fails, 1, RELAXED);
+        atomic_store_explicit(&t->rejected, true, RELAXED);
+        target_transition(t, SJ_CS_FAILED);
+    }
+    atomic_fetch_add_explicit(&fn->c.validation_failures, 1, RELAXED);
+    bool first = !fn->reject_logged;
+    fn->reject_logged = true;
+    pthread_mutex_unlock(&c->lock);
+    if (c->rt && c->rt->cache) sj_cache_quarantine(c->rt->cache, cd->key);
+    if (first)
+        sj_logf(c->rt, SJ_LOG_WARN,
+                "fn '%s': entry %d%s: compiled kernels rejected, their results differ from eager execution (%s); "
+                "the entry keeps its previous tier, the artifact is quarantined",
+                fn->name, e->id, m ? " shape" : "", why);
+    return true;
 }
 
 /* -- The queue (compiler lock held) ------------------------------------------------- */

@@ -53,6 +53,11 @@ typedef struct sj_compiled {
     bool specialized;    /* every size a constant */
     bool from_cache;
     double compile_ms;
+    char key[65];        /* the kernel cache's key of the unit */
+    /* Validated swap (jit/validate.c): > 0, calls left that run eagerly
+     * beside the kernel and compare before it serves alone; 0, validated;
+     * -1, rejected (its results differed: never used again). */
+    _Atomic int checks_left;
 } sj_compiled;
 
 typedef struct sj_ctarget {
@@ -63,6 +68,7 @@ typedef struct sj_ctarget {
     _Atomic int64_t ready_ns;          /* when it became READY (0 before) */
     _Atomic int64_t retry_ns;          /* FAILED: when a retry may be queued; INT64_MAX: blacklisted */
     _Atomic int fails;                 /* failed compiles so far (written under the compiler lock) */
+    _Atomic bool rejected;             /* FAILED because validation found its results wrong */
     char error[256];                   /* FAILED: why (the latest failure) */
 } sj_ctarget;
 
@@ -99,6 +105,16 @@ bool sj_compiler_wants(const sj_compiler *c, const sj_ctarget *t);
  * programs and tests that run background work themselves
  * (sj_runtime_run_background). */
 int sj_compiler_run_queued(sj_compiler *c, int max_jobs);
+
+/* The ready code cd of the entry's target (memo NULL) or the memo shape's
+ * gave results that differ from eager execution (why says how): it is
+ * never used again (cd->checks_left -1; kept until the function is
+ * destroyed, as calls may still hold it), the target is failed for good,
+ * its artifact is quarantined in the kernel cache, and the first rejection
+ * of the function is logged as a warning. Thread-safe; the first caller for
+ * a cd does it, later ones return false. */
+bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m, sj_compiled *cd,
+                        const char *why);
 
 /* Drop fn's queued jobs and wait for its compiles in flight to finish. */
 void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn);

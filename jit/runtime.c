@@ -190,6 +190,8 @@ int64_t sj_runtime_now_ns(const sj_runtime *rt) {
     return rt && rt->cfg.clock_ns ? rt->cfg.clock_ns(rt->cfg.clock_user) : sj_now_ns();
 }
 
+void sj_runtime_test_wrong_kernels(sj_runtime *rt, float skew) { rt->test_skew = skew; }
+
 int sj_runtime_run_background(sj_runtime *rt, int max_jobs) {
     sj_clearerr();
     if (!rt || max_jobs <= 0) return 0;

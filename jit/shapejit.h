@@ -235,6 +235,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
  *   SHAPEJIT_COMPILE_TIMEOUT_MS=n       -> compile_timeout_ms
  *   SHAPEJIT_COMPILE_RETRY_MS=n, SHAPEJIT_COMPILE_MAX_FAILURES=n -> those fields
+ *   SHAPEJIT_VALIDATE_CALLS=n, SHAPEJIT_VALIDATE_EVERY=n -> those fields
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -360,6 +361,28 @@ typedef struct sj_runtime_config {
      * sj_fn_wait_idle) and the statistics' times stay on the real clock. */
     int64_t (*clock_ns)(void *user);
     void *clock_user;
+    /* The validated swap: compiled kernels are checked against eager
+     * execution before they serve alone. A newly compiled unit's first
+     * validate_calls calls run eagerly (the result the caller gets) and
+     * run the new kernels beside it into outputs of their own; the two are
+     * compared (largest error relative to the output's largest magnitude:
+     * 1e-4 for f32, 1e-2 f16, 6e-2 bf16; integers and bools bit for bit).
+     * Equal: after validate_calls such calls the kernels serve alone, and
+     * then 1 call in validate_every (per entry and calling thread; 0:
+     * never) is checked again the same way. Different: the kernels are
+     * never used again (the entry keeps the tier it had: a shape's
+     * specialization falls back to the entry's symbolic kernels, else
+     * eager), the unit's artifact is quarantined in the kernel cache
+     * (renamed <key>.<ext>-rejected), the first such rejection of each
+     * function is logged as a warning with the error, and sj_stats counts
+     * validations and validation_failures; sj_fn_explain says why. A
+     * validation call is synchronous (on CUDA it waits for the stream, even
+     * from sj_call_stream) and costs one eager run more.
+     * validate_calls: 0 .. 1000000, default 0 (off; the embedding server
+     * sets 2); validate_every: 0 .. 1e9, default 0. $SHAPEJIT_VALIDATE_CALLS,
+     * $SHAPEJIT_VALIDATE_EVERY. */
+    int validate_calls;
+    int validate_every;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -897,6 +920,8 @@ typedef struct sj_stats {
     uint64_t compile_cache_hits;
     uint64_t compile_failures; /* compiles that failed (those entries run eagerly, then retry) */
     uint64_t compiles_blacklisted; /* units that failed for good (compile_max_failures) */
+    uint64_t validations;          /* calls that ran eagerly and fused side by side (validate_calls) */
+    uint64_t validation_failures;  /* compiled units rejected: their results differed from eager */
     uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
     double compile_ms;         /* compiler time, total */
     /* CUDA backend (sj_runtime_config.cuda_graphs): */
@@ -934,7 +959,8 @@ typedef struct sj_entry_info {
      * a constant is not listed) */
     char what[128];
     /* "eager", "queued", "compiling", "fused symbolic", "fused specialized",
-     * "compile failed" (retried after its penalty), "compile blacklisted" */
+     * "compile failed" (retried after its penalty), "compile blacklisted",
+     * "rejected by validation" */
     char tier[32];
     int specialized_shapes;  /* exact shapes with their own specialized kernels ready */
     double time_to_fused_ms; /* from the entry's creation to its kernels being ready; -1 if not */

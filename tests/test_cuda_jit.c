@@ -1156,6 +1156,49 @@ static void test_nvrtc_timeout(void **state) {
     assert_int_equal(sj_bounded_abandoned(), 0);
 }
 
+/* The validated swap on the device: kernels made wrong by the test hook
+ * never reach the caller (sj_call and sj_call_stream), right ones serve
+ * after their checks. */
+static void test_validated_swap_on_device(void **state) {
+    for (int wrong = 1; wrong >= 0; wrong--) {
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CUDA;
+        cfg.compile_mode = SJ_COMPILE_SYNC;
+        cfg.cache_dir = NULL;
+        cfg.log_mask = 0;
+        cfg.validate_calls = 2;
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_runtime_test_wrong_kernels(rt, wrong ? 0.25f : 0);
+        sj_fn_options o;
+        sj_fn_options_init(&o);
+        o.hot_threshold = 1;
+        sj_fn *fn;
+        assert_int_equal(sj_fn_create(rt, "validated", 3, w1_model, NULL, &o, &fn), SJ_OK);
+        tu_seed(41 + wrong);
+        sj_tensor in[4];
+        make_inputs(0, 300, in);
+        for (int i = 0; i < 6; i++) compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "validated swap");
+        sj_stats s;
+        sj_fn_stats(fn, &s);
+        if (wrong) {
+            assert_int_equal(s.validation_failures, 1);
+            assert_int_equal(s.validations, 1);
+            assert_int_equal(s.fused_specialized_calls + s.fused_symbolic_calls, 0);
+            sj_entry_info info;
+            sj_fn_entries(fn, &info, 1);
+            assert_string_equal(info.tier, "rejected by validation");
+        } else {
+            assert_int_equal(s.validation_failures, 0);
+            assert_int_equal(s.validations, 2);
+            assert_int_equal(s.fused_specialized_calls + s.fused_symbolic_calls, 4);
+        }
+        sj_runtime_destroy(rt);
+        tu_free_all();
+    }
+}
+
 static void test_stream_api_and_bad_input(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     sj_fn *fn;
@@ -1362,7 +1405,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
         cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
-        cmocka_unit_test(test_nvrtc_timeout),
+        cmocka_unit_test(test_nvrtc_timeout),     cmocka_unit_test(test_validated_swap_on_device),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);
