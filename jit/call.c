@@ -73,7 +73,9 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
      * calls, 2 by default); after, only reads of lines nobody writes */
     if (!atomic_load_explicit(&e->hot, RELAXED)) {
         uint64_t c = sj_counter_sum(&e->calls);
-        if (c < (uint64_t)fn->policy.hot_threshold || atomic_exchange(&e->hot, true)) return;
+        /* back-pressure: a longer compile queue asks for more calls */
+        uint64_t th = (uint64_t)fn->policy.hot_threshold * (uint64_t)sj_compiler_backlog(fn->rt->compiler);
+        if (c < th || atomic_exchange(&e->hot, true)) return;
         atomic_fetch_add_explicit(&fn->c.hot_entries, 1, RELAXED);
         sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
                 (unsigned long long)c);
@@ -411,7 +413,10 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         st = sj_exec_fused(&x, e->plan, cd->fns);
 #endif
     } else {
+        int64_t t0 = sj_now_ns(); /* what an eager call costs: the compile queue's value */
         st = sj_exec_eager(&x);
+        atomic_fetch_add_explicit(&e->eager_ns, (uint64_t)(sj_now_ns() - t0), RELAXED);
+        atomic_fetch_add_explicit(&e->eager_timed, 1, RELAXED);
         tier = &hot->eager_calls;
     }
 #ifdef SJ_WITH_CUDA
