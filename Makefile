@@ -29,7 +29,7 @@ DEPFLAGS = -MMD -MP
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 CFLAGS  += $(BLAS_CFLAGS)
-LDLIBS  := $(BLAS_LIBS) -ljansson -lsodium -lm -lpthread -ldl
+LDLIBS  := $(BLAS_LIBS) -ljansson -lsodium -lhiredis -lm -lpthread -ldl
 TEST_LIBS := -lcmocka
 
 ifeq ($(V),1)
@@ -41,7 +41,8 @@ endif
 # Debian packages the build, the tests and the sample need.
 # Why each is there: README "Dependencies".
 DEB_PKGS := uthash-dev libcmocka-dev libopenblas-dev pkg-config \
-  libjansson-dev libsodium-dev libutf8proc-dev libmicrohttpd-dev clang
+  libjansson-dev libsodium-dev libutf8proc-dev libmicrohttpd-dev clang \
+  libhiredis-dev redis-server
 
 # -- CUDA (optional) -------------------------------------------------------
 # With the CUDA toolkit (headers and nvcc) the CUDA backend is built in: its

@@ -44,7 +44,10 @@
       "`0`: a quarter of the last-level cache; negative: never")                                  \
     X(compile_timeout_ms, int, 60000, 1, 86400000, "SHAPEJIT_COMPILE_TIMEOUT_MS",                 \
       "a compiler run (a compile, or the `--version` probe) still running after this many "       \
-      "milliseconds is killed with its process group; the unit stays eager")
+      "milliseconds is killed with its process group; the unit stays eager")                      \
+    X(remote_cache_timeout_ms, int, 250, 1, 60000, "SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS",            \
+      "bound on one remote kernel cache operation (connect and command together); past it the "   \
+      "kernel is compiled or taken from the local cache")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

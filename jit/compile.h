@@ -44,6 +44,7 @@ typedef struct sj_compiled {
     void **fns;
     bool specialized;    /* every size a constant */
     bool from_cache;
+    bool from_remote; /* of which from the remote cache */
     double compile_ms;
 } sj_compiled;
 

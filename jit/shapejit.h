@@ -234,6 +234,8 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
  *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
  *   SHAPEJIT_COMPILE_TIMEOUT_MS=n       -> compile_timeout_ms
+ *   SHAPEJIT_REMOTE_CACHE_URL=url       -> remote_cache_url
+ *   SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS=n  -> remote_cache_timeout_ms
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -333,6 +335,25 @@ typedef struct sj_runtime_config {
      * $SHAPEJIT_COMPILE_TIMEOUT_MS. NVRTC compiles run inside the process
      * and are not bounded by it. */
     int compile_timeout_ms;
+    /* A remote kernel cache shared by many machines: a Redis server,
+     * "redis://[:password@]host[:port][/db]" or "unix:///path/to/socket"
+     * (or just the socket path). The second level under cache_dir: a
+     * kernel missing there is fetched from Redis, verified (a BLAKE2b
+     * digest keyed with cache_key, bound to the kernel's key and kind) and
+     * kept in cache_dir; a fresh compile is pushed to it. Needs cache_key:
+     * without one the remote cache is refused (one warning; the runtime
+     * runs with its disk cache only), because a Redis server cannot say
+     * who wrote an entry. A host name is resolved once, at
+     * sj_runtime_create. A server that is down, slow or answers garbage
+     * costs at most remote_cache_timeout_ms per compile, is logged once
+     * (warn), and is then left alone for a back-off (1 s doubling to 60 s).
+     * NULL or "" (default $SHAPEJIT_REMOTE_CACHE_URL): none. Copied. CPU
+     * backend only for now. A malformed URL is SJ_EINVAL. */
+    const char *remote_cache_url;
+    /* Bound on one remote cache operation: the connect and the command
+     * together (a fetch or a push). 1 .. 60000 ms; default 250.
+     * $SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS. */
+    int remote_cache_timeout_ms;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -859,6 +880,7 @@ typedef struct sj_stats {
     /* of which needed no compiler run: loaded from the persistent cache, or
      * an identical unit loaded already in this process (shared) */
     uint64_t compile_cache_hits;
+    uint64_t compile_remote_hits; /* of which fetched from the remote cache (remote_cache_url) */
     uint64_t compile_failures; /* compiles that failed (those entries stay eager) */
     uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
     double compile_ms;         /* compiler time, total */

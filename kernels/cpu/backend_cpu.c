@@ -63,6 +63,7 @@ typedef struct cpu_backend {
     int n_cc;
     int timeout_ms;        /* a compiler run is killed past it (0: never) */
     sj_cache *cache;
+    sj_remote *remote;     /* the second level under cache (NULL: none) */
     sj_modshare *share;    /* loaded units by key */
     const sj_log_sink *log;
     int test_delay_ms, test_fail;
@@ -457,6 +458,12 @@ static int cpu_load_cached(void *self, const sj_compile_req *req, sj_compile_res
     return ok ? 1 : -1;
 }
 
+static int cpu_load_bytes(void *self, const void *data, size_t len, const sj_compile_req *req,
+                          sj_compile_result *out) {
+    (void)self;
+    return load_bytes(data, len, req, out) ? 1 : -1;
+}
+
 static const char *cpu_refuse(void *self, char *buf, size_t n) {
     cpu_backend *b = self;
     if (!b->cc_missing) return NULL;
@@ -482,7 +489,8 @@ static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_com
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cpu_load_cached, .refuse = cpu_refuse,
                            .compile_fresh = compile_fresh, .share = b->share, .cache = b->cache, .cache_ext = "so",
-                           .resolve = cpu_resolve, .drop = cpu_drop};
+                           .remote = b->remote, .load_bytes = cpu_load_bytes, .resolve = cpu_resolve,
+                           .drop = cpu_drop};
     return sj_backend_compile(&d, req, out);
 }
 
@@ -547,6 +555,7 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
         b->flags[b->n_flags++] = f;
     }
     b->cache = c.cache;
+    b->remote = c.remote;
     b->log = c.log;
     b->test_delay_ms = c.test_delay_ms;
     b->test_fail = c.test_fail;
