@@ -92,6 +92,7 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     if ((v = secure_getenv("SHAPEJIT_CACHE_DIR"))) cfg->cache_dir = *v ? v : NULL;
     if ((v = secure_getenv("SHAPEJIT_CC")) && *v) cfg->cc = v;
     if ((v = secure_getenv("SHAPEJIT_CFLAGS")) && *v) cfg->cflags = v;
+    if ((v = secure_getenv("SHAPEJIT_CC_VERSION")) && *v) cfg->cc_version = v;
     if ((v = secure_getenv("SHAPEJIT_DUMP")) && *v) cfg->dump_dir = v;
     if ((v = secure_getenv("SHAPEJIT_NVRTC_FLAGS")) && *v) cfg->nvrtc_flags = v;
     if ((v = secure_getenv("SHAPEJIT_CACHE_KEY")) && *v) cfg->cache_key = v;
@@ -184,7 +185,8 @@ static sj_status start_services(sj_runtime *rt) {
     } else
 #endif
     {
-        sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .dump_dir = c->dump_dir, .cache = rt->cache,
+        sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .cc_version = c->cc_version,
+                                    .dump_dir = c->dump_dir, .cache = rt->cache,
                                     .remote = rt->remote,
                                     .log = &rt->log, .test_delay_ms = test_delay_ms, .test_fail = test_fail,
                                     .timeout_ms = c->compile_timeout_ms,
@@ -268,10 +270,11 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     }
     rt->cfg = c;
     rt->log = (sj_log_sink){c.log_mask, c.log_fn, c.log_user};
-    const char **fields[8] = {&rt->cfg.buckets,  &rt->cfg.cache_dir,   &rt->cfg.cc,        &rt->cfg.cflags,
-                              &rt->cfg.dump_dir, &rt->cfg.nvrtc_flags, &rt->cfg.cache_key, &rt->cfg.remote_cache_url};
+    const char **fields[9] = {&rt->cfg.buckets,          &rt->cfg.cache_dir,   &rt->cfg.cc,
+                              &rt->cfg.cflags,           &rt->cfg.dump_dir,    &rt->cfg.nvrtc_flags,
+                              &rt->cfg.cache_key,        &rt->cfg.remote_cache_url, &rt->cfg.cc_version};
     bool oom = false;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 9; i++) {
         if (!*fields[i]) continue;
         rt->strings[i] = sj_strdup(*fields[i]);
         oom |= !rt->strings[i];
@@ -315,7 +318,7 @@ void sj_runtime_destroy(sj_runtime *rt) {
 #endif
     pthread_mutex_destroy(&rt->lock);
     free(rt->bucket_rules);
-    for (int i = 0; i < 8; i++) free(rt->strings[i]);
+    for (int i = 0; i < 9; i++) free(rt->strings[i]);
     free(rt);
 }
 

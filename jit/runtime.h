@@ -29,8 +29,8 @@ struct sj_runtime {
     int n_bucket_rules;
     _Atomic int total_entries;    /* entries of all functions (total_recompile_limit) */
     _Atomic int cuda_graphs;      /* CUDA graphs kept, all functions (cfg.cuda_graphs) */
-    char *strings[8];             /* copies of cfg's buckets, cache_dir, cc, cflags, dump_dir, nvrtc_flags, cache_key,
-                                     remote_cache_url */
+    char *strings[9];             /* copies of cfg's buckets, cache_dir, cc, cflags, dump_dir, nvrtc_flags, cache_key,
+                                     remote_cache_url, cc_version */
     struct sj_cache *cache;       /* NULL: no persistent cache */
     struct sj_remote *remote;     /* NULL: no remote cache (kernels/remote.h) */
     struct sj_backend *backend;   /* compiles and loads fused kernels */

@@ -229,6 +229,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
  *   SHAPEJIT_CACHE_KEY=secret           -> cache_key
  *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc ("ccache cc": split on blanks, no shell), cflags
+ *   SHAPEJIT_CC_VERSION=line            -> cc_version
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
  *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
  *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
@@ -296,6 +297,13 @@ typedef struct sj_runtime_config {
                                      into a program and its first arguments
                                      ("ccache cc"; no shell, no quoting) */
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
+    /* The compiler's version as kernel cache keys name it, instead of the
+     * first line `cc --version` prints: for a machine without a compiler
+     * that serves kernels compiled elsewhere (a bundle, a remote cache) set
+     * it to that line of the machine that compiled them (with the same cc,
+     * cflags and CPU). A compile still needs a real compiler. NULL or ""
+     * (default $SHAPEJIT_CC_VERSION): probed. Copied. */
+    const char *cc_version;
     const char *dump_dir;         /* write every generated source there; NULL: no */
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
     /* Options added after the CUDA backend's own NVRTC options (see

@@ -2,7 +2,7 @@
  * (tools/sjcache.c, SJ_CACHE_TOOL or build/bin/shapejit-cache): kernels
  * compiled into cache A, exported, imported into a fresh cache B, where a
  * runtime reaches fused code without running the compiler, in sync and
- * async modes, results checked against float64; a tampered, truncated
+ * async modes, and without any compiler (cc_version pinned), results checked against float64; a tampered, truncated
  * or foreign-key bundle refused with nothing written; bad usage explained. */
 /* cmocka.h needs these first, in this order */
 /* clang-format off */
@@ -33,6 +33,7 @@ extern char **environ;
 #define N_SHAPES 3
 static const int64_t shapes[N_SHAPES][2] = {{4, 16}, {6, 24}, {3, 40}};
 static char tmp[PATH_MAX];
+static const char *pin_version; /* run_model's cc_version */
 
 /* -- The model: y = gelu(x * 2 + r); x [S, H], r [H] ----------------------------------- */
 
@@ -59,6 +60,7 @@ static run_result run_model(const char *dir, const char *key, sj_compile_mode mo
     cfg.cache_dir = dir;
     cfg.cache_key = key;
     cfg.cc = cc;
+    cfg.cc_version = pin_version;
     cfg.remote_cache_url = NULL;
     cfg.log_mask = 0;
     sj_runtime *rt = NULL;
@@ -204,6 +206,32 @@ static void test_export_import(void **state) {
         assert_int_equal(r.cache_hits, N_SHAPES); /* no compiler run */
         assert_int_equal(r.fused, m ? N_SHAPES : 2 * N_SHAPES);
     }
+    /* a machine without a compiler (PATH leads nowhere): the kernels' keys
+     * name the compiler's version, so it is pinned to the version line of
+     * the compiler that made them; without the pin every lookup misses and
+     * the compiles fail (the calls stay right, eager) */
+    char b[PATH_MAX], version[256] = "", *path = strdup(getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+    FILE *p = popen("cc --version", "r");
+    assert_non_null(p);
+    assert_non_null(fgets(version, sizeof version, p));
+    pclose(p);
+    version[strcspn(version, "\n")] = '\0';
+    snprintf(b, sizeof b, "%s/cache-b0", tmp);
+    setenv("PATH", tmp, 1);
+    run_result r = run_model(b, KEY, SJ_COMPILE_SYNC, NULL);
+    assert_int_equal(r.wrong, 0);
+    assert_int_equal(r.failures, N_SHAPES);
+    assert_int_equal(r.fused, 0);
+    pin_version = version;
+    r = run_model(b, KEY, SJ_COMPILE_SYNC, NULL);
+    pin_version = NULL;
+    setenv("PATH", path, 1);
+    free(path);
+    assert_int_equal(r.wrong, 0);
+    assert_int_equal(r.failures, 0);
+    assert_int_equal(r.cache_hits, N_SHAPES);
+    assert_int_equal(r.fused, 2 * N_SHAPES);
+
     /* the library: a bundle read back holds exactly A's verified bytes */
     sj_bundle *bd = NULL;
     assert_int_equal(sj_bundle_read(bundle, KEY, &bd), SJ_OK);

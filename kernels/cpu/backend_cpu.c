@@ -55,6 +55,7 @@ extern char **environ;
 typedef struct cpu_backend {
     sj_backend base; /* first: the table the JIT sees */
     char *cc, *cflags, *dump_dir;
+    char *cc_version;      /* pinned version line (NULL: the probe's) */
     char *flag_text;       /* cflags split in place; flags[] point into it */
     char *flags[MAX_FLAGS];
     int n_flags;
@@ -278,6 +279,7 @@ static void probe(cpu_backend *b) {
         out[strcspn(out, "\n")] = '\0';
         snprintf(version, sizeof version, "%s", out);
     }
+    if (b->cc_version) snprintf(version, sizeof version, "%s", b->cc_version); /* pinned: kernels compiled elsewhere */
     char cpu[320];
     cpu_identity(cpu, sizeof cpu);
     snprintf(b->identity, sizeof b->identity, "%s (%s) %s cpu:%s", b->cc, version, b->cflags, cpu);
@@ -508,6 +510,7 @@ static void cpu_destroy(sj_backend *base) {
     if (!b) return;
     free(b->cc);
     free(b->cflags);
+    free(b->cc_version);
     free(b->dump_dir);
     free(b->flag_text);
     free(b->cc_text);
@@ -526,11 +529,13 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     if (!b) return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
     b->cc = sj_strdup(c.cc && c.cc[0] ? c.cc : "cc");
     b->cflags = sj_strdup(c.cflags ? c.cflags : DEFAULT_CFLAGS);
+    b->cc_version = c.cc_version && c.cc_version[0] ? sj_strdup(c.cc_version) : NULL;
     b->flag_text = b->cflags ? sj_strdup(b->cflags) : NULL;
     b->cc_text = b->cc ? sj_strdup(b->cc) : NULL;
     b->dump_dir = c.dump_dir && c.dump_dir[0] ? sj_strdup(c.dump_dir) : NULL;
     b->share = sj_modshare_create();
-    if (!b->cc || !b->cc_text || !b->cflags || !b->flag_text || !b->share || (c.dump_dir && c.dump_dir[0] && !b->dump_dir)) {
+    if (!b->cc || !b->cc_text || !b->cflags || !b->flag_text || !b->share || (c.dump_dir && c.dump_dir[0] && !b->dump_dir) ||
+        (c.cc_version && c.cc_version[0] && !b->cc_version)) {
         cpu_destroy(&b->base);
         return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
     }
@@ -567,7 +572,10 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     b->base.destroy = cpu_destroy;
     if (c.no_probe) snprintf(b->identity, sizeof b->identity, "%s (not probed: compiles off) %s", b->cc, b->cflags);
     else probe(b);
-    if (b->cc_missing) sj_log_write(b->log, SJ_LOG_WARN, "cpu: compiler '%s' not found; kernels will not be compiled", b->cc);
+    if (b->cc_missing)
+        sj_log_write(b->log, b->cc_version ? SJ_LOG_PERF : SJ_LOG_WARN,
+                     "cpu: compiler '%s' not found; kernels will not be compiled%s", b->cc,
+                     b->cc_version ? " (cached ones keyed by cc_version are loaded)" : "");
     *out = &b->base;
     return SJ_OK;
 }
