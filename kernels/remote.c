@@ -453,7 +453,9 @@ static redisReply *run(op *o, int argc, const char **argv, const size_t *lens, s
         }
         redisReply *rep = command(o, &c, argc, argv, lens, max_reply, &started);
         if (rep) {
-            if (rep->type == REDIS_REPLY_ERROR) {
+            /* an error is the server's trouble (NOAUTH, LOADING, ...), except
+             * WRONGTYPE: the entry holds something else, refused by the caller */
+            if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "WRONGTYPE", 9)) {
                 snprintf(o->why, sizeof o->why, "%s: the server answered %.120s", argv[0], rep->str);
                 freeReplyObject(rep);
                 trouble(o->r, &c, o->why);
@@ -505,7 +507,7 @@ bool sj_remote_get(sj_remote *r, const char *key, const char *ext, void **data, 
     if (rep->type == REDIS_REPLY_NIL) {
         count(r, &r->stats.misses, 1);
     } else if (rep->type != REDIS_REPLY_STRING) {
-        refused(r, name, "not a string value");
+        refused(r, name, "not a string value (another program's key?)");
     } else if (rep->len < HEADER_LEN || memcmp(rep->str, VALUE_MAGIC, MAGIC_LEN)) {
         refused(r, name, "not a shapejit entry (bad header)");
     } else if (sj_cache_digest(r->mac_key, key, ext, rep->str + HEADER_LEN, rep->len - HEADER_LEN, want),
