@@ -204,7 +204,8 @@ static void test_export_import(void **state) {
         assert_int_equal(r.failures, 0);
         assert_int_equal(r.compiles, N_SHAPES);
         assert_int_equal(r.cache_hits, N_SHAPES); /* no compiler run */
-        assert_int_equal(r.fused, m ? N_SHAPES : 2 * N_SHAPES);
+        if (m) assert_true(r.fused >= N_SHAPES); /* the second call surely; the first if the load won the race */
+        else assert_int_equal(r.fused, 2 * N_SHAPES);
     }
     /* a machine without a compiler (PATH leads nowhere): the kernels' keys
      * name the compiler's version, so it is pinned to the version line of
