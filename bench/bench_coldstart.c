@@ -15,9 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "jit/runtime.h"
 #include "jit/shapejit.h"
-#include "kernels/remote.h"
 
 static double now_ms(void) {
     struct timespec ts;
@@ -104,16 +102,16 @@ int main(void) {
         sj_fn_destroy(fn);
     }
     double ms = now_ms() - t0;
-    sj_remote_stats rs;
-    sj_remote_get_stats(rt->remote, &rs);
+    sj_cache_counters rs;
+    sj_runtime_cache_counters(rt, &rs);
     printf("{\"bench\":\"coldstart\",\"ms\":%.1f,\"compiles\":%llu,\"compiler_runs\":%llu,\"remote_hits\":%llu,"
            "\"remote_stores\":%llu,\"remote_refused\":%llu,\"remote_errors\":%llu,\"remote_bytes_in\":%llu,"
            "\"remote_bytes_out\":%llu,\"compile_ms\":%.1f,\"fused_calls\":%llu,\"failures\":%llu,\"bad\":%d}\n",
            ms, (unsigned long long)total.compiles,
            (unsigned long long)(total.compiles - total.compile_cache_hits),
-           (unsigned long long)total.compile_remote_hits, (unsigned long long)rs.stores,
-           (unsigned long long)rs.refused, (unsigned long long)rs.errors, (unsigned long long)rs.bytes_in,
-           (unsigned long long)rs.bytes_out, total.compile_ms, (unsigned long long)total.fused_specialized_calls,
+           (unsigned long long)total.compile_remote_hits, (unsigned long long)rs.remote_stores,
+           (unsigned long long)rs.remote_refused, (unsigned long long)rs.remote_errors,
+           (unsigned long long)rs.remote_bytes_in, (unsigned long long)rs.remote_bytes_out, total.compile_ms, (unsigned long long)total.fused_specialized_calls,
            (unsigned long long)total.compile_failures, bad);
     sj_runtime_destroy(rt);
     free(x), free(y);

@@ -299,6 +299,26 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
 
 sj_backend_kind sj_runtime_backend(const sj_runtime *rt) { return rt ? rt->backend_kind : SJ_BACKEND_CPU; }
 
+void sj_runtime_cache_counters(const sj_runtime *rt, sj_cache_counters *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!rt) return;
+    if (rt->cache) {
+        sj_cache_stats d;
+        sj_cache_get_stats(rt->cache, &d);
+        *out = (sj_cache_counters){.disk_enabled = 1, .disk_hits = d.hits, .disk_misses = d.misses,
+                                   .disk_stores = d.stores, .disk_refused = d.corrupt, .disk_evictions = d.evictions};
+    }
+    if (rt->remote) {
+        sj_remote_stats r;
+        sj_remote_get_stats(rt->remote, &r);
+        out->remote_enabled = 1;
+        out->remote_hits = r.hits, out->remote_misses = r.misses, out->remote_stores = r.stores;
+        out->remote_refused = r.refused, out->remote_errors = r.errors, out->remote_skipped = r.skipped;
+        out->remote_bytes_in = r.bytes_in, out->remote_bytes_out = r.bytes_out;
+    }
+}
+
 void sj_fn_destroy(sj_fn *fn);
 
 void sj_runtime_destroy(sj_runtime *rt) {

@@ -394,6 +394,24 @@ SJ_API void sj_runtime_destroy(sj_runtime *rt);
 /* The backend the runtime runs on (never AUTO). */
 SJ_API sj_backend_kind sj_runtime_backend(const sj_runtime *rt);
 
+/* The kernel caches' counters since sj_runtime_create, for a server's
+ * metrics: the disk cache (cache_dir) and the remote cache
+ * (remote_cache_url). A cache the runtime does not use (none configured,
+ * or refused with a warning) reads as not enabled, all zero. Thread-safe. */
+typedef struct sj_cache_counters {
+    int disk_enabled;
+    uint64_t disk_hits, disk_misses, disk_stores;
+    uint64_t disk_refused;   /* entries refused: corrupt, tampered, another key's, not the user's */
+    uint64_t disk_evictions; /* past cache_max_bytes */
+    int remote_enabled;
+    uint64_t remote_hits, remote_misses, remote_stores;
+    uint64_t remote_refused; /* values that did not verify */
+    uint64_t remote_errors;  /* operations failed on the connection (down, timeout, garbage) */
+    uint64_t remote_skipped; /* operations not tried during a back-off */
+    uint64_t remote_bytes_in, remote_bytes_out;
+} sj_cache_counters;
+SJ_API void sj_runtime_cache_counters(const sj_runtime *rt, sj_cache_counters *out);
+
 /* The CUDA stream (a CUstream) the runtime runs sj_call on; NULL on the CPU
  * backend. Work the caller queues here is ordered before every later
  * sj_call, including those that run on a lane. Valid until

@@ -152,6 +152,21 @@ static void run_model(const char *dir, const char *url, const char *key, int tim
     }
     out->has_remote = rt->remote != NULL;
     sj_remote_get_stats(rt->remote, &out->rs);
+    /* the public counters say the same */
+    sj_cache_counters cc;
+    sj_runtime_cache_counters(rt, &cc);
+    assert_int_equal(cc.remote_enabled, out->has_remote);
+    assert_int_equal(cc.remote_hits, out->rs.hits);
+    assert_int_equal(cc.remote_misses, out->rs.misses);
+    assert_int_equal(cc.remote_stores, out->rs.stores);
+    assert_int_equal(cc.remote_refused, out->rs.refused);
+    assert_int_equal(cc.remote_errors, out->rs.errors);
+    assert_int_equal(cc.remote_bytes_in, out->rs.bytes_in);
+    assert_int_equal(cc.disk_enabled, dir != NULL);
+    if (dir) { /* every unit was looked up on disk first, and missed (fresh dirs) or hit */
+        assert_int_equal(cc.disk_hits + cc.disk_misses, (uint64_t)n_shapes);
+        assert_int_equal(cc.disk_stores, out->s.compiles - (out->s.compile_cache_hits - out->s.compile_remote_hits));
+    }
     sj_runtime_destroy(rt);
 }
 
