@@ -56,7 +56,10 @@
       "a newly compiled kernel's first calls that also run eagerly and are compared before it "   \
       "serves alone (`0`: no validation)")                                                        \
     X(validate_every, int, 0, 0, 1000000000, "SHAPEJIT_VALIDATE_EVERY",                           \
-      "after that, 1 call in this many (per entry and thread) is validated again (`0`: never)")
+      "after that, 1 call in this many (per entry and thread) is validated again (`0`: never)")                     \
+    X(remote_cache_timeout_ms, int, 250, 1, 60000, "SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS",            \
+      "bound on one remote kernel cache operation (connect and command together); past it the "   \
+      "kernel is compiled or taken from the local cache")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

@@ -175,6 +175,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     cd->fns = fns;
     cd->specialized = m != NULL || e->n_syms == 0;
     cd->from_cache = res->from_cache;
+    cd->from_remote = res->from_remote;
     cd->compile_ms = res->compile_ms;
     memcpy(cd->key, res->key, sizeof cd->key);
     atomic_init(&cd->checks_left, c->rt ? c->rt->cfg.validate_calls : 0);
@@ -224,9 +225,11 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         target_transition(t, SJ_CS_READY);
         atomic_fetch_add_explicit(&fn->c.compiles, 1, RELAXED);
         if (cd->from_cache) atomic_fetch_add_explicit(&fn->c.compile_cache_hits, 1, RELAXED);
+        if (cd->from_remote) atomic_fetch_add_explicit(&fn->c.compile_remote_hits, 1, RELAXED);
         atomic_fetch_add_explicit(&fn->c.compile_us, (uint64_t)(cd->compile_ms * 1000), RELAXED);
         sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s, %.1f ms)", fn->name, e->id,
-                m ? " shape" : "", cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
+                m ? " shape" : "",
+                cd->from_remote ? "from the remote cache" : cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
     } else {
         snprintf(t->error, sizeof t->error, "%s", err);
         /* a plan too big for a unit, or an internal error, fails the same

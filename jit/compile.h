@@ -56,6 +56,7 @@ typedef struct sj_compiled {
     void **fns;
     bool specialized;    /* every size a constant */
     bool from_cache;
+    bool from_remote; /* of which from the remote cache */
     double compile_ms;
     char key[65];        /* the kernel cache's key of the unit */
     /* Validated swap (jit/validate.c): > 0, calls left that run eagerly

@@ -269,6 +269,7 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->entries = out->static_entries + out->symbolic_entries;
     out->compiles = atomic_load_explicit(&c->compiles, RELAXED);
     out->compile_cache_hits = atomic_load_explicit(&c->compile_cache_hits, RELAXED);
+    out->compile_remote_hits = atomic_load_explicit(&c->compile_remote_hits, RELAXED);
     out->compile_failures = atomic_load_explicit(&c->compile_failures, RELAXED);
     out->compiles_blacklisted = atomic_load_explicit(&c->compiles_blacklisted, RELAXED);
     out->validations = atomic_load_explicit(&c->validations, RELAXED);
@@ -400,11 +401,11 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             (unsigned long long)s.fused_specialized_calls, (unsigned long long)s.memo_hits,
             (unsigned long long)s.guard_evals, (unsigned long long)s.traces, (unsigned long long)s.trace_errors,
             (unsigned long long)s.errors, (unsigned long long)s.limit_hits);
-    fprintf(out, "  compiles: %llu ready (%llu from the cache), %llu failed (%llu blacklisted), %llu dropped, %.1f ms "
-                 "compiling; backend %s\n",
+    fprintf(out, "  compiles: %llu ready (%llu from the cache, %llu of them remote), %llu failed (%llu blacklisted), "
+                 "%llu dropped, %.1f ms compiling; backend %s\n",
             (unsigned long long)s.compiles, (unsigned long long)s.compile_cache_hits,
-            (unsigned long long)s.compile_failures, (unsigned long long)s.compiles_blacklisted,
-            (unsigned long long)s.compiles_dropped, s.compile_ms,
+            (unsigned long long)s.compile_remote_hits, (unsigned long long)s.compile_failures,
+            (unsigned long long)s.compiles_blacklisted, (unsigned long long)s.compiles_dropped, s.compile_ms,
             fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
     if (fn->rt->cfg.validate_calls > 0 || s.validations)
         fprintf(out, "  validation: %llu calls checked against eager, %llu units rejected (first %d calls of a unit, then 1 in %d)\n",
