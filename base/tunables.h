@@ -44,7 +44,11 @@
       "`0`: a quarter of the last-level cache; negative: never")                                  \
     X(compile_timeout_ms, int, 60000, 1, 86400000, "SHAPEJIT_COMPILE_TIMEOUT_MS",                 \
       "a compiler run (a compile, or the `--version` probe) still running after this many "       \
-      "milliseconds is killed with its process group; the unit stays eager")
+      "milliseconds is killed with its process group; the unit stays eager")                       \
+    X(prepack_max_bytes, uint64_t, UINT64_C(1) << 30, 0, UINT64_MAX, "SHAPEJIT_PREPACK_MAX_BYTES", \
+      "CPU: bytes of constant weights a function keeps packed for its matrix products (an f32 "     \
+      "copy: as large as f32 weights, twice f16/bf16 ones); weights past it, and all with `0`, go " \
+      "through OpenBLAS unpacked")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

@@ -330,15 +330,15 @@ static sj_cpu_isa isa_best(void) {
 #endif
 }
 
-static sj_cpu_isa isa_now(void) {
+sj_cpu_isa sj_cpu_packed_isa(void) {
     sj_cpu_isa b = isa_best();
     int cap = atomic_load_explicit(&isa_cap, memory_order_relaxed);
     return cap >= 0 && cap < (int)b ? (sj_cpu_isa)cap : b;
 }
 
-sj_cpu_isa sj_cpu_packed_isa(int cap) {
+sj_cpu_isa sj_cpu_packed_isa_cap(int cap) {
     atomic_store_explicit(&isa_cap, cap, memory_order_relaxed);
-    return isa_now();
+    return sj_cpu_packed_isa();
 }
 
 const char *sj_cpu_isa_name(sj_cpu_isa isa) {
@@ -386,7 +386,8 @@ void sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_pac
             for (int64_t j = 0; j < p->N; j++) y[i * ldy + j] = bias ? bias[j] : 0.0f;
         return;
     }
-    pk_job j = {.fn = panel_fns[isa_now() < N_ISA ? isa_now() : 0], .M = M, .a = a, .lda = lda, .p = p,
+    sj_cpu_isa isa = sj_cpu_packed_isa();
+    pk_job j = {.fn = panel_fns[(int)isa < N_ISA ? isa : 0], .M = M, .a = a, .lda = lda, .p = p,
                 .bias = bias, .y = y, .ldy = ldy};
     j.mc = A_BLOCK_BYTES / (p->K * (int64_t)sizeof(float));
     j.mc = j.mc < 12 ? 12 : j.mc / 12 * 12;

@@ -53,9 +53,11 @@ uint64_t sj_cpu_packed_products(void);
 
 /* The instruction sets of the packed kernels, best last. */
 typedef enum sj_cpu_isa { SJ_CPU_ISA_C, SJ_CPU_ISA_AVX2, SJ_CPU_ISA_AVX512 } sj_cpu_isa;
-/* The kernel in use: the best the CPU supports, at most `cap` (tests set
- * a cap to run the lesser kernels; -1: no cap). Returns the one picked. */
-sj_cpu_isa sj_cpu_packed_isa(int cap);
+/* The kernel in use: the best the CPU supports, at most the cap. */
+sj_cpu_isa sj_cpu_packed_isa(void);
+/* Cap the kernels at `cap` (tests run the lesser kernels so; -1: no cap),
+ * process-wide. Returns the one now in use. */
+sj_cpu_isa sj_cpu_packed_isa_cap(int cap);
 const char *sj_cpu_isa_name(sj_cpu_isa isa);
 
 /* y (M x N, f32, row stride ldy, unit column stride) = a (M x K, f32,
