@@ -71,7 +71,7 @@ sj_status sj_cpu_pack(const sj_tensor *b, sj_cpu_packed **out) {
     if (!p) return sj_seterr(SJ_ENOMEM, "pack: out of memory");
     p->K = K, p->N = N, p->panels = (N + NR - 1) / NR;
     p->bytes = (size_t)(p->panels * (K > 0 ? K : 1) * NR) * sizeof(float);
-    p->bytes = (p->bytes + 63) & ~(size_t)63;
+    p->bytes = p->bytes ? (p->bytes + 63) & ~(size_t)63 : 64;
     p->data = sj_aligned_alloc(64, p->bytes);
     if (!p->data) {
         size_t bytes = p->bytes;
