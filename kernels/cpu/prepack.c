@@ -3,8 +3,9 @@
  * Layout: panel p (columns 16p .. 16p+15 of b) is K rows of 16 floats,
  * panels one after another; columns past N are zeros.
  *
- * Kernels: one panel at a time, all M rows of a block of a, MR rows per
- * register tile; each tile keeps its MR x 16 sums in registers over the
+ * Kernels: one panel at a time, all M rows of a block of a, in register
+ * tiles of at most MR rows, as even as the row count allows (13 rows are
+ * 7 + 6, not 12 + 1: every tile reads the whole panel); each tile keeps its MR x 16 sums in registers over the
  * whole of K (a's rows broadcast one element at a time, the panel's row
  * loaded once per k), then adds the bias and stores. AVX-512: 12 x 16 in
  * 12 zmm; AVX2+FMA: 6 x 16 in 12 ymm; plain C: 4 x 16 (vectorized by the
@@ -221,16 +222,20 @@ static inline __attribute__((always_inline)) T_AVX2 void few_avx2(const int mr, 
 
 T_AVX2 static void panel_avx2(int64_t M, int64_t K, const float *a, int64_t lda, const float *b, int64_t nc,
                               const float *bias, float *c, int64_t ldc) {
-    int64_t i = 0;
-    for (; i + MR_AVX2 <= M; i += MR_AVX2) tile_avx2(MR_AVX2, K, a + i * lda, lda, b, nc, bias, c + i * ldc, ldc);
-    a += i * lda, c += i * ldc;
-    switch (M - i) {
-    case 5: tile_avx2(5, K, a, lda, b, nc, bias, c, ldc); break;
-    case 4: tile_avx2(4, K, a, lda, b, nc, bias, c, ldc); break;
-    case 3: few_avx2(3, K, a, lda, b, nc, bias, c, ldc); break;
-    case 2: few_avx2(2, K, a, lda, b, nc, bias, c, ldc); break;
-    case 1: few_avx2(1, K, a, lda, b, nc, bias, c, ldc); break;
-    default: break;
+    for (int64_t t = 0, tiles = (M + MR_AVX2 - 1) / MR_AVX2, i = 0; t < tiles; t++) {
+        const float *at = a + i * lda;
+        float *ct = c + i * ldc;
+        int64_t rows = M / tiles + (t < M % tiles);
+        i += rows;
+        switch (rows) {
+        case 6: tile_avx2(6, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 5: tile_avx2(5, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 4: tile_avx2(4, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 3: few_avx2(3, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 2: few_avx2(2, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 1: few_avx2(1, K, at, lda, b, nc, bias, ct, ldc); break;
+        default: assert(0);
+        }
     }
 }
 
@@ -282,22 +287,26 @@ static inline __attribute__((always_inline)) T_512 void few_512(const int mr, in
 
 T_512 static void panel_512(int64_t M, int64_t K, const float *a, int64_t lda, const float *b, int64_t nc,
                             const float *bias, float *c, int64_t ldc) {
-    int64_t i = 0;
-    for (; i + MR_512 <= M; i += MR_512) tile_512(MR_512, K, a + i * lda, lda, b, nc, bias, c + i * ldc, ldc);
-    a += i * lda, c += i * ldc;
-    switch (M - i) {
-    case 11: tile_512(11, K, a, lda, b, nc, bias, c, ldc); break;
-    case 10: tile_512(10, K, a, lda, b, nc, bias, c, ldc); break;
-    case 9: tile_512(9, K, a, lda, b, nc, bias, c, ldc); break;
-    case 8: tile_512(8, K, a, lda, b, nc, bias, c, ldc); break;
-    case 7: tile_512(7, K, a, lda, b, nc, bias, c, ldc); break;
-    case 6: tile_512(6, K, a, lda, b, nc, bias, c, ldc); break;
-    case 5: tile_512(5, K, a, lda, b, nc, bias, c, ldc); break;
-    case 4: tile_512(4, K, a, lda, b, nc, bias, c, ldc); break;
-    case 3: few_512(3, K, a, lda, b, nc, bias, c, ldc); break;
-    case 2: few_512(2, K, a, lda, b, nc, bias, c, ldc); break;
-    case 1: few_512(1, K, a, lda, b, nc, bias, c, ldc); break;
-    default: break;
+    for (int64_t t = 0, tiles = (M + MR_512 - 1) / MR_512, i = 0; t < tiles; t++) {
+        const float *at = a + i * lda;
+        float *ct = c + i * ldc;
+        int64_t rows = M / tiles + (t < M % tiles);
+        i += rows;
+        switch (rows) {
+        case 12: tile_512(12, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 11: tile_512(11, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 10: tile_512(10, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 9: tile_512(9, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 8: tile_512(8, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 7: tile_512(7, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 6: tile_512(6, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 5: tile_512(5, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 4: tile_512(4, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 3: few_512(3, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 2: few_512(2, K, at, lda, b, nc, bias, ct, ldc); break;
+        case 1: few_512(1, K, at, lda, b, nc, bias, ct, ldc); break;
+        default: assert(0);
+        }
     }
 }
 #endif /* PK_X86 */
