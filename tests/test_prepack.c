@@ -96,6 +96,11 @@ static void test_products(void **state) {
                          c % 7 == 6 ? TU_REV : TU_CONTIG);
                 tu_free_all();
             }
+        /* every tile height each kernel has (AVX-512: up to 28 rows) */
+        for (int64_t M = 1; M <= 60; M++) {
+            run_case(SJ_F32, M, 37, 19, (int)M & 1, 1, 1, TU_CONTIG, TU_CONTIG);
+            tu_free_all();
+        }
         /* the BERT shapes, a sentence of 11 tokens and a batch of 300 */
         for (int t = 1; t <= 2; t++) {
             run_case(SJ_F32, 11, 384, 1536, 0, 1, t, TU_CONTIG, TU_CONTIG);

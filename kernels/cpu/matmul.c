@@ -39,8 +39,9 @@
  * prefix of length lim(i), and a query with lim(i) <= 0 gives zeros. Keys
  * at or past the block's largest lim are never read.
  *
- * Scratch slots: 0 a / q, 1 b / k, 2 y / v, 3 attention scores and output, or
- * the bias in f32.
+ * Scratch slots: 0 a / q, 1 b / k (a packed into tiles over packed b:
+ * SJ_CPU_PACK_SLOT), 2 y / v, 3 attention scores and output, or the bias
+ * in f32.
  */
 #include <assert.h>
 #include <cblas.h>
@@ -254,15 +255,14 @@ static sj_status mm_packed(mm *m, const char *a, char *y) {
     const float *bias = bias_f32(m, &oom);
     if (oom)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld-element bias", (long long)m->N);
-    if (m->dt == SJ_F32 && layout(m->M, m->N, m->sym, m->syn, &ldy) == LAY_ROW) {
-        sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, (float *)y, ldy, m->pool);
-        return SJ_OK;
-    }
+    if (m->dt == SJ_F32 && layout(m->M, m->N, m->sym, m->syn, &ldy) == LAY_ROW)
+        return sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, (float *)y, ldy, m->pool);
     float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
     if (!yb)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result", (long long)m->M,
                          (long long)m->N);
-    sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, yb, m->N, m->pool);
+    sj_status st = sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, yb, m->N, m->pool);
+    if (st) return st;
     for (int64_t i = 0; i < m->M; i++) cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
     return SJ_OK;
 }

@@ -3,15 +3,17 @@
  * Layout: panel p (columns 16p .. 16p+15 of b) is K rows of 16 floats,
  * panels one after another; columns past N are zeros.
  *
- * Kernels: one panel at a time, all M rows of a block of a, in register
- * tiles of at most MR rows, as even as the row count allows (13 rows are
- * 7 + 6, not 12 + 1: every tile reads the whole panel); each tile keeps its MR x 16 sums in registers over the
- * whole of K (a's rows broadcast one element at a time, the panel's row
- * loaded once per k), then adds the bias and stores. AVX-512: 12 x 16 in
- * 12 zmm; AVX2+FMA: 6 x 16 in 12 ymm; plain C: 4 x 16 (vectorized by the
- * compiler as far as the baseline allows). Rows of a come in blocks of at
- * most ~256 KiB so a block stays in L2 while every panel of the chunk
- * streams past it. Products are split over the kernel pool by panels.
+ * Kernels: a is cut into register tiles of at most MR rows, as even as
+ * the row count allows (13 rows with MR 12 are 7 + 6, not 12 + 1: every
+ * tile reads the whole panel), and packed per call tile by tile, k-major
+ * (scratch slot SJ_CPU_PACK_SLOT; a is small where packing b once
+ * matters). Each tile keeps its rows x 16 sums in registers over the whole
+ * of K (one element of a broadcast per row and k, the panel's row loaded
+ * once per k), then adds the bias and stores. AVX-512: up to 28 x 16 in
+ * 28 zmm; AVX2+FMA: 6 x 16 in 12 ymm; plain C: 4 x 16 (vectorized by the
+ * compiler as far as the baseline allows). Tiles come in blocks of about
+ * 256 KiB of a, which stay in L2 while every panel of a chunk streams past
+ * them. Products are split over the kernel pool by panels.
  *
  * The sums run over k in order (one FMA per k and column on AVX2/AVX-512,
  * a multiply then an add in plain C), so a product's result does not
@@ -31,6 +33,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/eager.h"
 #include "kernels/cpu/threads.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -104,52 +107,52 @@ int64_t sj_cpu_packed_rows(const sj_cpu_packed *p) { return p->K; }
 int64_t sj_cpu_packed_cols(const sj_cpu_packed *p) { return p->N; }
 
 /* -- Kernels --------------------------------------------------------------- *
- * panel_*(M, K, a, lda, b, nc, bias, c, ldc): c[i][j] = sum_k a[i][k] b[k][j]
- * (+ bias[j]) for i < M, j < nc (<= 16), b one panel (K rows of 16). */
+ * tile_*(rows, K, ap, b, nc, bias, c, ldc): c[r][j] = sum_k ap[k*rows + r]
+ * b[k*16 + j] (+ bias[j]) for r < rows (<= the kernel's MR), j < nc (<= 16):
+ * ap a tile of a packed k-major (rows floats per k), b one panel. */
 
-typedef void (*panel_fn)(int64_t M, int64_t K, const float *a, int64_t lda, const float *b, int64_t nc,
-                         const float *bias, float *c, int64_t ldc);
+typedef void (*tile_fn)(int rows, int64_t K, const float *ap, const float *b, int64_t nc, const float *bias, float *c,
+                        int64_t ldc);
 
 #if defined(__clang__)
 #define UNROLL _Pragma("unroll")
 #elif defined(__GNUC__)
-#define UNROLL _Pragma("GCC unroll 16")
+#define UNROLL _Pragma("GCC unroll 32")
 #else
 #define UNROLL
 #endif
+#define INLINE static inline __attribute__((always_inline))
 
 /* The tail of a tile: the first nc of 16 sums of each row, plus the bias. */
-static inline void store_rows(int mr, const float *t, int64_t nc, const float *bias, float *c, int64_t ldc) {
+INLINE void store_rows(int mr, const float *t, int64_t nc, const float *bias, float *c, int64_t ldc) {
     for (int r = 0; r < mr; r++)
         for (int64_t j = 0; j < nc; j++) c[r * ldc + j] = t[r * NR + j] + (bias ? bias[j] : 0.0f);
 }
 
 /* Plain C: 4 x 16. */
 #define MR_C 4
-static inline __attribute__((always_inline)) void tile_c(const int mr, int64_t K, const float *a, int64_t lda,
-                                                         const float *b, int64_t nc, const float *bias, float *c,
-                                                         int64_t ldc) {
+INLINE void tile_c_n(const int mr, int64_t K, const float *ap, const float *b, int64_t nc, const float *bias, float *c,
+                     int64_t ldc) {
     float acc[MR_C][NR];
     memset(acc, 0, sizeof acc);
     for (int64_t k = 0; k < K; k++) {
         const float *bk = b + k * NR;
         UNROLL for (int r = 0; r < mr; r++) {
-            float av = a[r * lda + k];
+            float av = ap[k * mr + r];
             for (int j = 0; j < NR; j++) acc[r][j] += av * bk[j];
         }
     }
     store_rows(mr, &acc[0][0], nc, bias, c, ldc);
 }
 
-static void panel_c(int64_t M, int64_t K, const float *a, int64_t lda, const float *b, int64_t nc,
-                    const float *bias, float *c, int64_t ldc) {
-    int64_t i = 0;
-    for (; i + MR_C <= M; i += MR_C) tile_c(MR_C, K, a + i * lda, lda, b, nc, bias, c + i * ldc, ldc);
-    switch (M - i) {
-    case 3: tile_c(3, K, a + i * lda, lda, b, nc, bias, c + i * ldc, ldc); break;
-    case 2: tile_c(2, K, a + i * lda, lda, b, nc, bias, c + i * ldc, ldc); break;
-    case 1: tile_c(1, K, a + i * lda, lda, b, nc, bias, c + i * ldc, ldc); break;
-    default: break;
+static void tile_c(int rows, int64_t K, const float *ap, const float *b, int64_t nc, const float *bias, float *c,
+                   int64_t ldc) {
+    switch (rows) {
+    case 4: tile_c_n(4, K, ap, b, nc, bias, c, ldc); break;
+    case 3: tile_c_n(3, K, ap, b, nc, bias, c, ldc); break;
+    case 2: tile_c_n(2, K, ap, b, nc, bias, c, ldc); break;
+    case 1: tile_c_n(1, K, ap, b, nc, bias, c, ldc); break;
+    default: assert(0);
     }
 }
 
@@ -157,15 +160,14 @@ static void panel_c(int64_t M, int64_t K, const float *a, int64_t lda, const flo
 /* AVX2 + FMA: 6 x 16, two ymm a row. */
 #define MR_AVX2 6
 #define T_AVX2 __attribute__((target("avx2,fma")))
-static inline __attribute__((always_inline)) T_AVX2 void tile_avx2(const int mr, int64_t K, const float *a,
-                                                                   int64_t lda, const float *b, int64_t nc,
-                                                                   const float *bias, float *c, int64_t ldc) {
+INLINE T_AVX2 void tile_avx2_n(const int mr, int64_t K, const float *ap, const float *b, int64_t nc,
+                               const float *bias, float *c, int64_t ldc) {
     __m256 lo[MR_AVX2], hi[MR_AVX2];
     UNROLL for (int r = 0; r < mr; r++) lo[r] = hi[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
         __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
         UNROLL for (int r = 0; r < mr; r++) {
-            __m256 av = _mm256_broadcast_ss(a + r * lda + k);
+            __m256 av = _mm256_broadcast_ss(ap + k * mr + r);
             lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
             hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
         }
@@ -187,10 +189,10 @@ static inline __attribute__((always_inline)) T_AVX2 void tile_avx2(const int mr,
     store_rows(mr, t, nc, bias, c, ldc);
 }
 
-/* Fewer than 4 rows: 4 partial sums a row (k mod 4), as few_512. */
-static inline __attribute__((always_inline)) T_AVX2 void few_avx2(const int mr, int64_t K, const float *a,
-                                                                  int64_t lda, const float *b, int64_t nc,
-                                                                  const float *bias, float *c, int64_t ldc) {
+/* Fewer than 4 rows: too few sums in flight to hide the FMA latency, so
+ * each row keeps 4 partial sums (k mod 4), added at the end. */
+INLINE T_AVX2 void few_avx2(const int mr, int64_t K, const float *ap, const float *b, int64_t nc, const float *bias,
+                            float *c, int64_t ldc) {
     __m256 lo[3][4], hi[3][4];
     UNROLL for (int r = 0; r < mr; r++) UNROLL for (int u = 0; u < 4; u++) lo[r][u] = hi[r][u] = _mm256_setzero_ps();
     int64_t k = 0;
@@ -198,7 +200,7 @@ static inline __attribute__((always_inline)) T_AVX2 void few_avx2(const int mr, 
         UNROLL for (int u = 0; u < 4; u++) {
             __m256 b0 = _mm256_load_ps(b + (k + u) * NR), b1 = _mm256_load_ps(b + (k + u) * NR + 8);
             UNROLL for (int r = 0; r < mr; r++) {
-                __m256 av = _mm256_broadcast_ss(a + r * lda + k + u);
+                __m256 av = _mm256_broadcast_ss(ap + (k + u) * mr + r);
                 lo[r][u] = _mm256_fmadd_ps(av, b0, lo[r][u]);
                 hi[r][u] = _mm256_fmadd_ps(av, b1, hi[r][u]);
             }
@@ -206,7 +208,7 @@ static inline __attribute__((always_inline)) T_AVX2 void few_avx2(const int mr, 
     for (; k < K; k++) {
         __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
         UNROLL for (int r = 0; r < mr; r++) {
-            __m256 av = _mm256_broadcast_ss(a + r * lda + k);
+            __m256 av = _mm256_broadcast_ss(ap + k * mr + r);
             lo[r][0] = _mm256_fmadd_ps(av, b0, lo[r][0]);
             hi[r][0] = _mm256_fmadd_ps(av, b1, hi[r][0]);
         }
@@ -220,36 +222,42 @@ static inline __attribute__((always_inline)) T_AVX2 void few_avx2(const int mr, 
     store_rows(mr, t, nc, bias, c, ldc);
 }
 
-T_AVX2 static void panel_avx2(int64_t M, int64_t K, const float *a, int64_t lda, const float *b, int64_t nc,
-                              const float *bias, float *c, int64_t ldc) {
-    for (int64_t t = 0, tiles = (M + MR_AVX2 - 1) / MR_AVX2, i = 0; t < tiles; t++) {
-        const float *at = a + i * lda;
-        float *ct = c + i * ldc;
-        int64_t rows = M / tiles + (t < M % tiles);
-        i += rows;
-        switch (rows) {
-        case 6: tile_avx2(6, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 5: tile_avx2(5, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 4: tile_avx2(4, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 3: few_avx2(3, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 2: few_avx2(2, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 1: few_avx2(1, K, at, lda, b, nc, bias, ct, ldc); break;
-        default: assert(0);
-        }
+T_AVX2 static void tile_avx2(int rows, int64_t K, const float *ap, const float *b, int64_t nc, const float *bias,
+                             float *c, int64_t ldc) {
+    switch (rows) {
+    case 6: tile_avx2_n(6, K, ap, b, nc, bias, c, ldc); break;
+    case 5: tile_avx2_n(5, K, ap, b, nc, bias, c, ldc); break;
+    case 4: tile_avx2_n(4, K, ap, b, nc, bias, c, ldc); break;
+    case 3: few_avx2(3, K, ap, b, nc, bias, c, ldc); break;
+    case 2: few_avx2(2, K, ap, b, nc, bias, c, ldc); break;
+    case 1: few_avx2(1, K, ap, b, nc, bias, c, ldc); break;
+    default: assert(0);
     }
 }
 
-/* AVX-512: 12 x 16, one zmm a row; the tail columns masked. */
-#define MR_512 12
+/* AVX-512: up to 28 x 16, one zmm a row (28 of the 32 registers), so a
+ * panel row loaded from memory serves up to 28 FMAs: at batch 1 the
+ * weights stream from DRAM, and fewer rows a tile would wait on them.
+ * The tail columns are masked. */
+#define MR_512 28
+/* Panel rows a tile of 8 rows or more prefetches ahead of the one it
+ * reads (2 KiB): the first tile of a panel streams it from memory at
+ * batch 1 (the weights outgrow the caches) and the hardware prefetchers
+ * stop at every 4 KiB page. Measured on Zen 4 (a forward's 36 products, 42
+ * MB of weights, 24 rows: 6.0 ms without, 5.0 with); neutral for the AVX2
+ * kernel there, which has none. */
+#ifndef PF_DIST
+#define PF_DIST 32
+#endif
 #define T_512 __attribute__((target("avx512f")))
-static inline __attribute__((always_inline)) T_512 void tile_512(const int mr, int64_t K, const float *a,
-                                                                 int64_t lda, const float *b, int64_t nc,
-                                                                 const float *bias, float *c, int64_t ldc) {
+INLINE T_512 void tile_512_n(const int mr, int64_t K, const float *ap, const float *b, int64_t nc, const float *bias,
+                             float *c, int64_t ldc) {
     __m512 acc[MR_512];
     UNROLL for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
+        if (mr >= 8) _mm_prefetch((const char *)(b + (k + PF_DIST) * NR), _MM_HINT_T0);
         __m512 bk = _mm512_load_ps(b + k * NR);
-        UNROLL for (int r = 0; r < mr; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), bk, acc[r]);
+        UNROLL for (int r = 0; r < mr; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(ap[k * mr + r]), bk, acc[r]);
     }
     __mmask16 m = (__mmask16)(nc >= NR ? 0xffff : (1u << nc) - 1);
     if (bias) {
@@ -259,11 +267,9 @@ static inline __attribute__((always_inline)) T_512 void tile_512(const int mr, i
     UNROLL for (int r = 0; r < mr; r++) _mm512_mask_storeu_ps(c + r * ldc, m, acc[r]);
 }
 
-/* Fewer than 4 rows: too few sums in flight to hide the FMA latency, so
- * each row keeps 4 partial sums (k mod 4), added at the end. */
-static inline __attribute__((always_inline)) T_512 void few_512(const int mr, int64_t K, const float *a,
-                                                                int64_t lda, const float *b, int64_t nc,
-                                                                const float *bias, float *c, int64_t ldc) {
+/* Fewer than 4 rows: 4 partial sums a row (k mod 4), as few_avx2. */
+INLINE T_512 void few_512(const int mr, int64_t K, const float *ap, const float *b, int64_t nc, const float *bias,
+                          float *c, int64_t ldc) {
     __m512 acc[3][4];
     UNROLL for (int r = 0; r < mr; r++) UNROLL for (int u = 0; u < 4; u++) acc[r][u] = _mm512_setzero_ps();
     int64_t k = 0;
@@ -271,54 +277,51 @@ static inline __attribute__((always_inline)) T_512 void few_512(const int mr, in
         UNROLL for (int u = 0; u < 4; u++) {
             __m512 bk = _mm512_load_ps(b + (k + u) * NR);
             UNROLL for (int r = 0; r < mr; r++)
-                acc[r][u] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k + u]), bk, acc[r][u]);
+                acc[r][u] = _mm512_fmadd_ps(_mm512_set1_ps(ap[(k + u) * mr + r]), bk, acc[r][u]);
         }
     for (; k < K; k++) {
         __m512 bk = _mm512_load_ps(b + k * NR);
-        UNROLL for (int r = 0; r < mr; r++) acc[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), bk, acc[r][0]);
+        UNROLL for (int r = 0; r < mr; r++) acc[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(ap[k * mr + r]), bk, acc[r][0]);
     }
     __mmask16 m = (__mmask16)(nc >= NR ? 0xffff : (1u << nc) - 1);
     __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
     UNROLL for (int r = 0; r < mr; r++) {
-        __m512 s = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
-        _mm512_mask_storeu_ps(c + r * ldc, m, bias ? _mm512_add_ps(s, bv) : s);
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
+        _mm512_mask_storeu_ps(c + r * ldc, m, bias ? _mm512_add_ps(sum, bv) : sum);
     }
 }
 
-T_512 static void panel_512(int64_t M, int64_t K, const float *a, int64_t lda, const float *b, int64_t nc,
-                            const float *bias, float *c, int64_t ldc) {
-    for (int64_t t = 0, tiles = (M + MR_512 - 1) / MR_512, i = 0; t < tiles; t++) {
-        const float *at = a + i * lda;
-        float *ct = c + i * ldc;
-        int64_t rows = M / tiles + (t < M % tiles);
-        i += rows;
-        switch (rows) {
-        case 12: tile_512(12, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 11: tile_512(11, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 10: tile_512(10, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 9: tile_512(9, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 8: tile_512(8, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 7: tile_512(7, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 6: tile_512(6, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 5: tile_512(5, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 4: tile_512(4, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 3: few_512(3, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 2: few_512(2, K, at, lda, b, nc, bias, ct, ldc); break;
-        case 1: few_512(1, K, at, lda, b, nc, bias, ct, ldc); break;
-        default: assert(0);
-        }
+#define T512(n)                                                                                                        \
+    case n: tile_512_n(n, K, ap, b, nc, bias, c, ldc); break;
+T_512 static void tile_512(int rows, int64_t K, const float *ap, const float *b, int64_t nc, const float *bias,
+                           float *c, int64_t ldc) {
+    switch (rows) {
+        T512(28) T512(27) T512(26) T512(25) T512(24) T512(23) T512(22) T512(21) T512(20) T512(19) T512(18)
+        T512(17) T512(16) T512(15) T512(14) T512(13) T512(12) T512(11) T512(10) T512(9) T512(8) T512(7)
+        T512(6) T512(5) T512(4)
+    case 3: few_512(3, K, ap, b, nc, bias, c, ldc); break;
+    case 2: few_512(2, K, ap, b, nc, bias, c, ldc); break;
+    case 1: few_512(1, K, ap, b, nc, bias, c, ldc); break;
+    default: assert(0);
     }
 }
+#undef T512
 #endif /* PK_X86 */
 
 /* -- Dispatch -------------------------------------------------------------- */
 
-static const panel_fn panel_fns[] = {panel_c,
+typedef struct kernel {
+    tile_fn fn;
+    int mr; /* most rows a tile */
+} kernel;
+
+static const kernel kernels[] = {{tile_c, MR_C},
 #ifdef PK_X86
-                                     panel_avx2, panel_512
+                                 {tile_avx2, MR_AVX2},
+                                 {tile_512, MR_512}
 #endif
 };
-#define N_ISA ((int)(sizeof panel_fns / sizeof panel_fns[0]))
+#define N_ISA ((int)(sizeof kernels / sizeof kernels[0]))
 
 static _Atomic int isa_cap = -1; /* -1: none */
 
@@ -362,44 +365,71 @@ const char *sj_cpu_isa_name(sj_cpu_isa isa) {
 /* -- Products -------------------------------------------------------------- */
 
 typedef struct pk_job {
-    panel_fn fn;
-    int64_t M, mc;
-    const float *a;
-    int64_t lda;
+    tile_fn fn;
+    int64_t M, tiles, tb; /* tb: tiles a block of rows */
+    const float *ap;      /* a packed tile by tile */
     const sj_cpu_packed *p;
     const float *bias;
     float *y;
     int64_t ldy;
 } pk_job;
 
-/* Panels [begin, end), every row, a block of rows at a time. */
-static void pk_range(void *ctx, int64_t begin, int64_t end) {
-    const pk_job *j = ctx;
-    const sj_cpu_packed *p = j->p;
-    for (int64_t i0 = 0; i0 < j->M; i0 += j->mc) {
-        int64_t rows = j->M - i0 < j->mc ? j->M - i0 : j->mc;
-        for (int64_t q = begin; q < end; q++) {
-            int64_t nc = p->N - q * NR < NR ? p->N - q * NR : NR;
-            j->fn(rows, p->K, j->a + i0 * j->lda, j->lda, p->data + q * p->K * NR, nc,
-                  j->bias ? j->bias + q * NR : NULL, j->y + i0 * j->ldy + q * NR, j->ldy);
+/* Tile t of M rows in `tiles` tiles as even as can be: its first row and
+ * its row count. */
+static int64_t tile_row(int64_t M, int64_t tiles, int64_t t, int64_t *rows) {
+    int64_t q = M / tiles, r = M % tiles;
+    *rows = q + (t < r);
+    return t * q + (t < r ? t : r);
+}
+
+/* a (M x K, row stride lda) into ap, tile by tile, each k-major: tile t's
+ * rows r0 .. r0+rows at ap + r0 * K, element (r0 + r, k) at [k * rows + r]. */
+static void pack_a(const float *a, int64_t lda, int64_t M, int64_t K, int64_t tiles, float *ap) {
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t rows, r0 = tile_row(M, tiles, t, &rows);
+        float *dst = ap + r0 * K;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *src = a + (r0 + r) * lda;
+            for (int64_t k = 0; k < K; k++) dst[k * rows + r] = src[k];
         }
     }
 }
 
-void sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias, float *y,
-                        int64_t ldy, sj_threads *pool) {
-    if (M <= 0 || p->N <= 0) return;
+/* Panels [begin, end), every tile, a block of tiles at a time. */
+static void pk_range(void *ctx, int64_t begin, int64_t end) {
+    const pk_job *j = ctx;
+    const sj_cpu_packed *p = j->p;
+    for (int64_t t0 = 0; t0 < j->tiles; t0 += j->tb)
+        for (int64_t q = begin; q < end; q++) {
+            int64_t nc = p->N - q * NR < NR ? p->N - q * NR : NR;
+            const float *b = p->data + q * p->K * NR, *bias = j->bias ? j->bias + q * NR : NULL;
+            for (int64_t t = t0; t < j->tiles && t < t0 + j->tb; t++) {
+                int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
+                j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
+            }
+        }
+}
+
+sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
+                             float *y, int64_t ldy, sj_threads *pool) {
+    if (M <= 0 || p->N <= 0) return SJ_OK;
     atomic_fetch_add_explicit(&products, 1, memory_order_relaxed);
     if (p->K == 0) { /* an empty sum: the bias alone */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < p->N; j++) y[i * ldy + j] = bias ? bias[j] : 0.0f;
-        return;
+        return SJ_OK;
     }
     sj_cpu_isa isa = sj_cpu_packed_isa();
-    pk_job j = {.fn = panel_fns[(int)isa < N_ISA ? isa : 0], .M = M, .a = a, .lda = lda, .p = p,
-                .bias = bias, .y = y, .ldy = ldy};
-    j.mc = A_BLOCK_BYTES / (p->K * (int64_t)sizeof(float));
-    j.mc = j.mc < 12 ? 12 : j.mc / 12 * 12;
+    const kernel *kn = &kernels[(int)isa < N_ISA ? isa : 0];
+    float *ap = sj_cpu_scratch(SJ_CPU_PACK_SLOT, (size_t)(M * p->K) * sizeof(float));
+    if (!ap)
+        return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand", (long long)M,
+                         (long long)p->K);
+    pk_job j = {.fn = kn->fn, .M = M, .tiles = (M + kn->mr - 1) / kn->mr, .ap = ap, .p = p, .bias = bias, .y = y,
+                .ldy = ldy};
+    pack_a(a, lda, M, p->K, j.tiles, ap);
+    j.tb = A_BLOCK_BYTES / (kn->mr * p->K * (int64_t)sizeof(float));
+    if (j.tb < 1) j.tb = 1;
     int64_t macs = M * p->K * p->N, per_panel = M * p->K * NR;
     if (pool && sj_threads_count(pool) > 1 && macs >= 2 * SPLIT_MIN_MACS && p->panels > 1) {
         int64_t min_chunk = (SPLIT_MIN_MACS + per_panel - 1) / per_panel;
@@ -407,6 +437,7 @@ void sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_pac
     } else {
         pk_range(&j, 0, p->panels);
     }
+    return SJ_OK;
 }
 
 /* -- The per-function cache ------------------------------------------------- */

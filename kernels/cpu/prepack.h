@@ -60,12 +60,17 @@ sj_cpu_isa sj_cpu_packed_isa(void);
 sj_cpu_isa sj_cpu_packed_isa_cap(int cap);
 const char *sj_cpu_isa_name(sj_cpu_isa isa);
 
+/* The calling thread's scratch slot (sj_cpu_scratch) a product packs its
+ * a into. */
+#define SJ_CPU_PACK_SLOT 1
+
 /* y (M x N, f32, row stride ldy, unit column stride) = a (M x K, f32,
  * row stride lda, unit column stride) @ p (+ bias[j] on column j, f32,
  * contiguous; NULL: none), split over pool's threads by panels when the
- * product is big enough (pool NULL: the calling thread). */
-void sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias, float *y,
-                        int64_t ldy, struct sj_threads *pool);
+ * product is big enough (pool NULL: the calling thread). a is packed into
+ * scratch slot SJ_CPU_PACK_SLOT first. SJ_ENOMEM when that fails. */
+sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
+                             float *y, int64_t ldy, struct sj_threads *pool);
 
 /* -- The per-function cache --------------------------------------------- */
 
