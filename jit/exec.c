@@ -531,8 +531,9 @@ void sj_exec_release_outputs(const sj_exec *x, const unsigned char *allocated) {
 /* -- Constant operands ------------------------------------------------------------ */
 
 /* The host descriptor of value v when it is a parameter or a view of one
- * (permute; slice; reshape of a contiguous one), with sizes from exv. */
-static bool const_desc(const sj_graph *g, const int64_t *exv, int32_t v, sj_tensor *t, int depth) {
+ * (permute; slice; reshape of a contiguous one) whose sizes (and slice
+ * start) are constants: the same matrix for every call of the entry. */
+static bool const_desc(const sj_graph *g, int32_t v, sj_tensor *t, int depth) {
     const sj_value *val = &g->vals[v];
     if (val->kind == SJ_VAL_PARAM) {
         *t = sj_graph_param(g, val->index, SJ_HOST);
@@ -541,8 +542,13 @@ static bool const_desc(const sj_graph *g, const int64_t *exv, int32_t v, sj_tens
     if (val->kind != SJ_VAL_NODE || depth > 32) return false;
     const sj_node *n = &g->nodes[val->index];
     sj_tensor x;
-    if (sj_op_kind_of(n->op) != SJ_K_VIEW || !const_desc(g, exv, sj_node_ins(g, n)[0], &x, depth + 1)) return false;
-    shape_from(g, exv, v, t);
+    if (sj_op_kind_of(n->op) != SJ_K_VIEW || !const_desc(g, sj_node_ins(g, n)[0], &x, depth + 1)) return false;
+    memset(t, 0, sizeof *t);
+    t->dtype = val->dtype;
+    t->rank = val->rank;
+    t->device = SJ_HOST;
+    for (int i = 0; i < val->rank; i++)
+        if (!sj_ex_is_const(g->ex, val->shape[i], &t->shape[i])) return false;
     switch (n->op) {
     case SJ_OP_PERMUTE:
         t->data = x.data;
@@ -550,10 +556,11 @@ static bool const_desc(const sj_graph *g, const int64_t *exv, int32_t v, sj_tens
         return true;
     case SJ_OP_SLICE: {
         int a = n->a.axis;
+        int64_t start;
+        if (!sj_ex_is_const(g->ex, n->a.start, &start)) return false;
         for (int i = 0; i < t->rank; i++) t->stride[i] = x.stride[i];
         t->stride[a] = x.stride[a] * n->a.step;
-        t->data = t->shape[a] > 0 ? (char *)x.data + (size_t)(exv[n->a.start] * x.stride[a]) * sj_dtype_size(x.dtype)
-                                  : x.data;
+        t->data = t->shape[a] > 0 ? (char *)x.data + (size_t)(start * x.stride[a]) * sj_dtype_size(x.dtype) : x.data;
         return true;
     }
     case SJ_OP_RESHAPE:
@@ -566,24 +573,20 @@ static bool const_desc(const sj_graph *g, const int64_t *exv, int32_t v, sj_tens
     }
 }
 
-int sj_exec_prepack(sj_graph *g, const int64_t *sym_vals, struct sj_cpu_pack_cache *cache) {
+int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache) {
     if (!cache || g->n_nodes == 0) return 0;
-    int64_t *exv = sj_malloc((size_t)sj_ex_count(g->ex) * sizeof(int64_t) + 1);
     const void **packed = sj_calloc((size_t)g->n_nodes, sizeof *packed);
+    if (!packed) return 0;
     int made = 0;
-    if (exv && packed) {
-        sj_ex_eval_all(g->ex, sym_vals, exv);
-        for (int i = 0; i < g->n_nodes; i++) {
-            const sj_node *n = &g->nodes[i];
-            sj_tensor b;
-            if (n->op != SJ_OP_MATMUL || !sj_dtype_is_float(g->vals[n->out].dtype) ||
-                !const_desc(g, exv, sj_node_ins(g, n)[1], &b, 0))
-                continue;
-            packed[i] = sj_cpu_pack_cache_get(cache, &b);
-            made += packed[i] != NULL;
-        }
+    for (int i = 0; i < g->n_nodes; i++) {
+        const sj_node *n = &g->nodes[i];
+        sj_tensor b;
+        if (n->op != SJ_OP_MATMUL || !sj_dtype_is_float(g->vals[n->out].dtype) ||
+            !const_desc(g, sj_node_ins(g, n)[1], &b, 0))
+            continue;
+        packed[i] = sj_cpu_pack_cache_get(cache, &b);
+        made += packed[i] != NULL;
     }
-    free(exv);
     if (made) {
         free(g->packed);
         g->packed = packed;

@@ -65,13 +65,13 @@ extern const sj_exec_ops sj_cpu_exec_ops;
 
 struct sj_cpu_pack_cache;
 /* Give every float matrix product of g whose right operand is a constant
- * (a parameter, or a permute, slice or reshape of one, at the sizes
- * sym_vals give) its packed copy from cache (kernels/cpu/prepack.h), in
+ * (a parameter, or a permute, slice or reshape of one with constant
+ * sizes) its packed copy from cache (kernels/cpu/prepack.h), in
  * g->packed; both executors' CPU products then run over it. For an entry
  * not yet published (its graph is read by no other thread). Returns the
  * products given one; nothing is packed when memory or the cache's bound
  * runs out (those products run unpacked). */
-int sj_exec_prepack(sj_graph *g, const int64_t *sym_vals, struct sj_cpu_pack_cache *cache);
+int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache);
 
 /* Run a fused plan of g: generated groups through their compiled functions
  * (fns: SJ_CG_VARIANTS_MAX per group, as sj_compiled's; NULL for NODE groups), NODE groups through the
