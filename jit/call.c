@@ -194,6 +194,10 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
     e->created_ns = sj_now_ns();
     e->plan = sj_fuse(g, in); /* before publishing: it adds to the graph's expressions */
     if (!e->plan) sj_logf(fn->rt, SJ_LOG_WARN, "fn '%s': out of memory planning fusion; the entry runs eagerly", fn->name);
+    if (fn->packs) {
+        int n = sj_exec_prepack(g, fn->packs);
+        if (n) sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d: %d products over packed constant weights", fn->name, e->id, n);
+    }
 #ifdef SJ_WITH_CUDA
     if (fn->rt->cuda && (st = sj_cuda_upload_graph(fn->rt->cuda, g))) {
         sj_err_prefix("fn '%s': ", fn->name);

@@ -11,6 +11,7 @@
 #include "base/tunables.h"
 #include "jit/exec_cuda.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/prepack.h"
 
 #define RELAXED memory_order_relaxed
 
@@ -109,6 +110,8 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     if (ok) ok = table = !sj_table_init(&fn->table);
     if (ok) ok = pool = !sj_pool_init(&fn->pool, rt);
     if (ok) ok = policy = !sj_policy_init(&fn->policy, n_inputs);
+    if (ok && rt->backend_kind == SJ_BACKEND_CPU && rt->cfg.prepack_max_bytes > 0)
+        ok = (fn->packs = sj_cpu_pack_cache_create(rt->cfg.prepack_max_bytes)) != NULL;
     if (ok) {
         sj_policy *p = &fn->policy;
         p->dynamic = o.dynamic;
@@ -122,6 +125,7 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         st = sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
     }
     if (st) {
+        sj_cpu_pack_cache_destroy(fn->packs);
         if (policy) sj_policy_free(&fn->policy);
         if (pool) sj_pool_destroy(&fn->pool);
         if (table) sj_table_destroy(&fn->table);
@@ -168,6 +172,7 @@ void sj_fn_destroy(sj_fn *fn) {
     sj_table_destroy(&fn->table);
     sj_policy_free(&fn->policy);
     sj_pool_destroy(&fn->pool);
+    sj_cpu_pack_cache_destroy(fn->packs); /* after the entries that read it */
     pthread_mutex_destroy(&fn->trace_lock);
     free_names(fn->input_names, fn->n_inputs);
     free(fn->name);
@@ -278,6 +283,7 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
     out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
     out->graph_failures = atomic_load_explicit(&c->graph_failures, RELAXED);
+    sj_cpu_pack_cache_stats(fn->packs, &out->packed_weights, &out->packed_bytes);
 }
 
 sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
@@ -411,6 +417,10 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
         fprintf(out, "  validation: %llu calls checked against eager, %llu units rejected (first %d calls of a unit, then 1 in %d)\n",
                 (unsigned long long)s.validations, (unsigned long long)s.validation_failures,
                 fn->rt->cfg.validate_calls, fn->rt->cfg.validate_every);
+    if (fn->packs)
+        fprintf(out, "  packed weights: %llu (%.1f MiB of %.1f MiB allowed), kernel %s\n",
+                (unsigned long long)s.packed_weights, (double)s.packed_bytes / (1 << 20),
+                (double)fn->rt->cfg.prepack_max_bytes / (1 << 20), sj_cpu_isa_name(sj_cpu_packed_isa()));
     if (fn->rt->cuda)
         fprintf(out, "  CUDA graphs: %llu captured, %llu failed captures, %llu calls served by one (limit %d per runtime)\n",
                 (unsigned long long)s.graphs, (unsigned long long)s.graph_failures,

@@ -67,6 +67,10 @@ struct sj_fn {
     bool reject_logged; /* compiler lock */
 
     sj_pool pool;
+    /* CPU backend: the packed copies of constant weights its entries'
+     * matrix products read (kernels/cpu/prepack.h); NULL: none packed
+     * (another backend, or prepack_max_bytes 0). Filled at trace time. */
+    struct sj_cpu_pack_cache *packs;
     sj_fn_counters c;
     sj_fn_shard hot[SJ_SHARDS];
 };

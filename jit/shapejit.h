@@ -239,6 +239,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_VALIDATE_CALLS=n, SHAPEJIT_VALIDATE_EVERY=n -> those fields
  *   SHAPEJIT_REMOTE_CACHE_URL=url       -> remote_cache_url
  *   SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS=n  -> remote_cache_timeout_ms
+ *   SHAPEJIT_PREPACK_MAX_BYTES=n        -> prepack_max_bytes
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -412,6 +413,17 @@ typedef struct sj_runtime_config {
      * together (a fetch or a push). 1 .. 60000 ms; default 250.
      * $SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS. */
     int remote_cache_timeout_ms;
+    /* CPU backend: a matrix product whose right operand is a constant (a
+     * parameter, or a permute, slice or reshape of one) has it packed once,
+     * when the entry is made, into the layout shapejit's product kernels
+     * read (f32; f16/bf16 converted once), instead of OpenBLAS copying it
+     * on every call. The packed copies are shared by a function's entries
+     * and freed with the function; they add memory beside the caller's
+     * weights (which stay in use): as much again for f32 weights, twice
+     * their size for f16/bf16. This bounds one function's packed bytes;
+     * weights past it run unpacked, and 0 packs nothing (every product
+     * through OpenBLAS). Default 1 GiB. $SHAPEJIT_PREPACK_MAX_BYTES. */
+    uint64_t prepack_max_bytes;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -976,6 +988,9 @@ typedef struct sj_stats {
     uint64_t graph_calls;      /* fused calls served by one CUDA graph launch */
     uint64_t graphs;           /* CUDA graphs captured */
     uint64_t graph_failures;   /* captures abandoned (those shapes keep launching kernel by kernel) */
+    /* CPU backend (sj_runtime_config.prepack_max_bytes): */
+    uint64_t packed_weights;   /* constant weights packed for matrix products, each once */
+    uint64_t packed_bytes;     /* the memory the packed copies hold */
 } sj_stats;
 /* Counts are exact for the calls that have returned; a call in flight on
  * another thread may or may not be in them yet. */
