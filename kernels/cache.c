@@ -142,7 +142,6 @@ void sj_cache_digest(const uint8_t *mac_key, const char *key, const char *ext, c
     crypto_generichash_final(&s, out, 32);
 }
 
-
 static void digest_final(crypto_generichash_state *s, char out[65]) {
     uint8_t h[32];
     crypto_generichash_final(s, h, sizeof h);
@@ -394,9 +393,8 @@ done:
     free(buf);
     if (corrupt) drop_entry(c, art, meta, &st);
     pthread_mutex_lock(&c->lock);
-    if (!counted);
-    else if (ok) c->stats.hits++;
-    else c->stats.misses++;
+    if (counted && ok) c->stats.hits++;
+    else if (counted) c->stats.misses++;
     if (corrupt) c->stats.corrupt++;
     pthread_mutex_unlock(&c->lock);
     return ok;
