@@ -44,7 +44,9 @@
       "`0`: a quarter of the last-level cache; negative: never")                                  \
     X(compile_timeout_ms, int, 60000, 1, 86400000, "SHAPEJIT_COMPILE_TIMEOUT_MS",                 \
       "a compiler run (a compile, or the `--version` probe) still running after this many "       \
-      "milliseconds is killed with its process group; the unit stays eager")
+      "milliseconds is killed with its process group; the unit stays eager")                     \
+    X(warmup_max_shapes, int, 256, 1, 65536, "SHAPEJIT_WARMUP_MAX_SHAPES",                        \
+      "the most shapes one `sj_fn_warmup` prepares (explicit and bucket edges together)")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

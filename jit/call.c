@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "jit/call.h"
 #include "jit/compile.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -309,6 +310,91 @@ sj_status sj_call_stream(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_te
     return call(fn, inputs, n_inputs, outputs, n_outputs, stream, false);
 }
 
+/* A memo miss: the newest entry whose guards pass, else a retrace; then
+ * the sizes check (once per signature) and the memo. *m is the memo item
+ * (NULL when not memoised: a transient entry, or a full memo); sym_vals
+ * receives the symbol values. */
+static sj_status resolve_miss(sj_fn *fn, const sj_tensor *inputs, const int64_t *sig, int words, unsigned h,
+                              int64_t *sym_vals, sj_memo **m, sj_entry **out, bool *transient) {
+    *m = NULL;
+    *transient = false;
+    sj_entry *e = sj_table_match(&fn->table, inputs, sym_vals, NULL, 0, NULL);
+    sj_status st;
+    if (!e && (st = retrace(fn, inputs, sym_vals, &e, transient))) return st;
+    if ((st = sj_exec_check_sizes(e->g, sym_vals, &fn->pool, fn->name))) {
+        if (*transient) sj_entry_free(e);
+        return st;
+    }
+    if (!*transient) *m = sj_table_memoize(&fn->table, sig, words, h, e, sym_vals);
+    *out = e;
+    return SJ_OK;
+}
+
+/* Run entry e for one call with the best code ready: this shape's
+ * specialization, else the entry's; else eagerly. Returns the call's
+ * status and, in *tier, the shard counter of the tier that served it.
+ * warm (sj_call_warm_run): never launched as a CUDA graph (a warm-up run
+ * is not a call: it counts no graph call), and with capture its buffers
+ * are captured into one at once. */
+enum { RUN_CALL, RUN_WARM, RUN_WARM_CAPTURE };
+
+static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms, bool transient,
+                         const sj_tensor *inputs, sj_tensor *outputs, void *stream, bool sync, int run,
+                         sj_fn_shard *hot, _Atomic uint64_t **tier_out) {
+    sj_status st;
+    sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
+    _Atomic uint64_t *tier = &hot->fused_spec_calls;
+    if (!cd && !transient) {
+        cd = atomic_load_explicit(&e->ct.ready, memory_order_acquire);
+        if (e->n_syms) tier = &hot->fused_sym_calls;
+    }
+    sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
+                 .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
+                 .ops = &sj_cpu_exec_ops, .ops_ctx = fn->rt->threads};
+#ifdef SJ_WITH_CUDA
+    sj_cuda_call cc;
+    int lane = -1;
+    if (fn->rt->cuda) {
+        CUstream s = stream ? (CUstream)stream : sync ? sj_cuda_lane_take(fn->rt, &lane) : fn->rt->cuda->stream;
+        sj_cuda_call_init(&cc, fn->rt->cuda, s, sync, e->n_syms);
+        x.ops = &sj_cuda_exec_ops;
+        x.ops_ctx = &cc;
+    }
+#else
+    (void)stream, (void)sync, (void)run;
+#endif
+    if (cd && sj_exec_fused_ok(&x)) {
+#ifdef SJ_WITH_CUDA
+        sj_graph_use gu = !fn->rt->cuda ? SJ_GRAPH_NO
+                          : run == RUN_CALL ? sj_cuda_graph_call(fn, m, &x, &cc, cd, &st)
+                          : SJ_GRAPH_COUNT;
+        if (gu != SJ_GRAPH_SERVED) { /* (a graph served call counted its graph call; its tier is cd's) */
+            st = sj_exec_fused(&x, e->plan, cd->fns);
+            if (!st && gu == SJ_GRAPH_COUNT && run == RUN_CALL) sj_cuda_graph_note(fn, m, &x, &cc, e->plan, cd);
+            if (!st && m && run == RUN_WARM_CAPTURE) sj_cuda_graph_request(fn, m, &x, &cc, e->plan, cd);
+        }
+#else
+        st = sj_exec_fused(&x, e->plan, cd->fns);
+#endif
+    } else {
+        st = sj_exec_eager(&x);
+        tier = &hot->eager_calls;
+    }
+#ifdef SJ_WITH_CUDA
+    /* A transient entry's device constants are freed with it: the caller's
+     * stream must be done with them first (sj_call has waited already). */
+    if (transient && fn->rt->cuda && !sync) {
+        sj_cuda_bind(fn->rt->cuda);
+        sj_status sst = SJ_CU(fn->rt->cuda, fn->rt->cuda->api.StreamSynchronize(cc.e.stream),
+                              "waiting for a one-off entry's kernels");
+        if (!st) st = sst;
+    }
+    if (fn->rt->cuda && sync) sj_cuda_lane_put(fn->rt, lane); /* the call waited for its stream */
+#endif
+    *tier_out = tier;
+    return st;
+}
+
 static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs, int n_outputs,
                       void *stream, bool sync) {
     sj_clearerr();
@@ -333,17 +419,8 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         note_shape(fn, m, shard);
     } else {
         atomic_fetch_add_explicit(&hot->guard_evals, 1, RELAXED);
-        e = sj_table_match(&fn->table, inputs, local_syms, NULL, 0, NULL);
-        if (!e) {
-            st = retrace(fn, inputs, local_syms, &e, &transient);
-            if (st) goto fail;
-        }
-        /* once per signature (a memo hit has passed it) */
-        if ((st = sj_exec_check_sizes(e->g, local_syms, &fn->pool, fn->name))) {
-            if (transient) sj_entry_free(e);
-            goto fail;
-        }
-        if (!transient && (m = sj_table_memoize(&fn->table, sig, words, h, e, local_syms))) note_shape(fn, m, shard);
+        if ((st = resolve_miss(fn, inputs, sig, words, h, local_syms, &m, &e, &transient))) goto fail;
+        if (m) note_shape(fn, m, shard);
         syms = local_syms;
     }
 
@@ -355,53 +432,8 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     }
     if (!transient) note_call(fn, e, shard); /* may compile here in sync mode */
 
-    /* The best code ready: this shape's specialization, else the entry's. */
-    sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
-    _Atomic uint64_t *tier = &hot->fused_spec_calls;
-    if (!cd && !transient) {
-        cd = atomic_load_explicit(&e->ct.ready, memory_order_acquire);
-        if (e->n_syms) tier = &hot->fused_sym_calls;
-    }
-    sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
-                 .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
-                 .ops = &sj_cpu_exec_ops, .ops_ctx = fn->rt->threads};
-#ifdef SJ_WITH_CUDA
-    sj_cuda_call cc;
-    int lane = -1;
-    if (fn->rt->cuda) {
-        CUstream s = stream ? (CUstream)stream : sync ? sj_cuda_lane_take(fn->rt, &lane) : fn->rt->cuda->stream;
-        sj_cuda_call_init(&cc, fn->rt->cuda, s, sync, e->n_syms);
-        x.ops = &sj_cuda_exec_ops;
-        x.ops_ctx = &cc;
-    }
-#else
-    (void)stream, (void)sync;
-#endif
-    if (cd && sj_exec_fused_ok(&x)) {
-#ifdef SJ_WITH_CUDA
-        sj_graph_use gu = fn->rt->cuda ? sj_cuda_graph_call(fn, m, &x, &cc, cd, &st) : SJ_GRAPH_NO;
-        if (gu != SJ_GRAPH_SERVED) {
-            st = sj_exec_fused(&x, e->plan, cd->fns);
-            if (!st && gu == SJ_GRAPH_COUNT) sj_cuda_graph_note(fn, m, &x, &cc, e->plan, cd);
-        }
-#else
-        st = sj_exec_fused(&x, e->plan, cd->fns);
-#endif
-    } else {
-        st = sj_exec_eager(&x);
-        tier = &hot->eager_calls;
-    }
-#ifdef SJ_WITH_CUDA
-    /* A transient entry's device constants are freed with it: the caller's
-     * stream must be done with them first (sj_call has waited already). */
-    if (transient && fn->rt->cuda && !sync) {
-        sj_cuda_bind(fn->rt->cuda);
-        sj_status sst = SJ_CU(fn->rt->cuda, fn->rt->cuda->api.StreamSynchronize(cc.e.stream),
-                              "waiting for a one-off entry's kernels");
-        if (!st) st = sst;
-    }
-    if (fn->rt->cuda && sync) sj_cuda_lane_put(fn->rt, lane); /* the call waited for its stream */
-#endif
+    _Atomic uint64_t *tier;
+    st = execute(fn, m, e, syms, transient, inputs, outputs, stream, sync, RUN_CALL, hot, &tier);
     if (transient) sj_entry_free(e);
     if (st) goto fail;
     atomic_fetch_add_explicit(tier, 1, RELAXED); /* and so to calls */
@@ -409,5 +441,34 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
 
 fail:
     if (fn) atomic_fetch_add_explicit(&fn->c.errors, 1, RELAXED);
+    return st;
+}
+
+/* -- Warm-up (jit/warmup.c) ------------------------------------------------------ */
+
+sj_status sj_call_prepare(sj_fn *fn, const sj_tensor *inputs, int64_t *sym_vals, sj_memo **m, sj_entry **e,
+                          bool *transient) {
+    int64_t sig[SJ_SIG_WORDS_MAX];
+    int words = sj_sig_pack(inputs, fn->n_inputs, sig);
+    unsigned h = sj_sig_hash(sig, words);
+    *transient = false;
+    if ((*m = sj_table_find(&fn->table, sig, words, h))) {
+        *e = (*m)->entry;
+        memcpy(sym_vals, (*m)->syms, sizeof(int64_t) * (size_t)(*e)->n_syms);
+        return SJ_OK;
+    }
+    return resolve_miss(fn, inputs, sig, words, h, sym_vals, m, e, transient);
+}
+
+sj_status sj_call_warm_run(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms, const sj_tensor *inputs,
+                           sj_tensor *outputs, int n_outputs, bool capture, const char **tier) {
+    if (e->g->n_outputs != n_outputs)
+        return sj_seterr(SJ_EINVAL, "fn '%s': %d outputs given, the model produces %d", fn->name, n_outputs,
+                         e->g->n_outputs);
+    sj_fn_shard *hot = &fn->hot[sj_shard_index()]; /* only to name the tier: nothing is counted there */
+    _Atomic uint64_t *t;
+    sj_status st = execute(fn, m, e, syms, false, inputs, outputs, NULL, true, capture ? RUN_WARM_CAPTURE : RUN_WARM,
+                           hot, &t);
+    *tier = t == &hot->eager_calls ? "eager" : t == &hot->fused_sym_calls ? "fused symbolic" : "fused specialized";
     return st;
 }

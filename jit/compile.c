@@ -24,6 +24,8 @@
 /* A background compile runs in the idle scheduling class until its job is
  * this old (from being queued); then at normal priority. */
 #define IDLE_NS_DEFAULT (INT64_C(1000) * 1000000)
+/* sj_compiler_wait_target looks at its stop flag this often. */
+#define WAIT_SLICE_NS (INT64_C(20) * 1000000)
 
 typedef struct job {
     struct sj_fn *fn;
@@ -31,6 +33,7 @@ typedef struct job {
     sj_memo *memo; /* NULL: the entry's own target */
     uint64_t priority, seq;
     int64_t queued_ns;
+    bool warm; /* asked for by a warm-up: never dropped as cold */
 } job;
 
 struct sj_compiler {
@@ -249,7 +252,7 @@ static void *worker_main(void *arg) {
         job j = pop(c);
         sj_ctarget *t = target_of(j.entry, j.memo);
         uint64_t calls = sj_counter_sum(&j.entry->calls);
-        if (sj_now_ns() - j.queued_ns > c->cold_ns && calls == t->queued_calls) {
+        if (!j.warm && sj_now_ns() - j.queued_ns > c->cold_ns && calls == t->queued_calls) {
             target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
             atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
             j.fn->compiles_pending--;
@@ -329,13 +332,16 @@ void sj_compiler_set_idle_ms(sj_compiler *c, int ms) {
 
 /* -- Requests ---------------------------------------------------------------------------- */
 
-void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) {
+static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, bool warm) {
     if (!c || c->mode == SJ_CM_OFF || !e->plan) return;
     sj_ctarget *t = target_of(e, m);
-    if (atomic_load_explicit(&t->state, memory_order_acquire) != SJ_CS_NONE && c->mode == SJ_CM_ASYNC) return;
+    if (atomic_load_explicit(&t->state, memory_order_acquire) != SJ_CS_NONE && c->mode == SJ_CM_ASYNC && !warm) return;
     pthread_mutex_lock(&c->lock);
     if (c->mode == SJ_CM_ASYNC) {
-        if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !c->stop && !fn->cancelled) {
+        if (warm && atomic_load_explicit(&t->state, RELAXED) == SJ_CS_QUEUED) { /* queued by a call: keep it */
+            for (int i = 0; i < c->n_jobs; i++)
+                if (target_of(c->heap[i].entry, c->heap[i].memo) == t) c->heap[i].warm = true;
+        } else if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !c->stop && !fn->cancelled) {
             if (c->n_jobs == c->cap_jobs) {
                 int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
                 job *h = sj_realloc(c->heap, (size_t)cap * sizeof *h);
@@ -347,7 +353,7 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
                 c->cap_jobs = cap;
             }
             t->queued_calls = sj_counter_sum(&e->calls);
-            c->heap[c->n_jobs] = (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns()};
+            c->heap[c->n_jobs] = (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns(), warm};
             heap_up(c->heap, c->n_jobs++);
             target_transition(t, SJ_CS_QUEUED);
             fn->compiles_pending++;
@@ -372,6 +378,30 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
     pthread_mutex_unlock(&c->lock);
 }
 
+void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) { request(c, fn, e, m, false); }
+
+void sj_compiler_request_warm(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) { request(c, fn, e, m, true); }
+
+sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadline_ns, atomic_bool *stop) {
+    pthread_mutex_lock(&c->lock);
+    sj_cstate s;
+    while ((s = (sj_cstate)atomic_load_explicit(&t->state, memory_order_acquire)) == SJ_CS_QUEUED ||
+           s == SJ_CS_COMPILING) {
+        int64_t now = sj_now_ns();
+        if ((stop && atomic_load(stop)) || (deadline_ns && now >= deadline_ns)) break;
+        int64_t slice = now + WAIT_SLICE_NS;
+        if (deadline_ns && deadline_ns < slice) slice = deadline_ns;
+        struct timespec ts; /* the condition variable's clock is CLOCK_REALTIME */
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t at = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (slice - now);
+        ts.tv_sec = (time_t)(at / 1000000000);
+        ts.tv_nsec = (long)(at % 1000000000);
+        pthread_cond_timedwait(&c->done, &c->lock, &ts);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
 void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
     if (!c) return;
     pthread_mutex_lock(&c->lock);
@@ -388,6 +418,7 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
         for (int k = c->n_jobs / 2; k >= 0; k--) heap_down(c->heap, c->n_jobs, k); /* re-heapify */
         i = 0;
     }
+    pthread_cond_broadcast(&c->done); /* target waiters see their dropped jobs */
     while (fn->compiles_pending > 0) pthread_cond_wait(&c->done, &c->lock);
     pthread_mutex_unlock(&c->lock);
 }

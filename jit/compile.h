@@ -80,6 +80,15 @@ void sj_ctarget_init(sj_ctarget *t);
  * Thread-safe. */
 void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m);
 
+/* sj_compiler_request for a warm-up (jit/warmup.c): the same, except that
+ * a queued job is never dropped as cold (a warm-up makes no calls). */
+void sj_compiler_request_warm(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m);
+
+/* Wait while target t is QUEUED or COMPILING, until deadline_ns (sj_now_ns
+ * clock; 0: no limit) or until *stop (may be NULL) is set, which is looked
+ * at every 20 ms. Returns the state it saw last. */
+sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadline_ns, atomic_bool *stop);
+
 /* Drop fn's queued jobs and wait for its compiles in flight to finish. */
 void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn);
 

@@ -1,7 +1,9 @@
 /* A jitted function: its options, policy, and table of guarded entries.
  *
  * Lock order: fn->trace_lock, then the table's memo lock, then
- * rt->lock. No lock is held while a graph executes; trace_lock is held
+ * rt->lock. fn->warm_lock (jit/warmup.c) is a leaf: nothing is called and
+ * no other lock taken while it is held. No lock is held while a graph
+ * executes; trace_lock is held
  * while the model function runs (one trace at a time per function), so
  * other threads keep serving existing entries meanwhile.
  */
@@ -26,6 +28,7 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t limit_hits, hot_entries, hot_shapes, static_entries, symbolic_entries;
     _Atomic uint64_t compiles, compile_cache_hits, compile_failures, compiles_dropped, compile_us;
     _Atomic uint64_t graphs, graph_failures;
+    _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;
 } sj_fn_counters;
 
 /* What every successful call counts, one 64-byte line per thread shard
@@ -63,6 +66,13 @@ struct sj_fn {
     bool cancelled;           /* being destroyed: no new compiles */
     atomic_int cancel_compiles; /* set with cancelled: a running compiler is killed */
     bool compile_fail_logged;
+
+    /* Warm-up (jit/warmup.c): the latest, under warm_lock; its state also
+     * in warm_state (sj_warm_state), read without the lock. */
+    pthread_mutex_t warm_lock;
+    pthread_cond_t warm_cond; /* with warm_lock: a warm-up is over */
+    struct sj_warmup *warm;
+    _Atomic int warm_state;
 
     sj_pool pool;
     sj_fn_counters c;
