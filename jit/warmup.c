@@ -262,7 +262,7 @@ static void settle(sj_warmup *w, warm_shape *s, sj_warm_state state, sj_status s
     s->state = state;
     s->status = st;
     if (st) snprintf(s->message, sizeof s->message, "fn '%s': warm-up shape %d of %d (%s): %s", fn->name,
-                     (int)(s - w->shapes), w->n, s->shape, msg);
+                     (int)(s - w->shapes), w->cap, s->shape, msg);
     if (state == SJ_WARM_DONE) {
         w->prepared++;
         atomic_fetch_add_explicit(&fn->c.warmup_shapes, 1, RELAXED);
@@ -595,11 +595,19 @@ sj_status sj_fn_warmup(sj_fn *fn, const sj_warmup_spec *spec, unsigned flags) {
         }
         if (!st) st = walk_vars(fn, spec->walk, spec->walk_max, vars, &n_vars, &combos);
     }
-    int64_t total = spec->n_shapes + (spec->walk ? 1 + combos : 0);
+    /* the template is one of the combinations when each of its walked
+     * sizes is an edge: then it is not counted twice */
+    bool tpl_edge = n_vars > 0;
+    for (int v = 0; v < n_vars; v++) {
+        bool edge = false;
+        for (int k = 0; vars[v].edges && k < vars[v].n_edges; k++) edge |= vars[v].edges[k] == vars[v].size;
+        tpl_edge &= edge;
+    }
+    int64_t total = spec->n_shapes + (spec->walk ? (combos == INT64_MAX ? combos : combos + !tpl_edge) : 0);
     if (!st && (combos == INT64_MAX || total > cap))
         st = sj_seterr(SJ_EINVAL, "sj_fn_warmup: fn '%s': %lld shapes (%d listed, %s%lld walked), more than "
                                   "warmup_max_shapes (%d, SHAPEJIT_WARMUP_MAX_SHAPES)", fn->name,
-                       combos == INT64_MAX ? -1LL : (long long)total, spec->n_shapes, spec->walk ? "the template and " : "",
+                       combos == INT64_MAX ? -1LL : (long long)total, spec->n_shapes, spec->walk && !tpl_edge ? "the template and " : "",
                        (long long)combos, cap);
     sj_warmup *w = NULL;
     if (!st) {
