@@ -6,7 +6,8 @@
  *                         -> the OpenAI answer: {"object": "list", "data":
  *                         [{"object": "embedding", "index": i, "embedding":
  *                         [...]}], "model": ..., "usage": {...}}
- *   GET  /health          503 while the declared shapes warm up, then 200
+ *   GET  /health          503 while the declared shapes warm up (shapejit's
+ *                         sj_fn_warmup in the background), then 200
  *   GET  /metrics         Prometheus text: requests, latency and batch
  *                         histograms, tokens, queue depth, calls by tier,
  *                         compiles, recompiles, guard failures, cache hits
@@ -49,7 +50,7 @@
 /* -- Options ------------------------------------------------------------------ */
 
 typedef struct options {
-    const char *model, *host, *port_file, *name;
+    const char *model, *host, *port_file, *name, *warmup_shapes;
     int port, threads, batchers, max_batch_tokens, max_batch_wait_ms, max_inputs, queue_depth, max_tokens;
     int max_batch, warmup, connections;
     size_t max_body;
@@ -76,6 +77,8 @@ static void usage(FILE *f) {
             "  --max-connections N     connections at once (default 256)\n"
             "  --dtype f32|f16|bf16    compute dtype (default f32)\n"
             "  --warmup 0|1            compile the declared shapes before /health is 200 (default 1)\n"
+            "  --warmup-shapes LIST    the declared shapes, BATCHxSEQ,... (default: batches 1,4,8,16\n"
+            "                          by sequences 16,32,...,--max-tokens)\n"
             "  --model-name NAME       the \"model\" field of answers (default all-MiniLM-L6-v2)\n"
             "Environment: SHAPEJIT_* (see the shapejit README), e.g. SHAPEJIT_BACKEND=cpu.\n");
 }
@@ -119,6 +122,8 @@ static int parse_options(int argc, char **argv, options *o) {
             o->host = argv[++i];
         } else if (!strcmp(a, "--port-file") && v) {
             o->port_file = argv[++i];
+        } else if (!strcmp(a, "--warmup-shapes") && v) {
+            o->warmup_shapes = argv[++i];
         } else if (!strcmp(a, "--model-name") && v) {
             o->name = argv[++i];
         } else if (!strcmp(a, "--dtype") && v) {
@@ -200,10 +205,14 @@ typedef struct server {
     int qhead, qlen;
     bool stopping;
     pthread_t *batchers;
-    pthread_t warm_thread;
-    _Atomic bool ready;
+    double warm_start;
+    _Atomic bool warm_skipped; /* the warm-up was refused: serve as ready */
     _Atomic int in_flight;
 } server;
+
+static bool is_ready(server *s) {
+    return !s->o.warmup || atomic_load(&s->warm_skipped) || sj_fn_ready(bert_fn(s->model));
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -417,7 +426,7 @@ static enum MHD_Result handle_metrics(server *s, struct MHD_Connection *c) {
             "embed_padded_tokens_total %" PRIu64 "\n# TYPE embed_sentences_total counter\nembed_sentences_total %" PRIu64 "\n"
             "# HELP embed_queue_depth Sentences waiting for a batch.\n# TYPE embed_queue_depth gauge\nembed_queue_depth %d\n"
             "# HELP embed_ready 1 once the declared shapes are warm.\n# TYPE embed_ready gauge\nembed_ready %d\n",
-            m.tokens, m.padded_tokens, m.sentences, depth, atomic_load(&s->ready) ? 1 : 0);
+            m.tokens, m.padded_tokens, m.sentences, depth, is_ready(s) ? 1 : 0);
     appendf(&b, &len, &cap,
             "# HELP shapejit_calls_total Encoder calls by the tier that served them.\n# TYPE shapejit_calls_total counter\n"
             "shapejit_calls_total{tier=\"eager\"} %" PRIu64 "\n"
@@ -559,7 +568,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool is_get = !strcmp(method, "GET"), is_post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
         if (!is_get) return reply_error(s, c, 405, "invalid_request_error", "use GET /health", -1);
-        bool ok = atomic_load(&s->ready);
+        bool ok = is_ready(s);
         const char *t = ok ? "{\"status\":\"ok\"}" : "{\"status\":\"warming up\"}";
         count_request(s, ok ? 200 : 503, -1);
         return reply(c, ok ? 200 : 503, "application/json", strdup(t), strlen(t));
@@ -588,19 +597,40 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* -- Warm-up and lifecycle --------------------------------------------------------- */
 
-static void *warm_main(void *arg) {
-    server *s = arg;
-    double t0 = now_s();
-    /* one shape per bucket the batcher makes: batch 1, 2-4, ... and
-     * sequence buckets up to the longest text */
-    int batches[] = {1, 4, 8, 16}, seqs[] = {16, 32, 64, 128, 256};
-    int ns = 0;
-    while (ns < 5 && seqs[ns] <= s->o.max_tokens) ns++;
-    sj_status st = bert_warmup(s->model, batches, 4, seqs, ns, 600000);
-    if (st) fprintf(stderr, "embed_server: warm-up: %s (serving anyway)\n", bert_error());
-    atomic_store(&s->ready, true);
-    fprintf(stderr, "embed_server: ready (warm-up %.1f s)\n", now_s() - t0);
-    return NULL;
+/* The declared shapes: --warmup-shapes, or one shape per bucket the
+ * batcher makes (batch 1, 2-4, ...) by each sequence bucket up to the
+ * longest text. bs: pairs (batch, seq); returns how many, -1 on a bad list. */
+static int warmup_shapes(const options *o, int *bs, int max) {
+    int n = 0;
+    if (o->warmup_shapes) {
+        for (const char *p = o->warmup_shapes; *p && n < max;) {
+            char *end;
+            long b = strtol(p, &end, 10), q;
+            if (end == p || *end != 'x') return -1;
+            p = end + 1;
+            q = strtol(p, &end, 10);
+            if (end == p || b < 1 || q < 1 || q > o->max_tokens || (*end && *end != ',')) return -1;
+            bs[2 * n] = (int)b, bs[2 * n + 1] = (int)q, n++;
+            p = *end ? end + 1 : end;
+        }
+        return n;
+    }
+    const int batches[] = {1, 4, 8, 16};
+    for (int i = 0; i < 4; i++)
+        for (int q = 16; q <= 256 && q <= o->max_tokens && n < max; q *= 2) bs[2 * n] = batches[i], bs[2 * n + 1] = q, n++;
+    return n;
+}
+
+/* The warm-up is over (on shapejit's warm-up thread: no call into the
+ * library but the reads it allows). */
+static void on_warm(void *user, sj_fn *fn, const sj_warmup_status *st) {
+    (void)fn;
+    server *s = user;
+    if (st->state != SJ_WARM_DONE) return; /* cancelled: shutting down */
+    if (st->failed)
+        fprintf(stderr, "embed_server: warm-up: %d of %d shapes failed (serving anyway); first: %s\n", st->failed,
+                st->total, st->first_message);
+    fprintf(stderr, "embed_server: ready (warm-up %.1f s, %d shapes)\n", now_s() - s->warm_start, st->total);
 }
 
 int main(int argc, char **argv) {
@@ -668,8 +698,22 @@ int main(int argc, char **argv) {
             rename(tmp, s.o.port_file);
         }
     }
-    if (s.o.warmup) pthread_create(&s.warm_thread, NULL, warm_main, &s);
-    else atomic_store(&s.ready, true);
+    if (s.o.warmup) { /* traced here, the rest in the background; /health says when it is done */
+        int bs[2 * 64];
+        int n = warmup_shapes(&s.o, bs, 64);
+        s.warm_start = now_s();
+        if (n < 1) {
+            fprintf(stderr, "embed_server: --warmup-shapes '%s': BATCHxSEQ,... (seq at most --max-tokens)\n",
+                    s.o.warmup_shapes ? s.o.warmup_shapes : "");
+            atomic_store(&s.warm_skipped, true);
+        } else if (bert_warmup_shapes(s.model, bs, n, SJ_WARMUP_BACKGROUND, 0, on_warm, &s)) {
+            sj_warmup_status ws;
+            sj_fn_warmup_status(bert_fn(s.model), &ws);
+            fprintf(stderr, "embed_server: warm-up: %s (%s)\n", bert_error(),
+                    ws.state == SJ_WARM_NONE ? "not started; serving" : "the other shapes go on");
+            if (ws.state == SJ_WARM_NONE) atomic_store(&s.warm_skipped, true);
+        }
+    }
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -685,7 +729,6 @@ int main(int argc, char **argv) {
     pthread_cond_broadcast(&s.qcond);
     pthread_mutex_unlock(&s.qlock);
     for (int i = 0; i < s.o.batchers; i++) pthread_join(s.batchers[i], NULL);
-    if (s.o.warmup) pthread_join(s.warm_thread, NULL);
     metrics m = s.m;
     fprintf(stderr, "embed_server: served %" PRIu64 " requests (%" PRIu64 " sentences, %" PRIu64 " batches); bye\n",
             m.requests[0], m.sentences, m.batch_count);
