@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "jit/compile.h"
+#include "jit/runtime.h"
 #include "jit/shapejit.h"
 #include "tests/util.h"
 
@@ -229,6 +231,26 @@ static void compile_modes(void **state) {
         sj_runtime_destroy(rt);
     }
     tu_free_all();
+}
+
+/* A warm-up's queued compiles are not dropped as cold, though no call
+ * comes while they wait (a call's are, after the cold time with no call). */
+static void warm_jobs_never_cold(void **state) {
+    (void)state;
+    sj_runtime *rt = runtime(SJ_COMPILE_ASYNC, NULL);
+    sj_runtime_test_hooks(rt, 50, 0);
+    sj_compiler_set_cold_ms(rt->compiler, 1);
+    sj_fn *fn = make_fn(rt, model);
+    set_buckets(fn);
+    sj_tensor tpl[2];
+    shape_of(2, 16, tpl);
+    sj_warmup_spec spec = {.walk = tpl};
+    if (sj_fn_warmup(fn, &spec, 0)) fail_msg("warm-up: %s", sj_last_error());
+    sj_stats s = stats(fn);
+    assert_int_equal(s.compiles_dropped, 0);
+    assert_int_equal(s.compiles, 6);
+    assert_int_equal(s.warmup_shapes, 6);
+    sj_runtime_destroy(rt);
 }
 
 /* -- Background: polling, the callback, calls meanwhile ------------------------------- */
@@ -610,6 +632,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(blocking_walk_then_fused, setup, teardown),
         cmocka_unit_test_setup_teardown(compile_modes, setup, teardown),
+        cmocka_unit_test_setup_teardown(warm_jobs_never_cold, setup, teardown),
         cmocka_unit_test_setup_teardown(background_with_callback, setup, teardown),
         cmocka_unit_test_setup_teardown(blocking_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(bad_specs, setup, teardown),
