@@ -443,7 +443,7 @@ static void prepare(sj_warmup *w, warm_shape *s) {
             snprintf(msg, sizeof msg, "compile failed, its entry runs eagerly: %s", e->ct.error);
         } else if (cs != SJ_CS_READY) {
             st = SJ_EBACKEND;
-            snprintf(msg, sizeof msg, "its compile could not be queued (out of memory?): it runs eagerly");
+            snprintf(msg, sizeof msg, "its compile was not made (its job was dropped, or could not be queued): it runs eagerly");
         }
     }
     const char *tier = "";
