@@ -179,6 +179,8 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
         }
     }
     if (!st) sj_plan_describe(plan, in, g->ex, res.facts, res.n_facts, e->what, sizeof e->what);
+    for (int s = 0; !st && s < sj_sym_count(g->ex) && s < 64; s++)
+        if (sj_plan_sym_pinned(g->ex, res.facts, res.n_facts, s)) e->pinned_syms |= UINT64_C(1) << s;
     free(res.facts);
     if (st) {
         if (e) sj_entry_free(e); /* frees g too */

@@ -336,8 +336,12 @@ static void walk(sj_warmup *w, const sj_tensor *tpl, walk_var *vars, int n_vars)
     for (int i = 0; i < n_in; i++)
         for (int a = 0; a < tpl[i].rank; a++) {
             int64_t c;
+            int sym;
+            sj_expr x = g->vals[i].shape[a];
             bool bucketed = sj_policy_rule(&fn->policy, i, a)->kind == SJ_RULE_BUCKET;
-            if (!bucketed && sj_ex_is_const(g->ex, g->vals[i].shape[a], &c)) continue; /* pinned by the trace */
+            bool pinned = sj_ex_is_const(g->ex, x, &c) ||
+                          (sj_ex_is_sym(g->ex, x, &sym) && sym < 64 && (t->e->pinned_syms >> sym & 1));
+            if (!bucketed && pinned) continue; /* the trace ties it to its constant */
             for (int v = 0; v < n_vars; v++)
                 if (tpl[i].shape[a] == vars[v].size) var_of[i][a] = (signed char)v;
         }

@@ -233,6 +233,34 @@ static void compile_modes(void **state) {
     tu_free_all();
 }
 
+/* x [B, S, 8] * w [8]: the feature axis is tied to the weight. */
+static float weight8[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+static sj_status model_weight(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    sj_tensor w = sj_tensor_make(weight8, SJ_F32, 1, (int64_t[]){8});
+    return sj_output(t, sj_mul(t, in[0], sj_param(t, &w)));
+}
+
+/* A walk leaves a size the template's trace pinned alone, though it equals
+ * the walked one (the feature axis 8 = the template's sequence 8). */
+static void walk_keeps_pinned_sizes(void **state) {
+    (void)state;
+    sj_runtime *rt = runtime(SJ_COMPILE_OFF, NULL);
+    sj_fn *fn = NULL;
+    assert_int_equal(sj_fn_create(rt, "pinned", 1, model_weight, NULL, NULL, &fn), SJ_OK);
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 8, 32), SJ_OK);
+    sj_tensor tpl = sj_tensor_make(NULL, SJ_F32, 3, (int64_t[]){3, 8, 8});
+    if (sj_fn_warmup(fn, &(sj_warmup_spec){.walk = &tpl}, 0)) fail_msg("warm-up: %s", sj_last_error());
+    sj_warmup_status ws;
+    sj_fn_warmup_status(fn, &ws);
+    assert_int_equal(ws.total, 3);
+    assert_int_equal(ws.prepared, 3);
+    sj_warmup_shape_info si;
+    assert_int_equal(sj_fn_warmup_shape(fn, 2, &si), SJ_OK);
+    assert_string_equal(si.shape, "[3, 32, 8]");
+    sj_runtime_destroy(rt);
+}
+
 /* A warm-up's queued compiles are not dropped as cold, though no call
  * comes while they wait (a call's are, after the cold time with no call). */
 static void warm_jobs_never_cold(void **state) {
@@ -633,6 +661,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(blocking_walk_then_fused, setup, teardown),
         cmocka_unit_test_setup_teardown(compile_modes, setup, teardown),
         cmocka_unit_test_setup_teardown(warm_jobs_never_cold, setup, teardown),
+        cmocka_unit_test_setup_teardown(walk_keeps_pinned_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(background_with_callback, setup, teardown),
         cmocka_unit_test_setup_teardown(blocking_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(bad_specs, setup, teardown),
