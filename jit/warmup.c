@@ -535,9 +535,10 @@ static sj_status claim(sj_fn *fn, sj_warmup *w) {
     return SJ_OK;
 }
 
-/* Wait for w's end until deadline_ns (0: none), warm_lock held. */
+/* Wait for w's end until deadline_ns (0: none), warm_lock held. A warm-up
+ * still tracing on its caller's thread counts as under way. */
 static sj_status wait_over(sj_fn *fn, sj_warmup *w, int64_t deadline_ns) {
-    while (fn->warm == w && w->started && !w->finished) {
+    while (fn->warm == w && !w->finished) {
         if (!deadline_ns) {
             pthread_cond_wait(&fn->warm_cond, &fn->warm_lock);
             continue;
@@ -663,6 +664,7 @@ sj_status sj_fn_warmup(sj_fn *fn, const sj_warmup_spec *spec, unsigned flags) {
         pthread_mutex_lock(&fn->warm_lock);
         fn->warm = NULL;
         atomic_store(&fn->warm_state, SJ_WARM_NONE);
+        pthread_cond_broadcast(&fn->warm_cond); /* a waiter on w: it is gone */
         pthread_mutex_unlock(&fn->warm_lock);
         warm_free(w);
         return st;
