@@ -374,9 +374,8 @@ static void walk(sj_warmup *w, const sj_tensor *tpl, walk_var *vars, int n_vars)
 
 /* Inputs of zeros for the shape's run where the caller gave none. */
 static sj_status make_inputs(sj_runtime *rt, const warm_shape *s, int n, sj_tensor *in, bool *made) {
+    for (int i = 0; i < n; i++) in[i] = s->in[i];
     for (int i = 0; i < n; i++) {
-        in[i] = s->in[i];
-        made[i] = false;
         if (in[i].data) continue;
         sj_status st = sj_tensor_alloc(rt, &in[i]);
         if (st) return st;
@@ -404,16 +403,28 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
     int n_in = fn->n_inputs, n_out = s->e->g->n_outputs;
     sj_tensor in[SJ_MAX_INPUTS], out[SJ_MAX_OUTPUTS];
     bool made[SJ_MAX_INPUTS], caller_bufs = s->out != NULL;
+    memset(made, 0, sizeof made);
     memset(out, 0, sizeof out);
     if (s->out) memcpy(out, s->out, sizeof *out * (size_t)n_out);
     for (int i = 0; i < n_in; i++) caller_bufs &= s->in[i].data != NULL;
     for (int i = 0; i < n_out; i++) caller_bufs &= out[i].data != NULL;
     bool capture = caller_bufs && s->m && rt->cuda && rt->cfg.cuda_graphs > 0 && !(w->flags & SJ_WARMUP_NO_GRAPHS);
+    (void)capture; /* (CUDA only) */
     sj_status st = make_inputs(rt, s, n_in, in, made);
     if (!st) {
-        st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, capture, tier);
+        st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, false, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
     }
+#ifdef SJ_WITH_CUDA
+    /* cuBLASLt algorithms for the run's products are chosen by the
+     * runtime's warmer thread: wait for them, so that nothing is left for a
+     * first request, and so that a graph captures the chosen ones */
+    if (!st && rt->cuda) sj_cuda_matmul_warm_wait(rt->cuda);
+    if (!st && capture) {
+        st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, true, tier);
+        atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
+    }
+#endif
     for (int i = 0; i < n_out; i++)
         if (!(s->out && s->out[i].data)) sj_tensor_free(rt, &out[i]);
     for (int i = 0; i < n_in; i++)
