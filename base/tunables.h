@@ -26,7 +26,9 @@
       "calls of one exact shape of a symbolic entry before it gets a specialized compile")        \
     X(specialize_budget, int, 4, 1, 1000000, "SHAPEJIT_SPECIALIZE_BUDGET",                        \
       "specializations per function")                                                             \
-    X(compile_threads, int, 1, 1, 1024, "SHAPEJIT_COMPILE_THREADS", "background compile workers") \
+    X(compile_threads, int, 1, 0, 1024, "SHAPEJIT_COMPILE_THREADS",                              \
+      "background compile workers (`0`: none; the program runs queued compiles with "              \
+      "`sj_runtime_run_background`)") \
     X(exec_threads, int, 0, 0, 1024, "SHAPEJIT_THREADS",                                          \
       "kernel threads: fused kernels, matrix products and attention are split over them "         \
       "(`0`: all CPUs)")                                                                          \
@@ -45,6 +47,16 @@
     X(compile_timeout_ms, int, 60000, 1, 86400000, "SHAPEJIT_COMPILE_TIMEOUT_MS",                 \
       "a compiler run (a compile, or the `--version` probe) still running after this many "       \
       "milliseconds is killed with its process group; the unit stays eager")                     \
+    X(compile_retry_ms, int, 1000, 0, 86400000, "SHAPEJIT_COMPILE_RETRY_MS",                      \
+      "after its n-th failed compile a unit waits this many milliseconds times 2^(n-1), +-25%, "  \
+      "before a call may queue it again (`0`: never retried)")                                    \
+    X(compile_max_failures, int, 4, 1, 1000, "SHAPEJIT_COMPILE_MAX_FAILURES",                     \
+      "failed compiles after which a unit is blacklisted (stays eager for good)")                 \
+    X(validate_calls, int, 0, 0, 1000000, "SHAPEJIT_VALIDATE_CALLS",                              \
+      "a newly compiled kernel's first calls that also run eagerly and are compared before it "   \
+      "serves alone (`0`: no validation)")                                                        \
+    X(validate_every, int, 0, 0, 1000000000, "SHAPEJIT_VALIDATE_EVERY",                           \
+      "after that, 1 call in this many (per entry and thread) is validated again (`0`: never)")     \
     X(warmup_max_shapes, int, 256, 1, 65536, "SHAPEJIT_WARMUP_MAX_SHAPES",                        \
       "the most shapes one `sj_fn_warmup` prepares (explicit and bucket edges together)")
 

@@ -24,6 +24,7 @@
 #include "jit/fn.h"
 #include "base/tensor.h"
 #include "jit/trace.h"
+#include "jit/validate.h"
 
 #define RELAXED memory_order_relaxed
 #define MAX_FAILS 64
@@ -78,8 +79,7 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
         sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
                 (unsigned long long)c);
     }
-    if (e->plan && atomic_load_explicit(&e->ct.state, RELAXED) == SJ_CS_NONE)
-        sj_compiler_request(fn->rt->compiler, fn, e, NULL);
+    if (e->plan && sj_compiler_wants(fn->rt->compiler, &e->ct)) sj_compiler_request(fn->rt->compiler, fn, e, NULL);
 }
 
 /* A symbolic entry counts the exact shapes it serves; a shape that reaches
@@ -89,9 +89,8 @@ static void note_shape(sj_fn *fn, sj_memo *m, unsigned shard) {
     if (!m->entry->symbolic) return;
     uint64_t th = (uint64_t)fn->policy.specialize_threshold;
     uint64_t c = sj_memo_count(m, shard, th); /* 0: past th, counted in shards */
-    if ((c == 0 || c > th) && atomic_load_explicit(&m->hot, RELAXED) &&
-        atomic_load_explicit(&m->ct.state, RELAXED) == SJ_CS_NONE)
-        sj_compiler_request(fn->rt->compiler, fn, m->entry, m); /* re-queue after a cold drop */
+    if ((c == 0 || c > th) && atomic_load_explicit(&m->hot, RELAXED) && sj_compiler_wants(fn->rt->compiler, &m->ct))
+        sj_compiler_request(fn->rt->compiler, fn, m->entry, m); /* re-queue after a cold drop or a penalty */
     if (c != th) return;
     int used = atomic_load_explicit(&fn->specializations, RELAXED);
     if (used >= fn->policy.specialize_budget ||
@@ -333,23 +332,37 @@ static sj_status resolve_miss(sj_fn *fn, const sj_tensor *inputs, const int64_t 
 }
 
 /* Run entry e for one call with the best code ready: this shape's
- * specialization, else the entry's; else eagerly. Returns the call's
- * status and, in *tier, the shard counter of the tier that served it.
- * warm (sj_call_warm_run): never launched as a CUDA graph (a warm-up run
- * is not a call: it counts no graph call), and with capture its buffers
- * are captured into one at once. */
+ * specialization, else the entry's, never a unit validation rejected
+ * (checks_left < 0); else eagerly. A unit still being validated (its first
+ * validate_calls runs, then 1 call in validate_every) runs eagerly for the
+ * caller and fused beside it (jit/validate.h). Returns the call's status
+ * and, in *tier, the shard counter of the tier that served it (a
+ * validation: eager). warm (sj_call_warm_run): never launched as a CUDA
+ * graph (a warm-up run is not a call: it counts no graph call), validated
+ * like a unit's first calls but never for validate_every, and with capture
+ * its buffers are captured into a graph at once. */
 enum { RUN_CALL, RUN_WARM, RUN_WARM_CAPTURE };
 
 static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms, bool transient,
                          const sj_tensor *inputs, sj_tensor *outputs, void *stream, bool sync, int run,
-                         sj_fn_shard *hot, _Atomic uint64_t **tier_out) {
+                         unsigned shard, _Atomic uint64_t **tier_out) {
+    sj_fn_shard *hot = &fn->hot[shard];
     sj_status st;
     sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
+    int checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
+    sj_memo *cm = m; /* whose target cd is: the shape's, or (NULL) the entry's */
     _Atomic uint64_t *tier = &hot->fused_spec_calls;
+    if (checks < 0) cd = NULL;
     if (!cd && !transient) {
         cd = atomic_load_explicit(&e->ct.ready, memory_order_acquire);
+        checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
+        if (checks < 0) cd = NULL;
+        cm = NULL;
         if (e->n_syms) tier = &hot->fused_sym_calls;
     }
+    int every = fn->rt->cfg.validate_every;
+    bool validate = cd && (checks > 0 || (run == RUN_CALL && every > 0 && !transient &&
+                                          atomic_load_explicit(&e->calls.s[shard].v, RELAXED) % (uint64_t)every == 0));
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
                  .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
                  .ops = &sj_cpu_exec_ops, .ops_ctx = fn->rt->threads};
@@ -358,14 +371,26 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
     int lane = -1;
     if (fn->rt->cuda) {
         CUstream s = stream ? (CUstream)stream : sync ? sj_cuda_lane_take(fn->rt, &lane) : fn->rt->cuda->stream;
-        sj_cuda_call_init(&cc, fn->rt->cuda, s, sync, e->n_syms);
+        sj_cuda_call_init(&cc, fn->rt->cuda, s, sync || validate, e->n_syms); /* a validation waits */
         x.ops = &sj_cuda_exec_ops;
         x.ops_ctx = &cc;
     }
 #else
-    (void)stream, (void)sync, (void)run;
+    (void)stream, (void)sync;
 #endif
-    if (cd && sj_exec_fused_ok(&x)) {
+    if (cd && validate && sj_exec_fused_ok(&x)) {
+        sj_validation v;
+        st = sj_validate_call(&x, e->plan, cd->fns, &v); /* the caller gets the eager result */
+        tier = &hot->eager_calls;
+        atomic_fetch_add_explicit(&fn->c.validations, 1, RELAXED);
+        if (!st && v.differs) {
+            sj_compiler_reject(fn->rt->compiler, fn, e, cm, cd, v.why);
+        } else if (!st && !v.inconclusive) {
+            int ck = atomic_load_explicit(&cd->checks_left, RELAXED);
+            while (ck > 0 && !atomic_compare_exchange_weak(&cd->checks_left, &ck, ck - 1)) {
+            }
+        }
+    } else if (cd && sj_exec_fused_ok(&x)) {
 #ifdef SJ_WITH_CUDA
         sj_graph_use gu = !fn->rt->cuda ? SJ_GRAPH_NO
                           : run == RUN_CALL ? sj_cuda_graph_call(fn, m, &x, &cc, cd, &st)
@@ -376,6 +401,7 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
             if (!st && m && run == RUN_WARM_CAPTURE) sj_cuda_graph_request(fn, m, &x, &cc, e->plan, cd);
         }
 #else
+        (void)run;
         st = sj_exec_fused(&x, e->plan, cd->fns);
 #endif
     } else {
@@ -435,7 +461,7 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     if (!transient) note_call(fn, e, shard); /* may compile here in sync mode */
 
     _Atomic uint64_t *tier;
-    st = execute(fn, m, e, syms, transient, inputs, outputs, stream, sync, RUN_CALL, hot, &tier);
+    st = execute(fn, m, e, syms, transient, inputs, outputs, stream, sync, RUN_CALL, shard, &tier);
     if (transient) sj_entry_free(e);
     if (st) goto fail;
     atomic_fetch_add_explicit(tier, 1, RELAXED); /* and so to calls */
@@ -467,10 +493,11 @@ sj_status sj_call_warm_run(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *sy
     if (e->g->n_outputs != n_outputs)
         return sj_seterr(SJ_EINVAL, "fn '%s': %d outputs given, the model produces %d", fn->name, n_outputs,
                          e->g->n_outputs);
-    sj_fn_shard *hot = &fn->hot[sj_shard_index()]; /* only to name the tier: nothing is counted there */
+    unsigned shard = sj_shard_index();
+    sj_fn_shard *hot = &fn->hot[shard]; /* only to name the tier: nothing is counted there */
     _Atomic uint64_t *t;
     sj_status st = execute(fn, m, e, syms, false, inputs, outputs, NULL, true, capture ? RUN_WARM_CAPTURE : RUN_WARM,
-                           hot, &t);
+                           shard, &t);
     *tier = t == &hot->eager_calls ? "eager" : t == &hot->fused_sym_calls ? "fused symbolic" : "fused specialized";
     return st;
 }

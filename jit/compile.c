@@ -16,6 +16,8 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "jit/fn.h"
+#include "jit/runtime.h"
+#include "kernels/cache.h"
 #include "specialize/codegen.h"
 
 #define RELAXED memory_order_relaxed
@@ -32,8 +34,9 @@ typedef struct job {
     sj_entry *entry;
     sj_memo *memo; /* NULL: the entry's own target */
     uint64_t priority, seq;
-    int64_t queued_ns;
-    bool warm; /* asked for by a warm-up: never dropped as cold */
+    int64_t queued_ns;  /* monotonic: the idle-class deadline */
+    int64_t queued_vns; /* the runtime's clock: the cold drop */
+    bool warm;          /* asked for by a warm-up: never dropped as cold */
 } job;
 
 struct sj_compiler {
@@ -50,6 +53,9 @@ struct sj_compiler {
     bool stop;
     int64_t cold_ns;
     int64_t idle_ns;
+    int64_t retry_ns;   /* first penalty (cfg.compile_retry_ms); 0: no retries */
+    int max_failures;   /* blacklisted after this many (cfg.compile_max_failures) */
+    uint64_t rng;       /* jitter (xorshift64) */
     pthread_t *workers;
     int n_workers;
 };
@@ -61,6 +67,7 @@ void sj_ctarget_init(sj_ctarget *t) {
     atomic_init(&t->state, SJ_CS_NONE);
     atomic_init(&t->ready, NULL);
     atomic_init(&t->ready_ns, 0);
+    atomic_init(&t->retry_ns, 0);
 }
 
 /* The one writer of a target's state. Legal moves only. */
@@ -68,7 +75,9 @@ static void target_transition(sj_ctarget *t, sj_cstate to) {
     sj_cstate from = (sj_cstate)atomic_load_explicit(&t->state, RELAXED);
     assert((from == SJ_CS_NONE && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)) ||
            (from == SJ_CS_QUEUED && (to == SJ_CS_COMPILING || to == SJ_CS_NONE)) ||
-           (from == SJ_CS_COMPILING && (to == SJ_CS_READY || to == SJ_CS_FAILED)));
+           (from == SJ_CS_COMPILING && (to == SJ_CS_READY || to == SJ_CS_FAILED)) ||
+           (from == SJ_CS_FAILED && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)) ||
+           (from == SJ_CS_READY && to == SJ_CS_FAILED)); /* rejected by validation */
     (void)from;
     atomic_store_explicit(&t->state, to, memory_order_release);
 }
@@ -97,7 +106,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     size_t len;
     int *variants = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
     sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
-                         .variants = variants};
+                         .variants = variants, .test_skew = c->rt ? c->rt->test_skew : 0};
     char *src = variants ? c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len) : NULL;
     if (!src) {
         free(variants);
@@ -164,9 +173,42 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     cd->specialized = m != NULL || e->n_syms == 0;
     cd->from_cache = res->from_cache;
     cd->compile_ms = res->compile_ms;
+    memcpy(cd->key, res->key, sizeof cd->key);
+    atomic_init(&cd->checks_left, c->rt ? c->rt->cfg.validate_calls : 0);
     free(res);
     *out = cd;
     return SJ_OK;
+}
+
+/* -- Back-off ------------------------------------------------------------------------- */
+
+/* The wait after a target's n-th failure: retry_ns * 2^(n-1), times a
+ * jitter in [0.75, 1.25) so that targets failing together (a compiler gone
+ * missing) do not retry together. -1: no retries (retry_ns 0). Compiler
+ * lock held (the jitter's state). */
+static int64_t penalty_ns(sj_compiler *c, int n) {
+    if (c->retry_ns <= 0) return -1;
+    int64_t p = c->retry_ns;
+    for (int i = 1; i < n && p < INT64_MAX / 4; i++) p *= 2;
+    c->rng ^= c->rng << 13;
+    c->rng ^= c->rng >> 7;
+    c->rng ^= c->rng << 17;
+    double jitter = 0.75 + 0.5 * (double)(c->rng >> 11) / (double)(UINT64_C(1) << 53);
+    return (int64_t)((double)p * jitter);
+}
+
+bool sj_compiler_wants(const sj_compiler *c, const sj_ctarget *t) {
+    int s = atomic_load_explicit(&t->state, RELAXED);
+    if (s == SJ_CS_NONE) return true;
+    if (s != SJ_CS_FAILED || !c) return false;
+    int64_t at = atomic_load_explicit(&t->retry_ns, RELAXED);
+    return at != INT64_MAX && sj_runtime_now_ns(c->rt) >= at;
+}
+
+/* Whether a request may move t out of its state now (compiler lock held). */
+static bool may_queue(const sj_compiler *c, const sj_ctarget *t) {
+    int s = atomic_load_explicit(&t->state, RELAXED);
+    return s == SJ_CS_NONE || (s == SJ_CS_FAILED && sj_compiler_wants(c, t));
 }
 
 /* Publish or fail a target (compiler lock held). */
@@ -184,15 +226,56 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
                 m ? " shape" : "", cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
     } else {
         snprintf(t->error, sizeof t->error, "%s", err);
+        /* a plan too big for a unit, or an internal error, fails the same
+         * way every time: no retry can mend it */
+        bool hopeless = st == SJ_EINTERNAL || (st == SJ_EBACKEND && !strncmp(err, "the plan has", 12));
+        int fails = atomic_fetch_add_explicit(&t->fails, 1, RELAXED) + 1;
+        int64_t penalty = penalty_ns(c, fails);
+        bool blacklist = hopeless || penalty < 0 || fails >= c->max_failures;
+        atomic_store_explicit(&t->retry_ns, blacklist ? INT64_MAX : sj_runtime_now_ns(c->rt) + penalty, RELAXED);
         target_transition(t, SJ_CS_FAILED);
         atomic_fetch_add_explicit(&fn->c.compile_failures, 1, RELAXED);
+        if (blacklist) atomic_fetch_add_explicit(&fn->c.compiles_blacklisted, 1, RELAXED);
         if (!fn->compile_fail_logged) {
             fn->compile_fail_logged = true;
             sj_logf(c->rt, SJ_LOG_WARN, "fn '%s': compile failed, entry %d stays eager: %s", fn->name, e->id, err);
         }
+        if (blacklist)
+            sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s blacklisted after %d failed compiles", fn->name, e->id,
+                    m ? " shape" : "", fails);
+        else
+            sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s failed %d times, retry in %lld ms", fn->name, e->id,
+                    m ? " shape" : "", fails, (long long)(penalty / 1000000));
     }
     fn->compiles_pending--;
     pthread_cond_broadcast(&c->done);
+}
+
+bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj_compiled *cd, const char *why) {
+    int ck = atomic_load_explicit(&cd->checks_left, RELAXED);
+    do {
+        if (ck < 0) return false; /* another call rejected it first */
+    } while (!atomic_compare_exchange_weak(&cd->checks_left, &ck, -1));
+    sj_ctarget *t = target_of(e, m);
+    pthread_mutex_lock(&c->lock);
+    if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_READY && atomic_load_explicit(&t->ready, RELAXED) == cd) {
+        snprintf(t->error, sizeof t->error, "%s", why);
+        atomic_store_explicit(&t->retry_ns, INT64_MAX, RELAXED);
+        atomic_fetch_add_explicit(&t->fails, 1, RELAXED);
+        atomic_store_explicit(&t->rejected, true, RELAXED);
+        target_transition(t, SJ_CS_FAILED);
+    }
+    atomic_fetch_add_explicit(&fn->c.validation_failures, 1, RELAXED);
+    bool first = !fn->reject_logged;
+    fn->reject_logged = true;
+    pthread_mutex_unlock(&c->lock);
+    if (c->rt && c->rt->cache) sj_cache_quarantine(c->rt->cache, cd->key);
+    if (first)
+        sj_logf(c->rt, SJ_LOG_WARN,
+                "fn '%s': entry %d%s: compiled kernels rejected, their results differ from eager execution (%s); "
+                "the entry keeps its previous tier, the artifact is quarantined",
+                fn->name, e->id, m ? " shape" : "", why);
+    return true;
 }
 
 /* -- The queue (compiler lock held) ------------------------------------------------- */
@@ -241,35 +324,48 @@ static job pop(sj_compiler *c) {
  * would never finish (16 threads calling: nothing fused in 180 s), so once
  * its job is idle_ns old the backend reruns it at normal priority; a job
  * that waited in the queue that long starts there. */
+static void run_one(sj_compiler *c) {
+    job j = pop(c);
+    sj_ctarget *t = target_of(j.entry, j.memo);
+    uint64_t calls = sj_counter_sum(&j.entry->calls);
+    if (!j.warm && sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
+        target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
+        atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
+        j.fn->compiles_pending--;
+        pthread_cond_broadcast(&c->done);
+        return;
+    }
+    target_transition(t, SJ_CS_COMPILING);
+    int64_t idle_until = c->idle_ns > 0 ? j.queued_ns + c->idle_ns : 0;
+    pthread_mutex_unlock(&c->lock);
+    char err[256] = "";
+    sj_compiled *cd = NULL;
+    sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err);
+    pthread_mutex_lock(&c->lock);
+    finish(c, j.fn, j.entry, j.memo, st, cd, err);
+}
+
 static void *worker_main(void *arg) {
     sj_compiler *c = arg;
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
-        if (c->n_jobs == 0) {
-            pthread_cond_wait(&c->work, &c->lock);
-            continue;
-        }
-        job j = pop(c);
-        sj_ctarget *t = target_of(j.entry, j.memo);
-        uint64_t calls = sj_counter_sum(&j.entry->calls);
-        if (!j.warm && sj_now_ns() - j.queued_ns > c->cold_ns && calls == t->queued_calls) {
-            target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
-            atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
-            j.fn->compiles_pending--;
-            pthread_cond_broadcast(&c->done);
-            continue;
-        }
-        target_transition(t, SJ_CS_COMPILING);
-        int64_t idle_until = c->idle_ns > 0 ? j.queued_ns + c->idle_ns : 0;
-        pthread_mutex_unlock(&c->lock);
-        char err[256] = "";
-        sj_compiled *cd = NULL;
-        sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err);
-        pthread_mutex_lock(&c->lock);
-        finish(c, j.fn, j.entry, j.memo, st, cd, err);
+        if (c->n_jobs == 0) pthread_cond_wait(&c->work, &c->lock);
+        else run_one(c);
     }
     pthread_mutex_unlock(&c->lock);
     return NULL;
+}
+
+int sj_compiler_run_queued(sj_compiler *c, int max_jobs) {
+    if (!c) return 0;
+    int n = 0;
+    pthread_mutex_lock(&c->lock);
+    while (n < max_jobs && c->n_jobs > 0 && !c->stop) {
+        run_one(c);
+        n++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return n;
 }
 
 sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_workers, int mode,
@@ -282,6 +378,9 @@ sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_w
     c->mode = mode;
     c->cold_ns = COLD_NS_DEFAULT;
     c->idle_ns = IDLE_NS_DEFAULT;
+    c->retry_ns = rt ? (int64_t)rt->cfg.compile_retry_ms * 1000000 : 0;
+    c->max_failures = rt ? rt->cfg.compile_max_failures : 1;
+    c->rng = (uint64_t)sj_now_ns() | 1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
@@ -335,13 +434,13 @@ void sj_compiler_set_idle_ms(sj_compiler *c, int ms) {
 static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, bool warm) {
     if (!c || c->mode == SJ_CM_OFF || !e->plan) return;
     sj_ctarget *t = target_of(e, m);
-    if (atomic_load_explicit(&t->state, memory_order_acquire) != SJ_CS_NONE && c->mode == SJ_CM_ASYNC && !warm) return;
+    if (c->mode == SJ_CM_ASYNC && !warm && !sj_compiler_wants(c, t)) return;
     pthread_mutex_lock(&c->lock);
     if (c->mode == SJ_CM_ASYNC) {
         if (warm && atomic_load_explicit(&t->state, RELAXED) == SJ_CS_QUEUED) { /* queued by a call: keep it */
             for (int i = 0; i < c->n_jobs; i++)
                 if (target_of(c->heap[i].entry, c->heap[i].memo) == t) c->heap[i].warm = true;
-        } else if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !c->stop && !fn->cancelled) {
+        } else if (may_queue(c, t) && !c->stop && !fn->cancelled) {
             if (c->n_jobs == c->cap_jobs) {
                 int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
                 job *h = sj_realloc(c->heap, (size_t)cap * sizeof *h);
@@ -353,7 +452,8 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
                 c->cap_jobs = cap;
             }
             t->queued_calls = sj_counter_sum(&e->calls);
-            c->heap[c->n_jobs] = (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns(), warm};
+            c->heap[c->n_jobs] =
+                (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm};
             heap_up(c->heap, c->n_jobs++);
             target_transition(t, SJ_CS_QUEUED);
             fn->compiles_pending++;
@@ -363,7 +463,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
         return;
     }
     /* sync: compile here, or wait for the thread compiling it */
-    if (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_NONE && !fn->cancelled) {
+    if (may_queue(c, t) && !fn->cancelled) {
         target_transition(t, SJ_CS_COMPILING);
         fn->compiles_pending++;
         pthread_mutex_unlock(&c->lock);
@@ -389,6 +489,10 @@ sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadlin
            s == SJ_CS_COMPILING) {
         int64_t now = sj_now_ns();
         if ((stop && atomic_load(stop)) || (deadline_ns && now >= deadline_ns)) break;
+        if (c->n_workers == 0 && c->n_jobs > 0 && c->mode == SJ_CM_ASYNC) {
+            run_one(c); /* no workers: this thread is one (as in sj_compiler_wait_fn) */
+            continue;
+        }
         int64_t slice = now + WAIT_SLICE_NS;
         if (deadline_ns && deadline_ns < slice) slice = deadline_ns;
         struct timespec ts; /* the condition variable's clock is CLOCK_REALTIME */
@@ -435,6 +539,10 @@ sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms) 
     sj_status st = SJ_OK;
     pthread_mutex_lock(&c->lock);
     while (fn->compiles_pending > 0) {
+        if (c->n_workers == 0 && c->n_jobs > 0 && c->mode == SJ_CM_ASYNC) {
+            run_one(c); /* no workers: this thread is one */
+            continue;
+        }
         if (timeout_ms < 0) {
             pthread_cond_wait(&c->done, &c->lock);
         } else if (pthread_cond_timedwait(&c->done, &c->lock, &deadline) == ETIMEDOUT) {

@@ -8,10 +8,18 @@
  *
  *   NONE -> QUEUED -> COMPILING -> READY | FAILED
  *            \-> NONE (dropped while queued: cold, or its function destroyed)
+ *   FAILED -> QUEUED | COMPILING (a retry, once its penalty has passed)
  *
  * A READY target's code is published with one atomic store of `ready`;
- * callers pick it up with one atomic load. A FAILED target is never retried:
- * its entry keeps running eagerly, and the reason is logged once.
+ * callers pick it up with one atomic load. A FAILED target's entry keeps
+ * running eagerly and backs off (LuaJIT's penalty_pc): its n-th failure
+ * makes it wait compile_retry_ms * 2^(n-1), jittered by +-25%, before a
+ * hot call may queue it again; after compile_max_failures failures (or one
+ * that no retry can mend: a plan too big for a unit, an internal error) it
+ * is blacklisted and never compiled again. The first failure of each
+ * function is logged as a warning, blacklisting once per target under
+ * `compile`. Time here is the runtime's clock (sj_runtime_now_ns: the
+ * config's clock callback when set, so tests drive it).
  *
  * The compiler owns a pool of worker threads (compile_threads) fed by a
  * queue ordered by hotness (the entry's calls when the job was queued).
@@ -45,6 +53,11 @@ typedef struct sj_compiled {
     bool specialized;    /* every size a constant */
     bool from_cache;
     double compile_ms;
+    char key[65];        /* the kernel cache's key of the unit */
+    /* Validated swap (jit/validate.c): > 0, calls left that run eagerly
+     * beside the kernel and compare before it serves alone; 0, validated;
+     * -1, rejected (its results differed: never used again). */
+    _Atomic int checks_left;
 } sj_compiled;
 
 typedef struct sj_ctarget {
@@ -53,7 +66,10 @@ typedef struct sj_ctarget {
     uint64_t queued_calls;             /* the entry's calls when queued */
     int64_t seen_ns;                   /* when the target was first seen (entry made / shape hot) */
     _Atomic int64_t ready_ns;          /* when it became READY (0 before) */
-    char error[256];                   /* FAILED: why */
+    _Atomic int64_t retry_ns;          /* FAILED: when a retry may be queued; INT64_MAX: blacklisted */
+    _Atomic int fails;                 /* failed compiles so far (written under the compiler lock) */
+    _Atomic bool rejected;             /* FAILED because validation found its results wrong */
+    char error[256];                   /* FAILED: why (the latest failure) */
 } sj_ctarget;
 
 struct sj_fn;
@@ -86,14 +102,36 @@ void sj_compiler_request_warm(sj_compiler *c, struct sj_fn *fn, struct sj_entry 
 
 /* Wait while target t is QUEUED or COMPILING, until deadline_ns (sj_now_ns
  * clock; 0: no limit) or until *stop (may be NULL) is set, which is looked
- * at every 20 ms. Returns the state it saw last. */
+ * at every 20 ms. A compiler without worker threads runs queued jobs on
+ * the calling thread meanwhile. Returns the state it saw last. */
 sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadline_ns, atomic_bool *stop);
+
+/* Whether a hot call should request t: never asked for, or failed and its
+ * penalty has passed (reads the runtime's clock only in the second case). */
+bool sj_compiler_wants(const sj_compiler *c, const sj_ctarget *t);
+
+/* Run up to max_jobs queued jobs on the calling thread, highest priority
+ * first; returns how many ran (compiled, failed or dropped as cold). For
+ * programs and tests that run background work themselves
+ * (sj_runtime_run_background). */
+int sj_compiler_run_queued(sj_compiler *c, int max_jobs);
+
+/* The ready code cd of the entry's target (memo NULL) or the memo shape's
+ * gave results that differ from eager execution (why says how): it is
+ * never used again (cd->checks_left -1; kept until the function is
+ * destroyed, as calls may still hold it), the target is failed for good,
+ * its artifact is quarantined in the kernel cache, and the first rejection
+ * of the function is logged as a warning. Thread-safe; the first caller for
+ * a cd does it, later ones return false. */
+bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m, sj_compiled *cd,
+                        const char *why);
 
 /* Drop fn's queued jobs and wait for its compiles in flight to finish. */
 void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn);
 
 /* Wait until fn has no queued or running compiles; SJ_ETIMEOUT after
- * timeout_ms (< 0: forever). */
+ * timeout_ms (< 0: forever). A compiler without worker threads runs fn's
+ * queued jobs on the calling thread instead. */
 sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms);
 
 /* How long a queued job may wait with no calls to its entry before it is

@@ -291,6 +291,9 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->compiles = atomic_load_explicit(&c->compiles, RELAXED);
     out->compile_cache_hits = atomic_load_explicit(&c->compile_cache_hits, RELAXED);
     out->compile_failures = atomic_load_explicit(&c->compile_failures, RELAXED);
+    out->compiles_blacklisted = atomic_load_explicit(&c->compiles_blacklisted, RELAXED);
+    out->validations = atomic_load_explicit(&c->validations, RELAXED);
+    out->validation_failures = atomic_load_explicit(&c->validation_failures, RELAXED);
     out->compiles_dropped = atomic_load_explicit(&c->compiles_dropped, RELAXED);
     out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
     out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
@@ -324,7 +327,10 @@ static const char *tier_name(const sj_entry *e) {
     case SJ_CS_QUEUED: return "queued";
     case SJ_CS_COMPILING: return "compiling";
     case SJ_CS_READY: return e->n_syms ? "fused symbolic" : "fused specialized";
-    case SJ_CS_FAILED: return "compile failed";
+    case SJ_CS_FAILED:
+        if (atomic_load_explicit(&((sj_entry *)e)->ct.rejected, RELAXED)) return "rejected by validation";
+        return atomic_load_explicit(&((sj_entry *)e)->ct.retry_ns, RELAXED) == INT64_MAX ? "compile blacklisted"
+                                                                                          : "compile failed";
     }
     return "?";
 }
@@ -424,11 +430,17 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             (unsigned long long)s.fused_specialized_calls, (unsigned long long)s.memo_hits,
             (unsigned long long)s.guard_evals, (unsigned long long)s.traces, (unsigned long long)s.trace_errors,
             (unsigned long long)s.errors, (unsigned long long)s.limit_hits);
-    fprintf(out, "  compiles: %llu ready (%llu from the cache), %llu failed, %llu dropped, %.1f ms compiling; backend %s\n",
+    fprintf(out, "  compiles: %llu ready (%llu from the cache), %llu failed (%llu blacklisted), %llu dropped, %.1f ms "
+                 "compiling; backend %s\n",
             (unsigned long long)s.compiles, (unsigned long long)s.compile_cache_hits,
-            (unsigned long long)s.compile_failures, (unsigned long long)s.compiles_dropped, s.compile_ms,
+            (unsigned long long)s.compile_failures, (unsigned long long)s.compiles_blacklisted,
+            (unsigned long long)s.compiles_dropped, s.compile_ms,
             fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
     sj_warmup_explain(fn, out);
+    if (fn->rt->cfg.validate_calls > 0 || s.validations)
+        fprintf(out, "  validation: %llu calls checked against eager, %llu units rejected (first %d calls of a unit, then 1 in %d)\n",
+                (unsigned long long)s.validations, (unsigned long long)s.validation_failures,
+                fn->rt->cfg.validate_calls, fn->rt->cfg.validate_every);
     if (fn->rt->cuda)
         fprintf(out, "  CUDA graphs: %llu captured, %llu failed captures, %llu calls served by one (limit %d per runtime)\n",
                 (unsigned long long)s.graphs, (unsigned long long)s.graph_failures,
@@ -454,8 +466,17 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
                 (unsigned long long)sj_counter_sum(&e->calls),
                 atomic_load_explicit(&e->hot, RELAXED) ? " (hot)" : "", e->g->n_nodes);
         fprintf(out, "    traced because: %s\n", e->reason);
-        if (atomic_load_explicit(&e->ct.state, RELAXED) == SJ_CS_FAILED)
-            fprintf(out, "    compile failed: %s\n", e->ct.error);
+        if (atomic_load_explicit(&e->ct.state, RELAXED) == SJ_CS_FAILED) {
+            int64_t at = atomic_load_explicit(&e->ct.retry_ns, RELAXED), now = sj_runtime_now_ns(fn->rt);
+            if (atomic_load_explicit(&e->ct.rejected, RELAXED))
+                fprintf(out, "    rejected by validation (results differ from eager): %s\n", e->ct.error);
+            else if (at == INT64_MAX)
+                fprintf(out, "    compile failed: %s\n    blacklisted after %d failed compiles: stays eager\n",
+                        e->ct.error, atomic_load(&e->ct.fails));
+            else
+                fprintf(out, "    compile failed: %s\n    %d failed compiles; retried on a call %lld ms from now or later\n",
+                        e->ct.error, atomic_load(&e->ct.fails), (long long)((at > now ? at - now : 0) / 1000000));
+        }
         if (e->plan) {
             fprintf(out, "    fused plan (%d kernels, %d generated); arena %lld bytes planned vs %lld naive at the first sizes:\n",
                     e->plan->n_groups, e->plan->n_generated, (long long)hint_of(e, e->plan->arena_bytes),

@@ -26,7 +26,8 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t errors, traces, trace_errors;
     _Atomic uint64_t guard_failures[SJ_GUARD_KIND_COUNT];
     _Atomic uint64_t limit_hits, hot_entries, hot_shapes, static_entries, symbolic_entries;
-    _Atomic uint64_t compiles, compile_cache_hits, compile_failures, compiles_dropped, compile_us;
+    _Atomic uint64_t compiles, compile_cache_hits, compile_failures, compiles_blacklisted, compiles_dropped, compile_us,
+        validations, validation_failures;
     _Atomic uint64_t graphs, graph_failures;
     _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;
 } sj_fn_counters;
@@ -66,6 +67,7 @@ struct sj_fn {
     bool cancelled;           /* being destroyed: no new compiles */
     atomic_int cancel_compiles; /* set with cancelled: a running compiler is killed */
     bool compile_fail_logged;
+    bool reject_logged; /* compiler lock */
 
     /* Warm-up (jit/warmup.c): the latest, under warm_lock; its state also
      * in warm_state (sj_warm_state), read without the lock. */

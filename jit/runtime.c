@@ -2,6 +2,8 @@
 #include "base/alloc.h"
 #include "jit/runtime.h"
 
+#include "base/clock.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,7 +163,7 @@ static sj_status start_services(sj_runtime *rt) {
     if (rt->cuda) {
         sj_cuda_backend_config bc = {.cuda = rt->cuda, .cache = rt->cache, .dump_dir = c->dump_dir,
                                      .nvrtc_flags = c->nvrtc_flags, .log = &rt->log, .test_delay_ms = test_delay_ms,
-                                     .test_fail = test_fail};
+                                     .test_fail = test_fail, .timeout_ms = c->compile_timeout_ms};
         st = sj_cuda_backend_create(&bc, &rt->backend);
         codegen = sj_codegen_cuda;
     } else
@@ -182,6 +184,18 @@ static sj_status start_services(sj_runtime *rt) {
     if (!st && !rt->cuda && c->blas_threads >= 0) sj_cpu_blas_threads(c->blas_threads ? c->blas_threads : 1);
     if (st) sj_err_prefix("sj_runtime_create: ");
     return st;
+}
+
+int64_t sj_runtime_now_ns(const sj_runtime *rt) {
+    return rt && rt->cfg.clock_ns ? rt->cfg.clock_ns(rt->cfg.clock_user) : sj_now_ns();
+}
+
+void sj_runtime_test_wrong_kernels(sj_runtime *rt, float skew) { rt->test_skew = skew; }
+
+int sj_runtime_run_background(sj_runtime *rt, int max_jobs) {
+    sj_clearerr();
+    if (!rt || max_jobs <= 0) return 0;
+    return sj_compiler_run_queued(rt->compiler, max_jobs);
 }
 
 void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail) {

@@ -37,11 +37,22 @@ struct sj_runtime {
     struct sj_grapher *grapher;   /* captures CUDA graphs (jit/exec_graph.c), with cuda */
     struct sj_lanes *lanes;       /* streams for concurrent sj_calls (jit/lanes.c), with cuda */
     char cache_error[256];        /* why the cache could not be opened ("" if fine) */
+    float test_skew;              /* sj_runtime_test_wrong_kernels */
 };
 
 /* Test hooks (tests only): make every compile sleep delay_ms first, or fail
  * as a compile error. Call before any sj_fn exists. */
 void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail);
+
+/* The runtime's clock in nanoseconds: cfg.clock_ns when set (a test's
+ * virtual clock), else CLOCK_MONOTONIC. What it times: compile penalties
+ * and the cold drop of queued compiles. NULL rt: the monotonic clock. */
+int64_t sj_runtime_now_ns(const sj_runtime *rt);
+
+/* Test hook (tests only): every kernel compiled from now on adds skew to
+ * each float value it stores, so its results are wrong (the validated
+ * swap must catch it). 0: off. */
+void sj_runtime_test_wrong_kernels(sj_runtime *rt, float skew);
 
 /* Log a line under `topic` if the runtime's mask enables it (rt may be
  * NULL: nothing). */

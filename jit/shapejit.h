@@ -236,6 +236,8 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
  *   SHAPEJIT_STREAM_MIN_BYTES=n         -> stream_min_bytes
  *   SHAPEJIT_COMPILE_TIMEOUT_MS=n       -> compile_timeout_ms
+ *   SHAPEJIT_COMPILE_RETRY_MS=n, SHAPEJIT_COMPILE_MAX_FAILURES=n -> those fields
+ *   SHAPEJIT_VALIDATE_CALLS=n, SHAPEJIT_VALIDATE_EVERY=n -> those fields
  *   SHAPEJIT_WARMUP_MAX_SHAPES=n        -> warmup_max_shapes
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
@@ -333,9 +335,57 @@ typedef struct sj_runtime_config {
      * eagerly (the failure is recorded; the unit is not compiled again).
      * sj_fn_destroy and sj_runtime_destroy kill a running compile instead of
      * waiting for it. 1 .. 86400000 ms; default 60000.
-     * $SHAPEJIT_COMPILE_TIMEOUT_MS. NVRTC compiles run inside the process
-     * and are not bounded by it. */
+     * $SHAPEJIT_COMPILE_TIMEOUT_MS. An NVRTC compile (CUDA backend) runs
+     * inside the process and cannot be killed: past the timeout, or at
+     * destroy, it is abandoned instead (the compile fails, the call or the
+     * destroy returns, and NVRTC finishes on a thread of its own, which
+     * then frees its work); while 4 abandoned compiles are still running,
+     * new NVRTC compiles fail at once. */
     int compile_timeout_ms;
+    /* Back-off from compiles that fail (a compiler error, a timeout, a
+     * missing compiler, memory): the unit's entry keeps running eagerly,
+     * and after its n-th failure waits compile_retry_ms * 2^(n-1)
+     * milliseconds, jittered by +-25%, before a call may queue it again;
+     * after compile_max_failures failures it is blacklisted (eager for
+     * good). A failure no retry can mend (a plan too big for one unit) is
+     * blacklisted at once. sj_fn_explain and sj_entry_info.tier show the
+     * state; sj_stats counts failures and blacklisted units.
+     * compile_retry_ms: 0 .. 86400000, default 1000 (0: never retried);
+     * compile_max_failures: 1 .. 1000, default 4. */
+    int compile_retry_ms;
+    int compile_max_failures;
+    /* The runtime's clock, for tests that drive time (a virtual clock):
+     * nanoseconds from any fixed origin, never decreasing. NULL (default):
+     * CLOCK_MONOTONIC. It times what the runtime schedules: compile
+     * penalties (above) and the drop of queued compiles whose entry got no
+     * calls for 60 s. Called from calling threads and compile workers,
+     * concurrently: it must be thread-safe and must not call back into
+     * the library. Timeouts that bound waits (compile_timeout_ms,
+     * sj_fn_wait_idle) and the statistics' times stay on the real clock. */
+    int64_t (*clock_ns)(void *user);
+    void *clock_user;
+    /* The validated swap: compiled kernels are checked against eager
+     * execution before they serve alone. A newly compiled unit's first
+     * validate_calls calls run eagerly (the result the caller gets) and
+     * run the new kernels beside it into outputs of their own; the two are
+     * compared (largest error relative to the output's largest magnitude:
+     * 1e-4 for f32, 1e-2 f16, 6e-2 bf16; integers and bools bit for bit).
+     * Equal: after validate_calls such calls the kernels serve alone, and
+     * then 1 call in validate_every (per entry and calling thread; 0:
+     * never) is checked again the same way. Different: the kernels are
+     * never used again (the entry keeps the tier it had: a shape's
+     * specialization falls back to the entry's symbolic kernels, else
+     * eager), the unit's artifact is quarantined in the kernel cache
+     * (renamed <key>.<ext>-rejected), the first such rejection of each
+     * function is logged as a warning with the error, and sj_stats counts
+     * validations and validation_failures; sj_fn_explain says why. A
+     * validation call is synchronous (on CUDA it waits for the stream, even
+     * from sj_call_stream) and costs one eager run more.
+     * validate_calls: 0 .. 1000000, default 0 (off; the embedding server
+     * sets 2); validate_every: 0 .. 1e9, default 0. $SHAPEJIT_VALIDATE_CALLS,
+     * $SHAPEJIT_VALIDATE_EVERY. */
+    int validate_calls;
+    int validate_every;
     /* The most shapes one sj_fn_warmup prepares (explicit and walked
      * together); more is SJ_EINVAL. 1 .. 65536; default 256.
      * $SHAPEJIT_WARMUP_MAX_SHAPES. */
@@ -368,6 +418,15 @@ SJ_API sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **rt
  * tensors the runtime allocated for the caller (sj_tensor_free) first: they
  * came from the runtime's allocator, which goes away with it. */
 SJ_API void sj_runtime_destroy(sj_runtime *rt);
+
+/* Run up to max_jobs queued background compiles on the calling thread,
+ * the most valuable first, and return how many ran (each compiled, failed
+ * or was dropped as cold). With compile_threads 0 in SJ_COMPILE_ASYNC
+ * mode, nothing else runs them (sj_fn_wait_idle also runs the waited
+ * function's): a test or an event loop steps background work
+ * deterministically. With workers it competes with them. NULL rt or
+ * max_jobs <= 0: 0. Thread-safe. */
+SJ_API int sj_runtime_run_background(sj_runtime *rt, int max_jobs);
 
 /* The backend the runtime runs on (never AUTO). */
 SJ_API sj_backend_kind sj_runtime_backend(const sj_runtime *rt);
@@ -866,7 +925,10 @@ typedef struct sj_stats {
     /* of which needed no compiler run: loaded from the persistent cache, or
      * an identical unit loaded already in this process (shared) */
     uint64_t compile_cache_hits;
-    uint64_t compile_failures; /* compiles that failed (those entries stay eager) */
+    uint64_t compile_failures; /* compiles that failed (those entries run eagerly, then retry) */
+    uint64_t compiles_blacklisted; /* units that failed for good (compile_max_failures) */
+    uint64_t validations;          /* calls that ran eagerly and fused side by side (validate_calls) */
+    uint64_t validation_failures;  /* compiled units rejected: their results differed from eager */
     uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
     double compile_ms;         /* compiler time, total */
     /* CUDA backend (sj_runtime_config.cuda_graphs): */
@@ -923,9 +985,12 @@ SJ_API sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms);
  * (compile_mode ASYNC: queued on the background workers at once, so
  * compile_threads > 1 compile several in parallel, never dropped as cold;
  * SYNC: one after another on the warm-up thread; OFF: none, the shapes run
- * eagerly), then each shape's run with inputs of zeros made by the runtime
- * (outputs discarded) or the caller's buffers, then graph captures, waited
- * for. Blocking (flags without SJ_WARMUP_BACKGROUND), the call returns
+ * eagerly), then each shape's run on inputs made by the runtime (floats
+ * uniform in [-1, 1), integers and bools 0; outputs discarded) or the
+ * caller's buffers, then graph captures, waited for. With the validated
+ * swap on (validate_calls), the runs also make the new kernels' first
+ * checks against eager execution, so that a first call finds them
+ * validated (a kernel that differs is rejected, and its shapes reported). Blocking (flags without SJ_WARMUP_BACKGROUND), the call returns
  * when all of it is done or at spec->timeout_ms, whichever is first; the
  * work then goes on in the background. Calls of the function may run
  * meanwhile, from any thread; they are served as usual.
@@ -1014,8 +1079,8 @@ typedef void (*sj_warmup_done_fn)(void *user, sj_fn *fn, const sj_warmup_status 
 typedef struct sj_warmup_spec {
     int n_shapes;             /* explicit shapes, >= 0 */
     /* n_shapes * n_inputs descriptors, shape k's input i at
-     * [k * n_inputs + i]. data NULL: the runtime makes the input (zeros,
-     * contiguous; strides ignored), else the caller's memory, used as is
+     * [k * n_inputs + i]. data NULL: the runtime makes the input (random
+     * floats, zero integers; contiguous; strides ignored), else the caller's memory, used as is
      * (device memory on the CUDA backend). */
     const sj_tensor *shapes;
     /* NULL, or n_shapes * n_outputs descriptors as sj_call takes them: the
@@ -1087,7 +1152,8 @@ typedef struct sj_entry_info {
      * a constant is not listed) */
     char what[128];
     /* "eager", "queued", "compiling", "fused symbolic", "fused specialized",
-     * "compile failed" */
+     * "compile failed" (retried after its penalty), "compile blacklisted",
+     * "rejected by validation" */
     char tier[32];
     int specialized_shapes;  /* exact shapes with their own specialized kernels ready */
     double time_to_fused_ms; /* from the entry's creation to its kernels being ready; -1 if not */

@@ -372,8 +372,11 @@ static void walk(sj_warmup *w, const sj_tensor *tpl, walk_var *vars, int n_vars)
 
 /* -- The warm-up thread ------------------------------------------------------------ */
 
-/* Inputs of zeros for the shape's run where the caller gave none. */
+/* Inputs for the shape's run where the caller gave none: floats uniform in
+ * [-1, 1) (never all zeros: a validation of new kernels during the run
+ * compares something), integers and bools zero (an index 0 is in range). */
 static sj_status make_inputs(sj_runtime *rt, const warm_shape *s, int n, sj_tensor *in, bool *made) {
+    uint64_t r = 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)s;
     for (int i = 0; i < n; i++) in[i] = s->in[i];
     for (int i = 0; i < n; i++) {
         if (in[i].data) continue;
@@ -381,7 +384,23 @@ static sj_status make_inputs(sj_runtime *rt, const warm_shape *s, int n, sj_tens
         if (st) return st;
         made[i] = true;
         size_t bytes = sj_tensor_nbytes(&in[i]);
-        if (in[i].device == SJ_HOST) {
+        bool fl = in[i].dtype == SJ_F32 || in[i].dtype == SJ_F16 || in[i].dtype == SJ_BF16;
+        if (fl && bytes) {
+            int64_t ne = sj_tensor_numel(&in[i]);
+            float *h = sj_malloc(sizeof *h * (size_t)ne);
+            if (!h) return sj_seterr(SJ_ENOMEM, "warm-up: out of memory for an input");
+            for (int64_t k = 0; k < ne; k++) {
+                r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+                h[k] = (float)((double)(r >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+            }
+            sj_tensor ht = in[i];
+            ht.data = h;
+            ht.dtype = SJ_F32;
+            ht.device = SJ_HOST;
+            st = sj_tensor_copy(rt, &in[i], &ht); /* converts; synchronous */
+            free(h);
+            if (st) return st;
+        } else if (in[i].device == SJ_HOST) {
             memset(in[i].data, 0, bytes);
         } else {
 #ifdef SJ_WITH_CUDA
@@ -396,7 +415,21 @@ static sj_status make_inputs(sj_runtime *rt, const warm_shape *s, int n, sj_tens
     return SJ_OK;
 }
 
-/* Run shape s once (not a call): fused when its code is ready. */
+/* Validation checks left of the code a call of s would use now (its
+ * shape's, else its entry's; jit/validate.h); 0 when none is left or no
+ * code is ready. */
+static int checks_left(const warm_shape *s) {
+    sj_compiled *cd = s->m ? atomic_load_explicit(&s->m->ct.ready, memory_order_acquire) : NULL;
+    if (cd && atomic_load_explicit(&cd->checks_left, RELAXED) < 0) cd = NULL;
+    if (!cd) cd = atomic_load_explicit(&s->e->ct.ready, memory_order_acquire);
+    int n = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
+    return n > 0 ? n : 0;
+}
+
+/* Run shape s once (not a call): fused when its code is ready. With the
+ * validated swap on, as many times as its code's first checks need
+ * (validate_calls at most), then once more, fused: a first call finds the
+ * code validated. */
 static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool *graph) {
     sj_fn *fn = w->fn;
     sj_runtime *rt = fn->rt;
@@ -411,7 +444,13 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
     bool capture = caller_bufs && s->m && rt->cuda && rt->cfg.cuda_graphs > 0 && !(w->flags & SJ_WARMUP_NO_GRAPHS);
     (void)capture; /* (CUDA only) */
     sj_status st = make_inputs(rt, s, n_in, in, made);
-    if (!st) {
+    int validating = checks_left(s), runs = 0;
+    while (!st && (runs == 0 || (checks_left(s) > 0 && runs <= rt->cfg.validate_calls)) && !atomic_load(&w->stop)) {
+        st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, false, tier);
+        atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
+        runs++;
+    }
+    if (!st && validating && !checks_left(s)) { /* validated: the run a call now gets */
         st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, false, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
     }
@@ -470,6 +509,11 @@ static void prepare(sj_warmup *w, warm_shape *s) {
             snprintf(msg, sizeof msg, "its run failed: %s", sj_last_error());
         }
         sj_clearerr();
+        if (!st && (atomic_load(&e->ct.rejected) || (s->m && atomic_load(&s->m->ct.rejected)))) {
+            st = SJ_EBACKEND;
+            snprintf(msg, sizeof msg, "its kernels' results differ from eager execution (validation): rejected, "
+                                      "it runs eagerly (sj_fn_explain says how)");
+        }
     }
     pthread_mutex_lock(&fn->warm_lock);
     s->tier = tier;

@@ -28,8 +28,8 @@ typedef struct sj_compile_req {
     int n_symbols;
     const char *tag;              /* names the unit in logs and dumps ("enc.e1.sym") */
     /* Nonzero while the compile should stop as soon as it can (its function
-     * is being destroyed): a running compiler process is killed. NULL: never.
-     * Backends that cannot interrupt their toolchain (NVRTC) ignore it. */
+     * is being destroyed): a running compiler process is killed; an NVRTC
+     * run is abandoned to finish on its own thread. NULL: never. */
     const atomic_int *cancel;
     /* Priority that rises with the job's age: until this time (sj_now_ns)
      * the compiler may run in the idle scheduling class; a compile still

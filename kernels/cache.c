@@ -389,6 +389,20 @@ void sj_cache_touch(sj_cache *c, const char *key, const char *ext) {
     utimensat(c->dfd, art, NULL, AT_SYMLINK_NOFOLLOW);
 }
 
+/* -- Quarantine ----------------------------------------------------------------- */
+
+void sj_cache_quarantine(sj_cache *c, const char *key) {
+    static const char *const exts[] = {"so", "cubin"};
+    char art[96], meta[96], aside[112];
+    if (!c || !valid_key(key) || !make_name(meta, sizeof meta, key, "meta")) return;
+    for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) {
+        if (!make_name(art, sizeof art, key, exts[i])) continue;
+        snprintf(aside, sizeof aside, "%s-rejected", art);
+        if (!renameat(c->dfd, art, c->dfd, aside)) count(c, &c->stats.quarantined);
+    }
+    unlinkat(c->dfd, meta, 0);
+}
+
 /* -- Eviction ---------------------------------------------------------------- */
 
 typedef struct entry {

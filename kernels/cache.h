@@ -27,7 +27,7 @@
 typedef struct sj_cache sj_cache;
 
 typedef struct sj_cache_stats {
-    uint64_t hits, misses, stores, corrupt, evictions;
+    uint64_t hits, misses, stores, corrupt, evictions, quarantined;
 } sj_cache_stats;
 
 /* Open (creating the directory, and its parents, 0700 if needed). max_bytes
@@ -67,6 +67,12 @@ void sj_cache_touch(sj_cache *c, const char *key, const char *ext);
  * artifact is simply not cached). */
 sj_status sj_cache_store_file(sj_cache *c, const char *key, const char *ext, const char *file);
 sj_status sj_cache_store(sj_cache *c, const char *key, const char *ext, const void *data, size_t len);
+
+/* Set the unit stored under key aside (its compiled kernels gave wrong
+ * results): the artifact is renamed <key>.<ext>-rejected, kept for
+ * inspection and never loaded or evicted, and its meta deleted, so the
+ * next lookup misses. Absent: nothing. NULL c is a no-op. */
+void sj_cache_quarantine(sj_cache *c, const char *key);
 
 void sj_cache_get_stats(const sj_cache *c, sj_cache_stats *out);
 const char *sj_cache_dir(const sj_cache *c);

@@ -48,6 +48,9 @@ typedef struct sj_codegen_opts {
      * between per call (sj_launch.variant for CUDA), named
      * <prefix><group name>_v0 .. _v<k-1>. NODE groups are left alone. */
     int *variants;
+    /* Tests only (validated swap): added to every float value a generated
+     * kernel stores, so its results are wrong; 0: none. */
+    float test_skew;
 } sj_codegen_opts;
 
 /* The most functions a generator emits for one group. */

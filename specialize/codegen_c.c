@@ -193,11 +193,13 @@ void sj_cg_put_load(cg *c, int k, const char *ix) {
 void sj_cg_put_store(cg *c, int k, const char *ix) {
     sj_dtype dt = sj_cg_acc_dtype(c, k);
     int32_t v = c->acc[k]->val;
+    char skew[40] = ""; /* tests only: sj_codegen_opts.test_skew */
+    if (c->test_skew != 0) snprintf(skew, sizeof skew, " + %.9ef", (double)c->test_skew);
     c->elem(c, k, ix);
     switch (dt) {
-    case SJ_F32: put(&c->o, " = v%d;\n", v); break;
-    case SJ_F16: put(&c->o, " = sj_f32_to_f16(v%d);\n", v); break;
-    case SJ_BF16: put(&c->o, " = sj_f32_to_bf16(v%d);\n", v); break;
+    case SJ_F32: put(&c->o, " = v%d%s;\n", v, skew); break;
+    case SJ_F16: put(&c->o, " = sj_f32_to_f16(v%d%s);\n", v, skew); break;
+    case SJ_BF16: put(&c->o, " = sj_f32_to_bf16(v%d%s);\n", v, skew); break;
     case SJ_I32: put(&c->o, " = sj_rt_wrap32(v%d);\n", v); break;
     case SJ_I64: put(&c->o, " = v%d;\n", v); break;
     default: put(&c->o, " = (uint8_t)(v%d != 0);\n", v); break;
@@ -992,6 +994,7 @@ char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals
     sj_cg_init(&c, g, p, sym_vals);
     c.elem = put_elem;
     c.user = &cs;
+    c.test_skew = o ? o->test_skew : 0;
     const char *prefix = o && o->prefix ? o->prefix : "";
     int64_t sm = o ? o->stream_min_bytes : 0;
     cs.stream_min = sm < 0 ? -1.0 : sm == 0 ? stream_default() : (double)sm;

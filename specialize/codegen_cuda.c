@@ -773,6 +773,7 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
     sj_cg_init(&c, g, p, sym_vals);
     c.elem = put_elem;
     c.user = &u;
+    c.test_skew = o ? o->test_skew : 0;
     put(&c.o, "%s", prelude_head);
     put(&c.o, "%s", sj_kernel_rt_text);
     put(&c.o, "%s", prelude_tail);

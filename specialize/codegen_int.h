@@ -50,6 +50,7 @@ typedef struct sj_cg sj_cg;
 typedef void (*sj_cg_elem_fn)(sj_cg *c, int k, const char *ix);
 
 struct sj_cg {
+    float test_skew; /* sj_codegen_opts.test_skew */
     const sj_graph *g;
     const sj_fplan *p;
     const int64_t *sym;    /* NULL: symbolic form */

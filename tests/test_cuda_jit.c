@@ -24,6 +24,7 @@
 #include "tests/util_graphapi.h"
 
 #ifdef SJ_WITH_CUDA
+#include "base/bounded.h"
 #include "jit/exec_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
 
@@ -1109,6 +1110,96 @@ static void test_async_hot_swap_and_faults(void **state) {
     tu_free_all();
 }
 
+/* NVRTC cannot be killed: past compile_timeout_ms the compile is abandoned
+ * (it finishes on its own thread), the call is served eagerly and right,
+ * and destroy does not wait for it. */
+static void test_nvrtc_timeout(void **state) {
+    for (int mode = 0; mode < 2; mode++) {
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CUDA;
+        cfg.compile_mode = mode ? SJ_COMPILE_ASYNC : SJ_COMPILE_SYNC;
+        cfg.cache_dir = NULL;
+        cfg.log_mask = 0;
+        cfg.compile_timeout_ms = 1; /* any NVRTC compile takes longer */
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_fn_options o;
+        sj_fn_options_init(&o);
+        o.hot_threshold = 1;
+        sj_fn *fn;
+        assert_int_equal(sj_fn_create(rt, "nvrtc_slow", 3, w1_model, NULL, &o, &fn), SJ_OK);
+        tu_seed(31 + mode);
+        sj_tensor in[4];
+        make_inputs(0, 77, in);
+        compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "eager past the NVRTC timeout");
+        if (mode == 0) {
+            sj_stats s;
+            sj_fn_stats(fn, &s);
+            assert_int_equal(s.compile_failures, 1);
+            assert_int_equal(s.eager_calls, 1);
+            char *text = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&text, &len);
+            sj_fn_explain(fn, f);
+            fclose(f);
+            assert_non_null(strstr(text, "NVRTC did not finish in 1 ms"));
+            free(text);
+        }
+        double t0 = tu_now_ms();
+        sj_fn_destroy(fn); /* async: a compile may be running; not waited for */
+        sj_runtime_destroy(rt);
+        assert_true(tu_now_ms() - t0 < 5000);
+        tu_free_all();
+    }
+    /* the abandoned compiles end on their own and free their work */
+    for (int i = 0; i < 600 && sj_bounded_abandoned() > 0; i++) nanosleep(&(struct timespec){0, 50 * 1000000}, NULL);
+    assert_int_equal(sj_bounded_abandoned(), 0);
+}
+
+/* The validated swap on the device: kernels made wrong by the test hook
+ * never reach the caller (sj_call and sj_call_stream), right ones serve
+ * after their checks. */
+static void test_validated_swap_on_device(void **state) {
+    for (int wrong = 1; wrong >= 0; wrong--) {
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CUDA;
+        cfg.compile_mode = SJ_COMPILE_SYNC;
+        cfg.cache_dir = NULL;
+        cfg.log_mask = 0;
+        cfg.validate_calls = 2;
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_runtime_test_wrong_kernels(rt, wrong ? 0.25f : 0);
+        sj_fn_options o;
+        sj_fn_options_init(&o);
+        o.hot_threshold = 1;
+        sj_fn *fn;
+        assert_int_equal(sj_fn_create(rt, "validated", 3, w1_model, NULL, &o, &fn), SJ_OK);
+        tu_seed(41 + wrong);
+        sj_tensor in[4];
+        make_inputs(0, 300, in);
+        for (int i = 0; i < 6; i++) compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "validated swap");
+        sj_stats s;
+        sj_fn_stats(fn, &s);
+        if (wrong) {
+            assert_int_equal(s.validation_failures, 1);
+            assert_int_equal(s.validations, 1);
+            assert_int_equal(s.fused_specialized_calls + s.fused_symbolic_calls, 0);
+            sj_entry_info info;
+            sj_fn_entries(fn, &info, 1);
+            assert_string_equal(info.tier, "rejected by validation");
+        } else {
+            assert_int_equal(s.validation_failures, 0);
+            assert_int_equal(s.validations, 2);
+            assert_int_equal(s.fused_specialized_calls + s.fused_symbolic_calls, 4);
+        }
+        sj_runtime_destroy(rt);
+        tu_free_all();
+    }
+}
+
 static void test_stream_api_and_bad_input(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     sj_fn *fn;
@@ -1396,6 +1487,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
         cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
+        cmocka_unit_test(test_nvrtc_timeout),     cmocka_unit_test(test_validated_swap_on_device),
         cmocka_unit_test(test_warmup_on_device),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);

@@ -11,7 +11,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bounded.h"
 #include "jit/shapejit.h"
 
 #define ALARM_S 30
@@ -241,6 +244,107 @@ static void cc_with_arguments(void **state) {
     unsetenv("SHAPEJIT_CC");
 }
 
+/* -- Work that cannot be interrupted (NVRTC) ----------------------------------- */
+
+/* A job that sleeps until released by the test (or its own deadline),
+ * then marks itself finished; release frees it and counts. */
+typedef struct slow_job {
+    atomic_int go, ran;
+    int sleep_ms;
+} slow_job;
+
+static atomic_int released;
+
+static void slow_run(void *p) {
+    slow_job *j = p;
+    for (int i = 0; i < j->sleep_ms && !atomic_load(&j->go); i++) usleep(1000);
+    atomic_store(&j->ran, 1);
+}
+
+static void slow_release(void *p) {
+    free(p);
+    atomic_fetch_add(&released, 1);
+}
+
+static slow_job *slow_new(int sleep_ms) {
+    slow_job *j = calloc(1, sizeof *j);
+    assert_non_null(j);
+    j->sleep_ms = sleep_ms;
+    return j;
+}
+
+static int64_t ms_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void bounded_run_finishes(void **state) {
+    (void)state;
+    slow_job *j = slow_new(20);
+    assert_int_equal(sj_run_bounded("job", slow_run, slow_release, j, 5000, NULL, NULL), SJ_OK);
+    assert_int_equal(atomic_load(&j->ran), 1); /* the caller's again */
+    free(j);
+}
+
+/* Past the timeout the caller returns; the job finishes later and releases
+ * itself; at SJ_BOUNDED_MAX_ABANDONED abandoned runs new runs are refused
+ * until one ends. */
+static void bounded_run_abandons_and_caps(void **state) {
+    (void)state;
+    atomic_store(&released, 0);
+    slow_job *jobs[SJ_BOUNDED_MAX_ABANDONED];
+    for (int i = 0; i < SJ_BOUNDED_MAX_ABANDONED; i++) {
+        jobs[i] = slow_new(20000);
+        int64_t t0 = ms_now();
+        int cancelled = -1;
+        assert_int_equal(sj_run_bounded("job", slow_run, slow_release, jobs[i], 50, NULL, &cancelled), SJ_ETIMEOUT);
+        assert_true(ms_now() - t0 < 5000);
+        assert_int_equal(cancelled, 0);
+        assert_non_null(strstr(sj_last_error(), "still running after 50 ms"));
+    }
+    assert_int_equal(sj_bounded_abandoned(), SJ_BOUNDED_MAX_ABANDONED);
+    slow_job *extra = slow_new(1);
+    assert_int_equal(sj_run_bounded("job", slow_run, slow_release, extra, 50, NULL, NULL), SJ_EBACKEND);
+    assert_non_null(strstr(sj_last_error(), "still running"));
+    assert_int_equal(atomic_load(&extra->ran), 0); /* refused: nothing ran, still ours */
+    assert_int_equal(atomic_load(&released), 0);
+    for (int i = 0; i < SJ_BOUNDED_MAX_ABANDONED; i++) atomic_store(&jobs[i]->go, 1);
+    while (sj_bounded_abandoned() > 0) usleep(1000); /* the alarm bounds this */
+    assert_int_equal(atomic_load(&released), SJ_BOUNDED_MAX_ABANDONED);
+    assert_int_equal(sj_run_bounded("job", slow_run, slow_release, extra, 5000, NULL, NULL), SJ_OK);
+    free(extra);
+}
+
+/* A cancel flag set while waiting ends the wait within its poll. */
+static atomic_int cancel_flag;
+
+static void *set_cancel_later(void *p) {
+    (void)p;
+    usleep(100 * 1000);
+    atomic_store(&cancel_flag, 1);
+    return NULL;
+}
+
+static void bounded_run_cancelled(void **state) {
+    (void)state;
+    atomic_store(&released, 0);
+    atomic_store(&cancel_flag, 0);
+    slow_job *j = slow_new(20000);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, set_cancel_later, NULL), 0);
+    int cancelled = 0;
+    int64_t t0 = ms_now();
+    assert_int_equal(sj_run_bounded("job", slow_run, slow_release, j, 0, &cancel_flag, &cancelled), SJ_ETIMEOUT);
+    assert_true(ms_now() - t0 < 5000);
+    assert_int_equal(cancelled, 1);
+    assert_non_null(strstr(sj_last_error(), "cancelled"));
+    pthread_join(th, NULL);
+    atomic_store(&j->go, 1);
+    while (sj_bounded_abandoned() > 0) usleep(1000);
+    assert_int_equal(atomic_load(&released), 1);
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test: the alarm ends the whole program */
@@ -250,6 +354,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(version_hang_does_not_hang_create, setup, teardown),
         cmocka_unit_test_setup_teardown(background_child_holding_stdout, setup, teardown),
         cmocka_unit_test_setup_teardown(cc_with_arguments, setup, teardown),
+        cmocka_unit_test_setup_teardown(bounded_run_finishes, setup, teardown),
+        cmocka_unit_test_setup_teardown(bounded_run_abandons_and_caps, setup, teardown),
+        cmocka_unit_test_setup_teardown(bounded_run_cancelled, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

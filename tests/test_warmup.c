@@ -261,6 +261,57 @@ static void walk_keeps_pinned_sizes(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* The validated swap (validate_calls) during a warm-up: its runs make the
+ * new kernels' first checks, so the first calls are fused; kernels made
+ * wrong on purpose are rejected by the warm-up, the shapes reported, and
+ * calls still get right results (eagerly). */
+static void validated_during_warmup(void **state) {
+    (void)state;
+    tu_seed(30);
+    for (int wrong = 0; wrong < 2; wrong++) {
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CPU;
+        cfg.log_mask = 0;
+        cfg.cache_dir = NULL;
+        cfg.exec_threads = 1;
+        cfg.validate_calls = 2;
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        if (wrong) sj_runtime_test_wrong_kernels(rt, 0.25f);
+        sj_fn *fn = make_fn(rt, model);
+        set_buckets(fn);
+        sj_tensor shapes[4];
+        shape_of(3, 24, shapes);
+        shape_of(2, 40, shapes + 2);
+        sj_warmup_spec spec = {.n_shapes = 2, .shapes = shapes};
+        sj_status st = sj_fn_warmup(fn, &spec, 0);
+        sj_stats s = stats(fn);
+        assert_int_equal(s.validations, wrong ? 2 : 4); /* two units, two checks each (a wrong one: its first) */
+        if (wrong) {
+            assert_int_equal(st, SJ_EBACKEND);
+            assert_non_null(strstr(sj_last_error(), "differ from eager execution"));
+            assert_int_equal(s.validation_failures, 2);
+            assert_int_equal(s.warmup_failures, 2);
+        } else {
+            if (st) fail_msg("warm-up: %s", sj_last_error());
+            assert_int_equal(s.validation_failures, 0);
+            assert_int_equal(s.warmup_runs, 6); /* per shape: 2 validations, then the run a call gets */
+            sj_warmup_shape_info si;
+            assert_int_equal(sj_fn_warmup_shape(fn, 0, &si), SJ_OK);
+            assert_string_equal(si.tier, "fused symbolic");
+        }
+        call_checked(fn, NULL, 3, 24);
+        call_checked(fn, NULL, 2, 40);
+        call_checked(fn, NULL, 4, 30);
+        sj_stats s2 = stats(fn);
+        assert_int_equal(s2.eager_calls, wrong ? 3 : 0);
+        assert_int_equal(s2.validations, s.validations); /* nothing left to check on the calls */
+        sj_runtime_destroy(rt);
+    }
+    tu_free_all();
+}
+
 /* A warm-up's queued compiles are not dropped as cold, though no call
  * comes while they wait (a call's are, after the cold time with no call). */
 static void warm_jobs_never_cold(void **state) {
@@ -661,6 +712,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(blocking_walk_then_fused, setup, teardown),
         cmocka_unit_test_setup_teardown(compile_modes, setup, teardown),
         cmocka_unit_test_setup_teardown(warm_jobs_never_cold, setup, teardown),
+        cmocka_unit_test_setup_teardown(validated_during_warmup, setup, teardown),
         cmocka_unit_test_setup_teardown(walk_keeps_pinned_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(background_with_callback, setup, teardown),
         cmocka_unit_test_setup_teardown(blocking_timeout, setup, teardown),

@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
+#include "base/bounded.h"
 #include "base/clock.h"
 #include "base/error.h"
 
@@ -32,6 +34,7 @@ typedef struct cuda_backend {
     char *dump_dir;
     const sj_log_sink *log;
     int test_delay_ms, test_fail;
+    int timeout_ms;      /* NVRTC runs abandoned past it (0: never) */
     char arch[32];       /* "sm_90" */
     char nvrtc_id[32];   /* "nvrtc 13.0" */
     sj_nvrtc_opts opts;  /* every compile's NVRTC options */
@@ -135,9 +138,60 @@ static void program_log(const sj_cuda_api *a, nvrtcProgram prog, sj_compile_resu
     free(text);
 }
 
-/* Runs NVRTC on src; on success *cubin (malloc'd) and *len. */
-static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag, sj_compile_result *out,
-                               char **cubin, size_t *len) {
+/* -- Bounded NVRTC runs -------------------------------------------------------- */
+
+/* nvrtcCompileProgram runs inside the process and cannot be stopped, so it
+ * runs on a thread of its own (base/bounded.h) and is waited for up to
+ * compile_timeout_ms or the function's cancel flag. An abandoned job is
+ * finished and freed by that thread, so it owns copies of everything it
+ * uses: the entry points (NVRTC is opened with RTLD_NODELETE: they stay
+ * mapped whatever the runtime does meanwhile), the options and the
+ * program. */
+typedef struct nvrtc_job {
+    nvrtcResult (*compile)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*destroy)(nvrtcProgram *);
+    nvrtcProgram prog;
+    nvrtcResult nr;
+    int argc;
+    const char *argv[8 + SJ_NVRTC_MAX_FLAGS];
+    char text[]; /* the options' strings */
+} nvrtc_job;
+
+static void nvrtc_job_run(void *p) {
+    nvrtc_job *j = p;
+    j->nr = j->compile(j->prog, j->argc, j->argv);
+}
+
+static void nvrtc_job_free(void *p) {
+    nvrtc_job *j = p;
+    if (j->prog) j->destroy(&j->prog);
+    free(j);
+}
+
+static nvrtc_job *nvrtc_job_new(const cuda_backend *b, nvrtcProgram prog) {
+    size_t n = 0;
+    for (int i = 0; i < b->opts.argc; i++) n += strlen(b->opts.argv[i]) + 1;
+    nvrtc_job *j = sj_malloc(sizeof *j + n);
+    if (!j) return NULL;
+    j->compile = b->cuda->api.nvrtcCompileProgram;
+    j->destroy = b->cuda->api.nvrtcDestroyProgram;
+    j->prog = prog;
+    j->nr = NVRTC_SUCCESS;
+    j->argc = b->opts.argc;
+    char *t = j->text;
+    for (int i = 0; i < b->opts.argc; i++) {
+        size_t len = strlen(b->opts.argv[i]) + 1;
+        memcpy(t, b->opts.argv[i], len);
+        j->argv[i] = t;
+        t += len;
+    }
+    return j;
+}
+
+/* Runs NVRTC on src; on success *cubin (malloc'd) and *len. Bounded by
+ * timeout_ms and *cancel (see above). */
+static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag, const atomic_int *cancel,
+                               sj_compile_result *out, char **cubin, size_t *len) {
     const sj_cuda_api *a = &b->cuda->api;
     char name[256], msg[sizeof out->log + 128];
     snprintf(name, sizeof name, "%s.cu", tag);
@@ -147,9 +201,34 @@ static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag
         snprintf(out->log, sizeof out->log, "NVRTC: nvrtcCreateProgram: %s", a->nvrtcGetErrorString(nr));
         return fail(b, out, tag, out->log);
     }
+    nvrtc_job *job = nvrtc_job_new(b, prog);
+    if (!job) {
+        a->nvrtcDestroyProgram(&prog);
+        snprintf(out->log, sizeof out->log, "out of memory");
+        fail(b, out, tag, out->log);
+        return sj_seterr(SJ_ENOMEM, "cuda backend: %s: out of memory", tag);
+    }
     double t0 = sj_now_ms();
-    nr = a->nvrtcCompileProgram(prog, b->opts.argc, b->opts.argv);
+    int cancelled = 0;
+    sj_status st = sj_run_bounded("NVRTC", nvrtc_job_run, nvrtc_job_free, job, b->timeout_ms, cancel, &cancelled);
     out->compile_ms = sj_now_ms() - t0;
+    if (st == SJ_ETIMEOUT) { /* the job is the thread's now */
+        if (cancelled) snprintf(out->log, sizeof out->log, "compile cancelled: NVRTC left to finish in the background");
+        else
+            snprintf(out->log, sizeof out->log,
+                     "compile failed: NVRTC did not finish in %d ms (compile_timeout_ms); left to finish in the "
+                     "background",
+                     b->timeout_ms);
+        return fail(b, out, tag, out->log);
+    }
+    if (st) {
+        snprintf(out->log, sizeof out->log, "%s", sj_last_error());
+        nvrtc_job_free(job);
+        return fail(b, out, tag, out->log);
+    }
+    nr = job->nr;
+    job->prog = NULL; /* ours again */
+    nvrtc_job_free(job);
     if (nr != NVRTC_SUCCESS) {
         program_log(a, prog, out);
         a->nvrtcDestroyProgram(&prog);
@@ -187,7 +266,7 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
     cuda_backend *b = self;
     char *cubin = NULL;
     size_t len = 0;
-    sj_status st = nvrtc_compile(b, src, tag, out, &cubin, &len);
+    sj_status st = nvrtc_compile(b, src, tag, req->cancel, out, &cubin, &len);
     if (st) return st;
     if (!load(b, cubin, len, req, out)) {
         free(cubin);
@@ -275,6 +354,7 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     b->log = cfg->log;
     b->test_delay_ms = cfg->test_delay_ms;
     b->test_fail = cfg->test_fail;
+    b->timeout_ms = cfg->timeout_ms;
     snprintf(b->arch, sizeof b->arch, "sm_%d%d", c->cc_major, c->cc_minor);
     snprintf(b->nvrtc_id, sizeof b->nvrtc_id, "nvrtc %d.%d", c->nvrtc_major, c->nvrtc_minor);
     sj_status st = sj_codegen_cuda_options(b->arch, cfg->nvrtc_flags, &b->opts);

@@ -26,6 +26,11 @@ typedef struct sj_cuda_backend_config {
     const char *nvrtc_flags; /* extra NVRTC options (sj_codegen_cuda_options); NULL: none */
     const sj_log_sink *log;   /* where log lines go (SJ_LOG_COMPILE, SJ_LOG_WARN); NULL: none */
     int test_delay_ms, test_fail; /* test hooks, as the CPU backend's */
+    /* An NVRTC compile still running after this many ms (0: no bound), or
+     * when its request's cancel flag is set, is abandoned: the compile
+     * fails and NVRTC finishes on its own thread in the background (it
+     * cannot be interrupted; see base/bounded.h). */
+    int timeout_ms;
 } sj_cuda_backend_config;
 
 sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend **out);

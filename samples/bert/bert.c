@@ -355,7 +355,8 @@ sj_status bert_warmup_shapes(bert_model *m, const int *bs, int n, unsigned flags
     last_error[0] = 0;
     if (!m || n < 1 || !bs) return set_error(SJ_EINVAL, "bert_warmup_shapes: no model or no shapes");
     /* the encoder's four inputs per shape; data NULL: the runtime makes
-     * them (zeros: token 0, lengths 0; the results are discarded) */
+     * them (ids, lengths and positions 0, a random mask; the results are
+     * discarded) */
     sj_tensor *t = calloc((size_t)n * 4, sizeof *t);
     if (!t) return set_error(SJ_ENOMEM, "bert_warmup_shapes: out of memory");
     for (int k = 0; k < n; k++) {

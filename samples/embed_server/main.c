@@ -648,6 +648,9 @@ int main(int argc, char **argv) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     if (s.o.threads) cfg.exec_threads = s.o.threads;
+    /* compiled kernels are checked against eager on their first calls
+     * before they serve alone (unless $SHAPEJIT_VALIDATE_CALLS says else) */
+    if (!getenv("SHAPEJIT_VALIDATE_CALLS")) cfg.validate_calls = 2;
     char path[4096], err[256];
     snprintf(path, sizeof path, "%s/vocab.txt", s.o.model);
     if (sj_runtime_create(&cfg, &s.rt)) {
