@@ -312,6 +312,29 @@ static void validated_during_warmup(void **state) {
     tu_free_all();
 }
 
+/* compile_threads 0 (the program steps background work): a blocking
+ * warm-up runs its queued compiles on its own thread, and ends. */
+static void no_compile_workers(void **state) {
+    (void)state;
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.log_mask = 0;
+    cfg.cache_dir = NULL;
+    cfg.exec_threads = 1;
+    cfg.compile_threads = 0;
+    sj_runtime *rt = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_fn *fn = make_fn(rt, model);
+    sj_tensor two[2];
+    shape_of(2, 16, two);
+    assert_int_equal(sj_fn_warmup(fn, &(sj_warmup_spec){.n_shapes = 1, .shapes = two}, 0), SJ_OK);
+    sj_stats s = stats(fn);
+    assert_int_equal(s.compiles, 1);
+    assert_int_equal(s.warmup_shapes, 1);
+    sj_runtime_destroy(rt);
+}
+
 /* A warm-up's queued compiles are not dropped as cold, though no call
  * comes while they wait (a call's are, after the cold time with no call). */
 static void warm_jobs_never_cold(void **state) {
@@ -712,6 +735,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(blocking_walk_then_fused, setup, teardown),
         cmocka_unit_test_setup_teardown(compile_modes, setup, teardown),
         cmocka_unit_test_setup_teardown(warm_jobs_never_cold, setup, teardown),
+        cmocka_unit_test_setup_teardown(no_compile_workers, setup, teardown),
         cmocka_unit_test_setup_teardown(validated_during_warmup, setup, teardown),
         cmocka_unit_test_setup_teardown(walk_keeps_pinned_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(background_with_callback, setup, teardown),
