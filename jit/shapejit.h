@@ -990,9 +990,10 @@ SJ_API sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms);
  * caller's buffers, then graph captures, waited for. With the validated
  * swap on (validate_calls), the runs also make the new kernels' first
  * checks against eager execution, so that a first call finds them
- * validated (a kernel that differs is rejected, and its shapes reported). Blocking (flags without SJ_WARMUP_BACKGROUND), the call returns
- * when all of it is done or at spec->timeout_ms, whichever is first; the
- * work then goes on in the background. Calls of the function may run
+ * validated (a kernel that differs is rejected, and its shapes reported).
+ * Blocking (flags without SJ_WARMUP_BACKGROUND), the call returns when all
+ * of it is done or at spec->timeout_ms, whichever is first; the work then
+ * goes on in the background. Calls of the function may run
  * meanwhile, from any thread; they are served as usual.
  *
  * Shapes. Explicit ones (shapes, n_shapes: each a set of n_inputs input
@@ -1026,9 +1027,10 @@ SJ_API sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms);
  * The spec and its descriptors are copied; buffers the caller gives must
  * stay valid until the warm-up is over (sj_fn_ready, the callback, or
  * sj_fn_wait_idle) and are written (outputs) during it. sj_fn_destroy
- * during a warm-up stops it: queued compiles are dropped, a running
- * compiler is killed, a run in progress ends, and destroy returns within
- * about the time of one run. */
+ * during a warm-up stops it: queued compiles are dropped, a running C
+ * compiler is killed (an NVRTC compile is abandoned), a run in progress
+ * ends, and destroy returns within about the time of one run; the
+ * callback then reports CANCELLED. */
 
 /* sj_fn_warmup's flags. */
 enum {
@@ -1080,8 +1082,8 @@ typedef struct sj_warmup_spec {
     int n_shapes;             /* explicit shapes, >= 0 */
     /* n_shapes * n_inputs descriptors, shape k's input i at
      * [k * n_inputs + i]. data NULL: the runtime makes the input (random
-     * floats, zero integers; contiguous; strides ignored), else the caller's memory, used as is
-     * (device memory on the CUDA backend). */
+     * floats, zero integers; contiguous; strides ignored), else the
+     * caller's memory, used as is (device memory on the CUDA backend). */
     const sj_tensor *shapes;
     /* NULL, or n_shapes * n_outputs descriptors as sj_call takes them: the
      * caller's buffers for each shape's outputs (data NULL: made by the
@@ -1101,7 +1103,8 @@ typedef struct sj_warmup_spec {
 /* Warm fn up for spec's shapes (see above). flags: SJ_WARMUP_*.
  * Returns SJ_OK when every shape was prepared (blocking) or traced
  * (SJ_WARMUP_BACKGROUND); else the first failed shape's status, its
- * message naming the shape ("warm-up shape 2 of 6 (x [4, 700]): ..."),
+ * message naming the shape ("fn 'f': warm-up shape 2 of 6 ([4, 700], [4]):
+ * ..."),
  * with the other shapes still prepared; SJ_ETIMEOUT (blocking, past
  * timeout_ms: the warm-up goes on in the background).
  * Errors before anything is done: SJ_EINVAL (fn or spec NULL, unknown

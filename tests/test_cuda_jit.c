@@ -1345,7 +1345,7 @@ static void test_warmup_on_device(void **state) {
     sj_fn_destroy(fn);
 
     /* destroy during a background warm-up (an NVRTC compile in flight is
-     * waited for: it cannot be killed) */
+     * abandoned) */
     fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_AUTO, "warm2");
     assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 16, 256), SJ_OK);
     assert_int_equal(sj_fn_warmup(fn, &spec, SJ_WARMUP_BACKGROUND), SJ_OK);
