@@ -1,6 +1,7 @@
 # shapejit build.  `make help` lists the targets.
 #
-#   make               libshapejit.a and libshapejit.so under build/lib
+#   make               libshapejit.a and libshapejit.so under build/lib, the
+#                      shapejit-cache tool under build/bin
 #   make run           build and run the variable-length encoder sample
 #   make test          build and run the test suite (CPU; GPU tests skip visibly)
 #   make test-asan     the suite under AddressSanitizer + UBSan
@@ -29,7 +30,7 @@ DEPFLAGS = -MMD -MP
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 CFLAGS  += $(BLAS_CFLAGS)
-LDLIBS  := $(BLAS_LIBS) -ljansson -lsodium -lm -lpthread -ldl
+LDLIBS  := $(BLAS_LIBS) -ljansson -lsodium -lhiredis -lm -lpthread -ldl
 TEST_LIBS := -lcmocka
 
 ifeq ($(V),1)
@@ -41,7 +42,8 @@ endif
 # Debian packages the build, the tests and the sample need.
 # Why each is there: README "Dependencies".
 DEB_PKGS := uthash-dev libcmocka-dev libopenblas-dev pkg-config \
-  libjansson-dev libsodium-dev libutf8proc-dev libmicrohttpd-dev clang
+  libjansson-dev libsodium-dev libutf8proc-dev libmicrohttpd-dev clang \
+  libhiredis-dev redis-server
 
 # -- CUDA (optional) -------------------------------------------------------
 # With the CUDA toolkit (headers and nvcc) the CUDA backend is built in: its
@@ -101,15 +103,24 @@ $(MODEL_OBJ) $(TEST_BIN) $(BENCH_BIN): CFLAGS += -Ijit
 
 STATIC := $(BUILD)/lib/libshapejit.a
 SHARED := $(BUILD)/lib/libshapejit.so
+# Command-line tools installed with the library: tools/NAME.c -> bin/...
+TOOL_BIN := $(BUILD)/bin/shapejit-cache
 
 # -- Library ---------------------------------------------------------------
 
 .SECONDARY:
 
-.PHONY: all lib binaries deps model model-ref fuzz fuzz-build check-layers run test test-asan test-tsan bench install check-symbols clean help
+.PHONY: all lib tools binaries deps model model-ref fuzz fuzz-build check-layers run test test-asan test-tsan bench install check-symbols clean help
 
-all: lib
+all: lib tools
 lib: deps $(STATIC) $(SHARED)
+tools: $(TOOL_BIN)
+
+# shapejit-cache: portable kernel bundles (export, list, verify, import).
+$(BUILD)/bin/shapejit-cache: tools/sjcache.c $(STATIC)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< -o $@ $(STATIC) $(LDLIBS)
 
 $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
@@ -190,9 +201,9 @@ $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(MODEL_OBJ) $(STATIC)
 # samples/NAME/test-args file, run with those arguments (each sample checks
 # its own results and exits nonzero on a wrong one), without the persistent
 # kernel cache.
-test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN)
+test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN) $(TOOL_BIN)
 	@failed=0; \
-	SJ_MODEL_REF=$(BUILD)/model/reference.jsonl SJ_EMBED_SERVER=$(EMBED_SERVER) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
+	SJ_MODEL_REF=$(BUILD)/model/reference.jsonl SJ_EMBED_SERVER=$(EMBED_SERVER) SJ_CACHE_TOOL=$(TOOL_BIN) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
 	for s in $(SAMPLES); do \
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
@@ -265,7 +276,7 @@ $(BUILD)/bench/%: bench/%.c $(MODEL_OBJ) $(STATIC)
 	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) $< $(MODEL_OBJ) -o $@ $(STATIC) $(MODEL_LIBS) $(LDLIBS)
 
 # Every test, benchmark and sample binary, built but not run.
-binaries: deps $(TEST_BIN) $(BENCH_BIN) $(SAMPLE_BIN)
+binaries: deps $(TEST_BIN) $(BENCH_BIN) $(SAMPLE_BIN) $(TOOL_BIN)
 
 # The main job: the embedding server on the real model, driven by its client.
 run: deps model $(BUILD)/samples/embed_server $(BUILD)/samples/embed_client
@@ -306,8 +317,9 @@ model-ref:
 
 # -- Install and checks ----------------------------------------------------
 
-install: lib
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+install: lib tools
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(TOOL_BIN) $(DESTDIR)$(PREFIX)/bin/shapejit-cache
 	install -m 644 jit/shapejit.h $(DESTDIR)$(PREFIX)/include/shapejit.h
 	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/libshapejit.a
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libshapejit.so.0

@@ -5,7 +5,11 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|all|asan|warmup] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|all|asan|warmup] (results under $OUT)
+#             realmodel: the server's HTTP answers against the reference on CUDA, and
+#             the BERT encoder on the host's CPU against ONNX Runtime and PyTorch (needs
+#             .gpu-model: the model directory with reference.jsonl);
+#             multi: 2 GPUs (test_cuda_multi, bench_gpus, the server on --devices 0,1)
 #             bench: w0-w3; model: w4, w5 (the f16 encoder layer), attention alone and
 #             the host time of a small call's parts (hostparts);
 #             each with the peer; warmup: w5 from a cold process with the
@@ -106,4 +110,57 @@ fi
 if [ "$what" = cpu ] || [ "$what" = all ]; then
     SHAPEJIT_BACKEND=cpu timeout 300 "$B/bench_cpu" --workloads w1,w2,w3 > "$OUT/cpu16.jsonl" 2>&1
     echo "bench_cpu rc=$?" | tee -a "$summary"
+fi
+
+if [ "$what" = realmodel ]; then
+    M=.gpu-model
+    SJ_MODEL_DIR=$M SJ_MODEL_REF=$M/reference.jsonl SJ_EMBED_SERVER=$B/embed_server SJ_EMBED_BACKEND=cuda \
+        timeout 300 "$B/test_embed_server" > /tmp/embed_gpu.log 2>&1
+    echo "test_embed_server on CUDA rc=$?: $(grep -E "PASSED|FAILED" /tmp/embed_gpu.log | tr '\n' ' ')" | tee -a "$summary"
+    grep -E "on CUDA|FAIL|Failure|cosine" /tmp/embed_gpu.log | head -8 | tee -a "$summary"
+    n=$(nproc)
+    SHAPEJIT_BACKEND=cpu timeout 200 "$B/bench_bert" --model $M --threads "$n" --batches 1,8,32 --seconds 3 \
+        > "$OUT/bert_cpu_host.jsonl" 2>> "$summary"
+    echo "bench_bert cpu rc=$?" | tee -a "$summary"; cat "$OUT/bert_cpu_host.jsonl" >> "$summary"
+    timeout 300 python3 bench/ort_bert_peer.py $M samples/bert/sentences.txt --threads "$n" --batches 1,8,32 --optimize \
+        > "$OUT/ort_cpu_host.jsonl" 2>> "$summary"
+    echo "ort rc=$?" | tee -a "$summary"; cat "$OUT/ort_cpu_host.jsonl" >> "$summary"
+    timeout 300 python3 bench/st_bert_peer.py $M samples/bert/sentences.txt --device cpu --dtypes f32 --batches 1,8,32 \
+        > "$OUT/torch_cpu_host.jsonl" 2>> "$summary"
+    echo "torch cpu rc=$?" | tee -a "$summary"; cat "$OUT/torch_cpu_host.jsonl" >> "$summary"
+fi
+
+# 0 when GET /health on localhost:$1 answers 200 (no curl on the GPU image)
+healthy() {
+    exec 3<>"/dev/tcp/127.0.0.1/$1" 2>/dev/null || return 1
+    printf 'GET /health HTTP/1.0\r\n\r\n' >&3
+    local line
+    read -r line <&3
+    exec 3>&-
+    case "$line" in *" 200"*) return 0 ;; *) return 1 ;; esac
+}
+
+if [ "$what" = multi ]; then
+    timeout 300 "$B/test_cuda_multi" > /tmp/multi.log 2>&1
+    echo "test_cuda_multi rc=$?: $(grep -E "PASSED|FAILED|skipped" /tmp/multi.log | tr '\n' ' ')" | tee -a "$summary"
+    for dt in f32 f16; do
+        timeout 240 "$B/bench_gpus" --model .gpu-model --devices 0,1 --batch 32 --seconds 5 --dtype $dt \
+            >> "$OUT/gpus.jsonl" 2>> "$summary"
+        echo "bench_gpus $dt rc=$?" | tee -a "$summary"
+    done
+    cat "$OUT/gpus.jsonl" >> "$summary"
+    SJ_MODEL_DIR=.gpu-model SJ_MODEL_REF=.gpu-model/reference.jsonl SJ_EMBED_SERVER=$B/embed_server \
+        SJ_EMBED_BACKEND=cuda SJ_EMBED_DEVICES=0,1 timeout 300 "$B/test_embed_server" > /tmp/embed2.log 2>&1
+    echo "test_embed_server --devices 0,1 rc=$?: $(grep -E "PASSED|FAILED" /tmp/embed2.log | tr '\n' ' ')" | tee -a "$summary"
+    for devs in 0 0,1; do
+        rm -f /tmp/port; $B/embed_server --model .gpu-model --port 0 --port-file /tmp/port --devices $devs \
+            2> /tmp/server_$devs.log &
+        pid=$!
+        for i in $(seq 600); do [ -s /tmp/port ] && healthy "$(cat /tmp/port)" && break; sleep 0.2; done
+        $B/embed_client --port "$(cat /tmp/port)" --connections 16 --requests 4000 --batch 8 \
+            > "$OUT/client_$devs.txt" 2>&1
+        echo "server --devices $devs, 16 connections x 8 sentences: rc=$?" | tee -a "$summary"
+        tail -6 "$OUT/client_$devs.txt" | tee -a "$summary"
+        kill -TERM $pid; wait $pid
+    done
 fi

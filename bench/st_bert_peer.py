@@ -22,6 +22,11 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
@@ -46,14 +51,14 @@ def main():
             with torch.inference_mode():
                 for _, f in feats[:3]:
                     model(dict(f))
-                torch.cuda.synchronize()
+                sync(a.device)
                 lat, done, t0 = [], 0, time.perf_counter()
                 while time.perf_counter() - t0 < a.seconds:
                     for n, f in feats:
                         s = time.perf_counter()
                         e = model(dict(f))["sentence_embedding"]
                         e = torch.nn.functional.normalize(e, dim=1)
-                        torch.cuda.synchronize()
+                        sync(a.device)
                         lat.append(time.perf_counter() - s)
                         done += n
                 el = time.perf_counter() - t0

@@ -62,6 +62,8 @@ typedef struct sj_entry {
     sj_fplan *plan;        /* fused plan; NULL: eager only */
     sj_ctarget ct;         /* the plan compiled (symbolic form; specialized if no symbols) */
     int64_t created_ns;
+    /* eager calls' time (ns) and count, for the compile queue's value */
+    _Atomic uint64_t eager_ns, eager_timed;
 } sj_entry;
 
 /* One exact signature -> its entry and symbol values. */

@@ -74,7 +74,9 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
      * calls, 2 by default); after, only reads of lines nobody writes */
     if (!atomic_load_explicit(&e->hot, RELAXED)) {
         uint64_t c = sj_counter_sum(&e->calls);
-        if (c < (uint64_t)fn->policy.hot_threshold || atomic_exchange(&e->hot, true)) return;
+        /* back-pressure: a longer compile queue asks for more calls */
+        uint64_t th = (uint64_t)fn->policy.hot_threshold * (uint64_t)sj_compiler_backlog(fn->rt->compiler);
+        if (c < th || atomic_exchange(&e->hot, true)) return;
         atomic_fetch_add_explicit(&fn->c.hot_entries, 1, RELAXED);
         sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
                 (unsigned long long)c);
@@ -195,6 +197,10 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
     e->created_ns = sj_now_ns();
     e->plan = sj_fuse(g, in); /* before publishing: it adds to the graph's expressions */
     if (!e->plan) sj_logf(fn->rt, SJ_LOG_WARN, "fn '%s': out of memory planning fusion; the entry runs eagerly", fn->name);
+    if (fn->packs) {
+        int n = sj_exec_prepack(g, fn->packs);
+        if (n) sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d: %d products over packed constant weights", fn->name, e->id, n);
+    }
 #ifdef SJ_WITH_CUDA
     if (fn->rt->cuda && (st = sj_cuda_upload_graph(fn->rt->cuda, g))) {
         sj_err_prefix("fn '%s': ", fn->name);
@@ -405,7 +411,10 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
         st = sj_exec_fused(&x, e->plan, cd->fns);
 #endif
     } else {
+        int64_t t0 = sj_now_ns(); /* what an eager call costs: the compile queue's value */
         st = sj_exec_eager(&x);
+        atomic_fetch_add_explicit(&e->eager_ns, (uint64_t)(sj_now_ns() - t0), RELAXED);
+        atomic_fetch_add_explicit(&e->eager_timed, 1, RELAXED);
         tier = &hot->eager_calls;
     }
 #ifdef SJ_WITH_CUDA

@@ -26,6 +26,9 @@
 /* A background compile runs in the idle scheduling class until its job is
  * this old (from being queued); then at normal priority. */
 #define IDLE_NS_DEFAULT (INT64_C(1000) * 1000000)
+/* Jobs per worker the queue holds before new entries need more calls to
+ * become hot (HotSpot's Tier3DelayOn). */
+#define SJ_BACKLOG_FREE 8
 /* sj_compiler_wait_target looks at its stop flag this often. */
 #define WAIT_SLICE_NS (INT64_C(20) * 1000000)
 
@@ -33,7 +36,7 @@ typedef struct job {
     struct sj_fn *fn;
     sj_entry *entry;
     sj_memo *memo; /* NULL: the entry's own target */
-    uint64_t priority, seq;
+    uint64_t seq;       /* queueing order (FIFO, and ties) */
     int64_t queued_ns;  /* monotonic: the idle-class deadline */
     int64_t queued_vns; /* the runtime's clock: the cold drop */
     bool warm;          /* asked for by a warm-up: never dropped as cold */
@@ -47,8 +50,10 @@ struct sj_compiler {
     pthread_mutex_t lock;
     pthread_cond_t work; /* a job was queued, or stop */
     pthread_cond_t done; /* a job finished or was dropped */
-    job *heap;           /* max-heap by (priority, -seq) */
+    job *jobs;           /* queued, unordered: pick() chooses */
     int n_jobs, cap_jobs;
+    _Atomic int queued;  /* n_jobs, for the hot path's back-pressure */
+    bool fifo;           /* order by queueing, not by value (benchmarks) */
     uint64_t seq;
     bool stop;
     int64_t cold_ns;
@@ -64,6 +69,7 @@ struct sj_compiler {
 
 void sj_ctarget_init(sj_ctarget *t) {
     memset(t, 0, sizeof *t);
+    t->seen_ns = sj_now_ns();
     atomic_init(&t->state, SJ_CS_NONE);
     atomic_init(&t->ready, NULL);
     atomic_init(&t->ready_ns, 0);
@@ -172,6 +178,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     cd->fns = fns;
     cd->specialized = m != NULL || e->n_syms == 0;
     cd->from_cache = res->from_cache;
+    cd->from_remote = res->from_remote;
     cd->compile_ms = res->compile_ms;
     memcpy(cd->key, res->key, sizeof cd->key);
     atomic_init(&cd->checks_left, c->rt ? c->rt->cfg.validate_calls : 0);
@@ -221,9 +228,11 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         target_transition(t, SJ_CS_READY);
         atomic_fetch_add_explicit(&fn->c.compiles, 1, RELAXED);
         if (cd->from_cache) atomic_fetch_add_explicit(&fn->c.compile_cache_hits, 1, RELAXED);
+        if (cd->from_remote) atomic_fetch_add_explicit(&fn->c.compile_remote_hits, 1, RELAXED);
         atomic_fetch_add_explicit(&fn->c.compile_us, (uint64_t)(cd->compile_ms * 1000), RELAXED);
         sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s, %.1f ms)", fn->name, e->id,
-                m ? " shape" : "", cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
+                m ? " shape" : "",
+                cd->from_remote ? "from the remote cache" : cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
     } else {
         snprintf(t->error, sizeof t->error, "%s", err);
         /* a plan too big for a unit, or an internal error, fails the same
@@ -280,37 +289,59 @@ bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *
 
 /* -- The queue (compiler lock held) ------------------------------------------------- */
 
-static bool before(const job *a, const job *b) {
-    return a->priority != b->priority ? a->priority > b->priority : a->seq < b->seq;
-}
-
-static void heap_up(job *h, int i) {
-    while (i > 0 && before(&h[i], &h[(i - 1) / 2])) {
-        job t = h[i];
-        h[i] = h[(i - 1) / 2];
-        h[(i - 1) / 2] = t;
-        i = (i - 1) / 2;
+/* The worth of compiling a job now (HotSpot orders its queue by event
+ * rate; the expected saving is ours): its target's calls per second since
+ * it was first seen, times what one of those calls costs on the tier it
+ * runs on now, the entry's measured eager time per call. A shape of an
+ * entry whose symbolic kernels are ready saves a tenth of that (its
+ * specialization only sharpens fused code). Real clock: rates are real. */
+static double job_value(const job *j, int64_t now) {
+    sj_entry *e = j->entry;
+    uint64_t n = atomic_load_explicit(&e->eager_timed, RELAXED), ns = atomic_load_explicit(&e->eager_ns, RELAXED);
+    double cost = n ? (double)ns / (double)n : 1000.0, calls, age;
+    if (j->memo) {
+        calls = (double)sj_memo_calls(j->memo);
+        age = (double)(now - j->memo->ct.seen_ns);
+        if (atomic_load_explicit(&e->ct.ready, RELAXED)) cost *= 0.1;
+    } else {
+        calls = (double)sj_counter_sum(&e->calls);
+        age = (double)(now - e->created_ns);
     }
+    if (age < 1e9) age = 1e9; /* a second at least: two calls in a millisecond are no rate */
+    return calls / (age / 1e9) * cost;
 }
 
-static void heap_down(job *h, int n, int i) {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, best = i;
-        if (l < n && before(&h[l], &h[best])) best = l;
-        if (r < n && before(&h[r], &h[best])) best = r;
-        if (best == i) return;
-        job t = h[i];
-        h[i] = h[best];
-        h[best] = t;
-        i = best;
-    }
-}
-
+/* Take the job to run next: the most valuable (ties: the older), or the
+ * oldest when c->fifo. O(n): the queue holds at most a few hundred. */
 static job pop(sj_compiler *c) {
-    job top = c->heap[0];
-    c->heap[0] = c->heap[--c->n_jobs];
-    heap_down(c->heap, c->n_jobs, 0);
+    int best = 0;
+    if (c->fifo) {
+        for (int i = 1; i < c->n_jobs; i++)
+            if (c->jobs[i].seq < c->jobs[best].seq) best = i;
+    } else {
+        int64_t now = sj_now_ns();
+        double bv = job_value(&c->jobs[0], now);
+        for (int i = 1; i < c->n_jobs; i++) {
+            double v = job_value(&c->jobs[i], now);
+            if (v > bv || (v == bv && c->jobs[i].seq < c->jobs[best].seq)) best = i, bv = v;
+        }
+    }
+    job top = c->jobs[best];
+    c->jobs[best] = c->jobs[--c->n_jobs];
+    atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
     return top;
+}
+
+int sj_compiler_backlog(const sj_compiler *c) {
+    if (!c || c->mode != SJ_CM_ASYNC) return 1;
+    int per = atomic_load_explicit(&c->queued, RELAXED) / (c->n_workers > 0 ? c->n_workers : 1);
+    return per > SJ_BACKLOG_FREE ? per / SJ_BACKLOG_FREE : 1;
+}
+
+void sj_compiler_set_fifo(sj_compiler *c, bool fifo) {
+    pthread_mutex_lock(&c->lock);
+    c->fifo = fifo;
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* -- Workers -------------------------------------------------------------------------- */
@@ -410,7 +441,7 @@ void sj_compiler_destroy(sj_compiler *c) {
     pthread_mutex_unlock(&c->lock);
     for (int i = 0; i < c->n_workers; i++) pthread_join(c->workers[i], NULL);
     free(c->workers);
-    free(c->heap);
+    free(c->jobs);
     pthread_cond_destroy(&c->work);
     pthread_cond_destroy(&c->done);
     pthread_mutex_destroy(&c->lock);
@@ -439,22 +470,21 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
     if (c->mode == SJ_CM_ASYNC) {
         if (warm && atomic_load_explicit(&t->state, RELAXED) == SJ_CS_QUEUED) { /* queued by a call: keep it */
             for (int i = 0; i < c->n_jobs; i++)
-                if (target_of(c->heap[i].entry, c->heap[i].memo) == t) c->heap[i].warm = true;
+                if (target_of(c->jobs[i].entry, c->jobs[i].memo) == t) c->jobs[i].warm = true;
         } else if (may_queue(c, t) && !c->stop && !fn->cancelled) {
             if (c->n_jobs == c->cap_jobs) {
                 int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
-                job *h = sj_realloc(c->heap, (size_t)cap * sizeof *h);
+                job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
                 if (!h) { /* not queued: the entry stays eager until a later request */
                     pthread_mutex_unlock(&c->lock);
                     return;
                 }
-                c->heap = h;
+                c->jobs = h;
                 c->cap_jobs = cap;
             }
             t->queued_calls = sj_counter_sum(&e->calls);
-            c->heap[c->n_jobs] =
-                (job){fn, e, m, t->queued_calls, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm};
-            heap_up(c->heap, c->n_jobs++);
+            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm};
+            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             target_transition(t, SJ_CS_QUEUED);
             fn->compiles_pending++;
             pthread_cond_signal(&c->work);
@@ -512,15 +542,14 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
     fn->cancelled = true;
     atomic_store(&fn->cancel_compiles, 1); /* a running compiler is killed: no wait for it */
     for (int i = 0; i < c->n_jobs;) {
-        if (c->heap[i].fn != fn) {
+        if (c->jobs[i].fn != fn) {
             i++;
             continue;
         }
-        target_transition(target_of(c->heap[i].entry, c->heap[i].memo), SJ_CS_NONE);
+        target_transition(target_of(c->jobs[i].entry, c->jobs[i].memo), SJ_CS_NONE);
         fn->compiles_pending--;
-        c->heap[i] = c->heap[--c->n_jobs];
-        for (int k = c->n_jobs / 2; k >= 0; k--) heap_down(c->heap, c->n_jobs, k); /* re-heapify */
-        i = 0;
+        c->jobs[i] = c->jobs[--c->n_jobs];
+        atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
     }
     pthread_cond_broadcast(&c->done); /* target waiters see their dropped jobs */
     while (fn->compiles_pending > 0) pthread_cond_wait(&c->done, &c->lock);

@@ -22,7 +22,11 @@
  * config's clock callback when set, so tests drive it).
  *
  * The compiler owns a pool of worker threads (compile_threads) fed by a
- * queue ordered by hotness (the entry's calls when the job was queued).
+ * queue ordered by value: a worker takes the job whose target's call rate
+ * times its calls' measured cost on the current tier is the largest
+ * (job_value in compile.c), not the oldest. Back-pressure: while the queue
+ * holds k > 8 jobs per worker, an entry needs hot_threshold * k / 8 calls
+ * to queue its compile (sj_compiler_backlog).
  * Workers never call user code. In sync mode the calling thread compiles
  * before running; in off mode nothing is compiled.
  *
@@ -52,6 +56,7 @@ typedef struct sj_compiled {
     void **fns;
     bool specialized;    /* every size a constant */
     bool from_cache;
+    bool from_remote; /* of which from the remote cache */
     double compile_ms;
     char key[65];        /* the kernel cache's key of the unit */
     /* Validated swap (jit/validate.c): > 0, calls left that run eagerly
@@ -109,6 +114,14 @@ sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadlin
 /* Whether a hot call should request t: never asked for, or failed and its
  * penalty has passed (reads the runtime's clock only in the second case). */
 bool sj_compiler_wants(const sj_compiler *c, const sj_ctarget *t);
+
+/* The hot threshold's multiplier from the queue: 1 while it holds at most
+ * 8 jobs per worker, then (jobs per worker) / 8 (async only). One relaxed
+ * load. */
+int sj_compiler_backlog(const sj_compiler *c);
+/* Order the queue by queueing (first in, first out) instead of by value:
+ * the baseline the value order is measured against (bench_sched). */
+void sj_compiler_set_fifo(sj_compiler *c, bool fifo);
 
 /* Run up to max_jobs queued jobs on the calling thread, highest priority
  * first; returns how many ran (compiled, failed or dropped as cold). For

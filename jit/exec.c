@@ -17,12 +17,15 @@
 #include "jit/exec.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/error.h"
 #include "base/tensor.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/cpu/eager.h"
+#include "kernels/cpu/prepack.h"
 #include "specialize/fusion.h"
 
 #define ALIGN 64
@@ -171,12 +174,16 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
         sb[y->rank - 1] = b->shape[b->rank - 1];
         sb[y->rank - 2] = b->shape[b->rank - 2];
         sj_tensor ea = expand(a, y->rank, sa), eb = expand(b, y->rank, sb);
-        if (!bias) return k->matmul(c, &ea, &eb, NULL, y);
-        sj_tensor bv = *bias; /* its last axis alone */
-        bv.rank = 1;
-        bv.shape[0] = bias->shape[bias->rank - 1];
-        bv.stride[0] = bias->stride[bias->rank - 1];
-        return k->matmul(c, &ea, &eb, &bv, y);
+        const void *packed = g->packed && k->matmul_packed ? g->packed[n - g->nodes] : NULL;
+        sj_tensor bv; /* the bias' last axis alone */
+        if (bias) {
+            bv = *bias;
+            bv.rank = 1;
+            bv.shape[0] = bias->shape[bias->rank - 1];
+            bv.stride[0] = bias->stride[bias->rank - 1];
+        }
+        if (packed) return k->matmul_packed(c, &ea, &eb, packed, bias ? &bv : NULL, y);
+        return k->matmul(c, &ea, &eb, bias ? &bv : NULL, y);
     }
     case SJ_K_ATTENTION:
     {
@@ -521,6 +528,74 @@ void sj_exec_release_outputs(const sj_exec *x, const unsigned char *allocated) {
         }
 }
 
+/* -- Constant operands ------------------------------------------------------------ */
+
+/* The host descriptor of value v when it is a parameter or a view of one
+ * (permute; slice; reshape of a contiguous one) whose sizes (and slice
+ * start) are constants: the same matrix for every call of the entry. */
+static bool const_desc(const sj_graph *g, int32_t v, sj_tensor *t, int depth) {
+    const sj_value *val = &g->vals[v];
+    if (val->kind == SJ_VAL_PARAM) {
+        *t = sj_graph_param(g, val->index, SJ_HOST);
+        return t->device == SJ_HOST;
+    }
+    if (val->kind != SJ_VAL_NODE || depth > 32) return false;
+    const sj_node *n = &g->nodes[val->index];
+    sj_tensor x;
+    if (sj_op_kind_of(n->op) != SJ_K_VIEW || !const_desc(g, sj_node_ins(g, n)[0], &x, depth + 1)) return false;
+    memset(t, 0, sizeof *t);
+    t->dtype = val->dtype;
+    t->rank = val->rank;
+    t->device = SJ_HOST;
+    for (int i = 0; i < val->rank; i++)
+        if (!sj_ex_is_const(g->ex, val->shape[i], &t->shape[i])) return false;
+    switch (n->op) {
+    case SJ_OP_PERMUTE:
+        t->data = x.data;
+        for (int i = 0; i < t->rank; i++) t->stride[i] = x.stride[n->a.perm[i]];
+        return true;
+    case SJ_OP_SLICE: {
+        int a = n->a.axis;
+        int64_t start;
+        if (!sj_ex_is_const(g->ex, n->a.start, &start)) return false;
+        for (int i = 0; i < t->rank; i++) t->stride[i] = x.stride[i];
+        t->stride[a] = x.stride[a] * n->a.step;
+        t->data = t->shape[a] > 0 ? (char *)x.data + (size_t)(start * x.stride[a]) * sj_dtype_size(x.dtype) : x.data;
+        return true;
+    }
+    case SJ_OP_RESHAPE:
+        if (!sj_tensor_is_contiguous(&x)) return false;
+        t->data = x.data;
+        sj_tensor_set_contiguous(t);
+        return true;
+    default:
+        return false;
+    }
+}
+
+int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache) {
+    if (!cache || g->n_nodes == 0) return 0;
+    const void **packed = sj_calloc((size_t)g->n_nodes, sizeof *packed);
+    if (!packed) return 0;
+    int made = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const sj_node *n = &g->nodes[i];
+        sj_tensor b;
+        if (n->op != SJ_OP_MATMUL || !sj_dtype_is_float(g->vals[n->out].dtype) ||
+            !const_desc(g, sj_node_ins(g, n)[1], &b, 0))
+            continue;
+        packed[i] = sj_cpu_pack_cache_get(cache, &b);
+        made += packed[i] != NULL;
+    }
+    if (made) {
+        free(g->packed);
+        g->packed = packed;
+    } else {
+        free(packed);
+    }
+    return made;
+}
+
 /* -- The CPU's tables ---------------------------------------------------------- */
 
 static sj_status k_unary(void *c, sj_op op, const sj_tensor *x, const sj_tensor *y) { return sj_cpu_unary(op, x, y); }
@@ -547,6 +622,10 @@ static sj_status k_rms_norm(void *c, const sj_tensor *x, const sj_tensor *g, dou
 static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y) {
     return sj_cpu_matmul_bias(a, b, bias, y, c);
 }
+static sj_status k_matmul_packed(void *c, const sj_tensor *a, const sj_tensor *b, const void *packed,
+                                 const sj_tensor *bias, const sj_tensor *y) {
+    return sj_cpu_matmul_packed(a, b, packed, bias, y, c);
+}
 static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                              const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
                              const sj_tensor *y) {
@@ -560,9 +639,9 @@ static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, con
 }
 static sj_status k_arange(void *c, const sj_tensor *y) { return sj_cpu_arange(y); }
 
-const sj_kernels sj_cpu_kernels = {k_unary,    k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
+const sj_kernels sj_cpu_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
-                                   k_arange};
+                                   k_arange,     k_matmul_packed};
 
 static sj_status cpu_node(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
                           const sj_tensor *y) {

@@ -63,6 +63,16 @@ typedef struct sj_exec {
 /* The CPU's table (ctx: the runtime's sj_threads pool, may be NULL). */
 extern const sj_exec_ops sj_cpu_exec_ops;
 
+struct sj_cpu_pack_cache;
+/* Give every float matrix product of g whose right operand is a constant
+ * (a parameter, or a permute, slice or reshape of one with constant
+ * sizes) its packed copy from cache (kernels/cpu/prepack.h), in
+ * g->packed; both executors' CPU products then run over it. For an entry
+ * not yet published (its graph is read by no other thread). Returns the
+ * products given one; nothing is packed when memory or the cache's bound
+ * runs out (those products run unpacked). */
+int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache);
+
 /* Run a fused plan of g: generated groups through their compiled functions
  * (fns: SJ_CG_VARIANTS_MAX per group, as sj_compiled's; NULL for NODE groups), NODE groups through the
  * device's eager kernels. Caller outputs must be contiguous
@@ -119,6 +129,10 @@ typedef struct sj_kernels {
     sj_status (*gather)(void *c, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
     /* y[i] = i (rank 1, any stride), converted to y's dtype */
     sj_status (*arange)(void *c, const sj_tensor *y);
+    /* Optional (NULL: matmul is used): matmul with b's packed copy (the
+     * graph's packed slot of the node, made by the device's pack step). */
+    sj_status (*matmul_packed)(void *c, const sj_tensor *a, const sj_tensor *b, const void *packed,
+                               const sj_tensor *bias, const sj_tensor *y);
 } sj_kernels;
 
 /* c: the runtime's sj_threads pool (or NULL), over which matrix products

@@ -74,7 +74,7 @@ static sj_status k_arange(void *c, const sj_tensor *y) { return sj_cuda_arange(E
 
 const sj_kernels sj_cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
                                     k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
-                                    k_arange};
+                                    k_arange,     NULL /* no packed weights: cuBLASLt reads them in place */};
 
 /* -- The execution table ---------------------------------------------------------- */
 

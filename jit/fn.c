@@ -13,6 +13,7 @@
 #include "jit/exec_cuda.h"
 #include "jit/warmup.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/prepack.h"
 
 #define RELAXED memory_order_relaxed
 
@@ -120,6 +121,8 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     if (ok) ok = table = !sj_table_init(&fn->table);
     if (ok) ok = pool = !sj_pool_init(&fn->pool, rt);
     if (ok) ok = policy = !sj_policy_init(&fn->policy, n_inputs);
+    if (ok && rt->backend_kind == SJ_BACKEND_CPU && rt->cfg.prepack_max_bytes > 0)
+        ok = (fn->packs = sj_cpu_pack_cache_create(rt->cfg.prepack_max_bytes)) != NULL;
     if (ok) {
         sj_policy *p = &fn->policy;
         p->dynamic = o.dynamic;
@@ -133,6 +136,7 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         st = sj_seterr(SJ_ENOMEM, "sj_fn_create: out of memory");
     }
     if (st) {
+        sj_cpu_pack_cache_destroy(fn->packs);
         if (policy) sj_policy_free(&fn->policy);
         if (pool) sj_pool_destroy(&fn->pool);
         if (table) sj_table_destroy(&fn->table);
@@ -186,6 +190,7 @@ void sj_fn_destroy(sj_fn *fn) {
     sj_table_destroy(&fn->table);
     sj_policy_free(&fn->policy);
     sj_pool_destroy(&fn->pool);
+    sj_cpu_pack_cache_destroy(fn->packs); /* after the entries that read it */
     sj_warmup_free(fn);
     pthread_cond_destroy(&fn->warm_cond);
     pthread_mutex_destroy(&fn->warm_lock);
@@ -290,6 +295,7 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->entries = out->static_entries + out->symbolic_entries;
     out->compiles = atomic_load_explicit(&c->compiles, RELAXED);
     out->compile_cache_hits = atomic_load_explicit(&c->compile_cache_hits, RELAXED);
+    out->compile_remote_hits = atomic_load_explicit(&c->compile_remote_hits, RELAXED);
     out->compile_failures = atomic_load_explicit(&c->compile_failures, RELAXED);
     out->compiles_blacklisted = atomic_load_explicit(&c->compiles_blacklisted, RELAXED);
     out->validations = atomic_load_explicit(&c->validations, RELAXED);
@@ -298,6 +304,7 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
     out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
     out->graph_failures = atomic_load_explicit(&c->graph_failures, RELAXED);
+    sj_cpu_pack_cache_stats(fn->packs, &out->packed_weights, &out->packed_bytes);
     out->warmup_runs = atomic_load_explicit(&c->warmup_runs, RELAXED);
     out->warmup_shapes = atomic_load_explicit(&c->warmup_shapes, RELAXED);
     out->warmup_failures = atomic_load_explicit(&c->warmup_failures, RELAXED);
@@ -430,17 +437,21 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             (unsigned long long)s.fused_specialized_calls, (unsigned long long)s.memo_hits,
             (unsigned long long)s.guard_evals, (unsigned long long)s.traces, (unsigned long long)s.trace_errors,
             (unsigned long long)s.errors, (unsigned long long)s.limit_hits);
-    fprintf(out, "  compiles: %llu ready (%llu from the cache), %llu failed (%llu blacklisted), %llu dropped, %.1f ms "
-                 "compiling; backend %s\n",
+    fprintf(out, "  compiles: %llu ready (%llu from the cache, %llu of them remote), %llu failed (%llu blacklisted), "
+                 "%llu dropped, %.1f ms compiling; backend %s\n",
             (unsigned long long)s.compiles, (unsigned long long)s.compile_cache_hits,
-            (unsigned long long)s.compile_failures, (unsigned long long)s.compiles_blacklisted,
-            (unsigned long long)s.compiles_dropped, s.compile_ms,
+            (unsigned long long)s.compile_remote_hits, (unsigned long long)s.compile_failures,
+            (unsigned long long)s.compiles_blacklisted, (unsigned long long)s.compiles_dropped, s.compile_ms,
             fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
     sj_warmup_explain(fn, out);
     if (fn->rt->cfg.validate_calls > 0 || s.validations)
         fprintf(out, "  validation: %llu calls checked against eager, %llu units rejected (first %d calls of a unit, then 1 in %d)\n",
                 (unsigned long long)s.validations, (unsigned long long)s.validation_failures,
                 fn->rt->cfg.validate_calls, fn->rt->cfg.validate_every);
+    if (fn->packs)
+        fprintf(out, "  packed weights: %llu (%.1f MiB of %.1f MiB allowed), kernel %s\n",
+                (unsigned long long)s.packed_weights, (double)s.packed_bytes / (1 << 20),
+                (double)fn->rt->cfg.prepack_max_bytes / (1 << 20), sj_cpu_isa_name(sj_cpu_packed_isa()));
     if (fn->rt->cuda)
         fprintf(out, "  CUDA graphs: %llu captured, %llu failed captures, %llu calls served by one (limit %d per runtime)\n",
                 (unsigned long long)s.graphs, (unsigned long long)s.graph_failures,

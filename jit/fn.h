@@ -26,8 +26,8 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t errors, traces, trace_errors;
     _Atomic uint64_t guard_failures[SJ_GUARD_KIND_COUNT];
     _Atomic uint64_t limit_hits, hot_entries, hot_shapes, static_entries, symbolic_entries;
-    _Atomic uint64_t compiles, compile_cache_hits, compile_failures, compiles_blacklisted, compiles_dropped, compile_us,
-        validations, validation_failures;
+    _Atomic uint64_t compiles, compile_cache_hits, compile_remote_hits, compile_failures, compiles_blacklisted,
+        compiles_dropped, compile_us, validations, validation_failures;
     _Atomic uint64_t graphs, graph_failures;
     _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;
 } sj_fn_counters;
@@ -77,6 +77,10 @@ struct sj_fn {
     _Atomic int warm_state;
 
     sj_pool pool;
+    /* CPU backend: the packed copies of constant weights its entries'
+     * matrix products read (kernels/cpu/prepack.h); NULL: none packed
+     * (another backend, or prepack_max_bytes 0). Filled at trace time. */
+    struct sj_cpu_pack_cache *packs;
     sj_fn_counters c;
     sj_fn_shard hot[SJ_SHARDS];
 };

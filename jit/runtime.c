@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/cache.h"
+#include "kernels/remote.h"
 #include "jit/compile.h"
 #include "base/error.h"
 #include "base/tunables.h"
@@ -93,9 +94,18 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
     if ((v = secure_getenv("SHAPEJIT_CACHE_DIR"))) cfg->cache_dir = *v ? v : NULL;
     if ((v = secure_getenv("SHAPEJIT_CC")) && *v) cfg->cc = v;
     if ((v = secure_getenv("SHAPEJIT_CFLAGS")) && *v) cfg->cflags = v;
+    if ((v = secure_getenv("SHAPEJIT_CC_VERSION")) && *v) cfg->cc_version = v;
     if ((v = secure_getenv("SHAPEJIT_DUMP")) && *v) cfg->dump_dir = v;
     if ((v = secure_getenv("SHAPEJIT_NVRTC_FLAGS")) && *v) cfg->nvrtc_flags = v;
     if ((v = secure_getenv("SHAPEJIT_CACHE_KEY")) && *v) cfg->cache_key = v;
+    if ((v = secure_getenv("SHAPEJIT_REMOTE_CACHE_URL")) && *v) {
+        if (sj_remote_check_url(v)) {
+            env_warn("SHAPEJIT_REMOTE_CACHE_URL", v, sj_last_error());
+            sj_clearerr();
+        } else {
+            cfg->remote_cache_url = v;
+        }
+    }
     v = getenv("SHAPEJIT_BUCKETS");
     if (v && *v) {
         sj_bucket_rule *rules;
@@ -158,6 +168,14 @@ static sj_status start_services(sj_runtime *rt) {
         sj_logf(rt, SJ_LOG_WARN, "no persistent kernel cache: %s", rt->cache_error);
         sj_clearerr();
     }
+    /* The remote cache: a second level for the CPU backend's compiles. One
+     * that cannot be used (no key, a host that does not resolve) is warned
+     * about and left out, as a disk cache is. */
+    if (c->remote_cache_url && *c->remote_cache_url && !rt->cuda &&
+        sj_remote_open(c->remote_cache_url, c->cache_key, c->remote_cache_timeout_ms, &rt->log, &rt->remote)) {
+        sj_logf(rt, SJ_LOG_WARN, "no remote kernel cache: %s", sj_last_error());
+        sj_clearerr();
+    }
     sj_codegen_fn codegen = sj_codegen_c;
 #ifdef SJ_WITH_CUDA
     if (rt->cuda) {
@@ -169,7 +187,9 @@ static sj_status start_services(sj_runtime *rt) {
     } else
 #endif
     {
-        sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .dump_dir = c->dump_dir, .cache = rt->cache,
+        sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .cc_version = c->cc_version,
+                                    .dump_dir = c->dump_dir, .cache = rt->cache,
+                                    .remote = rt->remote,
                                     .log = &rt->log, .test_delay_ms = test_delay_ms, .test_fail = test_fail,
                                     .timeout_ms = c->compile_timeout_ms,
                                     .no_probe = c->compile_mode == SJ_COMPILE_OFF};
@@ -211,6 +231,8 @@ void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail) {
     rt->threads = NULL;
     sj_cache_close(rt->cache);
     rt->cache = NULL;
+    sj_remote_close(rt->remote);
+    rt->remote = NULL;
     start_services(rt);
     test_delay_ms = test_fail = 0;
 }
@@ -231,6 +253,10 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     if (!c.allocator.alloc) c.allocator = (sj_allocator){default_alloc, default_free, NULL};
     sj_status st;
     if ((st = sj_tunables_check(&c, "sj_runtime_create"))) return st;
+    if (c.remote_cache_url && *c.remote_cache_url && (st = sj_remote_check_url(c.remote_cache_url))) {
+        sj_err_prefix("sj_runtime_create: ");
+        return st;
+    }
     if ((unsigned)c.compile_mode > SJ_COMPILE_OFF)
         return sj_seterr(SJ_EINVAL, "sj_runtime_create: compile_mode %d is not a mode", (int)c.compile_mode);
 #ifndef SJ_WITH_CUDA
@@ -258,10 +284,11 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     }
     rt->cfg = c;
     rt->log = (sj_log_sink){c.log_mask, c.log_fn, c.log_user};
-    const char **fields[7] = {&rt->cfg.buckets, &rt->cfg.cache_dir, &rt->cfg.cc,         &rt->cfg.cflags,
-                              &rt->cfg.dump_dir, &rt->cfg.nvrtc_flags, &rt->cfg.cache_key};
+    const char **fields[9] = {&rt->cfg.buckets,          &rt->cfg.cache_dir,   &rt->cfg.cc,
+                              &rt->cfg.cflags,           &rt->cfg.dump_dir,    &rt->cfg.nvrtc_flags,
+                              &rt->cfg.cache_key,        &rt->cfg.remote_cache_url, &rt->cfg.cc_version};
     bool oom = false;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 9; i++) {
         if (!*fields[i]) continue;
         rt->strings[i] = sj_strdup(*fields[i]);
         oom |= !rt->strings[i];
@@ -286,6 +313,26 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
 
 sj_backend_kind sj_runtime_backend(const sj_runtime *rt) { return rt ? rt->backend_kind : SJ_BACKEND_CPU; }
 
+void sj_runtime_cache_counters(const sj_runtime *rt, sj_cache_counters *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!rt) return;
+    if (rt->cache) {
+        sj_cache_stats d;
+        sj_cache_get_stats(rt->cache, &d);
+        *out = (sj_cache_counters){.disk_enabled = 1, .disk_hits = d.hits, .disk_misses = d.misses,
+                                   .disk_stores = d.stores, .disk_refused = d.corrupt, .disk_evictions = d.evictions};
+    }
+    if (rt->remote) {
+        sj_remote_stats r;
+        sj_remote_get_stats(rt->remote, &r);
+        out->remote_enabled = 1;
+        out->remote_hits = r.hits, out->remote_misses = r.misses, out->remote_stores = r.stores;
+        out->remote_refused = r.refused, out->remote_errors = r.errors, out->remote_skipped = r.skipped;
+        out->remote_bytes_in = r.bytes_in, out->remote_bytes_out = r.bytes_out;
+    }
+}
+
 void sj_fn_destroy(sj_fn *fn);
 
 void sj_runtime_destroy(sj_runtime *rt) {
@@ -298,13 +345,14 @@ void sj_runtime_destroy(sj_runtime *rt) {
     sj_compiler_destroy(rt->compiler);
     if (rt->backend) rt->backend->destroy(rt->backend);
     sj_cache_close(rt->cache);
+    sj_remote_close(rt->remote);
     sj_threads_destroy(rt->threads);
 #ifdef SJ_WITH_CUDA
     sj_cuda_close(rt->cuda);
 #endif
     pthread_mutex_destroy(&rt->lock);
     free(rt->bucket_rules);
-    for (int i = 0; i < 7; i++) free(rt->strings[i]);
+    for (int i = 0; i < 9; i++) free(rt->strings[i]);
     free(rt);
 }
 

@@ -12,6 +12,7 @@
 
 struct sj_backend;
 struct sj_cache;
+struct sj_remote;
 struct sj_cuda;
 struct sj_compiler;
 struct sj_grapher;
@@ -28,8 +29,10 @@ struct sj_runtime {
     int n_bucket_rules;
     _Atomic int total_entries;    /* entries of all functions (total_recompile_limit) */
     _Atomic int cuda_graphs;      /* CUDA graphs kept, all functions (cfg.cuda_graphs) */
-    char *strings[7];             /* copies of cfg's buckets, cache_dir, cc, cflags, dump_dir, nvrtc_flags, cache_key */
+    char *strings[9];             /* copies of cfg's buckets, cache_dir, cc, cflags, dump_dir, nvrtc_flags, cache_key,
+                                     remote_cache_url, cc_version */
     struct sj_cache *cache;       /* NULL: no persistent cache */
+    struct sj_remote *remote;     /* NULL: no remote cache (kernels/remote.h) */
     struct sj_backend *backend;   /* compiles and loads fused kernels */
     struct sj_compiler *compiler; /* background compile workers */
     struct sj_threads *threads;   /* runs fused kernels in parallel (CPU) */

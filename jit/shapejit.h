@@ -231,6 +231,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
  *   SHAPEJIT_CACHE_KEY=secret           -> cache_key
  *   SHAPEJIT_CC=cmd, SHAPEJIT_CFLAGS=.. -> cc ("ccache cc": split on blanks, no shell), cflags
+ *   SHAPEJIT_CC_VERSION=line            -> cc_version
  *   SHAPEJIT_DUMP=dir                   -> dump_dir
  *   SHAPEJIT_CUDA_DEVICE=n              -> cuda_device
  *   SHAPEJIT_NVRTC_FLAGS=..             -> nvrtc_flags
@@ -238,6 +239,9 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_COMPILE_TIMEOUT_MS=n       -> compile_timeout_ms
  *   SHAPEJIT_COMPILE_RETRY_MS=n, SHAPEJIT_COMPILE_MAX_FAILURES=n -> those fields
  *   SHAPEJIT_VALIDATE_CALLS=n, SHAPEJIT_VALIDATE_EVERY=n -> those fields
+ *   SHAPEJIT_REMOTE_CACHE_URL=url       -> remote_cache_url
+ *   SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS=n  -> remote_cache_timeout_ms
+ *   SHAPEJIT_PREPACK_MAX_BYTES=n        -> prepack_max_bytes
  *   SHAPEJIT_WARMUP_MAX_SHAPES=n        -> warmup_max_shapes
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
@@ -299,6 +303,13 @@ typedef struct sj_runtime_config {
                                      into a program and its first arguments
                                      ("ccache cc"; no shell, no quoting) */
     const char *cflags;           /* NULL: "-O3 -march=native -fPIC -shared ..." */
+    /* The compiler's version as kernel cache keys name it, instead of the
+     * first line `cc --version` prints: for a machine without a compiler
+     * that serves kernels compiled elsewhere (a bundle, a remote cache) set
+     * it to that line of the machine that compiled them (with the same cc,
+     * cflags and CPU). A compile still needs a real compiler. NULL or ""
+     * (default $SHAPEJIT_CC_VERSION): probed. Copied. */
+    const char *cc_version;
     const char *dump_dir;         /* write every generated source there; NULL: no */
     int cuda_device;              /* the GPU the CUDA backend uses; default 0 */
     /* Options added after the CUDA backend's own NVRTC options (see
@@ -386,6 +397,36 @@ typedef struct sj_runtime_config {
      * $SHAPEJIT_VALIDATE_EVERY. */
     int validate_calls;
     int validate_every;
+    /* A remote kernel cache shared by many machines: a Redis server,
+     * "redis://[:password@]host[:port][/db]" or "unix:///path/to/socket"
+     * (or just the socket path). The second level under cache_dir: a
+     * kernel missing there is fetched from Redis, verified (a BLAKE2b
+     * digest keyed with cache_key, bound to the kernel's key and kind) and
+     * kept in cache_dir; a fresh compile is pushed to it. Needs cache_key:
+     * without one the remote cache is refused (one warning; the runtime
+     * runs with its disk cache only), because a Redis server cannot say
+     * who wrote an entry. A host name is resolved once, at
+     * sj_runtime_create. A server that is down, slow or answers garbage
+     * costs at most remote_cache_timeout_ms per compile, is logged once
+     * (warn), and is then left alone for a back-off (1 s doubling to 60 s).
+     * NULL or "" (default $SHAPEJIT_REMOTE_CACHE_URL): none. Copied. CPU
+     * backend only for now. A malformed URL is SJ_EINVAL. */
+    const char *remote_cache_url;
+    /* Bound on one remote cache operation: the connect and the command
+     * together (a fetch or a push). 1 .. 60000 ms; default 250.
+     * $SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS. */
+    int remote_cache_timeout_ms;
+    /* CPU backend: a matrix product whose right operand is a constant (a
+     * parameter, or a permute, slice or reshape of one) has it packed once,
+     * when the entry is made, into the layout shapejit's product kernels
+     * read (f32; f16/bf16 converted once), instead of OpenBLAS copying it
+     * on every call. The packed copies are shared by a function's entries
+     * and freed with the function; they add memory beside the caller's
+     * weights (which stay in use): as much again for f32 weights, twice
+     * their size for f16/bf16. This bounds one function's packed bytes;
+     * weights past it run unpacked, and 0 packs nothing (every product
+     * through OpenBLAS). Default 1 GiB. $SHAPEJIT_PREPACK_MAX_BYTES. */
+    uint64_t prepack_max_bytes;
     /* The most shapes one sj_fn_warmup prepares (explicit and walked
      * together); more is SJ_EINVAL. 1 .. 65536; default 256.
      * $SHAPEJIT_WARMUP_MAX_SHAPES. */
@@ -430,6 +471,24 @@ SJ_API int sj_runtime_run_background(sj_runtime *rt, int max_jobs);
 
 /* The backend the runtime runs on (never AUTO). */
 SJ_API sj_backend_kind sj_runtime_backend(const sj_runtime *rt);
+
+/* The kernel caches' counters since sj_runtime_create, for a server's
+ * metrics: the disk cache (cache_dir) and the remote cache
+ * (remote_cache_url). A cache the runtime does not use (none configured,
+ * or refused with a warning) reads as not enabled, all zero. Thread-safe. */
+typedef struct sj_cache_counters {
+    int disk_enabled;
+    uint64_t disk_hits, disk_misses, disk_stores;
+    uint64_t disk_refused;   /* entries refused: corrupt, tampered, another key's, not the user's */
+    uint64_t disk_evictions; /* past cache_max_bytes */
+    int remote_enabled;
+    uint64_t remote_hits, remote_misses, remote_stores;
+    uint64_t remote_refused; /* values that did not verify */
+    uint64_t remote_errors;  /* operations failed on the connection (down, timeout, garbage) */
+    uint64_t remote_skipped; /* operations not tried during a back-off */
+    uint64_t remote_bytes_in, remote_bytes_out;
+} sj_cache_counters;
+SJ_API void sj_runtime_cache_counters(const sj_runtime *rt, sj_cache_counters *out);
 
 /* The CUDA stream (a CUstream) the runtime runs sj_call on; NULL on the CPU
  * backend. Work the caller queues here is ordered before every later
@@ -925,6 +984,7 @@ typedef struct sj_stats {
     /* of which needed no compiler run: loaded from the persistent cache, or
      * an identical unit loaded already in this process (shared) */
     uint64_t compile_cache_hits;
+    uint64_t compile_remote_hits; /* of which fetched from the remote cache (remote_cache_url) */
     uint64_t compile_failures; /* compiles that failed (those entries run eagerly, then retry) */
     uint64_t compiles_blacklisted; /* units that failed for good (compile_max_failures) */
     uint64_t validations;          /* calls that ran eagerly and fused side by side (validate_calls) */
@@ -935,6 +995,9 @@ typedef struct sj_stats {
     uint64_t graph_calls;      /* fused calls served by one CUDA graph launch */
     uint64_t graphs;           /* CUDA graphs captured */
     uint64_t graph_failures;   /* captures abandoned (those shapes keep launching kernel by kernel) */
+    /* CPU backend (sj_runtime_config.prepack_max_bytes): */
+    uint64_t packed_weights;   /* constant weights packed for matrix products, each once */
+    uint64_t packed_bytes;     /* the memory the packed copies hold */
     /* Warm-up (sj_fn_warmup). Its runs are not calls: they are in none of
      * the call counts above (calls, the tiers, memo hits, guard
      * evaluations, graph calls), while what they made is counted where it

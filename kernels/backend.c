@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "kernels/cache.h"
+#include "kernels/remote.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -261,6 +262,34 @@ static void sleep_ms(int ms) {
     }
 }
 
+/* The second level: fetch key from the remote cache (verified there),
+ * keep it in the disk cache and load it. 1 loaded, 0 not there, -1 there
+ * but not loadable (out->log says why). */
+static int load_remote(const sj_backend_driver *d, const sj_compile_req *req, const char *tag, sj_compile_result *out) {
+    void *data = NULL;
+    size_t len = 0;
+    if (!sj_remote_get(d->remote, out->key, d->cache_ext, &data, &len)) return 0;
+    if (d->cache && sj_cache_store(d->cache, out->key, d->cache_ext, data, len))
+        sj_log_write(d->log, SJ_LOG_COMPILE, "%s: %s: remote hit not kept in the disk cache: %s", d->who, tag,
+                     sj_last_error());
+    int r;
+    if (d->load_bytes) r = d->load_bytes(d->self, data, len, req, out);
+    else if (d->cache) r = d->load_cached(d->self, req, out) > 0 ? 1 : -1;
+    else r = -1, snprintf(out->log, sizeof out->log, "no disk cache to load the remote artifact through");
+    free(data);
+    return r;
+}
+
+/* A fresh compile went to the disk cache: read it back (verified) and push
+ * it to the remote cache. */
+static void push_remote(const sj_backend_driver *d, const char *key) {
+    void *data = NULL;
+    size_t len = 0;
+    if (!d->cache || !sj_cache_read(d->cache, key, d->cache_ext, &data, &len)) return;
+    sj_remote_put(d->remote, key, d->cache_ext, data, len);
+    free(data);
+}
+
 sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *req, sj_compile_result *out) {
     if (!out) return sj_seterr(SJ_EINVAL, "%s backend: compile: out is NULL", d->who);
     memset(out, 0, sizeof *out);
@@ -287,6 +316,11 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
     const char *refused = NULL;
     int cached = d->test_fail ? 0 : d->load_cached(d->self, req, out);
     if (cached < 0) snprintf(note, sizeof note, "; cached artifact unusable: %s", out->log);
+    int remote = 0;
+    if (cached == 0 && !d->test_fail && d->remote && d->cache_ext) {
+        remote = load_remote(d, req, tag, out);
+        if (remote < 0) snprintf(note, sizeof note, "; remote artifact unusable: %s", out->log);
+    }
     if (d->test_fail) {
         snprintf(out->log, sizeof out->log, "compile failed (test hook)");
         st = sj_backend_fail(d->log, d->who, out, tag, out->log);
@@ -294,6 +328,11 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
         out->from_cache = true;
         out->log[0] = '\0';
         sj_log_write(d->log, SJ_LOG_COMPILE, "%s: %s: cache hit (key %.16s)", d->who, tag, out->key);
+        st = SJ_OK;
+    } else if (remote > 0) {
+        out->from_cache = out->from_remote = true;
+        out->log[0] = '\0';
+        sj_log_write(d->log, SJ_LOG_COMPILE, "%s: %s: remote cache hit (key %.16s)", d->who, tag, out->key);
         st = SJ_OK;
     } else if (d->refuse && (refused = d->refuse(d->self, why, sizeof why))) {
         snprintf(out->log, sizeof out->log, "%s", refused);
@@ -303,6 +342,7 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
         out->module = NULL;
         memset(out->fns, 0, sizeof out->fns);
         st = d->compile_fresh(d->self, req, src, tag, note, out);
+        if (!st && d->remote) push_remote(d, out->key);
     }
     if (reserved) share_publish(d->share, out->key, st ? NULL : out->module);
     free(src);

@@ -44,6 +44,7 @@ typedef struct sj_compile_result {
     void *fns[SJ_COMPILE_SYMBOLS_MAX]; /* the resolved symbols, in request order (owned by module) */
     bool from_cache;      /* no compiler run: the persistent cache, or shared */
     bool shared;          /* the same unit was already loaded by this backend: module is that one */
+    bool from_remote;     /* from_cache, fetched from the remote cache (kernels/remote.h) */
     double compile_ms;    /* wall time of the compiler run (0 on a cache hit) */
     char key[65];         /* the cache key (hex) */
     char log[2048];       /* compiler diagnostics on failure, truncated */
@@ -106,6 +107,7 @@ const char *sj_backend_error_line(const char *log, int *len);
 
 typedef struct sj_modshare sj_modshare;
 typedef struct sj_cache sj_cache;
+typedef struct sj_remote sj_remote;
 
 sj_modshare *sj_modshare_create(void); /* NULL when out of memory */
 /* Every module must have been released. NULL is a no-op. */
@@ -118,8 +120,15 @@ bool sj_modshare_release(sj_modshare *s, sj_module *m);
  *
  * Both backends compile the same way: check and copy the request, derive the
  * cache key from the source and the toolchain, dump the source, then load
- * the cached artifact, or refuse (test hook, missing tool), or run the
- * toolchain. The backend supplies the steps that differ. */
+ * the cached artifact (the disk cache, then the remote cache), or refuse
+ * (test hook, missing tool), or run the toolchain. The backend supplies the
+ * steps that differ.
+ *
+ * The remote cache (kernels/remote.h) is the second level: on a disk miss
+ * the artifact is fetched and verified there, stored into the disk cache
+ * and loaded from the verified bytes; a fresh compile stored in the disk
+ * cache is read back from it (verified) and pushed. Without a disk cache,
+ * remote hits are still loaded (with load_bytes) but nothing is pushed. */
 
 typedef struct sj_backend_driver {
     const char *who;              /* "cpu", "cuda" */
@@ -147,6 +156,11 @@ typedef struct sj_backend_driver {
     sj_modshare *share;
     sj_cache *cache;       /* the persistent cache (NULL: none): a shared */
     const char *cache_ext; /* unit refreshes its artifact's LRU time */
+    sj_remote *remote;     /* the remote cache (NULL: none) */
+    /* Load an artifact from verified bytes and resolve req's symbols into
+     * out: 1 loaded, -1 unusable (out->log says why). May be NULL: a remote
+     * hit is then loaded through the disk cache (load_cached). */
+    int (*load_bytes)(void *self, const void *data, size_t len, const sj_compile_req *req, sj_compile_result *out);
     bool (*resolve)(void *self, sj_module *m, const sj_compile_req *req, sj_compile_result *out);
     void (*drop)(void *self, sj_module *m);
 } sj_backend_driver;

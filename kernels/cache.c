@@ -65,6 +65,7 @@ struct sj_cache {
     uint8_t mac_key[crypto_generichash_KEYBYTES];
     const sj_log_sink *log;
     _Atomic bool warned;   /* one warning per cache for refused entries */
+    bool readonly;         /* sj_cache_set_readonly: nothing is written or deleted */
     uint64_t max_bytes;
     pthread_mutex_t lock; /* guards stats */
     pthread_mutex_t evict_lock;
@@ -111,13 +112,36 @@ void sj_cache_key(char out[65], const char *const *parts, int n_parts) {
 }
 
 /* The digest of an entry: keyed when the cache has a key, bound to the
- * entry's cache key and extension so bytes cannot move between entries. */
-static void digest_init(const sj_cache *c, crypto_generichash_state *s, const char *key, const char *ext) {
-    crypto_generichash_init(s, c->keyed ? c->mac_key : NULL, c->keyed ? sizeof c->mac_key : 0, 32);
+ * entry's cache key and extension so bytes cannot move between entries.
+ * The remote cache and bundles use the same digest (sj_cache_digest). */
+static void digest_start(const uint8_t *mac_key, crypto_generichash_state *s, const char *key, const char *ext) {
+    crypto_generichash_init(s, mac_key, mac_key ? SJ_CACHE_MAC_BYTES : 0, 32);
     crypto_generichash_update(s, (const uint8_t *)DIGEST_TAG, sizeof DIGEST_TAG);
     crypto_generichash_update(s, (const uint8_t *)key, 65);
     crypto_generichash_update(s, (const uint8_t *)ext, strlen(ext) + 1);
 }
+
+static void digest_init(const sj_cache *c, crypto_generichash_state *s, const char *key, const char *ext) {
+    digest_start(c->keyed ? c->mac_key : NULL, s, key, ext);
+}
+
+_Static_assert(SJ_CACHE_MAC_BYTES == crypto_generichash_KEYBYTES, "the MAC key is a BLAKE2b key");
+
+bool sj_cache_mac_key(uint8_t out[SJ_CACHE_MAC_BYTES], const char *secret) {
+    if (!secret || !*secret || !crypto_ready()) return false;
+    crypto_generichash(out, SJ_CACHE_MAC_BYTES, (const uint8_t *)secret, strlen(secret), NULL, 0);
+    return true;
+}
+
+void sj_cache_digest(const uint8_t *mac_key, const char *key, const char *ext, const void *data, size_t len,
+                     uint8_t out[32]) {
+    crypto_ready();
+    crypto_generichash_state s;
+    digest_start(mac_key, &s, key, ext);
+    crypto_generichash_update(&s, data, len);
+    crypto_generichash_final(&s, out, 32);
+}
+
 
 static void digest_final(crypto_generichash_state *s, char out[65]) {
     uint8_t h[32];
@@ -142,6 +166,8 @@ static bool valid_ext(const char *ext) {
 }
 
 static bool valid_key(const char *key) { return key && strlen(key) == 64 && is_hex64(key); }
+
+bool sj_cache_valid_name(const char *key, const char *ext) { return valid_key(key) && valid_ext(ext); }
 
 enum { NAME_OTHER, NAME_ARTIFACT, NAME_META, NAME_TMP };
 
@@ -291,6 +317,7 @@ static int read_meta(const sj_cache *c, const char *name, const char *ext, uint6
 /* Deletes a bad entry; the artifact only if it is still the file we read
  * (or, with no file read, whatever stands under its name: a link, a FIFO). */
 static void drop_entry(const sj_cache *c, const char *art, const char *meta, const struct stat *seen) {
+    if (c->readonly) return;
     struct stat now;
     if (!fstatat(c->dfd, art, &now, AT_SYMLINK_NOFOLLOW) &&
         (!seen || (now.st_dev == seen->st_dev && now.st_ino == seen->st_ino)))
@@ -298,8 +325,9 @@ static void drop_entry(const sj_cache *c, const char *art, const char *meta, con
     unlinkat(c->dfd, meta, 0);
 }
 
+/* counted: the lookup counts in the stats (sj_cache_read's does not). */
 static bool lookup(sj_cache *c, const char *key, const char *ext, char *path, size_t n, void **data,
-                   size_t *len) {
+                   size_t *len, bool counted) {
     char art[96], meta[96];
     if (!c || !valid_key(key) || !valid_ext(ext) || !make_name(art, sizeof art, key, ext) ||
         !make_name(meta, sizeof meta, key, "meta"))
@@ -314,12 +342,12 @@ static bool lookup(sj_cache *c, const char *key, const char *ext, char *path, si
             refuse(c, art, why);
             drop_entry(c, art, meta, NULL);
             pthread_mutex_lock(&c->lock);
-            c->stats.misses++, c->stats.corrupt++;
+            if (counted) c->stats.misses++, c->stats.corrupt++;
             pthread_mutex_unlock(&c->lock);
             return false;
         }
-        unlinkat(c->dfd, meta, 0); /* orphaned meta */
-        count(c, &c->stats.misses);
+        if (!c->readonly) unlinkat(c->dfd, meta, 0); /* orphaned meta */
+        if (counted) count(c, &c->stats.misses);
         return false;
     }
     bool ok = false, corrupt = false;
@@ -358,7 +386,7 @@ static bool lookup(sj_cache *c, const char *key, const char *ext, char *path, si
         goto done;
     }
     ok = true;
-    futimens(fd, NULL); /* LRU: refresh the mtime; a read-only cache just skips it */
+    if (!c->readonly) futimens(fd, NULL); /* LRU: refresh the mtime; a read-only cache just skips it */
     if (path) snprintf(path, n, "%s/%s", c->dir, art);
     if (data) *data = buf, *len = (size_t)total, buf = NULL;
 done:
@@ -366,7 +394,8 @@ done:
     free(buf);
     if (corrupt) drop_entry(c, art, meta, &st);
     pthread_mutex_lock(&c->lock);
-    if (ok) c->stats.hits++;
+    if (!counted);
+    else if (ok) c->stats.hits++;
     else c->stats.misses++;
     if (corrupt) c->stats.corrupt++;
     pthread_mutex_unlock(&c->lock);
@@ -375,17 +404,22 @@ done:
 
 bool sj_cache_lookup(sj_cache *c, const char *key, const char *ext, char *path, size_t n) {
     if (!path || n == 0) return false;
-    return lookup(c, key, ext, path, n, NULL, NULL);
+    return lookup(c, key, ext, path, n, NULL, NULL, true);
 }
 
 bool sj_cache_load(sj_cache *c, const char *key, const char *ext, void **data, size_t *len) {
     if (!data || !len) return false;
-    return lookup(c, key, ext, NULL, 0, data, len);
+    return lookup(c, key, ext, NULL, 0, data, len, true);
+}
+
+bool sj_cache_read(sj_cache *c, const char *key, const char *ext, void **data, size_t *len) {
+    if (!data || !len) return false;
+    return lookup(c, key, ext, NULL, 0, data, len, false);
 }
 
 void sj_cache_touch(sj_cache *c, const char *key, const char *ext) {
     char art[96];
-    if (!c || !valid_key(key) || !valid_ext(ext) || !make_name(art, sizeof art, key, ext)) return;
+    if (!c || c->readonly || !valid_key(key) || !valid_ext(ext) || !make_name(art, sizeof art, key, ext)) return;
     utimensat(c->dfd, art, NULL, AT_SYMLINK_NOFOLLOW);
 }
 
@@ -421,8 +455,9 @@ static int by_age(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-/* Lists our files (deleting stale temporaries on the way) into *out. */
-static int scan(int dfd, entry **out, size_t *count_out, uint64_t *total) {
+/* Lists our files (deleting stale temporaries on the way unless keep_tmp)
+ * into *out. */
+static int scan_dir(int dfd, entry **out, size_t *count_out, uint64_t *total, bool keep_tmp) {
     int fd2 = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
     if (fd2 < 0) return -1;
     DIR *d = fdopendir(fd2);
@@ -440,7 +475,7 @@ static int scan(int dfd, entry **out, size_t *count_out, uint64_t *total) {
         if (kind == NAME_OTHER || fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
             continue;
         if (kind == NAME_TMP) {
-            if (now - st.st_mtime > TMP_MAX_AGE_S) unlinkat(dfd, de->d_name, 0);
+            if (!keep_tmp && now - st.st_mtime > TMP_MAX_AGE_S) unlinkat(dfd, de->d_name, 0);
             continue;
         }
         if (n == cap) {
@@ -464,6 +499,9 @@ static int scan(int dfd, entry **out, size_t *count_out, uint64_t *total) {
     *out = v, *count_out = n;
     return 0;
 }
+
+static int scan(int dfd, entry **out, size_t *n, uint64_t *total) { return scan_dir(dfd, out, n, total, false); }
+static int scan_only(int dfd, entry **out, size_t *n, uint64_t *total) { return scan_dir(dfd, out, n, total, true); }
 
 static void evict(sj_cache *c) {
     pthread_mutex_lock(&c->evict_lock);
@@ -515,6 +553,7 @@ out:
 
 static sj_status check_store(const sj_cache *c, const char *key, const char *ext, char *art, char *meta) {
     if (!c) return sj_seterr(SJ_EINVAL, "cache: NULL cache");
+    if (c->readonly) return sj_seterr(SJ_EINVAL, "cache: %s is open read-only", c->dir);
     if (!valid_key(key)) return sj_seterr(SJ_EINVAL, "cache: key is not 64 hex digits");
     if (!valid_ext(ext)) return sj_seterr(SJ_EINVAL, "cache: bad artifact extension '%s'", ext ? ext : "(null)");
     make_name(art, 96, key, ext);
@@ -639,7 +678,7 @@ sj_status sj_cache_open_keyed(const char *dir, uint64_t max_bytes, const char *k
     c->log = log;
     if (key && *key) {
         c->keyed = true;
-        crypto_generichash(c->mac_key, sizeof c->mac_key, (const uint8_t *)key, strlen(key), NULL, 0);
+        sj_cache_mac_key(c->mac_key, key);
     }
     while (len > 1 && c->dir[len - 1] == '/') c->dir[--len] = '\0';
     sj_status st = SJ_OK;
@@ -702,5 +741,36 @@ void sj_cache_get_stats(const sj_cache *c, sj_cache_stats *out) {
 }
 
 const char *sj_cache_dir(const sj_cache *c) { return c ? c->dir : NULL; }
+
+void sj_cache_set_readonly(sj_cache *c) {
+    if (c) c->readonly = true;
+}
+
+/* -- Listing ------------------------------------------------------------------ */
+
+int sj_cache_list(sj_cache *c, void (*fn)(void *user, const char *key, const char *ext), void *user) {
+    if (!c || !fn) return -1;
+    int dfd = openat(c->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    entry *v = NULL;
+    size_t n = 0;
+    uint64_t total = 0;
+    if (dfd < 0) return -1;
+    /* scan() deletes stale temporaries: not in a read-only cache */
+    int r = c->readonly ? scan_only(dfd, &v, &n, &total) : scan(dfd, &v, &n, &total);
+    close(dfd);
+    if (r) return -1;
+    qsort(v, n, sizeof *v, by_name);
+    int listed = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].kind != NAME_ARTIFACT) continue;
+        char key[65];
+        memcpy(key, v[i].name, 64);
+        key[64] = '\0';
+        fn(user, key, v[i].name + 65);
+        listed++;
+    }
+    free(v);
+    return listed;
+}
 
 bool sj_cache_keyed(const sj_cache *c) { return c && c->keyed; }

@@ -57,6 +57,10 @@ void sj_cache_key(char out[65], const char *const *parts, int n_parts);
 bool sj_cache_lookup(sj_cache *c, const char *key, const char *ext, char *path, size_t n);
 /* The same, reading the artifact into a malloc'd buffer (caller frees). */
 bool sj_cache_load(sj_cache *c, const char *key, const char *ext, void **data, size_t *len);
+/* sj_cache_load without counting a hit or a miss (a corrupt entry still
+ * counts): the compile driver reads back what it has just stored, to push
+ * it to the remote cache. */
+bool sj_cache_read(sj_cache *c, const char *key, const char *ext, void **data, size_t *len);
 /* Mark the artifact used now (its place in the LRU order) without reading
  * it: for a unit loaded once and used again from memory. Absent, or a
  * read-only cache: nothing happens. NULL c is a no-op. */
@@ -76,5 +80,34 @@ void sj_cache_quarantine(sj_cache *c, const char *key);
 
 void sj_cache_get_stats(const sj_cache *c, sj_cache_stats *out);
 const char *sj_cache_dir(const sj_cache *c);
+
+/* From now on c writes and deletes nothing: lookups still verify, a bad
+ * entry is a miss but stays where it is, stores fail with SJ_EINVAL. For
+ * tools that read a cache (shapejit-cache export) and must not destroy it
+ * when given the wrong key. NULL is a no-op. */
+void sj_cache_set_readonly(sj_cache *c);
+
+/* Calls fn(user, key, ext) for every artifact file of the directory (by
+ * name, not verified: look each up to verify it), in name order. The
+ * number listed, or -1 when the directory cannot be read. */
+int sj_cache_list(sj_cache *c, void (*fn)(void *user, const char *key, const char *ext), void *user);
+
+/* -- The digest, shared with the remote cache and bundles ----------------- */
+
+#define SJ_CACHE_MAC_BYTES 32
+
+/* The BLAKE2b key derived from a secret (cache_key), as the cache derives
+ * it: false when secret is NULL or "" (or libsodium cannot start). */
+bool sj_cache_mac_key(uint8_t out[SJ_CACHE_MAC_BYTES], const char *secret);
+
+/* The digest that binds an artifact's bytes to its cache key (64 hex
+ * digits) and extension, keyed with mac_key (NULL: unkeyed): exactly what
+ * a keyed cache's meta records, in raw bytes. */
+void sj_cache_digest(const uint8_t *mac_key, const char *key, const char *ext, const void *data, size_t len,
+                     uint8_t out[32]);
+
+/* key is 64 lowercase hex digits and ext a valid artifact extension (1-15
+ * of [a-z0-9], not "meta"). */
+bool sj_cache_valid_name(const char *key, const char *ext);
 
 #endif

@@ -1,4 +1,4 @@
-/* Back-off from failing compiles (issues 24, 25 and 30): a unit whose
+/* Back-off from failing compiles and the compile queue's order (issues 24, 25 and 30): a unit whose
  * compile fails waits a doubling, jittered penalty before a call may queue
  * it again, and is blacklisted after compile_max_failures. Time is a
  * virtual clock in the config (cfg.clock_ns), and background work runs
@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "jit/compile.h"
+#include "jit/runtime.h"
 #include "jit/shapejit.h"
 
 #define N 24
@@ -300,6 +302,52 @@ static void no_workers_step_by_step(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* -- The queue's order and back-pressure ------------------------------------------ */
+
+/* The busier of two queued functions is compiled first, whatever order
+ * they were queued in; with the FIFO baseline, the first queued. */
+static void value_order_then_fifo(void **state) {
+    (void)state;
+    for (int fifo = 0; fifo < 2; fifo++) {
+        sj_runtime *rt = runtime(0, 1000, 4);
+        sj_compiler_set_fifo(rt->compiler, fifo);
+        sj_fn *quiet = NULL, *busy = NULL;
+        assert_int_equal(sj_fn_create(rt, "quiet", 1, m_affine, NULL, NULL, &quiet), SJ_OK);
+        assert_int_equal(sj_fn_create(rt, "busy", 1, m_affine, NULL, NULL, &busy), SJ_OK);
+        call_checked(quiet); /* queued first */
+        for (int i = 0; i < 40; i++) call_checked(busy);
+        assert_int_equal(sj_runtime_run_background(rt, 1), 1);
+        assert_string_equal(tier(fifo ? quiet : busy), "fused specialized");
+        assert_string_equal(tier(fifo ? busy : quiet), "queued");
+        assert_int_equal(sj_runtime_run_background(rt, 1), 1);
+        sj_runtime_destroy(rt);
+    }
+}
+
+/* Past 8 jobs per worker a new entry needs more calls to be queued. */
+static void backlog_raises_the_hot_threshold(void **state) {
+    (void)state;
+    enum { F = 17 };
+    sj_runtime *rt = runtime(0, 1000, 4);
+    sj_fn *fns[F];
+    for (int i = 0; i < F; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "q%d", i);
+        assert_int_equal(sj_fn_create(rt, name, 1, m_affine, NULL, NULL, &fns[i]), SJ_OK);
+    }
+    for (int i = 0; i < F - 1; i++) {
+        call_checked(fns[i]);
+        assert_string_equal(tier(fns[i]), "queued"); /* hot_threshold 1 while the queue is short */
+    }
+    call_checked(fns[F - 1]); /* 16 queued, no workers: twice the calls */
+    assert_string_equal(tier(fns[F - 1]), "eager");
+    call_checked(fns[F - 1]);
+    assert_string_equal(tier(fns[F - 1]), "queued");
+    assert_int_equal(sj_runtime_run_background(rt, 100), F);
+    for (int i = 0; i < F; i++) assert_true(call_checked(fns[i]));
+    sj_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(penalty_doubles_then_compile_recovers, setup, teardown),
@@ -307,6 +355,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(no_retries_when_retry_ms_is_zero, setup, teardown),
         cmocka_unit_test_setup_teardown(jitter_spreads_retries, setup, teardown),
         cmocka_unit_test_setup_teardown(no_workers_step_by_step, setup, teardown),
+        cmocka_unit_test_setup_teardown(value_order_then_fifo, setup, teardown),
+        cmocka_unit_test_setup_teardown(backlog_raises_the_hot_threshold, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

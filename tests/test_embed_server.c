@@ -16,6 +16,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -102,11 +103,19 @@ static int start_server4(const char *extra1, const char *extra2, const char *ext
     unlink(pf);
     server = fork();
     if (server == 0) {
+        /* the CPU unless the GPU session asks for CUDA (SJ_EMBED_BACKEND=cuda)
+         * and, with SJ_EMBED_DEVICES=0,1, one runtime per GPU */
+        const char *backend = getenv("SJ_EMBED_BACKEND"), *devices = getenv("SJ_EMBED_DEVICES");
         setenv("SHAPEJIT_CACHE_DIR", "", 1);
-        setenv("SHAPEJIT_BACKEND", "cpu", 1);
+        setenv("SHAPEJIT_BACKEND", backend && *backend ? backend : "cpu", 1);
         if (server_cc) setenv("SHAPEJIT_CC", server_cc, 1);
-        execl(bin, bin, "--model", model, "--port", "0", "--port-file", pf, "--threads", "2", "--warmup", "0",
-              extra1, extra2, extra3, extra4, (char *)NULL);
+        const char *argv[20] = {bin, "--model", model, "--port", "0", "--port-file", pf, "--threads", "2", "--warmup", "0"};
+        int n = 11;
+        if (devices && *devices) argv[n++] = "--devices", argv[n++] = devices;
+        const char *extra[4] = {extra1, extra2, extra3, extra4};
+        for (int k = 0; k < 4 && extra[k]; k++) argv[n++] = extra[k];
+        argv[n] = NULL;
+        execv(bin, (char *const *)argv);
         _exit(127);
     }
     for (int i = 0; i < 600; i++) {
@@ -196,6 +205,33 @@ static void check_answer(const char *body, const int *idx, int n) {
             fail_msg("sentence %d: cosine %.9f, max abs error %.3g", idx[i], cos, mx);
     }
     json_decref(o);
+}
+
+/* Exit status of the server binary run with these options (it must refuse
+ * them before loading anything). */
+static int run_options(const char *a, const char *b) {
+    const char *bin = getenv("SJ_EMBED_SERVER") ? getenv("SJ_EMBED_SERVER") : "build/samples/embed_server";
+    pid_t p = fork();
+    if (p == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) dup2(null, 2);
+        execl(bin, bin, "--model", "/nonexistent", a, b, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(p, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void test_device_list_options(void **state) {
+    (void)state;
+    const char *bin = getenv("SJ_EMBED_SERVER") ? getenv("SJ_EMBED_SERVER") : "build/samples/embed_server";
+    if (access(bin, X_OK)) skip();
+    assert_int_equal(run_options("--devices", "0,0"), 2);   /* a device twice */
+    assert_int_equal(run_options("--devices", "x"), 2);     /* not a number */
+    assert_int_equal(run_options("--devices", "0,1,2,3,4,5,6,7,8"), 2); /* more than 8 */
+    assert_int_equal(run_options("--devices", "0,"), 2);    /* an empty item */
+    assert_int_equal(run_options("--devices", "0,1"), 1);   /* accepted: then the model is missing */
 }
 
 static void test_single_strings(void **state) {
@@ -364,6 +400,11 @@ static long metric(const char *body, const char *name) {
 static void test_health_during_warmup(void **state) {
     (void)state;
     NEED_MODEL();
+    const char *backend = getenv("SJ_EMBED_BACKEND");
+    if (backend && *backend && strcmp(backend, "cpu")) { /* the slowed compiler is the CPU's */
+        print_message("skipped: the warm-up test runs the server on the CPU\n");
+        return;
+    }
     assert_int_equal(stop_server(), 0);
     char cc[PATH_MAX];
     snprintf(cc, sizeof cc, "%s/slow-cc.sh", dir);
@@ -462,6 +503,7 @@ static void test_queue_full_and_graceful_shutdown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_list_options),
         cmocka_unit_test(test_single_strings),
         cmocka_unit_test(test_concurrent_lists_and_bad_requests),
         cmocka_unit_test(test_errors),

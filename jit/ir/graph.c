@@ -64,6 +64,7 @@ void sj_graph_destroy(sj_graph *g) {
     free(g->outputs);
     free(g->params);
     free(g->consts);
+    free(g->packed);
     free(g);
 }
 

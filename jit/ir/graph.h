@@ -92,6 +92,14 @@ typedef struct sj_graph {
     sj_tensor *dev_params;
     void (*dev_release)(void *ctx, struct sj_graph *g);
     void *dev_ctx;
+
+    /* Per node (n_nodes slots; NULL until the entry is made, and on
+     * backends that do not pack): a matrix product's constant b packed
+     * for the device's kernels (the CPU's sj_cpu_packed), NULL for every
+     * other node. The slots are written before the entry is published and
+     * only read after; the copies belong to the function (its pack cache),
+     * which outlives its graphs. The array is freed with the graph. */
+    const void **packed;
 } sj_graph;
 
 /* Where constant k's bits, and parameter k, are for a kernel on `device`. */

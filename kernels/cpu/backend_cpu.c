@@ -55,6 +55,7 @@ extern char **environ;
 typedef struct cpu_backend {
     sj_backend base; /* first: the table the JIT sees */
     char *cc, *cflags, *dump_dir;
+    char *cc_version;      /* pinned version line (NULL: the probe's) */
     char *flag_text;       /* cflags split in place; flags[] point into it */
     char *flags[MAX_FLAGS];
     int n_flags;
@@ -63,6 +64,7 @@ typedef struct cpu_backend {
     int n_cc;
     int timeout_ms;        /* a compiler run is killed past it (0: never) */
     sj_cache *cache;
+    sj_remote *remote;     /* the second level under cache (NULL: none) */
     sj_modshare *share;    /* loaded units by key */
     const sj_log_sink *log;
     int test_delay_ms, test_fail;
@@ -277,6 +279,7 @@ static void probe(cpu_backend *b) {
         out[strcspn(out, "\n")] = '\0';
         snprintf(version, sizeof version, "%s", out);
     }
+    if (b->cc_version) snprintf(version, sizeof version, "%s", b->cc_version); /* pinned: kernels compiled elsewhere */
     char cpu[320];
     cpu_identity(cpu, sizeof cpu);
     snprintf(b->identity, sizeof b->identity, "%s (%s) %s cpu:%s", b->cc, version, b->cflags, cpu);
@@ -457,6 +460,12 @@ static int cpu_load_cached(void *self, const sj_compile_req *req, sj_compile_res
     return ok ? 1 : -1;
 }
 
+static int cpu_load_bytes(void *self, const void *data, size_t len, const sj_compile_req *req,
+                          sj_compile_result *out) {
+    (void)self;
+    return load_bytes(data, len, req, out) ? 1 : -1;
+}
+
 static const char *cpu_refuse(void *self, char *buf, size_t n) {
     cpu_backend *b = self;
     if (!b->cc_missing) return NULL;
@@ -482,7 +491,8 @@ static sj_status cpu_compile(sj_backend *base, const sj_compile_req *req, sj_com
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cpu_load_cached, .refuse = cpu_refuse,
                            .compile_fresh = compile_fresh, .share = b->share, .cache = b->cache, .cache_ext = "so",
-                           .resolve = cpu_resolve, .drop = cpu_drop};
+                           .remote = b->remote, .load_bytes = cpu_load_bytes, .resolve = cpu_resolve,
+                           .drop = cpu_drop};
     return sj_backend_compile(&d, req, out);
 }
 
@@ -500,6 +510,7 @@ static void cpu_destroy(sj_backend *base) {
     if (!b) return;
     free(b->cc);
     free(b->cflags);
+    free(b->cc_version);
     free(b->dump_dir);
     free(b->flag_text);
     free(b->cc_text);
@@ -518,11 +529,13 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     if (!b) return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
     b->cc = sj_strdup(c.cc && c.cc[0] ? c.cc : "cc");
     b->cflags = sj_strdup(c.cflags ? c.cflags : DEFAULT_CFLAGS);
+    b->cc_version = c.cc_version && c.cc_version[0] ? sj_strdup(c.cc_version) : NULL;
     b->flag_text = b->cflags ? sj_strdup(b->cflags) : NULL;
     b->cc_text = b->cc ? sj_strdup(b->cc) : NULL;
     b->dump_dir = c.dump_dir && c.dump_dir[0] ? sj_strdup(c.dump_dir) : NULL;
     b->share = sj_modshare_create();
-    if (!b->cc || !b->cc_text || !b->cflags || !b->flag_text || !b->share || (c.dump_dir && c.dump_dir[0] && !b->dump_dir)) {
+    if (!b->cc || !b->cc_text || !b->cflags || !b->flag_text || !b->share || (c.dump_dir && c.dump_dir[0] && !b->dump_dir) ||
+        (c.cc_version && c.cc_version[0] && !b->cc_version)) {
         cpu_destroy(&b->base);
         return sj_seterr(SJ_ENOMEM, "sj_cpu_backend_create: out of memory");
     }
@@ -547,6 +560,7 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
         b->flags[b->n_flags++] = f;
     }
     b->cache = c.cache;
+    b->remote = c.remote;
     b->log = c.log;
     b->test_delay_ms = c.test_delay_ms;
     b->test_fail = c.test_fail;
@@ -558,7 +572,10 @@ sj_status sj_cpu_backend_create(const sj_cpu_backend_config *cfg, sj_backend **o
     b->base.destroy = cpu_destroy;
     if (c.no_probe) snprintf(b->identity, sizeof b->identity, "%s (not probed: compiles off) %s", b->cc, b->cflags);
     else probe(b);
-    if (b->cc_missing) sj_log_write(b->log, SJ_LOG_WARN, "cpu: compiler '%s' not found; kernels will not be compiled", b->cc);
+    if (b->cc_missing)
+        sj_log_write(b->log, b->cc_version ? SJ_LOG_PERF : SJ_LOG_WARN,
+                     "cpu: compiler '%s' not found; kernels will not be compiled%s", b->cc,
+                     b->cc_version ? " (cached ones keyed by cc_version are loaded)" : "");
     *out = &b->base;
     return SJ_OK;
 }

@@ -11,8 +11,10 @@ typedef struct sj_cpu_backend_config {
     const char *cc;        /* compiler command; NULL: "cc". Split on blanks into
                               the program and its first arguments ("ccache cc"); no shell */
     const char *cflags;    /* NULL: the default flags (see backend_cpu.c) */
+    const char *cc_version; /* the version line in the identity (cache keys) instead of the probe's; NULL: probed */
     const char *dump_dir;  /* NULL: none; else every source is written there as <tag>.c */
     sj_cache *cache;       /* NULL: no persistent cache (borrowed; outlives the backend) */
+    sj_remote *remote;     /* NULL: no remote cache (borrowed; outlives the backend) */
     const sj_log_sink *log;  /* where log lines go (SJ_LOG_COMPILE, SJ_LOG_WARN); NULL: none */
     /* Test hooks: sleep this long inside every compile (ms); make every
      * compile fail as if the compiler had reported an error. */

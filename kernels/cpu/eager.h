@@ -66,6 +66,14 @@ sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor 
  * before it is stored: y = a @ b + bias, rounded once for f16/bf16. */
 sj_status sj_cpu_matmul_bias(const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y,
                              struct sj_threads *pool);
+/* The same over pb, b packed once (kernels/cpu/prepack.h; NULL: as
+ * sj_cpu_matmul_bias), for a float product whose b is one matrix shared
+ * by every batch (a constant): b's data is not read, the product runs
+ * over the packed panels (rows of every batch at once where a's and y's
+ * batch axes collapse). f16/bf16 a and y go through f32 scratch. */
+struct sj_cpu_packed;
+sj_status sj_cpu_matmul_packed(const sj_tensor *a, const sj_tensor *b, const struct sj_cpu_packed *pb,
+                               const sj_tensor *bias, const sj_tensor *y, struct sj_threads *pool);
 
 /* Attention, see sj_attention() in shapejit.h. q [B,H,Sq,D], k [B,H,Sk,D],
  * v [B,H,Sk,Dv], lengths NULL or i32/i64 [B], y [B,H,Sq,Dv]. Lengths are

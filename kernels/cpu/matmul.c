@@ -8,6 +8,11 @@
  * f32 row- or column-major matrix (column-major: CblasColMajor with the
  * operands' flags swapped), else through f32 scratch.
  *
+ * A product given b packed (sj_cpu_matmul_packed: b a constant, packed once
+ * when its entry was made; kernels/cpu/prepack.c) runs over the packed
+ * panels instead of through sgemm: a in place when it is f32 row-major
+ * (else converted into scratch), the bias added as the tiles are stored.
+ *
  * Integers are exact: int64 products and sums, wrapping, narrowed on store.
  *
  * A bias (a product with its bias add) is added by each part of a float
@@ -34,8 +39,9 @@
  * prefix of length lim(i), and a query with lim(i) <= 0 gives zeros. Keys
  * at or past the block's largest lim are never read.
  *
- * Scratch slots: 0 a / q, 1 b / k, 2 y / v, 3 attention scores and output, or
- * the bias in f32.
+ * Scratch slots: 0 a / q, 1 b / k (a packed into tiles over packed b:
+ * SJ_CPU_PACK_SLOT), 2 y / v, 3 attention scores and output, or the bias
+ * in f32.
  */
 #include <assert.h>
 #include <cblas.h>
@@ -48,6 +54,7 @@
 #include "kernels/cpu/threads.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/eager.h"
+#include "kernels/cpu/prepack.h"
 
 /* -- Matrices as BLAS sees them ------------------------------------------- */
 
@@ -211,6 +218,7 @@ typedef struct mm {
     int64_t sam, sak, sbk, sbn, sym, syn;
     const char *apacked, *bpacked; /* see mat_prep */
     const sj_tensor *bias;         /* NULL, or [N] of dt */
+    const sj_cpu_packed *pb;       /* NULL, or b packed (prepack.h) */
 } mm;
 
 /* The bias in f32 (scratch slot 3); NULL when there is none or no memory. */
@@ -226,7 +234,41 @@ static const float *bias_f32(const mm *m, int *oom) {
     return f;
 }
 
+/* The product over b's packed copy: a read in place when it is f32
+ * row-major, else converted into scratch slot 0; y written in place when
+ * it is f32 row-major, else through scratch slot 2. */
+static sj_status mm_packed(mm *m, const char *a, char *y) {
+    int64_t lda, ldy;
+    const float *af = (const float *)a;
+    if (m->dt != SJ_F32 || layout(m->M, m->K, m->sam, m->sak, &lda) != LAY_ROW) {
+        float *buf = sj_cpu_scratch(0, (size_t)(m->M * m->K) * sizeof(float));
+        if (!buf)
+            return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand", (long long)m->M,
+                             (long long)m->K);
+        if (m->apacked != a) {
+            for (int64_t r = 0; r < m->M; r++) cpu_load_f32(buf + r * m->K, a + r * m->sam * m->es, m->dt, m->sak, m->K);
+            m->apacked = a;
+        }
+        af = buf, lda = max1(m->K);
+    }
+    int oom = 0;
+    const float *bias = bias_f32(m, &oom);
+    if (oom)
+        return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld-element bias", (long long)m->N);
+    if (m->dt == SJ_F32 && layout(m->M, m->N, m->sym, m->syn, &ldy) == LAY_ROW)
+        return sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, (float *)y, ldy, m->pool);
+    float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
+    if (!yb)
+        return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result", (long long)m->M,
+                         (long long)m->N);
+    sj_status st = sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, yb, m->N, m->pool);
+    if (st) return st;
+    for (int64_t i = 0; i < m->M; i++) cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
+    return SJ_OK;
+}
+
 static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
+    if (m->pb) return mm_packed(m, a, y);
     mat ma, mb;
     int64_t ldy;
     sj_status st = mat_prep(&ma, a, m->dt, m->M, m->K, m->sam, m->sak, 0, &m->apacked);
@@ -330,14 +372,20 @@ sj_status sj_cpu_matmul(const sj_tensor *a, const sj_tensor *b, const sj_tensor 
 
 sj_status sj_cpu_matmul_bias(const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y,
                              sj_threads *pool) {
+    return sj_cpu_matmul_packed(a, b, NULL, bias, y, pool);
+}
+
+sj_status sj_cpu_matmul_packed(const sj_tensor *a, const sj_tensor *b, const sj_cpu_packed *pb, const sj_tensor *bias,
+                               const sj_tensor *y, sj_threads *pool) {
     int r = y->rank;
     assert(r >= 2 && a->rank == r && b->rank == r);
     assert(a->dtype == y->dtype && b->dtype == y->dtype && y->dtype != SJ_BOOL);
     assert(!bias || (cpu_is_float(y->dtype) && bias->dtype == y->dtype && bias->rank == 1 &&
                      bias->shape[0] == y->shape[r - 1]));
     mm m = {.pool = pool, .dt = y->dtype, .M = y->shape[r - 2], .N = y->shape[r - 1], .K = a->shape[r - 1],
-            .bias = bias};
+            .bias = bias, .pb = cpu_is_float(y->dtype) ? pb : NULL};
     assert(a->shape[r - 2] == m.M && b->shape[r - 2] == m.K && b->shape[r - 1] == m.N);
+    assert(!m.pb || (sj_cpu_packed_rows(pb) == m.K && sj_cpu_packed_cols(pb) == m.N));
     for (int i = 0; i < r - 2; i++)
         assert(a->shape[i] == y->shape[i] && b->shape[i] == y->shape[i]);
     m.es = (int64_t)cpu_dtype_size(m.dt);

@@ -5,14 +5,15 @@
  * once at load into [in, out] in the compute dtype, and on a CUDA runtime
  * uploaded once; every traced entry shares them. The model function:
  *
- *   x = LayerNorm(word[ids] + pos[positions] + type[0])
+ *   x = LayerNorm(word[ids] + pos[0:S] + type[0])
  *   per layer:  a = attention(q(x), k(x), v(x), lengths)   (heads split)
  *               x = LayerNorm(x + out(a));  x = LayerNorm(x + down(gelu(up(x))))
  *   e = sum(x * mask, seq) / lengths;  e / max(|e|, 1e-12)
  *
- * Inputs of the jitted function: ids i32 [B, S], lengths i32 [B],
- * positions i32 [S] (0 .. S-1), mask f32 [B, S, 1] (1 for a token, 0 for
- * padding); bert_embed builds them from host arrays. */
+ * Inputs of the jitted function: ids i32 [B, S] and lengths i32 [B]. The
+ * positions (the first S rows of the position table, a view: sj_slice_dim
+ * with the symbolic S) and the padding mask (arange(S) < lengths, [B, S, 1])
+ * are built in the graph, so neither installs a guard on S. */
 #include "samples/bert/bert.h"
 
 #include <math.h>
@@ -227,8 +228,14 @@ static sj_status model(sj_tracer *t, const sj_val *in, int n, void *user) {
     const bert_model *m = user;
     const bert_config *c = &m->cfg;
     int dh = c->hidden / c->heads;
-    sj_val ids = in[0], lengths = in[1], positions = in[2], mask = in[3];
-    sj_val x = sj_add(t, sj_gather(t, sj_param(t, &m->word), ids), sj_gather(t, sj_param(t, &m->pos), positions));
+    sj_val ids = in[0], lengths = in[1];
+    sj_dim S = sj_dim_of(t, ids, 1), B = sj_dim_of(t, ids, 0), one = sj_dim_const(t, 1);
+    sj_val pos = sj_slice_dim(t, sj_param(t, &m->pos), 0, sj_dim_const(t, 0), S); /* [S, H] */
+    sj_val x = sj_add(t, sj_gather(t, sj_param(t, &m->word), ids), pos);
+    /* mask [B, S, 1]: 1 for the first lengths[b] tokens of row b, 0 for padding */
+    sj_val iota = sj_reshape(t, sj_arange(t, S, SJ_I32), 2, (sj_dim[]){one, S});
+    sj_val mask = sj_cast(t, sj_lt(t, iota, sj_reshape(t, lengths, 2, (sj_dim[]){B, one})), SJ_F32);
+    mask = sj_reshape(t, mask, 3, (sj_dim[]){B, S, one});
     x = sj_add(t, x, sj_param(t, &m->type0));
     x = sj_layer_norm(t, x, sj_param(t, &m->ln_g), sj_param(t, &m->ln_b), c->eps);
     bool tanh_gelu = strcmp(c->act, "gelu") != 0;
@@ -275,9 +282,9 @@ sj_status bert_load(sj_runtime *rt, const char *dir, sj_dtype dtype, bert_model 
         sj_fn_options o;
         sj_fn_options_init(&o);
         o.dynamic = SJ_DYNAMIC_AUTO;
-        o.input_names = (const char *const[]){"ids", "lengths", "positions", "mask"};
+        o.input_names = (const char *const[]){"ids", "lengths"};
         o.recompile_limit = 64; /* 6 sequence buckets x 8 batch buckets, and room */
-        st = sj_fn_create(rt, "bert", 4, model, m, &o, &m->fn);
+        st = sj_fn_create(rt, "bert", 2, model, m, &o, &m->fn);
         /* one entry per power-of-two bucket of the sequence length and of
          * the batch: exact sizes are passed at run time (no padding to the
          * bucket), and the buckets bound how many entries a stream makes */
@@ -314,38 +321,26 @@ sj_status bert_embed(bert_model *m, const int32_t *ids, const int32_t *lengths, 
     for (int b = 0; b < batch; b++)
         if (lengths[b] < 1 || lengths[b] > seq)
             return set_error(SJ_EINVAL, "bert_embed: lengths[%d] = %d outside [1, %d]", b, lengths[b], seq);
-    int32_t *pos = malloc((size_t)seq * sizeof *pos);
-    float *mask = malloc((size_t)batch * seq * sizeof *mask);
-    if (!pos || !mask) {
-        free(pos), free(mask);
-        return SJ_ENOMEM;
-    }
-    for (int s = 0; s < seq; s++) pos[s] = s;
-    for (int b = 0; b < batch; b++)
-        for (int s = 0; s < seq; s++) mask[(size_t)b * seq + s] = s < lengths[b] ? 1.0f : 0.0f;
-    sj_tensor host[4] = {sj_tensor_make((void *)ids, SJ_I32, 2, (int64_t[]){batch, seq}),
-                         sj_tensor_make((void *)lengths, SJ_I32, 1, (int64_t[]){batch}),
-                         sj_tensor_make(pos, SJ_I32, 1, (int64_t[]){seq}),
-                         sj_tensor_make(mask, SJ_F32, 3, (int64_t[]){batch, seq, 1})};
+    sj_tensor host[2] = {sj_tensor_make((void *)ids, SJ_I32, 2, (int64_t[]){batch, seq}),
+                         sj_tensor_make((void *)lengths, SJ_I32, 1, (int64_t[]){batch})};
     sj_tensor res = sj_tensor_make(out, SJ_F32, 2, (int64_t[]){batch, m->cfg.hidden});
     sj_status st;
     if (!m->cuda) {
-        st = sj_call(m->fn, host, 4, &res, 1);
+        st = sj_call(m->fn, host, 2, &res, 1);
     } else {
-        sj_tensor dev[4] = {{0}}, dout = {0};
+        sj_tensor dev[2] = {{0}}, dout = {0};
         st = SJ_OK;
-        for (int i = 0; i < 4 && !st; i++) {
+        for (int i = 0; i < 2 && !st; i++) {
             dev[i] = host[i];
             dev[i].data = NULL;
             dev[i].device = SJ_CUDA;
             if (!(st = sj_tensor_alloc(m->rt, &dev[i]))) st = sj_tensor_copy(m->rt, &dev[i], &host[i]);
         }
-        if (!st) st = sj_call(m->fn, dev, 4, &dout, 1);
+        if (!st) st = sj_call(m->fn, dev, 2, &dout, 1);
         if (!st) st = sj_tensor_copy(m->rt, &res, &dout);
         sj_tensor_free(m->rt, &dout);
-        for (int i = 0; i < 4; i++) sj_tensor_free(m->rt, &dev[i]);
+        for (int i = 0; i < 2; i++) sj_tensor_free(m->rt, &dev[i]);
     }
-    free(pos), free(mask);
     if (st) set_error(st, "bert_embed: %s", sj_last_error());
     return st;
 }
@@ -354,10 +349,10 @@ sj_status bert_warmup_shapes(bert_model *m, const int *bs, int n, unsigned flags
                              sj_warmup_done_fn done, void *user) {
     last_error[0] = 0;
     if (!m || n < 1 || !bs) return set_error(SJ_EINVAL, "bert_warmup_shapes: no model or no shapes");
-    /* the encoder's four inputs per shape; data NULL: the runtime makes
-     * them (ids, lengths and positions 0, a random mask; the results are
-     * discarded) */
-    sj_tensor *t = calloc((size_t)n * 4, sizeof *t);
+    /* the encoder's two inputs per shape; data NULL: the runtime makes
+     * them (ids and lengths 0: every key masked, the results NaN and
+     * discarded; the kernels run all the same) */
+    sj_tensor *t = calloc((size_t)n * 2, sizeof *t);
     if (!t) return set_error(SJ_ENOMEM, "bert_warmup_shapes: out of memory");
     for (int k = 0; k < n; k++) {
         int64_t B = bs[2 * k], S = bs[2 * k + 1];
@@ -366,10 +361,8 @@ sj_status bert_warmup_shapes(bert_model *m, const int *bs, int n, unsigned flags
             return set_error(SJ_EINVAL, "bert_warmup_shapes: batch %lld x seq %lld (seq at most %d)", (long long)B,
                              (long long)S, m->cfg.max_positions);
         }
-        t[4 * k + 0] = sj_tensor_make(NULL, SJ_I32, 2, (int64_t[]){B, S});
-        t[4 * k + 1] = sj_tensor_make(NULL, SJ_I32, 1, (int64_t[]){B});
-        t[4 * k + 2] = sj_tensor_make(NULL, SJ_I32, 1, (int64_t[]){S});
-        t[4 * k + 3] = sj_tensor_make(NULL, SJ_F32, 3, (int64_t[]){B, S, 1});
+        t[2 * k + 0] = sj_tensor_make(NULL, SJ_I32, 2, (int64_t[]){B, S});
+        t[2 * k + 1] = sj_tensor_make(NULL, SJ_I32, 1, (int64_t[]){B});
     }
     sj_warmup_spec spec = {.n_shapes = n, .shapes = t, .timeout_ms = timeout_ms > 0 ? timeout_ms : 0,
                            .on_done = done, .on_done_user = user};

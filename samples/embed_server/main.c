@@ -49,10 +49,13 @@
 
 /* -- Options ------------------------------------------------------------------ */
 
+#define MAX_DEVICES 8
+
 typedef struct options {
     const char *model, *host, *port_file, *name, *warmup_shapes;
     int port, threads, batchers, max_batch_tokens, max_batch_wait_ms, max_inputs, queue_depth, max_tokens;
     int max_batch, warmup, connections;
+    int devices[MAX_DEVICES], n_devices; /* --devices: one runtime per GPU; 0: the default backend */
     size_t max_body;
     sj_dtype dtype;
 } options;
@@ -76,6 +79,8 @@ static void usage(FILE *f) {
             "                          as sentence-transformers truncates all-MiniLM-L6-v2)\n"
             "  --max-connections N     connections at once (default 256)\n"
             "  --dtype f32|f16|bf16    compute dtype (default f32)\n"
+            "  --devices 0,1,...       CUDA devices to serve from: one runtime and model each,\n"
+            "                          batches spread over them (default: the runtime's one)\n"
             "  --warmup 0|1            compile the declared shapes before /health is 200 (default 1)\n"
             "  --warmup-shapes LIST    the declared shapes, BATCHxSEQ,... (default: batches 1,4,8,16\n"
             "                          by sequences 16,32,...,--max-tokens)\n"
@@ -122,6 +127,24 @@ static int parse_options(int argc, char **argv, options *o) {
             o->host = argv[++i];
         } else if (!strcmp(a, "--port-file") && v) {
             o->port_file = argv[++i];
+        } else if (!strcmp(a, "--devices") && v) {
+            i++;
+            o->n_devices = 0;
+            for (const char *p = v; *p;) {
+                char *end;
+                long d = strtol(p, &end, 10);
+                if (end == p || d < 0 || d > 1023 || o->n_devices == MAX_DEVICES || (*end && (*end != ',' || !end[1]))) {
+                    fprintf(stderr, "embed_server: --devices takes up to %d device numbers, e.g. 0,1\n", MAX_DEVICES);
+                    return -1;
+                }
+                for (int k = 0; k < o->n_devices; k++)
+                    if (o->devices[k] == d) {
+                        fprintf(stderr, "embed_server: --devices names device %ld twice\n", d);
+                        return -1;
+                    }
+                o->devices[o->n_devices++] = (int)d;
+                p = *end ? end + 1 : end;
+            }
         } else if (!strcmp(a, "--warmup-shapes") && v) {
             o->warmup_shapes = argv[++i];
         } else if (!strcmp(a, "--model-name") && v) {
@@ -150,6 +173,7 @@ static int parse_options(int argc, char **argv, options *o) {
         return -1;
     }
     if (o->max_batch_tokens < o->max_tokens) o->max_batch_tokens = o->max_tokens;
+    if (o->n_devices > o->batchers) o->batchers = o->n_devices; /* a batcher per device at least */
     return 0;
 }
 
@@ -194,8 +218,11 @@ struct request {
 
 typedef struct server {
     options o;
-    sj_runtime *rt;
-    bert_model *model;
+    sj_runtime *rt;     /* rts[0] */
+    bert_model *model;  /* models[0] */
+    sj_runtime *rts[MAX_DEVICES];
+    bert_model *models[MAX_DEVICES];
+    int n_rt;           /* runtimes (one per --devices entry, else 1); batcher i runs on i % n_rt */
     wp_tokenizer *tk;
     int hidden;
     metrics m;
@@ -205,13 +232,18 @@ typedef struct server {
     int qhead, qlen;
     bool stopping;
     pthread_t *batchers;
+    pthread_t warm_thread;
     double warm_start;
     _Atomic bool warm_skipped; /* the warm-up was refused: serve as ready */
+    _Atomic bool warm_stop;    /* shutting down: the warm-up thread returns */
     _Atomic int in_flight;
 } server;
 
 static bool is_ready(server *s) {
-    return !s->o.warmup || atomic_load(&s->warm_skipped) || sj_fn_ready(bert_fn(s->model));
+    if (!s->o.warmup || atomic_load(&s->warm_skipped)) return true;
+    for (int d = 0; d < s->n_rt; d++)
+        if (!sj_fn_ready(bert_fn(s->models[d]))) return false;
+    return true;
 }
 
 static double now_s(void) {
@@ -233,8 +265,9 @@ static void finish_item(item *it, sj_status st, const char *err) {
     pthread_mutex_unlock(&r->lock);
 }
 
-/* Runs one batch, sorted by length: padded to its longest sentence. */
-static void run_batch(server *s, item *b, int n) {
+/* Runs one batch on model m, sorted by length: padded to its longest
+ * sentence. */
+static void run_batch(server *s, bert_model *model, item *b, int n) {
     int S = b[n - 1].n;
     int32_t *ids = calloc((size_t)n * (size_t)S, sizeof *ids), *len = malloc((size_t)n * sizeof *len);
     float *out = malloc((size_t)n * (size_t)s->hidden * sizeof *out);
@@ -245,7 +278,7 @@ static void run_batch(server *s, item *b, int n) {
             memcpy(ids + (size_t)i * S, b[i].ids, (size_t)b[i].n * sizeof *ids);
             len[i] = b[i].n;
         }
-        st = bert_embed(s->model, ids, len, n, S, out);
+        st = bert_embed(model, ids, len, n, S, out);
         err = bert_error();
         if (!st)
             for (int i = 0; i < n; i++) memcpy(b[i].out, out + (size_t)i * s->hidden, (size_t)s->hidden * sizeof(float));
@@ -266,8 +299,14 @@ static void run_batch(server *s, item *b, int n) {
     free(ids), free(len), free(out);
 }
 
+typedef struct batcher {
+    server *s;
+    int index;
+} batcher;
+
 static void *batcher_main(void *arg) {
-    server *s = arg;
+    server *s = ((batcher *)arg)->s;
+    bert_model *model = s->models[((batcher *)arg)->index % s->n_rt];
     item *batch = malloc((size_t)s->o.max_batch * sizeof *batch);
     if (!batch) return NULL;
     pthread_mutex_lock(&s->qlock);
@@ -300,7 +339,7 @@ static void *batcher_main(void *arg) {
             while (end < n && (end + 1 - first) * batch[end].n <= s->o.max_batch_tokens &&
                    batch[end].n <= 2 * batch[first].n + 8)
                 end++;
-            run_batch(s, batch + first, end - first);
+            run_batch(s, model, batch + first, end - first);
             first = end;
         }
         pthread_mutex_lock(&s->qlock);
@@ -397,8 +436,18 @@ static enum MHD_Result handle_metrics(server *s, struct MHD_Connection *c) {
     pthread_mutex_lock(&s->qlock);
     int depth = s->qlen;
     pthread_mutex_unlock(&s->qlock);
-    sj_stats st;
-    sj_fn_stats(bert_fn(s->model), &st);
+    sj_stats st; /* summed over the devices' runtimes */
+    sj_fn_stats(bert_fn(s->models[0]), &st);
+    for (int d = 1; d < s->n_rt; d++) {
+        sj_stats o;
+        sj_fn_stats(bert_fn(s->models[d]), &o);
+        st.calls += o.calls, st.eager_calls += o.eager_calls, st.fused_symbolic_calls += o.fused_symbolic_calls;
+        st.fused_specialized_calls += o.fused_specialized_calls, st.graph_calls += o.graph_calls;
+        st.compiles += o.compiles, st.compile_cache_hits += o.compile_cache_hits;
+        st.compile_failures += o.compile_failures, st.compile_ms += o.compile_ms;
+        st.traces += o.traces, st.entries += o.entries;
+        for (int k = 0; k < SJ_GUARD_KIND_COUNT; k++) st.guard_failures[k] += o.guard_failures[k];
+    }
     appendf(&b, &len, &cap, "# HELP embed_requests_total HTTP requests by status code.\n# TYPE embed_requests_total counter\n");
     for (size_t i = 0; i < N_CODES; i++)
         appendf(&b, &len, &cap, "embed_requests_total{code=\"%d\"} %" PRIu64 "\n", CODES[i], m.requests[i]);
@@ -621,16 +670,45 @@ static int warmup_shapes(const options *o, int *bs, int max) {
     return n;
 }
 
-/* The warm-up is over (on shapejit's warm-up thread: no call into the
- * library but the reads it allows). */
-static void on_warm(void *user, sj_fn *fn, const sj_warmup_status *st) {
-    (void)fn;
-    server *s = user;
-    if (st->state != SJ_WARM_DONE) return; /* cancelled: shutting down */
-    if (st->failed)
-        fprintf(stderr, "embed_server: warm-up: %d of %d shapes failed (serving anyway); first: %s\n", st->failed,
-                st->total, st->first_message);
-    fprintf(stderr, "embed_server: ready (warm-up %.1f s, %d shapes)\n", now_s() - s->warm_start, st->total);
+/* The server's warm-up thread: the library's warm-up (sj_fn_warmup, in
+ * the background) of every device's function in turn, device 0 first (it
+ * compiles; the others then load its kernels from the shared cache); this
+ * thread only starts them and waits, so a shutdown meanwhile ends at once
+ * (bert_free stops a warm-up in progress). /health is 200 once every
+ * function is ready (sj_fn_ready). */
+static void *warm_main(void *arg) {
+    server *s = arg;
+    int bs[2 * 64];
+    int n = warmup_shapes(&s->o, bs, 64);
+    if (n < 1) {
+        fprintf(stderr, "embed_server: --warmup-shapes '%s': BATCHxSEQ,... (seq at most --max-tokens); serving\n",
+                s->o.warmup_shapes ? s->o.warmup_shapes : "");
+        atomic_store(&s->warm_skipped, true);
+        return NULL;
+    }
+    for (int d = 0; d < s->n_rt && !atomic_load(&s->warm_stop); d++) {
+        sj_fn *fn = bert_fn(s->models[d]);
+        if (bert_warmup_shapes(s->models[d], bs, n, SJ_WARMUP_BACKGROUND, 0, NULL, NULL)) {
+            sj_warmup_status ws;
+            sj_fn_warmup_status(fn, &ws);
+            fprintf(stderr, "embed_server: warm-up: %s (%s)\n", bert_error(),
+                    ws.state == SJ_WARM_NONE ? "not started; serving" : "the other shapes go on");
+            if (ws.state == SJ_WARM_NONE) {
+                atomic_store(&s->warm_skipped, true);
+                return NULL;
+            }
+        }
+        while (!sj_fn_ready(fn) && !atomic_load(&s->warm_stop)) usleep(20000);
+        sj_warmup_status ws;
+        sj_fn_warmup_status(fn, &ws);
+        if (ws.failed)
+            fprintf(stderr, "embed_server: warm-up: %d of %d shapes failed (serving anyway); first: %s\n", ws.failed,
+                    ws.total, ws.first_message);
+    }
+    if (!atomic_load(&s->warm_stop))
+        fprintf(stderr, "embed_server: ready (warm-up %.1f s, %d shapes, %d runtime%s)\n", now_s() - s->warm_start, n,
+                s->n_rt, s->n_rt > 1 ? "s" : "");
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -653,24 +731,33 @@ int main(int argc, char **argv) {
     if (!getenv("SHAPEJIT_VALIDATE_CALLS")) cfg.validate_calls = 2;
     char path[4096], err[256];
     snprintf(path, sizeof path, "%s/vocab.txt", s.o.model);
-    if (sj_runtime_create(&cfg, &s.rt)) {
-        fprintf(stderr, "embed_server: %s\n", sj_last_error());
+    if (wp_tokenizer_load(path, s.o.max_tokens, &s.tk, err, sizeof err)) {
+        fprintf(stderr, "embed_server: %s\n", err);
         return 1;
     }
-    if (wp_tokenizer_load(path, s.o.max_tokens, &s.tk, err, sizeof err) ||
-        bert_load(s.rt, s.o.model, s.o.dtype, &s.model)) {
-        fprintf(stderr, "embed_server: %s\n", s.tk ? bert_error() : err);
-        wp_tokenizer_free(s.tk);
-        sj_runtime_destroy(s.rt);
-        return 1;
+    s.n_rt = s.o.n_devices ? s.o.n_devices : 1;
+    for (int d = 0; d < s.n_rt; d++) {
+        if (s.o.n_devices) cfg.backend = SJ_BACKEND_CUDA, cfg.cuda_device = s.o.devices[d];
+        if (sj_runtime_create(&cfg, &s.rts[d]) || bert_load(s.rts[d], s.o.model, s.o.dtype, &s.models[d])) {
+            fprintf(stderr, "embed_server: %s%s\n", s.rts[d] ? "" : "runtime: ",
+                    s.rts[d] ? bert_error() : sj_last_error());
+            for (int k = 0; k <= d; k++) bert_free(s.models[k]), sj_runtime_destroy(s.rts[k]);
+            wp_tokenizer_free(s.tk);
+            return 1;
+        }
     }
+    s.rt = s.rts[0], s.model = s.models[0];
     s.hidden = bert_config_of(s.model)->hidden;
     pthread_mutex_init(&s.m.lock, NULL);
     pthread_mutex_init(&s.qlock, NULL);
     pthread_cond_init(&s.qcond, NULL);
     s.queue = calloc((size_t)s.o.queue_depth, sizeof *s.queue);
     s.batchers = calloc((size_t)s.o.batchers, sizeof *s.batchers);
-    for (int i = 0; i < s.o.batchers; i++) pthread_create(&s.batchers[i], NULL, batcher_main, &s);
+    batcher *bs = calloc((size_t)s.o.batchers, sizeof *bs);
+    for (int i = 0; i < s.o.batchers; i++) {
+        bs[i] = (batcher){&s, i};
+        pthread_create(&s.batchers[i], NULL, batcher_main, &bs[i]);
+    }
 
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.o.port)};
     if (inet_pton(AF_INET, s.o.host, &addr.sin_addr) != 1) {
@@ -688,8 +775,8 @@ int main(int argc, char **argv) {
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int port = info ? info->port : s.o.port;
-    fprintf(stderr, "embed_server: %s on %s, listening on http://%s:%d (%s)\n", s.o.name,
-            sj_runtime_backend(s.rt) == SJ_BACKEND_CUDA ? "CUDA" : "the CPU", s.o.host, port,
+    fprintf(stderr, "embed_server: %s on %s (%d runtime%s), listening on http://%s:%d (%s)\n", s.o.name,
+            sj_runtime_backend(s.rt) == SJ_BACKEND_CUDA ? "CUDA" : "the CPU", s.n_rt, s.n_rt > 1 ? "s" : "", s.o.host, port,
             s.o.warmup ? "warming up" : "ready");
     if (s.o.port_file) {
         char tmp[4096];
@@ -701,21 +788,11 @@ int main(int argc, char **argv) {
             rename(tmp, s.o.port_file);
         }
     }
-    if (s.o.warmup) { /* traced here, the rest in the background; /health says when it is done */
-        int bs[2 * 64];
-        int n = warmup_shapes(&s.o, bs, 64);
-        s.warm_start = now_s();
-        if (n < 1) {
-            fprintf(stderr, "embed_server: --warmup-shapes '%s': BATCHxSEQ,... (seq at most --max-tokens)\n",
-                    s.o.warmup_shapes ? s.o.warmup_shapes : "");
-            atomic_store(&s.warm_skipped, true);
-        } else if (bert_warmup_shapes(s.model, bs, n, SJ_WARMUP_BACKGROUND, 0, on_warm, &s)) {
-            sj_warmup_status ws;
-            sj_fn_warmup_status(bert_fn(s.model), &ws);
-            fprintf(stderr, "embed_server: warm-up: %s (%s)\n", bert_error(),
-                    ws.state == SJ_WARM_NONE ? "not started; serving" : "the other shapes go on");
-            if (ws.state == SJ_WARM_NONE) atomic_store(&s.warm_skipped, true);
-        }
+    s.warm_start = now_s();
+    if (s.o.warmup && pthread_create(&s.warm_thread, NULL, warm_main, &s)) {
+        fprintf(stderr, "embed_server: cannot start the warm-up thread; serving\n");
+        atomic_store(&s.warm_skipped, true);
+        s.o.warmup = 0;
     }
 
     int sig = 0;
@@ -732,13 +809,15 @@ int main(int argc, char **argv) {
     pthread_cond_broadcast(&s.qcond);
     pthread_mutex_unlock(&s.qlock);
     for (int i = 0; i < s.o.batchers; i++) pthread_join(s.batchers[i], NULL);
+    atomic_store(&s.warm_stop, true);
+    if (s.o.warmup) pthread_join(s.warm_thread, NULL); /* then bert_free stops a warm-up in progress */
     metrics m = s.m;
     fprintf(stderr, "embed_server: served %" PRIu64 " requests (%" PRIu64 " sentences, %" PRIu64 " batches); bye\n",
             m.requests[0], m.sentences, m.batch_count);
-    bert_free(s.model);
+    for (int d = 0; d < s.n_rt; d++) bert_free(s.models[d]), sj_runtime_destroy(s.rts[d]);
     wp_tokenizer_free(s.tk);
-    sj_runtime_destroy(s.rt);
     free(s.queue);
     free(s.batchers);
+    free(bs);
     return 0;
 }

@@ -1,0 +1,127 @@
+/* bench_sched: the compile queue's order (issue 30), value against
+ * first-in-first-out, on a stream of shape churn. w2 (residual add,
+ * layernorm, gelu) on [L, 256] f32, L from the w5 lengths (191 distinct,
+ * skewed), one static entry per length (recompile limit 256), one
+ * background compile worker, no kernel cache: calls run eagerly until their
+ * length's kernels arrive, and the worker can compile only a few of the
+ * lengths while the stream lasts. The order decides which.
+ * Reports, per order: the share of calls served fused over the whole stream
+ * and in its first quarter and half, the share of rows (work) served fused,
+ * compiles finished during the stream,
+ * and compiles wasted (finished, yet no call of the stream used them).
+ *
+ * Requests arrive one every --interval-us (default 2000), as at a server:
+ * the stream lasts requests * interval, whatever a call costs.
+ *
+ *   bench_sched [--lengths FILE] [--requests N] [--reps R] [--interval-us U]
+ * Prints one JSON object per (order, rep). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/bench_util.h"
+#include "jit/runtime.h"
+#include "jit/compile.h"
+
+#define COLS 256
+#define MAXL 1024
+
+int main(int argc, char **argv) {
+    const char *path = ".peer/workloads/w5_lengths.txt";
+    int requests = 3000, reps = 2, interval_us = 2000;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--lengths") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--requests") && i + 1 < argc) requests = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--interval-us") && i + 1 < argc) interval_us = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--lengths FILE] [--requests N] [--reps R] [--interval-us U]\n", argv[0]);
+            return 2;
+        }
+    }
+    FILE *f = fopen(path, "r");
+    if (!f && (f = fopen("../shared/workloads/w5_lengths.txt", "r")) == NULL) {
+        fprintf(stderr, "bench_sched: skipped: no lengths file (%s)\n", path);
+        return 0;
+    }
+    int *lens = malloc(sizeof(int) * 4096), n_lens = 0, v;
+    while (n_lens < 4096 && fscanf(f, "%d", &v) == 1)
+        if (v >= 1 && v <= MAXL) lens[n_lens++] = v;
+    fclose(f);
+    if (!n_lens) return 1;
+    uint64_t rng = 3;
+    float *x = malloc(sizeof(float) * MAXL * COLS), *r = malloc(sizeof(float) * MAXL * COLS);
+    float *y = malloc(sizeof(float) * MAXL * COLS), *h = malloc(sizeof(float) * MAXL * COLS);
+    float *g = malloc(sizeof(float) * COLS), *b = malloc(sizeof(float) * COLS);
+    bench_fill_rand(x, (size_t)MAXL * COLS, -2, 2, &rng);
+    bench_fill_rand(r, (size_t)MAXL * COLS, -2, 2, &rng);
+    bench_fill_rand(g, COLS, 0.5f, 1.5f, &rng);
+    bench_fill_rand(b, COLS, -0.5f, 0.5f, &rng);
+    unsigned char *fused = malloc((size_t)requests);
+    for (int rep = 0; rep < reps; rep++)
+        for (int fifo = 0; fifo < 2; fifo++) {
+            sj_runtime_config cfg;
+            sj_runtime_config_init(&cfg);
+            cfg.backend = SJ_BACKEND_CPU;
+            cfg.cache_dir = NULL;
+            cfg.compile_threads = 1;
+            cfg.log_mask = SJ_LOG_WARN;
+            sj_runtime *rt;
+            if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
+            sj_compiler_set_fifo(rt->compiler, fifo);
+            sj_fn_options o;
+            sj_fn_options_init(&o);
+            o.dynamic = SJ_DYNAMIC_STATIC;
+            o.recompile_limit = 256;
+            sj_fn *fn;
+            if (sj_fn_create(rt, "w2", 4, bench_w2_model, NULL, &o, &fn)) bench_die("sj_fn_create");
+            static int first_fused[MAXL + 1];
+            memset(first_fused, 0, sizeof first_fused);
+            double t0 = bench_now_s();
+            for (int q = 0; q < requests; q++) {
+                double due = t0 + q * interval_us * 1e-6, now = bench_now_s();
+                if (due > now) {
+                    double w = due - now;
+                    nanosleep(&(struct timespec){(time_t)w, (long)((w - (double)(time_t)w) * 1e9)}, NULL);
+                }
+                int L = lens[q % n_lens];
+                sj_tensor in[4] = {sj_tensor_make(x, SJ_F32, 2, (int64_t[]){L, COLS}),
+                                   sj_tensor_make(r, SJ_F32, 2, (int64_t[]){L, COLS}),
+                                   sj_tensor_make(g, SJ_F32, 1, (int64_t[]){COLS}),
+                                   sj_tensor_make(b, SJ_F32, 1, (int64_t[]){COLS})};
+                sj_tensor out[2] = {sj_tensor_make(y, SJ_F32, 2, (int64_t[]){L, COLS}),
+                                    sj_tensor_make(h, SJ_F32, 2, (int64_t[]){L, COLS})};
+                sj_stats a, c;
+                sj_fn_stats(fn, &a);
+                if (sj_call(fn, in, 4, out, 2)) bench_die("sj_call");
+                sj_fn_stats(fn, &c);
+                fused[q] = c.eager_calls == a.eager_calls;
+                if (fused[q]) first_fused[L] = 1;
+            }
+            double el = bench_now_s() - t0;
+            sj_stats s;
+            sj_fn_stats(fn, &s);
+            int used = 0;
+            for (int L = 1; L <= MAXL; L++) used += first_fused[L];
+            long n_q[3] = {requests / 4, requests / 2, requests}, f_q[3] = {0, 0, 0};
+            double rows = 0, rows_fused = 0;
+            for (int q = 0; q < requests; q++) {
+                for (int k = 0; k < 3; k++) f_q[k] += q < n_q[k] && fused[q];
+                rows += lens[q % n_lens];
+                rows_fused += fused[q] ? lens[q % n_lens] : 0;
+            }
+            printf("{\"bench\": \"sched\", \"order\": \"%s\", \"rep\": %d, \"requests\": %d, \"seconds\": %.2f, "
+                   "\"fused_share_first_quarter\": %.3f, \"fused_share_first_half\": %.3f, \"fused_share\": %.3f, "
+                   "\"fused_row_share\": %.3f, "
+                   "\"compiles\": %llu, \"compiles_wasted\": %llu, \"entries\": %llu}\n",
+                   fifo ? "fifo" : "value", rep, requests, el, (double)f_q[0] / n_q[0], (double)f_q[1] / n_q[1],
+                   (double)f_q[2] / n_q[2], rows_fused / rows, (unsigned long long)s.compiles,
+                   (unsigned long long)(s.compiles > (uint64_t)used ? s.compiles - (uint64_t)used : 0),
+                   (unsigned long long)s.entries);
+            fflush(stdout);
+            sj_runtime_destroy(rt);
+        }
+    free(lens), free(x), free(r), free(y), free(h), free(g), free(b), free(fused);
+    return 0;
+}

@@ -1,0 +1,343 @@
+/* Constant weights packed once (kernels/cpu/prepack.h): the products over
+ * packed panels against float64 references and against the sgemm path, on
+ * random inputs (never zero), for every kernel this CPU can run (AVX-512,
+ * AVX2+FMA, plain C), rows 1..300, odd K and N, plain and transposed b,
+ * f32/f16/bf16, bias or not, one thread or two; and through the public API:
+ * each constant packed once however many calls and entries use it, the
+ * results those calls give against a runtime that packs nothing, and the
+ * eager and fused runs of one entry alike. */
+/* cmocka.h needs these first, in this order */
+/* clang-format off */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/eager.h"
+#include "kernels/cpu/prepack.h"
+#include "kernels/cpu/threads.h"
+#include "tests/util.h"
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static sj_threads *pool2;
+
+/* -- Kernels ---------------------------------------------------------------- */
+
+/* b K x N: plain (row-major [K, N]) or transposed (a [N, K] tensor seen
+ * through its transpose, as a PyTorch Linear weight). */
+static sj_tensor weight(sj_dtype dt, int64_t K, int64_t N, int transposed) {
+    if (!transposed) return tu_random(dt, 2, S(K, N), TU_CONTIG);
+    sj_tensor w = tu_random(dt, 2, S(N, K), TU_CONTIG);
+    return tu_transpose(&w, 0, 1);
+}
+
+/* One product three ways: the packed path, the sgemm path, float64. a is
+ * [M, K] in layout la (contiguous, or padded: converted into scratch), y
+ * [M, N] in layout ly (contiguous, or column-major: through scratch). */
+static void run_case(sj_dtype dt, int64_t M, int64_t K, int64_t N, int transposed, int biased, int threads, int la,
+                     int ly) {
+    sj_tensor a = tu_random(dt, 2, S(M, K), la), b = weight(dt, K, N, transposed);
+    sj_tensor y = tu_tensor_layout(dt, 2, S(M, N), ly), y2 = tu_tensor_layout(dt, 2, S(M, N), ly);
+    sj_tensor bias = {0};
+    if (biased) bias = tu_random(dt, 1, S(N), N % 2 ? TU_GAP : TU_CONTIG);
+    double *rf = tu_refbuf(0, M * N), *mg = tu_refbuf(1, M * N);
+    tu_ref_matmul(&a, &b, rf, mg);
+    if (biased)
+        for (int64_t i = 0; i < M * N; i++) {
+            rf[i] += tu_get(&bias, i % N);
+            mg[i] += fabs(tu_get(&bias, i % N));
+        }
+    sj_cpu_packed *p = NULL;
+    assert_int_equal(sj_cpu_pack(&b, &p), SJ_OK);
+    assert_true(sj_cpu_packed_rows(p) == K && sj_cpu_packed_cols(p) == N);
+    uint64_t before = sj_cpu_packed_products();
+    sj_threads *pool = threads > 1 ? pool2 : NULL;
+    assert_int_equal(sj_cpu_matmul_packed(&a, &b, p, biased ? &bias : NULL, &y, pool), SJ_OK);
+    if (M > 0 && N > 0) assert_true(sj_cpu_packed_products() > before);
+    const char *what = tu_label("packed %s dtype %d M %lld K %lld N %lld transposed %d bias %d threads %d la %d ly %d",
+                                sj_cpu_isa_name(sj_cpu_packed_isa()), dt, (long long)M, (long long)K, (long long)N,
+                                transposed, biased, threads, la, ly);
+    assert_true(tu_check_mag(&y, rf, mg, tu_tol(dt), what));
+    assert_true(tu_check_gaps(&y, what));
+    /* the sgemm path on the same operands: both within the tolerance of it */
+    assert_int_equal(sj_cpu_matmul_bias(&a, &b, biased ? &bias : NULL, &y2, pool), SJ_OK);
+    double *r2 = tu_refbuf(0, M * N);
+    for (int64_t i = 0; i < M * N; i++) r2[i] = tu_get(&y2, i);
+    assert_true(tu_check_mag(&y, r2, mg, 2 * tu_tol(dt), what));
+    sj_cpu_packed_free(p);
+}
+
+static const int64_t Ms[] = {1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 17, 24, 25, 31, 47, 64, 100, 127, 173, 255, 300};
+static const int64_t Ks[] = {1, 3, 17, 64, 129, 384};
+static const int64_t Ns[] = {1, 5, 15, 16, 17, 33, 100};
+
+/* Every row count with K and N, layouts and options cycling, for each
+ * kernel this CPU has. */
+static void test_products(void **state) {
+    sj_cpu_isa best = sj_cpu_packed_isa_cap(-1);
+    for (int isa = SJ_CPU_ISA_C; isa <= (int)best; isa++) {
+        assert_int_equal(sj_cpu_packed_isa_cap(isa), isa);
+        print_message("kernel %s\n", sj_cpu_isa_name((sj_cpu_isa)isa));
+        int c = 0;
+        for (int mi = 0; mi < NELEM(Ms); mi++)
+            for (int v = 0; v < 4; v++, c++) {
+                int64_t K = Ks[(mi + v) % NELEM(Ks)], N = Ns[(mi * 3 + v) % NELEM(Ns)];
+                sj_dtype dt = tu_floats[c % 3];
+                run_case(dt, Ms[mi], K, N, v & 1, (c / 3) % 2, 1 + (v >> 1), c % 5 == 4 ? TU_GAP : TU_CONTIG,
+                         c % 7 == 6 ? TU_REV : TU_CONTIG);
+                tu_free_all();
+            }
+        /* every tile height each kernel has (AVX-512: up to 28 rows) */
+        for (int64_t M = 1; M <= 60; M++) {
+            run_case(SJ_F32, M, 37, 19, (int)M & 1, 1, 1, TU_CONTIG, TU_CONTIG);
+            tu_free_all();
+        }
+        /* the BERT shapes, a sentence of 11 tokens and a batch of 300 */
+        for (int t = 1; t <= 2; t++) {
+            run_case(SJ_F32, 11, 384, 1536, 0, 1, t, TU_CONTIG, TU_CONTIG);
+            run_case(SJ_F32, 300, 1536, 384, 1, 1, t, TU_CONTIG, TU_CONTIG);
+            tu_free_all();
+        }
+    }
+    sj_cpu_packed_isa_cap(-1);
+}
+
+/* Empty sums and empty results: K 0 gives the bias alone (or zeros). */
+static void test_edges(void **state) {
+    for (int biased = 0; biased < 2; biased++) {
+        run_case(SJ_F32, 5, 0, 17, 0, biased, 1, TU_CONTIG, TU_CONTIG);
+        run_case(SJ_F32, 0, 9, 17, 0, biased, 2, TU_CONTIG, TU_CONTIG);
+        run_case(SJ_F16, 3, 9, 0, 1, biased, 1, TU_CONTIG, TU_CONTIG);
+    }
+}
+
+/* A batch of products sharing b: a [3, M, K] (contiguous, collapsing into
+ * one product of 3M rows, or padded, one product per batch). */
+static void test_batches(void **state) {
+    for (int lay = 0; lay < 2; lay++) {
+        int64_t M = 7, K = 19, N = 21;
+        sj_tensor a = tu_random(SJ_F32, 3, S(3, M, K), lay ? TU_GAP : TU_CONTIG), b0 = weight(SJ_F32, K, N, lay);
+        sj_tensor b = tu_broadcast(&b0, 3, S(3, K, N)), y = tu_tensor(SJ_F32, 3, S(3, M, N));
+        double *rf = tu_refbuf(0, 3 * M * N), *mg = tu_refbuf(1, 3 * M * N);
+        tu_ref_matmul(&a, &b, rf, mg);
+        sj_cpu_packed *p = NULL;
+        assert_int_equal(sj_cpu_pack(&b0, &p), SJ_OK);
+        assert_int_equal(sj_cpu_matmul_packed(&a, &b, p, NULL, &y, pool2), SJ_OK);
+        assert_true(tu_check_mag(&y, rf, mg, tu_tol(SJ_F32), tu_label("batched, layout %d", lay)));
+        sj_cpu_packed_free(p);
+    }
+}
+
+/* What cannot be packed is refused with a message; the cache packs a
+ * tensor once, a different view of it again, and nothing past its bound. */
+static void test_cache(void **state) {
+    sj_tensor batch = tu_random(SJ_F32, 3, S(2, 4, 4), TU_CONTIG), ints = tu_random(SJ_I32, 2, S(4, 4), TU_CONTIG);
+    sj_cpu_packed *p = NULL;
+    assert_int_equal(sj_cpu_pack(&batch, &p), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "single matrix"));
+    assert_int_equal(sj_cpu_pack(&ints, &p), SJ_EINVAL);
+    assert_null(p);
+
+    sj_cpu_pack_cache *c = sj_cpu_pack_cache_create(UINT64_C(1) << 20);
+    sj_tensor w = tu_random(SJ_F32, 2, S(40, 24), TU_CONTIG), wt = tu_transpose(&w, 0, 1);
+    sj_tensor w3 = w; /* the same matrix with a leading axis of 1 */
+    w3.rank = 3, w3.shape[0] = 1, w3.shape[1] = 40, w3.shape[2] = 24, w3.stride[0] = 960, w3.stride[1] = 24,
+    w3.stride[2] = 1;
+    uint64_t packs = sj_cpu_pack_count(), n, bytes;
+    const sj_cpu_packed *p1 = sj_cpu_pack_cache_get(c, &w);
+    assert_non_null(p1);
+    for (int i = 0; i < 10; i++) assert_ptr_equal(sj_cpu_pack_cache_get(c, &w), p1);
+    assert_ptr_equal(sj_cpu_pack_cache_get(c, &w3), p1);
+    const sj_cpu_packed *p2 = sj_cpu_pack_cache_get(c, &wt);
+    assert_non_null(p2);
+    assert_ptr_not_equal(p1, p2);
+    assert_null(sj_cpu_pack_cache_get(c, &ints));
+    assert_true(sj_cpu_pack_count() == packs + 2);
+    sj_cpu_pack_cache_stats(c, &n, &bytes);
+    assert_true(n == 2 && bytes >= (40 * 32 + 24 * 48) * sizeof(float) &&
+                bytes == sj_cpu_packed_bytes(p1) + sj_cpu_packed_bytes(p2));
+    sj_cpu_pack_cache_destroy(c);
+
+    c = sj_cpu_pack_cache_create(1000); /* too small for a 40 x 24 weight */
+    assert_null(sj_cpu_pack_cache_get(c, &w));
+    sj_cpu_pack_cache_stats(c, &n, &bytes);
+    assert_true(n == 0 && bytes == 0);
+    sj_cpu_pack_cache_destroy(c);
+    sj_cpu_pack_cache_destroy(NULL);
+}
+
+/* -- Through the public API -------------------------------------------------- */
+
+typedef struct weights {
+    sj_tensor w, wt, b; /* w [K, N]; wt [N, K] (used transposed); b [N] */
+} weights;
+
+/* y1 = x @ w + b (a product with its bias), y2 = gelu(x @ wt^T) + b */
+static sj_status m_linear(sj_tracer *t, const sj_val *in, int n, void *user) {
+    weights *ws = user;
+    sj_val w = sj_param(t, &ws->w), wt = sj_param(t, &ws->wt), b = sj_param(t, &ws->b);
+    sj_val y1 = sj_add(t, sj_matmul(t, in[0], w), b);
+    sj_val y2 = sj_add(t, sj_gelu(t, sj_matmul(t, in[0], sj_permute(t, wt, (const int[]){1, 0}))), b);
+    sj_output(t, y1);
+    return sj_output(t, y2);
+}
+
+static sj_runtime *runtime(sj_compile_mode mode, uint64_t prepack) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.log_mask = 0;
+    cfg.compile_mode = mode;
+    cfg.cache_dir = "";
+    cfg.exec_threads = 2;
+    cfg.prepack_max_bytes = prepack;
+    sj_runtime *rt = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    return rt;
+}
+
+static sj_fn *linear_fn(sj_runtime *rt, weights *ws, sj_dynamic dyn) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = dyn;
+    o.hot_threshold = 1;
+    sj_fn *fn = NULL;
+    assert_int_equal(sj_fn_create(rt, "linear", 1, m_linear, ws, &o, &fn), SJ_OK);
+    return fn;
+}
+
+static weights make_weights(sj_dtype dt, int64_t K, int64_t N) {
+    weights ws = {.w = tu_random(dt, 2, S(K, N), TU_CONTIG), .wt = tu_random(dt, 2, S(N, K), TU_CONTIG),
+                  .b = tu_random(dt, 1, S(N), TU_CONTIG)};
+    return ws;
+}
+
+/* Outputs of fn on x (runtime-allocated; free with sj_tensor_free). */
+static void run_fn(sj_fn *fn, const sj_tensor *x, sj_tensor *out) {
+    memset(out, 0, 2 * sizeof *out);
+    if (sj_call(fn, x, 1, out, 2)) fail_msg("sj_call: %s", sj_last_error());
+}
+
+static void same_within(const sj_tensor *got, const sj_tensor *want, double tol, const char *what) {
+    int64_t n = tu_numel(want);
+    double *r = tu_refbuf(0, n);
+    for (int64_t i = 0; i < n; i++) r[i] = tu_get(want, i);
+    assert_true(tu_check(got, r, tol, what));
+}
+
+static int bits_equal(const sj_tensor *a, const sj_tensor *b) {
+    size_t bytes = (size_t)tu_numel(a) * (a->dtype == SJ_F32 ? 4 : 2);
+    return tu_numel(a) == tu_numel(b) && !memcmp(a->data, b->data, bytes);
+}
+
+/* Many calls, several shapes (and entries): each constant packed once, and
+ * every result as a runtime without packing gives it, in each dtype, eager
+ * and fused; the packed eager and fused runs of a product agree bit for bit. */
+static void test_fn(void **state) {
+    for (int d = 0; d < 3; d++) {
+        sj_dtype dt = tu_floats[d];
+        weights ws = make_weights(dt, 45, 37);
+        sj_runtime *rt = runtime(SJ_COMPILE_SYNC, UINT64_C(1) << 30), *eager = runtime(SJ_COMPILE_OFF, 1 << 30),
+                   *plain = runtime(SJ_COMPILE_OFF, 0);
+        sj_fn *fn = linear_fn(rt, &ws, SJ_DYNAMIC_STATIC), *fe = linear_fn(eager, &ws, SJ_DYNAMIC_STATIC),
+              *fp = linear_fn(plain, &ws, SJ_DYNAMIC_STATIC);
+        uint64_t packs = sj_cpu_pack_count();
+        const int64_t rows[] = {1, 7, 13, 1, 7, 13, 30, 30, 30};
+        for (int i = 0; i < NELEM(rows); i++)
+            for (int rep = 0; rep < 3; rep++) {
+                sj_tensor x = tu_random(dt, 2, S(rows[i], 45), TU_CONTIG), o[2], oe[2], op[2];
+                uint64_t products = sj_cpu_packed_products();
+                run_fn(fn, &x, o);
+                assert_true(sj_cpu_packed_products() >= products + 2); /* both products, packed */
+                run_fn(fe, &x, oe);
+                products = sj_cpu_packed_products();
+                run_fn(fp, &x, op);
+                for (int k = 0; k < 2; k++) {
+                    const char *what = tu_label("dtype %d rows %lld output %d", dt, (long long)rows[i], k);
+                    same_within(&o[k], &op[k], tu_tol(dt), what);
+                    same_within(&oe[k], &op[k], tu_tol(dt), what);
+                    sj_tensor_free(plain, &op[k]);
+                }
+                /* the product with its bias is one kernel, eager or fused */
+                assert_true(bits_equal(&o[0], &oe[0]));
+                for (int k = 0; k < 2; k++) {
+                    sj_tensor_free(rt, &o[k]);
+                    sj_tensor_free(eager, &oe[k]);
+                }
+            }
+        sj_stats s, se, sp;
+        sj_fn_stats(fn, &s);
+        sj_fn_stats(fe, &se);
+        sj_fn_stats(fp, &sp);
+        assert_true(s.entries >= 4 && s.fused_specialized_calls + s.fused_symbolic_calls > 0);
+        /* w and wt once each, in each function that packs, however many entries */
+        assert_true(s.packed_weights == 2 && se.packed_weights == 2 && sp.packed_weights == 0);
+        assert_true(sj_cpu_pack_count() == packs + 4);
+        assert_true(s.packed_bytes >= (45 * 48 + 37 * 48) * sizeof(float) && sp.packed_bytes == 0);
+        sj_fn_destroy(fn);
+        sj_fn_destroy(fe);
+        sj_fn_destroy(fp);
+        sj_runtime_destroy(rt);
+        sj_runtime_destroy(eager);
+        sj_runtime_destroy(plain);
+        tu_free_all();
+    }
+}
+
+/* A bound smaller than the weights: nothing packed, the results unchanged. */
+static void test_fn_bound(void **state) {
+    weights ws = make_weights(SJ_F32, 64, 64);
+    sj_runtime *rt = runtime(SJ_COMPILE_OFF, 64 * 64 * 4 + 2000), *plain = runtime(SJ_COMPILE_OFF, 0);
+    sj_fn *fn = linear_fn(rt, &ws, SJ_DYNAMIC_AUTO), *fp = linear_fn(plain, &ws, SJ_DYNAMIC_AUTO);
+    sj_tensor x = tu_random(SJ_F32, 2, S(9, 64), TU_CONTIG), o[2], op[2];
+    run_fn(fn, &x, o);
+    run_fn(fp, &x, op);
+    for (int k = 0; k < 2; k++) {
+        same_within(&o[k], &op[k], tu_tol(SJ_F32), "bound");
+        sj_tensor_free(rt, &o[k]);
+        sj_tensor_free(plain, &op[k]);
+    }
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_true(s.packed_weights == 1); /* one fits, the other does not */
+    sj_fn_destroy(fn);
+    sj_fn_destroy(fp);
+    sj_runtime_destroy(rt);
+    sj_runtime_destroy(plain);
+}
+
+/* Every test ends with the best kernel back in use (a failed one may leave
+ * a cap) and its tensors freed. */
+static int teardown_each(void **state) {
+    sj_cpu_packed_isa_cap(-1);
+    return tu_teardown(state);
+}
+
+static int setup(void **state) {
+    tu_seed(26);
+    pool2 = sj_threads_create(2);
+    return pool2 ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    sj_threads_destroy(pool2);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_products, teardown_each), cmocka_unit_test_teardown(test_edges, teardown_each),
+        cmocka_unit_test_teardown(test_batches, teardown_each),  cmocka_unit_test_teardown(test_cache, teardown_each),
+        cmocka_unit_test_teardown(test_fn, teardown_each),       cmocka_unit_test_teardown(test_fn_bound, teardown_each),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
