@@ -56,14 +56,16 @@
       "a newly compiled kernel's first calls that also run eagerly and are compared before it "   \
       "serves alone (`0`: no validation)")                                                        \
     X(validate_every, int, 0, 0, 1000000000, "SHAPEJIT_VALIDATE_EVERY",                           \
-      "after that, 1 call in this many (per entry and thread) is validated again (`0`: never)")                     \
+      "after that, 1 call in this many (per entry and thread) is validated again (`0`: never)")     \
     X(remote_cache_timeout_ms, int, 250, 1, 60000, "SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS",            \
       "bound on one remote kernel cache operation (connect and command together); past it the "   \
       "kernel is compiled or taken from the local cache")     \
     X(prepack_max_bytes, uint64_t, UINT64_C(1) << 30, 0, UINT64_MAX, "SHAPEJIT_PREPACK_MAX_BYTES", \
       "CPU: bytes of constant weights a function keeps packed for its matrix products (an f32 "     \
       "copy: as large as f32 weights, twice f16/bf16 ones); weights past it, and all with `0`, go " \
-      "through OpenBLAS unpacked")
+      "through OpenBLAS unpacked")                                                               \
+    X(warmup_max_shapes, int, 256, 1, 65536, "SHAPEJIT_WARMUP_MAX_SHAPES",                        \
+      "the most shapes one `sj_fn_warmup` prepares (explicit and bucket edges together)")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

@@ -1,9 +1,14 @@
 /* CPU benchmarks for the shared workloads (../shared/workloads/README.md).
  *
- *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded]
+ *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded,w5cold]
+ *             [--lengths file]
  *
  * loaded (not in the default set): time to fused with 2x as many calling
- * threads as CPUs, cold and warm cache.
+ * threads as CPUs, cold and warm cache. w5cold (not in the default set;
+ * run it alone): w5 (f32 here) from a cold process with the library's
+ * warm-up of the declared buckets first, as bench_cuda's
+ * (bench/bench_w5cold.h); --lengths (default: the sample's copy of
+ * w5_lengths.txt); --quick: its first 200 requests.
  *
  * w1-w3 run in three modes: eager, fused_static, fused_symbolic; dispatch
  * is w0's call from 1, 2, 4, ... threads at once on one function.
@@ -28,6 +33,7 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
+#include "bench/bench_w5cold.h"
 #include "jit/shapejit.h"
 #include "jit/compile.h"
 #include "jit/runtime.h"
@@ -618,16 +624,25 @@ static void bench_kernels(void) {
 }
 
 int main(int argc, char **argv) {
+    double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
     const char *wl = "ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start";
+    const char *lengths = "samples/varlen_encoder/lengths.txt"; /* a copy of w5_lengths.txt */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
+        else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else if (!strcmp(argv[i], "--child-warm") && i + 1 < argc) return child_warm(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,"
+                            "warm_start,loaded,w5cold] [--lengths file]\n", argv[0]);
             return 2;
         }
+    }
+    if (strstr(wl, "w5cold")) { /* first: the process is cold only once */
+        static int64_t lens[4096];
+        int n = w5c_read_lengths(lengths, lens, quick ? 200 : 4096);
+        bench_w5cold(SJ_BACKEND_CPU, SJ_F32, t0_main, exec_to_main, lens, n);
+        if (!strcmp(wl, "w5cold")) return 0;
     }
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);

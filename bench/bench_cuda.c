@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt,w5cold] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -19,7 +19,10 @@
  * (f16 [1, 12, S, 64]), not a shared workload; "hostparts" the host time
  * to queue each primitive of a small encoder call; "firstuse" what the first
  * product of a new size costs (bench_firstuse); "w5mt" w5 from 8 threads at
- * once (bench_w5mt). Without a GPU it prints one
+ * once (bench_w5mt); "w5cold" w5 from a cold process with the library's
+ * warm-up of the declared buckets first (bench/bench_w5cold.h; run it
+ * alone: `bench_cuda --workloads w5cold`; bench_cpu runs the same on the
+ * CPU). Without a GPU it prints one
  * line saying so and exits 0.
  */
 #include <math.h>
@@ -33,6 +36,7 @@
 #include "jit/runtime.h"
 #include "base/tensor.h"
 #include "bench/bench_util.h"
+#include "bench/bench_w5cold.h"
 #include "jit/shapejit.h"
 
 #ifdef SJ_WITH_CUDA
@@ -688,6 +692,7 @@ static int has_wl(const char *wl, const char *name) {
 }
 
 int main(int argc, char **argv) {
+    double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
     const char *wl = "ceiling,w0,w1,w2,w3";
     const char *lengths = "samples/varlen_encoder/lengths.txt"; /* a copy of w5_lengths.txt */
     for (int i = 1; i < argc; i++) {
@@ -695,9 +700,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt] [--lengths file]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt,w5cold] [--lengths file]\n", argv[0]);
             return 2;
         }
+    }
+    if (has_wl(wl, "w5cold")) { /* first: the process is cold only once */
+        static int64_t lens[4096];
+        int n = w5c_read_lengths(lengths, lens, quick ? 200 : 4096);
+        bench_w5cold(SJ_BACKEND_CUDA, SJ_F16, t0_main, exec_to_main, lens, n);
     }
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);

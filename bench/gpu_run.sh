@@ -5,14 +5,16 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|all|asan] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|all|asan|warmup] (results under $OUT)
 #             realmodel: the server's HTTP answers against the reference on CUDA, and
 #             the BERT encoder on the host's CPU against ONNX Runtime and PyTorch (needs
 #             .gpu-model: the model directory with reference.jsonl);
 #             multi: 2 GPUs (test_cuda_multi, bench_gpus, the server on --devices 0,1)
 #             bench: w0-w3; model: w4, w5 (the f16 encoder layer), attention alone and
 #             the host time of a small call's parts (hostparts);
-#             each with the peer
+#             each with the peer; warmup: w5 from a cold process with the
+#             library's warm-up first (bench_cuda --workloads w5cold), with the
+#             CUDA compute cache off, then filling it, then hitting it
 #
 # The tests print their results; the benchmarks write ours.jsonl and
 # torch.jsonl (the PyTorch peer, same run) and compare.txt (ratios).
@@ -92,6 +94,17 @@ if [ "$what" = sample ] || [ "$what" = all ]; then
     timeout 200 "$B/varlen_encoder" samples/varlen_encoder/lengths.txt --quiet --threads 8 > "$OUT/sample_t8.txt" 2>&1
     echo "sample --threads 8 rc=$?" | tee -a "$summary"
     tail -4 "$OUT/sample_t8.txt" | tee -a "$summary"
+fi
+
+if [ "$what" = warmup ]; then # issue 28; each run a process of its own
+    CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_cuda" --workloads w5cold > "$OUT/w5cold.jsonl" 2> /tmp/w5cold.err
+    echo "bench_cuda w5cold (CUDA_CACHE_DISABLE=1) rc=$?" | tee -a "$summary"
+    for pass in fills warm; do # the CUDA compute cache: filled by the first, hit by the second
+        timeout 300 "$B/bench_cuda" --workloads w5cold >> "$OUT/w5cold.jsonl" 2>> /tmp/w5cold.err
+        echo "bench_cuda w5cold (compute cache $pass) rc=$?" | tee -a "$summary"
+    done
+    tee -a "$summary" < "$OUT/w5cold.jsonl"
+    tail -3 /tmp/w5cold.err >> "$summary"
 fi
 
 if [ "$what" = cpu ] || [ "$what" = all ]; then

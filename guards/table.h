@@ -50,6 +50,7 @@ typedef struct sj_entry {
     sj_graph *g;
     sj_guard_set *guards;
     int n_syms;
+    uint64_t pinned_syms;  /* symbols (the first 64) its trace tied alone to a constant */
     bool symbolic;         /* some size is a symbol */
     bool bucketed;         /* some size is a bucket */
     bool fallback;         /* made past the recompile limit */

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "jit/call.h"
 #include "jit/compile.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -179,6 +180,8 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
         }
     }
     if (!st) sj_plan_describe(plan, in, g->ex, res.facts, res.n_facts, e->what, sizeof e->what);
+    for (int s = 0; !st && s < sj_sym_count(g->ex) && s < 64; s++)
+        if (sj_plan_sym_pinned(g->ex, res.facts, res.n_facts, s)) e->pinned_syms |= UINT64_C(1) << s;
     free(res.facts);
     if (st) {
         if (e) sj_entry_free(e); /* frees g too */
@@ -314,54 +317,43 @@ sj_status sj_call_stream(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_te
     return call(fn, inputs, n_inputs, outputs, n_outputs, stream, false);
 }
 
-static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs, int n_outputs,
-                      void *stream, bool sync) {
-    sj_clearerr();
-    if (!fn) return sj_seterr(SJ_EINVAL, "sj_call: fn is NULL");
-    sj_status st = check_args(fn, inputs, n_inputs, outputs, n_outputs);
-    if (st) goto fail;
+/* A memo miss: the newest entry whose guards pass, else a retrace; then
+ * the sizes check (once per signature) and the memo. *m is the memo item
+ * (NULL when not memoised: a transient entry, or a full memo); sym_vals
+ * receives the symbol values. */
+static sj_status resolve_miss(sj_fn *fn, const sj_tensor *inputs, const int64_t *sig, int words, unsigned h,
+                              int64_t *sym_vals, sj_memo **m, sj_entry **out, bool *transient) {
+    *m = NULL;
+    *transient = false;
+    sj_entry *e = sj_table_match(&fn->table, inputs, sym_vals, NULL, 0, NULL);
+    sj_status st;
+    if (!e && (st = retrace(fn, inputs, sym_vals, &e, transient))) return st;
+    if ((st = sj_exec_check_sizes(e->g, sym_vals, &fn->pool, fn->name))) {
+        if (*transient) sj_entry_free(e);
+        return st;
+    }
+    if (!*transient) *m = sj_table_memoize(&fn->table, sig, words, h, e, sym_vals);
+    *out = e;
+    return SJ_OK;
+}
 
-    int64_t sig[SJ_SIG_WORDS_MAX];
-    int64_t local_syms[SJ_MAX_SYMS];
-    int words = sj_sig_pack(inputs, n_inputs, sig);
-    unsigned h = sj_sig_hash(sig, words);
-    const int64_t *syms;
-    bool transient = false;
-    sj_entry *e;
-    unsigned shard = sj_shard_index();
+/* Run entry e for one call with the best code ready: this shape's
+ * specialization, else the entry's, never a unit validation rejected
+ * (checks_left < 0); else eagerly. A unit still being validated (its first
+ * validate_calls runs, then 1 call in validate_every) runs eagerly for the
+ * caller and fused beside it (jit/validate.h). Returns the call's status
+ * and, in *tier, the shard counter of the tier that served it (a
+ * validation: eager). warm (sj_call_warm_run): never launched as a CUDA
+ * graph (a warm-up run is not a call: it counts no graph call), validated
+ * like a unit's first calls but never for validate_every, and with capture
+ * its buffers are captured into a graph at once. */
+enum { RUN_CALL, RUN_WARM, RUN_WARM_CAPTURE };
+
+static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms, bool transient,
+                         const sj_tensor *inputs, sj_tensor *outputs, void *stream, bool sync, int run,
+                         unsigned shard, _Atomic uint64_t **tier_out) {
     sj_fn_shard *hot = &fn->hot[shard];
-    sj_memo *m = sj_table_find(&fn->table, sig, words, h);
-    if (m) {
-        e = m->entry;
-        syms = m->syms;
-        atomic_fetch_add_explicit(&hot->memo_hits, 1, RELAXED);
-        note_shape(fn, m, shard);
-    } else {
-        atomic_fetch_add_explicit(&hot->guard_evals, 1, RELAXED);
-        e = sj_table_match(&fn->table, inputs, local_syms, NULL, 0, NULL);
-        if (!e) {
-            st = retrace(fn, inputs, local_syms, &e, &transient);
-            if (st) goto fail;
-        }
-        /* once per signature (a memo hit has passed it) */
-        if ((st = sj_exec_check_sizes(e->g, local_syms, &fn->pool, fn->name))) {
-            if (transient) sj_entry_free(e);
-            goto fail;
-        }
-        if (!transient && (m = sj_table_memoize(&fn->table, sig, words, h, e, local_syms))) note_shape(fn, m, shard);
-        syms = local_syms;
-    }
-
-    if (e->g->n_outputs != n_outputs) {
-        st = sj_seterr(SJ_EINVAL, "fn '%s': called with %d outputs, the model produces %d", fn->name, n_outputs,
-                       e->g->n_outputs);
-        if (transient) sj_entry_free(e);
-        goto fail;
-    }
-    if (!transient) note_call(fn, e, shard); /* may compile here in sync mode */
-
-    /* The best code ready: this shape's specialization, else the entry's;
-     * never a unit validation rejected (checks_left < 0). */
+    sj_status st;
     sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
     int checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
     sj_memo *cm = m; /* whose target cd is: the shape's, or (NULL) the entry's */
@@ -374,10 +366,8 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         cm = NULL;
         if (e->n_syms) tier = &hot->fused_sym_calls;
     }
-    /* the validated swap (jit/validate.h): a unit's first calls, then 1 in
-     * validate_every */
     int every = fn->rt->cfg.validate_every;
-    bool validate = cd && (checks > 0 || (every > 0 && !transient &&
+    bool validate = cd && (checks > 0 || (run == RUN_CALL && every > 0 && !transient &&
                                           atomic_load_explicit(&e->calls.s[shard].v, RELAXED) % (uint64_t)every == 0));
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
                  .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
@@ -408,12 +398,16 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         }
     } else if (cd && sj_exec_fused_ok(&x)) {
 #ifdef SJ_WITH_CUDA
-        sj_graph_use gu = fn->rt->cuda ? sj_cuda_graph_call(fn, m, &x, &cc, cd, &st) : SJ_GRAPH_NO;
-        if (gu != SJ_GRAPH_SERVED) {
+        sj_graph_use gu = !fn->rt->cuda ? SJ_GRAPH_NO
+                          : run == RUN_CALL ? sj_cuda_graph_call(fn, m, &x, &cc, cd, &st)
+                          : SJ_GRAPH_COUNT;
+        if (gu != SJ_GRAPH_SERVED) { /* (a graph served call counted its graph call; its tier is cd's) */
             st = sj_exec_fused(&x, e->plan, cd->fns);
-            if (!st && gu == SJ_GRAPH_COUNT) sj_cuda_graph_note(fn, m, &x, &cc, e->plan, cd);
+            if (!st && gu == SJ_GRAPH_COUNT && run == RUN_CALL) sj_cuda_graph_note(fn, m, &x, &cc, e->plan, cd);
+            if (!st && m && run == RUN_WARM_CAPTURE) sj_cuda_graph_request(fn, m, &x, &cc, e->plan, cd);
         }
 #else
+        (void)run;
         st = sj_exec_fused(&x, e->plan, cd->fns);
 #endif
     } else {
@@ -434,6 +428,49 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     }
     if (fn->rt->cuda && sync) sj_cuda_lane_put(fn->rt, lane); /* the call waited for its stream */
 #endif
+    *tier_out = tier;
+    return st;
+}
+
+static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tensor *outputs, int n_outputs,
+                      void *stream, bool sync) {
+    sj_clearerr();
+    if (!fn) return sj_seterr(SJ_EINVAL, "sj_call: fn is NULL");
+    sj_status st = check_args(fn, inputs, n_inputs, outputs, n_outputs);
+    if (st) goto fail;
+
+    int64_t sig[SJ_SIG_WORDS_MAX];
+    int64_t local_syms[SJ_MAX_SYMS];
+    int words = sj_sig_pack(inputs, n_inputs, sig);
+    unsigned h = sj_sig_hash(sig, words);
+    const int64_t *syms;
+    bool transient = false;
+    sj_entry *e;
+    unsigned shard = sj_shard_index();
+    sj_fn_shard *hot = &fn->hot[shard];
+    sj_memo *m = sj_table_find(&fn->table, sig, words, h);
+    if (m) {
+        e = m->entry;
+        syms = m->syms;
+        atomic_fetch_add_explicit(&hot->memo_hits, 1, RELAXED);
+        note_shape(fn, m, shard);
+    } else {
+        atomic_fetch_add_explicit(&hot->guard_evals, 1, RELAXED);
+        if ((st = resolve_miss(fn, inputs, sig, words, h, local_syms, &m, &e, &transient))) goto fail;
+        if (m) note_shape(fn, m, shard);
+        syms = local_syms;
+    }
+
+    if (e->g->n_outputs != n_outputs) {
+        st = sj_seterr(SJ_EINVAL, "fn '%s': called with %d outputs, the model produces %d", fn->name, n_outputs,
+                       e->g->n_outputs);
+        if (transient) sj_entry_free(e);
+        goto fail;
+    }
+    if (!transient) note_call(fn, e, shard); /* may compile here in sync mode */
+
+    _Atomic uint64_t *tier;
+    st = execute(fn, m, e, syms, transient, inputs, outputs, stream, sync, RUN_CALL, shard, &tier);
     if (transient) sj_entry_free(e);
     if (st) goto fail;
     atomic_fetch_add_explicit(tier, 1, RELAXED); /* and so to calls */
@@ -441,5 +478,35 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
 
 fail:
     if (fn) atomic_fetch_add_explicit(&fn->c.errors, 1, RELAXED);
+    return st;
+}
+
+/* -- Warm-up (jit/warmup.c) ------------------------------------------------------ */
+
+sj_status sj_call_prepare(sj_fn *fn, const sj_tensor *inputs, int64_t *sym_vals, sj_memo **m, sj_entry **e,
+                          bool *transient) {
+    int64_t sig[SJ_SIG_WORDS_MAX];
+    int words = sj_sig_pack(inputs, fn->n_inputs, sig);
+    unsigned h = sj_sig_hash(sig, words);
+    *transient = false;
+    if ((*m = sj_table_find(&fn->table, sig, words, h))) {
+        *e = (*m)->entry;
+        memcpy(sym_vals, (*m)->syms, sizeof(int64_t) * (size_t)(*e)->n_syms);
+        return SJ_OK;
+    }
+    return resolve_miss(fn, inputs, sig, words, h, sym_vals, m, e, transient);
+}
+
+sj_status sj_call_warm_run(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms, const sj_tensor *inputs,
+                           sj_tensor *outputs, int n_outputs, bool capture, const char **tier) {
+    if (e->g->n_outputs != n_outputs)
+        return sj_seterr(SJ_EINVAL, "fn '%s': %d outputs given, the model produces %d", fn->name, n_outputs,
+                         e->g->n_outputs);
+    unsigned shard = sj_shard_index();
+    sj_fn_shard *hot = &fn->hot[shard]; /* only to name the tier: nothing is counted there */
+    _Atomic uint64_t *t;
+    sj_status st = execute(fn, m, e, syms, false, inputs, outputs, NULL, true, capture ? RUN_WARM_CAPTURE : RUN_WARM,
+                           shard, &t);
+    *tier = t == &hot->eager_calls ? "eager" : t == &hot->fused_sym_calls ? "fused symbolic" : "fused specialized";
     return st;
 }

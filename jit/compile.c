@@ -29,6 +29,8 @@
 /* Jobs per worker the queue holds before new entries need more calls to
  * become hot (HotSpot's Tier3DelayOn). */
 #define SJ_BACKLOG_FREE 8
+/* sj_compiler_wait_target looks at its stop flag this often. */
+#define WAIT_SLICE_NS (INT64_C(20) * 1000000)
 
 typedef struct job {
     struct sj_fn *fn;
@@ -37,6 +39,7 @@ typedef struct job {
     uint64_t seq;       /* queueing order (FIFO, and ties) */
     int64_t queued_ns;  /* monotonic: the idle-class deadline */
     int64_t queued_vns; /* the runtime's clock: the cold drop */
+    bool warm;          /* asked for by a warm-up: never dropped as cold */
 } job;
 
 struct sj_compiler {
@@ -356,7 +359,7 @@ static void run_one(sj_compiler *c) {
     job j = pop(c);
     sj_ctarget *t = target_of(j.entry, j.memo);
     uint64_t calls = sj_counter_sum(&j.entry->calls);
-    if (sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
+    if (!j.warm && sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
         target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
         atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
         j.fn->compiles_pending--;
@@ -459,13 +462,16 @@ void sj_compiler_set_idle_ms(sj_compiler *c, int ms) {
 
 /* -- Requests ---------------------------------------------------------------------------- */
 
-void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) {
+static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, bool warm) {
     if (!c || c->mode == SJ_CM_OFF || !e->plan) return;
     sj_ctarget *t = target_of(e, m);
-    if (c->mode == SJ_CM_ASYNC && !sj_compiler_wants(c, t)) return;
+    if (c->mode == SJ_CM_ASYNC && !warm && !sj_compiler_wants(c, t)) return;
     pthread_mutex_lock(&c->lock);
     if (c->mode == SJ_CM_ASYNC) {
-        if (may_queue(c, t) && !c->stop && !fn->cancelled) {
+        if (warm && atomic_load_explicit(&t->state, RELAXED) == SJ_CS_QUEUED) { /* queued by a call: keep it */
+            for (int i = 0; i < c->n_jobs; i++)
+                if (target_of(c->jobs[i].entry, c->jobs[i].memo) == t) c->jobs[i].warm = true;
+        } else if (may_queue(c, t) && !c->stop && !fn->cancelled) {
             if (c->n_jobs == c->cap_jobs) {
                 int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
                 job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
@@ -477,7 +483,7 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
                 c->cap_jobs = cap;
             }
             t->queued_calls = sj_counter_sum(&e->calls);
-            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt)};
+            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             target_transition(t, SJ_CS_QUEUED);
             fn->compiles_pending++;
@@ -502,6 +508,34 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo 
     pthread_mutex_unlock(&c->lock);
 }
 
+void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) { request(c, fn, e, m, false); }
+
+void sj_compiler_request_warm(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) { request(c, fn, e, m, true); }
+
+sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadline_ns, atomic_bool *stop) {
+    pthread_mutex_lock(&c->lock);
+    sj_cstate s;
+    while ((s = (sj_cstate)atomic_load_explicit(&t->state, memory_order_acquire)) == SJ_CS_QUEUED ||
+           s == SJ_CS_COMPILING) {
+        int64_t now = sj_now_ns();
+        if ((stop && atomic_load(stop)) || (deadline_ns && now >= deadline_ns)) break;
+        if (c->n_workers == 0 && c->n_jobs > 0 && c->mode == SJ_CM_ASYNC) {
+            run_one(c); /* no workers: this thread is one (as in sj_compiler_wait_fn) */
+            continue;
+        }
+        int64_t slice = now + WAIT_SLICE_NS;
+        if (deadline_ns && deadline_ns < slice) slice = deadline_ns;
+        struct timespec ts; /* the condition variable's clock is CLOCK_REALTIME */
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t at = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (slice - now);
+        ts.tv_sec = (time_t)(at / 1000000000);
+        ts.tv_nsec = (long)(at % 1000000000);
+        pthread_cond_timedwait(&c->done, &c->lock, &ts);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
 void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
     if (!c) return;
     pthread_mutex_lock(&c->lock);
@@ -517,6 +551,7 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
         c->jobs[i] = c->jobs[--c->n_jobs];
         atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
     }
+    pthread_cond_broadcast(&c->done); /* target waiters see their dropped jobs */
     while (fn->compiles_pending > 0) pthread_cond_wait(&c->done, &c->lock);
     pthread_mutex_unlock(&c->lock);
 }

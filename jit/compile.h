@@ -101,6 +101,16 @@ void sj_ctarget_init(sj_ctarget *t);
  * Thread-safe. */
 void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m);
 
+/* sj_compiler_request for a warm-up (jit/warmup.c): the same, except that
+ * a queued job is never dropped as cold (a warm-up makes no calls). */
+void sj_compiler_request_warm(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m);
+
+/* Wait while target t is QUEUED or COMPILING, until deadline_ns (sj_now_ns
+ * clock; 0: no limit) or until *stop (may be NULL) is set, which is looked
+ * at every 20 ms. A compiler without worker threads runs queued jobs on
+ * the calling thread meanwhile. Returns the state it saw last. */
+sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadline_ns, atomic_bool *stop);
+
 /* Whether a hot call should request t: never asked for, or failed and its
  * penalty has passed (reads the runtime's clock only in the second case). */
 bool sj_compiler_wants(const sj_compiler *c, const sj_ctarget *t);

@@ -62,6 +62,12 @@ sj_graph_use sj_cuda_graph_call(struct sj_fn *fn, struct sj_memo *m, const sj_ex
  * graph thread. */
 void sj_cuda_graph_note(struct sj_fn *fn, struct sj_memo *m, const sj_exec *x, const sj_cuda_call *cc,
                         const struct sj_fplan *plan, const struct sj_compiled *cd);
+/* Queue the capture of this successful call's buffers at once, whatever
+ * the count (a warm-up's run with the caller's buffers); within the same
+ * limits. False when no capture can be asked for (graphs off, a failed
+ * capture of this signature before, an output allocated by the call). */
+bool sj_cuda_graph_request(struct sj_fn *fn, struct sj_memo *m, const sj_exec *x, const sj_cuda_call *cc,
+                           const struct sj_fplan *plan, const struct sj_compiled *cd);
 /* The table's graph_free (ctx: the runtime). */
 void sj_cuda_graph_free(void *ctx, void *graph);
 

@@ -16,7 +16,9 @@
  * between calls; a call with other buffers does not match and runs kernel by
  * kernel.
  *
- * When. A fused call with every output given that succeeded kernel by
+ * When. A warm-up (jit/warmup.c) asks for the capture of a shape it
+ * prepares with the caller's buffers at once (sj_cuda_graph_request).
+ * Otherwise, a fused call with every output given that succeeded kernel by
  * kernel asks for a capture when it is the SJ_GRAPH_AFTER-th such call of
  * its signature with these buffers on this stream (servers reuse their staging buffers and streams; each signature
  * counts its SJ_MEMO_GRAPHS most seen buffer sets); at most SJ_MEMO_GRAPHS
@@ -241,13 +243,16 @@ sj_graph_use sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda
     return SJ_GRAPH_SERVED;
 }
 
-void sj_cuda_graph_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
-                        const sj_compiled *cd) {
+/* Queue a capture of this call's buffers unless one is published, queued
+ * or running for them, or there is no room; force: whatever the count of
+ * calls seen (a warm-up's request). */
+static void note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
+                 const sj_compiled *cd, bool force) {
     sj_runtime *rt = fn->rt;
     CUstream s = graph_stream_of(cc);
     int k;
     if (find(m, x, cd, s, &k) || k == SJ_MEMO_GRAPHS) return; /* published meanwhile, or no room */
-    if (!seen_enough(m, buffers_hash(x, cd, s))) return;
+    if (!force && !seen_enough(m, buffers_hash(x, cd, s))) return;
     if (atomic_load_explicit(&rt->cuda_graphs, RELAXED) >= rt->cfg.cuda_graphs) return;
     if (atomic_exchange(&m->graph_busy, true)) return; /* a capture of this signature is queued or running */
     /* a graph published since the find above may hold these very buffers */
@@ -261,6 +266,20 @@ void sj_cuda_graph_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_c
         go = false;
     }
     if (!go) atomic_store(&m->graph_busy, false);
+}
+
+void sj_cuda_graph_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
+                        const sj_compiled *cd) {
+    note(fn, m, x, cc, plan, cd, false);
+}
+
+bool sj_cuda_graph_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
+                           const sj_compiled *cd) {
+    if (fn->rt->cfg.cuda_graphs <= 0 || atomic_load_explicit(&m->graph_off, RELAXED)) return false;
+    for (int i = 0; i < x->g->n_outputs; i++)
+        if (!x->outputs[i].data) return false; /* the warm-up's own outputs: never seen again */
+    note(fn, m, x, cc, plan, cd, true);
+    return true;
 }
 
 /* -- The grapher: captures off the request path ---------------------------------- */

@@ -7,9 +7,11 @@
 #include <string.h>
 
 #include "jit/compile.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/tunables.h"
 #include "jit/exec_cuda.h"
+#include "jit/warmup.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/prepack.h"
 
@@ -107,6 +109,15 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     }
     bool locks = false, table = false, pool = false, policy = false;
     if (ok) ok = locks = !pthread_mutex_init(&fn->trace_lock, NULL);
+    if (ok && pthread_mutex_init(&fn->warm_lock, NULL)) {
+        pthread_mutex_destroy(&fn->trace_lock);
+        ok = locks = false;
+    }
+    if (ok && pthread_cond_init(&fn->warm_cond, NULL)) {
+        pthread_mutex_destroy(&fn->warm_lock);
+        pthread_mutex_destroy(&fn->trace_lock);
+        ok = locks = false;
+    }
     if (ok) ok = table = !sj_table_init(&fn->table);
     if (ok) ok = pool = !sj_pool_init(&fn->pool, rt);
     if (ok) ok = policy = !sj_policy_init(&fn->policy, n_inputs);
@@ -129,13 +140,18 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         if (policy) sj_policy_free(&fn->policy);
         if (pool) sj_pool_destroy(&fn->pool);
         if (table) sj_table_destroy(&fn->table);
-        if (locks) pthread_mutex_destroy(&fn->trace_lock);
+        if (locks) {
+            pthread_cond_destroy(&fn->warm_cond);
+            pthread_mutex_destroy(&fn->warm_lock);
+            pthread_mutex_destroy(&fn->trace_lock);
+        }
         free_names(fn->input_names, n_inputs);
         free(fn->name);
         free(fn);
         return st;
     }
     atomic_init(&fn->specializations, 0);
+    atomic_init(&fn->warm_state, SJ_WARM_NONE);
 #ifdef SJ_WITH_CUDA
     if (rt->cuda) {
         fn->table.graph_free = sj_cuda_graph_free;
@@ -163,7 +179,9 @@ void sj_runtime_unlink_fn(sj_runtime *rt, sj_fn *fn) {
 
 void sj_fn_destroy(sj_fn *fn) {
     if (!fn) return;
+    sj_warmup_stop(fn);                          /* a warm-up starts nothing new */
     sj_compiler_cancel_fn(fn->rt->compiler, fn); /* no compile touches fn after this */
+    sj_warmup_join(fn);                          /* nor the warm-up thread */
 #ifdef SJ_WITH_CUDA
     sj_cuda_graph_cancel_fn(fn->rt, fn); /* nor a capture */
 #endif
@@ -173,6 +191,9 @@ void sj_fn_destroy(sj_fn *fn) {
     sj_policy_free(&fn->policy);
     sj_pool_destroy(&fn->pool);
     sj_cpu_pack_cache_destroy(fn->packs); /* after the entries that read it */
+    sj_warmup_free(fn);
+    pthread_cond_destroy(&fn->warm_cond);
+    pthread_mutex_destroy(&fn->warm_lock);
     pthread_mutex_destroy(&fn->trace_lock);
     free_names(fn->input_names, fn->n_inputs);
     free(fn->name);
@@ -284,12 +305,21 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
     out->graph_failures = atomic_load_explicit(&c->graph_failures, RELAXED);
     sj_cpu_pack_cache_stats(fn->packs, &out->packed_weights, &out->packed_bytes);
+    out->warmup_runs = atomic_load_explicit(&c->warmup_runs, RELAXED);
+    out->warmup_shapes = atomic_load_explicit(&c->warmup_shapes, RELAXED);
+    out->warmup_failures = atomic_load_explicit(&c->warmup_failures, RELAXED);
 }
 
 sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
     sj_clearerr();
     if (!fn) return sj_seterr(SJ_EINVAL, "sj_fn_wait_idle: fn is NULL");
-    sj_status st = sj_compiler_wait_fn(fn->rt->compiler, fn, timeout_ms);
+    int64_t t0 = sj_now_ns();
+    sj_status st = sj_warmup_wait(fn, timeout_ms);
+    if (!st && timeout_ms >= 0) { /* what is left of the time */
+        int64_t left = timeout_ms - (sj_now_ns() - t0) / 1000000;
+        timeout_ms = left > 0 ? (int)left : 0;
+    }
+    if (!st) st = sj_compiler_wait_fn(fn->rt->compiler, fn, timeout_ms);
 #ifdef SJ_WITH_CUDA
     if (!st) sj_cuda_graph_wait_fn(fn->rt, fn); /* captures take about a millisecond each */
 #endif
@@ -413,6 +443,7 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             (unsigned long long)s.compile_remote_hits, (unsigned long long)s.compile_failures,
             (unsigned long long)s.compiles_blacklisted, (unsigned long long)s.compiles_dropped, s.compile_ms,
             fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
+    sj_warmup_explain(fn, out);
     if (fn->rt->cfg.validate_calls > 0 || s.validations)
         fprintf(out, "  validation: %llu calls checked against eager, %llu units rejected (first %d calls of a unit, then 1 in %d)\n",
                 (unsigned long long)s.validations, (unsigned long long)s.validation_failures,

@@ -1,7 +1,9 @@
 /* A jitted function: its options, policy, and table of guarded entries.
  *
  * Lock order: fn->trace_lock, then the table's memo lock, then
- * rt->lock. No lock is held while a graph executes; trace_lock is held
+ * rt->lock. fn->warm_lock (jit/warmup.c) is a leaf: nothing is called and
+ * no other lock taken while it is held. No lock is held while a graph
+ * executes; trace_lock is held
  * while the model function runs (one trace at a time per function), so
  * other threads keep serving existing entries meanwhile.
  */
@@ -27,6 +29,7 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t compiles, compile_cache_hits, compile_remote_hits, compile_failures, compiles_blacklisted,
         compiles_dropped, compile_us, validations, validation_failures;
     _Atomic uint64_t graphs, graph_failures;
+    _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;
 } sj_fn_counters;
 
 /* What every successful call counts, one 64-byte line per thread shard
@@ -65,6 +68,13 @@ struct sj_fn {
     atomic_int cancel_compiles; /* set with cancelled: a running compiler is killed */
     bool compile_fail_logged;
     bool reject_logged; /* compiler lock */
+
+    /* Warm-up (jit/warmup.c): the latest, under warm_lock; its state also
+     * in warm_state (sj_warm_state), read without the lock. */
+    pthread_mutex_t warm_lock;
+    pthread_cond_t warm_cond; /* with warm_lock: a warm-up is over */
+    struct sj_warmup *warm;
+    _Atomic int warm_state;
 
     sj_pool pool;
     /* CPU backend: the packed copies of constant weights its entries'

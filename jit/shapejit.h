@@ -45,6 +45,8 @@
  *   shards summed when read, so calls from many threads scale with the
  *   cores (bench_cpu's dispatch workload).
  * - sj_fn_create() may be called concurrently on one runtime.
+ * - sj_fn_warmup() may run while calls are served; sj_fn_ready() and
+ *   sj_fn_warmup_status() may be called from any thread at any time.
  * - sj_fn_destroy() and sj_runtime_destroy() must not race with any other use
  *   of the handle they destroy (the caller quiesces its own threads first).
  * - Model functions may be called from whichever thread needs a trace; for
@@ -240,6 +242,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_REMOTE_CACHE_URL=url       -> remote_cache_url
  *   SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS=n  -> remote_cache_timeout_ms
  *   SHAPEJIT_PREPACK_MAX_BYTES=n        -> prepack_max_bytes
+ *   SHAPEJIT_WARMUP_MAX_SHAPES=n        -> warmup_max_shapes
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -424,6 +427,10 @@ typedef struct sj_runtime_config {
      * weights past it run unpacked, and 0 packs nothing (every product
      * through OpenBLAS). Default 1 GiB. $SHAPEJIT_PREPACK_MAX_BYTES. */
     uint64_t prepack_max_bytes;
+    /* The most shapes one sj_fn_warmup prepares (explicit and walked
+     * together); more is SJ_EINVAL. 1 .. 65536; default 256.
+     * $SHAPEJIT_WARMUP_MAX_SHAPES. */
+    int warmup_max_shapes;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -991,6 +998,13 @@ typedef struct sj_stats {
     /* CPU backend (sj_runtime_config.prepack_max_bytes): */
     uint64_t packed_weights;   /* constant weights packed for matrix products, each once */
     uint64_t packed_bytes;     /* the memory the packed copies hold */
+    /* Warm-up (sj_fn_warmup). Its runs are not calls: they are in none of
+     * the call counts above (calls, the tiers, memo hits, guard
+     * evaluations, graph calls), while what they made is counted where it
+     * belongs (traces, entries, compiles, graphs). */
+    uint64_t warmup_runs;      /* executions of warm-up shapes on runtime-made or caller inputs */
+    uint64_t warmup_shapes;    /* shapes prepared */
+    uint64_t warmup_failures;  /* shapes that could not be prepared */
 } sj_stats;
 /* Counts are exact for the calls that have returned; a call in flight on
  * another thread may or may not be in them yet. */
@@ -1002,10 +1016,192 @@ SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
  * Thread-safe. */
 SJ_API void sj_fn_explain(const sj_fn *fn, FILE *out);
 
-/* Wait until fn has no compiles queued or running (the limit applies to
- * them), then for its CUDA graph captures. timeout_ms < 0: no limit.
+/* Wait until a background warm-up of fn (sj_fn_warmup) is over, then until
+ * fn has no compiles queued or running (the limit applies to both), then
+ * for its CUDA graph captures. timeout_ms < 0: no limit.
  * Errors: SJ_EINVAL (fn NULL), SJ_ETIMEOUT. Thread-safe. */
 SJ_API sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms);
+
+/* -- Warm-up and readiness ----------------------------------------------------
+ *
+ * Prepare a function for the shapes it will serve before the first request
+ * comes: each shape's entry traced, its fused kernels compiled and loaded,
+ * and the shape run once, which on the CUDA backend also loads modules,
+ * chooses cuBLASLt algorithms and fills the caching allocator's pool; with
+ * the caller's buffers, a CUDA graph is captured for them. A warmed shape's
+ * first call is then served as a later one would be (fused; with a graph
+ * when its buffers were given), with no compile and no trace on it.
+ *
+ *   const int64_t S[] = {32, 64, 128};
+ *   sj_tensor shapes[3];
+ *   for (int k = 0; k < 3; k++)     // data NULL: the runtime makes inputs
+ *       shapes[k] = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){S[k], 384});
+ *   sj_warmup_spec spec = {.n_shapes = 3, .shapes = shapes};
+ *   sj_fn_warmup(fn, &spec, 0);     // blocks until done
+ *
+ * or, for a server: sj_fn_warmup(fn, &spec, SJ_WARMUP_BACKGROUND), then
+ * answer /health with sj_fn_ready(fn).
+ *
+ * Work. sj_fn_warmup checks the spec, then traces every shape on the
+ * calling thread (model functions run only on callers' threads), then
+ * hands the rest to a warm-up thread of the function's own: compiles
+ * (compile_mode ASYNC: queued on the background workers at once, so
+ * compile_threads > 1 compile several in parallel, never dropped as cold;
+ * SYNC: one after another on the warm-up thread; OFF: none, the shapes run
+ * eagerly), then each shape's run on inputs made by the runtime (floats
+ * uniform in [-1, 1), integers and bools 0; outputs discarded) or the
+ * caller's buffers, then graph captures, waited for. With the validated
+ * swap on (validate_calls), the runs also make the new kernels' first
+ * checks against eager execution, so that a first call finds them
+ * validated (a kernel that differs is rejected, and its shapes reported).
+ * Blocking (flags without SJ_WARMUP_BACKGROUND), the call returns when all
+ * of it is done or at spec->timeout_ms, whichever is first; the work then
+ * goes on in the background. Calls of the function may run
+ * meanwhile, from any thread; they are served as usual.
+ *
+ * Shapes. Explicit ones (shapes, n_shapes: each a set of n_inputs input
+ * descriptors: dtype, rank, shape; data NULL for inputs the runtime makes,
+ * contiguous), and/or a walk of the buckets (walk: one set of n_inputs
+ * descriptors, the template): the template is warmed, then every
+ * combination of the bucket edges on the function's bucketed axes
+ * (sj_set_buckets*, sj_set_profile, SHAPEJIT_BUCKETS): the upper end hi of
+ * each bucket (lo, hi] (pow2 and lists: each bound; multiples: m, 2m, ...
+ * up to walk_max, which they need; a profile: its opt and max), skipping
+ * sizes below 2 (size 1 is always its own entry: list it explicitly) and
+ * above walk_max (when > 0); the open bucket past the last bound has no
+ * edge. Every size of the template equal to a walked axis's size follows
+ * it (as sizes equal to a bucketed one follow its bucket), unless the
+ * template's trace pins it to a constant (a feature axis tied to a
+ * weight); give independent walked axes different template sizes. The
+ * shapes warmed, explicit and walked, are at most cfg.warmup_max_shapes
+ * (SHAPEJIT_WARMUP_MAX_SHAPES, default 256); more is SJ_EINVAL before
+ * anything is done. Sizes are those of calls: a function's recompile limit
+ * applies to its warm-up too (a shape past it fails with SJ_ELIMIT unless
+ * a fallback entry serves it).
+ *
+ * Status. sj_fn_warmup_status and sj_fn_ready say how far the latest
+ * warm-up is, sj_fn_warmup_shape how each shape fared. A shape that fails
+ * (the model rejects it, a constraint, a compile that failed: its entry
+ * runs eagerly, a run that failed) is reported and the others are still
+ * prepared. sj_fn_stats counts warm-up runs apart from calls.
+ *
+ * Threads and lifetime. sj_fn_warmup may be called from any thread, one
+ * warm-up at a time per function (a second while one runs: SJ_EINVAL).
+ * The spec and its descriptors are copied; buffers the caller gives must
+ * stay valid until the warm-up is over (sj_fn_ready, the callback, or
+ * sj_fn_wait_idle) and are written (outputs) during it. sj_fn_destroy
+ * during a warm-up stops it: queued compiles are dropped, a running C
+ * compiler is killed (an NVRTC compile is abandoned), a run in progress
+ * ends, and destroy returns within about the time of one run; the
+ * callback then reports CANCELLED. */
+
+/* sj_fn_warmup's flags. */
+enum {
+    SJ_WARMUP_BACKGROUND = 1u << 0, /* return once the shapes are traced; the rest on the warm-up thread */
+    SJ_WARMUP_NO_RUN = 1u << 1,     /* trace and compile only: no run, no graph capture */
+    SJ_WARMUP_NO_GRAPHS = 1u << 2,  /* no CUDA graph capture, even with the caller's buffers */
+};
+
+/* A warm-up's state, or one of its shapes'. X(name, text) */
+#define SJ_WARM_STATE_LIST(X)                                                   \
+    X(SJ_WARM_NONE, "none")           /* the function was never warmed */      \
+    X(SJ_WARM_RUNNING, "running")     /* under way (a shape: not done yet) */  \
+    X(SJ_WARM_DONE, "done")           /* every shape done or failed; a shape: prepared */ \
+    X(SJ_WARM_FAILED, "failed")       /* a shape that could not be prepared */ \
+    X(SJ_WARM_CANCELLED, "cancelled") /* stopped by sj_fn_destroy */
+
+typedef enum sj_warm_state {
+#define SJ_X(name, text) name,
+    SJ_WARM_STATE_LIST(SJ_X)
+#undef SJ_X
+    SJ_WARM_STATE_COUNT
+} sj_warm_state;
+
+/* "running", ...; "?" for an invalid state. */
+SJ_API const char *sj_warm_state_name(sj_warm_state s);
+
+/* How far a function's latest warm-up is. */
+typedef struct sj_warmup_status {
+    sj_warm_state state;     /* NONE, RUNNING, DONE or CANCELLED */
+    int total;               /* shapes of the warm-up */
+    int prepared;            /* shapes done: traced, compiled where compile_mode allows, run */
+    int failed;              /* shapes that could not be prepared */
+    int first_failed;        /* the first failed shape's index; -1 if none */
+    sj_status first_status;  /* its status (SJ_OK if none) */
+    char first_message[256]; /* its message */
+    double elapsed_ms;       /* since sj_fn_warmup began; until the end once it is over */
+} sj_warmup_status;
+
+/* Called once when a warm-up is over (state DONE or CANCELLED), on the
+ * function's warm-up thread, with no lock held; st is valid only during the
+ * call. It may read: sj_fn_stats, sj_fn_ready, sj_fn_warmup_status,
+ * sj_fn_warmup_shape, sj_fn_explain, sj_last_error; anything else of the
+ * library (sj_call, sj_fn_warmup, sj_fn_wait_idle, destroy) it must not
+ * call. CANCELLED: fn is being destroyed; do not use it at all. */
+typedef void (*sj_warmup_done_fn)(void *user, sj_fn *fn, const sj_warmup_status *st);
+
+/* What to warm. Zero-initialise, then fill what is needed. */
+typedef struct sj_warmup_spec {
+    int n_shapes;             /* explicit shapes, >= 0 */
+    /* n_shapes * n_inputs descriptors, shape k's input i at
+     * [k * n_inputs + i]. data NULL: the runtime makes the input (random
+     * floats, zero integers; contiguous; strides ignored), else the
+     * caller's memory, used as is (device memory on the CUDA backend). */
+    const sj_tensor *shapes;
+    /* NULL, or n_shapes * n_outputs descriptors as sj_call takes them: the
+     * caller's buffers for each shape's outputs (data NULL: made by the
+     * runtime and discarded). On the CUDA backend (cuda_graphs > 0), a
+     * shape whose inputs and outputs are all the caller's is captured into
+     * a CUDA graph for those buffers: the first sj_call with them is one
+     * graph launch. */
+    const sj_tensor *outputs;
+    int n_outputs;            /* with outputs: the model's output count */
+    const sj_tensor *walk;    /* NULL, or the template: n_inputs descriptors (data ignored) */
+    int64_t walk_max;         /* walk: skip edges above it; 0: none (multiple buckets need one) */
+    int timeout_ms;           /* blocking: at most this long (then SJ_ETIMEOUT); 0: no limit */
+    sj_warmup_done_fn on_done; /* NULL: none */
+    void *on_done_user;
+} sj_warmup_spec;
+
+/* Warm fn up for spec's shapes (see above). flags: SJ_WARMUP_*.
+ * Returns SJ_OK when every shape was prepared (blocking) or traced
+ * (SJ_WARMUP_BACKGROUND); else the first failed shape's status, its
+ * message naming the shape ("fn 'f': warm-up shape 2 of 6 ([4, 700], [4]):
+ * ..."),
+ * with the other shapes still prepared; SJ_ETIMEOUT (blocking, past
+ * timeout_ms: the warm-up goes on in the background).
+ * Errors before anything is done: SJ_EINVAL (fn or spec NULL, unknown
+ * flags, negative counts, NULL arrays for counts, a descriptor with a bad
+ * rank, dtype, shape or device, n_outputs out of range, a walk with no
+ * bucketed axis, an unbounded walk, more shapes than warmup_max_shapes, a
+ * warm-up already running), SJ_ENOMEM. Thread-safe. */
+SJ_API sj_status sj_fn_warmup(sj_fn *fn, const sj_warmup_spec *spec, unsigned flags);
+
+/* The latest warm-up's progress (state NONE, zeros, if there was none).
+ * Thread-safe. */
+SJ_API void sj_fn_warmup_status(const sj_fn *fn, sj_warmup_status *out);
+
+/* 1 when the latest warm-up is over (DONE, whether or not some shapes
+ * failed: see sj_fn_warmup_status), 0 while it runs or when fn was never
+ * warmed (a server is not ready before its warm-up began). Thread-safe,
+ * lock-free: a /health handler may call it on every request. */
+SJ_API int sj_fn_ready(const sj_fn *fn);
+
+/* One shape of the latest warm-up. */
+typedef struct sj_warmup_shape_info {
+    sj_warm_state state;  /* RUNNING (not yet), DONE, FAILED or CANCELLED */
+    sj_status status;     /* FAILED: why (SJ_OK otherwise) */
+    char message[256];
+    int entry;            /* the entry that serves it; -1 if none */
+    int walked;           /* made by the walk (else explicit; the template counts as walked) */
+    char shape[192];      /* its input sizes: "[4, 32], [4], [32], [4, 32, 1]" */
+    char tier[32];        /* how its run was served: "fused symbolic", "eager", ...; "" if not run */
+    int graph;            /* a CUDA graph was captured for it */
+} sj_warmup_shape_info;
+
+/* Fill *out for shape i (0 .. total - 1: explicit shapes first, then the
+ * walk's). Errors: SJ_EINVAL (fn or out NULL, i out of range). Thread-safe. */
+SJ_API sj_status sj_fn_warmup_shape(const sj_fn *fn, int i, sj_warmup_shape_info *out);
 
 /* One cached entry, for programs and tests that inspect the cache. */
 typedef struct sj_entry_info {

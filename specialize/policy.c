@@ -224,9 +224,7 @@ void sj_policy_observe(sj_policy *p, const sj_tensor *in) {
         }
 }
 
-/* True when a fact ties the plain symbol to a constant: its guard admits
- * one value, so the size is in effect static. */
-static bool pinned(const sj_exprs *ex, const sj_fact *facts, int n_facts, int sym) {
+bool sj_plan_sym_pinned(const sj_exprs *ex, const sj_fact *facts, int n_facts, int sym) {
     for (int f = 0; f < n_facts; f++) {
         int64_t c;
         int s;
@@ -242,7 +240,7 @@ void sj_plan_describe(const sj_plan *plan, const sj_tensor *in, const sj_exprs *
     for (int i = 0; i < plan->n_inputs; i++)
         for (int a = 0; a < in[i].rank && used < n; a++) {
             const sj_dim_plan *d = &plan->dims[i][a];
-            if (!d->symbolic || (d->sym >= 0 && pinned(ex, facts, n_facts, d->sym))) continue;
+            if (!d->symbolic || (d->sym >= 0 && sj_plan_sym_pinned(ex, facts, n_facts, d->sym))) continue;
             char nm[48];
             const char *name = plan->names && plan->names[i] ? plan->names[i] : NULL;
             if (name) snprintf(nm, sizeof nm, "%s", name);

@@ -84,6 +84,11 @@ void sj_policy_observe(sj_policy *p, const sj_tensor *in);
  * for bucketed dimensions). A dimension whose symbol the trace's facts tie
  * to a constant (a follower the model pins) is left out: its guard admits
  * one size. */
+/* True when a fact of the trace ties symbol sym alone to a constant: its
+ * guard admits one value, so the size is in effect static (a feature axis
+ * that merely equalled a bucketed length). */
+bool sj_plan_sym_pinned(const sj_exprs *ex, const sj_fact *facts, int n_facts, int sym);
+
 void sj_plan_describe(const sj_plan *plan, const sj_tensor *in, const sj_exprs *ex, const sj_fact *facts,
                       int n_facts, char *buf, size_t n);
 

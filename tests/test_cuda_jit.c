@@ -1,7 +1,8 @@
 /* The JIT on the CUDA backend, through the public API: every op eagerly on
  * the device against the CPU runtime, fused patterns (static and symbolic)
  * against the CPU and float64, the background compile and hot swap, NVRTC
- * failures, buckets, limits, the stream API, bad input, CUDA graphs. Without a CUDA
+ * failures, buckets, limits, the stream API, bad input, CUDA graphs,
+ * warm-up (first call fused; a graph from the warm-up). Without a CUDA
  * device it prints "skipped: no CUDA device" and passes. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -1272,6 +1273,87 @@ static void test_buckets_on_device(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* Warm-up on the device (sj_fn_warmup, issue 28): after a blocking walk of
+ * the buckets, the first call of every warmed size (and of sizes inside
+ * its bucket) is fused, with no compile and no trace during the calls and
+ * results equal to float64; warm-up runs are not calls. A shape warmed with
+ * the caller's buffers is captured into a CUDA graph at once (not after
+ * SJ_GRAPH_AFTER calls), and the first sj_call with those buffers is one
+ * graph launch; SJ_WARMUP_NO_GRAPHS captures none. Destroying a function
+ * during a background warm-up returns. */
+static void test_warmup_on_device(void **state) {
+    (void)state;
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_ASYNC);
+    tu_seed(28);
+    tu_encoder w;
+    sj_fn *fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_AUTO, "warm");
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 16, 64), SJ_OK);
+    sj_tensor tpl = sj_tensor_make(NULL, SJ_F32, 3, (int64_t[]){1, 16, w.h});
+    sj_warmup_spec spec = {.walk = &tpl};
+    if (sj_fn_warmup(fn, &spec, 0)) fail_msg("warm-up: %s", sj_last_error());
+    assert_int_equal(sj_fn_ready(fn), 1);
+    sj_warmup_status ws;
+    sj_fn_warmup_status(fn, &ws);
+    assert_int_equal(ws.total, 3); /* S edges 16, 32, 64 */
+    assert_int_equal(ws.prepared, 3);
+    sj_stats s0 = stats_of(fn);
+    assert_int_equal(s0.calls, 0);
+    assert_int_equal(s0.warmup_runs, 3);
+    assert_int_equal(s0.compiles, 3);
+    const int64_t sizes[] = {16, 32, 64, 20, 50};
+    for (int i = 0; i < 5; i++) {
+        sj_tensor hx = tu_tensor(SJ_F32, 3, (int64_t[]){1, sizes[i], w.h});
+        dbuf dx = to_dev(rt, &hx), dy = to_dev(rt, &hx);
+        const char *what = tu_label("warmed S=%lld", (long long)sizes[i]);
+        assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
+        free_dev(rt, &dx);
+        free_dev(rt, &dy);
+    }
+    sj_stats s1 = stats_of(fn);
+    assert_int_equal(s1.calls, 5);
+    assert_int_equal(s1.eager_calls, 0);
+    assert_int_equal(s1.fused_symbolic_calls + s1.fused_specialized_calls, 5);
+    assert_int_equal(s1.compiles, s0.compiles);
+    assert_int_equal(s1.traces, s0.traces);
+    assert_int_equal(s1.graph_calls, 0);
+
+    /* the caller's buffers: a graph for them before the first call */
+    sj_tensor hx = tu_tensor(SJ_F32, 3, (int64_t[]){1, 24, w.h});
+    tu_fill_random(&hx);
+    dbuf dx = to_dev(rt, &hx), dy = to_dev(rt, &hx), dy2 = to_dev(rt, &hx);
+    sj_warmup_spec mine = {.n_shapes = 1, .shapes = &dx.t, .outputs = &dy.t, .n_outputs = 1};
+    if (sj_fn_warmup(fn, &mine, 0)) fail_msg("warm-up with buffers: %s", sj_last_error());
+    sj_warmup_shape_info si;
+    assert_int_equal(sj_fn_warmup_shape(fn, 0, &si), SJ_OK);
+    assert_int_equal(si.graph, 1);
+    sj_stats s2 = stats_of(fn);
+    assert_int_equal(s2.graphs, 1);
+    assert_int_equal(s2.graph_calls, 0);
+    assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, "warmed graph"), SJ_OK);
+    s2 = stats_of(fn);
+    assert_int_equal(s2.graph_calls, 1);
+    assert_int_equal(s2.eager_calls, 0);
+    /* SJ_WARMUP_NO_GRAPHS: other buffers, none captured */
+    mine.outputs = &dy2.t;
+    assert_int_equal(sj_fn_warmup(fn, &mine, SJ_WARMUP_NO_GRAPHS), SJ_OK);
+    assert_int_equal(stats_of(fn).graphs, 1);
+    assert_int_equal(graph_call(rt, fn, &w, &dx, &dy2.t, "no graph"), SJ_OK);
+    assert_int_equal(stats_of(fn).graph_calls, 1);
+    free_dev(rt, &dx);
+    free_dev(rt, &dy);
+    free_dev(rt, &dy2);
+    sj_fn_destroy(fn);
+
+    /* destroy during a background warm-up (an NVRTC compile in flight is
+     * abandoned) */
+    fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_AUTO, "warm2");
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 16, 256), SJ_OK);
+    assert_int_equal(sj_fn_warmup(fn, &spec, SJ_WARMUP_BACKGROUND), SJ_OK);
+    sj_fn_destroy(fn);
+    sj_runtime_destroy(rt);
+    tu_free_all();
+}
+
 /* Recompile limits on the device: STATIC entries up to the limit, then the
  * fallback entry serves every other size (results still right); with
  * limit_is_error, SJ_ELIMIT and the function stays usable. */
@@ -1406,6 +1488,7 @@ int main(void) {
         cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
         cmocka_unit_test(test_nvrtc_timeout),     cmocka_unit_test(test_validated_swap_on_device),
+        cmocka_unit_test(test_warmup_on_device),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

@@ -3,7 +3,9 @@
  * error <= 1e-4) for single strings and lists, from several threads at
  * once; 400 (malformed JSON, wrong types), 404, 405, 413 (too many inputs,
  * too long a body), 429 (queue full) with JSON errors, none of which
- * disturbs concurrent good requests; /health and /metrics; SIGTERM with
+ * disturbs concurrent good requests; /health and /metrics; /health 503
+ * during the library's warm-up and 200 after, with declared shapes then
+ * served fused; SIGTERM with
  * requests in flight answers them and exits 0. Without the model (make
  * model) or the server binary: "skipped". */
 #include <stdarg.h>
@@ -24,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -90,7 +93,9 @@ static int post_json(json_t *o, char **out) {
 
 /* -- The server process ------------------------------------------------------ */
 
-static int start_server(const char *extra1, const char *extra2) {
+static const char *server_cc; /* SHAPEJIT_CC for the next server started (NULL: the default) */
+
+static int start_server4(const char *extra1, const char *extra2, const char *extra3, const char *extra4) {
     const char *model = getenv("SJ_MODEL_DIR") ? getenv("SJ_MODEL_DIR") : "models/all-MiniLM-L6-v2";
     const char *bin = getenv("SJ_EMBED_SERVER") ? getenv("SJ_EMBED_SERVER") : "build/samples/embed_server";
     char pf[PATH_MAX];
@@ -103,11 +108,12 @@ static int start_server(const char *extra1, const char *extra2) {
         const char *backend = getenv("SJ_EMBED_BACKEND"), *devices = getenv("SJ_EMBED_DEVICES");
         setenv("SHAPEJIT_CACHE_DIR", "", 1);
         setenv("SHAPEJIT_BACKEND", backend && *backend ? backend : "cpu", 1);
+        if (server_cc) setenv("SHAPEJIT_CC", server_cc, 1);
         const char *argv[20] = {bin, "--model", model, "--port", "0", "--port-file", pf, "--threads", "2", "--warmup", "0"};
         int n = 11;
         if (devices && *devices) argv[n++] = "--devices", argv[n++] = devices;
-        if (extra1) argv[n++] = extra1;
-        if (extra2) argv[n++] = extra2;
+        const char *extra[4] = {extra1, extra2, extra3, extra4};
+        for (int k = 0; k < 4 && extra[k]; k++) argv[n++] = extra[k];
         argv[n] = NULL;
         execv(bin, (char *const *)argv);
         _exit(127);
@@ -125,6 +131,8 @@ static int start_server(const char *extra1, const char *extra2) {
     }
     return -1;
 }
+
+static int start_server(const char *extra1, const char *extra2) { return start_server4(extra1, extra2, NULL, NULL); }
 
 static int stop_server(void) {
     if (server <= 0) return -1;
@@ -376,6 +384,79 @@ static void test_health_and_metrics(void **state) {
     free(body);
 }
 
+/* A counter of /metrics ("name value" on a line of its own); -1 if absent. */
+static long metric(const char *body, const char *name) {
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(body, key);
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* --warmup 1 (the library's sj_fn_warmup in the background), with a
+ * compiler slowed down on purpose: /health is 503 and embed_ready 0 while
+ * the declared shapes compile, requests are served meanwhile (eagerly,
+ * right), then /health is 200, and a request of a declared shape is
+ * served fused: no eager call. */
+static void test_health_during_warmup(void **state) {
+    (void)state;
+    NEED_MODEL();
+    const char *backend = getenv("SJ_EMBED_BACKEND");
+    if (backend && *backend && strcmp(backend, "cpu")) { /* the slowed compiler is the CPU's */
+        print_message("skipped: the warm-up test runs the server on the CPU\n");
+        return;
+    }
+    assert_int_equal(stop_server(), 0);
+    char cc[PATH_MAX];
+    snprintf(cc, sizeof cc, "%s/slow-cc.sh", dir);
+    FILE *f = fopen(cc, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\ncase \"$1\" in --version) exec cc --version;; esac\nsleep 2\nexec cc \"$@\"\n");
+    fclose(f);
+    assert_int_equal(chmod(cc, 0755), 0);
+    server_cc = cc;
+    int st = start_server4("--warmup", "1", "--warmup-shapes", "1x16,2x16");
+    server_cc = NULL;
+    assert_int_equal(st, 0);
+    char *body;
+    assert_int_equal(http("GET", "/health", NULL, 0, &body), 503);
+    assert_non_null(strstr(body, "warming up"));
+    free(body);
+    assert_int_equal(http("GET", "/metrics", NULL, 0, &body), 200);
+    assert_int_equal(metric(body, "embed_ready"), 0);
+    free(body);
+    /* the two shortest reference sentences: one batch of at most 16 tokens */
+    int idx[2] = {0, 1};
+    for (int i = 0; i < n_refs; i++)
+        if (strlen(texts_buf[i]) < strlen(texts_buf[idx[0]])) idx[1] = idx[0], idx[0] = i;
+        else if (i != idx[0] && strlen(texts_buf[i]) < strlen(texts_buf[idx[1]])) idx[1] = i;
+    json_t *o = json_pack("{s:[s,s]}", "input", texts_buf[idx[0]], texts_buf[idx[1]]);
+    assert_int_equal(post_json(o, &body), 200); /* served while warming */
+    check_answer(body, idx, 2);
+    free(body);
+    int code = 0;
+    for (int i = 0; i < 1800 && code != 200; i++) { /* up to 3 minutes */
+        code = http("GET", "/health", NULL, 0, &body);
+        free(body);
+        if (code != 200) usleep(100000);
+    }
+    assert_int_equal(code, 200);
+    assert_int_equal(http("GET", "/metrics", NULL, 0, &body), 200);
+    assert_int_equal(metric(body, "embed_ready"), 1);
+    long eager = metric(body, "shapejit_calls_total{tier=\"eager\"}"), compiles = metric(body, "shapejit_compiles_total");
+    free(body);
+    assert_true(compiles >= 2);
+    assert_int_equal(post_json(o, &body), 200);
+    check_answer(body, idx, 2);
+    free(body);
+    json_decref(o);
+    assert_int_equal(http("GET", "/metrics", NULL, 0, &body), 200);
+    assert_int_equal(metric(body, "shapejit_calls_total{tier=\"eager\"}"), eager); /* fused */
+    assert_int_equal(metric(body, "shapejit_compiles_total"), compiles);
+    free(body);
+    assert_int_equal(stop_server(), 0);
+    assert_int_equal(start_server(NULL, NULL), 0);
+}
+
 /* SIGTERM while requests are in flight: they are answered, exit 0. */
 typedef struct inflight {
     int status;
@@ -427,6 +508,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_lists_and_bad_requests),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_health_and_metrics),
+        cmocka_unit_test(test_health_during_warmup),
         cmocka_unit_test(test_queue_full_and_graceful_shutdown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -345,22 +345,41 @@ sj_status bert_embed(bert_model *m, const int32_t *ids, const int32_t *lengths, 
     return st;
 }
 
-sj_status bert_warmup(bert_model *m, const int *batches, int nb, const int *seqs, int ns, int timeout_ms) {
-    if (!m || (nb && !batches) || (ns && !seqs)) return SJ_EINVAL;
-    int H = m->cfg.hidden;
-    for (int i = 0; i < nb; i++)
-        for (int j = 0; j < ns; j++) {
-            int B = batches[i], S = seqs[j];
-            if (B < 1 || S < 1 || S > m->cfg.max_positions) return SJ_EINVAL;
-            int32_t *ids = calloc((size_t)B * S, sizeof *ids), *len = malloc((size_t)B * sizeof *len);
-            float *out = malloc((size_t)B * H * sizeof *out);
-            sj_status st = ids && len && out ? SJ_OK : SJ_ENOMEM;
-            for (int b = 0; !st && b < B; b++) len[b] = S - (b % S); /* lengths vary within the batch */
-            for (size_t k = 0; !st && k < (size_t)B * S; k++) ids[k] = 1000 + (int32_t)(k % 1000);
-            /* twice: the first call traces, the second makes the entry hot */
-            for (int rep = 0; !st && rep < 2; rep++) st = bert_embed(m, ids, len, B, S, out);
-            free(ids), free(len), free(out);
-            if (st) return st;
+sj_status bert_warmup_shapes(bert_model *m, const int *bs, int n, unsigned flags, int timeout_ms,
+                             sj_warmup_done_fn done, void *user) {
+    last_error[0] = 0;
+    if (!m || n < 1 || !bs) return set_error(SJ_EINVAL, "bert_warmup_shapes: no model or no shapes");
+    /* the encoder's two inputs per shape; data NULL: the runtime makes
+     * them (ids and lengths 0: every key masked, the results NaN and
+     * discarded; the kernels run all the same) */
+    sj_tensor *t = calloc((size_t)n * 2, sizeof *t);
+    if (!t) return set_error(SJ_ENOMEM, "bert_warmup_shapes: out of memory");
+    for (int k = 0; k < n; k++) {
+        int64_t B = bs[2 * k], S = bs[2 * k + 1];
+        if (B < 1 || S < 1 || S > m->cfg.max_positions) {
+            free(t);
+            return set_error(SJ_EINVAL, "bert_warmup_shapes: batch %lld x seq %lld (seq at most %d)", (long long)B,
+                             (long long)S, m->cfg.max_positions);
         }
-    return sj_fn_wait_idle(m->fn, timeout_ms);
+        t[2 * k + 0] = sj_tensor_make(NULL, SJ_I32, 2, (int64_t[]){B, S});
+        t[2 * k + 1] = sj_tensor_make(NULL, SJ_I32, 1, (int64_t[]){B});
+    }
+    sj_warmup_spec spec = {.n_shapes = n, .shapes = t, .timeout_ms = timeout_ms > 0 ? timeout_ms : 0,
+                           .on_done = done, .on_done_user = user};
+    sj_status st = sj_fn_warmup(m->fn, &spec, flags); /* copies the descriptors */
+    free(t);
+    if (st) set_error(st, "bert_warmup: %s", sj_last_error());
+    return st;
+}
+
+sj_status bert_warmup(bert_model *m, const int *batches, int nb, const int *seqs, int ns, int timeout_ms) {
+    last_error[0] = 0;
+    if (!m || nb < 1 || ns < 1 || !batches || !seqs) return set_error(SJ_EINVAL, "bert_warmup: no batches or seqs");
+    int *bs = malloc(sizeof *bs * 2 * (size_t)nb * (size_t)ns);
+    if (!bs) return set_error(SJ_ENOMEM, "bert_warmup: out of memory");
+    for (int i = 0; i < nb; i++)
+        for (int j = 0; j < ns; j++) bs[2 * (i * ns + j)] = batches[i], bs[2 * (i * ns + j) + 1] = seqs[j];
+    sj_status st = bert_warmup_shapes(m, bs, nb * ns, 0, timeout_ms, NULL, NULL);
+    free(bs);
+    return st;
 }

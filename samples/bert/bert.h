@@ -60,11 +60,22 @@ sj_fn *bert_fn(const bert_model *m);
 sj_status bert_embed(bert_model *m, const int32_t *ids, const int32_t *lengths, int batch, int seq,
                      float *out);
 
-/* Prepare the function for serving before the first request: run every
- * (batch, seq) pair of batches[0..nb) x seqs[0..ns) once and wait, at most
- * timeout_ms (< 0: no limit), until the compiles they queued are done, so
- * that the shapes the server declared are served fused from its first
- * request. SJ_ETIMEOUT if the compiles did not finish in time. */
+/* Prepare the function for serving before the first request, with
+ * shapejit's warm-up (sj_fn_warmup): for each of the n shapes bs[2k] x
+ * bs[2k + 1] (batch x seq), the entry is traced, its kernels compiled and
+ * loaded, and it is run once on inputs the runtime makes, so that the
+ * first request of a declared shape (and of every size in its buckets) is
+ * served fused. flags: SJ_WARMUP_* (SJ_WARMUP_BACKGROUND: return once
+ * traced; sj_fn_ready(bert_fn(m)) says when it is done, and done(user, ...)
+ * is called then, on a library thread: see sj_warmup_done_fn). Blocking:
+ * at most timeout_ms (<= 0: no limit), then SJ_ETIMEOUT (it goes on in the
+ * background). A shape that fails is reported (bert_error) and the others
+ * are still prepared. */
+sj_status bert_warmup_shapes(bert_model *m, const int *bs, int n, unsigned flags, int timeout_ms,
+                             sj_warmup_done_fn done, void *user);
+
+/* bert_warmup_shapes, blocking, for every (batch, seq) pair of
+ * batches[0..nb) x seqs[0..ns). */
 sj_status bert_warmup(bert_model *m, const int *batches, int nb, const int *seqs, int ns,
                       int timeout_ms);
 

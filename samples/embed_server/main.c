@@ -6,7 +6,8 @@
  *                         -> the OpenAI answer: {"object": "list", "data":
  *                         [{"object": "embedding", "index": i, "embedding":
  *                         [...]}], "model": ..., "usage": {...}}
- *   GET  /health          503 while the declared shapes warm up, then 200
+ *   GET  /health          503 while the declared shapes warm up (shapejit's
+ *                         sj_fn_warmup in the background), then 200
  *   GET  /metrics         Prometheus text: requests, latency and batch
  *                         histograms, tokens, queue depth, calls by tier,
  *                         compiles, recompiles, guard failures, cache hits
@@ -51,7 +52,7 @@
 #define MAX_DEVICES 8
 
 typedef struct options {
-    const char *model, *host, *port_file, *name;
+    const char *model, *host, *port_file, *name, *warmup_shapes;
     int port, threads, batchers, max_batch_tokens, max_batch_wait_ms, max_inputs, queue_depth, max_tokens;
     int max_batch, warmup, connections;
     int devices[MAX_DEVICES], n_devices; /* --devices: one runtime per GPU; 0: the default backend */
@@ -81,6 +82,8 @@ static void usage(FILE *f) {
             "  --devices 0,1,...       CUDA devices to serve from: one runtime and model each,\n"
             "                          batches spread over them (default: the runtime's one)\n"
             "  --warmup 0|1            compile the declared shapes before /health is 200 (default 1)\n"
+            "  --warmup-shapes LIST    the declared shapes, BATCHxSEQ,... (default: batches 1,4,8,16\n"
+            "                          by sequences 16,32,...,--max-tokens)\n"
             "  --model-name NAME       the \"model\" field of answers (default all-MiniLM-L6-v2)\n"
             "Environment: SHAPEJIT_* (see the shapejit README), e.g. SHAPEJIT_BACKEND=cpu.\n");
 }
@@ -142,6 +145,8 @@ static int parse_options(int argc, char **argv, options *o) {
                 o->devices[o->n_devices++] = (int)d;
                 p = *end ? end + 1 : end;
             }
+        } else if (!strcmp(a, "--warmup-shapes") && v) {
+            o->warmup_shapes = argv[++i];
         } else if (!strcmp(a, "--model-name") && v) {
             o->name = argv[++i];
         } else if (!strcmp(a, "--dtype") && v) {
@@ -228,9 +233,18 @@ typedef struct server {
     bool stopping;
     pthread_t *batchers;
     pthread_t warm_thread;
-    _Atomic bool ready;
+    double warm_start;
+    _Atomic bool warm_skipped; /* the warm-up was refused: serve as ready */
+    _Atomic bool warm_stop;    /* shutting down: the warm-up thread returns */
     _Atomic int in_flight;
 } server;
+
+static bool is_ready(server *s) {
+    if (!s->o.warmup || atomic_load(&s->warm_skipped)) return true;
+    for (int d = 0; d < s->n_rt; d++)
+        if (!sj_fn_ready(bert_fn(s->models[d]))) return false;
+    return true;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -461,7 +475,7 @@ static enum MHD_Result handle_metrics(server *s, struct MHD_Connection *c) {
             "embed_padded_tokens_total %" PRIu64 "\n# TYPE embed_sentences_total counter\nembed_sentences_total %" PRIu64 "\n"
             "# HELP embed_queue_depth Sentences waiting for a batch.\n# TYPE embed_queue_depth gauge\nembed_queue_depth %d\n"
             "# HELP embed_ready 1 once the declared shapes are warm.\n# TYPE embed_ready gauge\nembed_ready %d\n",
-            m.tokens, m.padded_tokens, m.sentences, depth, atomic_load(&s->ready) ? 1 : 0);
+            m.tokens, m.padded_tokens, m.sentences, depth, is_ready(s) ? 1 : 0);
     appendf(&b, &len, &cap,
             "# HELP shapejit_calls_total Encoder calls by the tier that served them.\n# TYPE shapejit_calls_total counter\n"
             "shapejit_calls_total{tier=\"eager\"} %" PRIu64 "\n"
@@ -603,7 +617,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool is_get = !strcmp(method, "GET"), is_post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
         if (!is_get) return reply_error(s, c, 405, "invalid_request_error", "use GET /health", -1);
-        bool ok = atomic_load(&s->ready);
+        bool ok = is_ready(s);
         const char *t = ok ? "{\"status\":\"ok\"}" : "{\"status\":\"warming up\"}";
         count_request(s, ok ? 200 : 503, -1);
         return reply(c, ok ? 200 : 503, "application/json", strdup(t), strlen(t));
@@ -632,20 +646,68 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* -- Warm-up and lifecycle --------------------------------------------------------- */
 
+/* The declared shapes: --warmup-shapes, or one shape per bucket the
+ * batcher makes (batch 1, 2-4, ...) by each sequence bucket up to the
+ * longest text. bs: pairs (batch, seq); returns how many, -1 on a bad list. */
+static int warmup_shapes(const options *o, int *bs, int max) {
+    int n = 0;
+    if (o->warmup_shapes) {
+        for (const char *p = o->warmup_shapes; *p && n < max;) {
+            char *end;
+            long b = strtol(p, &end, 10), q;
+            if (end == p || *end != 'x') return -1;
+            p = end + 1;
+            q = strtol(p, &end, 10);
+            if (end == p || b < 1 || q < 1 || q > o->max_tokens || (*end && *end != ',')) return -1;
+            bs[2 * n] = (int)b, bs[2 * n + 1] = (int)q, n++;
+            p = *end ? end + 1 : end;
+        }
+        return n;
+    }
+    const int batches[] = {1, 4, 8, 16};
+    for (int i = 0; i < 4; i++)
+        for (int q = 16; q <= 256 && q <= o->max_tokens && n < max; q *= 2) bs[2 * n] = batches[i], bs[2 * n + 1] = q, n++;
+    return n;
+}
+
+/* The server's warm-up thread: the library's warm-up (sj_fn_warmup, in
+ * the background) of every device's function in turn, device 0 first (it
+ * compiles; the others then load its kernels from the shared cache); this
+ * thread only starts them and waits, so a shutdown meanwhile ends at once
+ * (bert_free stops a warm-up in progress). /health is 200 once every
+ * function is ready (sj_fn_ready). */
 static void *warm_main(void *arg) {
     server *s = arg;
-    double t0 = now_s();
-    /* one shape per bucket the batcher makes: batch 1, 2-4, ... and
-     * sequence buckets up to the longest text */
-    int batches[] = {1, 4, 8, 16}, seqs[] = {16, 32, 64, 128, 256};
-    int ns = 0;
-    while (ns < 5 && seqs[ns] <= s->o.max_tokens) ns++;
-    for (int d = 0; d < s->n_rt; d++) { /* device 0 compiles; the others load from the kernel cache */
-        sj_status st = bert_warmup(s->models[d], batches, 4, seqs, ns, 600000);
-        if (st) fprintf(stderr, "embed_server: warm-up: %s (serving anyway)\n", bert_error());
+    int bs[2 * 64];
+    int n = warmup_shapes(&s->o, bs, 64);
+    if (n < 1) {
+        fprintf(stderr, "embed_server: --warmup-shapes '%s': BATCHxSEQ,... (seq at most --max-tokens); serving\n",
+                s->o.warmup_shapes ? s->o.warmup_shapes : "");
+        atomic_store(&s->warm_skipped, true);
+        return NULL;
     }
-    atomic_store(&s->ready, true);
-    fprintf(stderr, "embed_server: ready (warm-up %.1f s)\n", now_s() - t0);
+    for (int d = 0; d < s->n_rt && !atomic_load(&s->warm_stop); d++) {
+        sj_fn *fn = bert_fn(s->models[d]);
+        if (bert_warmup_shapes(s->models[d], bs, n, SJ_WARMUP_BACKGROUND, 0, NULL, NULL)) {
+            sj_warmup_status ws;
+            sj_fn_warmup_status(fn, &ws);
+            fprintf(stderr, "embed_server: warm-up: %s (%s)\n", bert_error(),
+                    ws.state == SJ_WARM_NONE ? "not started; serving" : "the other shapes go on");
+            if (ws.state == SJ_WARM_NONE) {
+                atomic_store(&s->warm_skipped, true);
+                return NULL;
+            }
+        }
+        while (!sj_fn_ready(fn) && !atomic_load(&s->warm_stop)) usleep(20000);
+        sj_warmup_status ws;
+        sj_fn_warmup_status(fn, &ws);
+        if (ws.failed)
+            fprintf(stderr, "embed_server: warm-up: %d of %d shapes failed (serving anyway); first: %s\n", ws.failed,
+                    ws.total, ws.first_message);
+    }
+    if (!atomic_load(&s->warm_stop))
+        fprintf(stderr, "embed_server: ready (warm-up %.1f s, %d shapes, %d runtime%s)\n", now_s() - s->warm_start, n,
+                s->n_rt, s->n_rt > 1 ? "s" : "");
     return NULL;
 }
 
@@ -726,8 +788,12 @@ int main(int argc, char **argv) {
             rename(tmp, s.o.port_file);
         }
     }
-    if (s.o.warmup) pthread_create(&s.warm_thread, NULL, warm_main, &s);
-    else atomic_store(&s.ready, true);
+    s.warm_start = now_s();
+    if (s.o.warmup && pthread_create(&s.warm_thread, NULL, warm_main, &s)) {
+        fprintf(stderr, "embed_server: cannot start the warm-up thread; serving\n");
+        atomic_store(&s.warm_skipped, true);
+        s.o.warmup = 0;
+    }
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -743,7 +809,8 @@ int main(int argc, char **argv) {
     pthread_cond_broadcast(&s.qcond);
     pthread_mutex_unlock(&s.qlock);
     for (int i = 0; i < s.o.batchers; i++) pthread_join(s.batchers[i], NULL);
-    if (s.o.warmup) pthread_join(s.warm_thread, NULL);
+    atomic_store(&s.warm_stop, true);
+    if (s.o.warmup) pthread_join(s.warm_thread, NULL); /* then bert_free stops a warm-up in progress */
     metrics m = s.m;
     fprintf(stderr, "embed_server: served %" PRIu64 " requests (%" PRIu64 " sentences, %" PRIu64 " batches); bye\n",
             m.requests[0], m.sentences, m.batch_count);
