@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "base/alloc.h"
@@ -28,6 +29,25 @@ typedef struct ctl {
 static atomic_int n_abandoned;
 
 int sj_bounded_abandoned(void) { return atomic_load(&n_abandoned); }
+
+/* At exit, wait (bounded) for abandoned runs: exit() runs the static
+ * destructors of the libraries they are inside (NVRTC's), and a thread still
+ * running there would crash the exiting process. Registered at the first
+ * run, after those libraries were loaded, so it runs before their
+ * destructors. */
+static void wait_at_exit(void) {
+    struct timespec ms = {0, 1000000};
+    for (int i = 0; i < SJ_BOUNDED_EXIT_WAIT_MS && atomic_load(&n_abandoned) > 0; i++) nanosleep(&ms, NULL);
+}
+
+int sj_bounded_wait_abandoned(int timeout_ms) {
+    struct timespec ms = {0, 1000000};
+    for (int i = 0; (timeout_ms <= 0 || i < timeout_ms) && atomic_load(&n_abandoned) > 0; i++) nanosleep(&ms, NULL);
+    return atomic_load(&n_abandoned);
+}
+
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static void register_exit_wait(void) { atexit(wait_at_exit); }
 
 static void ctl_free(ctl *c) {
     pthread_cond_destroy(&c->cond);
@@ -65,6 +85,7 @@ sj_status sj_run_bounded(const char *what, void (*run)(void *), void (*release)(
     if (atomic_load(&n_abandoned) >= SJ_BOUNDED_MAX_ABANDONED)
         return sj_seterr(SJ_EBACKEND, "%s: refused: %d earlier runs that timed out are still running", what,
                          SJ_BOUNDED_MAX_ABANDONED);
+    pthread_once(&exit_once, register_exit_wait);
     ctl *c = sj_calloc(1, sizeof *c);
     if (!c) return sj_seterr(SJ_ENOMEM, "%s: out of memory", what);
     pthread_condattr_t ca;

@@ -25,7 +25,10 @@
  * CPU). Without a GPU it prints one
  * line saying so and exits 0.
  */
+#include <execinfo.h>
 #include <math.h>
+#include <signal.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -691,8 +694,22 @@ static int has_wl(const char *wl, const char *name) {
     return 0;
 }
 
+/* $SJ_BENCH_SEGV_TRACE: on a crash, the faulting thread's frames as
+ * binary(+offset), for addr2line against the unstripped build. */
+static void segv_trace(int sig) {
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    static const char msg[] = "bench_cuda: fatal signal; frames:\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int main(int argc, char **argv) {
     double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
+    if (getenv("SJ_BENCH_SEGV_TRACE")) signal(SIGSEGV, segv_trace);
     const char *wl = "ceiling,w0,w1,w2,w3";
     const char *lengths = "samples/varlen_encoder/lengths.txt"; /* a copy of w5_lengths.txt */
     for (int i = 1; i < argc; i++) {

@@ -160,10 +160,13 @@ int main(int argc, char **argv) {
         /* untimed passes until one compiles nothing (device 0 compiles;
          * the others find every unit in the shared cache) */
         float *out = malloc((size_t)64 * 1024 * sizeof(float));
+        /* at least 20 passes: every batch shape reaches the specialize
+         * threshold (16 calls) and its specialized kernels are compiled
+         * here, not in the timed run */
         for (int pass = 0, before = -1; pass < 64; pass++) {
             sj_stats s;
             sj_fn_stats(bert_fn(w[d].m), &s);
-            if (pass >= 2 && (int)s.compiles == before) break;
+            if (pass >= 20 && (int)s.compiles == before) break;
             before = (int)s.compiles;
             for (int k = 0; k < n_b; k++)
                 if (bert_embed(w[d].m, b[k].ids, b[k].lens, b[k].rows, b[k].seq, out)) {

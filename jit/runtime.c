@@ -2,6 +2,7 @@
 #include "base/alloc.h"
 #include "jit/runtime.h"
 
+#include "base/bounded.h"
 #include "base/clock.h"
 
 #include <errno.h>
@@ -343,6 +344,9 @@ void sj_runtime_destroy(sj_runtime *rt) {
     sj_cuda_lanes_destroy(rt);
 #endif
     sj_compiler_destroy(rt->compiler);
+    /* NVRTC compiles abandoned by the destroys above finish first (bounded):
+     * exiting under one crashes in NVRTC's exit-time destructors */
+    if (rt->cuda) sj_bounded_wait_abandoned(rt->cfg.compile_timeout_ms);
     if (rt->backend) rt->backend->destroy(rt->backend);
     sj_cache_close(rt->cache);
     sj_remote_close(rt->remote);

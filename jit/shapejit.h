@@ -351,7 +351,10 @@ typedef struct sj_runtime_config {
      * destroy, it is abandoned instead (the compile fails, the call or the
      * destroy returns, and NVRTC finishes on a thread of its own, which
      * then frees its work); while 4 abandoned compiles are still running,
-     * new NVRTC compiles fail at once. */
+     * new NVRTC compiles fail at once. sj_runtime_destroy waits for
+     * abandoned NVRTC compiles to end, within this same bound: a process
+     * that exits while one runs can crash inside NVRTC (its exit-time
+     * destructors), so destroy the runtime before exiting. */
     int compile_timeout_ms;
     /* Back-off from compiles that fail (a compiler error, a timeout, a
      * missing compiler, memory): the unit's entry keeps running eagerly,

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -345,6 +346,32 @@ static void bounded_run_cancelled(void **state) {
     assert_int_equal(atomic_load(&released), 1);
 }
 
+/* exit() waits for an abandoned run: a child abandons a job that writes a
+ * file 300 ms later, then exits at once; the file must be there. */
+static char exit_mark[600];
+
+static void mark_run(void *p) {
+    (void)p;
+    usleep(300 * 1000);
+    FILE *f = fopen(exit_mark, "w");
+    if (f) fclose(f);
+}
+
+static void bounded_run_waited_for_at_exit(void **state) {
+    (void)state;
+    snprintf(exit_mark, sizeof exit_mark, "%s/exit-mark", dir);
+    pid_t p = fork();
+    if (p == 0) {
+        sj_status st = sj_run_bounded("job", mark_run, NULL, NULL, 10, NULL, NULL);
+        exit(st == SJ_ETIMEOUT ? 0 : 3);
+    }
+    int status = -1;
+    assert_int_equal(waitpid(p, &status, 0), p);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(access(exit_mark, F_OK), 0);
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test: the alarm ends the whole program */
@@ -357,6 +384,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(bounded_run_finishes, setup, teardown),
         cmocka_unit_test_setup_teardown(bounded_run_abandons_and_caps, setup, teardown),
         cmocka_unit_test_setup_teardown(bounded_run_cancelled, setup, teardown),
+        cmocka_unit_test_setup_teardown(bounded_run_waited_for_at_exit, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
