@@ -119,6 +119,10 @@ typedef struct sj_kernels {
     sj_status (*gather)(void *c, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
     /* y[i] = i (rank 1, any stride), converted to y's dtype */
     sj_status (*arange)(void *c, const sj_tensor *y);
+    /* q, k [T, H, D], v [T, H, Dv], offsets i32 [B+1] (checked by the
+     * kernel: SJ_EINDEX, or on a device its error flag), y [T, H, Dv] */
+    sj_status (*attention_varlen)(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                  const sj_tensor *offsets, double scale, int causal, const sj_tensor *y);
 } sj_kernels;
 
 /* c: the runtime's sj_threads pool (or NULL), over which matrix products
