@@ -60,6 +60,17 @@ sj_fn *bert_fn(const bert_model *m);
 sj_status bert_embed(bert_model *m, const int32_t *ids, const int32_t *lengths, int batch, int seq,
                      float *out);
 
+/* Embed a packed batch: the same as bert_embed without padding. ids: the
+ * batch's token ids laid end to end (sentence b's lengths[b] tokens after
+ * sentence b-1's), sum(lengths) in all, host memory; 1 <= lengths[b] <=
+ * max_positions; out: batch x hidden floats, each row L2-normalised.
+ * Attention runs over the packed tokens with sj_attention_varlen, so no
+ * work is spent on padding. Thread-safe like bert_embed. */
+sj_status bert_embed_packed(bert_model *m, const int32_t *ids, const int32_t *lengths, int batch, float *out);
+
+/* The packed encoder's jitted function (named "bert_packed"). */
+sj_fn *bert_fn_packed(const bert_model *m);
+
 /* Prepare the function for serving before the first request: run every
  * (batch, seq) pair of batches[0..nb) x seqs[0..ns) once and wait, at most
  * timeout_ms (< 0: no limit), until the compiles they queued are done, so
