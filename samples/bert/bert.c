@@ -450,7 +450,11 @@ sj_status bert_embed_packed(bert_model *m, const int32_t *ids, const int32_t *le
     return st;
 }
 
-sj_status bert_warmup(bert_model *m, const int *batches, int nb, const int *seqs, int ns, int timeout_ms) {
+/* bert_warmup and bert_warmup_packed: each (batch, seq) pair run twice
+ * (the first call traces, the second makes the entry hot), sentences of
+ * lengths that vary within the batch; packed: the same sentences packed. */
+static sj_status warmup(bert_model *m, bool packed, const int *batches, int nb, const int *seqs, int ns,
+                        int timeout_ms) {
     if (!m || (nb && !batches) || (ns && !seqs)) return SJ_EINVAL;
     int H = m->cfg.hidden;
     for (int i = 0; i < nb; i++)
@@ -462,10 +466,18 @@ sj_status bert_warmup(bert_model *m, const int *batches, int nb, const int *seqs
             sj_status st = ids && len && out ? SJ_OK : SJ_ENOMEM;
             for (int b = 0; !st && b < B; b++) len[b] = S - (b % S); /* lengths vary within the batch */
             for (size_t k = 0; !st && k < (size_t)B * S; k++) ids[k] = 1000 + (int32_t)(k % 1000);
-            /* twice: the first call traces, the second makes the entry hot */
-            for (int rep = 0; !st && rep < 2; rep++) st = bert_embed(m, ids, len, B, S, out);
+            for (int rep = 0; !st && rep < 2; rep++)
+                st = packed ? bert_embed_packed(m, ids, len, B, out) : bert_embed(m, ids, len, B, S, out);
             free(ids), free(len), free(out);
             if (st) return st;
         }
-    return sj_fn_wait_idle(m->fn, timeout_ms);
+    return sj_fn_wait_idle(packed ? m->packed : m->fn, timeout_ms);
+}
+
+sj_status bert_warmup(bert_model *m, const int *batches, int nb, const int *seqs, int ns, int timeout_ms) {
+    return warmup(m, false, batches, nb, seqs, ns, timeout_ms);
+}
+
+sj_status bert_warmup_packed(bert_model *m, const int *batches, int nb, const int *seqs, int ns, int timeout_ms) {
+    return warmup(m, true, batches, nb, seqs, ns, timeout_ms);
 }

@@ -79,4 +79,9 @@ sj_fn *bert_fn_packed(const bert_model *m);
 sj_status bert_warmup(bert_model *m, const int *batches, int nb, const int *seqs, int ns,
                       int timeout_ms);
 
+/* The same for the packed encoder (bert_embed_packed): batches[i]
+ * sentences of lengths up to seqs[j], packed. */
+sj_status bert_warmup_packed(bert_model *m, const int *batches, int nb, const int *seqs, int ns,
+                             int timeout_ms);
+
 #endif
