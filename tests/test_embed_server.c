@@ -337,6 +337,11 @@ static void test_health_and_metrics(void **state) {
     assert_true(ok >= 10);
     assert_true(bad >= 40);
     assert_true(tokens > 100);
+    /* batches are packed: the encoder computed no padding */
+    static const char key[] = "\nembed_padded_tokens_total ";
+    const char *pt = strstr(body, key);
+    assert_non_null(pt);
+    assert_int_equal(strtol(pt + sizeof key - 1, NULL, 10), tokens);
     free(body);
 }
 
