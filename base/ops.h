@@ -20,6 +20,7 @@ typedef enum sj_op_kind {
     SJ_K_GATHER,
     SJ_K_COPY,      /* materialise a value contiguously */
     SJ_K_ARANGE,    /* no operands: 0, 1, ..., n-1 */
+    SJ_K_ATTENTION_VARLEN, /* attention over packed sequences [T, H, D] with offsets */
 } sj_op_kind;
 
 /* X(enum, name, kind) */
@@ -65,7 +66,8 @@ typedef enum sj_op_kind {
     X(SJ_OP_CONCAT, "concat", SJ_K_CONCAT)                                      \
     X(SJ_OP_GATHER, "gather", SJ_K_GATHER)                                      \
     X(SJ_OP_COPY, "copy", SJ_K_COPY)                                            \
-    X(SJ_OP_ARANGE, "arange", SJ_K_ARANGE)
+    X(SJ_OP_ARANGE, "arange", SJ_K_ARANGE)                                      \
+    X(SJ_OP_ATTENTION_VARLEN, "attention_varlen", SJ_K_ATTENTION_VARLEN)
 
 typedef enum sj_op {
 #define SJ_X(e, name, kind) e,

@@ -3,16 +3,18 @@
  * provider on the same weights and the same batches).
  *
  *   bench_bert [--model DIR] [--sentences FILE] [--threads 1,2]
- *              [--batches 1,8,32] [--seconds 3] [--dtype f32|f16|bf16]
+ *              [--batches 1,8,32] [--seconds 3] [--dtype f32|f16|bf16] [--packed]
  *
  * The sentences are tokenized once (WordPiece, outside the timed region, as
  * the peer does), cut into batches in stream order, each padded to its
- * longest sentence. Untimed passes trace and compile every shape the
+ * longest sentence, or with --packed laid end to end with no padding
+ * (bert_embed_packed: attention through sj_attention_varlen). Untimed passes trace and compile every shape the
  * batches make (SJ_COMPILE_SYNC), until a pass compiles nothing (hot exact
  * shapes get specialized kernels after 16 calls); then passes are timed for
  * at least --seconds: the steady state. Prints one
- * JSON line per (threads, batch): sentences/s and per-batch latency
- * percentiles, and the tier mix of the timed calls. Without the model's
+ * JSON line per (threads, batch): sentences/s, real tokens/s, the tokens
+ * computed per pass (padding included), per-batch latency percentiles, and
+ * the tier mix of the timed calls. Without the model's
  * files (make model) it prints a note and exits 0. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,13 +67,20 @@ static sentence *load_sentences(const char *path, const wp_tokenizer *tk, int *c
     return v;
 }
 
+static sj_status embed(bert_model *m, int packed, const int32_t *ids, const int32_t *lens, int rows, int seq,
+                       float *out) {
+    return packed ? bert_embed_packed(m, ids, lens, rows, out) : bert_embed(m, ids, lens, rows, seq, out);
+}
+
 int main(int argc, char **argv) {
     const char *dir = "models/all-MiniLM-L6-v2", *sent_path = "samples/bert/sentences.txt";
     int threads[8] = {1, 2}, n_threads = 2, batches[8] = {1, 8, 32}, n_batches = 3;
     double seconds = 3.0;
     sj_dtype dtype = SJ_F32;
+    int packed = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
+        if (!strcmp(argv[i], "--packed")) packed = 1;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--sentences") && i + 1 < argc) sent_path = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = parse_list(argv[++i], threads, 8);
         else if (!strcmp(argv[i], "--batches") && i + 1 < argc) n_batches = parse_list(argv[++i], batches, 8);
@@ -81,7 +90,7 @@ int main(int argc, char **argv) {
             dtype = !strcmp(d, "f16") ? SJ_F16 : !strcmp(d, "bf16") ? SJ_BF16 : SJ_F32;
         } else {
             fprintf(stderr, "usage: %s [--model DIR] [--sentences FILE] [--threads 1,2] [--batches 1,8,32] "
-                            "[--seconds S] [--dtype f32|f16|bf16]\n", argv[0]);
+                            "[--seconds S] [--dtype f32|f16|bf16] [--packed]\n", argv[0]);
             return 2;
         }
     }
@@ -120,33 +129,39 @@ int main(int argc, char **argv) {
             int32_t **ids = calloc((size_t)n_b, sizeof *ids), **lens = calloc((size_t)n_b, sizeof *lens);
             int *rows = calloc((size_t)n_b, sizeof *rows), *seqs = calloc((size_t)n_b, sizeof *seqs);
             float *out = malloc((size_t)b * hidden * sizeof(float));
+            long computed = 0; /* tokens per pass, padding included */
+            sj_fn *fn = packed ? bert_fn_packed(m) : bert_fn(m);
             for (int k = 0; k < n_b; k++) {
                 int r = n_sent - k * b < b ? n_sent - k * b : b, S = 0;
                 for (int j = 0; j < r; j++) S = sents[k * b + j].n > S ? sents[k * b + j].n : S;
                 ids[k] = calloc((size_t)r * S, sizeof(int32_t));
                 lens[k] = calloc((size_t)r, sizeof(int32_t));
+                size_t at = 0;
                 for (int j = 0; j < r; j++) {
-                    memcpy(ids[k] + (size_t)j * S, sents[k * b + j].ids, (size_t)sents[k * b + j].n * sizeof(int32_t));
+                    memcpy(ids[k] + (packed ? at : (size_t)j * S), sents[k * b + j].ids,
+                           (size_t)sents[k * b + j].n * sizeof(int32_t));
+                    at += (size_t)sents[k * b + j].n;
                     lens[k][j] = sents[k * b + j].n;
                 }
                 rows[k] = r, seqs[k] = S;
+                computed += packed ? (long)at : (long)r * S;
             }
             /* untimed passes until one compiles nothing: the first traces
              * every shape of the stream, the second (each entry's second
              * call: hot) compiles, later ones specialize hot exact shapes */
             for (int pass = 0, before = -1; pass < 64; pass++) {
                 sj_stats sw;
-                sj_fn_stats(bert_fn(m), &sw);
+                sj_fn_stats(fn, &sw);
                 if (pass >= 2 && (int)sw.compiles == before) break;
                 before = (int)sw.compiles;
                 for (int k = 0; k < n_b; k++)
-                    if (bert_embed(m, ids[k], lens[k], rows[k], seqs[k], out)) {
+                    if (embed(m, packed, ids[k], lens[k], rows[k], seqs[k], out)) {
                         fprintf(stderr, "bench_bert: %s\n", bert_error());
                         return 1;
                     }
             }
             sj_stats s0;
-            sj_fn_stats(bert_fn(m), &s0);
+            sj_fn_stats(fn, &s0);
             size_t cap = 1 << 16, n_lat = 0;
             double *lat = malloc(cap * sizeof(double));
             long done = 0;
@@ -154,20 +169,22 @@ int main(int argc, char **argv) {
             while (bench_now_s() - t0 < seconds) {
                 for (int k = 0; k < n_b; k++) {
                     double s = bench_now_s();
-                    bert_embed(m, ids[k], lens[k], rows[k], seqs[k], out);
+                    embed(m, packed, ids[k], lens[k], rows[k], seqs[k], out);
                     if (n_lat < cap) lat[n_lat++] = (bench_now_s() - s) * 1e3;
                     done += rows[k];
                 }
             }
             double el = bench_now_s() - t0;
             sj_stats s1;
-            sj_fn_stats(bert_fn(m), &s1);
+            sj_fn_stats(fn, &s1);
             qsort(lat, n_lat, sizeof *lat, bench_cmp_double);
-            printf("{\"bench\": \"bert_cpu\", \"impl\": \"shapejit\", \"dtype\": \"%s\", \"threads\": %d, "
-                   "\"batch\": %d, \"sentences\": %d, \"tokens_per_pass\": %ld, \"sentences_per_s\": %.1f, "
+            printf("{\"bench\": \"bert_cpu\", \"impl\": \"shapejit\", \"batches\": \"%s\", \"dtype\": \"%s\", "
+                   "\"threads\": %d, \"batch\": %d, \"sentences\": %d, \"tokens_per_pass\": %ld, "
+                   "\"computed_tokens_per_pass\": %ld, \"tokens_per_s\": %.0f, \"sentences_per_s\": %.1f, "
                    "\"p50_ms\": %.3f, \"p99_ms\": %.3f, \"eager_calls\": %llu, \"fused_calls\": %llu, "
                    "\"compiles\": %llu}\n",
-                   sj_dtype_name(dtype), threads[ti], b, n_sent, tokens, done / el, lat[n_lat / 2],
+                   packed ? "packed" : "padded", sj_dtype_name(dtype), threads[ti], b, n_sent, tokens, computed,
+                   (double)tokens * done / n_sent / el, done / el, lat[n_lat / 2],
                    lat[(size_t)(n_lat * 0.99)], (unsigned long long)(s1.eager_calls - s0.eager_calls),
                    (unsigned long long)(s1.fused_symbolic_calls + s1.fused_specialized_calls -
                                         s0.fused_symbolic_calls - s0.fused_specialized_calls),

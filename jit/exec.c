@@ -204,6 +204,8 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
         return k->gather(c, &rv[in[0]], &rv[in[1]], y);
     case SJ_K_ARANGE:
         return k->arange(c, y);
+    case SJ_K_ATTENTION_VARLEN:
+        return k->attention_varlen(c, &rv[in[0]], &rv[in[1]], &rv[in[2]], &rv[in[3]], n->a.f, n->a.causal, y);
     case SJ_K_VIEW: { /* a reshape that must copy: copy in the operand's shape, contiguously */
         sj_tensor yc = *y;
         yc.rank = rv[in[0]].rank;
@@ -638,10 +640,14 @@ static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, con
     return sj_cpu_gather(t, idx, y);
 }
 static sj_status k_arange(void *c, const sj_tensor *y) { return sj_cpu_arange(y); }
+static sj_status k_attention_varlen(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                    const sj_tensor *offsets, double scale, int causal, const sj_tensor *y) {
+    return sj_cpu_attention_varlen(q, k, v, offsets, scale, causal, y, c);
+}
 
 const sj_kernels sj_cpu_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
-                                   k_arange,     k_matmul_packed};
+                                   k_arange,     k_matmul_packed, k_attention_varlen};
 
 static sj_status cpu_node(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
                           const sj_tensor *y) {

@@ -133,6 +133,10 @@ typedef struct sj_kernels {
      * graph's packed slot of the node, made by the device's pack step). */
     sj_status (*matmul_packed)(void *c, const sj_tensor *a, const sj_tensor *b, const void *packed,
                                const sj_tensor *bias, const sj_tensor *y);
+    /* q, k [T, H, D], v [T, H, Dv], offsets i32 [B+1] (checked by the
+     * kernel: SJ_EINDEX, or on a device its error flag), y [T, H, Dv] */
+    sj_status (*attention_varlen)(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                  const sj_tensor *offsets, double scale, int causal, const sj_tensor *y);
 } sj_kernels;
 
 /* c: the runtime's sj_threads pool (or NULL), over which matrix products

@@ -56,25 +56,36 @@ static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, co
 static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
     return sj_cuda_concat(E(c), xs, n, axis, y);
 }
+/* The call's error flag (a device int for bad gather indices and bad
+ * varlen offsets), made and zeroed in stream order on first use. */
+static sj_status need_flag(sj_cuda_call *cc, const char *op) {
+    if (cc->e.error_flag) return SJ_OK;
+    /* capturing: the graph's own (no allocation may happen in a capture) */
+    cc->e.error_flag = cc->graph_flag ? cc->graph_flag : sj_cuda_alloc(cc->e.cuda, sizeof(int), cc->e.stream);
+    if (!cc->e.error_flag) return sj_seterr(SJ_ENOMEM, "%s: out of device memory for the error flag", op);
+    cc->flag_used = true;
+    sj_status st = SJ_CU(cc->e.cuda, cc->e.cuda->api.MemsetD8Async(cc->e.error_flag, 0, sizeof(int), cc->e.stream),
+                         "clearing the error flag");
+    return st;
+}
+
 static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, const sj_tensor *y) {
-    sj_cuda_call *cc = c;
-    if (!cc->e.error_flag) { /* a device int for bad indices, zeroed in stream order */
-        /* capturing: the graph's own (no allocation may happen in a capture) */
-        cc->e.error_flag = cc->graph_flag ? cc->graph_flag : sj_cuda_alloc(cc->e.cuda, sizeof(int), cc->e.stream);
-        if (!cc->e.error_flag) return SJ_ENOMEM;
-        cc->flag_used = true;
-        sj_status st = SJ_CU(cc->e.cuda, cc->e.cuda->api.MemsetD8Async(cc->e.error_flag, 0, sizeof(int), cc->e.stream),
-                             "gather: clearing the error flag");
-        if (st) return st;
-    }
-    return sj_cuda_gather(E(c), t, idx, y);
+    sj_status st = need_flag(c, "gather");
+    return st ? st : sj_cuda_gather(E(c), t, idx, y);
 }
 
 static sj_status k_arange(void *c, const sj_tensor *y) { return sj_cuda_arange(E(c), y); }
 
+static sj_status k_attention_varlen(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                    const sj_tensor *offsets, double scale, int causal, const sj_tensor *y) {
+    sj_status st = need_flag(c, "attention_varlen");
+    return st ? st : sj_cuda_attention_varlen(E(c), q, k, v, offsets, scale, causal, y);
+}
+
 const sj_kernels sj_cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
                                     k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
-                                    k_arange,     NULL /* no packed weights: cuBLASLt reads them in place */};
+                                    k_arange,     NULL /* no packed weights: cuBLASLt reads them in place */,
+                                    k_attention_varlen};
 
 /* -- The execution table ---------------------------------------------------------- */
 
@@ -141,10 +152,10 @@ static sj_status finish(void *c) {
         sj_cuda_bind(cu);
         if (cc->e.error_flag)
             st = SJ_CU(cu, cu->api.MemcpyDtoHAsync(&flag, cc->e.error_flag, sizeof flag, cc->e.stream),
-                       "reading the gather error flag");
+                       "reading the call's error flag");
         sj_status sst = SJ_CU(cu, cu->api.StreamSynchronize(cc->e.stream), "waiting for the call's kernels");
         if (!st) st = sst;
-        if (!st && flag) st = sj_seterr(SJ_EINDEX, "gather: an index is out of range");
+        if (!st && flag) st = sj_cuda_flag_status(flag);
     }
     if (cc->e.error_flag && cc->e.error_flag != cc->graph_flag) sj_cuda_free(cu, cc->e.error_flag, cc->e.stream);
     cc->e.error_flag = 0;

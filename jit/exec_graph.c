@@ -147,9 +147,9 @@ static sj_status launch(sj_cuda_call *cc, const sj_cgraph *g) {
     int flag = 0; /* a gather's bad index (the graph zeroed the flag before its gathers) */
     if (!st && cc->sync && g->flag)
         st = SJ_CU(cu, cu->api.MemcpyDtoHAsync(&flag, g->flag, sizeof flag, cc->e.stream),
-                   "reading the gather error flag");
+                   "reading the call's error flag");
     if (!st && cc->sync) st = SJ_CU(cu, cu->api.StreamSynchronize(cc->e.stream), "waiting for a CUDA graph");
-    if (!st && flag) st = sj_seterr(SJ_EINDEX, "gather: an index is out of range");
+    if (!st && flag) st = sj_cuda_flag_status(flag);
     return st;
 }
 

@@ -755,6 +755,27 @@ SJ_API sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val le
 SJ_API sj_val sj_attention_mask(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val mask, double scale,
                                 int causal);
 
+/* Attention over packed (ragged) sequences, as flash_attn_varlen: q
+ * [T, H, D], k [T, H, D], v [T, H, Dv] -> [T, H, Dv], where T is the total
+ * token count of B sequences laid end to end (symbolic T and B take one
+ * entry for all lengths). offsets: an i32 [B+1] tensor (an input, on the
+ * function's device) of cumulative starts: sequence b is the tokens
+ * offsets[b] .. offsets[b+1]-1, and each query attends only to the keys
+ * of its own sequence (causal: to keys at or before its own position).
+ * An empty sequence (offsets[b] == offsets[b+1]) is allowed. Float
+ * dtypes, computed in f32. The trace fails with SJ_EDTYPE for offsets
+ * that are not i32 and SJ_ESHAPE for a rank other than 1 or fewer than 2
+ * entries. At the call, offsets must start at 0, never decrease and end
+ * at T; otherwise sj_call fails with SJ_EINDEX, the message naming what
+ * was wrong, and the function stays usable. On the CPU the check reads
+ * the offsets before any work (the message names the entry); on CUDA a
+ * check kernel runs on the device and reports through the call's error
+ * flag (as sj_gather's bad indices do, CUDA graphs included), so the
+ * error comes after the call's kernels, the outputs are then
+ * unspecified, and no read leaves [0, T). */
+SJ_API sj_val sj_attention_varlen(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val offsets, double scale,
+                                  int causal);
+
 /* Views and data movement. */
 /* New shape with the same element count. At most one SJ_DIM_INFER. */
 SJ_API sj_val sj_reshape(sj_tracer *t, sj_val x, int rank, const sj_dim *dims);

@@ -456,6 +456,37 @@ sj_val sj_attention_mask(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val mask
     return attention(t, "attention_mask", q, k, v, SJ_NONE, mask, scale, causal);
 }
 
+sj_val sj_attention_varlen(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val offsets, double scale,
+                           int causal) {
+    static const char *name = "attention_varlen";
+    if (!t || !ok(t, q, name, "q") || !ok(t, k, name, "k") || !ok(t, v, name, "v") ||
+        !ok(t, offsets, name, "offsets"))
+        return BAD;
+    sj_val ins[4] = {q, k, v, offsets};
+    sj_dtype dt = val(t, q)->dtype;
+    if (!float_arg(t, name, q)) return BAD;
+    if (val(t, k)->dtype != dt || val(t, v)->dtype != dt) {
+        char b0[128], b1[128], b2[128];
+        return fail(t, SJ_EDTYPE, "%s(q: %s, k: %s, v: %s): q, k, v must share a dtype", name,
+                    desc(t, q, b0, sizeof b0), desc(t, k, b1, sizeof b1), desc(t, v, b2, sizeof b2));
+    }
+    if (val(t, offsets)->dtype != SJ_I32) {
+        char b0[128];
+        return fail(t, SJ_EDTYPE, "%s: offsets is %s, expected i32 [B+1]", name, desc(t, offsets, b0, sizeof b0));
+    }
+    sj_shape sq, sk, sv, so, s;
+    shape_of(t, q, &sq);
+    shape_of(t, k, &sk);
+    shape_of(t, v, &sv);
+    shape_of(t, offsets, &so);
+    set_why(t, name, ins, 4);
+    sj_status st = sj_infer_attention_varlen(&t->inf, &sq, &sk, &sv, &so, &s);
+    if (st) return infer_fail(t, st, name, ins, 4);
+    sj_attrs at = {.f = scale, .causal = causal != 0};
+    int32_t ids[4] = {q.id, k.id, v.id, offsets.id};
+    return emit(t, SJ_OP_ATTENTION_VARLEN, ids, 4, &at, dt, &s);
+}
+
 /* -- Views and data movement ------------------------------------------------ */
 
 static sj_val reshape(sj_tracer *t, sj_val x, int rank, const sj_expr *dims) {

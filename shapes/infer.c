@@ -324,3 +324,27 @@ sj_status sj_infer_attention(sj_infer *c, const sj_shape *q, const sj_shape *k, 
     out->d[3] = v->d[3];
     return SJ_OK;
 }
+
+sj_status sj_infer_attention_varlen(sj_infer *c, const sj_shape *q, const sj_shape *k, const sj_shape *v,
+                                    const sj_shape *offsets, sj_shape *out) {
+    char b1[64], b2[64], b3[64];
+    static const char *names[] = {"total tokens T", "heads H"};
+    if (q->rank != 3 || k->rank != 3 || v->rank != 3)
+        return fail(c, "q, k, v must have rank 3 ([T, H, D], packed); got ranks %d, %d, %d", q->rank, k->rank,
+                    v->rank);
+    for (int ax = 0; ax < 2; ax++) {
+        if (!sj_infer_eq(c, q->d[ax], k->d[ax]) || !sj_infer_eq(c, q->d[ax], v->d[ax]))
+            return fail(c, "%s differs: q %s, k %s, v %s", names[ax], dstr(c, q->d[ax], b1, sizeof b1),
+                        dstr(c, k->d[ax], b2, sizeof b2), dstr(c, v->d[ax], b3, sizeof b3));
+    }
+    if (!sj_infer_eq(c, q->d[2], k->d[2]))
+        return fail(c, "head size differs: q %s vs k %s", dstr(c, q->d[2], b1, sizeof b1),
+                    dstr(c, k->d[2], b2, sizeof b2));
+    if (offsets->rank != 1) return fail(c, "offsets must have rank 1 ([B+1]), got rank %d", offsets->rank);
+    int64_t n;
+    if (sj_ex_is_const(c->ex, offsets->d[0], &n) && n < 2)
+        return fail(c, "offsets has %lld entries, at least 2 ([B+1] with B >= 1)", (long long)n);
+    *out = *q;
+    out->d[2] = v->d[2];
+    return SJ_OK;
+}

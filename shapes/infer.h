@@ -80,6 +80,10 @@ sj_status sj_infer_gather(sj_infer *c, const sj_shape *table, const sj_shape *id
 /* q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,Dv], lengths NULL or [B]. */
 sj_status sj_infer_attention(sj_infer *c, const sj_shape *q, const sj_shape *k, const sj_shape *v,
                              const sj_shape *lengths, sj_shape *out);
+/* Attention over packed sequences: q [T, H, D], k [T, H, D], v [T, H, Dv],
+ * offsets [B+1] (B+1 >= 2 when known) -> [T, H, Dv]. */
+sj_status sj_infer_attention_varlen(sj_infer *c, const sj_shape *q, const sj_shape *k, const sj_shape *v,
+                                    const sj_shape *offsets, sj_shape *out);
 
 /* Number of elements of a shape as an expression. */
 sj_expr sj_shape_numel(sj_exprs *ex, const sj_shape *s);

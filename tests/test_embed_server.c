@@ -95,6 +95,8 @@ static int post_json(json_t *o, char **out) {
 
 static const char *server_cc; /* SHAPEJIT_CC for the next server started (NULL: the default) */
 
+static bool server_padded; /* add --packed 0: the padded encoder and the library's warm-up */
+
 static int start_server4(const char *extra1, const char *extra2, const char *extra3, const char *extra4) {
     const char *model = getenv("SJ_MODEL_DIR") ? getenv("SJ_MODEL_DIR") : "models/all-MiniLM-L6-v2";
     const char *bin = getenv("SJ_EMBED_SERVER") ? getenv("SJ_EMBED_SERVER") : "build/samples/embed_server";
@@ -114,6 +116,7 @@ static int start_server4(const char *extra1, const char *extra2, const char *ext
         if (devices && *devices) argv[n++] = "--devices", argv[n++] = devices;
         const char *extra[4] = {extra1, extra2, extra3, extra4};
         for (int k = 0; k < 4 && extra[k]; k++) argv[n++] = extra[k];
+        if (server_padded) argv[n++] = "--packed", argv[n++] = "0";
         argv[n] = NULL;
         execv(bin, (char *const *)argv);
         _exit(127);
@@ -381,6 +384,11 @@ static void test_health_and_metrics(void **state) {
     assert_true(ok >= 10);
     assert_true(bad >= 40);
     assert_true(tokens > 100);
+    /* batches are packed: the encoder computed no padding */
+    static const char key[] = "\nembed_padded_tokens_total ";
+    const char *pt = strstr(body, key);
+    assert_non_null(pt);
+    assert_int_equal(strtol(pt + sizeof key - 1, NULL, 10), tokens);
     free(body);
 }
 
@@ -414,8 +422,10 @@ static void test_health_during_warmup(void **state) {
     fclose(f);
     assert_int_equal(chmod(cc, 0755), 0);
     server_cc = cc;
+    server_padded = true; /* --warmup-shapes declares the padded encoder's shapes */
     int st = start_server4("--warmup", "1", "--warmup-shapes", "1x16,2x16");
     server_cc = NULL;
+    server_padded = false;
     assert_int_equal(st, 0);
     char *body;
     assert_int_equal(http("GET", "/health", NULL, 0, &body), 503);

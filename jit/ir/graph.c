@@ -259,6 +259,9 @@ static sj_status check_node(const sj_graph *g, int ni) {
     case SJ_K_ATTENTION:
         CHECK(n->n_in == 5 && o->rank == 4, "node %d (%s): form", ni, name); /* q k v lengths mask */
         break;
+    case SJ_K_ATTENTION_VARLEN:
+        CHECK(n->n_in == 4 && o->rank == 3, "node %d (%s): form", ni, name); /* q k v offsets */
+        break;
     case SJ_K_ARANGE:
         CHECK(n->n_in == 0 && o->rank == 1 && o->dtype == n->a.dtype, "node %d (%s): form", ni, name);
         break;

@@ -89,6 +89,15 @@ sj_status sj_cpu_attention_mask(const sj_tensor *q, const sj_tensor *k, const sj
                                 const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
                                 const sj_tensor *y, struct sj_threads *pool);
 
+/* Attention over packed sequences, see sj_attention_varlen() in
+ * shapejit.h (kernels/cpu/attention_varlen.c). q, k [T,H,D], v [T,H,Dv],
+ * offsets i32 [B+1] on the host, y [T,H,Dv]. Offsets that do not start
+ * at 0, decrease, or end other than at T return SJ_EINDEX naming the entry
+ * (nothing is written then). (sequence, head) pairs are shared over pool. */
+sj_status sj_cpu_attention_varlen(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                  const sj_tensor *offsets, double scale, int causal, const sj_tensor *y,
+                                  struct sj_threads *pool);
+
 /* Concatenate n tensors along axis into y. */
 sj_status sj_cpu_concat(const sj_tensor *xs, int n, int axis, const sj_tensor *y);
 

@@ -12,7 +12,7 @@
  *
  * Layout: eager_common.cuh (dtypes, op math, indexing, reductions),
  * eager_elementwise.cuh, eager_rows.cuh, eager_misc.cuh,
- * eager_attention_tc.cuh; each defines the
+ * eager_attention_tc.cuh, eager_varlen.cuh; each defines the
  * SJ_EK_DEF_<family>(tag) macro that the list below expands.
  */
 #include "kernels/cuda/eager_common.cuh"
@@ -20,6 +20,7 @@
 #include "kernels/cuda/eager_elementwise.cuh"
 #include "kernels/cuda/eager_misc.cuh"
 #include "kernels/cuda/eager_rows.cuh"
+#include "kernels/cuda/eager_varlen.cuh"
 
 #define SJ_EK_DEFINE(fam, tag) SJ_EK_DEF_##fam(tag)
 SJ_EK_LIST(SJ_EK_DEFINE)

@@ -25,6 +25,8 @@
  *                                     96, 128)
  *   gather               sj_ek_gather element size
  *   arange               sj_ek_ew     dtype (not bool); ptr[0] = y, n, stride[0][0]
+ *   attention_varlen     sj_ek_varlen float dtype
+ *   varlen_check         sj_ek_varlen i32 (the offsets)
  *
  * _c kernels: every operand is one contiguous run (element stride 1) or a
  * scalar (stride 0) over the flattened index [0, n); with vec set, every
@@ -50,6 +52,9 @@
  *                 255, so that 256 threads always fit an SM's registers
  *   gather        block (256), grid-stride                   bound 256
  *   arange        block (256), grid-stride over n            bound 256
+ *   attention_varlen  block (SJ_EK_ATT_THREADS), one block per (token, head),
+ *                 grid-stride, dynamic shared memory (D + Dv + SJ_EK_ATT_CHUNK) floats
+ *   varlen_check  block (256), grid-stride over the B + 1 offsets  bound 256
  */
 #ifndef SJ_EAGER_ABI_CUH
 #define SJ_EAGER_ABI_CUH
@@ -105,7 +110,9 @@
     X(attention_mma128, f16)                                                                       \
     X(attention_mma128, bf16)                                                                      \
     SJ_EK_SIZES(X, gather)                                                                         \
-    SJ_EK_NUMERIC(X, arange)
+    SJ_EK_NUMERIC(X, arange)                                                                       \
+    SJ_EK_FLOATS(X, attention_varlen)                                                              \
+    X(varlen_check, i32)
 
 /* -- Elementwise ---------------------------------------------------------
  * Operand k (0 = output) is ptr[k] with element strides stride[k][0..rank)
@@ -214,6 +221,22 @@ typedef struct sj_ek_gather {
     int32_t idx_i64, contig;
 } sj_ek_gather;
 
+/* -- Attention over packed sequences -----------------------------------------
+ * q, k [T,H,D], v [T,H,Dv], y [T,H,Dv] with element strides sq, sk, sv, sy;
+ * off: i32 [B+1] at stride soff; flag: the call's error flag (a device
+ * int), where varlen_check ors the SJ_EK_VARLEN_BAD_* bits (gather sets 1). */
+#define SJ_EK_VARLEN_BAD_FIRST 2 /* offsets[0] != 0 */
+#define SJ_EK_VARLEN_BAD_ORDER 4 /* an entry below the one before it */
+#define SJ_EK_VARLEN_BAD_LAST 8  /* offsets[B] != T */
+typedef struct sj_ek_varlen {
+    uint64_t q, k, v, y, off, flag;
+    int64_t sq[3], sk[3], sv[3], sy[3];
+    int64_t soff;
+    int64_t T, B, H, D, Dv;
+    float scale;
+    int32_t causal;
+} sj_ek_varlen;
+
 /* attention_mma<D> (eager_attention_tc.cuh): warps a key group (one for
  * each 16 of the block's SJ_EK_ATT_TQ queries; a block has one or two key
  * groups), and the dynamic shared memory with kg groups: Q's rows and, per
@@ -234,5 +257,6 @@ SJ_EK_SIZE_CHECK(sj_ek_rows, 288);
 SJ_EK_SIZE_CHECK(sj_ek_mm, 368);
 SJ_EK_SIZE_CHECK(sj_ek_att, 288);
 SJ_EK_SIZE_CHECK(sj_ek_gather, 464);
+SJ_EK_SIZE_CHECK(sj_ek_varlen, 200);
 
 #endif /* SJ_EAGER_ABI_CUH */

@@ -53,6 +53,7 @@ _Static_assert(EK_binary_c_bool - EK_binary_c_f32 == SJ_BOOL && EK_unary_s_i64 -
 _Static_assert(EK_attention_tc_f16 == EK_attention_f32 + 3 && EK_attention_tc_bf16 == EK_attention_tc_f16 + 1 &&
                    EK_attention_tc1_f16 == EK_attention_tc_f16 + 2 && EK_attention_tc1_bf16 == EK_attention_tc_f16 + 3,
                "the attention kernels: f32, f16, bf16, then the tensor-core f16, bf16, then the one-tile f16, bf16");
+_Static_assert(EK_attention_varlen_bf16 - EK_attention_varlen_f32 == SJ_BF16, "attention_varlen: f32, f16, bf16");
 _Static_assert(EK_attention_mma32_f16 == EK_attention_tc1_bf16 + 1 && EK_attention_mma32_bf16 == EK_attention_mma32_f16 + 1 &&
                    EK_attention_mma64_f16 == EK_attention_mma32_f16 + 2 &&
                    EK_attention_mma96_f16 == EK_attention_mma32_f16 + 4 &&
@@ -143,6 +144,15 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
         r = c->api.FuncSetAttribute(t->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->max_smem_optin);
         if (r != CUDA_SUCCESS) {
             sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention in to its shared memory");
+            c->api.ModuleUnload(m);
+            free(t);
+            return st;
+        }
+    }
+    for (int i = EK_attention_varlen_f32; i <= EK_attention_varlen_bf16; i++) {
+        r = c->api.FuncSetAttribute(t->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->max_smem_optin);
+        if (r != CUDA_SUCCESS) {
+            sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention_varlen in to its shared memory");
             c->api.ModuleUnload(m);
             free(t);
             return st;
@@ -1435,6 +1445,59 @@ sj_status sj_cuda_attention_mask(const sj_cuda_exec *e, const sj_tensor *q, cons
                          c->max_smem_optin);
     int64_t blocks = a.B * a.H * a.Sq;
     return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), SJ_EK_ATT_THREADS, 1, (unsigned)smem, &a);
+}
+
+/* -- Attention over packed sequences ---------------------------------------------------- */
+
+sj_status sj_cuda_attention_varlen(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                   const sj_tensor *offsets, double scale, int causal, const sj_tensor *y) {
+    assert(q->rank == 3 && k->rank == 3 && v->rank == 3 && y->rank == 3 && offsets->rank == 1);
+    assert(sj_dtype_is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype && y->dtype == q->dtype);
+    assert(offsets->dtype == SJ_I32);
+    sj_ek_varlen a;
+    memset(&a, 0, sizeof a);
+    a.T = q->shape[0], a.H = q->shape[1], a.D = q->shape[2], a.Dv = v->shape[2];
+    a.B = offsets->shape[0] - 1;
+    assert(k->shape[0] == a.T && k->shape[1] == a.H && k->shape[2] == a.D);
+    assert(v->shape[0] == a.T && v->shape[1] == a.H);
+    assert(y->shape[0] == a.T && y->shape[1] == a.H && y->shape[2] == a.Dv);
+    if (a.B < 1)
+        return sj_seterr(SJ_EINDEX, "attention_varlen: offsets has %lld entries, at least 2 ([B+1], B >= 1)",
+                         (long long)(a.B + 1));
+    if (!e->error_flag)
+        return sj_seterr(SJ_EINVAL, "attention_varlen: no device error flag (sj_cuda_exec.error_flag is 0)");
+    a.q = dptr(q->data), a.k = dptr(k->data), a.v = dptr(v->data), a.y = dptr(y->data);
+    a.off = dptr(offsets->data), a.soff = offsets->stride[0], a.flag = e->error_flag;
+    for (int i = 0; i < 3; i++) {
+        a.sq[i] = q->stride[i], a.sk[i] = k->stride[i];
+        a.sv[i] = v->stride[i], a.sy[i] = y->stride[i];
+    }
+    a.scale = (float)scale;
+    a.causal = causal != 0;
+    sj_cuda *c = e->cuda;
+    sj_cuda_bind(c);
+    sj_status st = launch(e, EK_varlen_check_i32, grid_for(c, a.B + 1, SJ_EK_THREADS), SJ_EK_THREADS, 1, 0, &a);
+    if (st || a.T == 0 || a.H == 0 || a.Dv == 0)
+        return st;
+    int64_t smem = (a.D + a.Dv + SJ_EK_ATT_CHUNK) * (int64_t)sizeof(float);
+    if (smem > c->max_smem_optin)
+        return sj_seterr(SJ_EBACKEND, "attention_varlen: head sizes D %lld + Dv %lld need %lld bytes of shared "
+                                      "memory, more than the device's %d", (long long)a.D, (long long)a.Dv,
+                         (long long)smem, c->max_smem_optin);
+    return launch(e, EK_attention_varlen_f32 + q->dtype, (unsigned)min64(a.T * a.H, INT32_MAX), SJ_EK_ATT_THREADS,
+                  1, (unsigned)smem, &a);
+}
+
+sj_status sj_cuda_flag_status(int flag) {
+    if (!flag)
+        return SJ_OK;
+    if (flag & SJ_EK_VARLEN_BAD_FIRST)
+        return sj_seterr(SJ_EINDEX, "attention_varlen: offsets[0] is not 0");
+    if (flag & SJ_EK_VARLEN_BAD_ORDER)
+        return sj_seterr(SJ_EINDEX, "attention_varlen: offsets decrease (an entry is below the one before it)");
+    if (flag & SJ_EK_VARLEN_BAD_LAST)
+        return sj_seterr(SJ_EINDEX, "attention_varlen: offsets[B] (the last) is not T, the packed token count");
+    return sj_seterr(SJ_EINDEX, "gather: an index is out of range");
 }
 
 /* -- Concat and gather ----------------------------------------------------------------- */

@@ -16,7 +16,9 @@
  * gather with an index outside [0, V): the kernel clamps nothing and writes
  * nothing for that element; it sets e->error_flag (a device int the caller
  * allocated and zeroed), which the executor reads after the call to return
- * SJ_EINDEX.
+ * SJ_EINDEX. attention_varlen checks its offsets on the device the same
+ * way (bits SJ_EK_VARLEN_BAD_* of eager_abi.cuh; sj_cuda_flag_status
+ * turns a flag into the call's error).
  */
 #ifndef SJ_EAGER_CUDA_H
 #define SJ_EAGER_CUDA_H
@@ -27,7 +29,8 @@
 typedef struct sj_cuda_exec {
     sj_cuda *cuda;
     CUstream stream;
-    CUdeviceptr error_flag; /* device int, 0 on entry; set to 1 by gather on a bad index */
+    CUdeviceptr error_flag; /* device int, 0 on entry; set to 1 by gather on a bad index, or'ed with
+                               SJ_EK_VARLEN_BAD_* by attention_varlen on bad offsets */
     /* cuBLASLt's workspace for every product of this call (a CUDA graph's
      * own, ws_bytes of it); 0: each product takes what its algorithm needs
      * from the allocator. */
@@ -95,6 +98,16 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
 sj_status sj_cuda_attention_mask(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                                  const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
                                  const sj_tensor *y);
+/* Attention over packed sequences (sj_attention_varlen): q, k [T,H,D],
+ * v [T,H,Dv], offsets i32 [B+1] on the device, y [T,H,Dv]. A check kernel
+ * ors SJ_EK_VARLEN_BAD_* into e->error_flag on bad offsets (read after the
+ * call; the outputs are then unspecified, no read leaves [0, T)), then one
+ * block per (token, head) with an online softmax, in f32. */
+sj_status sj_cuda_attention_varlen(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                   const sj_tensor *offsets, double scale, int causal, const sj_tensor *y);
+/* The status of a call whose error flag reads flag (0: SJ_OK), with a
+ * message naming what was wrong. */
+sj_status sj_cuda_flag_status(int flag);
 int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t D, int64_t Dv);
 int sj_cuda_attention_groups(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D,
                              int64_t Dv);

@@ -60,6 +60,17 @@ sj_fn *bert_fn(const bert_model *m);
 sj_status bert_embed(bert_model *m, const int32_t *ids, const int32_t *lengths, int batch, int seq,
                      float *out);
 
+/* Embed a packed batch: the same as bert_embed without padding. ids: the
+ * batch's token ids laid end to end (sentence b's lengths[b] tokens after
+ * sentence b-1's), sum(lengths) in all, host memory; 1 <= lengths[b] <=
+ * max_positions; out: batch x hidden floats, each row L2-normalised.
+ * Attention runs over the packed tokens with sj_attention_varlen, so no
+ * work is spent on padding. Thread-safe like bert_embed. */
+sj_status bert_embed_packed(bert_model *m, const int32_t *ids, const int32_t *lengths, int batch, float *out);
+
+/* The packed encoder's jitted function (named "bert_packed"). */
+sj_fn *bert_fn_packed(const bert_model *m);
+
 /* Prepare the function for serving before the first request, with
  * shapejit's warm-up (sj_fn_warmup): for each of the n shapes bs[2k] x
  * bs[2k + 1] (batch x seq), the entry is traced, its kernels compiled and
@@ -78,5 +89,10 @@ sj_status bert_warmup_shapes(bert_model *m, const int *bs, int n, unsigned flags
  * batches[0..nb) x seqs[0..ns). */
 sj_status bert_warmup(bert_model *m, const int *batches, int nb, const int *seqs, int ns,
                       int timeout_ms);
+
+/* The same for the packed encoder (bert_embed_packed): batches[i]
+ * sentences of lengths up to seqs[j], packed. */
+sj_status bert_warmup_packed(bert_model *m, const int *batches, int nb, const int *seqs, int ns,
+                             int timeout_ms);
 
 #endif

@@ -18,9 +18,12 @@
  * samples/bert) and queued; one batcher thread (--batchers for more) takes
  * up to --max-batch of the oldest queued sentences, waiting at most
  * --max-batch-wait-ms for them to come, sorts them by length and cuts them
- * into batches of similar lengths (at most about twice the shortest) under
- * a token budget (batch x longest <= --max-batch-tokens), and runs the encoder
- * (samples/bert, shapejit) once per batch; both the batch and the sequence
+ * into batches under a token budget (--max-batch-tokens), and runs the
+ * encoder (samples/bert, shapejit) once per batch: packed by default (the
+ * batch's tokens end to end, attention through sj_attention_varlen, no
+ * padding computed; the budget bounds the sum of lengths), or with
+ * --packed 0 padded (batches of similar lengths, at most about twice the
+ * shortest, batch x longest within the budget); both the batch and the sequence
  * length vary from call to call, which is what shapejit's guards and
  * buckets are for. Limits answer with JSON errors (400, 404, 405, 413,
  * 429) and never disturb other requests. SIGTERM or SIGINT: stop accepting,
@@ -54,7 +57,7 @@
 typedef struct options {
     const char *model, *host, *port_file, *name, *warmup_shapes;
     int port, threads, batchers, max_batch_tokens, max_batch_wait_ms, max_inputs, queue_depth, max_tokens;
-    int max_batch, warmup, connections;
+    int max_batch, warmup, connections, packed;
     int devices[MAX_DEVICES], n_devices; /* --devices: one runtime per GPU; 0: the default backend */
     size_t max_body;
     sj_dtype dtype;
@@ -69,7 +72,8 @@ static void usage(FILE *f) {
             "  --port-file PATH        write the port listened on there once ready to accept\n"
             "  --threads N             shapejit kernel threads (default: all CPUs)\n"
             "  --batchers N            batches run at once (default 1)\n"
-            "  --max-batch-tokens N    a batch's padded tokens at most (default 8192)\n"
+            "  --max-batch-tokens N    a batch's tokens at most (padded: batch x longest) (default 8192)\n"
+            "  --packed 0|1            packed batches, no padding (sj_attention_varlen) (default 1)\n"
             "  --max-batch N           sentences in a batch at most (default 64)\n"
             "  --max-batch-wait-ms N   how long a batch waits to fill (default 2)\n"
             "  --max-inputs N          texts in one request at most (default 256; more: 413)\n"
@@ -91,7 +95,7 @@ static void usage(FILE *f) {
 static int parse_options(int argc, char **argv, options *o) {
     *o = (options){.host = "127.0.0.1", .port = 8080, .batchers = 1, .max_batch_tokens = 8192,
                    .max_batch_wait_ms = 2, .max_inputs = 256, .max_body = 1 << 20, .queue_depth = 4096,
-                   .max_tokens = 256, .max_batch = 64, .warmup = 1, .connections = 256, .dtype = SJ_F32,
+                   .max_tokens = 256, .max_batch = 64, .warmup = 1, .connections = 256, .packed = 1, .dtype = SJ_F32,
                    .name = "all-MiniLM-L6-v2"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -117,6 +121,7 @@ static int parse_options(int argc, char **argv, options *o) {
         INT_OPT("--max-tokens", max_tokens, 2, 512)
         INT_OPT("--max-connections", connections, 1, 65536)
         INT_OPT("--warmup", warmup, 0, 1)
+        INT_OPT("--packed", packed, 0, 1)
 #undef INT_OPT
         if (!strcmp(a, "--max-body-bytes") && v && n >= 64) {
             o->max_body = (size_t)n;
@@ -236,11 +241,13 @@ typedef struct server {
     double warm_start;
     _Atomic bool warm_skipped; /* the warm-up was refused: serve as ready */
     _Atomic bool warm_stop;    /* shutting down: the warm-up thread returns */
+    _Atomic bool packed_warm;  /* --packed: the packed encoder's warm-up is over */
     _Atomic int in_flight;
 } server;
 
 static bool is_ready(server *s) {
     if (!s->o.warmup || atomic_load(&s->warm_skipped)) return true;
+    if (s->o.packed) return atomic_load(&s->packed_warm);
     for (int d = 0; d < s->n_rt; d++)
         if (!sj_fn_ready(bert_fn(s->models[d]))) return false;
     return true;
@@ -265,20 +272,24 @@ static void finish_item(item *it, sj_status st, const char *err) {
     pthread_mutex_unlock(&r->lock);
 }
 
-/* Runs one batch on model m, sorted by length: padded to its longest
- * sentence. */
+/* Runs one batch, sorted by length: packed (the sentences' tokens end to
+ * end, no padding), or with --packed 0 padded to its longest sentence. */
 static void run_batch(server *s, bert_model *model, item *b, int n) {
     int S = b[n - 1].n;
     int32_t *ids = calloc((size_t)n * (size_t)S, sizeof *ids), *len = malloc((size_t)n * sizeof *len);
     float *out = malloc((size_t)n * (size_t)s->hidden * sizeof *out);
     sj_status st = ids && len && out ? SJ_OK : SJ_ENOMEM;
     const char *err = "out of memory";
+    uint64_t computed = 0; /* tokens the encoder computes, padding included */
     if (!st) {
+        size_t at = 0;
         for (int i = 0; i < n; i++) {
-            memcpy(ids + (size_t)i * S, b[i].ids, (size_t)b[i].n * sizeof *ids);
+            memcpy(ids + (s->o.packed ? at : (size_t)i * S), b[i].ids, (size_t)b[i].n * sizeof *ids);
+            at += (size_t)b[i].n;
             len[i] = b[i].n;
         }
-        st = bert_embed(model, ids, len, n, S, out);
+        computed = s->o.packed ? (uint64_t)at : (uint64_t)n * (uint64_t)S;
+        st = s->o.packed ? bert_embed_packed(model, ids, len, n, out) : bert_embed(model, ids, len, n, S, out);
         err = bert_error();
         if (!st)
             for (int i = 0; i < n; i++) memcpy(b[i].out, out + (size_t)i * s->hidden, (size_t)s->hidden * sizeof(float));
@@ -292,7 +303,7 @@ static void run_batch(server *s, bert_model *model, item *b, int n) {
     s->m.batch_sum += (uint64_t)n;
     s->m.batch_count++;
     s->m.tokens += tokens;
-    s->m.padded_tokens += (uint64_t)n * (uint64_t)S;
+    s->m.padded_tokens += computed;
     s->m.sentences += (uint64_t)n;
     pthread_mutex_unlock(&s->m.lock);
     for (int i = 0; i < n; i++) finish_item(&b[i], st, err);
@@ -331,14 +342,16 @@ static void *batcher_main(void *arg) {
             s->qlen--;
         }
         pthread_mutex_unlock(&s->qlock);
-        /* ... sorted by length and cut where padding would waste much or
-         * the token budget (batch x longest) would be passed */
+        /* ... sorted by length and cut where the token budget would be
+         * passed (packed: the sum of lengths; padded: batch x longest, and
+         * also where padding would waste much) */
         qsort(batch, (size_t)n, sizeof *batch, by_length);
         for (int first = 0; first < n;) {
-            int end = first + 1;
-            while (end < n && (end + 1 - first) * batch[end].n <= s->o.max_batch_tokens &&
-                   batch[end].n <= 2 * batch[first].n + 8)
-                end++;
+            int end = first + 1, sum = batch[first].n;
+            while (end < n && (s->o.packed ? sum + batch[end].n <= s->o.max_batch_tokens
+                                           : (end + 1 - first) * batch[end].n <= s->o.max_batch_tokens &&
+                                                 batch[end].n <= 2 * batch[first].n + 8))
+                sum += batch[end++].n;
             run_batch(s, model, batch + first, end - first);
             first = end;
         }
@@ -678,6 +691,18 @@ static int warmup_shapes(const options *o, int *bs, int max) {
  * function is ready (sj_fn_ready). */
 static void *warm_main(void *arg) {
     server *s = arg;
+    if (s->o.packed) { /* the packed encoder: its own runs per (batch, seq) bucket, blocking */
+        int batches[] = {1, 4, 8, 16}, seqs[] = {16, 32, 64, 128, 256};
+        int ns = 0;
+        while (ns < 5 && seqs[ns] <= s->o.max_tokens) ns++;
+        for (int d = 0; d < s->n_rt && !atomic_load(&s->warm_stop); d++)
+            if (bert_warmup_packed(s->models[d], batches, 4, seqs, ns, 600000))
+                fprintf(stderr, "embed_server: warm-up: %s (serving anyway)\n", bert_error());
+        atomic_store(&s->packed_warm, true);
+        fprintf(stderr, "embed_server: ready (packed warm-up %.1f s, %d runtime%s)\n", now_s() - s->warm_start,
+                s->n_rt, s->n_rt > 1 ? "s" : "");
+        return NULL;
+    }
     int bs[2 * 64];
     int n = warmup_shapes(&s->o, bs, 64);
     if (n < 1) {

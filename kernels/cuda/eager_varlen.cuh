@@ -1,0 +1,125 @@
+/* Attention over packed (ragged) sequences (included by eager.cu): the
+ * kernels attention_varlen_<tag> and varlen_check_i32, see
+ * sj_attention_varlen() in shapejit.h.
+ */
+#ifndef SJ_EAGER_VARLEN_CUH
+#define SJ_EAGER_VARLEN_CUH
+
+#include "kernels/cuda/eager_common.cuh"
+
+/* -- Offsets check ----------------------------------------------------------------------
+ * One thread per entry (grid-stride): bits of *flag (atomicOr) for
+ * offsets[0] != 0, an entry below the one before, the last != T. The
+ * attention kernel never reads outside [0, T) whatever the offsets are. */
+
+SJ_DEV void varlen_check(const sj_ek_varlen &p) {
+    const int32_t *off = reinterpret_cast<const int32_t *>(p.off);
+    const int64_t n = p.B + 1, nt = gthreads();
+    int bits = 0;
+    for (int64_t b = gtid(); b < n; b += nt) {
+        const int64_t o = off[b * p.soff];
+        if (b == 0 && o != 0) bits |= SJ_EK_VARLEN_BAD_FIRST;
+        if (b > 0 && o < off[(b - 1) * p.soff]) bits |= SJ_EK_VARLEN_BAD_ORDER;
+        if (b == n - 1 && o != p.T) bits |= SJ_EK_VARLEN_BAD_LAST;
+    }
+    if (bits) atomicOr(reinterpret_cast<int *>(p.flag), bits);
+}
+
+/* -- Attention --------------------------------------------------------------------------
+ * One block per (token t, head h), grid-stride over T * H: the sequence of
+ * t is found by a binary search of the offsets (clamped to [0, T], so bad
+ * offsets cannot send a read out of range); its keys s .. e-1 (causal:
+ * s .. t) are taken SJ_EK_ATT_CHUNK at a time with an online softmax, as
+ * the padded kernel attention (eager_misc.cuh) does: warps score keys, the
+ * running max m and sum l are updated per chunk, each thread accumulates
+ * its own output elements. y = acc / l, in f32 until the store.
+ * Dynamic shared memory: q[D], p[CHUNK], acc[Dv] floats. */
+
+SJ_DEV int64_t varlen_off(const sj_ek_varlen &p, int64_t b) {
+    const int64_t o = reinterpret_cast<const int32_t *>(p.off)[b * p.soff];
+    return o < 0 ? 0 : o > p.T ? p.T : o;
+}
+
+template <class T> SJ_DEV void attention_varlen(const sj_ek_varlen &p) {
+    typedef typename T::S S;
+    extern __shared__ float vl_sm[];
+    float *qs = vl_sm, *ps = vl_sm + p.D, *acc = vl_sm + p.D + SJ_EK_ATT_CHUNK;
+    const S *q = reinterpret_cast<const S *>(p.q);
+    const S *k = reinterpret_cast<const S *>(p.k);
+    const S *v = reinterpret_cast<const S *>(p.v);
+    S *y = reinterpret_cast<S *>(p.y);
+    const int t = (int)threadIdx.x, nthr = (int)blockDim.x;
+    const int lane = t & 31, warp = t >> 5, nwarps = nthr >> 5;
+    const int64_t total = p.T * p.H;
+    for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
+        const int64_t i = blk / p.H, h = blk % p.H;
+        /* the last b with off[b] <= i (uniform in the block) */
+        int64_t lo = 0, hi = p.B - 1;
+        while (lo < hi) {
+            const int64_t mid = (lo + hi + 1) / 2;
+            if (varlen_off(p, mid) <= i) lo = mid;
+            else hi = mid - 1;
+        }
+        const int64_t s = varlen_off(p, lo);
+        int64_t e = varlen_off(p, lo + 1);
+        if (p.causal && i + 1 < e) e = i + 1;
+        S *yr = y + i * p.sy[0] + h * p.sy[1];
+        if (i < s || e <= s) { /* bad offsets only */
+            for (int64_t d = t; d < p.Dv; d += nthr) yr[d * p.sy[2]] = T::st(0.0f);
+            continue;
+        }
+        const S *qr = q + i * p.sq[0] + h * p.sq[1];
+        const S *kh = k + h * p.sk[1];
+        const S *vh = v + h * p.sv[1];
+        __syncthreads(); /* the previous query's readers of qs/acc are done */
+        for (int64_t d = t; d < p.D; d += nthr) qs[d] = T::ld(qr[d * p.sq[2]]);
+        for (int64_t d = t; d < p.Dv; d += nthr) acc[d] = 0.0f;
+        float m = -INFINITY, l = 0.0f; /* the same in every thread */
+        for (int64_t j0 = s; j0 < e; j0 += SJ_EK_ATT_CHUNK) {
+            const int cnt = (int)(e - j0 < SJ_EK_ATT_CHUNK ? e - j0 : SJ_EK_ATT_CHUNK);
+            __syncthreads(); /* qs written; the previous chunk's ps consumed */
+            for (int jj = warp; jj < cnt; jj += nwarps) {
+                const S *kr = kh + (j0 + jj) * p.sk[0];
+                float dot = 0.0f;
+                for (int64_t d = lane; d < p.D; d += 32) dot += qs[d] * T::ld(kr[d * p.sk[2]]);
+                dot = warp_reduce<r_sum_f>(dot);
+                if (lane == 0) ps[jj] = dot * p.scale;
+            }
+            __syncthreads();
+            float cm = -INFINITY;
+            for (int jj = 0; jj < cnt; jj++) cm = max_nan(cm, ps[jj]);
+            const float mn = max_nan(m, cm);
+            const float alpha = m == -INFINITY ? 0.0f : sj_rt_expf(m - mn);
+            __syncthreads(); /* every thread has read the scores */
+            for (int jj = t; jj < cnt; jj += nthr) ps[jj] = mn == -INFINITY ? 0.0f : sj_rt_expf(ps[jj] - mn);
+            __syncthreads();
+            float cs = 0.0f;
+            for (int jj = 0; jj < cnt; jj++) cs += ps[jj];
+            l = l * alpha + cs;
+            m = mn;
+            for (int64_t d = t; d < p.Dv; d += nthr) {
+                const S *ve = vh + j0 * p.sv[0] + d * p.sv[2];
+                float a = acc[d] * alpha;
+                for (int jj = 0; jj < cnt; jj++) a += ps[jj] * T::ld(ve[jj * p.sv[0]]);
+                acc[d] = a;
+            }
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int64_t d = t; d < p.Dv; d += nthr) yr[d * p.sy[2]] = T::st(acc[d] * inv);
+    }
+}
+
+/* -- Kernel definitions ------------------------------------------------------------------ */
+
+#define SJ_EK_DEF_attention_varlen(tag)                                                            \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_THREADS)                                \
+        sj_ek_attention_varlen_##tag(const __grid_constant__ sj_ek_varlen a) {                     \
+        attention_varlen<dt_##tag>(a);                                                             \
+    }
+#define SJ_EK_DEF_varlen_check(tag)                                                                \
+    extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
+        sj_ek_varlen_check_##tag(const __grid_constant__ sj_ek_varlen a) {                         \
+        varlen_check(a);                                                                           \
+    }
+
+#endif /* SJ_EAGER_VARLEN_CUH */
