@@ -455,23 +455,9 @@ static void bench_firstuse(void) {
     sj_runtime_destroy(rt);
 }
 
-/* The lengths in path (at most cap); *max_len: the longest. */
+/* The lengths in path (at most cap; w5c_read_lengths); *max_len: the longest. */
 static int read_lengths(const char *path, int64_t *lens, int cap, int64_t *max_len) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        perror(path);
-        exit(1);
-    }
-    int n = 0;
-    long v;
-    while (n < cap && fscanf(f, "%ld", &v) == 1) {
-        if (v < 1 || v > 4096) {
-            fprintf(stderr, "%s: length %ld out of range [1, 4096]\n", path, v);
-            exit(1);
-        }
-        lens[n++] = v;
-    }
-    fclose(f);
+    int n = w5c_read_lengths(path, lens, cap);
     *max_len = 1;
     for (int i = 0; i < n; i++) *max_len = lens[i] > *max_len ? lens[i] : *max_len;
     return n;

@@ -411,10 +411,16 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
         st = sj_exec_fused(&x, e->plan, cd->fns);
 #endif
     } else {
-        int64_t t0 = sj_now_ns(); /* what an eager call costs: the compile queue's value */
+        /* what an eager call costs (the compile queue's value): 1 call in 16
+         * of each thread is timed, so threads do not all write the
+         * entry's two counters on every call */
+        bool timed = !transient && (atomic_load_explicit(&e->calls.s[shard].v, RELAXED) & 15) == 1;
+        int64_t t0 = timed ? sj_now_ns() : 0;
         st = sj_exec_eager(&x);
-        atomic_fetch_add_explicit(&e->eager_ns, (uint64_t)(sj_now_ns() - t0), RELAXED);
-        atomic_fetch_add_explicit(&e->eager_timed, 1, RELAXED);
+        if (timed) {
+            atomic_fetch_add_explicit(&e->eager_ns, (uint64_t)(sj_now_ns() - t0), RELAXED);
+            atomic_fetch_add_explicit(&e->eager_timed, 1, RELAXED);
+        }
         tier = &hot->eager_calls;
     }
 #ifdef SJ_WITH_CUDA

@@ -101,10 +101,12 @@ void sj_ctarget_release(sj_ctarget *t) {
 /* -- Compiling one target (no lock held) ------------------------------------------- */
 
 static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, int64_t idle_until_ns,
-                                sj_compiled **out, char *err, size_t errn) {
+                                sj_compiled **out, char *err, size_t errn, bool *hopeless) {
     const sj_fplan *plan = e->plan;
     *out = NULL;
+    *hopeless = false;
     if (plan->n_generated * SJ_CG_VARIANTS_MAX > SJ_COMPILE_SYMBOLS_MAX) {
+        *hopeless = true; /* the same plan, the same refusal: no retry can mend it */
         snprintf(err, errn, "the plan has %d generated kernels (at most %d per unit)", plan->n_generated,
                  SJ_COMPILE_SYMBOLS_MAX / SJ_CG_VARIANTS_MAX);
         return SJ_EBACKEND;
@@ -127,6 +129,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     for (int gi = 0; gi < plan->n_groups; gi++) {
         int nv = variants[gi];
         if ((nv < 1) != (plan->groups[gi].kind == SJ_G_NODE) || nv > SJ_CG_VARIANTS_MAX) {
+            *hopeless = true;
             snprintf(err, errn, "the generator reported %d functions for group %s", nv, plan->groups[gi].name);
             free(variants);
             free(src);
@@ -220,7 +223,7 @@ static bool may_queue(const sj_compiler *c, const sj_ctarget *t) {
 
 /* Publish or fail a target (compiler lock held). */
 static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj_status st, sj_compiled *cd,
-                   const char *err) {
+                   const char *err, bool hopeless) {
     sj_ctarget *t = target_of(e, m);
     if (!st) {
         atomic_store_explicit(&t->ready, cd, memory_order_release); /* the hot swap */
@@ -235,9 +238,6 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
                 cd->from_remote ? "from the remote cache" : cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
     } else {
         snprintf(t->error, sizeof t->error, "%s", err);
-        /* a plan too big for a unit, or an internal error, fails the same
-         * way every time: no retry can mend it */
-        bool hopeless = st == SJ_EINTERNAL || (st == SJ_EBACKEND && !strncmp(err, "the plan has", 12));
         int fails = atomic_fetch_add_explicit(&t->fails, 1, RELAXED) + 1;
         int64_t penalty = penalty_ns(c, fails);
         bool blacklist = hopeless || penalty < 0 || fails >= c->max_failures;
@@ -370,10 +370,11 @@ static void run_one(sj_compiler *c) {
     int64_t idle_until = c->idle_ns > 0 ? j.queued_ns + c->idle_ns : 0;
     pthread_mutex_unlock(&c->lock);
     char err[256] = "";
+    bool hopeless = false;
     sj_compiled *cd = NULL;
-    sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err);
+    sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err, &hopeless);
     pthread_mutex_lock(&c->lock);
-    finish(c, j.fn, j.entry, j.memo, st, cd, err);
+    finish(c, j.fn, j.entry, j.memo, st, cd, err, hopeless);
 }
 
 static void *worker_main(void *arg) {
@@ -498,10 +499,11 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
         fn->compiles_pending++;
         pthread_mutex_unlock(&c->lock);
         char err[256] = "";
+        bool hopeless = false;
         sj_compiled *cd = NULL;
-        sj_status st = compile_target(c, fn, e, m, 0, &cd, err, sizeof err); /* a caller waits: normal priority */
+        sj_status st = compile_target(c, fn, e, m, 0, &cd, err, sizeof err, &hopeless); /* a caller waits: normal priority */
         pthread_mutex_lock(&c->lock);
-        finish(c, fn, e, m, st, cd, err);
+        finish(c, fn, e, m, st, cd, err, hopeless);
     } else {
         while (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_COMPILING) pthread_cond_wait(&c->done, &c->lock);
     }
