@@ -442,6 +442,15 @@ static void test_cold_job_dropped(void **state) {
     w1_inputs(a, 3);
     w1_inputs(b, 4);
     call_and_compare(rt, fn, m_w1, a, 3, 1, 1e-5); /* compiling for 300 ms */
+    /* b must queue behind a's compile: were both queued at once, the queue
+     * (ordered by value) could compile b first and drop a */
+    sj_entry_info info;
+    for (int i = 0; i < 5000; i++) {
+        sj_fn_entries(fn, &info, 1);
+        if (strcmp(info.tier, "queued")) break;
+        usleep(1000);
+    }
+    assert_string_equal(info.tier, "compiling");
     call_and_compare(rt, fn, m_w1, b, 3, 1, 1e-5); /* queued, then never called again */
     assert_int_equal(sj_fn_wait_idle(fn, 5000), SJ_OK);
     sj_stats s = stats(fn);
