@@ -5,7 +5,8 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|all|asan|warmup] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|all|asan|warmup] (results under $OUT)
+#             remote: test_remote on the CUDA backend, with the package's redis-server
 #             realmodel: the server's HTTP answers against the reference on CUDA, and
 #             the BERT encoder on the host's CPU against ONNX Runtime and PyTorch (needs
 #             .gpu-model: the model directory with reference.jsonl);
@@ -139,6 +140,12 @@ healthy() {
     exec 3>&-
     case "$line" in *" 200"*) return 0 ;; *) return 1 ;; esac
 }
+
+if [ "$what" = remote ]; then # the remote kernel cache on the CUDA backend (redis-server from the package)
+    PATH="$PWD/$B:$PATH" SJ_REMOTE_BACKEND=cuda timeout 300 "$B/test_remote" > /tmp/remote.log 2>&1
+    echo "test_remote (cuda) rc=$?: $(grep -E "PASSED|FAILED|skipped" /tmp/remote.log | tr '\n' ' ')" | tee -a "$summary"
+    grep -E "ERROR|LINE|FAIL" /tmp/remote.log | head -20 | tee -a "$summary"
+fi
 
 if [ "$what" = multi ]; then
     timeout 300 "$B/test_cuda_multi" > /tmp/multi.log 2>&1
