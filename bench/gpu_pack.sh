@@ -32,6 +32,9 @@ for lib in $(ldd $BINS $REDIS 2>/dev/null | awk '/=> \// {print $3}' | sort -u);
 done
 rm -rf .gpu-build && mkdir -p .gpu-build/stage/.gpu-build/bin
 cp $BINS $REDIS .gpu-build/stage/.gpu-build/bin/
+# SJ_PACK_EXTRA: more files for bin/ (e.g. a benchmark built from the base
+# commit, for a side-by-side run on the same machine)
+[ -n "${SJ_PACK_EXTRA:-}" ] && cp ${SJ_PACK_EXTRA} .gpu-build/stage/.gpu-build/bin/
 rm -f .gpu-build/stage/.gpu-build/bin/*.d
 strip .gpu-build/stage/.gpu-build/bin/*
 # ASAN=1: also the CUDA tests under AddressSanitizer + UBSan (unstripped,
