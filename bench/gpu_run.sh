@@ -7,8 +7,9 @@
 #             .peer/       ../shared/peers and ../shared/workloads
 #   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|all|asan|warmup] (results under $OUT)
 #             remote: test_remote on the CUDA backend, with the package's redis-server
-#             cpuscale: bench_bert on the host's CPUs at 1, 4 and nproc threads, this build against
-#             bench_bert_base (SJ_PACK_EXTRA), interleaved, and ONNX Runtime
+#             cpuscale: bench_bert on the host's CPUs at 1 and nproc threads, this build against
+#             bench_bert_pool and bench_bert_base (other commits' builds, SJ_PACK_EXTRA), interleaved,
+#             and ONNX Runtime
 #             realmodel: the server's HTTP answers against the reference on CUDA, and
 #             the BERT encoder on the host's CPU against ONNX Runtime and PyTorch (needs
 #             .gpu-model: the model directory with reference.jsonl);
@@ -146,16 +147,16 @@ healthy() {
 if [ "$what" = cpuscale ]; then # the BERT encoder on the host's CPUs: this build against the base's, interleaved, and ORT
     M=.gpu-model; n=$(nproc)
     for round in 1 2; do
-        for bin in bench_bert bench_bert_base; do
+        for bin in bench_bert bench_bert_pool bench_bert_base; do
             [ -x "$B/$bin" ] || continue
-            SHAPEJIT_BACKEND=cpu timeout 150 "$B/$bin" --model $M --threads "1,4,$n" --batches 1,8,32 --seconds 2 \
+            SHAPEJIT_BACKEND=cpu timeout 150 "$B/$bin" --model $M --threads "1,$n" --batches 1,8,32 --seconds 2 \
                 2>> "$summary" | sed "s/\"impl\": \"shapejit\"/\"impl\": \"$bin\"/" >> "$OUT/bert_scale.jsonl"
             echo "$bin round $round rc=$?" | tee -a "$summary"
         done
     done
     SHAPEJIT_BACKEND=cpu timeout 100 "$B/bench_bert" --model $M --threads "$n" --batches 8,32 --seconds 2 --packed \
         2>> "$summary" >> "$OUT/bert_scale.jsonl"
-    timeout 200 python3 bench/ort_bert_peer.py $M samples/bert/sentences.txt --threads "1,4,$n" --batches 1,8,32 --seconds 2 --optimize \
+    timeout 200 python3 bench/ort_bert_peer.py $M samples/bert/sentences.txt --threads "1,$n" --batches 1,8,32 --seconds 2 --optimize \
         >> "$OUT/bert_scale.jsonl" 2>> "$summary"
     echo "ort rc=$?" | tee -a "$summary"
     cat "$OUT/bert_scale.jsonl" >> "$summary"

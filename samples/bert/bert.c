@@ -46,7 +46,8 @@ typedef struct linear {
 } linear;
 
 typedef struct layer {
-    linear q, k, v, o, up, down;
+    linear qkv; /* query, key and value in one product: [in, 3 x hidden] */
+    linear o, up, down;
     sj_tensor ln1_g, ln1_b, ln2_g, ln2_b;
 } layer;
 
@@ -148,37 +149,62 @@ static sj_status keep(bert_model *m, const sj_tensor *t) {
     return SJ_OK;
 }
 
-/* A linear layer: weight [out, in] in the file -> [in, out] in the compute
- * dtype, on the runtime's device. The stored bytes (host, any float dtype)
- * are converted to f32 on the host, transposed, then converted and, on
- * CUDA, uploaded by one sj_tensor_copy. */
-static sj_status load_linear(bert_model *m, const char *prefix, int in, int out, linear *l) {
+/* A linear layer made of n stored ones side by side (n = 1: one layer;
+ * query, key and value: n = 3, one product instead of three): each weight
+ * [out, in] in the file -> columns [i * out, (i + 1) * out) of [in, n *
+ * out] in the compute dtype, on the runtime's device, and the biases
+ * likewise. The stored bytes (host, any float dtype) are converted to f32
+ * on the host, transposed, then converted and, on CUDA, uploaded by one
+ * sj_tensor_copy each. */
+static sj_status load_linear(bert_model *m, const char *const *prefixes, int n, int in, int out, linear *l) {
     char name[256];
-    sj_tensor stored;
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    sj_status st = sj_weights_info(m->weights, name, &stored);
-    if (st) return st;
-    if (stored.rank != 2 || stored.shape[0] != out || stored.shape[1] != in)
-        return set_error(SJ_ESHAPE, "tensor '%s': wrong shape: expected [%d, %d]", name, out, in);
+    int64_t cols = (int64_t)n * out;
+    sj_tensor t = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){in, cols});
+    sj_tensor bt = sj_tensor_make(NULL, SJ_F32, 1, &cols);
     sj_tensor f = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){out, in});
-    sj_tensor t = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){in, out});
-    sj_tensor conv = sj_tensor_make(NULL, m->dtype, 2, (int64_t[]){in, out});
-    conv.device = m->cuda ? SJ_CUDA : SJ_HOST;
-    if (!(st = sj_tensor_alloc(m->rt, &f)) && !(st = sj_tensor_alloc(m->rt, &t)) &&
-        !(st = sj_tensor_copy(m->rt, &f, &stored))) {
+    sj_status st = sj_tensor_alloc(m->rt, &t);
+    if (!st) st = sj_tensor_alloc(m->rt, &bt);
+    if (!st) st = sj_tensor_alloc(m->rt, &f);
+    for (int p = 0; p < n && !st; p++) {
+        sj_tensor stored;
+        snprintf(name, sizeof name, "%s.weight", prefixes[p]);
+        if ((st = sj_weights_info(m->weights, name, &stored))) break;
+        if (stored.rank != 2 || stored.shape[0] != out || stored.shape[1] != in) {
+            st = set_error(SJ_ESHAPE, "tensor '%s': wrong shape: expected [%d, %d]", name, out, in);
+            break;
+        }
+        if ((st = sj_tensor_copy(m->rt, &f, &stored))) break;
         const float *src = f.data;
-        float *dst = t.data;
+        float *dst = (float *)t.data + (size_t)p * out;
         for (int i = 0; i < out; i++)
-            for (int j = 0; j < in; j++) dst[(size_t)j * out + i] = src[(size_t)i * in + j];
-        if (!(st = sj_tensor_alloc(m->rt, &conv)) && !(st = sj_tensor_copy(m->rt, &conv, &t))) st = keep(m, &conv);
-        if (!st) l->w = conv;
-        else sj_tensor_free(m->rt, &conv);
+            for (int j = 0; j < in; j++) dst[(size_t)j * cols + i] = src[(size_t)i * in + j];
+        snprintf(name, sizeof name, "%s.bias", prefixes[p]);
+        if ((st = sj_weights_info(m->weights, name, &stored))) break;
+        if (stored.rank != 1 || stored.shape[0] != out) {
+            st = set_error(SJ_ESHAPE, "tensor '%s': wrong shape: expected [%d]", name, out);
+            break;
+        }
+        sj_tensor part = bt;
+        part.data = (float *)bt.data + (size_t)p * out;
+        part.shape[0] = out;
+        st = sj_tensor_copy(m->rt, &part, &stored);
+    }
+    sj_tensor w = sj_tensor_make(NULL, m->dtype, 2, (int64_t[]){in, cols});
+    sj_tensor b = sj_tensor_make(NULL, m->dtype, 1, &cols);
+    w.device = b.device = m->cuda ? SJ_CUDA : SJ_HOST;
+    if (!st && !(st = sj_tensor_alloc(m->rt, &w)) && !(st = sj_tensor_copy(m->rt, &w, &t)) && !(st = keep(m, &w))) {
+        l->w = w;
+        if (!(st = sj_tensor_alloc(m->rt, &b)) && !(st = sj_tensor_copy(m->rt, &b, &bt)) && !(st = keep(m, &b)))
+            l->b = b;
+        else
+            sj_tensor_free(m->rt, &b);
+    } else {
+        sj_tensor_free(m->rt, &w);
     }
     sj_tensor_free(m->rt, &f);
     sj_tensor_free(m->rt, &t);
-    if (st) return st;
-    snprintf(name, sizeof name, "%s.bias", prefix);
-    return get(m, name, 1, (int64_t[]){out}, &l->b);
+    sj_tensor_free(m->rt, &bt);
+    return st;
 }
 
 static sj_status load_weights(bert_model *m, const char *dir) {
@@ -203,12 +229,14 @@ static sj_status load_weights(bert_model *m, const char *dir) {
         layer *L = &m->layers[i];
         char p[128];
         snprintf(p, sizeof p, "encoder.layer.%d.", i);
+        char qn[160], kn[160], vn[160];
+        snprintf(qn, sizeof qn, "%sattention.self.query", p);
+        snprintf(kn, sizeof kn, "%sattention.self.key", p);
+        snprintf(vn, sizeof vn, "%sattention.self.value", p);
+        if ((st = load_linear(m, (const char *const[]){qn, kn, vn}, 3, H, H, &L->qkv))) return st;
 #define LIN(field, sub, in, out)                                                                  \
     snprintf(name, sizeof name, "%s%s", p, sub);                                                  \
-    if ((st = load_linear(m, name, in, out, &L->field))) return st;
-        LIN(q, "attention.self.query", H, H)
-        LIN(k, "attention.self.key", H, H)
-        LIN(v, "attention.self.value", H, H)
+    if ((st = load_linear(m, (const char *const[]){name}, 1, in, out, &L->field))) return st;
         LIN(o, "attention.output.dense", H, H)
         LIN(up, "intermediate.dense", H, I)
         LIN(down, "output.dense", I, H)
@@ -255,9 +283,10 @@ static sj_status model(sj_tracer *t, const sj_val *in, int n, void *user) {
     bool tanh_gelu = strcmp(c->act, "gelu") != 0;
     for (int i = 0; i < c->layers; i++) {
         const layer *L = &m->layers[i];
-        sj_val q = split_heads(t, lin(t, x, &L->q), c->heads, dh);
-        sj_val k = split_heads(t, lin(t, x, &L->k), c->heads, dh);
-        sj_val v = split_heads(t, lin(t, x, &L->v), c->heads, dh);
+        sj_val qkv = lin(t, x, &L->qkv); /* [B, S, 3 x hidden] */
+        sj_val q = split_heads(t, sj_slice(t, qkv, 2, 0, c->hidden, 1), c->heads, dh);
+        sj_val k = split_heads(t, sj_slice(t, qkv, 2, c->hidden, 2 * c->hidden, 1), c->heads, dh);
+        sj_val v = split_heads(t, sj_slice(t, qkv, 2, 2 * c->hidden, 3 * c->hidden, 1), c->heads, dh);
         sj_val a = sj_attention(t, q, k, v, lengths, 1.0 / sqrt((double)dh), 0);
         sj_dim d[3] = {sj_dim_of(t, x, 0), sj_dim_of(t, x, 1), sj_dim_const(t, c->hidden)};
         a = sj_reshape(t, sj_permute(t, a, (const int[]){0, 2, 1, 3}), 3, d);
@@ -294,9 +323,10 @@ static sj_status packed_model(sj_tracer *t, const sj_val *in, int n, void *user)
     bool tanh_gelu = strcmp(c->act, "gelu") != 0;
     for (int i = 0; i < c->layers; i++) {
         const layer *L = &m->layers[i];
-        sj_val q = packed_heads(t, lin(t, x, &L->q), c->heads, dh);
-        sj_val k = packed_heads(t, lin(t, x, &L->k), c->heads, dh);
-        sj_val v = packed_heads(t, lin(t, x, &L->v), c->heads, dh);
+        sj_val qkv = lin(t, x, &L->qkv); /* [T, 3 x hidden] */
+        sj_val q = packed_heads(t, sj_slice(t, qkv, 1, 0, c->hidden, 1), c->heads, dh);
+        sj_val k = packed_heads(t, sj_slice(t, qkv, 1, c->hidden, 2 * c->hidden, 1), c->heads, dh);
+        sj_val v = packed_heads(t, sj_slice(t, qkv, 1, 2 * c->hidden, 3 * c->hidden, 1), c->heads, dh);
         sj_val a = sj_attention_varlen(t, q, k, v, offsets, 1.0 / sqrt((double)dh), 0);
         sj_dim d[2] = {sj_dim_of(t, x, 0), sj_dim_const(t, c->hidden)};
         a = sj_reshape(t, a, 2, d);
