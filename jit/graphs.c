@@ -145,7 +145,8 @@ static const sj_cgraph *find(sj_memo *m, const sj_exec *x, const sj_compiled *cd
 
 sj_graph_use sj_graphs_call(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_compiled *cd, sj_status *st) {
     const sj_backend *b = x->ops;
-    if (!m || fn->rt->cfg.cuda_graphs <= 0 || !b->graph_capture || !fn->rt->grapher || atomic_load_explicit(&m->graph_off, RELAXED))
+    if (!m || fn->rt->cfg.cuda_graphs <= 0 || !b->graph_capture || !fn->rt->grapher ||
+        atomic_load_explicit(&m->graph_off, RELAXED))
         return SJ_GRAPH_NO;
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return SJ_GRAPH_NO; /* allocated per call: new addresses each time */

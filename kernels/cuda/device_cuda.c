@@ -155,8 +155,9 @@ static sj_status call_end(sj_backend *b, void *c, bool drain) {
      * stream must be done with them first (a synchronous call has waited
      * already). */
     if (drain && !cc->sync_call) {
-        sj_cuda_bind(cc->e.cuda);
-        st = SJ_CU(cc->e.cuda, cc->e.cuda->api.StreamSynchronize(cc->e.stream), "waiting for a one-off entry's kernels");
+        sj_cuda *cu = cc->e.cuda;
+        sj_cuda_bind(cu);
+        st = SJ_CU(cu, cu->api.StreamSynchronize(cc->e.stream), "waiting for a one-off entry's kernels");
     }
     if (cc->took_lane) sj_lane_put(D(b)->lanes, cc->lane); /* the call waited for its stream */
     return st;
