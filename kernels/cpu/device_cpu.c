@@ -59,9 +59,6 @@ static sj_status k_attention_varlen(void *c, const sj_tensor *q, const sj_tensor
     return sj_cpu_attention_varlen(q, k, v, offsets, scale, causal, y, c);
 }
 
-static const sj_kernels cpu_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
-                                       k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
-                                       k_arange,     k_matmul_packed, k_attention_varlen};
 
 
 /* Work items per chunk handed to one thread: about this many elements. */
@@ -105,7 +102,8 @@ const sj_backend sj_cpu_exec_ops = {
     .name = "cpu",
     .device = SJ_HOST,
     .call_begin = exec_call_begin,
-    .k = cpu_kernels,
+    .k = {k_unary, k_binary, k_where, k_copy, k_reduce, k_softmax, k_layer_norm, k_rms_norm, k_matmul, k_attention,
+          k_concat, k_gather, k_arange, k_matmul_packed, k_attention_varlen},
     .launch = cpu_launch,
 };
 
