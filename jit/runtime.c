@@ -209,6 +209,7 @@ void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail) {
     /* remake the compiler with the hooks (no function may exist yet) */
     sj_compiler_destroy(rt->compiler);
     rt->compiler = NULL;
+    rt->backend->recompiler(rt->backend, NULL); /* before the caches it uses close */
     sj_cache_close(rt->cache);
     rt->cache = NULL;
     sj_remote_close(rt->remote);

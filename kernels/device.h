@@ -73,7 +73,7 @@ typedef struct sj_kernels {
 /* -- A call's context ------------------------------------------------------------ */
 
 /* Room for one call's context on the caller's stack (the device's own
- * struct; kernels/cuda checks that its fits). */
+ * struct; kernels/cuda checks that its own fits). */
 typedef union sj_dev_call {
     long double align_;
     void *p_;
@@ -117,7 +117,8 @@ struct sj_backend {
     /* Everything below goes with it (no call may be in flight). */
     void (*destroy)(sj_backend *b);
     /* Optional: remake the compiling part from c (test hooks, a reopened
-     * cache); no function may exist. */
+     * cache); c NULL: drop it only (before its cache closes). No function
+     * may exist. */
     sj_status (*recompiler)(sj_backend *b, const sj_dev_config *c);
     /* Optional: wait, at most timeout_ms, for compiles abandoned to finish
      * on their own threads (NVRTC: exiting under one crashes). */

@@ -133,7 +133,7 @@ static sj_status recompiler(sj_backend *b, const sj_dev_config *c) {
     cpu_device *d = D(b);
     if (d->common.cc) d->common.cc->destroy(d->common.cc);
     d->common.cc = NULL;
-    return make_compiler(d, c);
+    return c ? make_compiler(d, c) : SJ_OK;
 }
 
 static void destroy(sj_backend *b) {

@@ -46,7 +46,7 @@ static sj_status recompiler(sj_backend *b, const sj_dev_config *c) {
     cuda_device *d = D(b);
     if (d->common.cc) d->common.cc->destroy(d->common.cc);
     d->common.cc = NULL;
-    return make_compiler(d, c);
+    return c ? make_compiler(d, c) : SJ_OK;
 }
 
 static void wait_abandoned(sj_backend *b, int timeout_ms) {
