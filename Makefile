@@ -65,6 +65,8 @@ LIB_DIRS := base jit jit/ir guards shapes specialize kernels kernels/cpu
 ifeq ($(WITH_CUDA),1)
 LIB_DIRS += kernels/cuda
 CFLAGS   += -I$(CUDA_HOME)/include -DSJ_WITH_CUDA
+else
+LIB_DIRS += kernels/cuda/none
 endif
 LIB_SRC  := $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/sj_kernel_rt_text.o

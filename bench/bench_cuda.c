@@ -44,6 +44,7 @@
 
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/exec_cuda.h"
 #include "kernels/cuda/eager_cuda.h"
 #include "base/half.h"
 
@@ -77,7 +78,7 @@ static sj_tensor dev_rand(sj_runtime *rt, int rank, const int64_t *shape, float 
 /* -- Ceiling -------------------------------------------------------------------- */
 
 static void bench_ceiling(sj_runtime *rt) {
-    sj_cuda *cu = rt->cuda;
+    sj_cuda *cu = sj_cuda_of(rt->backend);
     size_t bytes = (size_t)1 << 30;
     CUdeviceptr a = sj_cuda_alloc(cu, bytes, cu->stream), b = sj_cuda_alloc(cu, bytes, cu->stream);
     if (!a || !b) bench_die("ceiling buffers");
@@ -138,7 +139,7 @@ static void bench_w0(void) {
         if (mode == BENCH_STATIC) {
             /* the floor under a call: one eager kernel launched and waited
              * for, without the runtime around it (stderr: not a mode) */
-            sj_cuda *cu = rt->cuda;
+            sj_cuda *cu = sj_cuda_of(rt->backend);
             sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
             for (int i = 0; i < reps; i++) {
                 double t0 = bench_now_s();
@@ -211,7 +212,7 @@ static void free_case(sj_runtime *rt, wcase *c) {
 /* Median ms of a call, CUDA events around it; *host_ms (if not NULL): the
  * median host time sj_call_stream takes to queue it. */
 static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms) {
-    sj_cuda *cu = rt->cuda;
+    sj_cuda *cu = sj_cuda_of(rt->backend);
     CUstream s = cu->stream;
     for (int i = 0; i < c->n_out; i++) sj_tensor_free(rt, &c->out[i]);
     if (sj_call(fn, c->in, c->n_in, c->out, c->n_out)) bench_die("warm-up call"); /* traces, compiles, allocates */
@@ -364,7 +365,7 @@ static const char *const hp_names[HP_N] = {"copy", "add", "layer_norm", "matmul"
 
 static void bench_hostparts(void) {
     sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, BENCH_EAGER);
-    sj_cuda *cu = rt->cuda;
+    sj_cuda *cu = sj_cuda_of(rt->backend);
     sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
     const int64_t S = 16, x_shape[2] = {S, BENCH_H}, w_shape[2] = {BENCH_H, 3 * BENCH_H},
                   y_shape[2] = {S, 3 * BENCH_H}, h_shape[1] = {BENCH_H}, a_shape[4] = {1, BENCH_NH, S, BENCH_HD};
@@ -419,7 +420,7 @@ static void bench_hostparts(void) {
  * shared workload. */
 static void bench_firstuse(void) {
     sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, BENCH_EAGER);
-    sj_cuda *cu = rt->cuda;
+    sj_cuda *cu = sj_cuda_of(rt->backend);
     sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
     static const int64_t sizes[] = {24, 40, 100, 136, 200, 271, 400, 512, 700, 1000};
     const int64_t w_shape[2] = {BENCH_H, 3 * BENCH_H}, b_shape[1] = {3 * BENCH_H};
@@ -614,8 +615,8 @@ static void bench_w5mt(const char *lengths_path) {
         sj_fn *fn = encoder_runtime("w5mt", mode == 2, &rt, &w);
         mt_job jobs[MT_T];
         for (int t = 0; t < MT_T; t++) {
-            jobs[t] = (mt_job){.fn = fn, .lens = lens, .n = n, .t = t, .lat = lat, .choices = choices, .cu = rt->cuda};
-            if (mode == 1 && rt->cuda->api.StreamCreate(&jobs[t].stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+            jobs[t] = (mt_job){.fn = fn, .lens = lens, .n = n, .t = t, .lat = lat, .choices = choices, .cu = sj_cuda_of(rt->backend)};
+            if (mode == 1 && sj_cuda_of(rt->backend)->api.StreamCreate(&jobs[t].stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
                 bench_die("cuStreamCreate");
             jobs[t].dx = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, max_len, BENCH_H}, -1, 1);
             jobs[t].dy = (sj_tensor){.dtype = SJ_F16, .rank = 3, .shape = {1, max_len, BENCH_H}, .device = SJ_CUDA};
@@ -631,19 +632,19 @@ static void bench_w5mt(const char *lengths_path) {
         }
         for (int pass = 1; pass <= 2; pass++) {
             pthread_t th[MT_T];
-            pthread_mutex_lock(&rt->cuda->alloc_lock);
-            uint64_t mallocs0 = rt->cuda->allocs, alloc_ns0 = rt->cuda->alloc_ns, ch0, ch1;
+            pthread_mutex_lock(&sj_cuda_of(rt->backend)->alloc_lock);
+            uint64_t mallocs0 = sj_cuda_of(rt->backend)->allocs, alloc_ns0 = sj_cuda_of(rt->backend)->alloc_ns, ch0, ch1;
             double ch_ms;
-            sj_cuda_matmul_choices(rt->cuda, &ch0, &ch_ms);
-            rt->cuda->alloc_ns_max = rt->cuda->event_ns_max = 0;
-            uint64_t events0 = rt->cuda->events_created;
-            pthread_mutex_unlock(&rt->cuda->alloc_lock);
+            sj_cuda_matmul_choices(sj_cuda_of(rt->backend), &ch0, &ch_ms);
+            sj_cuda_of(rt->backend)->alloc_ns_max = sj_cuda_of(rt->backend)->event_ns_max = 0;
+            uint64_t events0 = sj_cuda_of(rt->backend)->events_created;
+            pthread_mutex_unlock(&sj_cuda_of(rt->backend)->alloc_lock);
             double t0 = bench_now_s();
             for (int t = 0; t < MT_T; t++)
                 if (pthread_create(&th[t], NULL, mt_thread, &jobs[t])) bench_die("pthread_create");
             for (int t = 0; t < MT_T; t++) pthread_join(th[t], NULL);
             double total = bench_now_s() - t0;
-            sj_cuda_matmul_choices(rt->cuda, &ch1, &ch_ms);
+            sj_cuda_matmul_choices(sj_cuda_of(rt->backend), &ch1, &ch_ms);
             for (int i = 0; i < n; i++) /* where the slow ones fall (stderr) */
                 if (lat[i] > 5.0)
                     fprintf(stderr, "w5mt %s pass %d: request %d (S=%lld, thread %d) %.2f ms, %llu cuBLASLt choices meanwhile\n",
@@ -656,15 +657,15 @@ static void bench_w5mt(const char *lengths_path) {
                    "\"cuMemAlloc_calls\": %llu, \"cuMemAlloc_ms\": %.3f, \"cuMemAlloc_max_ms\": %.3f, "
                    "\"cublaslt_choices\": %llu, \"cuEventCreate_calls\": %llu, \"cuEventCreate_max_ms\": %.3f}\n",
                    modes[mode], pass, MT_T, n, total, n / total, sorted[n / 2], sorted[n * 99 / 100], sorted[n - 1],
-                   (unsigned long long)(rt->cuda->allocs - mallocs0), (double)(rt->cuda->alloc_ns - alloc_ns0) / 1e6,
-                   (double)rt->cuda->alloc_ns_max / 1e6, (unsigned long long)(ch1 - ch0),
-                   (unsigned long long)(rt->cuda->events_created - events0), (double)rt->cuda->event_ns_max / 1e6);
+                   (unsigned long long)(sj_cuda_of(rt->backend)->allocs - mallocs0), (double)(sj_cuda_of(rt->backend)->alloc_ns - alloc_ns0) / 1e6,
+                   (double)sj_cuda_of(rt->backend)->alloc_ns_max / 1e6, (unsigned long long)(ch1 - ch0),
+                   (unsigned long long)(sj_cuda_of(rt->backend)->events_created - events0), (double)sj_cuda_of(rt->backend)->event_ns_max / 1e6);
             fflush(stdout);
         }
         for (int t = 0; t < MT_T; t++) {
             sj_tensor_free(rt, &jobs[t].dx);
             sj_tensor_free(rt, &jobs[t].dy);
-            if (jobs[t].stream) rt->cuda->api.StreamDestroy(jobs[t].stream);
+            if (jobs[t].stream) sj_cuda_of(rt->backend)->api.StreamDestroy(jobs[t].stream);
         }
         sj_fn_destroy(fn);
         encoder_free(rt, &w);

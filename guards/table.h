@@ -79,11 +79,11 @@ typedef struct sj_memo {
     _Atomic(sj_counter *) calls_hot;
     _Atomic bool hot;      /* marked for a specialized compile */
     sj_ctarget ct;         /* the entry's plan specialized to this shape */
-    /* CUDA graphs of this signature's fused calls (jit/exec_graph.c), filled
+    /* CUDA graphs of this signature's fused calls (jit/graphs.c), filled
      * in order, each kept until the table is destroyed. */
     _Atomic(void *) graphs[SJ_MEMO_GRAPHS];
     /* Buffer sets of calls no graph served: a hash with a count in its low
-     * 6 bits (jit/exec_graph.c) */
+     * 6 bits (jit/graphs.c) */
     _Atomic uint64_t graph_seen[SJ_MEMO_GRAPHS];
     _Atomic bool graph_busy;     /* a capture is queued or under way */
     _Atomic bool graph_off;      /* a capture failed: the signature is not captured again */

@@ -5,8 +5,8 @@
  *   -> miss: the entries' guard sets, newest first (lock-free); the entry's
  *      result sizes checked for these inputs (at most 2^48 elements); memoised
  *   -> none passes: retrace under the trace lock, by the policy
- *   -> execute the entry's graph with no lock held (on the CUDA backend, a
- *      fused call may be one CUDA graph launch: jit/exec_graph.c)
+ *   -> execute the entry's graph with no lock held (on a device with graph
+ *      slots, a fused call may be one graph launch: jit/graphs.c)
  *   -> count the call (hot entries, hot shapes of symbolic entries).
  *
  * A memo hit allocates nothing and takes no lock but the memo's read lock.
@@ -20,8 +20,8 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "jit/exec.h"
-#include "jit/exec_cuda.h"
 #include "jit/fn.h"
+#include "jit/graphs.h"
 #include "base/tensor.h"
 #include "jit/trace.h"
 #include "jit/validate.h"
@@ -201,13 +201,12 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
         int n = sj_exec_prepack(g, fn->packs);
         if (n) sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d: %d products over packed constant weights", fn->name, e->id, n);
     }
-#ifdef SJ_WITH_CUDA
-    if (fn->rt->cuda && (st = sj_cuda_upload_graph(fn->rt->cuda, g))) {
+    sj_backend *dev = fn->rt->backend;
+    if (dev->upload && (st = dev->upload(dev, g))) { /* device copies of constants and host parameters */
         sj_err_prefix("fn '%s': ", fn->name);
         sj_entry_free(e);
         return st;
     }
-#endif
     *out = e;
     return SJ_OK;
 }
@@ -369,21 +368,11 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
     int every = fn->rt->cfg.validate_every;
     bool validate = cd && (checks > 0 || (run == RUN_CALL && every > 0 && !transient &&
                                           atomic_load_explicit(&e->calls.s[shard].v, RELAXED) % (uint64_t)every == 0));
+    sj_backend *dev = fn->rt->backend;
+    sj_dev_call dc;
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
-                 .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
-                 .ops = &sj_cpu_exec_ops, .ops_ctx = fn->rt->threads};
-#ifdef SJ_WITH_CUDA
-    sj_cuda_call cc;
-    int lane = -1;
-    if (fn->rt->cuda) {
-        CUstream s = stream ? (CUstream)stream : sync ? sj_cuda_lane_take(fn->rt, &lane) : fn->rt->cuda->stream;
-        sj_cuda_call_init(&cc, fn->rt->cuda, s, sync || validate, e->n_syms); /* a validation waits */
-        x.ops = &sj_cuda_exec_ops;
-        x.ops_ctx = &cc;
-    }
-#else
-    (void)stream, (void)sync;
-#endif
+                 .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = dev,
+                 .ops_ctx = dev->call_begin(dev, &dc, stream, sync, validate /* a validation waits */, e->n_syms)};
     if (cd && validate && sj_exec_fused_ok(&x)) {
         sj_validation v;
         st = sj_validate_call(&x, e->plan, cd->fns, &v); /* the caller gets the eager result */
@@ -397,19 +386,14 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
             }
         }
     } else if (cd && sj_exec_fused_ok(&x)) {
-#ifdef SJ_WITH_CUDA
-        sj_graph_use gu = !fn->rt->cuda ? SJ_GRAPH_NO
-                          : run == RUN_CALL ? sj_cuda_graph_call(fn, m, &x, &cc, cd, &st)
+        sj_graph_use gu = !dev->graph_capture ? SJ_GRAPH_NO
+                          : run == RUN_CALL ? sj_graphs_call(fn, m, &x, cd, &st)
                           : SJ_GRAPH_COUNT;
         if (gu != SJ_GRAPH_SERVED) { /* (a graph served call counted its graph call; its tier is cd's) */
             st = sj_exec_fused(&x, e->plan, cd->fns);
-            if (!st && gu == SJ_GRAPH_COUNT && run == RUN_CALL) sj_cuda_graph_note(fn, m, &x, &cc, e->plan, cd);
-            if (!st && m && run == RUN_WARM_CAPTURE) sj_cuda_graph_request(fn, m, &x, &cc, e->plan, cd);
+            if (!st && gu == SJ_GRAPH_COUNT && run == RUN_CALL) sj_graphs_note(fn, m, &x, e->plan, cd);
+            if (!st && m && run == RUN_WARM_CAPTURE) sj_graphs_request(fn, m, &x, e->plan, cd);
         }
-#else
-        (void)run;
-        st = sj_exec_fused(&x, e->plan, cd->fns);
-#endif
     } else {
         /* what an eager call costs (the compile queue's value): 1 call in 16
          * of each thread is timed, so threads do not all write the
@@ -423,17 +407,12 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
         }
         tier = &hot->eager_calls;
     }
-#ifdef SJ_WITH_CUDA
-    /* A transient entry's device constants are freed with it: the caller's
-     * stream must be done with them first (sj_call has waited already). */
-    if (transient && fn->rt->cuda && !sync) {
-        sj_cuda_bind(fn->rt->cuda);
-        sj_status sst = SJ_CU(fn->rt->cuda, fn->rt->cuda->api.StreamSynchronize(cc.e.stream),
-                              "waiting for a one-off entry's kernels");
-        if (!st) st = sst;
+    if (dev->call_end) {
+        /* a transient entry's device constants are freed with it: the
+         * call's stream must be done with them first */
+        sj_status est = dev->call_end(dev, x.ops_ctx, transient);
+        if (!st) st = est;
     }
-    if (fn->rt->cuda && sync) sj_cuda_lane_put(fn->rt, lane); /* the call waited for its stream */
-#endif
     *tier_out = tier;
     return st;
 }

@@ -24,7 +24,7 @@ sj_status sj_call_prepare(sj_fn *fn, const sj_tensor *inputs, int64_t *sym_vals,
  * synchronous call would run it (fused when its code is ready, else
  * eagerly), without counting it as a call, never as a launch of a CUDA
  * graph; with capture (CUDA, m not NULL, every output given), the buffers
- * are queued for a graph capture at once (sj_cuda_graph_request). *tier:
+ * are queued for a graph capture at once (sj_graphs_request). *tier:
  * "eager", "fused symbolic" or "fused specialized". No user code runs. */
 sj_status sj_call_warm_run(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms, const sj_tensor *inputs,
                            sj_tensor *outputs, int n_outputs, bool capture, const char **tier);

@@ -41,7 +41,7 @@
 #include <stdbool.h>
 
 #include "jit/shapejit.h"
-#include "kernels/backend.h"
+#include "kernels/device.h"
 #include "specialize/codegen.h"
 
 typedef enum sj_cstate { SJ_CS_NONE, SJ_CS_QUEUED, SJ_CS_COMPILING, SJ_CS_READY, SJ_CS_FAILED } sj_cstate;

@@ -23,8 +23,6 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/tensor.h"
-#include "kernels/cpu/threads.h"
-#include "kernels/cpu/eager.h"
 #include "kernels/cpu/prepack.h"
 #include "specialize/fusion.h"
 
@@ -97,7 +95,7 @@ static sj_status view(run *r, const sj_node *n, sj_tensor *y) {
             sj_tensor_set_contiguous(&c);
             c.data = take(r, n->out, sj_tensor_nbytes(x));
             if (!c.data) return sj_seterr(SJ_EINTERNAL, "exec: arena overflow in reshape");
-            sj_status st = r->x->ops->copy(r->x->ops_ctx, x, &c);
+            sj_status st = r->x->ops->k.copy(r->x->ops_ctx, x, &c);
             if (st) return st;
             src = c.data;
         }
@@ -219,7 +217,7 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
 
 sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
                        const sj_tensor *y) {
-    return sj_exec_node_on(&sj_cpu_kernels, NULL, g, n, rv, bias, y);
+    return sj_exec_node_on(&sj_cpu_exec_ops.k, NULL, g, n, rv, bias, y);
 }
 
 /* -- Sizes ------------------------------------------------------------------- */
@@ -428,7 +426,7 @@ static size_t prepare(run *r, sj_block *b) {
 
 sj_status sj_exec_eager(const sj_exec *x) {
     const sj_graph *g = x->g;
-    const sj_exec_ops *ops = x->ops;
+    const sj_backend *ops = x->ops;
     run r = {.x = x};
     size_t head = header_bytes(g);
     bool device_bufs = ops->buf_alloc != NULL; /* intermediates elsewhere than the host block */
@@ -499,7 +497,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
             y->data = take(&r, out, sj_tensor_nbytes(y));
             if (!y->data) st = sj_seterr(SJ_EINTERNAL, "exec: arena overflow at node %d", i);
         }
-        if (!st) st = ops->node(x->ops_ctx, g, n, r.rv, bias, y);
+        if (!st) st = sj_exec_node_on(&ops->k, x->ops_ctx, g, n, r.rv, bias, y);
         if (st) sj_exec_node_error(x, n, st);
     }
 
@@ -509,7 +507,7 @@ sj_status sj_exec_eager(const sj_exec *x) {
         int32_t v = g->outputs[i];
         bool written = g->vals[v].kind == SJ_VAL_NODE && r.direct[v] == i + 1 &&
                        sj_op_kind_of(g->nodes[g->vals[v].index].op) != SJ_K_VIEW;
-        if (!written) st = ops->copy(x->ops_ctx, &r.rv[v], &x->outputs[i]);
+        if (!written) st = ops->k.copy(x->ops_ctx, &r.rv[v], &x->outputs[i]);
     }
     if (ops->finish) {
         sj_status fst = ops->finish(x->ops_ctx);
@@ -597,101 +595,3 @@ int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache) {
     }
     return made;
 }
-
-/* -- The CPU's tables ---------------------------------------------------------- */
-
-static sj_status k_unary(void *c, sj_op op, const sj_tensor *x, const sj_tensor *y) { return sj_cpu_unary(op, x, y); }
-static sj_status k_binary(void *c, sj_op op, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
-    return sj_cpu_binary(op, a, b, y);
-}
-static sj_status k_where(void *c, const sj_tensor *w, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y) {
-    return sj_cpu_where(w, a, b, y);
-}
-static sj_status k_copy(void *c, const sj_tensor *x, const sj_tensor *y) { return sj_cpu_copy(x, y); }
-static sj_status k_reduce(void *c, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y) {
-    return sj_cpu_reduce(op, x, axis, y);
-}
-static sj_status k_softmax(void *c, const sj_tensor *x, int axis, const sj_tensor *y) {
-    return sj_cpu_softmax(x, axis, y);
-}
-static sj_status k_layer_norm(void *c, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b, double eps,
-                              const sj_tensor *y) {
-    return sj_cpu_layer_norm(x, g, b, eps, y);
-}
-static sj_status k_rms_norm(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y) {
-    return sj_cpu_rms_norm(x, g, eps, y);
-}
-static sj_status k_matmul(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y) {
-    return sj_cpu_matmul_bias(a, b, bias, y, c);
-}
-static sj_status k_matmul_packed(void *c, const sj_tensor *a, const sj_tensor *b, const void *packed,
-                                 const sj_tensor *bias, const sj_tensor *y) {
-    return sj_cpu_matmul_packed(a, b, packed, bias, y, c);
-}
-static sj_status k_attention(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                             const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
-                             const sj_tensor *y) {
-    return sj_cpu_attention_mask(q, k, v, lengths, mask, scale, causal, y, c);
-}
-static sj_status k_concat(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y) {
-    return sj_cpu_concat(xs, n, axis, y);
-}
-static sj_status k_gather(void *c, const sj_tensor *t, const sj_tensor *idx, const sj_tensor *y) {
-    return sj_cpu_gather(t, idx, y);
-}
-static sj_status k_arange(void *c, const sj_tensor *y) { return sj_cpu_arange(y); }
-static sj_status k_attention_varlen(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
-                                    const sj_tensor *offsets, double scale, int causal, const sj_tensor *y) {
-    return sj_cpu_attention_varlen(q, k, v, offsets, scale, causal, y, c);
-}
-
-const sj_kernels sj_cpu_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
-                                   k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
-                                   k_arange,     k_matmul_packed, k_attention_varlen};
-
-static sj_status cpu_node(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
-                          const sj_tensor *y) {
-    return sj_exec_node_on(&sj_cpu_kernels, ctx, g, n, rv, bias, y);
-}
-
-static sj_status cpu_copy(void *ctx, const sj_tensor *x, const sj_tensor *y) {
-    (void)ctx;
-    return sj_cpu_copy(x, y);
-}
-
-/* Work items per chunk handed to one thread: about this many elements. */
-#define CHUNK_ELEMS 32768
-
-typedef void (*cpu_gen_fn)(void *const *p, const int64_t *s, int64_t begin, int64_t end);
-
-typedef struct gen_call {
-    cpu_gen_fn fn;
-    void *const *ptrs;
-    const int64_t *syms;
-} gen_call;
-
-static void run_range(void *ctx, int64_t begin, int64_t end) {
-    const gen_call *c = ctx;
-    c->fn(c->ptrs, c->syms, begin, end);
-}
-
-static sj_status cpu_launch(void *ctx, const sj_group *gr, void *const *fn, void *const *ptrs,
-                            const int64_t *syms, const int64_t *exv) {
-    int64_t items = gr->kind == SJ_G_ROW ? exv[gr->rows] : exv[gr->numel];
-    if (items <= 0) return SJ_OK;
-    int64_t min_chunk = CHUNK_ELEMS;
-    if (gr->kind == SJ_G_ROW) {
-        int64_t row = exv[gr->shape[gr->rank - 1]];
-        min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
-    }
-    gen_call c = {(cpu_gen_fn)fn[0], ptrs, syms}; /* the C generator makes one per group */
-    sj_threads_parallel_for((sj_threads *)ctx, items, min_chunk, run_range, &c);
-    return SJ_OK;
-}
-
-const sj_exec_ops sj_cpu_exec_ops = {
-    .device = SJ_HOST,
-    .node = cpu_node,
-    .copy = cpu_copy,
-    .launch = cpu_launch,
-};

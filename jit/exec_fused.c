@@ -66,7 +66,7 @@ static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64
 
 sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     const sj_graph *g = x->g;
-    const sj_exec_ops *ops = x->ops;
+    const sj_backend *ops = x->ops;
     bool device_arena = ops->buf_alloc != NULL;
     size_t n_ex = (size_t)sj_ex_count(g->ex);
     size_t head = align_up(n_ex * sizeof(int64_t)) + align_up((size_t)p->n_stores * sizeof(void *)) +
@@ -133,7 +133,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         if (gr->bias >= 0) layout_desc(g, p, exv, bases, gr->bias, ops->device, &rv[gr->bias]);
         sj_tensor y;
         layout_desc(g, p, exv, bases, sj_group_out(g, gr), ops->device, &y);
-        st = ops->node(x->ops_ctx, g, n, rv, gr->bias >= 0 ? &rv[gr->bias] : NULL, &y);
+        st = sj_exec_node_on(&ops->k, x->ops_ctx, g, n, rv, gr->bias >= 0 ? &rv[gr->bias] : NULL, &y);
         if (st) sj_exec_node_error(x, n, st);
     }
 
@@ -141,7 +141,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         if (!p->output_copy[i]) continue;
         sj_tensor src;
         layout_desc(g, p, exv, bases, g->outputs[i], ops->device, &src);
-        st = ops->copy(x->ops_ctx, &src, &x->outputs[i]);
+        st = ops->k.copy(x->ops_ctx, &src, &x->outputs[i]);
     }
     if (ops->finish) {
         sj_status fst = ops->finish(x->ops_ctx);

@@ -10,9 +10,9 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/tunables.h"
-#include "jit/exec_cuda.h"
+#include "jit/graphs.h"
 #include "jit/warmup.h"
-#include "kernels/backend.h"
+#include "kernels/device.h"
 #include "kernels/cpu/prepack.h"
 
 #define RELAXED memory_order_relaxed
@@ -152,12 +152,10 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     }
     atomic_init(&fn->specializations, 0);
     atomic_init(&fn->warm_state, SJ_WARM_NONE);
-#ifdef SJ_WITH_CUDA
-    if (rt->cuda) {
-        fn->table.graph_free = sj_cuda_graph_free;
+    if (rt->backend->graph_free) {
+        fn->table.graph_free = sj_graphs_free;
         fn->table.graph_ctx = rt;
     }
-#endif
 
     pthread_mutex_lock(&rt->lock);
     fn->next_in_rt = rt->fns;
@@ -182,9 +180,7 @@ void sj_fn_destroy(sj_fn *fn) {
     sj_warmup_stop(fn);                          /* a warm-up starts nothing new */
     sj_compiler_cancel_fn(fn->rt->compiler, fn); /* no compile touches fn after this */
     sj_warmup_join(fn);                          /* nor the warm-up thread */
-#ifdef SJ_WITH_CUDA
-    sj_cuda_graph_cancel_fn(fn->rt, fn); /* nor a capture */
-#endif
+    sj_graphs_cancel_fn(fn->rt, fn);             /* nor a capture */
     sj_runtime_unlink_fn(fn->rt, fn);
     atomic_fetch_sub(&fn->rt->total_entries, atomic_load(&fn->table.n_entries));
     sj_table_destroy(&fn->table);
@@ -320,9 +316,7 @@ sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
         timeout_ms = left > 0 ? (int)left : 0;
     }
     if (!st) st = sj_compiler_wait_fn(fn->rt->compiler, fn, timeout_ms);
-#ifdef SJ_WITH_CUDA
-    if (!st) sj_cuda_graph_wait_fn(fn->rt, fn); /* captures take about a millisecond each */
-#endif
+    if (!st) sj_graphs_wait_fn(fn->rt, fn); /* captures take about a millisecond each */
     return st;
 }
 
@@ -452,7 +446,7 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
         fprintf(out, "  packed weights: %llu (%.1f MiB of %.1f MiB allowed), kernel %s\n",
                 (unsigned long long)s.packed_weights, (double)s.packed_bytes / (1 << 20),
                 (double)fn->rt->cfg.prepack_max_bytes / (1 << 20), sj_cpu_isa_name(sj_cpu_packed_isa()));
-    if (fn->rt->cuda)
+    if (fn->rt->backend->graph_capture)
         fprintf(out, "  CUDA graphs: %llu captured, %llu failed captures, %llu calls served by one (limit %d per runtime)\n",
                 (unsigned long long)s.graphs, (unsigned long long)s.graph_failures,
                 (unsigned long long)s.graph_calls, fn->rt->cfg.cuda_graphs);

@@ -14,17 +14,12 @@
 #include "jit/compile.h"
 #include "base/error.h"
 #include "base/tunables.h"
-#include "kernels/cpu/threads.h"
-#include "kernels/cpu/backend_cpu.h"
+#include "jit/graphs.h"
 #include "kernels/cpu/eager.h"
+#include "kernels/device.h"
 #include "base/tensor.h"
 #include "specialize/codegen.h"
 #include "specialize/codegen_cuda.h"
-#ifdef SJ_WITH_CUDA
-#include "jit/exec_cuda.h"
-#include "kernels/cuda/backend_cuda.h"
-#include "kernels/cuda/eager_cuda.h"
-#endif
 
 /* -- Configuration --------------------------------------------------------- */
 
@@ -125,87 +120,74 @@ void sj_runtime_config_init(sj_runtime_config *cfg) {
 
 static int test_delay_ms, test_fail; /* sj_runtime_test_hooks, read by start_services */
 
-/* The cache, the compiler backend, the compile workers, the kernel threads. A
- * cache that cannot be opened only costs warm starts: warned about, not
- * fatal. */
-/* The CUDA device, when the backend is CUDA or AUTO finds one. On AUTO a
- * missing driver or device is not an error: the runtime runs on the CPU. */
-static sj_status open_device(sj_runtime *rt) {
-#ifdef SJ_WITH_CUDA
+/* What the device is made from: the runtime's configuration. */
+static sj_dev_config dev_config(const sj_runtime *rt) {
     const sj_runtime_config *c = &rt->cfg;
-    if (c->backend == SJ_BACKEND_CPU) return SJ_OK;
-    if (rt->cuda) return SJ_OK;
-    sj_status st = sj_cuda_open(c->cuda_device, &rt->cuda);
-    if (!st && (st = sj_cuda_eager_load(rt->cuda))) {
-        sj_cuda_close(rt->cuda);
-        rt->cuda = NULL;
-    }
-    if (st && c->backend == SJ_BACKEND_CUDA) return st;
-    if (st) {
-        sj_logf(rt, SJ_LOG_PERF, "backend auto: running on the CPU (%s)", sj_last_error());
-        sj_clearerr();
-        return SJ_OK;
-    }
-    rt->backend_kind = SJ_BACKEND_CUDA;
-    sj_logf(rt, SJ_LOG_PERF, "backend: CUDA device %d, %s (sm_%d%d, %d SMs)", c->cuda_device, rt->cuda->name,
-            rt->cuda->cc_major, rt->cuda->cc_minor, rt->cuda->sm_count);
-    if ((st = sj_cuda_lanes_create(rt))) return st;
-    if (c->cuda_graphs > 0 && (st = sj_cuda_grapher_create(rt))) return st;
-#else
-    (void)rt;
-#endif
-    return SJ_OK;
+    return (sj_dev_config){.cuda_device = c->cuda_device, .cc = c->cc, .cflags = c->cflags,
+                           .cc_version = c->cc_version, .nvrtc_flags = c->nvrtc_flags, .dump_dir = c->dump_dir,
+                           .cache = rt->cache, .remote = rt->remote, .log = &rt->log, .host = &c->allocator,
+                           .test_delay_ms = test_delay_ms, .test_fail = test_fail,
+                           .timeout_ms = c->compile_timeout_ms, .no_probe = c->compile_mode == SJ_COMPILE_OFF,
+                           .exec_threads = c->exec_threads, .blas_threads = c->blas_threads};
 }
 
-static sj_status start_services(sj_runtime *rt) {
+/* The persistent cache. One that cannot be opened only costs warm
+ * starts: warned about, not fatal. */
+static void open_disk_cache(sj_runtime *rt) {
     const sj_runtime_config *c = &rt->cfg;
-    sj_status st = open_device(rt);
-    if (st) {
-        sj_err_prefix("sj_runtime_create: ");
-        return st;
-    }
     if (c->cache_dir && *c->cache_dir && sj_cache_open_keyed(c->cache_dir, c->cache_max_bytes, c->cache_key, &rt->log, &rt->cache)) {
         snprintf(rt->cache_error, sizeof rt->cache_error, "%s", sj_last_error());
         sj_logf(rt, SJ_LOG_WARN, "no persistent kernel cache: %s", rt->cache_error);
         sj_clearerr();
     }
-    /* The remote cache: a second level under the disk cache for either
-     * backend's compiles (keys name the backend, its compiler and the
-     * device's architecture, so CPU and GPU artifacts never mix). One that
-     * cannot be used (no key, a host that does not resolve) is warned about
-     * and left out, as a disk cache is. */
+}
+
+/* The remote cache: a second level under the disk cache for either
+ * backend's compiles (keys name the backend, its compiler and the device's
+ * architecture, so CPU and GPU artifacts never mix). One that cannot be
+ * used (no key, a host that does not resolve) is warned about and left
+ * out, as a disk cache is. */
+static void open_remote_cache(sj_runtime *rt) {
+    const sj_runtime_config *c = &rt->cfg;
     if (c->remote_cache_url && *c->remote_cache_url &&
         sj_remote_open(c->remote_cache_url, c->cache_key, c->remote_cache_timeout_ms, &rt->log, &rt->remote)) {
         sj_logf(rt, SJ_LOG_WARN, "no remote kernel cache: %s", sj_last_error());
         sj_clearerr();
     }
-    sj_codegen_fn codegen = sj_codegen_c;
-#ifdef SJ_WITH_CUDA
-    if (rt->cuda) {
-        sj_cuda_backend_config bc = {.cuda = rt->cuda, .cache = rt->cache, .dump_dir = c->dump_dir,
-                                     .remote = rt->remote, .nvrtc_flags = c->nvrtc_flags, .log = &rt->log,
-                                     .test_delay_ms = test_delay_ms,
-                                     .test_fail = test_fail, .timeout_ms = c->compile_timeout_ms};
-        st = sj_cuda_backend_create(&bc, &rt->backend);
-        codegen = sj_codegen_cuda;
-    } else
-#endif
-    {
-        sj_cpu_backend_config bc = {.cc = c->cc, .cflags = c->cflags, .cc_version = c->cc_version,
-                                    .dump_dir = c->dump_dir, .cache = rt->cache,
-                                    .remote = rt->remote,
-                                    .log = &rt->log, .test_delay_ms = test_delay_ms, .test_fail = test_fail,
-                                    .timeout_ms = c->compile_timeout_ms,
-                                    .no_probe = c->compile_mode == SJ_COMPILE_OFF};
-        st = sj_cpu_backend_create(&bc, &rt->backend);
+}
+
+/* The compile workers, over the device's compiling slots. */
+static sj_status start_compiler(sj_runtime *rt) {
+    const sj_runtime_config *c = &rt->cfg;
+    int mode = c->compile_mode == SJ_COMPILE_SYNC ? SJ_CM_SYNC : c->compile_mode == SJ_COMPILE_OFF ? SJ_CM_OFF : SJ_CM_ASYNC;
+    sj_codegen_fn codegen = rt->backend->device == SJ_CUDA ? sj_codegen_cuda : sj_codegen_c;
+    return sj_compiler_create(rt->backend, codegen, c->compile_threads, mode, rt, &rt->compiler);
+}
+
+/* The caches, the device (CUDA when the backend is CUDA or AUTO finds one;
+ * on AUTO a missing driver or device is not an error: the runtime runs on
+ * the CPU), the graph thread, the compile workers. */
+static sj_status start_services(sj_runtime *rt) {
+    const sj_runtime_config *c = &rt->cfg;
+    open_disk_cache(rt);
+    open_remote_cache(rt);
+    sj_status st = SJ_OK;
+    if (c->backend == SJ_BACKEND_CUDA || (c->backend == SJ_BACKEND_AUTO && sj_device_cuda_built())) {
+        sj_dev_config dc = dev_config(rt);
+        st = sj_device_create(SJ_BACKEND_CUDA, &dc, &rt->backend);
+        if (!st) rt->backend_kind = SJ_BACKEND_CUDA;
+        else if (c->backend == SJ_BACKEND_AUTO) {
+            sj_logf(rt, SJ_LOG_PERF, "backend auto: running on the CPU (%s)", sj_last_error());
+            sj_clearerr();
+            st = SJ_OK;
+        }
     }
-    if (!st) {
-        int mode = c->compile_mode == SJ_COMPILE_SYNC ? SJ_CM_SYNC : c->compile_mode == SJ_COMPILE_OFF ? SJ_CM_OFF : SJ_CM_ASYNC;
-        st = sj_compiler_create(rt->backend, codegen, c->compile_threads, mode, rt, &rt->compiler);
+    if (!st && !rt->backend) {
+        sj_dev_config dc = dev_config(rt);
+        st = sj_device_create(SJ_BACKEND_CPU, &dc, &rt->backend);
     }
-    if (!st && !(rt->threads = sj_threads_create(rt->cuda ? 1 : c->exec_threads)))
-        st = sj_seterr(SJ_ENOMEM, "sj_runtime_create: cannot start %d kernel threads", c->exec_threads);
-    if (!st && !rt->cuda && c->blas_threads >= 0) sj_cpu_blas_threads(c->blas_threads ? c->blas_threads : 1);
+    if (!st && rt->backend->graph_capture && c->cuda_graphs > 0) st = sj_grapher_create(rt);
+    if (!st) st = start_compiler(rt);
     if (st) sj_err_prefix("sj_runtime_create: ");
     return st;
 }
@@ -226,18 +208,18 @@ void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail) {
     test_delay_ms = delay_ms;
     test_fail = fail;
     if (!rt) return;
-    /* remake the backend with the hooks (no function may exist yet) */
+    /* remake the compiler with the hooks (no function may exist yet) */
     sj_compiler_destroy(rt->compiler);
     rt->compiler = NULL;
-    if (rt->backend) rt->backend->destroy(rt->backend);
-    rt->backend = NULL;
-    sj_threads_destroy(rt->threads);
-    rt->threads = NULL;
+    rt->backend->recompiler(rt->backend, NULL); /* before the caches it uses close */
     sj_cache_close(rt->cache);
     rt->cache = NULL;
     sj_remote_close(rt->remote);
     rt->remote = NULL;
-    start_services(rt);
+    open_disk_cache(rt);
+    open_remote_cache(rt);
+    sj_dev_config dc = dev_config(rt);
+    if (!rt->backend->recompiler(rt->backend, &dc)) start_compiler(rt);
     test_delay_ms = test_fail = 0;
 }
 
@@ -263,11 +245,9 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     }
     if ((unsigned)c.compile_mode > SJ_COMPILE_OFF)
         return sj_seterr(SJ_EINVAL, "sj_runtime_create: compile_mode %d is not a mode", (int)c.compile_mode);
-#ifndef SJ_WITH_CUDA
-    if (c.backend == SJ_BACKEND_CUDA)
+    if (c.backend == SJ_BACKEND_CUDA && !sj_device_cuda_built())
         return sj_seterr(SJ_EBACKEND, "sj_runtime_create: the CUDA backend is not built into this library "
                                       "(built without the CUDA toolkit); use SJ_BACKEND_CPU or SJ_BACKEND_AUTO");
-#endif
     sj_nvrtc_opts nvo; /* checked whichever backend the runtime gets */
     if ((st = sj_codegen_cuda_options("sm_90", c.nvrtc_flags, &nvo))) {
         sj_err_prefix("sj_runtime_create: ");
@@ -342,21 +322,16 @@ void sj_fn_destroy(sj_fn *fn);
 void sj_runtime_destroy(sj_runtime *rt) {
     if (!rt) return;
     while (rt->fns) sj_fn_destroy(rt->fns); /* unlinks itself, after its compiles */
-#ifdef SJ_WITH_CUDA
-    sj_cuda_grapher_destroy(rt);
-    sj_cuda_lanes_destroy(rt);
-#endif
+    sj_grapher_destroy(rt);
     sj_compiler_destroy(rt->compiler);
-    /* NVRTC compiles abandoned by the destroys above finish first (bounded):
-     * exiting under one crashes in NVRTC's exit-time destructors */
-    if (rt->cuda) sj_bounded_wait_abandoned(rt->cfg.compile_timeout_ms);
-    if (rt->backend) rt->backend->destroy(rt->backend);
+    if (rt->backend) {
+        /* compiles abandoned by the destroys above finish first (bounded):
+         * exiting under an NVRTC one crashes in its exit-time destructors */
+        if (rt->backend->wait_abandoned) rt->backend->wait_abandoned(rt->backend, rt->cfg.compile_timeout_ms);
+        rt->backend->destroy(rt->backend);
+    }
     sj_cache_close(rt->cache);
     sj_remote_close(rt->remote);
-    sj_threads_destroy(rt->threads);
-#ifdef SJ_WITH_CUDA
-    sj_cuda_close(rt->cuda);
-#endif
     pthread_mutex_destroy(&rt->lock);
     free(rt->bucket_rules);
     for (int i = 0; i < 9; i++) free(rt->strings[i]);
@@ -376,13 +351,11 @@ void sj_host_free(const sj_runtime *rt, void *p) {
 void sj_tensor_free(sj_runtime *rt, sj_tensor *t) {
     if (!rt || !t || !t->data) return;
     if (t->device == SJ_CUDA) {
-#ifdef SJ_WITH_CUDA
-        if (rt->cuda) {
-            sj_cuda_free(rt->cuda, (CUdeviceptr)(uintptr_t)t->data, rt->cuda->stream);
+        if (rt->backend && rt->backend->free) {
+            rt->backend->free(rt->backend, t->data);
             t->data = NULL;
             return;
         }
-#endif
         /* not this runtime's memory: a CPU runtime never allocates on a device */
         sj_logf(rt, SJ_LOG_WARN, "sj_tensor_free: a device tensor given to a CPU runtime; not freed");
         return;
@@ -392,11 +365,7 @@ void sj_tensor_free(sj_runtime *rt, sj_tensor *t) {
 }
 
 void *sj_runtime_stream(const sj_runtime *rt) {
-#ifdef SJ_WITH_CUDA
-    if (rt && rt->cuda) return (void *)rt->cuda->stream;
-#endif
-    (void)rt;
-    return NULL;
+    return rt && rt->backend && rt->backend->stream ? rt->backend->stream(rt->backend) : NULL;
 }
 
 sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t) {
@@ -410,29 +379,16 @@ sj_status sj_tensor_alloc(sj_runtime *rt, sj_tensor *t) {
     sj_tensor_set_contiguous(t);
     size_t bytes = sj_tensor_nbytes(t);
     if (t->device == SJ_CUDA) {
-#ifdef SJ_WITH_CUDA
-        if (rt->cuda) {
-            CUdeviceptr p = sj_cuda_alloc(rt->cuda, bytes ? bytes : 1, rt->cuda->stream);
+        if (rt->backend->alloc) {
+            void *p = rt->backend->alloc(rt->backend, bytes);
             if (!p) return SJ_ENOMEM; /* the allocator said why */
-            t->data = (void *)(uintptr_t)p;
+            t->data = p;
             return SJ_OK;
         }
-#endif
         return sj_seterr(SJ_EINVAL, "sj_tensor_alloc: device memory asked of a CPU runtime");
     }
     t->data = sj_host_alloc(rt, bytes ? bytes : 1, 64);
     return t->data ? SJ_OK : sj_seterr(SJ_ENOMEM, "sj_tensor_alloc: out of memory for %zu bytes", bytes);
-}
-
-/* A host copy of t's elements in another dtype (or its own), through the
- * runtime's allocator; NULL data on failure. */
-static sj_tensor host_like(sj_runtime *rt, const sj_tensor *t, sj_dtype dt) {
-    sj_tensor h = *t;
-    h.dtype = dt;
-    h.device = SJ_HOST;
-    sj_tensor_set_contiguous(&h);
-    h.data = sj_host_alloc(rt, sj_tensor_nbytes(&h), 64);
-    return h;
 }
 
 sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
@@ -462,36 +418,6 @@ sj_status sj_tensor_copy(sj_runtime *rt, sj_tensor *dst, const sj_tensor *src) {
                                         "needs them apart", sj_dtype_name(src->dtype), sj_dtype_name(dst->dtype));
         return sj_cpu_copy(src, dst); /* converts as sj_cast does */
     }
-#ifdef SJ_WITH_CUDA
-    if (!rt->cuda) return sj_seterr(SJ_EINVAL, "sj_tensor_copy: device memory on a CPU runtime");
-    sj_cuda *cu = rt->cuda;
-    sj_cuda_bind(cu);
-    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst->data, s = (CUdeviceptr)(uintptr_t)src->data;
-    if (convert && src->device != SJ_HOST && dst->device != SJ_HOST) { /* the cast kernel */
-        sj_cuda_exec e = {.cuda = cu, .stream = cu->stream};
-        st = sj_cuda_copy(&e, src, dst);
-        return st ? st : SJ_CU(cu, cu->api.StreamSynchronize(cu->stream), "sj_tensor_copy: waiting for the stream");
-    }
-    if (convert) { /* host <-> device: converted on the host, moved in the destination's dtype */
-        bool up = src->device == SJ_HOST;
-        sj_tensor h = host_like(rt, up ? dst : src, up ? dst->dtype : src->dtype);
-        if (!h.data) return sj_seterr(SJ_ENOMEM, "sj_tensor_copy: out of memory for a conversion buffer");
-        size_t hb = sj_tensor_nbytes(&h);
-        if (up) {
-            st = sj_cpu_copy(src, &h);
-            if (!st) st = sj_cuda_to_device(cu, d, h.data, hb);
-        } else {
-            st = sj_cuda_to_host(cu, h.data, s, hb);
-            if (!st) st = sj_cpu_copy(&h, dst);
-        }
-        sj_host_free(rt, h.data);
-        return st;
-    }
-    if (src->device == SJ_HOST) return sj_cuda_to_device(cu, d, src->data, bytes);
-    if (dst->device == SJ_HOST) return sj_cuda_to_host(cu, dst->data, s, bytes); /* ordered on the stream */
-    st = SJ_CU(cu, cu->api.MemcpyDtoDAsync(d, s, bytes, cu->stream), "sj_tensor_copy");
-    return st ? st : SJ_CU(cu, cu->api.StreamSynchronize(cu->stream), "sj_tensor_copy: waiting for the stream");
-#else
-    return sj_seterr(SJ_EINVAL, "sj_tensor_copy: device memory on a CPU runtime");
-#endif
+    if (!rt->backend->tensor_copy) return sj_seterr(SJ_EINVAL, "sj_tensor_copy: device memory on a CPU runtime");
+    return rt->backend->tensor_copy(rt->backend, dst, src);
 }

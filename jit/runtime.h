@@ -13,11 +13,8 @@
 struct sj_backend;
 struct sj_cache;
 struct sj_remote;
-struct sj_cuda;
 struct sj_compiler;
 struct sj_grapher;
-struct sj_lanes;
-struct sj_threads;
 
 struct sj_runtime {
     sj_runtime_config cfg;        /* strings point at copies owned here */
@@ -33,12 +30,9 @@ struct sj_runtime {
                                      remote_cache_url, cc_version */
     struct sj_cache *cache;       /* NULL: no persistent cache */
     struct sj_remote *remote;     /* NULL: no remote cache (kernels/remote.h) */
-    struct sj_backend *backend;   /* compiles and loads fused kernels */
+    struct sj_backend *backend;   /* the device: its one table (kernels/device.h) */
     struct sj_compiler *compiler; /* background compile workers */
-    struct sj_threads *threads;   /* runs fused kernels in parallel (CPU) */
-    struct sj_cuda *cuda;         /* the CUDA device (CUDA backend), else NULL */
-    struct sj_grapher *grapher;   /* captures CUDA graphs (jit/exec_graph.c), with cuda */
-    struct sj_lanes *lanes;       /* streams for concurrent sj_calls (jit/lanes.c), with cuda */
+    struct sj_grapher *grapher;   /* captures graphs (jit/graphs.c), when the device has graph slots */
     char cache_error[256];        /* why the cache could not be opened ("" if fine) */
     float test_skew;              /* sj_runtime_test_wrong_kernels */
 };

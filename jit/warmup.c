@@ -38,7 +38,7 @@
 #include "base/tensor.h"
 #include "jit/call.h"
 #include "jit/compile.h"
-#include "jit/exec_cuda.h"
+#include "jit/graphs.h"
 
 #define RELAXED memory_order_relaxed
 #define ALL_FLAGS (SJ_WARMUP_BACKGROUND | SJ_WARMUP_NO_RUN | SJ_WARMUP_NO_GRAPHS)
@@ -403,13 +403,10 @@ static sj_status make_inputs(sj_runtime *rt, const warm_shape *s, int n, sj_tens
         } else if (in[i].device == SJ_HOST) {
             memset(in[i].data, 0, bytes);
         } else {
-#ifdef SJ_WITH_CUDA
-            sj_cuda *cu = rt->cuda;
-            sj_cuda_bind(cu);
-            if (bytes && (st = SJ_CU(cu, cu->api.MemsetD8Async((CUdeviceptr)(uintptr_t)in[i].data, 0, bytes, cu->stream),
-                                     "warm-up: zeroing an input")))
+            if (rt->backend->zero && (st = rt->backend->zero(rt->backend, in[i].data, bytes))) {
+                sj_err_prefix("warm-up: ");
                 return st;
-#endif
+            }
         }
     }
     return SJ_OK;
@@ -441,8 +438,8 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
     if (s->out) memcpy(out, s->out, sizeof *out * (size_t)n_out);
     for (int i = 0; i < n_in; i++) caller_bufs &= s->in[i].data != NULL;
     for (int i = 0; i < n_out; i++) caller_bufs &= out[i].data != NULL;
-    bool capture = caller_bufs && s->m && rt->cuda && rt->cfg.cuda_graphs > 0 && !(w->flags & SJ_WARMUP_NO_GRAPHS);
-    (void)capture; /* (CUDA only) */
+    bool capture = caller_bufs && s->m && rt->backend->graph_capture && rt->cfg.cuda_graphs > 0 &&
+                   !(w->flags & SJ_WARMUP_NO_GRAPHS);
     sj_status st = make_inputs(rt, s, n_in, in, made);
     int validating = checks_left(s), runs = 0;
     while (!st && (runs == 0 || (checks_left(s) > 0 && runs <= rt->cfg.validate_calls)) && !atomic_load(&w->stop)) {
@@ -454,27 +451,24 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
         st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, false, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
     }
-#ifdef SJ_WITH_CUDA
-    /* cuBLASLt algorithms for the run's products are chosen by the
-     * runtime's warmer thread: wait for them, so that nothing is left for a
-     * first request, and so that a graph captures the chosen ones */
-    if (!st && rt->cuda) sj_cuda_matmul_warm_wait(rt->cuda);
+    /* the device's background work for the run (CUDA: cuBLASLt algorithms
+     * for its products, chosen by the warmer thread): waited for, so that
+     * nothing is left for a first request, and so that a graph captures
+     * the chosen ones */
+    if (!st && rt->backend->settle) rt->backend->settle(rt->backend);
     if (!st && capture) {
         st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, true, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
     }
-#endif
     for (int i = 0; i < n_out; i++)
         if (!(s->out && s->out[i].data)) sj_tensor_free(rt, &out[i]);
     for (int i = 0; i < n_in; i++)
         if (made[i]) sj_tensor_free(rt, &in[i]);
     *graph = false;
-#ifdef SJ_WITH_CUDA
     if (!st && capture) { /* the capture was queued: wait for it */
-        sj_cuda_graph_wait_fn(rt, fn);
+        sj_graphs_wait_fn(rt, fn);
         for (int k = 0; k < SJ_MEMO_GRAPHS; k++) *graph |= atomic_load(&s->m->graphs[k]) != NULL;
     }
-#endif
     return st;
 }
 

@@ -1,10 +1,8 @@
-/* A backend: the table of functions the JIT compiles and loads kernels
- * through. CPU (system C compiler + dlopen) and CUDA (NVRTC + the driver
- * API) sit behind the same table; the JIT never calls either directly.
- *
- * A backend is created once per runtime and used from the compile workers
- * (compile, unload) and from calling threads (nothing else): compile must be
- * safe to call from several threads at once.
+/* Compiling for a device: the compile request and result of the device
+ * table's compiling slots (kernels/device.h), and the compile driver both
+ * devices share. CPU (system C compiler + dlopen) and CUDA (NVRTC + the
+ * driver API) sit behind the same table; the JIT never calls either
+ * directly. compile must be safe to call from several threads at once.
  */
 #ifndef SJ_BACKEND_H
 #define SJ_BACKEND_H
@@ -50,21 +48,9 @@ typedef struct sj_compile_result {
     char log[2048];       /* compiler diagnostics on failure, truncated */
 } sj_compile_result;
 
+/* The table compiles go through: the compiling slots of the one device
+ * table (kernels/device.h, which defines it). */
 typedef struct sj_backend sj_backend;
-struct sj_backend {
-    const char *name; /* "cpu", "cuda" */
-    /* Compile (or load from the cache) and resolve req->symbols. SJ_OK, or
-     * SJ_EBACKEND with out->log set (compiler missing, compile error, load
-     * failure). Thread-safe. */
-    sj_status (*compile)(sj_backend *b, const sj_compile_req *req, sj_compile_result *out);
-    /* Unload a module (NULL is a no-op); a shared one when its last user
-     * unloads it. */
-    void (*unload)(sj_backend *b, sj_module *m);
-    /* A line describing the toolchain, for explain and cache keys
-     * ("cc: gcc (Debian 12.2.0-14) 12.2.0; -O3 -march=native ..."). */
-    const char *(*identity)(sj_backend *b);
-    void (*destroy)(sj_backend *b);
-};
 
 /* -- Shared by the backends (kernels/backend.c) -------------------------- */
 

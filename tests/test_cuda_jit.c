@@ -25,7 +25,8 @@
 
 #ifdef SJ_WITH_CUDA
 #include "base/bounded.h"
-#include "jit/exec_cuda.h"
+#include "jit/graphs.h"
+#include "kernels/cuda/exec_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
 
 static sj_runtime *cpu;  /* the reference */
@@ -66,22 +67,22 @@ static int64_t extent_elems(const sj_tensor *t) {
 static dbuf to_dev(sj_runtime *rt, const sj_tensor *h) {
     dbuf d = {*h, 0};
     size_t es = sj_dtype_size(h->dtype), bytes = (size_t)extent_elems(h) * es;
-    d.base = sj_cuda_alloc(rt->cuda, bytes ? bytes : 16, rt->cuda->stream);
+    d.base = sj_cuda_alloc(sj_cuda_of(rt->backend), bytes ? bytes : 16, sj_cuda_of(rt->backend)->stream);
     assert_true(d.base != 0);
-    if (bytes) assert_int_equal(sj_cuda_to_device(rt->cuda, d.base, h->data, bytes), SJ_OK);
+    if (bytes) assert_int_equal(sj_cuda_to_device(sj_cuda_of(rt->backend), d.base, h->data, bytes), SJ_OK);
     d.t.data = (void *)(uintptr_t)d.base;
     d.t.device = SJ_CUDA;
     return d;
 }
 
-static void free_dev(sj_runtime *rt, dbuf *d) { sj_cuda_free(rt->cuda, d->base, rt->cuda->stream); }
+static void free_dev(sj_runtime *rt, dbuf *d) { sj_cuda_free(sj_cuda_of(rt->backend), d->base, sj_cuda_of(rt->backend)->stream); }
 
 /* A device output back on the host (contiguous), as a tu tensor. */
 static sj_tensor to_host(sj_runtime *rt, const sj_tensor *d) {
     sj_tensor h = tu_tensor(d->dtype, d->rank, d->shape);
     size_t bytes = (size_t)tu_numel(&h) * sj_dtype_size(d->dtype);
-    sj_cuda_bind(rt->cuda);
-    if (bytes) assert_int_equal(sj_cuda_to_host(rt->cuda, h.data, (CUdeviceptr)(uintptr_t)d->data, bytes), SJ_OK);
+    sj_cuda_bind(sj_cuda_of(rt->backend));
+    if (bytes) assert_int_equal(sj_cuda_to_host(sj_cuda_of(rt->backend), h.data, (CUdeviceptr)(uintptr_t)d->data, bytes), SJ_OK);
     return h;
 }
 
@@ -449,12 +450,12 @@ static sj_status graph_call_on(sj_runtime *rt, sj_fn *fn, const tu_encoder *w, c
                                CUstream s, const char *what) {
     sj_tensor hx = tu_tensor(dx->t.dtype, 3, dx->t.shape);
     tu_fill_random(&hx);
-    assert_int_equal(sj_cuda_to_device(rt->cuda, dx->base, hx.data, (size_t)tu_numel(&hx) * sj_dtype_size(hx.dtype)),
+    assert_int_equal(sj_cuda_to_device(sj_cuda_of(rt->backend), dx->base, hx.data, (size_t)tu_numel(&hx) * sj_dtype_size(hx.dtype)),
                      SJ_OK);
     sj_tensor out = *y;
     sj_status st = s ? sj_call_stream(fn, &dx->t, 1, &out, 1, (void *)s) : sj_call(fn, &dx->t, 1, &out, 1);
     if (st) return st;
-    if (s) assert_int_equal(rt->cuda->api.StreamSynchronize(s), CUDA_SUCCESS);
+    if (s) assert_int_equal(sj_cuda_of(rt->backend)->api.StreamSynchronize(s), CUDA_SUCCESS);
     sj_tensor h = to_host(rt, y);
     double *ref = malloc(sizeof(double) * (size_t)tu_numel(&h));
     tu_encoder_ref(w, &hx, NULL, ref);
@@ -691,14 +692,14 @@ static void test_gather_graph_captured(void **state) {
     if (!tu_check(&h, ref, tu_tol(SJ_F32), "gather graph")) fail_msg("gather graph: mismatch");
     /* a bad index in the same buffer: the graph's call fails, and says why */
     tu_seti(&idx, 5, V);
-    sj_cuda_bind(rt->cuda);
-    assert_int_equal(sj_cuda_to_device(rt->cuda, di.base, idx.data, (size_t)(B * S) * 8), SJ_OK);
+    sj_cuda_bind(sj_cuda_of(rt->backend));
+    assert_int_equal(sj_cuda_to_device(sj_cuda_of(rt->backend), di.base, idx.data, (size_t)(B * S) * 8), SJ_OK);
     uint64_t before = stats_of(fn).graph_calls;
     assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_EINDEX);
     assert_non_null(strstr(sj_last_error(), "out of range"));
     /* fixed again: served by the graph, right */
     tu_seti(&idx, 5, 7);
-    assert_int_equal(sj_cuda_to_device(rt->cuda, di.base, idx.data, (size_t)(B * S) * 8), SJ_OK);
+    assert_int_equal(sj_cuda_to_device(sj_cuda_of(rt->backend), di.base, idx.data, (size_t)(B * S) * 8), SJ_OK);
     assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
     assert_true(stats_of(fn).graph_calls > before);
     h = to_host(rt, &dy.t);
@@ -771,16 +772,16 @@ static void test_cuda_graphs(void **state) {
             assert_int_equal(stats_of(fn).graph_calls, 3 + SJ_GRAPH_AFTER);
             /* the same buffers on a caller's stream: a graph of their own */
             CUstream s2;
-            sj_cuda_bind(rt->cuda);
-            assert_int_equal(rt->cuda->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+            sj_cuda_bind(sj_cuda_of(rt->backend));
+            assert_int_equal(sj_cuda_of(rt->backend)->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
             sj_tensor out = dy.t;
             for (int i = 0; i < SJ_GRAPH_AFTER; i++)
                 assert_int_equal(sj_call_stream(fn, &dx.t, 1, &out, 1, (void *)s2), SJ_OK);
-            assert_int_equal(rt->cuda->api.StreamSynchronize(s2), CUDA_SUCCESS);
+            assert_int_equal(sj_cuda_of(rt->backend)->api.StreamSynchronize(s2), CUDA_SUCCESS);
             assert_int_equal(stats_of(fn).graph_calls, 3 + SJ_GRAPH_AFTER);
             assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
             for (int i = 0; i < 2; i++) assert_int_equal(graph_call_on(rt, fn, &w, &dx, &dy.t, s2, what), SJ_OK);
-            rt->cuda->api.StreamDestroy(s2);
+            sj_cuda_of(rt->backend)->api.StreamDestroy(s2);
             s = stats_of(fn);
             assert_int_equal(s.graphs, 3);
             assert_int_equal(s.graph_calls, 5 + SJ_GRAPH_AFTER);
@@ -843,7 +844,7 @@ static void test_cuda_graphs(void **state) {
         for (int64_t c = 0; c < 16; c++)
             assert_true(fabs(tu_get(&h, r * 16 + c) - (2 * tu_get(&in[0], tu_geti(&in[1], r) * 16 + c) + 1)) < 1e-6);
     int64_t bad_idx = 10;
-    assert_int_equal(sj_cuda_to_device(rt->cuda, d1.base + 3 * sizeof(int64_t), &bad_idx, sizeof bad_idx), SJ_OK);
+    assert_int_equal(sj_cuda_to_device(sj_cuda_of(rt->backend), d1.base + 3 * sizeof(int64_t), &bad_idx, sizeof bad_idx), SJ_OK);
     sj_tensor out = dy.t;
     uint64_t served = stats_of(fn).graph_calls;
     assert_int_equal(sj_call(fn, din, 2, &out, 1), SJ_EINDEX); /* by the graph, which reads its flag */
@@ -877,7 +878,7 @@ static void test_cuda_graphs(void **state) {
  * result matches float64 (references computed beforehand:
  * the tu helpers are not thread-safe). This is what found that cuBLASLt
  * must be called by one thread at a time (eager_cuda.c) and that a graph
- * needs a cuBLASLt workspace of its own (exec_graph.c). */
+ * needs a cuBLASLt workspace of its own (kernels/cuda/graph_cuda.c). */
 typedef struct graph_job {
     sj_runtime *rt;
     sj_fn *fn;
@@ -896,8 +897,8 @@ static void *graph_thread(void *p) {
         const sj_tensor *hx = &j->hx[it % 2];
         const double *ref = j->ref[it % 2];
         sj_tensor out = j->dy.t;
-        if (sj_cuda_to_device(j->rt->cuda, j->dx.base, hx->data, bytes) || sj_call(j->fn, &j->dx.t, 1, &out, 1) ||
-            sj_cuda_to_host(j->rt->cuda, y, j->dy.base, bytes)) {
+        if (sj_cuda_to_device(sj_cuda_of(j->rt->backend), j->dx.base, hx->data, bytes) || sj_call(j->fn, &j->dx.t, 1, &out, 1) ||
+            sj_cuda_to_host(sj_cuda_of(j->rt->backend), y, j->dy.base, bytes)) {
             j->failures++;
             continue;
         }
@@ -1006,7 +1007,7 @@ static void *lane_thread(void *p) {
  * lanes made at start, each result checked. */
 static void test_lanes(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
-    sj_cuda *cu = rt->cuda;
+    sj_cuda *cu = sj_cuda_of(rt->backend);
     sj_fn *fn;
     assert_int_equal(sj_fn_create(rt, "lanes", 1, lane_model, NULL, NULL, &fn), SJ_OK);
     tu_seed(31);
@@ -1021,8 +1022,8 @@ static void test_lanes(void **state) {
     float *y = malloc(sizeof(float) * N);
     assert_non_null(y);
     const float *x = hx.data;
-    uint64_t taken0 = sj_cuda_lanes_taken(rt);
-    sj_cuda_lanes_test_busy(rt, 1); /* as if another call were in flight */
+    uint64_t taken0 = sj_cuda_lanes_taken(rt->backend);
+    sj_cuda_lanes_test_busy(rt->backend, 1); /* as if another call were in flight */
     for (int round = 0; round < 3; round++) {
         assert_int_equal(sj_cuda_to_device(cu, dx.base, poison.data, sizeof(float) * N), SJ_OK);
         sj_cuda_bind(cu);
@@ -1037,7 +1038,7 @@ static void test_lanes(void **state) {
                 fail_msg("round %d: element %lld is %.9g, expected %.9g", round, (long long)i, y[i], ref);
         }
     }
-    assert_int_equal(sj_cuda_lanes_taken(rt) - taken0, 3);
+    assert_int_equal(sj_cuda_lanes_taken(rt->backend) - taken0, 3);
 
     /* 12 threads, each its own buffers and length, all on lanes */
     lane_job jobs[T];
@@ -1056,13 +1057,13 @@ static void test_lanes(void **state) {
         free_dev(rt, &jobs[t].dx);
         free_dev(rt, &jobs[t].dy);
     }
-    assert_int_equal(sj_cuda_lanes_taken(rt) - taken0, 3 + T * 20);
+    assert_int_equal(sj_cuda_lanes_taken(rt->backend) - taken0, 3 + T * 20);
 
     /* alone again: the runtime's stream */
-    sj_cuda_lanes_test_busy(rt, -1);
+    sj_cuda_lanes_test_busy(rt->backend, -1);
     sj_tensor out = dy.t;
     assert_int_equal(sj_call(fn, &dx.t, 1, &out, 1), SJ_OK);
-    assert_int_equal(sj_cuda_lanes_taken(rt) - taken0, 3 + T * 20);
+    assert_int_equal(sj_cuda_lanes_taken(rt->backend) - taken0, 3 + T * 20);
     assert_int_equal(stats_of(fn).errors, 0);
     free(y);
     sj_cuda_free(cu, scratch, cu->stream);
@@ -1213,15 +1214,15 @@ static void test_stream_api_and_bad_input(void **state) {
     if (!strstr(sj_last_error(), "host memory; the CUDA backend takes device")) fail_msg("%s", sj_last_error());
     /* the caller's stream, outputs ready once it is synchronised */
     CUstream s2;
-    sj_cuda_bind(rt->cuda);
-    assert_int_equal(rt->cuda->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    sj_cuda_bind(sj_cuda_of(rt->backend));
+    assert_int_equal(sj_cuda_of(rt->backend)->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     dbuf d[3];
     sj_tensor din[3];
     for (int i = 0; i < 3; i++) d[i] = to_dev(rt, &in[i]), din[i] = d[i].t;
     for (int rep = 0; rep < 3; rep++) {
         sj_tensor o = {0};
         assert_int_equal(sj_call_stream(fn, din, 3, &o, 1, (void *)s2), SJ_OK);
-        assert_int_equal(rt->cuda->api.StreamSynchronize(s2), CUDA_SUCCESS);
+        assert_int_equal(sj_cuda_of(rt->backend)->api.StreamSynchronize(s2), CUDA_SUCCESS);
         sj_tensor h = to_host(rt, &o);
         sj_tensor ref = {0};
         assert_int_equal(sj_call(fn, din, 3, &ref, 1), SJ_OK);
@@ -1235,7 +1236,7 @@ static void test_stream_api_and_bad_input(void **state) {
         sj_tensor_free(rt, &ref);
     }
     for (int i = 0; i < 3; i++) free_dev(rt, &d[i]);
-    rt->cuda->api.StreamDestroy(s2);
+    sj_cuda_of(rt->backend)->api.StreamDestroy(s2);
     assert_true(sj_runtime_stream(rt) != NULL);
     /* sj_tensor_alloc / sj_tensor_copy round trip */
     sj_tensor dt = {.dtype = SJ_F32, .rank = 1, .shape = {100}, .device = SJ_CUDA};
@@ -1429,14 +1430,14 @@ static void test_transient_entry_on_stream(void **state) {
     sj_tensor in[3] = {tu_tensor(SJ_F32, 3, (int64_t[]){2, 7, H}), tu_tensor(SJ_F32, 1, &H), tu_tensor(SJ_F32, 1, &H)};
     for (int k = 0; k < 3; k++) tu_fill_random(&in[k]);
     CUstream s2;
-    sj_cuda_bind(rt->cuda);
-    assert_int_equal(rt->cuda->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    sj_cuda_bind(sj_cuda_of(rt->backend));
+    assert_int_equal(sj_cuda_of(rt->backend)->api.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     dbuf d[3];
     sj_tensor din[3];
     for (int k = 0; k < 3; k++) d[k] = to_dev(rt, &in[k]), din[k] = d[k].t;
     sj_tensor out = {0};
     assert_int_equal(sj_call_stream(fn, din, 3, &out, 1, (void *)s2), SJ_OK);
-    assert_int_equal(rt->cuda->api.StreamSynchronize(s2), CUDA_SUCCESS);
+    assert_int_equal(sj_cuda_of(rt->backend)->api.StreamSynchronize(s2), CUDA_SUCCESS);
     sj_tensor h = to_host(rt, &out);
     sj_fn *cfn;
     sj_fn_options co;
@@ -1457,7 +1458,7 @@ static void test_transient_entry_on_stream(void **state) {
     sj_fn_destroy(cfn);
     sj_tensor_free(rt, &out);
     for (int k = 0; k < 3; k++) free_dev(rt, &d[k]);
-    rt->cuda->api.StreamDestroy(s2);
+    sj_cuda_of(rt->backend)->api.StreamDestroy(s2);
     sj_fn_destroy(fn);
     sj_runtime_destroy(rt);
     tu_free_all();

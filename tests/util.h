@@ -22,7 +22,7 @@
 #include "base/ops.h"
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
-#include "kernels/backend.h"
+#include "kernels/device.h"
 
 /* -- Random numbers (xoshiro-style 64-bit generator, seeded) -------------- */
 

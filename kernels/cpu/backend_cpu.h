@@ -5,7 +5,7 @@
 
 #include "kernels/cache.h"
 #include "base/log.h"
-#include "kernels/backend.h"
+#include "kernels/device.h"
 
 typedef struct sj_cpu_backend_config {
     const char *cc;        /* compiler command; NULL: "cc". Split on blanks into

@@ -15,7 +15,7 @@
 
 #include "kernels/cache.h"
 #include "base/log.h"
-#include "kernels/backend.h"
+#include "kernels/device.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "specialize/codegen_cuda.h"
 

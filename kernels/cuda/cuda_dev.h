@@ -41,7 +41,7 @@ typedef struct sj_cuda {
     CUmodule eager;         /* the ahead-of-time eager kernels (NULL until loaded) */
     void *eager_fns;        /* kernels/cuda/eager_cuda.c's table of CUfunctions */
 
-    /* CUDA graphs (jit/exec_graph.c): one capture at a time, on a stream
+    /* CUDA graphs (graph_cuda.c): one capture at a time, on a stream
      * of its own (made on first use) */
     pthread_mutex_t capture_lock;
     CUstream capture_stream;

@@ -1,4 +1,6 @@
-/* CUDA graphs of fused calls: one launch instead of one per kernel.
+/* Graphs of fused calls: one launch instead of one per kernel. The
+ * device-neutral policy (when to capture, which graph serves a call) and
+ * the graph thread; the capture mechanics are the device's.
  *
  * A small fused call is bound by the host: each kernel launch costs a few
  * microseconds and each cuBLASLt product about eight, so the encoder layer
@@ -17,7 +19,7 @@
  * kernel.
  *
  * When. A warm-up (jit/warmup.c) asks for the capture of a shape it
- * prepares with the caller's buffers at once (sj_cuda_graph_request).
+ * prepares with the caller's buffers at once (sj_graphs_request).
  * Otherwise, a fused call with every output given that succeeded kernel by
  * kernel asks for a capture when it is the SJ_GRAPH_AFTER-th such call of
  * its signature with these buffers on this stream (servers reuse their staging buffers and streams; each signature
@@ -36,29 +38,20 @@
  * hindsight. Bucketed servers' shapes pass it in milliseconds; a stream
  * of lengths that rarely repeat, like w5's, never does.
  *
- * How. The plan runs as usual on a private stream in capture mode
- * (relaxed: the allocator may take fresh blocks meanwhile). The arena comes
- * from the allocator, ordered on the stream the graph will run on, and
- * stays with the graph, in one block with a cuBLASLt workspace of its own (GRAPH_WS_BYTES,
- * for plans with float products): a product's workspace cannot come from
- * the allocator during a capture, and a workspace shared with other
- * products is wrong (another thread's split product can straddle the
- * graph's launch on the stream: see eager_fns in eager_cuda.c). Anything that asks the allocator for memory
- * on the captured stream (a matmul's packed operand; a gather's error flag
- * has a home in the graph's memory instead)
- * fails, the capture is abandoned and the signature is never captured
- * again. A graph for the runtime's stream is uploaded to the device
- * (cuGraphUpload) on the grapher, not by its first launch.
+ * How: the device's graph slots (kernels/device.h; CUDA's in
+ * kernels/cuda/graph_cuda.c) capture the plan run as usual into a graph
+ * that owns the call's intermediates. Anything that cannot be captured
+ * fails the capture, and the signature is never captured again.
  *
- * Threads. One capture at a time per device (the capture stream is
- * shared) and per signature (graph_busy, set from the request until the
- * grapher is done with it). Slots are filled in order with release stores
+ * Threads. One capture at a time per runtime (the grapher) and per
+ * signature (graph_busy, set from the request until the grapher is done
+ * with it). Slots are filled in order with release stores
  * and never replaced, so a launching thread needs no lock; graphs are
  * destroyed with their memo item, when the function is, after
- * sj_cuda_graph_cancel_fn has dropped its queued captures and waited for
+ * sj_graphs_cancel_fn has dropped its queued captures and waited for
  * a running one. The grapher's lock is held only for its queue.
  */
-#ifdef SJ_WITH_CUDA
+#include "jit/graphs.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -67,20 +60,15 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
-#include "jit/exec_cuda.h"
-#include "jit/fn.h"
-#include "jit/ir/graph.h"
+#include "jit/runtime.h"
 #include "specialize/fusion.h"
 
 #define RELAXED memory_order_relaxed
-#define GRAPH_WS_BYTES ((size_t)4 << 20)
 
 typedef struct sj_cgraph {
     const sj_compiled *cd; /* the code captured */
-    CUstream stream;       /* where it is launched: the calls' stream */
-    CUgraphExec exec;
-    CUdeviceptr mem;       /* the graph's own: cuBLASLt's workspace, the gather flag, the intermediates */
-    CUdeviceptr flag;      /* the gather error flag in mem, when the plan gathers; else 0 */
+    const void *stream;    /* where it is launched: the calls' stream (the device's graph_stream) */
+    void *dev;             /* the device's graph */
     int n_in, n_out;
     const void *in[SJ_MAX_INPUTS]; /* the caller's input addresses */
     sj_tensor out[SJ_MAX_OUTPUTS]; /* the caller's outputs, as checked at capture */
@@ -93,7 +81,7 @@ static bool same_output(const sj_tensor *a, const sj_tensor *b) {
     return true;
 }
 
-static bool matches(const sj_cgraph *g, const sj_exec *x, const sj_compiled *cd, CUstream s) {
+static bool matches(const sj_cgraph *g, const sj_exec *x, const sj_compiled *cd, const void *s) {
     if (g->cd != cd || g->stream != s) return false;
     for (int i = 0; i < g->n_in; i++)
         if (x->inputs[i].data != g->in[i]) return false;
@@ -104,7 +92,7 @@ static bool matches(const sj_cgraph *g, const sj_exec *x, const sj_compiled *cd,
 
 /* The call's buffers, stream and code, hashed (sj_sig_hash) into the high
  * bits, the low 6 clear for a count; never 0 (0: a free slot). */
-static uint64_t buffers_hash(const sj_exec *x, const sj_compiled *cd, CUstream s) {
+static uint64_t buffers_hash(const sj_exec *x, const sj_compiled *cd, const void *s) {
     int64_t w[2 + SJ_MAX_INPUTS + SJ_MAX_OUTPUTS];
     int n = 0;
     w[n++] = (int64_t)(uintptr_t)cd;
@@ -133,94 +121,18 @@ static bool seen_enough(sj_memo *m, uint64_t h) {
     return SJ_GRAPH_AFTER <= 1;
 }
 
-/* The stream a call's graphs are kept for: a synchronous call's is the
- * runtime's, whether it runs there or on a lane (jit/lanes.c), since a
- * graph launched on any stream is ordered behind its own earlier launches
- * and its memory was made ready on the runtime's stream before it was
- * published; sj_call_stream's is the caller's. */
-static CUstream graph_stream_of(const sj_cuda_call *cc) { return cc->sync ? cc->e.cuda->stream : cc->e.stream; }
-
-static sj_status launch(sj_cuda_call *cc, const sj_cgraph *g) {
-    sj_cuda *cu = cc->e.cuda;
-    sj_cuda_bind(cu);
-    sj_status st = SJ_CU(cu, cu->api.GraphLaunch(g->exec, cc->e.stream), "launching a CUDA graph");
-    int flag = 0; /* a gather's bad index (the graph zeroed the flag before its gathers) */
-    if (!st && cc->sync && g->flag)
-        st = SJ_CU(cu, cu->api.MemcpyDtoHAsync(&flag, g->flag, sizeof flag, cc->e.stream),
-                   "reading the call's error flag");
-    if (!st && cc->sync) st = SJ_CU(cu, cu->api.StreamSynchronize(cc->e.stream), "waiting for a CUDA graph");
-    if (!st && flag) st = sj_cuda_flag_status(flag);
-    return st;
-}
-
-static void destroy(sj_cuda *cu, sj_cgraph *g) {
-    sj_cuda_bind(cu);
-    if (g->exec) cu->api.GraphExecDestroy(g->exec); /* an in-flight launch completes first */
-    /* the caller's stream is done with it (sj_call_stream's contract:
-     * synchronized before sj_fn_destroy), the runtime's is ordered */
-    sj_cuda_free(cu, g->mem, cu->stream);
+/* Free a graph record (and the device's graph in it). */
+static void destroy(sj_runtime *rt, sj_cgraph *g) {
+    if (g->dev) rt->backend->graph_free(rt->backend, g->dev);
     free(g);
 }
 
-/* Does the plan call cuBLASLt (a float product)? */
-static bool has_matmul(const sj_graph *gr, const sj_fplan *plan) {
-    for (int i = 0; i < plan->n_groups; i++) {
-        const sj_group *p = &plan->groups[i];
-        if (p->kind == SJ_G_NODE && gr->nodes[p->nodes[0]].op == SJ_OP_MATMUL &&
-            sj_dtype_is_float(gr->vals[gr->nodes[p->nodes[0]].out].dtype))
-            return true;
-    }
-    return false;
-}
-
-/* Run the plan on the capture stream in capture mode, into g. */
-static sj_status capture(const sj_exec *x, sj_cuda *cu, int n_syms, const sj_fplan *plan, sj_cgraph *g) {
-    const sj_cuda_api *a = &cu->api;
-    sj_cuda_bind(cu);
-    CUgraph graph = NULL;
-    pthread_mutex_lock(&cu->capture_lock);
-    sj_status st = SJ_OK;
-    if (!cu->capture_stream)
-        st = SJ_CU(cu, a->StreamCreate(&cu->capture_stream, CU_STREAM_NON_BLOCKING), "creating the capture stream");
-    if (!st) st = SJ_CU(cu, a->StreamBeginCapture(cu->capture_stream, CU_STREAM_CAPTURE_MODE_RELAXED),
-                        "beginning a CUDA graph capture");
-    if (!st) {
-        sj_cuda_call cap;
-        sj_cuda_call_init(&cap, cu, cu->capture_stream, false, n_syms);
-        cap.graph_arena = &g->mem;
-        cap.graph_stream = g->stream;
-        cap.graph_ws_bytes = has_matmul(x->g, plan) ? GRAPH_WS_BYTES : 0;
-        sj_exec xc = *x;
-        xc.ops_ctx = &cap;
-        sj_cuda_capturing(cu->capture_stream);
-        st = sj_exec_fused(&xc, plan, g->cd->fns);
-        sj_cuda_capturing(NULL);
-        g->flag = cap.flag_used ? cap.graph_flag : 0;
-        sj_status est = SJ_CU(cu, a->StreamEndCapture(cu->capture_stream, &graph), "ending a CUDA graph capture");
-        if (!st) st = est;
-    }
-    pthread_mutex_unlock(&cu->capture_lock);
-    if (!st) st = SJ_CU(cu, a->GraphInstantiate(&g->exec, graph, 0), "instantiating a CUDA graph");
-    /* its upload to the device, queued now rather than by the first call
-     * that launches it; on the runtime's stream only (a caller's stream may
-     * be gone by now: its first launch uploads). Then waited for: a call on
-     * a lane may launch it next, ordered only behind what the runtime's
-     * stream held when that call began, and the graph's memory came from
-     * blocks the runtime's stream may still have been using. */
-    if (!st && g->stream == cu->stream) {
-        st = SJ_CU(cu, a->GraphUpload(g->exec, cu->stream), "uploading a CUDA graph");
-        if (!st) st = SJ_CU(cu, a->StreamSynchronize(cu->stream), "waiting for a CUDA graph's upload");
-    }
-    if (graph) a->GraphDestroy(graph);
-    return st;
-}
-
 static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
-                    const sj_compiled *cd, CUstream s);
+                    const sj_compiled *cd, const void *s);
 
 /* The graph of m for this code, these buffers and stream s, or NULL; with
  * free_slot, the first empty slot there (SJ_MEMO_GRAPHS: none). */
-static const sj_cgraph *find(sj_memo *m, const sj_exec *x, const sj_compiled *cd, CUstream s, int *free_slot) {
+static const sj_cgraph *find(sj_memo *m, const sj_exec *x, const sj_compiled *cd, const void *s, int *free_slot) {
     int k = 0;
     for (; k < SJ_MEMO_GRAPHS; k++) {
         const sj_cgraph *g = atomic_load_explicit(&m->graphs[k], memory_order_acquire);
@@ -231,14 +143,16 @@ static const sj_cgraph *find(sj_memo *m, const sj_exec *x, const sj_compiled *cd
     return NULL;
 }
 
-sj_graph_use sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda_call *cc, const sj_compiled *cd,
-                                sj_status *st) {
-    if (!m || fn->rt->cfg.cuda_graphs <= 0 || atomic_load_explicit(&m->graph_off, RELAXED)) return SJ_GRAPH_NO;
+sj_graph_use sj_graphs_call(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_compiled *cd, sj_status *st) {
+    const sj_backend *b = x->ops;
+    if (!m || fn->rt->cfg.cuda_graphs <= 0 || !b->graph_capture || !fn->rt->grapher ||
+        atomic_load_explicit(&m->graph_off, RELAXED))
+        return SJ_GRAPH_NO;
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return SJ_GRAPH_NO; /* allocated per call: new addresses each time */
-    const sj_cgraph *g = find(m, x, cd, graph_stream_of(cc), NULL);
+    const sj_cgraph *g = find(m, x, cd, b->graph_stream(x->ops_ctx), NULL);
     if (!g) return SJ_GRAPH_COUNT;
-    *st = launch(cc, g);
+    *st = b->graph_launch(x->ops_ctx, g->dev);
     if (!*st) atomic_fetch_add_explicit(&fn->hot[sj_shard_index()].graph_calls, 1, RELAXED);
     return SJ_GRAPH_SERVED;
 }
@@ -246,10 +160,9 @@ sj_graph_use sj_cuda_graph_call(sj_fn *fn, sj_memo *m, const sj_exec *x, sj_cuda
 /* Queue a capture of this call's buffers unless one is published, queued
  * or running for them, or there is no room; force: whatever the count of
  * calls seen (a warm-up's request). */
-static void note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
-                 const sj_compiled *cd, bool force) {
+static void note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd, bool force) {
     sj_runtime *rt = fn->rt;
-    CUstream s = graph_stream_of(cc);
+    const void *s = x->ops->graph_stream(x->ops_ctx);
     int k;
     if (find(m, x, cd, s, &k) || k == SJ_MEMO_GRAPHS) return; /* published meanwhile, or no room */
     if (!force && !seen_enough(m, buffers_hash(x, cd, s))) return;
@@ -268,17 +181,15 @@ static void note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc
     if (!go) atomic_store(&m->graph_busy, false);
 }
 
-void sj_cuda_graph_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
-                        const sj_compiled *cd) {
-    note(fn, m, x, cc, plan, cd, false);
+void sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
+    note(fn, m, x, plan, cd, false);
 }
 
-bool sj_cuda_graph_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_cuda_call *cc, const sj_fplan *plan,
-                           const sj_compiled *cd) {
-    if (fn->rt->cfg.cuda_graphs <= 0 || atomic_load_explicit(&m->graph_off, RELAXED)) return false;
+bool sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
+    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture || !fn->rt->grapher || atomic_load_explicit(&m->graph_off, RELAXED)) return false;
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return false; /* the warm-up's own outputs: never seen again */
-    note(fn, m, x, cc, plan, cd, true);
+    note(fn, m, x, plan, cd, true);
     return true;
 }
 
@@ -290,7 +201,7 @@ typedef struct graph_job {
     sj_memo *m;
     const sj_compiled *cd;
     const sj_fplan *plan;
-    CUstream stream;
+    const void *stream;
     sj_tensor in[SJ_MAX_INPUTS], out[SJ_MAX_OUTPUTS]; /* descriptors only: nothing is read through them */
 } graph_job;
 
@@ -307,7 +218,7 @@ struct sj_grapher {
 /* Queue a capture of this call's plan with its buffers (graph_busy is set
  * and a graph of the runtime's budget reserved). false: not queued. */
 static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
-                    const sj_compiled *cd, CUstream s) {
+                    const sj_compiled *cd, const void *s) {
     sj_grapher *gr = rt->grapher;
     graph_job *j = gr ? sj_malloc(sizeof *j) : NULL; /* once per capture, never on a served call */
     if (!j) return false;
@@ -323,13 +234,28 @@ static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, con
     return true;
 }
 
+/* The call a capture runs: the job's plan, fused, on the capture's call
+ * context. */
+typedef struct capture_run {
+    const sj_exec *x;
+    const sj_fplan *plan;
+    const sj_compiled *cd;
+} capture_run;
+
+static sj_status run_capture(void *arg, void *cc) {
+    const capture_run *r = arg;
+    sj_exec xc = *r->x;
+    xc.ops_ctx = cc;
+    return sj_exec_fused(&xc, r->plan, r->cd->fns);
+}
+
 static void run_job(sj_grapher *gr, graph_job *j) {
     sj_runtime *rt = gr->rt;
     sj_fn *fn = j->fn;
     sj_memo *m = j->m;
     sj_entry *e = m->entry;
     sj_exec x = {.rt = rt, .g = e->g, .fn_name = fn->name, .inputs = j->in, .outputs = j->out,
-                 .sym_vals = m->syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = &sj_cuda_exec_ops};
+                 .sym_vals = m->syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = rt->backend};
     sj_cgraph *g = sj_calloc(1, sizeof *g);
     sj_status st = g ? SJ_OK : sj_seterr(SJ_ENOMEM, "out of memory for a CUDA graph");
     int64_t t0 = sj_now_ns();
@@ -340,7 +266,8 @@ static void run_job(sj_grapher *gr, graph_job *j) {
         g->n_out = e->g->n_outputs;
         for (int i = 0; i < g->n_in; i++) g->in[i] = j->in[i].data;
         for (int i = 0; i < g->n_out; i++) g->out[i] = j->out[i];
-        st = capture(&x, rt->cuda, e->n_syms, j->plan, g);
+        capture_run r = {&x, j->plan, j->cd};
+        st = rt->backend->graph_capture(rt->backend, e->g, j->plan, e->n_syms, j->stream, run_capture, &r, &g->dev);
     }
     double ms = (double)(sj_now_ns() - t0) / 1e6;
     if (st) {
@@ -352,7 +279,7 @@ static void run_job(sj_grapher *gr, graph_job *j) {
                 fn->name, e->id, sj_last_error());
         atomic_store(&m->graph_off, true);
         sj_clearerr();
-        if (g) destroy(rt->cuda, g);
+        if (g) destroy(rt, g);
         atomic_fetch_sub(&rt->cuda_graphs, 1);
         atomic_store(&m->graph_busy, false);
         return;
@@ -387,7 +314,7 @@ static void *grapher_main(void *arg) {
     return NULL;
 }
 
-sj_status sj_cuda_grapher_create(sj_runtime *rt) {
+sj_status sj_grapher_create(sj_runtime *rt) {
     sj_grapher *gr = sj_calloc(1, sizeof *gr);
     if (!gr) return sj_seterr(SJ_ENOMEM, "out of memory for the CUDA graph thread");
     gr->rt = rt;
@@ -405,7 +332,7 @@ sj_status sj_cuda_grapher_create(sj_runtime *rt) {
     return SJ_OK;
 }
 
-void sj_cuda_grapher_destroy(sj_runtime *rt) {
+void sj_grapher_destroy(sj_runtime *rt) {
     sj_grapher *gr = rt->grapher;
     if (!gr) return;
     pthread_mutex_lock(&gr->lock);
@@ -453,13 +380,11 @@ static void settle_fn(sj_grapher *gr, sj_fn *fn, bool cancel) {
     pthread_mutex_unlock(&gr->lock);
 }
 
-void sj_cuda_graph_cancel_fn(sj_runtime *rt, sj_fn *fn) { settle_fn(rt->grapher, fn, true); }
-void sj_cuda_graph_wait_fn(sj_runtime *rt, sj_fn *fn) { settle_fn(rt->grapher, fn, false); }
+void sj_graphs_cancel_fn(sj_runtime *rt, sj_fn *fn) { settle_fn(rt->grapher, fn, true); }
+void sj_graphs_wait_fn(sj_runtime *rt, sj_fn *fn) { settle_fn(rt->grapher, fn, false); }
 
-void sj_cuda_graph_free(void *ctx, void *graph) {
+void sj_graphs_free(void *ctx, void *graph) {
     sj_runtime *rt = ctx;
-    destroy(rt->cuda, graph);
+    destroy(rt, graph);
     atomic_fetch_sub(&rt->cuda_graphs, 1);
 }
-
-#endif /* SJ_WITH_CUDA */

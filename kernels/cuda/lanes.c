@@ -20,15 +20,12 @@
  * call to the runtime's stream. The lock guards the lane array and the
  * busy flags and is held for neither a driver call nor a kernel.
  */
-#ifdef SJ_WITH_CUDA
-
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "jit/exec_cuda.h"
-#include "jit/runtime.h"
+#include "kernels/cuda/exec_cuda.h"
 
 #define LANES_AT_START 8
 
@@ -40,7 +37,7 @@ typedef struct lane {
 
 struct sj_lanes {
     sj_cuda *cuda;
-    _Atomic int inflight; /* sj_calls between sj_cuda_lane_take and put */
+    _Atomic int inflight; /* sj_calls between sj_lane_take and put */
     _Atomic uint64_t taken; /* calls that ran on a lane */
     pthread_mutex_t lock;
     lane *v;
@@ -80,27 +77,26 @@ static void drop_lane(sj_cuda *cu, const lane *l) {
     cu->api.StreamDestroy(l->stream);
 }
 
-sj_status sj_cuda_lanes_create(sj_runtime *rt) {
+sj_status sj_lanes_create(sj_cuda *cuda, sj_lanes **out) {
     sj_lanes *L = sj_calloc(1, sizeof *L);
     if (!L || pthread_mutex_init(&L->lock, NULL)) {
         free(L);
         return sj_seterr(SJ_ENOMEM, "out of memory for the runtime's call streams");
     }
-    L->cuda = rt->cuda;
+    L->cuda = cuda;
     for (int i = 0; i < LANES_AT_START; i++) { /* fewer is no error: more are made on demand */
         lane l;
-        if (!make_lane(rt->cuda, &l)) break;
+        if (!make_lane(cuda, &l)) break;
         if (!add_lane(L, &l)) {
-            drop_lane(rt->cuda, &l);
+            drop_lane(cuda, &l);
             break;
         }
     }
-    rt->lanes = L;
+    *out = L;
     return SJ_OK;
 }
 
-void sj_cuda_lanes_destroy(sj_runtime *rt) {
-    sj_lanes *L = rt->lanes;
+void sj_lanes_destroy(sj_lanes *L) {
     if (!L) return;
     sj_cuda_bind(L->cuda);
     /* No call is in flight (sj_runtime_destroy's contract) and each one
@@ -110,7 +106,6 @@ void sj_cuda_lanes_destroy(sj_runtime *rt) {
     pthread_mutex_destroy(&L->lock);
     free(L->v);
     free(L);
-    rt->lanes = NULL;
 }
 
 /* Locked. A free lane, this thread's last one first; -1: none. */
@@ -121,22 +116,20 @@ static int pick(sj_lanes *L) {
     return -1;
 }
 
-CUstream sj_cuda_lane_take(sj_runtime *rt, int *which) {
-    sj_lanes *L = rt->lanes;
+CUstream sj_lane_take(sj_lanes *L, int *which) {
     *which = -1;
-    if (!L) return rt->cuda->stream;
-    if (atomic_fetch_add(&L->inflight, 1) == 0) return rt->cuda->stream; /* alone */
+    if (atomic_fetch_add(&L->inflight, 1) == 0) return L->cuda->stream; /* alone */
     pthread_mutex_lock(&L->lock);
     int i = pick(L);
     if (i < 0) {
         pthread_mutex_unlock(&L->lock);
         lane l;
-        if (!make_lane(L->cuda, &l)) return rt->cuda->stream;
+        if (!make_lane(L->cuda, &l)) return L->cuda->stream;
         pthread_mutex_lock(&L->lock);
         if (!add_lane(L, &l)) {
             pthread_mutex_unlock(&L->lock);
             drop_lane(L->cuda, &l);
-            return rt->cuda->stream;
+            return L->cuda->stream;
         }
         i = L->n - 1;
     }
@@ -150,7 +143,7 @@ CUstream sj_cuda_lane_take(sj_runtime *rt, int *which) {
         pthread_mutex_lock(&L->lock); /* unordered: the runtime's stream instead */
         L->v[i].busy = false;
         pthread_mutex_unlock(&L->lock);
-        return rt->cuda->stream;
+        return L->cuda->stream;
     }
     last_owner = L, last_lane = i;
     atomic_fetch_add_explicit(&L->taken, 1, memory_order_relaxed);
@@ -158,9 +151,7 @@ CUstream sj_cuda_lane_take(sj_runtime *rt, int *which) {
     return l.stream;
 }
 
-void sj_cuda_lane_put(sj_runtime *rt, int which) {
-    sj_lanes *L = rt->lanes;
-    if (!L) return;
+void sj_lane_put(sj_lanes *L, int which) {
     if (which >= 0) {
         pthread_mutex_lock(&L->lock);
         L->v[which].busy = false;
@@ -169,12 +160,9 @@ void sj_cuda_lane_put(sj_runtime *rt, int which) {
     atomic_fetch_sub(&L->inflight, 1);
 }
 
-uint64_t sj_cuda_lanes_taken(const sj_runtime *rt) {
-    return rt->lanes ? atomic_load_explicit(&rt->lanes->taken, memory_order_relaxed) : 0;
+uint64_t sj_lanes_taken(const sj_lanes *L) { return L ? atomic_load_explicit(&L->taken, memory_order_relaxed) : 0; }
+
+void sj_lanes_test_busy(sj_lanes *L, int delta) {
+    if (L) atomic_fetch_add(&L->inflight, delta);
 }
 
-void sj_cuda_lanes_test_busy(sj_runtime *rt, int delta) {
-    if (rt->lanes) atomic_fetch_add(&rt->lanes->inflight, delta);
-}
-
-#endif /* SJ_WITH_CUDA */

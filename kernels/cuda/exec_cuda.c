@@ -1,6 +1,7 @@
-/* Execution on a CUDA device: the CUDA tables behind the device-neutral
- * executors (exec.c, exec_fused.c), and the device copies of a graph's
- * constants and parameters.
+/* Execution on a CUDA device: the CUDA call slots of the device table
+ * (kernels/device.h) behind the device-neutral executors (jit/exec.c,
+ * jit/exec_fused.c), and the device copies of a graph's constants and
+ * parameters.
  *
  * A call's kernels are queued on one stream: for sj_call (which then waits
  * for them) the runtime's own, or a lane of the runtime's when another call
@@ -9,16 +10,15 @@
  * freed stream-ordered at the end of the call, so a warm call never makes a
  * fresh block.
  */
-#ifdef SJ_WITH_CUDA
-
 #include "base/alloc.h"
-#include "jit/exec_cuda.h"
+#include "kernels/cuda/exec_cuda.h"
 
 #include <string.h>
 
 #include "base/error.h"
 #include "base/tensor.h"
 #include "specialize/codegen_cuda.h"
+#include "specialize/fusion.h"
 
 /* -- Kernels ------------------------------------------------------------------- */
 
@@ -82,19 +82,12 @@ static sj_status k_attention_varlen(void *c, const sj_tensor *q, const sj_tensor
     return st ? st : sj_cuda_attention_varlen(E(c), q, k, v, offsets, scale, causal, y);
 }
 
-const sj_kernels sj_cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
-                                    k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
-                                    k_arange,     NULL /* no packed weights: cuBLASLt reads them in place */,
-                                    k_attention_varlen};
+static const sj_kernels cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
+                                        k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
+                                        k_arange,     NULL /* no packed weights: cuBLASLt reads them in place */,
+                                        k_attention_varlen};
 
-/* -- The execution table ---------------------------------------------------------- */
-
-static sj_status node(void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
-                      const sj_tensor *y) {
-    return sj_exec_node_on(&sj_cuda_kernels, c, g, n, rv, bias, y);
-}
-
-static sj_status copy(void *c, const sj_tensor *x, const sj_tensor *y) { return sj_cuda_copy(E(c), x, y); }
+/* -- The call slots ---------------------------------------------------------------- */
 
 static void *buf_alloc(void *c, size_t bytes) {
     sj_cuda_call *cc = c;
@@ -167,17 +160,16 @@ static void *out_alloc(void *c, size_t bytes) {
     return (void *)(uintptr_t)sj_cuda_alloc(cc->e.cuda, bytes ? bytes : 1, cc->e.stream);
 }
 
-const sj_exec_ops sj_cuda_exec_ops = {
-    .device = SJ_CUDA,
-    .node = node,
-    .copy = copy,
-    .buf_alloc = buf_alloc,
-    .buf_free = buf_free,
-    .out_alloc = out_alloc,
-    .out_free = buf_free,
-    .launch = launch,
-    .finish = finish,
-};
+void sj_cuda_fill_call_slots(sj_backend *b) {
+    b->device = SJ_CUDA;
+    b->k = cuda_kernels;
+    b->buf_alloc = buf_alloc;
+    b->buf_free = buf_free;
+    b->out_alloc = out_alloc;
+    b->out_free = buf_free;
+    b->launch = launch;
+    b->finish = finish;
+}
 
 void sj_cuda_call_init(sj_cuda_call *c, sj_cuda *cuda, CUstream stream, bool sync, int n_syms) {
     memset(c, 0, sizeof *c);
@@ -185,6 +177,7 @@ void sj_cuda_call_init(sj_cuda_call *c, sj_cuda *cuda, CUstream stream, bool syn
     c->e.stream = stream;
     c->sync = sync;
     c->n_syms = n_syms;
+    c->lane = -1;
 }
 
 /* -- A graph's constants and parameters on the device --------------------------------- */
@@ -249,4 +242,3 @@ sj_status sj_cuda_upload_graph(sj_cuda *cu, sj_graph *g) {
     return SJ_OK;
 }
 
-#endif /* SJ_WITH_CUDA */

@@ -1,0 +1,221 @@
+/* A device: the one table the engine (jit/) reaches a device through.
+ *
+ * Modelled on ggml's ggml_backend_i: one struct of function pointers per
+ * concept, grouped below; a slot marked optional may be NULL, meaning "not
+ * supported" or "nothing to do", and the engine then does without (no
+ * graphs, host memory, no wait). The CPU fills it in kernels/cpu/ (the
+ * system compiler, the kernel thread pool, the eager kernels), CUDA in
+ * kernels/cuda/ (NVRTC, the driver, the caching allocator, lanes, graph
+ * capture); nothing of a device is reached from jit/ any other way.
+ *
+ * Two kinds of context:
+ *  - the device (sj_backend *b): made once per runtime (sj_device_create),
+ *    used from every thread; its slots are thread-safe;
+ *  - a call (void *c): one call's state on the caller's stack, made by
+ *    call_begin in an sj_dev_call and used by one thread. The executors
+ *    (jit/exec.c, jit/exec_fused.c) pass it to the eager op slots (k),
+ *    the memory slots and launch/finish.
+ *
+ * A table with only the compiling slots filled is a compiler: what
+ * sj_cpu_backend_create and sj_cuda_backend_create make (and the backend
+ * tests use); sj_device_create wraps one in a whole device.
+ */
+#ifndef SJ_DEVICE_H
+#define SJ_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/log.h"
+#include "jit/ir/graph.h"
+#include "jit/shapejit.h"
+#include "kernels/backend.h"
+
+struct sj_group;
+struct sj_fplan;
+
+/* -- Eager kernels ------------------------------------------------------------ */
+
+/* A device's eager kernels, one per op kind, with the contract of
+ * kernels/cpu/eager.h (c: the call's context). */
+typedef struct sj_kernels {
+    sj_status (*unary)(void *c, sj_op op, const sj_tensor *x, const sj_tensor *y);
+    sj_status (*binary)(void *c, sj_op op, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+    sj_status (*where)(void *c, const sj_tensor *cond, const sj_tensor *a, const sj_tensor *b, const sj_tensor *y);
+    /* y = x (strided, converting dtype) */
+    sj_status (*copy)(void *c, const sj_tensor *x, const sj_tensor *y);
+    sj_status (*reduce)(void *c, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y);
+    sj_status (*softmax)(void *c, const sj_tensor *x, int axis, const sj_tensor *y);
+    sj_status (*layer_norm)(void *c, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b, double eps,
+                            const sj_tensor *y);
+    sj_status (*rms_norm)(void *c, const sj_tensor *x, const sj_tensor *g, double eps, const sj_tensor *y);
+    /* bias: NULL, or a rank-1 tensor of y's last size added to every row */
+    sj_status (*matmul)(void *c, const sj_tensor *a, const sj_tensor *b, const sj_tensor *bias, const sj_tensor *y);
+    /* mask: NULL, or f32 / q's dtype / bool already broadcast to [B, H, Sq, Sk] */
+    sj_status (*attention)(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                           const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
+                           const sj_tensor *y);
+    sj_status (*concat)(void *c, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
+    sj_status (*gather)(void *c, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
+    /* y[i] = i (rank 1, any stride), converted to y's dtype */
+    sj_status (*arange)(void *c, const sj_tensor *y);
+    /* Optional (NULL: matmul is used): matmul with b's packed copy (the
+     * graph's packed slot of the node, made by the device's pack step). */
+    sj_status (*matmul_packed)(void *c, const sj_tensor *a, const sj_tensor *b, const void *packed,
+                               const sj_tensor *bias, const sj_tensor *y);
+    /* q, k [T, H, D], v [T, H, Dv], offsets i32 [B+1] (checked by the
+     * kernel: SJ_EINDEX, or on a device its error flag), y [T, H, Dv] */
+    sj_status (*attention_varlen)(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
+                                  const sj_tensor *offsets, double scale, int causal, const sj_tensor *y);
+} sj_kernels;
+
+/* -- A call's context ------------------------------------------------------------ */
+
+/* Room for one call's context on the caller's stack (the device's own
+ * struct; kernels/cuda checks that its own fits). */
+typedef union sj_dev_call {
+    long double align_;
+    void *p_;
+    unsigned char bytes[256];
+} sj_dev_call;
+
+/* What a device is made from: the runtime's configuration, picked. */
+typedef struct sj_dev_config {
+    int cuda_device;            /* CUDA: the device ordinal */
+    const char *cc, *cflags, *cc_version; /* CPU: the compiler (kernels/cpu/backend_cpu.h) */
+    const char *nvrtc_flags;    /* CUDA: extra NVRTC options */
+    const char *dump_dir;       /* NULL: no dumps */
+    sj_cache *cache;            /* NULL: none (borrowed) */
+    sj_remote *remote;          /* NULL: none (borrowed) */
+    const sj_log_sink *log;
+    const sj_allocator *host;   /* host memory for conversion buffers (borrowed) */
+    int test_delay_ms, test_fail;
+    int timeout_ms;             /* compile_timeout_ms */
+    bool no_probe;              /* CPU: compiles are off, skip the compiler probe */
+    int exec_threads;           /* CPU: kernel threads */
+    int blas_threads;           /* CPU: OpenBLAS threads (-1: leave; 0: 1) */
+} sj_dev_config;
+
+/* -- The table -------------------------------------------------------------------- */
+
+struct sj_backend {
+    const char *name; /* "cpu", "cuda" */
+    sj_device device; /* where its tensors, intermediates and outputs live */
+
+    /* -- Compiling (required) --
+     * Compile (or load from the cache) and resolve req->symbols. SJ_OK, or
+     * SJ_EBACKEND with out->log set (compiler missing, compile error, load
+     * failure). Thread-safe. */
+    sj_status (*compile)(sj_backend *b, const sj_compile_req *req, sj_compile_result *out);
+    /* Unload a module (NULL is a no-op); a shared one when its last user
+     * unloads it. */
+    void (*unload)(sj_backend *b, sj_module *m);
+    /* A line describing the toolchain, for explain and cache keys
+     * ("cc: gcc (Debian 12.2.0-14) 12.2.0; -O3 -march=native ..."). */
+    const char *(*identity)(sj_backend *b);
+    /* Everything below goes with it (no call may be in flight). */
+    void (*destroy)(sj_backend *b);
+    /* Optional: remake the compiling part from c (test hooks, a reopened
+     * cache); c NULL: drop it only (before its cache closes). No function
+     * may exist. */
+    sj_status (*recompiler)(sj_backend *b, const sj_dev_config *c);
+    /* Optional: wait, at most timeout_ms, for compiles abandoned to finish
+     * on their own threads (NVRTC: exiting under one crashes). */
+    void (*wait_abandoned)(sj_backend *b, int timeout_ms);
+
+    /* -- Memory the user owns (optional: NULL, host memory through the
+     *    runtime's allocator; the device has no memory of its own) -- */
+    void *(*alloc)(sj_backend *b, size_t bytes); /* NULL with the error set */
+    void (*free)(sj_backend *b, void *p);
+    /* dst = src, contiguous both, one of them device memory; dtypes may
+     * differ; synchronous. */
+    sj_status (*tensor_copy)(sj_backend *b, const sj_tensor *dst, const sj_tensor *src);
+    /* bytes of device memory at p set to 0 (ordered before later calls). */
+    sj_status (*zero)(sj_backend *b, void *p, size_t bytes);
+    /* The stream sj_call runs on (sj_runtime_stream); NULL: none. */
+    void *(*stream)(sj_backend *b);
+    /* Device copies of g's constants and host parameters, freed with g
+     * (g->dev_release). NULL: the graph is used from host memory. */
+    sj_status (*upload)(sj_backend *b, sj_graph *g);
+
+    /* -- A call (required: call_begin, launch) --
+     * Make a call's context in buf: on stream (NULL: the device's own; a
+     * synchronous call (sync) there may run on another stream of the
+     * device's: "stream take"), waiting for its kernels at finish when
+     * sync or wait, for kernels taking n_syms symbol values. Returns the
+     * context. */
+    void *(*call_begin)(sj_backend *b, sj_dev_call *buf, void *stream, bool sync, bool wait, int n_syms);
+    /* Optional: the call is over ("stream put"); with drain, a call that
+     * was not synchronous waits for its stream now (its entry's device
+     * memory is about to be freed). */
+    sj_status (*call_end)(sj_backend *b, void *c, bool drain);
+    sj_kernels k; /* the eager op slots */
+    /* Optional: memory for a call's intermediates (bytes may be 0); NULL:
+     * the host arena block instead (the CPU). */
+    void *(*buf_alloc)(void *c, size_t bytes);
+    void (*buf_free)(void *c, void *p);
+    /* Optional: memory for an output the runtime allocates for the caller
+     * (NULL: the host arena). */
+    void *(*out_alloc)(void *c, size_t bytes);
+    void (*out_free)(void *c, void *p);
+    /* Run a generated group: fn its compiled functions by launch variant
+     * (SJ_CG_VARIANTS_MAX, all filled; see sj_compiled), ptrs its access base
+     * pointers (loads then stores), syms the symbol values, exv every
+     * expression's value. */
+    sj_status (*launch)(void *c, const struct sj_group *gr, void *const *fn, void *const *ptrs,
+                        const int64_t *syms, const int64_t *exv);
+    /* Optional: after the last kernel of a call: e.g. wait for the device
+     * and report a data-dependent error. */
+    sj_status (*finish)(void *c);
+
+    /* -- Graphs: a call's kernels captured and replayed as one launch
+     *    (optional, all or none; the policy of when is the engine's,
+     *    jit/graphs.c) --
+     * Capture what run(arg, cc) queues on cc, a call context made for the
+     * capture, into a graph for stream (a call's graph_stream), then
+     * instantiate it. The graph owns the call's intermediates; g and plan
+     * tell what the call needs (workspace for products). *graph on SJ_OK. */
+    sj_status (*graph_capture)(sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, int n_syms,
+                               const void *stream, sj_status (*run)(void *arg, void *cc), void *arg, void **graph);
+    /* Launch graph on call c's stream (and for a synchronous call wait and
+     * report its error flag, as finish does). */
+    sj_status (*graph_launch)(void *c, void *graph);
+    void (*graph_free)(sj_backend *b, void *graph);
+    /* The stream a call's graphs are kept for (a key: graphs are matched by
+     * it). */
+    const void *(*graph_stream)(void *c);
+
+    /* -- Background (optional) --
+     * Wait until the device's own background work for what ran so far is
+     * done (CUDA: the cuBLASLt warmer's choices). */
+    void (*settle)(sj_backend *b);
+};
+
+/* Make the runtime's device of this kind (SJ_BACKEND_CPU or
+ * SJ_BACKEND_CUDA; kernels/device.c). SJ_EBACKEND for CUDA in a build
+ * without it, or with no usable device (the message says why). */
+sj_status sj_device_create(sj_backend_kind kind, const sj_dev_config *c, sj_backend **out);
+/* Was the library built with CUDA? */
+bool sj_device_cuda_built(void);
+
+/* The devices' makers (kernels/cpu/device_cpu.c, kernels/cuda/device_cuda.c
+ * or its stub). */
+sj_status sj_cpu_device_create(const sj_dev_config *c, sj_backend **out);
+sj_status sj_cuda_device_create(const sj_dev_config *c, sj_backend **out);
+
+/* -- For the devices' makers (kernels/device.c) -------------------------------
+ * A device made by sj_device_create starts with this: the table, then the
+ * compiler its compiling slots forward to (remade by recompiler). */
+typedef struct sj_dev_common {
+    sj_backend base;
+    sj_backend *cc; /* sj_cpu_backend_create's or sj_cuda_backend_create's */
+} sj_dev_common;
+/* Fill b's compiling slots with forwarders to ((sj_dev_common *)b)->cc. */
+void sj_device_forward_compile(sj_backend *b);
+
+/* The CPU's call slots alone (no compiler; the call context is an
+ * sj_threads pool or NULL): tests run the executors over it. */
+extern const sj_backend sj_cpu_exec_ops;
+
+#endif /* SJ_DEVICE_H */
