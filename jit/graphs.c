@@ -186,7 +186,9 @@ void sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *pla
 }
 
 bool sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
-    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture || !fn->rt->grapher || atomic_load_explicit(&m->graph_off, RELAXED)) return false;
+    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture || !fn->rt->grapher ||
+        atomic_load_explicit(&m->graph_off, RELAXED))
+        return false;
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return false; /* the warm-up's own outputs: never seen again */
     note(fn, m, x, plan, cd, true);
