@@ -58,7 +58,8 @@ struct sj_module {
 /* -- Image sets ------------------------------------------------------------------ */
 
 /* The artifact of a unit compiled as several programs, or of PTX: a
- * header, then each image 8-byte aligned.
+ * header, then each image at a multiple of 16 bytes (the cache hands back
+ * malloc'd, 16-byte aligned buffers: so are the images).
  *
  *   "SJCUIMG1"  magic (8 bytes)
  *   u32 n       images (1 .. SJ_CUDA_PIECES_MAX)
@@ -76,7 +77,7 @@ typedef struct img {
     uint32_t kind;
 } img;
 
-static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
+static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 /* The images of an artifact into im[] (at most SJ_CUDA_PIECES_MAX,
  * pointing into buf); their count, or 0 with why in err when it is
@@ -104,7 +105,7 @@ static int imgset_parse(const void *buf, size_t len, img *im, char *err, size_t 
         /* the driver reads no length: an ELF by its headers, PTX to its NUL */
         if (kind == IMG_CUBIN ? bytes < 64 || memcmp(b + at, "\x7f" "ELF", 4) : !bytes || b[at + bytes - 1])
             goto bad;
-        at += align8((size_t)bytes);
+        at += align16((size_t)bytes);
         if (at > len) at = len;
     }
     return (int)n;
@@ -123,7 +124,7 @@ static char *imgset_make(const img *im, int n, size_t *len) {
         return o;
     }
     size_t total = 16 + (size_t)n * 16;
-    for (int i = 0; i < n; i++) total += align8(im[i].len);
+    for (int i = 0; i < n; i++) total += align16(im[i].len);
     char *o = calloc(1, total);
     if (!o) return NULL;
     memcpy(o, IMGSET_MAGIC, 8);
@@ -135,7 +136,7 @@ static char *imgset_make(const img *im, int n, size_t *len) {
         memcpy(o + 16 + i * 16, &im[i].kind, 4);
         memcpy(o + 16 + i * 16 + 8, &bytes, 8);
         memcpy(o + at, im[i].data, im[i].len);
-        at += align8(im[i].len);
+        at += align16(im[i].len);
     }
     *len = total;
     return o;
