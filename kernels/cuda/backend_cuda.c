@@ -30,6 +30,7 @@
 #include "base/bounded.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "kernels/cuda/imgset.h"
 
 typedef struct cuda_backend {
     sj_backend base; /* first: the table the JIT sees */
@@ -54,93 +55,6 @@ struct sj_module {
     int n;
     CUmodule mods[];
 };
-
-/* -- Image sets ------------------------------------------------------------------ */
-
-/* The artifact of a unit compiled as several programs, or of PTX: a
- * header, then each image at a multiple of 16 bytes (the cache hands back
- * malloc'd, 16-byte aligned buffers: so are the images).
- *
- *   "SJCUIMG1"  magic (8 bytes)
- *   u32 n       images (1 .. SJ_CUDA_PIECES_MAX)
- *   u32 0
- *   n x {u32 kind (0 CUBIN, 1 PTX), u32 0, u64 bytes}
- *   images      (PTX with its terminating NUL)
- *
- * A unit compiled as one program to a CUBIN is stored as that CUBIN, as
- * before: an ELF image is a set of one. */
-#define IMGSET_MAGIC "SJCUIMG1"
-enum { IMG_CUBIN = 0, IMG_PTX = 1 };
-typedef struct img {
-    const char *data;
-    size_t len;
-    uint32_t kind;
-} img;
-
-static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
-
-/* The images of an artifact into im[] (at most SJ_CUDA_PIECES_MAX,
- * pointing into buf); their count, or 0 with why in err when it is
- * neither an ELF image nor a well-formed set. */
-static int imgset_parse(const void *buf, size_t len, img *im, char *err, size_t errn) {
-    const unsigned char *b = buf;
-    if (len >= 64 && !memcmp(b, "\x7f" "ELF", 4)) {
-        im[0] = (img){(const char *)b, len, IMG_CUBIN};
-        return 1;
-    }
-    uint32_t n;
-    if (len < 16 || memcmp(b, IMGSET_MAGIC, 8) || (memcpy(&n, b + 8, 4), n < 1 || n > SJ_CUDA_PIECES_MAX)) {
-        snprintf(err, errn, "not a CUBIN (%zu bytes, no ELF header) nor an image set", len);
-        return 0;
-    }
-    size_t at = 16 + (size_t)n * 16;
-    if (at > len) goto bad;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t kind;
-        uint64_t bytes;
-        memcpy(&kind, b + 16 + i * 16, 4);
-        memcpy(&bytes, b + 16 + i * 16 + 8, 8);
-        if (bytes > len - at || kind > IMG_PTX) goto bad;
-        im[i] = (img){(const char *)b + at, (size_t)bytes, kind};
-        /* the driver reads no length: an ELF by its headers, PTX to its NUL */
-        if (kind == IMG_CUBIN ? bytes < 64 || memcmp(b + at, "\x7f" "ELF", 4) : !bytes || b[at + bytes - 1])
-            goto bad;
-        at += align16((size_t)bytes);
-        if (at > len) at = len;
-    }
-    return (int)n;
-bad:
-    snprintf(err, errn, "a malformed image set (%zu bytes)", len);
-    return 0;
-}
-
-/* One artifact of n images (malloc'd; *len): the image itself when it is a
- * single CUBIN, else a set. NULL when out of memory. */
-static char *imgset_make(const img *im, int n, size_t *len) {
-    if (n == 1 && im[0].kind == IMG_CUBIN) {
-        char *o = malloc(im[0].len);
-        if (o) memcpy(o, im[0].data, im[0].len);
-        *len = im[0].len;
-        return o;
-    }
-    size_t total = 16 + (size_t)n * 16;
-    for (int i = 0; i < n; i++) total += align16(im[i].len);
-    char *o = calloc(1, total);
-    if (!o) return NULL;
-    memcpy(o, IMGSET_MAGIC, 8);
-    uint32_t un = (uint32_t)n;
-    memcpy(o + 8, &un, 4);
-    size_t at = 16 + (size_t)n * 16;
-    for (int i = 0; i < n; i++) {
-        uint64_t bytes = im[i].len;
-        memcpy(o + 16 + i * 16, &im[i].kind, 4);
-        memcpy(o + 16 + i * 16 + 8, &bytes, 8);
-        memcpy(o + at, im[i].data, im[i].len);
-        at += align16(im[i].len);
-    }
-    *len = total;
-    return o;
-}
 
 /* -- Loading ------------------------------------------------------------------ */
 
@@ -189,8 +103,8 @@ static bool load(const cuda_backend *b, const void *image, size_t len, const sj_
                  sj_compile_result *out) {
     sj_cuda *c = b->cuda;
     char err[256];
-    img im[SJ_CUDA_PIECES_MAX];
-    int n = imgset_parse(image, len, im, out->log, sizeof out->log);
+    sj_img im[SJ_CUDA_PIECES_MAX];
+    int n = sj_imgset_parse(image, len, im, out->log, sizeof out->log);
     if (!n) return false;
     sj_module *m = malloc(sizeof *m + (size_t)n * sizeof m->mods[0]);
     if (!m) {
@@ -204,7 +118,7 @@ static bool load(const cuda_backend *b, const void *image, size_t len, const sj_
         if (r != CUDA_SUCCESS) {
             cu_error_text(c, r, err, sizeof err);
             snprintf(out->log, sizeof out->log, "cuModuleLoadData failed: %s (%s %s from %s, driver %d)", err,
-                     b->arch, im[k].kind == IMG_PTX ? "PTX" : "code", b->nvrtc_id, c->driver_version);
+                     b->arch, im[k].kind == SJ_IMG_PTX ? "PTX" : "code", b->nvrtc_id, c->driver_version);
             unload_all(c, m);
             return false;
         }
@@ -312,7 +226,7 @@ static nvrtc_job *nvrtc_job_new(const cuda_backend *b) {
 
 /* The compiled image of prog (malloc'd: a CUBIN, or NUL-terminated PTX)
  * into *im; false with out->log set. */
-static bool take_image(const cuda_backend *b, nvrtcProgram prog, img *im, sj_compile_result *out) {
+static bool take_image(const cuda_backend *b, nvrtcProgram prog, sj_img *im, sj_compile_result *out) {
     const sj_cuda_api *a = &b->cuda->api;
     size_t size = 0;
     char *data = NULL;
@@ -330,7 +244,7 @@ static bool take_image(const cuda_backend *b, nvrtcProgram prog, img *im, sj_com
                  nr != NVRTC_SUCCESS ? a->nvrtcGetErrorString(nr) : size ? "PTX not terminated" : "empty");
         return false;
     }
-    *im = (img){data, size, b->ptx ? IMG_PTX : IMG_CUBIN};
+    *im = (sj_img){data, size, b->ptx ? SJ_IMG_PTX : SJ_IMG_CUBIN};
     return true;
 }
 
@@ -393,13 +307,13 @@ static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag
         if (!out->log[0]) snprintf(out->log, sizeof out->log, "%s", msg);
         return fail(b, out, tag, msg);
     }
-    img im[SJ_CUDA_PIECES_MAX];
+    sj_img im[SJ_CUDA_PIECES_MAX];
     int got = 0;
     while (got < job->n && take_image(b, job->piece[got].prog, &im[got], out)) got++;
     bool ok = got == job->n;
     *n_progs = job->n;
     nvrtc_job_free(job);
-    *art = ok ? imgset_make(im, got, len) : NULL;
+    *art = ok ? sj_imgset_make(im, got, len) : NULL;
     for (int i = 0; i < got; i++) free((void *)im[i].data);
     if (ok && !*art) {
         snprintf(out->log, sizeof out->log, "out of memory");
