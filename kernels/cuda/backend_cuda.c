@@ -8,7 +8,7 @@
  * not load here. A unit of several kernels is split into up to `pieces`
  * programs (sj_codegen_cuda_split) compiled at once, one thread each
  * (NVRTC is thread-safe across programs); their images are kept together
- * as one artifact (an "image set", below), loaded as one module each.
+ * as one artifact (an image set: imgset.h), loaded as one module each.
  * After creation the backend's only mutable state is the table of loaded
  * modules (sj_modshare, locked); module calls bind the device's context
  * first.
