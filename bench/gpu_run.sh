@@ -5,7 +5,7 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|all|asan|warmup] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|cpuscale|all|asan|warmup|nvrtc] (results under $OUT)
 #             remote: test_remote on the CUDA backend, with the package's redis-server
 #             cpuscale: bench_bert on the host's CPUs at 1 and nproc threads, this build against
 #             bench_bert_pool and bench_bert_base (other commits' builds, SJ_PACK_EXTRA), interleaved,
@@ -18,7 +18,9 @@
 #             the host time of a small call's parts (hostparts);
 #             each with the peer; warmup: w5 from a cold process with the
 #             library's warm-up first (bench_cuda --workloads w5cold), with the
-#             CUDA compute cache off, then filling it, then hitting it
+#             CUDA compute cache off, then filling it, then hitting it;
+#             nvrtc: bench_nvrtc's compile times per unit (one program, then
+#             split over 8 threads) and w4's compile log
 #
 # The tests print their results; the benchmarks write ours.jsonl and
 # torch.jsonl (the PyTorch peer, same run) and compare.txt (ratios).
@@ -109,6 +111,18 @@ if [ "$what" = warmup ]; then # issue 28; each run a process of its own
     done
     tee -a "$summary" < "$OUT/w5cold.jsonl"
     tail -3 /tmp/w5cold.err >> "$summary"
+fi
+
+if [ "$what" = nvrtc ]; then # issue 28: NVRTC time per unit (compute cache off), one program, then split
+    CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_nvrtc" --reps 3 > "$OUT/nvrtc.jsonl" 2>> "$summary"
+    echo "bench_nvrtc rc=$?" | tee -a "$summary"
+    CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_nvrtc" --reps 3 --split --threads 8 >> "$OUT/nvrtc.jsonl" 2>> "$summary"
+    echo "bench_nvrtc --split --threads 8 rc=$?" | tee -a "$summary"
+    cat "$OUT/nvrtc.jsonl" >> "$summary"
+    SHAPEJIT_LOG=compile CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_cuda" --workloads w4 > "$OUT/w4_compile.jsonl" \
+        2> /tmp/w4_compile.err
+    echo "bench_cuda w4 with the compile log rc=$?" | tee -a "$summary"
+    grep "compiled in" /tmp/w4_compile.err | head -12 | tee -a "$summary"
 fi
 
 if [ "$what" = cpu ] || [ "$what" = all ]; then

@@ -252,6 +252,10 @@ typedef struct cu {
      * out. */
     unsigned nt;
     int64_t nmin, nmax;
+    /* inside a row kernel's element-by-element path where a vector path
+     * exists: the fallback for unaligned views, whose loops are not
+     * unrolled (open_loop) */
+    bool fallback;
 } cu;
 
 static int last_axis(const sj_cg *c) { return c->G->rank - 1; }
@@ -275,7 +279,8 @@ static void put_elem(sj_cg *c, int k, const char *ix) {
 static void put_head(sj_cg *c, const char *prefix, const char *suffix, int max_threads, int min_blocks) {
     const sj_group *G = c->G;
     int ns = sj_sym_count(c->g->ex);
-    put(&c->o, "\nextern \"C\" __global__ void __launch_bounds__(%d", max_threads);
+    put(&c->o, "%s", SJ_CUDA_KERNEL_MARK);
+    put(&c->o, "extern \"C\" __global__ void __launch_bounds__(%d", max_threads);
     if (min_blocks > 0) put(&c->o, ", %d", min_blocks);
     put(&c->o, ") %s%s%s(", prefix, G->name, suffix);
     for (int k = 0; k < c->n_acc; k++) {
@@ -466,8 +471,13 @@ static void open_loop(sj_cg *c, rmode m, int slo, int shi, int cache_use) {
     int L = last_axis(c);
     /* a variant's literal thread count makes ptxas unroll these loops: twice
      * the compile time of a symbolic unit, for the paths of rows that do
-     * not fit the registers */
-    const char *once = ((cu *)c->user)->nt ? "#pragma unroll 1\n" : "";
+     * not fit the registers; so does a literal row length, in the
+     * element-by-element fallback of a kernel with a vector path, which
+     * only unaligned views take: unrolled, it was 40% of the f16 encoder's
+     * layer-norm kernel's NVRTC time (210 -> 160 ms of CPU; the same
+     * arithmetic in the same order) */
+    const cu *u = c->user;
+    const char *once = u->nt || u->fallback ? "#pragma unroll 1\n" : "";
     if (!vmode(m)) {
         put(&c->o, "%sfor (int64_t j = tid; j < n%d; j += nt) {\n", once, L);
         return;
@@ -758,7 +768,9 @@ static void gen_row(sj_cg *c) {
         put_row_modes(c, &R, true);
         put(&c->o, "} else {\n");
     }
+    ((cu *)c->user)->fallback = vec;
     put_row_modes(c, &R, false);
+    ((cu *)c->user)->fallback = false;
     if (vec) put(&c->o, "}\n");
     put(&c->o, "}\n");
 }
@@ -879,7 +891,7 @@ sj_status sj_codegen_cuda_options(const char *arch, const char *flags, sj_nvrtc_
                          SJ_NVRTC_FLAGS_LEN);
     char archopt[64];
     snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
-    const char *own[] = {archopt, "--std=c++17", "-default-device", "--extra-device-vectorization", "-lineinfo"};
+    const char *own[] = {archopt, "--std=c++17", "-default-device", "--extra-device-vectorization"};
     size_t used = 0;
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) opt_add(o, &used, own[i], strlen(own[i]));
     int words = 0;
@@ -893,4 +905,79 @@ sj_status sj_codegen_cuda_options(const char *arch, const char *flags, sj_nvrtc_
         p += n;
     }
     return SJ_OK;
+}
+
+/* -- Target architecture --------------------------------------------------------------- */
+
+bool sj_codegen_cuda_target(int cc_major, int cc_minor, const int *supported, int n, char *arch, size_t size) {
+    int want = cc_major * 10 + cc_minor, below = -1;
+    for (int i = 0; i < n; i++) {
+        if (supported[i] == want) break;
+        if (supported[i] < want && supported[i] > below) below = supported[i];
+    }
+    /* known, no list, or older than every one (NVRTC then says why) */
+    bool known = n <= 0 || below < 0;
+    for (int i = 0; i < n && !known; i++) known = supported[i] == want;
+    if (known) snprintf(arch, size, "sm_%d", want);
+    else snprintf(arch, size, "compute_%d", below); /* newer than NVRTC: PTX the driver compiles */
+    return known;
+}
+
+/* -- Splitting a unit --------------------------------------------------------------------- */
+
+/* The kernels' starts in src (after the marks), at most cap; their count. */
+static int kernel_starts(const char *src, const char **at, int cap) {
+    int n = 0;
+    size_t ml = strlen(SJ_CUDA_KERNEL_MARK);
+    for (const char *p = strstr(src, SJ_CUDA_KERNEL_MARK); p; p = strstr(p + ml, SJ_CUDA_KERNEL_MARK)) {
+        if (n < cap) at[n] = p;
+        n++;
+    }
+    return n;
+}
+
+int sj_codegen_cuda_split(const char *src, int max_pieces, char **pieces) {
+    enum { KMAX = 1024 };
+    const char *at[KMAX];
+    int k = kernel_starts(src, at, KMAX);
+    int n = k < max_pieces ? k : max_pieces;
+    if (k > KMAX || n <= 1) { /* whole */
+        if (max_pieces < 1) return 0;
+        return (pieces[0] = strdup(src)) ? 1 : -1;
+    }
+    size_t total = strlen(src), head = (size_t)(at[0] - src);
+    size_t len[KMAX], load[SJ_CUDA_PIECES_MAX] = {0};
+    int piece[KMAX], order[KMAX];
+    for (int i = 0; i < k; i++) {
+        len[i] = (size_t)((i + 1 < k ? at[i + 1] : src + total) - at[i]);
+        order[i] = i;
+    }
+    if (n > SJ_CUDA_PIECES_MAX) n = SJ_CUDA_PIECES_MAX;
+    /* longest kernel first, each to the lightest piece so far */
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && len[order[j]] > len[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    for (int i = 0; i < k; i++) {
+        int best = 0;
+        for (int p = 1; p < n; p++)
+            if (load[p] < load[best]) best = p;
+        piece[order[i]] = best;
+        load[best] += len[order[i]];
+    }
+    for (int p = 0; p < n; p++) {
+        char *s = malloc(head + load[p] + 1);
+        if (!s) {
+            for (int q = 0; q < p; q++) free(pieces[q]);
+            return -1;
+        }
+        memcpy(s, src, head);
+        size_t used = head;
+        for (int i = 0; i < k; i++) /* the unit's order */
+            if (piece[i] == p) memcpy(s + used, at[i], len[i]), used += len[i];
+        s[used] = '\0';
+        pieces[p] = s;
+    }
+    return n;
 }

@@ -35,6 +35,7 @@
 #ifndef SJ_CODEGEN_CUDA_H
 #define SJ_CODEGEN_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,12 +48,43 @@
 char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const sj_codegen_opts *o,
                       size_t *len);
 
+/* Every kernel of a unit starts with this line; what comes before the
+ * first is the prelude (types, the runtime header, device helpers), which
+ * is all a kernel uses besides itself: the prelude with any subset of the
+ * kernels is a unit of its own (sj_codegen_cuda_split). */
+#define SJ_CUDA_KERNEL_MARK "\n/* -- kernel -- */\n"
+
+/* The most programs sj_codegen_cuda_split makes of one unit. */
+#define SJ_CUDA_PIECES_MAX 16
+
+/* Split src (a unit of sj_codegen_cuda's) into at most max_pieces units
+ * of its own that together hold every kernel once: the prelude, then the
+ * kernels of the piece in the unit's order, the longest kernels spread
+ * first, each to the piece with the least source so far (the pieces'
+ * compile times even out). One piece (a copy of src) when it has at most
+ * one kernel or max_pieces <= 1; never more than SJ_CUDA_PIECES_MAX or the
+ * kernels. Writes malloc'd strings to pieces[0 .. n) and returns n; -1 on
+ * allocation failure (nothing left allocated); 0 when max_pieces < 1. */
+int sj_codegen_cuda_split(const char *src, int max_pieces, char **pieces);
+
+/* The architecture to compile for on a device of compute capability
+ * cc_major.cc_minor, given the real architectures NVRTC can generate code
+ * for (nvrtcGetSupportedArchs: 90 for sm_90; n of them). true and "sm_XY"
+ * (a CUBIN, nothing left for the driver to compile at load) when NVRTC
+ * knows the device's; else false and "compute_XY", the newest virtual
+ * architecture below it, as PTX that the driver compiles at load (and
+ * keeps in its compute cache): a device newer than this NVRTC. With no
+ * list (n == 0) the device's own, true. */
+bool sj_codegen_cuda_target(int cc_major, int cc_minor, const int *supported, int n, char *arch, size_t size);
+
 /* The NVRTC options a unit is compiled with: the architecture (arch:
  * "sm_90", or a virtual "compute_90" for PTX), --std=c++17 and
- * -default-device (the unit's C++ and its undecorated device helpers),
- * --extra-device-vectorization and -lineinfo, then the words of flags
- * (NULL or "": none; separated by spaces or tabs): the runtime's
- * nvrtc_flags. No fast math: erf, exp and division keep their IEEE
+ * -default-device (the unit's C++ and its undecorated device helpers) and
+ * --extra-device-vectorization, then the words of flags (NULL or "":
+ * none; separated by spaces or tabs): the runtime's nvrtc_flags. No
+ * -lineinfo: it leaves the machine code as it is but makes the CUBIN 2.7
+ * times larger (w4's unit: 206 KB against 77 KB); a profiling run adds it
+ * through nvrtc_flags. No fast math: erf, exp and division keep their IEEE
  * behaviour, as the eager kernels do. SJ_EINVAL naming the limit when
  * flags has more than SJ_NVRTC_MAX_FLAGS words or SJ_NVRTC_FLAGS_LEN
  * characters. */

@@ -41,6 +41,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "jit/exec.h"
 #include "jit/runtime.h"
 #include "jit/trace.h"
@@ -69,6 +70,8 @@ static struct {
     int (*GetProgramLogSize)(nvrtc_prog, size_t *);
     int (*GetProgramLog)(nvrtc_prog, char *);
     int (*DestroyProgram)(nvrtc_prog *);
+    int (*GetNumSupportedArchs)(int *);
+    int (*GetSupportedArchs)(int *);
 } nv;
 
 #define SYM(field, name)                                                                                        \
@@ -97,6 +100,8 @@ static bool load_nvrtc(void) {
     SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
     SYM(GetProgramLog, "nvrtcGetProgramLog");
     SYM(DestroyProgram, "nvrtcDestroyProgram");
+    SYM(GetNumSupportedArchs, "nvrtcGetNumSupportedArchs");
+    SYM(GetSupportedArchs, "nvrtcGetSupportedArchs");
     return true;
 }
 
@@ -464,12 +469,11 @@ static void test_nvrtc_options(void **state) {
     (void)state;
     sj_nvrtc_opts o;
     assert_int_equal(sj_codegen_cuda_options("sm_90", NULL, &o), SJ_OK);
-    assert_int_equal(o.argc, 5);
+    assert_int_equal(o.argc, 4);
     assert_string_equal(o.argv[0], "--gpu-architecture=sm_90");
     assert_string_equal(o.argv[1], "--std=c++17");
     assert_string_equal(o.argv[2], "-default-device");
-    assert_string_equal(o.argv[3], "--extra-device-vectorization");
-    assert_string_equal(o.argv[4], "-lineinfo");
+    assert_string_equal(o.argv[3], "--extra-device-vectorization"); /* no -lineinfo: the same code, 2.7x the bytes */
     const int own = o.argc;
     assert_int_equal(sj_codegen_cuda_options("compute_80", "", &o), SJ_OK);
     assert_int_equal(o.argc, own);
@@ -861,6 +865,170 @@ static void test_row_variants(void **state) {
     sj_graph_destroy(g);
 }
 
+/* -- Tests: target architecture and split units ------------------------------------ */
+
+/* The architecture a device gets: its own where NVRTC lists it (a
+ * CUBIN), else PTX of the newest one below it. */
+static void test_cuda_target(void **state) {
+    (void)state;
+    char a[32];
+    const int nvrtc124[] = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90};
+    assert_true(sj_codegen_cuda_target(9, 0, nvrtc124, 14, a, sizeof a));
+    assert_string_equal(a, "sm_90");
+    assert_true(sj_codegen_cuda_target(8, 6, nvrtc124, 14, a, sizeof a));
+    assert_string_equal(a, "sm_86");
+    assert_false(sj_codegen_cuda_target(10, 0, nvrtc124, 14, a, sizeof a)); /* Blackwell, older NVRTC */
+    assert_string_equal(a, "compute_90");
+    assert_false(sj_codegen_cuda_target(8, 8, nvrtc124, 14, a, sizeof a)); /* between two listed */
+    assert_string_equal(a, "compute_87");
+    assert_true(sj_codegen_cuda_target(12, 0, NULL, 0, a, sizeof a)); /* no list: the device's */
+    assert_string_equal(a, "sm_120");
+    assert_true(sj_codegen_cuda_target(3, 5, nvrtc124, 14, a, sizeof a)); /* older than all: NVRTC says why */
+    assert_string_equal(a, "sm_35");
+    if (!have_nvrtc) return;
+    int n = 0, archs[128];
+    assert_int_equal(nv.GetNumSupportedArchs(&n), 0);
+    assert_true(n > 0 && n <= 128);
+    assert_int_equal(nv.GetSupportedArchs(archs), 0);
+    assert_true(sj_codegen_cuda_target(9, 0, archs, n, a, sizeof a)); /* this NVRTC knows Hopper */
+    assert_string_equal(a, "sm_90");
+}
+
+/* The machine code of each kernel in a CUBIN: its .text.<name> section
+ * (ELF64, little-endian), or NULL. */
+static const unsigned char *elf_text(const char *elf, size_t len, const char *kernel, size_t *n) {
+    uint64_t shoff;
+    uint16_t shentsize, shnum, shstrndx;
+    assert_true(len > 64 && !memcmp(elf, "\x7f" "ELF", 4));
+    memcpy(&shoff, elf + 0x28, 8);
+    memcpy(&shentsize, elf + 0x3a, 2);
+    memcpy(&shnum, elf + 0x3c, 2);
+    memcpy(&shstrndx, elf + 0x3e, 2);
+    uint64_t stroff;
+    memcpy(&stroff, elf + shoff + (uint64_t)shstrndx * shentsize + 0x18, 8);
+    char want[160];
+    snprintf(want, sizeof want, ".text.%s", kernel);
+    for (unsigned i = 0; i < shnum; i++) {
+        const char *sh = elf + shoff + (uint64_t)i * shentsize;
+        uint32_t name;
+        uint64_t off, size;
+        memcpy(&name, sh, 4);
+        memcpy(&off, sh + 0x18, 8);
+        memcpy(&size, sh + 0x20, 8);
+        if (!strcmp(elf + stroff + name, want)) {
+            *n = size;
+            return (const unsigned char *)elf + off;
+        }
+    }
+    return NULL;
+}
+
+/* The kernels' names of a unit (after each mark: `... void <launch
+ * bounds> NAME(`), at most cap; their count. */
+static int kernel_names(const char *src, char names[][64], int cap) {
+    int n = 0;
+    for (const char *p = strstr(src, SJ_CUDA_KERNEL_MARK); p; p = strstr(p + 1, SJ_CUDA_KERNEL_MARK)) {
+        const char *paren = strchr(strchr(p, ')') + 1, '(');
+        const char *b = paren;
+        while (b[-1] != ' ') b--;
+        assert_true(n < cap && paren - b < 64);
+        snprintf(names[n++], 64, "%.*s", (int)(paren - b), b);
+    }
+    return n;
+}
+
+/* The f16 encoder layer of w4/w5 (bench/bench_util.h), static and with
+ * the sequence symbolic: each unit split into 1, 2, 3 and 16 pieces holds
+ * every kernel once, after the whole prelude; with NVRTC, the unit and its
+ * 3 pieces compile for sm_90, and every kernel's machine code is the same
+ * bytes either way (the split changes no kernel: the CUDA backend compiles
+ * pieces at once and leaves the split out of the cache key). */
+static sj_expr encoder_seq_policy(void *ctx, sj_exprs *ex, int input, int axis, int64_t size) {
+    int *sym = ctx;
+    if (!sym || input != 0 || axis != 1 || size < 2) return sj_ex_const(ex, size);
+    if (*sym < 0) *sym = sj_sym_new(ex, size, 2, SJ_EX_INF);
+    return sj_ex_sym(ex, *sym);
+}
+
+static void test_split_encoder(void **state) {
+    (void)state;
+    const int64_t H = BENCH_H, FF = BENCH_FF;
+    bench_encoder w = {
+        tu_tensor(SJ_F16, 2, S(H, 3 * H)), tu_tensor(SJ_F16, 1, S(3 * H)), tu_tensor(SJ_F16, 2, S(H, H)),
+        tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
+        tu_tensor(SJ_F16, 2, S(H, FF)),    tu_tensor(SJ_F16, 1, S(FF)),    tu_tensor(SJ_F16, 2, S(FF, H)),
+        tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
+    };
+    sj_tensor x = tu_tensor(SJ_F16, 3, S(1, 96, H));
+    for (int form = 0; form < 2; form++) {
+        int sym = -1;
+        sj_trace_req req = {.fn_name = "encoder", .model = bench_w4_model, .user = &w, .inputs = &x, .n_inputs = 1,
+                            .dim_policy = encoder_seq_policy, .dim_ctx = form ? &sym : NULL};
+        sj_trace_result res;
+        assert_int_equal(sj_trace(&req, &res), SJ_OK);
+        free(res.facts);
+        sj_fplan *p = sj_fuse(res.graph, &x);
+        assert_non_null(p);
+        char *src = sj_codegen_cuda(res.graph, p, NULL, &(sj_codegen_opts){.prefix = "sj_"}, NULL);
+        assert_non_null(src);
+        const char *mark = strstr(src, SJ_CUDA_KERNEL_MARK);
+        assert_non_null(mark);
+        size_t head = (size_t)(mark - src);
+        char names[64][64];
+        int k = kernel_names(src, names, 64);
+        assert_true(k >= 3);
+        const int maxes[] = {1, 2, 3, 16};
+        for (size_t m = 0; m < sizeof maxes / sizeof maxes[0]; m++) {
+            char *pieces[SJ_CUDA_PIECES_MAX];
+            int n = sj_codegen_cuda_split(src, maxes[m], pieces);
+            assert_int_equal(n, maxes[m] < k ? maxes[m] : k);
+            int seen[64] = {0};
+            for (int i = 0; i < n; i++) {
+                assert_memory_equal(pieces[i], src, head);
+                char pn[64][64];
+                int pk = kernel_names(pieces[i], pn, 64);
+                assert_true(pk >= 1 || n == 1);
+                for (int j = 0; j < pk; j++)
+                    for (int q = 0; q < k; q++) seen[q] += !strcmp(pn[j], names[q]);
+            }
+            for (int q = 0; q < k; q++) assert_int_equal(seen[q], 1);
+            if (n == 1) assert_string_equal(pieces[0], src);
+            if (have_nvrtc && maxes[m] == 3) {
+                char *whole;
+                size_t wl;
+                nvrtc_compile(src, "sm_90", form ? "encoder f16 sym" : "encoder f16 static", &whole, &wl);
+                for (int i = 0; i < n; i++) {
+                    char *part, what[64];
+                    size_t pl;
+                    snprintf(what, sizeof what, "encoder f16 %s (piece %d of %d)", form ? "sym" : "static", i + 1, n);
+                    nvrtc_compile(pieces[i], "sm_90", what, &part, &pl);
+                    char pn[64][64];
+                    int pk = kernel_names(pieces[i], pn, 64);
+                    for (int j = 0; j < pk; j++) {
+                        size_t a_n, b_n;
+                        const unsigned char *a = elf_text(whole, wl, pn[j], &a_n), *b = elf_text(part, pl, pn[j], &b_n);
+                        assert_non_null(a);
+                        assert_non_null(b);
+                        assert_int_equal(a_n, b_n);
+                        assert_memory_equal(a, b, a_n);
+                    }
+                    free(part);
+                }
+                free(whole);
+            }
+            for (int i = 0; i < n; i++) free(pieces[i]);
+        }
+        char *one[1];
+        assert_int_equal(sj_codegen_cuda_split("no kernels", 4, one), 1);
+        assert_string_equal(one[0], "no kernels");
+        free(one[0]);
+        assert_int_equal(sj_codegen_cuda_split(src, 0, one), 0);
+        free(src);
+        sj_fplan_free(p);
+        sj_graph_destroy(res.graph);
+    }
+}
+
 static void test_summary(void **state) {
     if (!have_nvrtc) {
         printf("skipped: no NVRTC (libnvrtc.so.13)\n");
@@ -883,7 +1051,8 @@ int main(void) {
         T(test_nvrtc_options), T(test_launch_rule), T(test_codegen_text), T(test_no_div64), T(test_w1),   T(test_w2),
         T(test_w3),          T(test_matmul_gelu),  T(test_views),    T(test_reduce), T(test_rows),
         T(test_casts_where), T(test_ints),         T(test_shared_outputs), T(test_half), T(test_edges),
-        T(test_many_rows),   T(test_row_variants), T(test_known_row_bounds), T(test_ln_offset), T(test_summary),
+        T(test_many_rows),   T(test_row_variants), T(test_known_row_bounds), T(test_ln_offset), T(test_cuda_target),
+        T(test_split_encoder), T(test_summary),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -846,6 +846,66 @@ static void test_backend_cache(void **state) {
     sj_cache_close(cache);
 }
 
+/* A unit in the generator's layout (a prelude, then each kernel after
+ * SJ_CUDA_KERNEL_MARK), compiled as two programs at once: both kernels
+ * run; the artifact is an image set of two CUBINs; a backend that compiles
+ * as one program loads it from the cache (the split is not in the key),
+ * and the unit compiled as one program gives the same results. */
+static void test_backend_split_units(void **state) {
+    fixture *f = *state;
+    static const char split_src[] = "static __device__ float sj_twice(float v) { return v + v; }\n"
+                                    SJ_CUDA_KERNEL_MARK
+                                    "extern \"C\" __global__ void k_axpb(float *y, const float *x, float a, float b, int n) {\n"
+                                    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                                    "    if (i < n) y[i] = sj_twice(0.5f * a) * x[i] + b;\n"
+                                    "}\n"
+                                    SJ_CUDA_KERNEL_MARK
+                                    "extern \"C\" __global__ void k_exp(float *y, const float *x, int n) {\n"
+                                    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                                    "    if (i < n) y[i] = expf(x[i]);\n"
+                                    "}\n";
+    char cdir[PATH_MAX];
+    sj_cache *cache = tu_open_cache(f->dir, cdir);
+    sj_cuda_backend_config cfg = {.cuda = dev, .cache = cache, .log = &f->rt.log, .nvrtc_threads = 2};
+    sj_backend *a = NULL, *b = NULL;
+    assert_int_equal(sj_cuda_backend_create(&cfg, &a), SJ_OK);
+    sj_compile_req req = req_of(split_src, "split");
+    sj_compile_result r;
+    assert_int_equal(a->compile(a, &req, &r), SJ_OK);
+    assert_false(r.from_cache);
+    assert_int_equal(run_kernels(&r), 0);
+    assert_true(tu_logged(&f->log, "(2 programs at once"));
+    char path[PATH_MAX], head[12] = "";
+    snprintf(path, sizeof path, "%s/%s.cubin", cdir, r.key);
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    assert_int_equal(fread(head, 1, sizeof head, fp), sizeof head);
+    fclose(fp);
+    assert_memory_equal(head, "SJCUIMG1\x02\0\0\0", sizeof head);
+    a->unload(a, r.module);
+
+    cfg.nvrtc_threads = 1;
+    assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
+    assert_string_equal(a->identity(a), b->identity(b));
+    sj_compile_result r2;
+    assert_int_equal(b->compile(b, &req, &r2), SJ_OK);
+    assert_true(r2.from_cache);
+    assert_int_equal(run_kernels(&r2), 0);
+    b->unload(b, r2.module);
+    b->destroy(b);
+
+    cfg.cache = NULL; /* as one program: the same results */
+    assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
+    assert_int_equal(b->compile(b, &req, &r2), SJ_OK);
+    assert_false(r2.from_cache);
+    assert_int_equal(run_kernels(&r2), 0);
+    assert_true(tu_logged(&f->log, "(1 program at once"));
+    b->unload(b, r2.module);
+    b->destroy(b);
+    a->destroy(a);
+    sj_cache_close(cache);
+}
+
 static void test_backend_corrupt_cache(void **state) {
     fixture *f = *state;
     char cdir[PATH_MAX];
@@ -910,7 +970,7 @@ static void test_backend_nvrtc_flags(void **state) {
         sj_backend *b = NULL;
         assert_int_equal(sj_cuda_backend_create(&cfg, &b), SJ_OK);
         char want[64];
-        snprintf(want, sizeof want, "-lineinfo -Xptxas=-O2 -DSJ_TEST_K=%s.0f", ks[v]);
+        snprintf(want, sizeof want, "vectorization -Xptxas=-O2 -DSJ_TEST_K=%s.0f", ks[v]);
         assert_non_null(strstr(b->identity(b), want));
         assert_int_equal(b->compile(b, &req, &r), SJ_OK);
         assert_false(r.from_cache); /* the other flags' CUBIN is not this one */
@@ -1048,6 +1108,7 @@ int main(void) {
         T(test_backend_missing_symbol),
         T(test_backend_invalid_requests),
         T(test_backend_cache),
+        T(test_backend_split_units),
         T(test_backend_corrupt_cache),
         T(test_backend_hooks_and_dump),
         T(test_backend_concurrent),

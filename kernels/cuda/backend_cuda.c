@@ -1,20 +1,25 @@
 /* The CUDA backend (see backend_cuda.h): generated CUDA C compiled by NVRTC
- * into a CUBIN for the device's own architecture, kept in the persistent
- * cache, loaded with cuModuleLoadData.
+ * into a CUBIN for the device's own architecture (PTX where NVRTC does not
+ * know it), kept in the persistent cache, loaded with cuModuleLoadData.
  *
  * A compile: key -> cache hit (cuModuleLoadData + cuModuleGetFunction; any
- * failure is a miss) -> else NVRTC (one program per call: NVRTC is
- * thread-safe across programs), load the CUBIN, resolve the symbols, and
- * only then store it, so the cache never receives an image that did not
- * load here. After creation the backend's only mutable state is the table
- * of loaded modules (sj_modshare, locked); module calls bind the device's
- * context first.
+ * failure is a miss) -> else NVRTC, load the image, resolve the symbols,
+ * and only then store it, so the cache never receives an image that did
+ * not load here. A unit of several kernels is split into up to `pieces`
+ * programs (sj_codegen_cuda_split) compiled at once, one thread each
+ * (NVRTC is thread-safe across programs); their images are kept together
+ * as one artifact (an image set: imgset.h), loaded as one module each.
+ * After creation the backend's only mutable state is the table of loaded
+ * modules (sj_modshare, locked); module calls bind the device's context
+ * first.
  */
 #include "kernels/cuda/backend_cuda.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +30,7 @@
 #include "base/bounded.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "kernels/cuda/imgset.h"
 
 typedef struct cuda_backend {
     sj_backend base; /* first: the table the JIT sees */
@@ -36,15 +42,19 @@ typedef struct cuda_backend {
     const sj_log_sink *log;
     int test_delay_ms, test_fail;
     int timeout_ms;      /* NVRTC runs abandoned past it (0: never) */
-    char arch[32];       /* "sm_90" */
+    int pieces;          /* programs a unit is split into at most (1: none) */
+    bool ptx;            /* arch is virtual: PTX, which the driver compiles at load */
+    char arch[32];       /* "sm_90", or "compute_90" for PTX */
     char nvrtc_id[32];   /* "nvrtc 13.0" */
     sj_nvrtc_opts opts;  /* every compile's NVRTC options */
     char opt_line[704];  /* the same, joined by spaces (in the cache key) */
     char identity[1024];
 } cuda_backend;
 
+/* One loaded module per image of the artifact. */
 struct sj_module {
-    CUmodule mod;
+    int n;
+    CUmodule mods[];
 };
 
 /* -- Loading ------------------------------------------------------------------ */
@@ -58,13 +68,14 @@ static void cu_error_text(const sj_cuda *c, CUresult r, char *buf, size_t n) {
     else snprintf(buf, n, "CUresult %d", (int)r);
 }
 
-/* Resolve every symbol of req in mod into out->fns (the context bound);
- * false with out->log set. */
-static bool resolve_in(const sj_cuda *c, CUmodule mod, const sj_compile_req *req, sj_compile_result *out) {
+/* Resolve every symbol of req in m's modules (the first that has it) into
+ * out->fns (the context bound); false with out->log set. */
+static bool resolve_in(const sj_cuda *c, const sj_module *m, const sj_compile_req *req, sj_compile_result *out) {
     char err[256];
     for (int i = 0; i < req->n_symbols; i++) {
         CUfunction f = NULL;
-        CUresult r = c->api.ModuleGetFunction(&f, mod, req->symbols[i]);
+        CUresult r = CUDA_ERROR_NOT_FOUND;
+        for (int k = 0; k < m->n && r == CUDA_ERROR_NOT_FOUND; k++) r = c->api.ModuleGetFunction(&f, m->mods[k], req->symbols[i]);
         if (r != CUDA_SUCCESS || !f) {
             if (r == CUDA_ERROR_NOT_FOUND)
                 snprintf(out->log, sizeof out->log,
@@ -81,39 +92,43 @@ static bool resolve_in(const sj_cuda *c, CUmodule mod, const sj_compile_req *req
     return true;
 }
 
-/* Load a CUBIN and resolve every symbol into out. On failure writes why to
- * out->log and returns false with nothing loaded. */
+static void unload_all(const sj_cuda *c, sj_module *m) {
+    for (int k = 0; k < m->n; k++) c->api.ModuleUnload(m->mods[k]);
+    free(m);
+}
+
+/* Load an artifact (a CUBIN or an image set) and resolve every symbol into
+ * out. On failure writes why to out->log and returns false with nothing
+ * loaded. */
 static bool load(const cuda_backend *b, const void *image, size_t len, const sj_compile_req *req,
                  sj_compile_result *out) {
     sj_cuda *c = b->cuda;
     char err[256];
-    /* cuModuleLoadData takes no length: it reads an ELF by its headers and
-     * anything else as NUL-terminated PTX. NVRTC's CUBINs are ELF; never
-     * hand the driver anything else. */
-    if (len < 64 || memcmp(image, "\x7f" "ELF", 4)) {
-        snprintf(out->log, sizeof out->log, "not a CUBIN (%zu bytes, no ELF header)", len);
-        return false;
-    }
-    sj_cuda_bind(c);
-    CUmodule mod = NULL;
-    CUresult r = c->api.ModuleLoadData(&mod, image);
-    if (r != CUDA_SUCCESS) {
-        cu_error_text(c, r, err, sizeof err);
-        snprintf(out->log, sizeof out->log, "cuModuleLoadData failed: %s (%s code from %s, driver %d)", err, b->arch,
-                 b->nvrtc_id, c->driver_version);
-        return false;
-    }
-    if (!resolve_in(c, mod, req, out)) {
-        c->api.ModuleUnload(mod);
-        return false;
-    }
-    sj_module *m = malloc(sizeof *m);
+    sj_img im[SJ_CUDA_PIECES_MAX];
+    int n = sj_imgset_parse(image, len, im, out->log, sizeof out->log);
+    if (!n) return false;
+    sj_module *m = malloc(sizeof *m + (size_t)n * sizeof m->mods[0]);
     if (!m) {
         snprintf(out->log, sizeof out->log, "out of memory");
-        c->api.ModuleUnload(mod);
         return false;
     }
-    m->mod = mod;
+    m->n = 0;
+    sj_cuda_bind(c);
+    for (int k = 0; k < n; k++) {
+        CUresult r = c->api.ModuleLoadData(&m->mods[k], im[k].data);
+        if (r != CUDA_SUCCESS) {
+            cu_error_text(c, r, err, sizeof err);
+            snprintf(out->log, sizeof out->log, "cuModuleLoadData failed: %s (%s %s from %s, driver %d)", err,
+                     b->arch, im[k].kind == SJ_IMG_PTX ? "PTX" : "code", b->nvrtc_id, c->driver_version);
+            unload_all(c, m);
+            return false;
+        }
+        m->n++;
+    }
+    if (!resolve_in(c, m, req, out)) {
+        unload_all(c, m);
+        return false;
+    }
     out->module = m;
     return true;
 }
@@ -147,37 +162,58 @@ static void program_log(const sj_cuda_api *a, nvrtcProgram prog, sj_compile_resu
  * finished and freed by that thread, so it owns copies of everything it
  * uses: the entry points (NVRTC is opened with RTLD_NODELETE: they stay
  * mapped whatever the runtime does meanwhile), the options and the
- * program. */
-typedef struct nvrtc_job {
-    nvrtcResult (*compile)(nvrtcProgram, int, const char *const *);
-    nvrtcResult (*destroy)(nvrtcProgram *);
+ * programs. A job of several programs compiles them at once: one on the
+ * job's thread, each other on a helper thread it starts and joins (one
+ * that cannot start is compiled on the job's thread after its own). */
+typedef struct nvrtc_job nvrtc_job;
+typedef struct nvrtc_piece {
+    nvrtc_job *job;
     nvrtcProgram prog;
     nvrtcResult nr;
+} nvrtc_piece;
+
+struct nvrtc_job {
+    nvrtcResult (*compile)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*destroy)(nvrtcProgram *);
+    int n;
+    nvrtc_piece piece[SJ_CUDA_PIECES_MAX];
     int argc;
     const char *argv[8 + SJ_NVRTC_MAX_FLAGS];
     char text[]; /* the options' strings */
-} nvrtc_job;
+};
+
+static void *nvrtc_piece_run(void *p) {
+    nvrtc_piece *pc = p;
+    pc->nr = pc->job->compile(pc->prog, pc->job->argc, pc->job->argv);
+    return NULL;
+}
 
 static void nvrtc_job_run(void *p) {
     nvrtc_job *j = p;
-    j->nr = j->compile(j->prog, j->argc, j->argv);
+    pthread_t th[SJ_CUDA_PIECES_MAX];
+    bool started[SJ_CUDA_PIECES_MAX] = {false};
+    for (int i = 1; i < j->n; i++) started[i] = !pthread_create(&th[i], NULL, nvrtc_piece_run, &j->piece[i]);
+    nvrtc_piece_run(&j->piece[0]);
+    for (int i = 1; i < j->n; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else nvrtc_piece_run(&j->piece[i]);
+    }
 }
 
 static void nvrtc_job_free(void *p) {
     nvrtc_job *j = p;
-    if (j->prog) j->destroy(&j->prog);
+    for (int i = 0; i < j->n; i++)
+        if (j->piece[i].prog) j->destroy(&j->piece[i].prog);
     free(j);
 }
 
-static nvrtc_job *nvrtc_job_new(const cuda_backend *b, nvrtcProgram prog) {
+static nvrtc_job *nvrtc_job_new(const cuda_backend *b) {
     size_t n = 0;
     for (int i = 0; i < b->opts.argc; i++) n += strlen(b->opts.argv[i]) + 1;
-    nvrtc_job *j = sj_malloc(sizeof *j + n);
+    nvrtc_job *j = sj_calloc(1, sizeof *j + n);
     if (!j) return NULL;
     j->compile = b->cuda->api.nvrtcCompileProgram;
     j->destroy = b->cuda->api.nvrtcDestroyProgram;
-    j->prog = prog;
-    j->nr = NVRTC_SUCCESS;
     j->argc = b->opts.argc;
     char *t = j->text;
     for (int i = 0; i < b->opts.argc; i++) {
@@ -189,25 +225,59 @@ static nvrtc_job *nvrtc_job_new(const cuda_backend *b, nvrtcProgram prog) {
     return j;
 }
 
-/* Runs NVRTC on src; on success *cubin (malloc'd) and *len. Bounded by
- * timeout_ms and *cancel (see above). */
+/* The compiled image of prog (malloc'd: a CUBIN, or NUL-terminated PTX)
+ * into *im; false with out->log set. */
+static bool take_image(const cuda_backend *b, nvrtcProgram prog, sj_img *im, sj_compile_result *out) {
+    const sj_cuda_api *a = &b->cuda->api;
+    size_t size = 0;
+    char *data = NULL;
+    nvrtcResult nr = (b->ptx ? a->nvrtcGetPTXSize : a->nvrtcGetCUBINSize)(prog, &size);
+    if (nr == NVRTC_SUCCESS && size > 0) {
+        if (!(data = malloc(size))) {
+            snprintf(out->log, sizeof out->log, "out of memory for a %zu-byte %s", size, b->ptx ? "PTX" : "CUBIN");
+            return false;
+        }
+        nr = (b->ptx ? a->nvrtcGetPTX : a->nvrtcGetCUBIN)(prog, data);
+    }
+    if (nr != NVRTC_SUCCESS || size == 0 || (b->ptx && data[size - 1])) {
+        free(data);
+        snprintf(out->log, sizeof out->log, "NVRTC: no %s for %s: %s", b->ptx ? "PTX" : "CUBIN", b->arch,
+                 nr != NVRTC_SUCCESS ? a->nvrtcGetErrorString(nr) : size ? "PTX not terminated" : "empty");
+        return false;
+    }
+    *im = (sj_img){data, size, b->ptx ? SJ_IMG_PTX : SJ_IMG_CUBIN};
+    return true;
+}
+
+/* Runs NVRTC on src, split into up to b->pieces programs compiled at
+ * once; on success *art (malloc'd: a CUBIN or an image set), *len and
+ * *n_progs. Bounded by timeout_ms and *cancel (see above). */
 static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag, const atomic_int *cancel,
-                               sj_compile_result *out, char **cubin, size_t *len) {
+                               sj_compile_result *out, char **art, size_t *len, int *n_progs) {
     const sj_cuda_api *a = &b->cuda->api;
     char name[256], msg[sizeof out->log + 128];
     snprintf(name, sizeof name, "%s.cu", tag);
-    nvrtcProgram prog = NULL;
-    nvrtcResult nr = a->nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL);
-    if (nr != NVRTC_SUCCESS) {
-        snprintf(out->log, sizeof out->log, "NVRTC: nvrtcCreateProgram: %s", a->nvrtcGetErrorString(nr));
-        return fail(b, out, tag, out->log);
-    }
-    nvrtc_job *job = nvrtc_job_new(b, prog);
+    char *pieces[SJ_CUDA_PIECES_MAX];
+    int n = sj_codegen_cuda_split(src, b->pieces, pieces);
+    nvrtc_job *job = n > 0 ? nvrtc_job_new(b) : NULL;
     if (!job) {
-        a->nvrtcDestroyProgram(&prog);
+        for (int i = 0; i < n; i++) free(pieces[i]);
         snprintf(out->log, sizeof out->log, "out of memory");
         fail(b, out, tag, out->log);
         return sj_seterr(SJ_ENOMEM, "cuda backend: %s: out of memory", tag);
+    }
+    nvrtcResult nr = NVRTC_SUCCESS;
+    for (int i = 0; i < n; i++) { /* NVRTC copies the source */
+        if (nr == NVRTC_SUCCESS) {
+            nr = a->nvrtcCreateProgram(&job->piece[i].prog, pieces[i], name, 0, NULL, NULL);
+            if (nr == NVRTC_SUCCESS) job->piece[job->n++].job = job;
+        }
+        free(pieces[i]);
+    }
+    if (nr != NVRTC_SUCCESS) {
+        nvrtc_job_free(job);
+        snprintf(out->log, sizeof out->log, "NVRTC: nvrtcCreateProgram: %s", a->nvrtcGetErrorString(nr));
+        return fail(b, out, tag, out->log);
     }
     double t0 = sj_now_ms();
     int cancelled = 0;
@@ -227,39 +297,31 @@ static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag
         nvrtc_job_free(job);
         return fail(b, out, tag, out->log);
     }
-    nr = job->nr;
-    job->prog = NULL; /* ours again */
-    nvrtc_job_free(job);
-    if (nr != NVRTC_SUCCESS) {
-        program_log(a, prog, out);
-        a->nvrtcDestroyProgram(&prog);
-        int n;
-        const char *line = sj_backend_error_line(out->log, &n);
-        snprintf(msg, sizeof msg, "NVRTC: %s: %.*s", a->nvrtcGetErrorString(nr), n, line);
+    for (int i = 0; i < job->n; i++) { /* the first that failed, with its log */
+        nvrtc_piece *pc = &job->piece[i];
+        if (pc->nr == NVRTC_SUCCESS) continue;
+        program_log(a, pc->prog, out);
+        int ln;
+        const char *line = sj_backend_error_line(out->log, &ln);
+        snprintf(msg, sizeof msg, "NVRTC: %s: %.*s", a->nvrtcGetErrorString(pc->nr), ln, line);
+        nvrtc_job_free(job);
         if (!out->log[0]) snprintf(out->log, sizeof out->log, "%s", msg);
         return fail(b, out, tag, msg);
     }
-    size_t size = 0;
-    char *image = NULL;
-    nr = a->nvrtcGetCUBINSize(prog, &size);
-    if (nr == NVRTC_SUCCESS && size > 0) {
-        if (!(image = malloc(size))) {
-            a->nvrtcDestroyProgram(&prog);
-            snprintf(out->log, sizeof out->log, "out of memory for a %zu-byte CUBIN", size);
-            fail(b, out, tag, out->log);
-            return sj_seterr(SJ_ENOMEM, "cuda backend: %s: %s", tag, out->log);
-        }
-        nr = a->nvrtcGetCUBIN(prog, image);
+    sj_img im[SJ_CUDA_PIECES_MAX];
+    int got = 0;
+    while (got < job->n && take_image(b, job->piece[got].prog, &im[got], out)) got++;
+    bool ok = got == job->n;
+    *n_progs = job->n;
+    nvrtc_job_free(job);
+    *art = ok ? sj_imgset_make(im, got, len) : NULL;
+    for (int i = 0; i < got; i++) free((void *)im[i].data);
+    if (ok && !*art) {
+        snprintf(out->log, sizeof out->log, "out of memory");
+        fail(b, out, tag, out->log);
+        return sj_seterr(SJ_ENOMEM, "cuda backend: %s: out of memory", tag);
     }
-    a->nvrtcDestroyProgram(&prog);
-    if (nr != NVRTC_SUCCESS || size == 0) {
-        free(image);
-        snprintf(out->log, sizeof out->log, "NVRTC: no CUBIN for %s: %s", b->arch,
-                 nr != NVRTC_SUCCESS ? a->nvrtcGetErrorString(nr) : "empty");
-        return fail(b, out, tag, out->log);
-    }
-    *cubin = image, *len = size;
-    return SJ_OK;
+    return ok ? SJ_OK : fail(b, out, tag, out->log);
 }
 
 static sj_status compile_fresh(void *self, const sj_compile_req *req, const char *src, const char *tag,
@@ -267,7 +329,8 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
     cuda_backend *b = self;
     char *cubin = NULL;
     size_t len = 0;
-    sj_status st = nvrtc_compile(b, src, tag, req->cancel, out, &cubin, &len);
+    int progs = 1;
+    sj_status st = nvrtc_compile(b, src, tag, req->cancel, out, &cubin, &len, &progs);
     if (st) return st;
     if (!load(b, cubin, len, req, out)) {
         free(cubin);
@@ -277,8 +340,10 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
     if (b->cache && sj_cache_store(b->cache, out->key, "cubin", cubin, len))
         sj_log_write(b->log, SJ_LOG_WARN, "cuda: %s: not cached: %s", tag, sj_last_error());
     free(cubin);
-    sj_log_write(b->log, SJ_LOG_COMPILE, "cuda: %s: compiled in %.1f ms for %s (%zu-byte CUBIN, key %.16s)%s", tag,
-            out->compile_ms, b->arch, len, out->key, note);
+    sj_log_write(b->log, SJ_LOG_COMPILE,
+                 "cuda: %s: compiled in %.1f ms for %s (%d program%s at once, %zu-byte %s, key %.16s)%s", tag,
+                 out->compile_ms, b->arch, progs, progs == 1 ? "" : "s", len, b->ptx ? "PTX" : "CUBIN", out->key,
+                 note);
     return SJ_OK;
 }
 
@@ -303,14 +368,20 @@ static int cuda_load_bytes(void *self, const void *data, size_t len, const sj_co
 static bool cuda_resolve(void *self, sj_module *m, const sj_compile_req *req, sj_compile_result *out) {
     cuda_backend *b = self;
     sj_cuda_bind(b->cuda);
-    return resolve_in(b->cuda, m->mod, req, out);
+    return resolve_in(b->cuda, m, req, out);
 }
 
 static void cuda_drop(void *self, sj_module *m) {
     cuda_backend *b = self;
     sj_cuda_bind(b->cuda);
-    b->cuda->api.ModuleUnload(m->mod);
-    free(m);
+    unload_all(b->cuda, m);
+}
+
+/* Programs a unit is split into by default: half the online CPUs (the
+ * other half left to the process's serving), 1 to 8. */
+static int default_pieces(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
 static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
@@ -363,8 +434,20 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     b->test_delay_ms = cfg->test_delay_ms;
     b->test_fail = cfg->test_fail;
     b->timeout_ms = cfg->timeout_ms;
-    snprintf(b->arch, sizeof b->arch, "sm_%d%d", c->cc_major, c->cc_minor);
+    b->pieces = cfg->nvrtc_threads > 0 ? cfg->nvrtc_threads : default_pieces();
+    if (b->pieces > SJ_CUDA_PIECES_MAX) b->pieces = SJ_CUDA_PIECES_MAX;
+    /* the device's architecture when NVRTC knows it (a CUBIN), else PTX */
+    int archs[128], n_archs = 0;
+    if (c->api.nvrtcGetNumSupportedArchs(&n_archs) != NVRTC_SUCCESS || n_archs < 0 || n_archs > 128 ||
+        c->api.nvrtcGetSupportedArchs(archs) != NVRTC_SUCCESS)
+        n_archs = 0;
+    b->ptx = !sj_codegen_cuda_target(c->cc_major, c->cc_minor, archs, n_archs, b->arch, sizeof b->arch);
     snprintf(b->nvrtc_id, sizeof b->nvrtc_id, "nvrtc %d.%d", c->nvrtc_major, c->nvrtc_minor);
+    if (b->ptx)
+        sj_log_write(b->log, SJ_LOG_WARN,
+                     "cuda: NVRTC %d.%d cannot generate code for sm_%d%d: kernels are compiled to %s PTX, which the "
+                     "driver compiles at load (a newer NVRTC avoids it: SHAPEJIT_CUDA_LIBS)",
+                     c->nvrtc_major, c->nvrtc_minor, c->cc_major, c->cc_minor, b->arch);
     sj_status st = sj_codegen_cuda_options(b->arch, cfg->nvrtc_flags, &b->opts);
     if (st) {
         cuda_destroy(&b->base);
