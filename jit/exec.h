@@ -17,6 +17,16 @@
 struct sj_fplan;
 struct sj_group;
 
+/* A generated group to run inside a matrix product as its epilogue
+ * (sj_group.epilogue): as sj_exec_ops.launch's arguments. */
+typedef struct sj_exec_epi {
+    const struct sj_group *gr;
+    void *const *fn;
+    void *const *ptrs;
+    const int64_t *syms;
+    const int64_t *exv;
+} sj_exec_epi;
+
 /* A device's side of execution. ctx is the device's per-call context
  * (sj_exec.ops_ctx). */
 typedef struct sj_exec_ops {
@@ -45,6 +55,13 @@ typedef struct sj_exec_ops {
     /* After the last kernel of a call (NULL: nothing): e.g. wait for the
      * device and report a data-dependent error. */
     sj_status (*finish)(void *ctx);
+    /* Optional (NULL: a product's epilogue group runs after it, through
+     * launch): run node n as `node` does (a matrix product with its bias)
+     * and, inside the product, the epilogue group epi over the result's
+     * elements as blocks of them are finished. *fused false: the product
+     * ran without it (it could not take it), and the caller launches it. */
+    sj_status (*node_epi)(void *ctx, const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
+                          const sj_tensor *y, const sj_exec_epi *epi, bool *fused);
 } sj_exec_ops;
 
 typedef struct sj_exec {

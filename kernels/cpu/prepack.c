@@ -19,6 +19,10 @@
  * a multiply then an add in plain C), so a product's result does not
  * depend on the thread count or the split.
  *
+ * An epilogue (sj_cpu_epilogue) runs per block of tiles over EPI_PANELS
+ * panels at a time: the block's rows x those columns (at most about 100
+ * KiB) are still in L2 when the generated function reads them back.
+ *
  * The kernel is picked once (__builtin_cpu_supports), so one binary runs
  * the best one each machine has; sj_cpu_packed_isa can cap it (tests).
  */
@@ -47,6 +51,9 @@
 #define SPLIT_MIN_MACS (INT64_C(1) << 18)
 /* Rows of a per block: about this many bytes. */
 #define A_BLOCK_BYTES (256 * 1024)
+/* Panels a product with an epilogue finishes (for one block of rows)
+ * before it runs the epilogue over them. */
+#define EPI_PANELS 8
 
 struct sj_cpu_packed {
     int64_t K, N, panels;
@@ -372,6 +379,7 @@ typedef struct pk_job {
     const float *bias;
     float *y;
     int64_t ldy;
+    const sj_cpu_epilogue *epi; /* NULL: none */
 } pk_job;
 
 /* Tile t of M rows in `tiles` tiles as even as can be: its first row and
@@ -395,28 +403,59 @@ static void pack_a(const float *a, int64_t lda, int64_t M, int64_t K, int64_t ti
     }
 }
 
-/* Panels [begin, end), every tile, a block of tiles at a time. */
+/* The epilogue over rows [r0, r1) and columns [c0, c1): one call for
+ * whole rows, else one a row. */
+static void pk_epi(const pk_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const sj_cpu_epilogue *e = j->epi;
+    int64_t N = j->p->N;
+    if (c0 == 0 && c1 == N) {
+        e->fn(e->p, e->s, r0 * N, r1 * N);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) e->fn(e->p, e->s, r * N + c0, r * N + c1);
+}
+
+/* Panels [begin, end), every tile, a block of tiles at a time (with an
+ * epilogue: EPI_PANELS panels at a time, then the epilogue over them). */
 static void pk_range(void *ctx, int64_t begin, int64_t end) {
     const pk_job *j = ctx;
     const sj_cpu_packed *p = j->p;
-    for (int64_t t0 = 0; t0 < j->tiles; t0 += j->tb)
-        for (int64_t q = begin; q < end; q++) {
-            int64_t nc = p->N - q * NR < NR ? p->N - q * NR : NR;
-            const float *b = p->data + q * p->K * NR, *bias = j->bias ? j->bias + q * NR : NULL;
-            for (int64_t t = t0; t < j->tiles && t < t0 + j->tb; t++) {
-                int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
-                j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
+    int64_t step = j->epi ? EPI_PANELS : end - begin;
+    if (step < 1) return;
+    for (int64_t t0 = 0; t0 < j->tiles; t0 += j->tb) {
+        int64_t t1 = t0 + j->tb < j->tiles ? t0 + j->tb : j->tiles;
+        for (int64_t q0 = begin; q0 < end; q0 += step) {
+            int64_t q1 = q0 + step < end ? q0 + step : end;
+            for (int64_t q = q0; q < q1; q++) {
+                int64_t nc = p->N - q * NR < NR ? p->N - q * NR : NR;
+                const float *b = p->data + q * p->K * NR, *bias = j->bias ? j->bias + q * NR : NULL;
+                for (int64_t t = t0; t < t1; t++) {
+                    int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
+                    j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
+                }
+            }
+            if (j->epi) {
+                int64_t rows, r0 = tile_row(j->M, j->tiles, t0, &rows), r1 = tile_row(j->M, j->tiles, t1 - 1, &rows);
+                pk_epi(j, r0, r1 + rows, q0 * NR, q1 * NR < p->N ? q1 * NR : p->N);
             }
         }
+    }
 }
 
 sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
                              float *y, int64_t ldy, sj_threads *pool) {
+    return sj_cpu_packed_gemm_epi(M, a, lda, p, bias, y, ldy, pool, NULL);
+}
+
+sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
+                                 float *y, int64_t ldy, sj_threads *pool, const sj_cpu_epilogue *epi) {
+    assert(!epi || ldy == p->N);
     if (M <= 0 || p->N <= 0) return SJ_OK;
     atomic_fetch_add_explicit(&products, 1, memory_order_relaxed);
     if (p->K == 0) { /* an empty sum: the bias alone */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < p->N; j++) y[i * ldy + j] = bias ? bias[j] : 0.0f;
+        if (epi) epi->fn(epi->p, epi->s, 0, M * p->N);
         return SJ_OK;
     }
     sj_cpu_isa isa = sj_cpu_packed_isa();
@@ -426,7 +465,7 @@ sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cp
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand", (long long)M,
                          (long long)p->K);
     pk_job j = {.fn = kn->fn, .M = M, .tiles = (M + kn->mr - 1) / kn->mr, .ap = ap, .p = p, .bias = bias, .y = y,
-                .ldy = ldy};
+                .ldy = ldy, .epi = epi};
     pack_a(a, lda, M, p->K, j.tiles, ap);
     j.tb = A_BLOCK_BYTES / (kn->mr * p->K * (int64_t)sizeof(float));
     if (j.tb < 1) j.tb = 1;
