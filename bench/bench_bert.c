@@ -20,14 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_sentences.h"
 #include "bench/bench_util.h"
 #include "samples/bert/bert.h"
 #include "samples/bert/wordpiece.h"
 
-typedef struct {
-    int32_t *ids;
-    int n;
-} sentence;
+typedef bench_sentence sentence;
 
 static int parse_list(const char *s, int *out, int max) {
     int n = 0;
@@ -38,33 +36,6 @@ static int parse_list(const char *s, int *out, int max) {
         s = c + 1;
     }
     return n;
-}
-
-static sentence *load_sentences(const char *path, const wp_tokenizer *tk, int *count) {
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    sentence *v = NULL;
-    int n = 0, cap = 0;
-    char line[1 << 16];
-    while (fgets(line, sizeof line, f)) {
-        size_t len = strcspn(line, "\n");
-        if (!len) continue;
-        int32_t buf[1024];
-        int k = wp_encode(tk, line, len, buf, 1024);
-        if (k < 2) continue;
-        if (k > 1024) k = 1024;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            v = realloc(v, (size_t)cap * sizeof *v);
-        }
-        v[n].ids = malloc((size_t)k * sizeof(int32_t));
-        memcpy(v[n].ids, buf, (size_t)k * sizeof(int32_t));
-        v[n].n = k;
-        n++;
-    }
-    fclose(f);
-    *count = n;
-    return v;
 }
 
 static sj_status embed(bert_model *m, int packed, const int32_t *ids, const int32_t *lens, int rows, int seq,
@@ -103,7 +74,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     int n_sent = 0;
-    sentence *sents = load_sentences(sent_path, tk, &n_sent);
+    sentence *sents = bench_load_sentences(sent_path, tk, 1024, &n_sent);
     if (!sents || !n_sent) {
         fprintf(stderr, "bench_bert: no sentences in %s\n", sent_path);
         return 1;
@@ -196,8 +167,7 @@ int main(int argc, char **argv) {
         bert_free(m);
         sj_runtime_destroy(rt);
     }
-    for (int i = 0; i < n_sent; i++) free(sents[i].ids);
-    free(sents);
+    bench_sentences_free(sents, n_sent);
     wp_tokenizer_free(tk);
     return 0;
 }

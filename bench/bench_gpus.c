@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_sentences.h"
 #include "bench/bench_util.h"
 #include "samples/bert/bert.h"
 #include "samples/bert/wordpiece.h"
@@ -38,38 +39,26 @@ typedef struct worker {
     int failed;
 } worker;
 
+/* The stream's sentences (cut at 512 tokens) in batches of per, each
+ * padded to its longest. */
 static batch *load_batches(const char *path, const wp_tokenizer *tk, int per, int *n_out) {
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    int cap = 0, n = 0, fill = 0;
-    batch *v = NULL;
-    int32_t buf[64][512];
-    int lens[64];
-    char line[1 << 16];
-    for (;;) {
-        char *got = fgets(line, sizeof line, f);
-        if (got) {
-            size_t len = strcspn(line, "\n");
-            int k = len ? wp_encode(tk, line, len, buf[fill], 512) : 0;
-            if (k < 2) continue;
-            lens[fill++] = k > 512 ? 512 : k;
+    int n_sent = 0;
+    bench_sentence *s = bench_load_sentences(path, tk, 512, &n_sent);
+    if (!s) return NULL;
+    int n = (n_sent + per - 1) / per;
+    batch *v = calloc((size_t)(n ? n : 1), sizeof *v);
+    for (int k = 0; v && k < n; k++) {
+        int rows = n_sent - k * per < per ? n_sent - k * per : per, S = 0;
+        for (int j = 0; j < rows; j++) S = s[k * per + j].n > S ? s[k * per + j].n : S;
+        v[k].ids = calloc((size_t)rows * S, sizeof(int32_t));
+        v[k].lens = malloc((size_t)rows * sizeof(int32_t));
+        for (int j = 0; j < rows; j++) {
+            memcpy(v[k].ids + (size_t)j * S, s[k * per + j].ids, (size_t)s[k * per + j].n * sizeof(int32_t));
+            v[k].lens[j] = s[k * per + j].n;
         }
-        if (fill == per || (!got && fill)) {
-            if (n == cap) v = realloc(v, (size_t)(cap = cap ? 2 * cap : 32) * sizeof *v);
-            int S = 0;
-            for (int j = 0; j < fill; j++) S = lens[j] > S ? lens[j] : S;
-            v[n].ids = calloc((size_t)fill * S, sizeof(int32_t));
-            v[n].lens = malloc((size_t)fill * sizeof(int32_t));
-            for (int j = 0; j < fill; j++) {
-                memcpy(v[n].ids + (size_t)j * S, buf[j], (size_t)lens[j] * sizeof(int32_t));
-                v[n].lens[j] = lens[j];
-            }
-            v[n].rows = fill, v[n].seq = S;
-            n++, fill = 0;
-        }
-        if (!got) break;
+        v[k].rows = rows, v[k].seq = S;
     }
-    fclose(f);
+    bench_sentences_free(s, n_sent);
     *n_out = n;
     return v;
 }

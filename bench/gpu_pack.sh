@@ -16,20 +16,25 @@ make -s BUILD="$B" NVCC_FLAGS="-O3 --std=c++17 -Xptxas -O3 -gencode arch=compute
 # and its Fortran runtime, cmocka), copied from this machine.
 BINS="$B/tests/test_cuda_dev $B/tests/test_cuda_eager $B/tests/test_cuda_jit $B/tests/test_codegen_cuda
   $B/tests/test_jit $B/tests/test_fusion $B/tests/test_cpu_kernels $B/tests/test_bert $B/tests/test_weights
-  $B/tests/test_embed_server $B/tests/test_cuda_multi $B/tests/test_validate $B/tests/test_backoff $B/tests/test_warmup $B/tests/test_varlen $B/tests/test_gemm_cuda
+  $B/tests/test_embed_server $B/tests/test_cuda_multi $B/tests/test_remote $B/tests/test_validate $B/tests/test_backoff $B/tests/test_warmup $B/tests/test_varlen $B/tests/test_gemm_cuda
   $B/bench/bench_cuda $B/bench/bench_cpu $B/bench/bench_bert $B/bench/bench_gpus $B/bench/bench_validate $B/bench/bench_gemm_cuda
   $B/samples/varlen_encoder $B/samples/embed_server $B/samples/embed_client"
 # Every shared library the binaries need beyond the C library and the CUDA
 # driver, copied from this machine (the GPU image has none of them).
 rm -rf .devdeps && mkdir -p .devdeps
-for lib in $(ldd $BINS 2>/dev/null | awk '/=> \// {print $3}' | sort -u); do
+# redis-server too, for test_remote on the CUDA backend (gpu_run.sh remote).
+REDIS=$(command -v redis-server || true)
+for lib in $(ldd $BINS $REDIS 2>/dev/null | awk '/=> \// {print $3}' | sort -u); do
     case $(basename "$lib") in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libgcc_s.so*) ;;
     *) cp -L "$lib" .devdeps/ ;;
     esac
 done
 rm -rf .gpu-build && mkdir -p .gpu-build/stage/.gpu-build/bin
-cp $BINS .gpu-build/stage/.gpu-build/bin/
+cp $BINS $REDIS .gpu-build/stage/.gpu-build/bin/
+# SJ_PACK_EXTRA: more files for bin/ (e.g. a benchmark built from the base
+# commit, for a side-by-side run on the same machine)
+[ -n "${SJ_PACK_EXTRA:-}" ] && cp ${SJ_PACK_EXTRA} .gpu-build/stage/.gpu-build/bin/
 rm -f .gpu-build/stage/.gpu-build/bin/*.d
 strip .gpu-build/stage/.gpu-build/bin/*
 # ASAN=1: also the CUDA tests under AddressSanitizer + UBSan (unstripped,

@@ -5,9 +5,12 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|all|asan|warmup|gemm] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|all|asan|warmup|gemm] (results under $OUT)
 #             gemm: the generated tensor-core products (test_gemm_cuda, then
 #             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl);
+#             remote: test_remote on the CUDA backend, with the package's redis-server
+#             cpuscale: bench_bert on the host's CPUs at 1, 4 and nproc threads, this build against
+#             bench_bert_base (SJ_PACK_EXTRA), interleaved, and ONNX Runtime
 #             realmodel: the server's HTTP answers against the reference on CUDA, and
 #             the BERT encoder on the host's CPU against ONNX Runtime and PyTorch (needs
 #             .gpu-model: the model directory with reference.jsonl);
@@ -151,6 +154,30 @@ healthy() {
     exec 3>&-
     case "$line" in *" 200"*) return 0 ;; *) return 1 ;; esac
 }
+
+if [ "$what" = cpuscale ]; then # the BERT encoder on the host's CPUs: this build against the base's, interleaved, and ORT
+    M=.gpu-model; n=$(nproc)
+    for round in 1 2; do
+        for bin in bench_bert bench_bert_base; do
+            [ -x "$B/$bin" ] || continue
+            SHAPEJIT_BACKEND=cpu timeout 150 "$B/$bin" --model $M --threads "1,4,$n" --batches 1,8,32 --seconds 2 \
+                2>> "$summary" | sed "s/\"impl\": \"shapejit\"/\"impl\": \"$bin\"/" >> "$OUT/bert_scale.jsonl"
+            echo "$bin round $round rc=$?" | tee -a "$summary"
+        done
+    done
+    SHAPEJIT_BACKEND=cpu timeout 100 "$B/bench_bert" --model $M --threads "$n" --batches 8,32 --seconds 2 --packed \
+        2>> "$summary" >> "$OUT/bert_scale.jsonl"
+    timeout 200 python3 bench/ort_bert_peer.py $M samples/bert/sentences.txt --threads "1,4,$n" --batches 1,8,32 --seconds 2 --optimize \
+        >> "$OUT/bert_scale.jsonl" 2>> "$summary"
+    echo "ort rc=$?" | tee -a "$summary"
+    cat "$OUT/bert_scale.jsonl" >> "$summary"
+fi
+
+if [ "$what" = remote ]; then # the remote kernel cache on the CUDA backend (redis-server from the package)
+    PATH="$PWD/$B:$PATH" SJ_REMOTE_BACKEND=cuda timeout 300 "$B/test_remote" > /tmp/remote.log 2>&1
+    echo "test_remote (cuda) rc=$?: $(grep -E "PASSED|FAILED|skipped" /tmp/remote.log | tr '\n' ' ')" | tee -a "$summary"
+    grep -E "ERROR|LINE|FAIL" /tmp/remote.log | head -20 | tee -a "$summary"
+fi
 
 if [ "$what" = multi ]; then
     timeout 300 "$B/test_cuda_multi" > /tmp/multi.log 2>&1

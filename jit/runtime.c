@@ -169,10 +169,12 @@ static sj_status start_services(sj_runtime *rt) {
         sj_logf(rt, SJ_LOG_WARN, "no persistent kernel cache: %s", rt->cache_error);
         sj_clearerr();
     }
-    /* The remote cache: a second level for the CPU backend's compiles. One
-     * that cannot be used (no key, a host that does not resolve) is warned
-     * about and left out, as a disk cache is. */
-    if (c->remote_cache_url && *c->remote_cache_url && !rt->cuda &&
+    /* The remote cache: a second level under the disk cache for either
+     * backend's compiles (keys name the backend, its compiler and the
+     * device's architecture, so CPU and GPU artifacts never mix). One that
+     * cannot be used (no key, a host that does not resolve) is warned about
+     * and left out, as a disk cache is. */
+    if (c->remote_cache_url && *c->remote_cache_url &&
         sj_remote_open(c->remote_cache_url, c->cache_key, c->remote_cache_timeout_ms, &rt->log, &rt->remote)) {
         sj_logf(rt, SJ_LOG_WARN, "no remote kernel cache: %s", sj_last_error());
         sj_clearerr();
@@ -181,7 +183,8 @@ static sj_status start_services(sj_runtime *rt) {
 #ifdef SJ_WITH_CUDA
     if (rt->cuda) {
         sj_cuda_backend_config bc = {.cuda = rt->cuda, .cache = rt->cache, .dump_dir = c->dump_dir,
-                                     .nvrtc_flags = c->nvrtc_flags, .log = &rt->log, .test_delay_ms = test_delay_ms,
+                                     .remote = rt->remote, .nvrtc_flags = c->nvrtc_flags, .log = &rt->log,
+                                     .test_delay_ms = test_delay_ms,
                                      .test_fail = test_fail, .timeout_ms = c->compile_timeout_ms};
         st = sj_cuda_backend_create(&bc, &rt->backend);
         codegen = sj_codegen_cuda;

@@ -413,8 +413,9 @@ typedef struct sj_runtime_config {
      * sj_runtime_create. A server that is down, slow or answers garbage
      * costs at most remote_cache_timeout_ms per compile, is logged once
      * (warn), and is then left alone for a back-off (1 s doubling to 60 s).
-     * NULL or "" (default $SHAPEJIT_REMOTE_CACHE_URL): none. Copied. CPU
-     * backend only for now. A malformed URL is SJ_EINVAL. */
+     * NULL or "" (default $SHAPEJIT_REMOTE_CACHE_URL): none. Copied. Both
+     * backends (CPU: shared objects; CUDA: CUBINs for the device's
+     * architecture). A malformed URL is SJ_EINVAL. */
     const char *remote_cache_url;
     /* Bound on one remote cache operation: the connect and the command
      * together (a fetch or a push). 1 .. 60000 ms; default 250.

@@ -39,6 +39,12 @@
 extern char **environ;
 
 #define KEY "remote-test-key"
+
+/* The backend the runtimes compile for: the CPU, or CUDA when the GPU
+ * session asks for it (SJ_REMOTE_BACKEND=cuda; skipped, visibly, without a
+ * device), and the extension of its artifacts in a cache dir. */
+static sj_backend_kind backend = SJ_BACKEND_CPU;
+static const char *artifact_ext = "so";
 #define N_SHAPES 2
 static const int64_t shapes[N_SHAPES][2] = {{5, 24}, {7, 40}};
 
@@ -115,7 +121,7 @@ static void run_model(const char *dir, const char *url, const char *key, int tim
     memset(out, 0, sizeof *out);
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
+    cfg.backend = backend;
     cfg.compile_mode = SJ_COMPILE_SYNC;
     cfg.exec_threads = 1;
     cfg.cache_dir = dir;
@@ -139,7 +145,22 @@ static void run_model(const char *dir, const char *url, const char *key, int tim
         inputs(s, x, r);
         sj_tensor in[2] = {sj_tensor_make(x, SJ_F32, 2, s), sj_tensor_make(r, SJ_F32, 1, &s[1])};
         sj_tensor outs[2] = {sj_tensor_make(y, SJ_F32, 2, s), sj_tensor_make(z, SJ_F32, 2, s)};
-        if (sj_call(fn, in, 2, outs, 2)) fail_msg("sj_call: %s", sj_last_error());
+        if (backend == SJ_BACKEND_CUDA) { /* the same call on device copies */
+            sj_tensor din[2] = {in[0], in[1]}, dout[2] = {outs[0], outs[1]};
+            for (int i = 0; i < 2; i++) {
+                din[i].device = dout[i].device = SJ_CUDA;
+                assert_int_equal(sj_tensor_alloc(rt, &din[i]), SJ_OK);
+                assert_int_equal(sj_tensor_copy(rt, &din[i], &in[i]), SJ_OK);
+                assert_int_equal(sj_tensor_alloc(rt, &dout[i]), SJ_OK);
+            }
+            if (sj_call(fn, din, 2, dout, 2)) fail_msg("sj_call: %s", sj_last_error());
+            for (int i = 0; i < 2; i++) {
+                assert_int_equal(sj_tensor_copy(rt, &outs[i], &dout[i]), SJ_OK);
+                sj_tensor_free(rt, &din[i]);
+                sj_tensor_free(rt, &dout[i]);
+            }
+        } else if (sj_call(fn, in, 2, outs, 2))
+            fail_msg("sj_call: %s", sj_last_error());
         out->wrong += wrong(s, x, r, y, z);
         sj_stats st;
         sj_fn_stats(fn, &st);
@@ -265,9 +286,10 @@ static const char *fresh_dir(char *buf, size_t n, const char *name) {
     return buf;
 }
 
-static int count_so(const char *dir) {
+/* The backend's artifacts in a cache dir. */
+static int count_artifacts(const char *dir) {
     char cmd[PATH_MAX + 64];
-    snprintf(cmd, sizeof cmd, "ls %s 2>/dev/null | grep -c '\\.so$'", dir);
+    snprintf(cmd, sizeof cmd, "ls %s 2>/dev/null | grep -c '\\.%s$'", dir, artifact_ext);
     FILE *p = popen(cmd, "r");
     int n = 0;
     if (p) {
@@ -342,7 +364,7 @@ static void test_two_processes(void **state) {
     assert_int_equal(cb.cache_hits, N_SHAPES);  /* no compiler run */
     assert_int_equal(cb.remote_hits, N_SHAPES); /* all from Redis */
     assert_int_equal(cb.stores, 0);
-    assert_int_equal(count_so(b), N_SHAPES);    /* kept on disk */
+    assert_int_equal(count_artifacts(b), N_SHAPES);    /* kept on disk */
 
     child_out cc = run_child(b);
     assert_int_equal(cc.wrong, 0);
@@ -682,8 +704,27 @@ static void test_threads(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 5 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3], argv[4]);
+    bool child = argc == 5 && !strcmp(argv[1], "--child");
+    const char *be = getenv("SJ_REMOTE_BACKEND");
+    if (be && !strcmp(be, "cuda")) {
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CUDA;
+        cfg.compile_mode = SJ_COMPILE_OFF;
+        cfg.cache_dir = NULL;
+        sj_runtime *rt = NULL;
+        if (sj_runtime_create(&cfg, &rt)) {
+            printf("skipped: no CUDA device (%s)\n", sj_last_error());
+            return 0;
+        }
+        sj_runtime_destroy(rt);
+        backend = SJ_BACKEND_CUDA;
+        artifact_ext = "cubin";
+        if (!child) printf("test_remote on the CUDA backend\n");
+    }
+    if (child) return child_main(argv[2], argv[3], argv[4]);
     signal(SIGPIPE, SIG_DFL); /* a SIGPIPE from the library would kill the test */
+
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_urls),
         cmocka_unit_test(test_two_processes),

@@ -13,7 +13,8 @@
  * 28 zmm; AVX2+FMA: 6 x 16 in 12 ymm; plain C: 4 x 16 (vectorized by the
  * compiler as far as the baseline allows). Tiles come in blocks of about
  * 256 KiB of a, which stay in L2 while every panel of a chunk streams past
- * them. Products are split over the kernel pool by panels.
+ * them. Products are split over the kernel pool by (block, panel) pairs,
+ * and a is packed in parallel too.
  *
  * The sums run over k in order (one FMA per k and column on AVX2/AVX-512,
  * a multiply then an add in plain C), so a product's result does not
@@ -392,13 +393,20 @@ static int64_t tile_row(int64_t M, int64_t tiles, int64_t t, int64_t *rows) {
 
 /* a (M x K, row stride lda) into ap, tile by tile, each k-major: tile t's
  * rows r0 .. r0+rows at ap + r0 * K, element (r0 + r, k) at [k * rows + r]. */
-static void pack_a(const float *a, int64_t lda, int64_t M, int64_t K, int64_t tiles, float *ap) {
-    for (int64_t t = 0; t < tiles; t++) {
-        int64_t rows, r0 = tile_row(M, tiles, t, &rows);
-        float *dst = ap + r0 * K;
+typedef struct pack_job {
+    const float *a;
+    int64_t lda, M, K, tiles;
+    float *ap;
+} pack_job;
+
+static void pack_tiles(void *ctx, int64_t begin, int64_t end) {
+    const pack_job *j = ctx;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
+        float *dst = j->ap + r0 * j->K;
         for (int64_t r = 0; r < rows; r++) {
-            const float *src = a + (r0 + r) * lda;
-            for (int64_t k = 0; k < K; k++) dst[k * rows + r] = src[k];
+            const float *src = j->a + (r0 + r) * j->lda;
+            for (int64_t k = 0; k < j->K; k++) dst[k * rows + r] = src[k];
         }
     }
 }
@@ -415,32 +423,41 @@ static void pk_epi(const pk_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t 
     for (int64_t r = r0; r < r1; r++) e->fn(e->p, e->s, r * N + c0, r * N + c1);
 }
 
-/* Panels [begin, end), every tile, a block of tiles at a time (with an
- * epilogue: EPI_PANELS panels at a time, then the epilogue over them). */
-static void pk_range(void *ctx, int64_t begin, int64_t end) {
+/* Work items: (block of tiles, panel) pairs, a block's panels one after
+ * another, so a chunk of items keeps one block of a in L2 while its panels
+ * stream past. Large products split over blocks as well as panels (a
+ * 32-sentence batch has ~20 blocks of 24 panels for a 384-column
+ * product), small ones over panels alone (one block). With an epilogue,
+ * a chunk's items go EPI_PANELS panels of one block at a time, each run
+ * followed by the epilogue over the block's rows and those panels'
+ * columns. */
+static void pk_items(void *ctx, int64_t begin, int64_t end) {
     const pk_job *j = ctx;
     const sj_cpu_packed *p = j->p;
-    int64_t step = j->epi ? EPI_PANELS : end - begin;
-    if (step < 1) return;
-    for (int64_t t0 = 0; t0 < j->tiles; t0 += j->tb) {
-        int64_t t1 = t0 + j->tb < j->tiles ? t0 + j->tb : j->tiles;
-        for (int64_t q0 = begin; q0 < end; q0 += step) {
-            int64_t q1 = q0 + step < end ? q0 + step : end;
-            for (int64_t q = q0; q < q1; q++) {
-                int64_t nc = p->N - q * NR < NR ? p->N - q * NR : NR;
-                const float *b = p->data + q * p->K * NR, *bias = j->bias ? j->bias + q * NR : NULL;
-                for (int64_t t = t0; t < t1; t++) {
-                    int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
-                    j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
-                }
-            }
-            if (j->epi) {
-                int64_t rows, r0 = tile_row(j->M, j->tiles, t0, &rows), r1 = tile_row(j->M, j->tiles, t1 - 1, &rows);
-                pk_epi(j, r0, r1 + rows, q0 * NR, q1 * NR < p->N ? q1 * NR : p->N);
+    for (int64_t i = begin; i < end;) {
+        int64_t blk = i / p->panels, q0 = i % p->panels;
+        int64_t q1 = j->epi && q0 + EPI_PANELS < p->panels ? q0 + EPI_PANELS : p->panels;
+        if (q1 - q0 > end - i) q1 = q0 + (end - i);
+        int64_t t0 = blk * j->tb, t1 = t0 + j->tb < j->tiles ? t0 + j->tb : j->tiles;
+        for (int64_t q = q0; q < q1; q++) {
+            int64_t nc = p->N - q * NR < NR ? p->N - q * NR : NR;
+            const float *b = p->data + q * p->K * NR, *bias = j->bias ? j->bias + q * NR : NULL;
+            for (int64_t t = t0; t < t1; t++) {
+                int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
+                j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
             }
         }
+        if (j->epi) {
+            int64_t rows, r0 = tile_row(j->M, j->tiles, t0, &rows), r1 = tile_row(j->M, j->tiles, t1 - 1, &rows);
+            pk_epi(j, r0, r1 + rows, q0 * NR, q1 * NR < p->N ? q1 * NR : p->N);
+        }
+        i += q1 - q0;
     }
 }
+
+/* Elements of a packed per thread at least (a smaller a is packed on the
+ * calling thread). */
+#define PACK_MIN_ELEMS 32768
 
 sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
                              float *y, int64_t ldy, sj_threads *pool) {
@@ -466,16 +483,21 @@ sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const s
                          (long long)p->K);
     pk_job j = {.fn = kn->fn, .M = M, .tiles = (M + kn->mr - 1) / kn->mr, .ap = ap, .p = p, .bias = bias, .y = y,
                 .ldy = ldy, .epi = epi};
-    pack_a(a, lda, M, p->K, j.tiles, ap);
+    bool split = pool && sj_threads_count(pool) > 1;
+    pack_job pj = {a, lda, M, p->K, j.tiles, ap};
+    int64_t tile_elems = kn->mr * p->K;
+    if (split)
+        sj_threads_parallel_for(pool, j.tiles, (PACK_MIN_ELEMS + tile_elems - 1) / tile_elems, pack_tiles, &pj);
+    else
+        pack_tiles(&pj, 0, j.tiles);
     j.tb = A_BLOCK_BYTES / (kn->mr * p->K * (int64_t)sizeof(float));
     if (j.tb < 1) j.tb = 1;
-    int64_t macs = M * p->K * p->N, per_panel = M * p->K * NR;
-    if (pool && sj_threads_count(pool) > 1 && macs >= 2 * SPLIT_MIN_MACS && p->panels > 1) {
-        int64_t min_chunk = (SPLIT_MIN_MACS + per_panel - 1) / per_panel;
-        sj_threads_parallel_for(pool, p->panels, min_chunk, pk_range, &j);
-    } else {
-        pk_range(&j, 0, p->panels);
-    }
+    int64_t blocks = (j.tiles + j.tb - 1) / j.tb, items = blocks * p->panels;
+    int64_t macs = M * p->K * p->N, per_item = (M + blocks - 1) / blocks * p->K * NR;
+    if (split && macs >= 2 * SPLIT_MIN_MACS && items > 1)
+        sj_threads_parallel_for(pool, items, (SPLIT_MIN_MACS + per_item - 1) / per_item, pk_items, &j);
+    else
+        pk_items(&j, 0, items);
     return SJ_OK;
 }
 

@@ -1,19 +1,25 @@
 /* The worker pool behind parallel kernels (see threads.h).
  *
- * One job at a time. A caller that wins the `busy` try-lock publishes the
- * job under `lock` (a new generation), wakes as many workers as there are
- * chunks to share, and then claims chunks itself. Everyone claims chunk
- * indices from one atomic counter; whoever finishes the last chunk wakes the
- * caller, who returns once every chunk is done.
+ * One job at a time. A caller that wins the `busy` try-lock owns the job
+ * slot: it writes the job, publishes it (`cur`, then a new `generation`),
+ * wakes sleeping workers only if there are any, and claims chunks itself.
+ * Everyone claims chunk indices from the job's atomic counter; the caller
+ * returns once every chunk is done.
  *
- * Reuse of the job slot: a worker joins a generation under `lock` and
- * counts itself in `active` until it has stopped claiming. The next
- * publisher waits (under `lock`) for `active` to drop to zero before it
- * resets the counters, so a late worker can never claim a chunk of a job it
- * did not read.
+ * No lock on the fast path. A worker that sees a new generation announces
+ * itself in `active`, then reads `cur`; the owner clears `cur` when its job
+ * is done, and the next owner waits for `active` to drop to zero before it
+ * rewrites the slot. With both sides sequentially consistent (Dekker), a
+ * worker either is counted before the next owner looks, or reads a NULL
+ * (or the next) `cur`: it never claims a chunk of a job it did not read.
+ * On many cores this matters: every worker used to take the pool's mutex
+ * twice per job (to join and to leave), and the next job waited for all of
+ * them, so 31 spinning workers serialised every kernel of a request.
  *
  * Workers spin for SJ_WORKER_SPIN_NS after a job (a burst of kernels is
- * common), then sleep on `wake`. No user code runs under any lock.
+ * common), then sleep on `wake`; `sleepers` tells an owner whether anyone
+ * needs a wake-up (the mutex is taken only then, and when the owner itself
+ * must sleep for a straggling chunk). No user code runs under any lock.
  *
  * Lock order: busy -> lock. `lock` is never held while running fn.
  */
@@ -24,6 +30,7 @@
 
 #include <assert.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -45,23 +52,25 @@ typedef struct job {
     sj_range_fn fn;
     void *ctx;
     int64_t n, chunk, n_chunks;
+    _Atomic int64_t next; /* next chunk index to claim */
+    _Atomic int64_t done; /* chunks finished */
 } job;
 
 struct sj_threads {
     int n;               /* threads including the caller */
     int n_workers;       /* n - 1 started workers */
     pthread_t *workers;
-    pthread_mutex_t busy; /* held by the caller that owns the current job */
-    pthread_mutex_t lock; /* guards job, active, stop; generation is written under it */
+    pthread_mutex_t busy; /* held by the caller that owns the job slot */
+    pthread_mutex_t lock; /* sleeping and waking only */
     pthread_cond_t wake;  /* workers: a new generation or stop */
     pthread_cond_t done_cv; /* the owner: all chunks done */
-    pthread_cond_t idle;  /* a publisher: active reached 0 */
-    job job;
-    int active;           /* workers that joined the current generation and still claim */
-    bool stop;
+    job job;              /* the slot; rewritten only when active == 0 and cur == NULL */
+    _Atomic(job *) cur;   /* the job open to workers (NULL: none) */
+    _Atomic int active;   /* workers between their join and their last claim */
+    _Atomic int sleepers; /* workers asleep on wake, or about to be */
+    _Atomic bool owner_waits; /* the owner sleeps on done_cv */
+    _Atomic bool stop;
     _Atomic uint64_t generation;
-    _Atomic int64_t next; /* next chunk index to claim */
-    _Atomic int64_t done; /* chunks finished */
 };
 
 static inline void cpu_relax(void) {
@@ -74,20 +83,24 @@ static inline void cpu_relax(void) {
 
 /* -- Running chunks ------------------------------------------------------ */
 
-/* Claims and runs chunks of j until none are left. Returns true if this
- * thread finished the last chunk. */
-static bool run_chunks(sj_threads *t, const job *j) {
-    bool last = false;
+/* Claims and runs chunks of j until none are left; the thread that
+ * finishes the last chunk wakes the owner if it sleeps. */
+static void run_chunks(sj_threads *t, job *j) {
     for (;;) {
-        int64_t c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (c >= j->n_chunks) break;
+        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= j->n_chunks) return;
         int64_t b = c * j->chunk;
         int64_t e = j->n - b > j->chunk ? b + j->chunk : j->n;
         j->fn(j->ctx, b, e);
-        /* release: the chunk's writes are visible to whoever sees the count */
-        if (atomic_fetch_add_explicit(&t->done, 1, memory_order_acq_rel) + 1 == j->n_chunks) last = true;
+        /* seq_cst: the chunk's writes are visible to whoever sees the
+         * count, and the owner's flag is read after it (Dekker with
+         * wait_done) */
+        if (atomic_fetch_add(&j->done, 1) + 1 == j->n_chunks && atomic_load(&t->owner_waits)) {
+            pthread_mutex_lock(&t->lock);
+            pthread_cond_signal(&t->done_cv);
+            pthread_mutex_unlock(&t->lock);
+        }
     }
-    return last;
 }
 
 static void *worker_main(void *arg) {
@@ -99,24 +112,20 @@ static void *worker_main(void *arg) {
             if (i % 32 == 31 && sj_now_ns() - t0 > SJ_WORKER_SPIN_NS) break;
             cpu_relax();
         }
-        pthread_mutex_lock(&t->lock);
-        while (!t->stop && atomic_load_explicit(&t->generation, memory_order_relaxed) == seen)
-            pthread_cond_wait(&t->wake, &t->lock);
-        if (t->stop) {
+        if (atomic_load(&t->generation) == seen) { /* sleep until the next job */
+            pthread_mutex_lock(&t->lock);
+            atomic_fetch_add(&t->sleepers, 1);
+            while (!atomic_load(&t->stop) && atomic_load(&t->generation) == seen)
+                pthread_cond_wait(&t->wake, &t->lock);
+            atomic_fetch_sub(&t->sleepers, 1);
             pthread_mutex_unlock(&t->lock);
-            return NULL;
         }
-        seen = atomic_load_explicit(&t->generation, memory_order_relaxed);
-        job j = t->job;
-        t->active++;
-        pthread_mutex_unlock(&t->lock);
-
-        bool last = run_chunks(t, &j);
-
-        pthread_mutex_lock(&t->lock);
-        if (last) pthread_cond_signal(&t->done_cv);
-        if (--t->active == 0) pthread_cond_broadcast(&t->idle);
-        pthread_mutex_unlock(&t->lock);
+        if (atomic_load(&t->stop)) return NULL;
+        seen = atomic_load(&t->generation);
+        atomic_fetch_add(&t->active, 1); /* announced before cur is read */
+        job *j = atomic_load(&t->cur);
+        if (j) run_chunks(t, j);
+        atomic_fetch_sub(&t->active, 1);
     }
 }
 
@@ -124,14 +133,13 @@ static void *worker_main(void *arg) {
 
 static void stop_workers(sj_threads *t, int started) {
     pthread_mutex_lock(&t->lock);
-    t->stop = true;
+    atomic_store(&t->stop, true);
     pthread_cond_broadcast(&t->wake);
     pthread_mutex_unlock(&t->lock);
     for (int i = 0; i < started; i++) pthread_join(t->workers[i], NULL);
 }
 
 static void free_pool(sj_threads *t) {
-    pthread_cond_destroy(&t->idle);
     pthread_cond_destroy(&t->done_cv);
     pthread_cond_destroy(&t->wake);
     pthread_mutex_destroy(&t->lock);
@@ -160,9 +168,7 @@ sj_threads *sj_threads_create(int n_threads) {
     if (inited == 1 && !pthread_mutex_init(&t->lock, NULL)) inited++;
     if (inited == 2 && !pthread_cond_init(&t->wake, NULL)) inited++;
     if (inited == 3 && !pthread_cond_init(&t->done_cv, NULL)) inited++;
-    if (inited == 4 && !pthread_cond_init(&t->idle, NULL)) inited++;
-    if (inited < 5) {
-        if (inited > 3) pthread_cond_destroy(&t->done_cv);
+    if (inited < 4) {
         if (inited > 2) pthread_cond_destroy(&t->wake);
         if (inited > 1) pthread_mutex_destroy(&t->lock);
         if (inited > 0) pthread_mutex_destroy(&t->busy);
@@ -171,8 +177,13 @@ sj_threads *sj_threads_create(int n_threads) {
         return NULL;
     }
     atomic_init(&t->generation, 0);
-    atomic_init(&t->next, 0);
-    atomic_init(&t->done, 0);
+    atomic_init(&t->cur, NULL);
+    atomic_init(&t->active, 0);
+    atomic_init(&t->sleepers, 0);
+    atomic_init(&t->owner_waits, false);
+    atomic_init(&t->stop, false);
+    atomic_init(&t->job.next, 0);
+    atomic_init(&t->job.done, 0);
 
     /* Workers take no signals: those belong to the embedding program. */
     sigset_t all, old;
@@ -199,6 +210,30 @@ int sj_threads_count(const sj_threads *t) { return t ? t->n : 1; }
 
 /* -- Parallel for -------------------------------------------------------- */
 
+/* Wait for the stragglers of the previous job: workers that announced
+ * themselves and may still read the slot. They hold it only between two
+ * atomic operations and a failed claim, so this is short; yield if one of
+ * them lost its core. */
+static void wait_inactive(sj_threads *t) {
+    for (int i = 0; atomic_load(&t->active) != 0; i++) {
+        if (i < 4096) cpu_relax();
+        else sched_yield();
+    }
+}
+
+/* The owner's wait for the last chunk, run elsewhere. */
+static void wait_done(sj_threads *t, job *j) {
+    for (int i = 0; i < CALLER_SPIN; i++) {
+        if (atomic_load_explicit(&j->done, memory_order_acquire) == j->n_chunks) return;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&t->lock);
+    atomic_store(&t->owner_waits, true);
+    while (atomic_load(&j->done) != j->n_chunks) pthread_cond_wait(&t->done_cv, &t->lock);
+    atomic_store(&t->owner_waits, false);
+    pthread_mutex_unlock(&t->lock);
+}
+
 void sj_threads_parallel_for(sj_threads *t, int64_t n, int64_t min_chunk, sj_range_fn fn, void *ctx) {
     if (n <= 0 || !fn) return;
     if (min_chunk < 1) min_chunk = 1;
@@ -210,32 +245,26 @@ void sj_threads_parallel_for(sj_threads *t, int64_t n, int64_t min_chunk, sj_ran
     }
     int64_t chunk = n / ((int64_t)t->n * 4);
     if (chunk < min_chunk) chunk = min_chunk;
-    job j = {fn, ctx, n, chunk, n / chunk + (n % chunk != 0)};
-    assert(j.n_chunks >= 2);
-
-    pthread_mutex_lock(&t->lock);
-    while (t->active > 0) pthread_cond_wait(&t->idle, &t->lock); /* stragglers of the last job */
-    t->job = j;
-    atomic_store_explicit(&t->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&t->done, 0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&t->generation, 1, memory_order_release);
-    int64_t helpers = j.n_chunks - 1;
-    if (helpers >= t->n_workers) pthread_cond_broadcast(&t->wake);
-    else
-        for (int64_t i = 0; i < helpers; i++) pthread_cond_signal(&t->wake);
-    pthread_mutex_unlock(&t->lock);
-
-    run_chunks(t, &j);
-
-    for (int i = 0; i < CALLER_SPIN; i++) {
-        if (atomic_load_explicit(&t->done, memory_order_acquire) == j.n_chunks) break;
-        cpu_relax();
-    }
-    if (atomic_load_explicit(&t->done, memory_order_acquire) != j.n_chunks) {
+    job *j = &t->job;
+    wait_inactive(t); /* cur is NULL: no new worker reads the slot */
+    j->fn = fn, j->ctx = ctx, j->n = n, j->chunk = chunk, j->n_chunks = n / chunk + (n % chunk != 0);
+    assert(j->n_chunks >= 2);
+    atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&j->done, 0, memory_order_relaxed);
+    atomic_store(&t->cur, j); /* seq_cst: the slot's writes before it */
+    atomic_fetch_add(&t->generation, 1);
+    int sleeping = atomic_load(&t->sleepers);
+    if (sleeping > 0) {
+        int64_t helpers = j->n_chunks - 1;
         pthread_mutex_lock(&t->lock);
-        while (atomic_load_explicit(&t->done, memory_order_acquire) != j.n_chunks)
-            pthread_cond_wait(&t->done_cv, &t->lock);
+        if (helpers >= sleeping) pthread_cond_broadcast(&t->wake);
+        else
+            for (int64_t i = 0; i < helpers; i++) pthread_cond_signal(&t->wake);
         pthread_mutex_unlock(&t->lock);
     }
+
+    run_chunks(t, j);
+    wait_done(t, j);
+    atomic_store(&t->cur, NULL); /* closed: late workers find nothing */
     pthread_mutex_unlock(&t->busy);
 }

@@ -30,6 +30,7 @@ typedef struct cuda_backend {
     sj_backend base; /* first: the table the JIT sees */
     sj_cuda *cuda;
     sj_cache *cache;
+    sj_remote *remote;  /* the second level under cache (NULL: none) */
     sj_modshare *share; /* loaded modules by key */
     char *dump_dir;
     const sj_log_sink *log;
@@ -293,6 +294,12 @@ static int cuda_load_cached(void *self, const sj_compile_req *req, sj_compile_re
     return ok ? 1 : -1;
 }
 
+/* A remote hit (verified by kernels/remote.c): load the CUBIN as it came. */
+static int cuda_load_bytes(void *self, const void *data, size_t len, const sj_compile_req *req,
+                           sj_compile_result *out) {
+    return load(self, data, len, req, out) ? 1 : -1;
+}
+
 static bool cuda_resolve(void *self, sj_module *m, const sj_compile_req *req, sj_compile_result *out) {
     cuda_backend *b = self;
     sj_cuda_bind(b->cuda);
@@ -313,7 +320,7 @@ static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_co
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cuda_load_cached, .compile_fresh = compile_fresh,
                            .share = b->share, .cache = b->cache, .cache_ext = "cubin",
-                           .resolve = cuda_resolve, .drop = cuda_drop};
+                           .remote = b->remote, .load_bytes = cuda_load_bytes, .resolve = cuda_resolve, .drop = cuda_drop};
     return sj_backend_compile(&d, req, out);
 }
 
@@ -351,6 +358,7 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     }
     b->cuda = cfg->cuda;
     b->cache = cfg->cache;
+    b->remote = cfg->remote;
     b->log = cfg->log;
     b->test_delay_ms = cfg->test_delay_ms;
     b->test_fail = cfg->test_fail;

@@ -22,6 +22,7 @@
 typedef struct sj_cuda_backend_config {
     sj_cuda *cuda;          /* borrowed; outlives the backend */
     sj_cache *cache;        /* NULL: no persistent cache */
+    sj_remote *remote;      /* the second level under cache (kernels/remote.h; borrowed); NULL: none */
     const char *dump_dir;   /* NULL: none; else every source as <tag>.cu */
     const char *nvrtc_flags; /* extra NVRTC options (sj_codegen_cuda_options); NULL: none */
     const sj_log_sink *log;   /* where log lines go (SJ_LOG_COMPILE, SJ_LOG_WARN); NULL: none */
