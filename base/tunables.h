@@ -65,7 +65,11 @@
       "copy: as large as f32 weights, twice f16/bf16 ones); weights past it, and all with `0`, go " \
       "through OpenBLAS unpacked")                                                               \
     X(warmup_max_shapes, int, 256, 1, 65536, "SHAPEJIT_WARMUP_MAX_SHAPES",                        \
-      "the most shapes one `sj_fn_warmup` prepares (explicit and bucket edges together)")
+      "the most shapes one `sj_fn_warmup` prepares (explicit and bucket edges together)")          \
+    X(fuse_epilogue, int, 1, 0, 1, "SHAPEJIT_FUSE_EPILOGUE",                                       \
+      "CPU: `1`: the elementwise group that consumes a matrix product's result runs inside the "  \
+      "product, on each block of the result as it is finished; `0`: after it, as a pass of its "  \
+      "own")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

@@ -3,6 +3,9 @@
  *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded,w5cold]
  *             [--lengths file]
  *
+ * epilogue (not in the default set): the feed-forward block with its
+ * products' epilogues inside them against apart (cfg.fuse_epilogue), calls
+ * interleaved in one process (bench_epilogue).
  * loaded (not in the default set): time to fused with 2x as many calling
  * threads as CPUs, cold and warm cache. w5cold (not in the default set;
  * run it alone): w5 (f32 here) from a cold process with the library's
@@ -623,6 +626,96 @@ static void bench_kernels(void) {
     free(x), free(z), free(a), free(y);
 }
 
+
+/* -- Epilogues inside products (issue 29) ------------------------------------------ *
+ * The MiniLM feed-forward block, f32, constant weights (packed once):
+ * y = gelu(x @ W1 + b1) @ W2 + b2 + x, x [M, 384], W1 [384, 1536], W2
+ * [1536, 384]; its plan has two products, each with its bias and an
+ * epilogue group (the GELU; the residual add). Two runtimes in one process,
+ * cfg.fuse_epilogue 1 (the epilogue inside the product) and 0 (a pass of
+ * its own), each function compiled first (static shapes); then calls
+ * alternate between the two, one each, so that load from other processes
+ * falls on both alike. Reports each side's median, the median of the
+ * per-pair ratios (apart / inside: above 1 means inside is faster), and
+ * whether the outputs are bit-identical (they must be). */
+
+static sj_tensor ep_w1, ep_b1, ep_w2, ep_b2;
+
+static sj_status ep_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    sj_val h = sj_gelu(t, sj_add(t, sj_matmul(t, in[0], sj_param(t, &ep_w1)), sj_param(t, &ep_b1)));
+    sj_val y = sj_add(t, sj_matmul(t, h, sj_param(t, &ep_w2)), sj_param(t, &ep_b2));
+    return sj_output(t, sj_add(t, y, in[0]));
+}
+
+static sj_tensor ep_tensor(int rank, int64_t a, int64_t b, float lo, float hi) {
+    sj_tensor x = {.dtype = SJ_F32, .rank = rank, .device = SJ_HOST};
+    x.shape[0] = a;
+    if (rank > 1) x.shape[1] = b;
+    for (int i = rank - 1; i >= 0; i--) x.stride[i] = i == rank - 1 ? 1 : x.stride[i + 1] * x.shape[i + 1];
+    x.data = rand_f32((size_t)(a * (rank > 1 ? b : 1)), lo, hi);
+    return x;
+}
+
+static void bench_epilogue(void) {
+    enum { H = 384, FF = 1536 };
+    ep_w1 = ep_tensor(2, H, FF, -0.05f, 0.05f), ep_b1 = ep_tensor(1, FF, 0, -0.1f, 0.1f);
+    ep_w2 = ep_tensor(2, FF, H, -0.03f, 0.03f), ep_b2 = ep_tensor(1, H, 0, -0.1f, 0.1f);
+    sj_runtime *rts[2];
+    sj_fn *fns[2];
+    for (int k = 0; k < 2; k++) {
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CPU;
+        cfg.compile_mode = SJ_COMPILE_SYNC;
+        cfg.cache_dir = NULL;
+        cfg.fuse_epilogue = 1 - k; /* 0: inside, 1: apart */
+        if (sj_runtime_create(&cfg, &rts[k]) || sj_fn_create(rts[k], "ffn", 1, ep_model, NULL, NULL, &fns[k])) {
+            fprintf(stderr, "%s\n", sj_last_error());
+            exit(1);
+        }
+    }
+    static const int64_t Ms[] = {16, 128, 512};
+    for (int mi = 0; mi < (quick ? 2 : 3); mi++) {
+        int64_t M = Ms[mi];
+        sj_tensor x = ep_tensor(2, M, H, -1, 1), y[2];
+        for (int k = 0; k < 2; k++) y[k] = ep_tensor(2, M, H, 0, 0);
+        call_ctx cc[2] = {{fns[0], &x, &y[0], 1, 1}, {fns[1], &x, &y[1], 1, 1}};
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < 4; i++) time_call_ms(&cc[k]); /* trace, compile, warm */
+        double one = time_call_ms(&cc[0]);
+        int reps = reps_for(one * 1e-3, quick ? 1.0 : 4.0, 20, 2000);
+        double *t[2] = {malloc((size_t)reps * sizeof(double)), malloc((size_t)reps * sizeof(double))};
+        double *ratio = malloc((size_t)reps * sizeof(double));
+        sj_stats st0[2], st1[2];
+        for (int k = 0; k < 2; k++) sj_fn_stats(fns[k], &st0[k]);
+        for (int i = 0; i < reps; i++) {
+            int first = i & 1; /* alternate which side goes first */
+            t[first][i] = time_call_ms(&cc[first]);
+            t[1 - first][i] = time_call_ms(&cc[1 - first]);
+            ratio[i] = t[1][i] / t[0][i];
+        }
+        for (int k = 0; k < 2; k++) sj_fn_stats(fns[k], &st1[k]);
+        bool same = !memcmp(y[0].data, y[1].data, (size_t)(M * H) * sizeof(float));
+        for (int k = 0; k < 2; k++) qsort(t[k], (size_t)reps, sizeof(double), bench_cmp_double);
+        qsort(ratio, (size_t)reps, sizeof(double), bench_cmp_double);
+        printf("{\"workload\": \"epilogue_ffn\", \"backend\": \"cpu\", \"dtype\": \"float32\", \"M\": %lld, "
+               "\"pairs\": %d, \"inside_ms\": %.4f, \"apart_ms\": %.4f, \"apart_over_inside\": %.3f, "
+               "\"ratio_p25\": %.3f, \"ratio_p75\": %.3f, \"fused_calls\": [%llu, %llu], \"bit_identical\": %s}\n",
+               (long long)M, reps, t[0][reps / 2], t[1][reps / 2], ratio[reps / 2], ratio[reps / 4],
+               ratio[3 * reps / 4], (unsigned long long)(st1[0].calls - st1[0].eager_calls - st0[0].calls + st0[0].eager_calls),
+               (unsigned long long)(st1[1].calls - st1[1].eager_calls - st0[1].calls + st0[1].eager_calls), same ? "true" : "false");
+        fflush(stdout);
+        free(t[0]), free(t[1]), free(ratio);
+        free(x.data), free(y[0].data), free(y[1].data);
+    }
+    for (int k = 0; k < 2; k++) {
+        sj_fn_destroy(fns[k]);
+        sj_runtime_destroy(rts[k]);
+    }
+    free(ep_w1.data), free(ep_b1.data), free(ep_w2.data), free(ep_b2.data);
+}
+
 int main(int argc, char **argv) {
     double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
     const char *wl = "ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start";
@@ -634,7 +727,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--child-warm") && i + 1 < argc) return child_warm(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,"
-                            "warm_start,loaded,w5cold] [--lengths file]\n", argv[0]);
+                            "warm_start,loaded,w5cold,epilogue] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -653,7 +746,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", sj_last_error());
         return 1;
     }
-    if (strcmp(wl, "loaded")) bench_ceiling(); /* every bandwidth figure is read against it */
+    if (strcmp(wl, "loaded") && strcmp(wl, "epilogue")) bench_ceiling(); /* every bandwidth figure is read against it */
     if (strstr(wl, "w0")) bench_w0(rt);
     if (strstr(wl, "dispatch")) bench_dispatch();
     for (size_t k = 0; k < sizeof workloads / sizeof workloads[0]; k++)
@@ -661,6 +754,7 @@ int main(int argc, char **argv) {
     if (strstr(wl, "kernels")) bench_kernels();
     if (strstr(wl, "time_to_fused")) bench_time_to_fused();
     if (strstr(wl, "loaded")) bench_loaded();
+    if (strstr(wl, "epilogue")) bench_epilogue();
     if (strstr(wl, "warm_start")) {
         char self[4096];
         ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);

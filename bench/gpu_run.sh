@@ -5,7 +5,9 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|cpuscale|all|asan|warmup|nvrtc] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|cpuscale|all|asan|warmup|nvrtc|gemm] (results under $OUT)
+#             gemm: the generated tensor-core products (test_gemm_cuda, then
+#             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl);
 #             remote: test_remote on the CUDA backend, with the package's redis-server
 #             cpuscale: bench_bert on the host's CPUs at 1 and nproc threads, this build against
 #             bench_bert_pool and bench_bert_base (other commits' builds, SJ_PACK_EXTRA), interleaved,
@@ -39,7 +41,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 echo "cpus: $(nproc); cc: $(cc --version 2>/dev/null | head -1)" | tee -a "$summary"
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
-    for t in ${SJ_TESTS:-test_cuda_dev test_cuda_eager test_codegen_cuda test_cuda_jit}; do
+    for t in ${SJ_TESTS:-test_cuda_dev test_cuda_eager test_codegen_cuda test_cuda_jit test_gemm_cuda}; do
         [ -x "$B/$t" ] || { echo "MISSING $t" | tee -a "$summary"; continue; }
         start=$(date +%s)
         timeout ${SJ_TEST_TIMEOUT:-300} "$B/$t" > "/tmp/$t.log" 2>&1
@@ -50,6 +52,16 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
         [ $rc -ne 0 ] && grep -E "ERROR|FAIL|error|Failure" "/tmp/$t.log" | head -20 | tee -a "$summary"
         cat "/tmp/$t.log" >> "$OUT/tests.log"
     done
+fi
+
+if [ "$what" = gemm ]; then
+    timeout ${SJ_TEST_TIMEOUT:-300} "$B/test_gemm_cuda" > /tmp/test_gemm_cuda.log 2>&1
+    echo "test_gemm_cuda rc=$?: $(grep -E "PASSED|FAILED|skipped|runs," /tmp/test_gemm_cuda.log | tr '\n' ' ')" | tee -a "$summary"
+    grep -E "ERROR|Failure|out .* ref" /tmp/test_gemm_cuda.log | head -20 | tee -a "$summary"
+    timeout 300 "$B/bench_gemm_cuda" > "$OUT/gemm.jsonl" 2> /tmp/bench_gemm.err
+    echo "bench_gemm_cuda rc=$?" | tee -a "$summary"
+    grep best_tile "$OUT/gemm.jsonl" | tee -a "$summary"
+    tail -3 /tmp/bench_gemm.err >> "$summary"
 fi
 
 if [ "$what" = asan ]; then # needs a package made with ASAN=1 bash bench/gpu_pack.sh

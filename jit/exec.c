@@ -122,6 +122,43 @@ static sj_status view(run *r, const sj_node *n, sj_tensor *y) {
 
 /* -- Compute nodes --------------------------------------------------------- */
 
+/* A product's operands brought to y's batch axes (ea, eb), its bias' last
+ * axis alone (bv, when bias), and b's packed copy (NULL: none). */
+static const void *matmul_args(const sj_kernels *k, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
+                               const sj_tensor *bias, const sj_tensor *y, sj_tensor *ea, sj_tensor *eb,
+                               sj_tensor *bv) {
+    const int32_t *in = sj_node_ins(g, n);
+    const sj_tensor *a = &rv[in[0]], *b = &rv[in[1]];
+    int64_t sa[SJ_MAX_RANK], sb[SJ_MAX_RANK];
+    memcpy(sa, y->shape, sizeof sa);
+    memcpy(sb, y->shape, sizeof sb);
+    sa[y->rank - 1] = a->shape[a->rank - 1];
+    sa[y->rank - 2] = a->shape[a->rank - 2];
+    sb[y->rank - 1] = b->shape[b->rank - 1];
+    sb[y->rank - 2] = b->shape[b->rank - 2];
+    *ea = expand(a, y->rank, sa);
+    *eb = expand(b, y->rank, sb);
+    if (bias) {
+        *bv = *bias;
+        bv->rank = 1;
+        bv->shape[0] = bias->shape[bias->rank - 1];
+        bv->stride[0] = bias->stride[bias->rank - 1];
+    }
+    return g->packed && k->matmul_packed ? g->packed[n - g->nodes] : NULL;
+}
+
+sj_status sj_exec_node_epi_on(const sj_kernels *k, void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
+                              const sj_tensor *bias, const sj_tensor *y, const sj_dev_epilogue *epi, bool *fused) {
+    *fused = false;
+    if (n->op != SJ_OP_MATMUL || !k->matmul_epi) return sj_exec_node_on(k, c, g, n, rv, bias, y);
+    sj_tensor ea, eb, bv;
+    const void *packed = matmul_args(k, g, n, rv, bias, y, &ea, &eb, &bv);
+    int done = 0;
+    sj_status st = k->matmul_epi(c, &ea, &eb, packed, bias ? &bv : NULL, y, epi, &done);
+    *fused = done != 0;
+    return st;
+}
+
 sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
                           const sj_tensor *bias, const sj_tensor *y) {
     const int32_t *in = sj_node_ins(g, n);
@@ -162,24 +199,8 @@ sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const
         return k->layer_norm(c, &rv[in[0]], gw, in[2] >= 0 ? &rv[in[2]] : NULL, n->a.f, y);
     }
     case SJ_K_MATMUL: {
-        /* bring both operands to y's batch axes */
-        const sj_tensor *a = &rv[in[0]], *b = &rv[in[1]];
-        int64_t sa[SJ_MAX_RANK], sb[SJ_MAX_RANK];
-        memcpy(sa, y->shape, sizeof sa);
-        memcpy(sb, y->shape, sizeof sb);
-        sa[y->rank - 1] = a->shape[a->rank - 1];
-        sa[y->rank - 2] = a->shape[a->rank - 2];
-        sb[y->rank - 1] = b->shape[b->rank - 1];
-        sb[y->rank - 2] = b->shape[b->rank - 2];
-        sj_tensor ea = expand(a, y->rank, sa), eb = expand(b, y->rank, sb);
-        const void *packed = g->packed && k->matmul_packed ? g->packed[n - g->nodes] : NULL;
-        sj_tensor bv; /* the bias' last axis alone */
-        if (bias) {
-            bv = *bias;
-            bv.rank = 1;
-            bv.shape[0] = bias->shape[bias->rank - 1];
-            bv.stride[0] = bias->stride[bias->rank - 1];
-        }
+        sj_tensor ea, eb, bv;
+        const void *packed = matmul_args(k, g, n, rv, bias, y, &ea, &eb, &bv);
         if (packed) return k->matmul_packed(c, &ea, &eb, packed, bias ? &bv : NULL, y);
         return k->matmul(c, &ea, &eb, bias ? &bv : NULL, y);
     }

@@ -82,6 +82,12 @@ void sj_exec_release_outputs(const sj_exec *x, const unsigned char *allocated);
  * before its last, added along y's last axis. */
 sj_status sj_exec_node_on(const sj_kernels *k, void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
                           const sj_tensor *bias, const sj_tensor *y);
+/* The same for a product that has an epilogue group (sj_group.epilogue):
+ * with k's matmul_epi the group runs inside the product (*fused true);
+ * otherwise, or for any other node, as sj_exec_node_on (*fused false: the
+ * caller runs the group). */
+sj_status sj_exec_node_epi_on(const sj_kernels *k, void *c, const sj_graph *g, const sj_node *n, const sj_tensor *rv,
+                              const sj_tensor *bias, const sj_tensor *y, const sj_dev_epilogue *epi, bool *fused);
 /* The CPU's: sj_exec_node_on(&sj_cpu_exec_ops.k, NULL, ...). */
 sj_status sj_exec_node(const sj_graph *g, const sj_node *n, const sj_tensor *rv, const sj_tensor *bias,
                        const sj_tensor *y);

@@ -5,8 +5,10 @@
  * store gets its base pointer; generated groups run over their work items
  * split across the thread pool; NODE groups run their eager kernel on
  * descriptors built from the plan's layouts (a product with its bias add
- * passes the bias to the product's kernel); outputs the plan could not
- * write in place are copied last.
+ * passes the bias to the product's kernel; a product with an epilogue
+ * group runs it inside the product where the device and the product
+ * allow, the device's matmul_epi kernel, and the group is then skipped); outputs the
+ * plan could not write in place are copied last.
  *
  * Block layout: [expression values][store bases][descriptors][arena].
  */
@@ -14,6 +16,7 @@
 
 #include "base/error.h"
 #include "jit/exec.h"
+#include "jit/runtime.h"
 #include "base/tensor.h"
 #include "specialize/codegen.h"
 #include "specialize/fusion.h"
@@ -53,15 +56,23 @@ static void layout_desc(const sj_graph *g, const sj_fplan *p, const int64_t *exv
     for (int i = 0; i < val->rank; i++) t->stride[i] = exv[l->stride[i]];
 }
 
-static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *bases,
-                               void *const *fn) {
-    void *ptrs[2 * SJ_MAX_INPUTS + 64];
+#define MAX_PTRS (2 * SJ_MAX_INPUTS + 64)
+
+/* A generated group's base pointers: loads, then stores. */
+static sj_status group_ptrs(const sj_group *gr, void *const *bases, void **ptrs) {
     int n = 0;
-    if (gr->n_loads + gr->n_stores > (int)(sizeof ptrs / sizeof ptrs[0]))
+    if (gr->n_loads + gr->n_stores > MAX_PTRS)
         return sj_seterr(SJ_EINTERNAL, "exec: group %s has %d accesses", gr->name, gr->n_loads + gr->n_stores);
     for (int i = 0; i < gr->n_loads; i++) ptrs[n++] = bases[gr->loads[i].store];
     for (int i = 0; i < gr->n_stores; i++) ptrs[n++] = bases[gr->stores[i].store];
-    return x->ops->launch(x->ops_ctx, gr, fn, ptrs, x->sym_vals, exv);
+    return SJ_OK;
+}
+
+static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *bases,
+                               void *const *fn) {
+    void *ptrs[MAX_PTRS];
+    sj_status st = group_ptrs(gr, bases, ptrs);
+    return st ? st : x->ops->launch(x->ops_ctx, gr, fn, ptrs, x->sym_vals, exv);
 }
 
 sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
@@ -101,6 +112,8 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         arena_base = dev_arena;
     }
 
+    /* products run their epilogue groups inside them (cfg.fuse_epilogue) */
+    bool epi_ok = ops->k.matmul_epi && (!x->rt || x->rt->cfg.fuse_epilogue);
     unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
     sj_status st = sj_exec_check_outputs(x, exv);
     if (!st) st = sj_exec_alloc_outputs(x, exv, allocated);
@@ -133,7 +146,21 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         if (gr->bias >= 0) layout_desc(g, p, exv, bases, gr->bias, ops->device, &rv[gr->bias]);
         sj_tensor y;
         layout_desc(g, p, exv, bases, sj_group_out(g, gr), ops->device, &y);
-        st = sj_exec_node_on(&ops->k, x->ops_ctx, g, n, rv, gr->bias >= 0 ? &rv[gr->bias] : NULL, &y);
+        const sj_tensor *bias = gr->bias >= 0 ? &rv[gr->bias] : NULL;
+        void *const *efn = gr->epilogue >= 0 ? fns + (size_t)gr->epilogue * SJ_CG_VARIANTS_MAX : NULL;
+        if (epi_ok && efn && efn[0]) {
+            const sj_group *eg = &p->groups[gr->epilogue];
+            void *ptrs[MAX_PTRS];
+            bool fused = false;
+            st = group_ptrs(eg, bases, ptrs);
+            sj_dev_epilogue epi = {(void (*)(void *const *, const int64_t *, int64_t, int64_t))efn[0], ptrs,
+                                   x->sym_vals};
+            if (!st) st = sj_exec_node_epi_on(&ops->k, x->ops_ctx, g, n, rv, bias, &y, &epi, &fused);
+            if (st) sj_exec_node_error(x, n, st);
+            else if (fused) gi++; /* the epilogue is group gi + 1, done */
+            continue;
+        }
+        st = sj_exec_node_on(&ops->k, x->ops_ctx, g, n, rv, bias, &y);
         if (st) sj_exec_node_error(x, n, st);
     }
 

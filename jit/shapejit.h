@@ -243,6 +243,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS=n  -> remote_cache_timeout_ms
  *   SHAPEJIT_PREPACK_MAX_BYTES=n        -> prepack_max_bytes
  *   SHAPEJIT_WARMUP_MAX_SHAPES=n        -> warmup_max_shapes
+ *   SHAPEJIT_FUSE_EPILOGUE=0|1          -> fuse_epilogue
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -435,6 +436,13 @@ typedef struct sj_runtime_config {
      * together); more is SJ_EINVAL. 1 .. 65536; default 256.
      * $SHAPEJIT_WARMUP_MAX_SHAPES. */
     int warmup_max_shapes;
+    /* CPU backend: 1 (default): in a fused plan, the elementwise group that
+     * consumes a matrix product's result (bias, GELU, residual add, cast)
+     * runs inside the product, over each block of the result as soon as
+     * it is finished (still in cache), instead of a second pass over the
+     * whole result; 0: after it. Results are the same either way.
+     * $SHAPEJIT_FUSE_EPILOGUE. */
+    int fuse_epilogue;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */

@@ -37,6 +37,18 @@ struct sj_fplan;
 
 /* -- Eager kernels ------------------------------------------------------------ */
 
+/* An elementwise group a matrix product runs over its own result as its
+ * epilogue (specialize/fusion.h's sj_group.epilogue): fn the generated
+ * group's function (specialize/codegen.h's signature) over work items
+ * [begin, end), item i * N + j being element (i, j) of the product's
+ * contiguous M x N result; p its base pointers (loads, then stores); s the
+ * symbol values. */
+typedef struct sj_dev_epilogue {
+    void (*fn)(void *const *p, const int64_t *s, int64_t begin, int64_t end);
+    void *const *p;
+    const int64_t *s;
+} sj_dev_epilogue;
+
 /* A device's eager kernels, one per op kind, with the contract of
  * kernels/cpu/eager.h (c: the call's context). */
 typedef struct sj_kernels {
@@ -68,6 +80,14 @@ typedef struct sj_kernels {
      * kernel: SJ_EINDEX, or on a device its error flag), y [T, H, Dv] */
     sj_status (*attention_varlen)(void *c, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                                   const sj_tensor *offsets, double scale, int causal, const sj_tensor *y);
+    /* Optional (NULL: a product's epilogue group runs after it): matmul
+     * (with b's packed copy when packed is not NULL) running epi inside
+     * the product, over blocks of its result as they are finished, every
+     * item exactly once. *fused 0: the product ran without it (it could
+     * not take it: separate batches, a result through scratch), and the
+     * caller runs the group. */
+    sj_status (*matmul_epi)(void *c, const sj_tensor *a, const sj_tensor *b, const void *packed,
+                            const sj_tensor *bias, const sj_tensor *y, const sj_dev_epilogue *epi, int *fused);
 } sj_kernels;
 
 /* -- A call's context ------------------------------------------------------------ */

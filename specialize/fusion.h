@@ -17,6 +17,17 @@
  *              the add of a bias along its last axis that the graph marks
  *              as the product's (sj_node.fold): the product's kernel adds
  *              the bias as it writes (`bias`).
+ * Epilogues
+ *   A POINTWISE group that comes right after a float matrix product's
+ *   NODE group, reads the product's result in place (contiguous, no view
+ *   of it) and iterates over exactly the result's shape is the product's
+ *   epilogue: element e of its iteration space reads element e of the
+ *   product, so a product kernel may run the group over the elements of
+ *   each block of result rows (and columns) it has finished, while they
+ *   are in cache, instead of a second pass over the whole result (the
+ *   executor's choice: the device's matmul_epi kernel). Its stores' lifetimes start
+ *   at the product, so the arena never places them over anything the
+ *   product still reads.
  * View nodes (reshape, permute, slice) fold into layouts and belong to no
  * group. A reshape whose operand's layout cannot be viewed in the new shape
  * becomes a POINTWISE group copying the operand into a contiguous buffer.
@@ -93,6 +104,12 @@ typedef struct sj_group {
                              value): the bias, with a size-1 axis or none
                              before its last; else -1. The group's result is
                              the add's. */
+    int32_t epilogue;     /* NODE (a float matrix product): the plan index of
+                             the POINTWISE group that may run inside the
+                             product as its epilogue (see "Epilogues"); else
+                             -1 */
+    int32_t epilogue_of;  /* POINTWISE: the NODE group it is the epilogue
+                             of; else -1 */
     /* Iteration space (generated groups), collapsed. ROW: the last axis is
      * the row (length = the row op's input last size). */
     int rank;

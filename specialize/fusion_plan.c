@@ -15,6 +15,9 @@
  *         symbolic max of what it holds, and offsets are prefix sums, so
  *         buffers whose lifetimes overlap are disjoint for every value of
  *         the symbols.
+ * Epilogue a POINTWISE group right after a float product's NODE group that
+ *         reads the product's result contiguously over exactly its shape
+ *         (fusion.h); its stores then live from the product on.
  * Access  every load and store of a generated group over its iteration
  *         space: shapes right-aligned (a reduction without keepdim
  *         addresses its epilogue over the reduced shape, with stride 0 on
@@ -73,6 +76,7 @@ typedef struct plan_ctx {
     bool *need;       /* per value: computed and stored */
     int *last;        /* per value: plan index of its last reader */
     int *first_out;   /* per value: first output position, or -1 */
+    int *epi_of;      /* per plan group: the product it is the epilogue of, or -1 */
 } plan_ctx;
 
 static bool computed(const sj_fuse_st *b, int32_t v) { return b->root[v] == v && b->vgroup[v] >= 0; }
@@ -161,6 +165,56 @@ static void make_stores(plan_ctx *c) {
         if (b->root[v] != v) p->layouts[v].store = p->layouts[b->root[v]].store;
 }
 
+/* -- Epilogues ------------------------------------------------------------------- */
+
+static bool same_shape(const sj_value *v, const sj_fuse_grp *gr) {
+    if (v->rank != gr->rank) return false;
+    for (int a = 0; a < v->rank; a++)
+        if (v->shape[a] != gr->shape[a]) return false;
+    return true;
+}
+
+/* Is value v's layout contiguous over its own shape, from element 0? */
+static bool contiguous_at0(sj_fuse_st *b, const sj_layout *l, const sj_value *v) {
+    int64_t off;
+    if (!sj_ex_is_const(b->ex, l->offset, &off) || off != 0) return false;
+    sj_expr st[SJ_MAX_RANK];
+    sj_fuse_contig(b, v->rank, v->shape, st);
+    for (int a = 0; a < v->rank; a++)
+        if (st[a] != l->stride[a] && !sj_fuse_is_one(b, v->shape[a])) return false;
+    return true;
+}
+
+/* Plan group k+1 as the epilogue of product k where fusion.h allows. */
+static void find_epilogues(plan_ctx *c) {
+    sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
+    for (int k = 0; k < c->p->n_groups; k++) c->epi_of[k] = -1;
+    for (int k = 0; k + 1 < c->p->n_groups; k++) {
+        const sj_fuse_grp *pg = &b->gr[c->ord[k]], *eg = &b->gr[c->ord[k + 1]];
+        if (pg->kind != SJ_G_NODE || eg->kind != SJ_G_POINTWISE || c->epi_of[k] >= 0) continue;
+        const sj_node *mm = &g->nodes[pg->nodes[0]]; /* sorted: the product first */
+        int32_t v = g->nodes[pg->nodes[pg->n_nodes - 1]].out;
+        const sj_value *val = &g->vals[v];
+        if (mm->op != SJ_OP_MATMUL || val->dtype != SJ_F32 || b->root[v] != v || !same_shape(val, eg) ||
+            c->p->layouts[v].store < 0 || !contiguous_at0(b, &c->p->layouts[v], val))
+            continue;
+        /* it reads v itself, and nothing else of v's memory (a view of v
+         * would read elements not finished yet) */
+        bool reads = false, other = false;
+        for (int j = 0; j < eg->n_nodes && !other; j++) {
+            const sj_node *n = &g->nodes[eg->nodes[j]];
+            const int32_t *in = sj_node_ins(g, n);
+            for (int a = 0; a < n->n_in; a++) {
+                if (in[a] < 0 || b->root[in[a]] != v) continue;
+                if (in[a] == v) reads = true;
+                else other = true;
+            }
+        }
+        if (reads && !other) c->epi_of[k + 1] = k;
+    }
+}
+
 /* -- Arena ------------------------------------------------------------------------ */
 
 static void plan_arena(plan_ctx *c) {
@@ -178,6 +232,7 @@ static void plan_arena(plan_ctx *c) {
         int s = p->layouts[v].store;
         if (s < 0 || b->root[v] != v || p->stores[s].kind != SJ_ST_ARENA) continue;
         start[s] = c->pos[b->vgroup[v]];
+        if (c->epi_of[start[s]] >= 0) start[s] = c->epi_of[start[s]]; /* written inside the product */
         end[s] = c->last[v] > start[s] ? c->last[v] : start[s];
     }
     p->naive_bytes = sj_fuse_const(b, 0);
@@ -362,6 +417,9 @@ static int fill_groups(plan_ctx *c) {
         memcpy(G->shape, gr->shape, sizeof G->shape);
         G->numel = G->rows = SJ_EX_NONE;
         G->bias = -1;
+        G->epilogue = -1;
+        G->epilogue_of = c->epi_of[k];
+        if (k + 1 < p->n_groups && c->epi_of[k + 1] == k) G->epilogue = k + 1;
         if (G->kind == SJ_G_NODE) {
             const sj_node *n = &g->nodes[G->nodes[0]]; /* nodes sorted: a product before its bias add */
             if (n->fold >= 0) G->bias = sj_fold_bias(g, n);
@@ -389,7 +447,8 @@ sj_fplan *sj_fuse_finish(sj_fuse_st *b) {
     c.need = sj_calloc(nv, sizeof *c.need);
     c.last = sj_malloc((nv + (size_t)g->n_inputs) * sizeof *c.last);
     c.first_out = sj_malloc(nv * sizeof *c.first_out);
-    if (!p || !c.ord || !c.pos || !c.need || !c.last || !c.first_out) goto fail;
+    c.epi_of = sj_malloc(((size_t)b->n_gr + 1) * sizeof *c.epi_of);
+    if (!p || !c.ord || !c.pos || !c.need || !c.last || !c.first_out || !c.epi_of) goto fail;
     for (size_t v = 0; v < nv; v++) c.last[v] = c.first_out[v] = -1;
     p->n_groups = order_groups(b, c.ord, c.pos);
     p->groups = sj_calloc((size_t)p->n_groups + 1, sizeof *p->groups);
@@ -399,12 +458,13 @@ sj_fplan *sj_fuse_finish(sj_fuse_st *b) {
     if (!p->groups || !p->layouts || !p->output_copy || !p->stores) goto fail;
     mark_reads(&c);
     make_stores(&c);
+    find_epilogues(&c);
     plan_arena(&c);
     if (b->oom || fill_groups(&c) || b->oom) goto fail;
-    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out);
+    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out), free(c.epi_of);
     return p;
 fail:
-    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out);
+    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out), free(c.epi_of);
     sj_fplan_free(p);
     return NULL;
 }
@@ -449,6 +509,7 @@ void sj_fplan_print(const sj_graph *g, const sj_fplan *p, const int64_t *sym_val
         }
         fprintf(out, "]:");
         for (int j = 0; j < G->n_nodes; j++) fprintf(out, " %s", sj_op_name(g->nodes[G->nodes[j]].op));
+        if (G->epilogue >= 0) fprintf(out, "; epilogue %s", p->groups[G->epilogue].name);
         if (G->kind != SJ_G_NODE) {
             fprintf(out, "; loads");
             for (int i = 0; i < G->n_loads; i++) {

@@ -28,6 +28,8 @@
 #include "kernels/cpu/threads.h"
 #include "jit/trace.h"
 #include "kernels/cpu/backend_cpu.h"
+#include "kernels/cpu/eager.h"
+#include "kernels/cpu/prepack.h"
 #include "specialize/codegen.h"
 #include "specialize/fusion.h"
 #include "tests/util_encoder.h"
@@ -341,6 +343,235 @@ static void test_cycle(void **state) {
 static void test_encoder(void **state) {
     enc_init(EH, ENH, EFF);
     run_both(&P_ENCODER, SJ_F32);
+}
+
+
+/* -- Epilogues inside products ------------------------------------------------------ *
+ * A product's elementwise consumer runs inside the CPU product, per block
+ * of finished rows and panels (sj_group.epilogue, the device's matmul_epi kernel):
+ * through packed weights (sj_exec_prepack, as a traced entry does) and
+ * through sgemm (b an input), inline and on four threads, static and
+ * symbolic M; against eager, against the same plan with the epilogue run
+ * as its own pass (bit for bit), and against float64. K and N stay
+ * constant (EK, EN: 13 panels, the last half full, so a thread's panels
+ * come in several chunks); M up to 333 makes two blocks of rows. */
+
+enum { EK = 256, EN = 200 };
+
+/* relu(a @ W + c): W a parameter [EK, EN], c [M, EN] an input */
+static sj_status m_epi_relu(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val m = sj_matmul(t, in[0], sj_param(t, &tu_params[3]));
+    return sj_output(t, sj_relu(t, sj_add(t, m, in[1])));
+}
+static void mk_epi_relu(const int64_t *d, sj_dtype dt, sj_tensor *in) {
+    in[0] = rnd(dt, 2, S(d[0], EK));
+    in[1] = rnd(dt, 2, S(d[0], EN));
+}
+static void ref_epi_relu(const sj_tensor *in, double *out);
+
+/* relu(a @ b + c) with b an input (sgemm), and the same cast to f16 */
+static sj_status m_epi_relu_act(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val y = sj_relu(t, sj_add(t, sj_matmul(t, in[0], in[2]), in[1]));
+    sj_output(t, y);
+    return sj_output(t, sj_cast(t, y, SJ_F16));
+}
+static void mk_epi_relu_act(const int64_t *d, sj_dtype dt, sj_tensor *in) {
+    mk_epi_relu(d, dt, in);
+    in[2] = tu_params[3];
+}
+
+/* gelu(x @ W + b) + r over a batch of 2: x [2, M, EK], r [2, M, EN]; the
+ * bias add is the product's own (sj_group.bias), the rest its epilogue */
+static sj_status m_epi_gelu(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val h = sj_add(t, sj_matmul(t, in[0], sj_param(t, &tu_params[3])), sj_param(t, &tu_params[4]));
+    return sj_output(t, sj_add(t, sj_gelu(t, h), in[1]));
+}
+static void mk_epi_gelu(const int64_t *d, sj_dtype dt, sj_tensor *in) {
+    in[0] = rnd(dt, 3, S(2, d[0], EK));
+    in[1] = rnd(dt, 3, S(2, d[0], EN));
+}
+static void ref_epi_gelu(const sj_tensor *in, double *out);
+
+/* h = exp(a / 4) in the arena, read by the product only; t = relu(h @ b +
+ * c) in the arena too, then t @ W2: t must not take h's bytes, which the
+ * product still reads while its epilogue writes t (b an input: sgemm
+ * reads h in place, part by part) */
+static sj_status m_epi_arena(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val h = sj_exp(t, sj_mul(t, in[0], sj_scalar(t, 0.25)));
+    sj_val r = sj_relu(t, sj_add(t, sj_matmul(t, h, in[2]), in[1]));
+    return sj_output(t, sj_matmul(t, r, sj_param(t, &tu_params[5])));
+}
+static void ref_epi_arena(const sj_tensor *in, double *out) {
+    int64_t M = in[0].shape[0];
+    double *h = calloc((size_t)(M * EK), sizeof *h), *r = calloc((size_t)(M * EN), sizeof *r);
+    assert_true(h && r);
+    for (int64_t i = 0; i < M * EK; i++) h[i] = exp(tu_get(&in[0], i) * 0.25);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < EN; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < EK; k++) acc += h[i * EK + k] * tu_get(&in[2], k * EN + j);
+            r[i * EN + j] = fmax(acc + tu_get(&in[1], i * EN + j), 0.0);
+        }
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < EN; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < EN; k++) acc += r[i * EN + k] * tu_get(&tu_params[5], k * EN + j);
+            out[i * EN + j] = acc;
+        }
+    free(h);
+    free(r);
+}
+
+/* y = a @ W (square) read with its transpose: no epilogue */
+static sj_status m_epi_view(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val y = sj_matmul(t, in[0], sj_param(t, &tu_params[5]));
+    return sj_output(t, sj_add(t, y, sj_transpose(t, y, 0, 1)));
+}
+static void mk_epi_view(const int64_t *d, sj_dtype dt, sj_tensor *in) { in[0] = rnd(dt, 2, S(EN, EN)); }
+
+static const tu_pattern P_EPI_RELU = {"epi relu", m_epi_relu, 2, mk_epi_relu, 1, {2}, {333}, true, ref_epi_relu, {EK, EN}};
+static const tu_pattern P_EPI_ACT = {"epi relu act", m_epi_relu_act, 3, mk_epi_relu_act, 1, {2}, {333}, true, ref_epi_relu, {EK, EN}};
+static const tu_pattern P_EPI_GELU = {"epi gelu", m_epi_gelu, 2, mk_epi_gelu, 1, {3}, {170}, true, ref_epi_gelu, {EK, EN}};
+static const tu_pattern P_EPI_ARENA = {"epi arena", m_epi_arena, 3, mk_epi_relu_act, 1, {2}, {333}, true, ref_epi_arena, {EK, EN}};
+static const tu_pattern P_EPI_VIEW = {"epi view", m_epi_view, 1, mk_epi_view, 1, {EN}, {EN}, false, NULL, {EN}};
+
+/* a @ W over the rows of a (any leading axes), W tu_params[3], in double */
+static void ref_rows(const sj_tensor *a, double *out) {
+    const sj_tensor *w = &tu_params[3];
+    int64_t rows = tu_numel(a) / EK;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < EN; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < EK; k++) acc += tu_get(a, i * EK + k) * tu_get(w, k * EN + j);
+            out[i * EN + j] = acc;
+        }
+}
+static void ref_epi_relu(const sj_tensor *in, double *out) {
+    ref_rows(&in[0], out);
+    for (int64_t i = 0; i < tu_numel(&in[1]); i++) out[i] = fmax(out[i] + tu_get(&in[1], i), 0.0);
+}
+static void ref_epi_gelu(const sj_tensor *in, double *out) {
+    ref_rows(&in[0], out);
+    for (int64_t i = 0; i < tu_numel(&in[1]); i++)
+        out[i] = tu_ref_unary1(SJ_OP_GELU, out[i] + tu_get(&tu_params[4], i % EN)) + tu_get(&in[1], i);
+}
+
+static int n_epilogues(const sj_fplan *p) {
+    int n = 0;
+    for (int i = 0; i < p->n_groups; i++) {
+        const sj_group *G = &p->groups[i];
+        if (G->epilogue < 0) continue;
+        n++;
+        assert_int_equal(G->kind, SJ_G_NODE);
+        assert_int_equal(G->epilogue, i + 1);
+        assert_int_equal(p->groups[i + 1].kind, SJ_G_POINTWISE);
+        assert_int_equal(p->groups[i + 1].epilogue_of, i);
+    }
+    return n;
+}
+
+/* Run the plan at ins (eager; fused with the epilogue inside the product
+ * and as its own pass, inline and threaded) and compare. */
+static void epi_compare(const sj_graph *g, const sj_fplan *p, void *const *fns, const sj_tensor *ins,
+                        const int64_t *sv, tu_ref_fn ref, const char *what) {
+    sj_tensor eo[16], et[16], fo[16], so[16];
+    sj_exec x;
+    tu_pattern_eager(rt, &arena_pool, g, ins, sv, what, &x, eo, fo);
+    for (int i = 0; i < g->n_outputs; i++) {
+        so[i] = tu_tensor(eo[i].dtype, eo[i].rank, eo[i].shape);
+        et[i] = tu_tensor(eo[i].dtype, eo[i].rank, eo[i].shape);
+    }
+    /* eager on the threads too: a product split over them may round
+     * differently (sgemm's blocks), and the epilogue's cancellations show it */
+    x.outputs = et;
+    x.ops_ctx = pool4;
+    assert_int_equal(sj_exec_eager(&x), SJ_OK);
+    for (int pass = 0; pass < 4; pass++) {
+        bool inside = !(pass & 1); /* inside, then apart, inline then threaded */
+        sj_tensor *o = inside ? fo : so;
+        rt->cfg.fuse_epilogue = inside;
+        for (int i = 0; i < g->n_outputs; i++) tu_poison(&o[i]);
+        x.outputs = o;
+        x.ops_ctx = pass >= 2 ? pool4 : NULL;
+        uint64_t before = sj_cpu_fused_epilogues();
+        sj_status st = sj_exec_fused(&x, p, fns);
+        if (st) fprintf(stderr, "%s: fused: %s\n", what, sj_last_error());
+        assert_int_equal(st, SJ_OK);
+        /* every product with an epilogue took it inside, or none did */
+        assert_int_equal(sj_cpu_fused_epilogues() - before, inside ? (uint64_t)n_epilogues(p) : 0);
+        for (int i = 0; i < g->n_outputs; i++) {
+            const char *lb = tu_label("%s out%d%s%s", what, i, pass >= 2 ? " threads" : "", inside ? "" : " apart");
+            if (!tu_check_like_eager(&o[i], pass >= 2 ? &et[i] : &eo[i], lb)) fail_msg("%s", lb);
+            if (!inside) /* the same arithmetic on the same values as inside, same threads */
+                assert_memory_equal(so[i].data, fo[i].data, (size_t)tu_numel(&fo[i]) * sj_dtype_size(fo[i].dtype));
+        }
+    }
+    rt->cfg.fuse_epilogue = 1;
+    if (ref) {
+        double *r = tu_refbuf(1, tu_numel(&fo[0]));
+        ref(ins, r);
+        if (!tu_check(&fo[0], r, 1e-4, tu_label("%s ref", what))) fail_msg("%s: differs from float64", what);
+    }
+}
+
+/* Trace pt at M = d0 (static or symbolic), pack its weights or not, fuse,
+ * compile; run at d0 and, symbolic, at other M. */
+static void run_epi(const tu_pattern *pt, bool symbolic, bool pack, int64_t d0, int want) {
+    sj_tensor tin[8];
+    pt->make(&d0, SJ_F32, tin);
+    tu_pol pl = {.sym = symbolic, .fixed = pt->fixed};
+    sj_graph *g;
+    int64_t sv[64] = {0};
+    sj_fplan *p = tu_pattern_plan(pt, tin, &pl, &g, sv);
+    sj_cpu_pack_cache *cache = NULL;
+    if (pack) {
+        cache = sj_cpu_pack_cache_create(UINT64_C(1) << 26);
+        assert_true(sj_exec_prepack(g, cache) > 0);
+    }
+    assert_int_equal(n_epilogues(p), want);
+    char what[128];
+    snprintf(what, sizeof what, "%s M=%lld %s%s", pt->name, (long long)d0, symbolic ? "sym" : "static",
+             pack ? " packed" : "");
+    int form = symbolic ? 1 : 0;
+    build_c(g, p, symbolic ? NULL : sv, form, what);
+    epi_compare(g, p, units[form].fns, tin, sv, pt->ref, what);
+    for (int r = 0; symbolic && r < 3; r++) {
+        int64_t e = r == 0 ? 333 : tu_randint(2, 333), sv2[64] = {0};
+        sj_tensor in2[8];
+        pt->make(&e, SJ_F32, in2);
+        if (!tu_same_signature(&pl, tin, in2, pt->n_in)) continue;
+        for (int s = 0; s < pl.n; s++) sv2[s] = in2[pl.in[s]].shape[pl.ax[s]];
+        snprintf(what, sizeof what, "%s M=%lld sym at %lld%s", pt->name, (long long)d0, (long long)e,
+                 pack ? " packed" : "");
+        epi_compare(g, p, units[form].fns, in2, sv2, pt->ref, what);
+    }
+    unit_free(&units[form]);
+    sj_fplan_free(p);
+    sj_graph_destroy(g);
+    sj_cpu_pack_cache_destroy(cache);
+}
+
+static void test_epilogue(void **state) {
+    tu_params[3] = small_param(SJ_F32, 2, S(EK, EN), 0.1);
+    tu_params[4] = small_param(SJ_F32, 1, S(EN), 1);
+    static const int64_t ms[] = {1, 7, 64, 333};
+    for (int i = 0; i < 4; i++) {
+        for (int pack = 0; pack < 2; pack++) {
+            run_epi(&P_EPI_RELU, false, pack, ms[i], 1);
+            run_epi(&P_EPI_GELU, false, pack, ms[i], 1);
+        }
+        run_epi(&P_EPI_ACT, false, false, ms[i], 1);
+    }
+    for (int pack = 0; pack < 2; pack++) {
+        run_epi(&P_EPI_RELU, true, pack, tu_randint(2, 333), 1);
+        run_epi(&P_EPI_GELU, true, pack, tu_randint(3, 170), 1);
+    }
+    run_epi(&P_EPI_ACT, true, false, tu_randint(2, 333), 1);
+    tu_params[5] = small_param(SJ_F32, 2, S(EN, EN), 0.1);
+    run_epi(&P_EPI_ARENA, false, false, 333, 1);
+    run_epi(&P_EPI_ARENA, true, false, tu_randint(2, 333), 1);
+    /* an epilogue reading a view of the product is none */
+    run_epi(&P_EPI_VIEW, false, true, EN, 0);
 }
 
 /* -- Plan-level tests ----------------------------------------------------------- */
@@ -694,8 +925,10 @@ int main(void) {
         T(test_codegen_text),
         T(test_w1), T(test_w2), T(test_w3), T(test_matmul_gelu), T(test_matmul_bias), T(test_views), T(test_softmax_axis0),
         T(test_reduce), T(test_rows), T(test_casts_where), T(test_ints), T(test_half), T(test_shared_value),
-        T(test_outputs), T(test_empty), T(test_cycle), T(test_encoder),
+        T(test_outputs), T(test_empty), T(test_cycle), T(test_encoder), T(test_epilogue),
         cmocka_unit_test_setup_teardown(test_streamed, stream_all, stream_default),
     };
+    const char *only = getenv("SJ_TEST_FILTER");
+    if (only) cmocka_set_test_filter(only); /* e.g. "test_epilogue" */
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/eager.h"
+#include "kernels/cpu/prepack.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/device.h"
 #include "specialize/fusion.h"
@@ -61,6 +62,14 @@ static sj_status k_attention_varlen(void *c, const sj_tensor *q, const sj_tensor
 
 
 
+/* A product with its epilogue inside (the packed kernel per block of rows
+ * and panels, or each part of a split sgemm). */
+static sj_status k_matmul_epi(void *c, const sj_tensor *a, const sj_tensor *b, const void *packed,
+                              const sj_tensor *bias, const sj_tensor *y, const sj_dev_epilogue *epi, int *fused) {
+    sj_cpu_epilogue ce = {epi->fn, epi->p, epi->s};
+    return sj_cpu_matmul_epi(a, b, packed, bias, y, c, &ce, fused);
+}
+
 /* Work items per chunk handed to one thread: about this many elements. */
 #define CHUNK_ELEMS 32768
 
@@ -103,7 +112,7 @@ const sj_backend sj_cpu_exec_ops = {
     .device = SJ_HOST,
     .call_begin = exec_call_begin,
     .k = {k_unary, k_binary, k_where, k_copy, k_reduce, k_softmax, k_layer_norm, k_rms_norm, k_matmul, k_attention,
-          k_concat, k_gather, k_arange, k_matmul_packed, k_attention_varlen},
+          k_concat, k_gather, k_arange, k_matmul_packed, k_attention_varlen, k_matmul_epi},
     .launch = cpu_launch,
 };
 

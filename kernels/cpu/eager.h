@@ -74,6 +74,17 @@ sj_status sj_cpu_matmul_bias(const sj_tensor *a, const sj_tensor *b, const sj_te
 struct sj_cpu_packed;
 sj_status sj_cpu_matmul_packed(const sj_tensor *a, const sj_tensor *b, const struct sj_cpu_packed *pb,
                                const sj_tensor *bias, const sj_tensor *y, struct sj_threads *pool);
+/* The same with an epilogue (kernels/cpu/prepack.h's sj_cpu_epilogue; NULL:
+ * none) over y's elements in row-major order, run inside the product where
+ * it can be: an f32 y that is one contiguous matrix once its batch axes
+ * collapse (one product). *fused (may be NULL) says whether it ran; when
+ * not, the product ran alone and the caller runs the epilogue itself. */
+struct sj_cpu_epilogue;
+sj_status sj_cpu_matmul_epi(const sj_tensor *a, const sj_tensor *b, const struct sj_cpu_packed *pb,
+                            const sj_tensor *bias, const sj_tensor *y, struct sj_threads *pool,
+                            const struct sj_cpu_epilogue *epi, int *fused);
+/* Products that ran an epilogue inside them so far in this process (tests). */
+uint64_t sj_cpu_fused_epilogues(void);
 
 /* Attention, see sj_attention() in shapejit.h. q [B,H,Sq,D], k [B,H,Sk,D],
  * v [B,H,Sk,Dv], lengths NULL or i32/i64 [B], y [B,H,Sq,Dv]. Lengths are

@@ -13,6 +13,13 @@
  * panels instead of through sgemm: a in place when it is f32 row-major
  * (else converted into scratch), the bias added as the tiles are stored.
  *
+ * An epilogue (sj_cpu_matmul_epi: a generated elementwise group over the
+ * product's result) runs inside an f32 product written in place as one
+ * contiguous M x N matrix: over packed b, per block of rows and panels
+ * (prepack.c); through sgemm, per part of a split product right after
+ * its sgemm. Any other product (batches of their own, f16/bf16 results
+ * through scratch) runs without it, and says so.
+ *
  * Integers are exact: int64 products and sums, wrapping, narrowed on store.
  *
  * A bias (a product with its bias add) is added by each part of a float
@@ -156,7 +163,17 @@ typedef struct gemm_job {
     int ylay;
     int64_t ldy;
     const float *bias;
+    const sj_cpu_epilogue *epi; /* NULL, or over y (row-major, ldy == N) */
 } gemm_job;
+
+/* The epilogue over rows [r0, r1) and columns [c0, c1) of an M x N result. */
+static void epi_block(const sj_cpu_epilogue *e, int64_t N, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    if (c0 == 0 && c1 == N) {
+        e->fn(e->p, e->s, r0 * N, r1 * N);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) e->fn(e->p, e->s, r * N + c0, r * N + c1);
+}
 
 /* Parts [begin, end) of a split product, as one sgemm. */
 static void gemm_parts(void *ctx, int64_t begin, int64_t end) {
@@ -167,14 +184,18 @@ static void gemm_parts(void *ctx, int64_t begin, int64_t end) {
     if (g->by_rows) {
         mat a = mat_at(&g->a, lo, 0);
         gemm1(hi - lo, g->N, g->K, g->alpha, &a, &g->b, (float *)mat_at(&ys, lo, 0).p, g->ylay, g->ldy, g->bias);
+        if (g->epi) epi_block(g->epi, g->N, lo, hi, 0, g->N);
     } else {
         mat b = mat_at(&g->b, 0, lo);
         gemm1(g->M, hi - lo, g->K, g->alpha, &g->a, &b, (float *)mat_at(&ys, 0, lo).p, g->ylay, g->ldy,
               g->bias ? g->bias + lo : NULL);
+        if (g->epi) epi_block(g->epi, g->N, 0, g->M, lo, hi);
     }
 }
 
-static _Atomic uint64_t splits;
+static _Atomic uint64_t splits, epilogues;
+
+uint64_t sj_cpu_fused_epilogues(void) { return atomic_load_explicit(&epilogues, memory_order_relaxed); }
 
 void sj_cpu_blas_threads(int n) { openblas_set_num_threads(n); }
 
@@ -187,11 +208,12 @@ static int split_ok(sj_threads *pool) {
 }
 
 /* gemm1, split over pool's threads when it is worth it (each part adds
- * its own columns' bias). */
+ * its own columns' bias, then runs epi, when given, over its block). */
 static void gemm(sj_threads *pool, int64_t M, int64_t N, int64_t K, float alpha, const mat *a, const mat *b,
-                 float *y, int ylay, int64_t ldy, const float *bias) {
+                 float *y, int ylay, int64_t ldy, const float *bias, const sj_cpu_epilogue *epi) {
+    assert(!epi || (ylay == LAY_ROW && ldy == N));
     gemm_job g = {.M = M, .N = N, .K = K, .by_rows = M > N, .alpha = alpha, .a = *a, .b = *b,
-                  .y = y, .ylay = ylay, .ldy = ldy, .bias = bias};
+                  .y = y, .ylay = ylay, .ldy = ldy, .bias = bias, .epi = epi};
     int64_t dim = g.by_rows ? M : N, parts = 1;
     if (K > 0 && M * N * K >= 2 * SPLIT_MIN_MACS && split_ok(pool)) {
         parts = sj_threads_count(pool);
@@ -201,6 +223,7 @@ static void gemm(sj_threads *pool, int64_t M, int64_t N, int64_t K, float alpha,
     }
     if (parts <= 1) {
         gemm1(M, N, K, alpha, a, b, y, ylay, ldy, bias);
+        if (epi) epi_block(epi, N, 0, M, 0, N);
         return;
     }
     g.blk = (dim + parts - 1) / parts;
@@ -219,6 +242,8 @@ typedef struct mm {
     const char *apacked, *bpacked; /* see mat_prep */
     const sj_tensor *bias;         /* NULL, or [N] of dt */
     const sj_cpu_packed *pb;       /* NULL, or b packed (prepack.h) */
+    const sj_cpu_epilogue *epi;    /* NULL, or to run inside the product where it can */
+    int fused;                     /* out: epi ran */
 } mm;
 
 /* The bias in f32 (scratch slot 3); NULL when there is none or no memory. */
@@ -255,8 +280,11 @@ static sj_status mm_packed(mm *m, const char *a, char *y) {
     const float *bias = bias_f32(m, &oom);
     if (oom)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld-element bias", (long long)m->N);
-    if (m->dt == SJ_F32 && layout(m->M, m->N, m->sym, m->syn, &ldy) == LAY_ROW)
-        return sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, (float *)y, ldy, m->pool);
+    if (m->dt == SJ_F32 && layout(m->M, m->N, m->sym, m->syn, &ldy) == LAY_ROW) {
+        const sj_cpu_epilogue *epi = m->epi && ldy == m->N ? m->epi : NULL;
+        m->fused = epi != NULL;
+        return sj_cpu_packed_gemm_epi(m->M, af, lda, m->pb, bias, (float *)y, ldy, m->pool, epi);
+    }
     float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
     if (!yb)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result", (long long)m->M,
@@ -282,14 +310,16 @@ static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld-element bias", (long long)m->N);
     int ylay = layout(m->M, m->N, m->sym, m->syn, &ldy);
     if (m->dt == SJ_F32 && ylay != LAY_NONE) {
-        gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, (float *)y, ylay, ldy, bias);
+        const sj_cpu_epilogue *epi = m->epi && ylay == LAY_ROW && ldy == m->N ? m->epi : NULL;
+        m->fused = epi != NULL;
+        gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, (float *)y, ylay, ldy, bias, epi);
         return SJ_OK;
     }
     float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
     if (!yb)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result",
                          (long long)m->M, (long long)m->N);
-    gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N, bias);
+    gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N, bias, NULL);
     for (int64_t i = 0; i < m->M; i++)
         cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
     return SJ_OK;
@@ -377,6 +407,14 @@ sj_status sj_cpu_matmul_bias(const sj_tensor *a, const sj_tensor *b, const sj_te
 
 sj_status sj_cpu_matmul_packed(const sj_tensor *a, const sj_tensor *b, const sj_cpu_packed *pb, const sj_tensor *bias,
                                const sj_tensor *y, sj_threads *pool) {
+    return sj_cpu_matmul_epi(a, b, pb, bias, y, pool, NULL, NULL);
+}
+
+sj_status sj_cpu_matmul_epi(const sj_tensor *a, const sj_tensor *b, const sj_cpu_packed *pb, const sj_tensor *bias,
+                            const sj_tensor *y, sj_threads *pool, const sj_cpu_epilogue *epi, int *fused) {
+    int dummy;
+    if (!fused) fused = &dummy;
+    *fused = 0;
     int r = y->rank;
     assert(r >= 2 && a->rank == r && b->rank == r);
     assert(a->dtype == y->dtype && b->dtype == y->dtype && y->dtype != SJ_BOOL);
@@ -410,9 +448,21 @@ sj_status sj_cpu_matmul_packed(const sj_tensor *a, const sj_tensor *b, const sj_
         cpu_plan p2;
         if (cpu_plan_init(&p2, 2, ts2) > 0 && p2.rank == 1) {
             m.M = p2.shape[0], m.sym = p2.stride[0][0], m.sam = p2.stride[1][0];
-            return cpu_is_float(m.dt) ? mm_float(&m, a->data, b->data, y->data)
-                                      : mm_int(&m, a->data, b->data, y->data);
+            if (!cpu_is_float(m.dt)) return mm_int(&m, a->data, b->data, y->data);
+            m.epi = epi;
+            sj_status st = mm_float(&m, a->data, b->data, y->data);
+            *fused = m.fused;
+            if (m.fused) atomic_fetch_add_explicit(&epilogues, 1, memory_order_relaxed);
+            return st;
         }
+    }
+    /* one product: the epilogue may run inside it */
+    if (epi && cpu_is_float(m.dt) && cpu_plan_rows(&p) * p.shape[p.rank - 1] == 1) {
+        m.epi = epi;
+        sj_status st = mm_float(&m, p.base[1], p.base[2], p.base[0]);
+        *fused = m.fused;
+        if (m.fused) atomic_fetch_add_explicit(&epilogues, 1, memory_order_relaxed);
+        return st;
     }
 
     /* one product per batch; small ones shared out over the pool a few

@@ -20,6 +20,10 @@
  * a multiply then an add in plain C), so a product's result does not
  * depend on the thread count or the split.
  *
+ * An epilogue (sj_cpu_epilogue) runs per block of tiles over EPI_PANELS
+ * panels at a time: the block's rows x those columns (at most about 100
+ * KiB) are still in L2 when the generated function reads them back.
+ *
  * The kernel is picked once (__builtin_cpu_supports), so one binary runs
  * the best one each machine has; sj_cpu_packed_isa can cap it (tests).
  */
@@ -48,6 +52,9 @@
 #define SPLIT_MIN_MACS (INT64_C(1) << 18)
 /* Rows of a per block: about this many bytes. */
 #define A_BLOCK_BYTES (256 * 1024)
+/* Panels a product with an epilogue finishes (for one block of rows)
+ * before it runs the epilogue over them. */
+#define EPI_PANELS 8
 
 struct sj_cpu_packed {
     int64_t K, N, panels;
@@ -373,6 +380,7 @@ typedef struct pk_job {
     const float *bias;
     float *y;
     int64_t ldy;
+    const sj_cpu_epilogue *epi; /* NULL: none */
 } pk_job;
 
 /* Tile t of M rows in `tiles` tiles as even as can be: its first row and
@@ -403,22 +411,47 @@ static void pack_tiles(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
+/* The epilogue over rows [r0, r1) and columns [c0, c1): one call for
+ * whole rows, else one a row. */
+static void pk_epi(const pk_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const sj_cpu_epilogue *e = j->epi;
+    int64_t N = j->p->N;
+    if (c0 == 0 && c1 == N) {
+        e->fn(e->p, e->s, r0 * N, r1 * N);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) e->fn(e->p, e->s, r * N + c0, r * N + c1);
+}
+
 /* Work items: (block of tiles, panel) pairs, a block's panels one after
  * another, so a chunk of items keeps one block of a in L2 while its panels
  * stream past. Large products split over blocks as well as panels (a
  * 32-sentence batch has ~20 blocks of 24 panels for a 384-column
- * product), small ones over panels alone (one block). */
+ * product), small ones over panels alone (one block). With an epilogue,
+ * a chunk's items go EPI_PANELS panels of one block at a time, each run
+ * followed by the epilogue over the block's rows and those panels'
+ * columns. */
 static void pk_items(void *ctx, int64_t begin, int64_t end) {
     const pk_job *j = ctx;
     const sj_cpu_packed *p = j->p;
-    for (int64_t i = begin; i < end; i++) {
-        int64_t blk = i / p->panels, q = i % p->panels;
-        int64_t nc = p->N - q * NR < NR ? p->N - q * NR : NR;
-        const float *b = p->data + q * p->K * NR, *bias = j->bias ? j->bias + q * NR : NULL;
-        for (int64_t t = blk * j->tb; t < j->tiles && t < (blk + 1) * j->tb; t++) {
-            int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
-            j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
+    for (int64_t i = begin; i < end;) {
+        int64_t blk = i / p->panels, q0 = i % p->panels;
+        int64_t q1 = j->epi && q0 + EPI_PANELS < p->panels ? q0 + EPI_PANELS : p->panels;
+        if (q1 - q0 > end - i) q1 = q0 + (end - i);
+        int64_t t0 = blk * j->tb, t1 = t0 + j->tb < j->tiles ? t0 + j->tb : j->tiles;
+        for (int64_t q = q0; q < q1; q++) {
+            int64_t nc = p->N - q * NR < NR ? p->N - q * NR : NR;
+            const float *b = p->data + q * p->K * NR, *bias = j->bias ? j->bias + q * NR : NULL;
+            for (int64_t t = t0; t < t1; t++) {
+                int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
+                j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
+            }
         }
+        if (j->epi) {
+            int64_t rows, r0 = tile_row(j->M, j->tiles, t0, &rows), r1 = tile_row(j->M, j->tiles, t1 - 1, &rows);
+            pk_epi(j, r0, r1 + rows, q0 * NR, q1 * NR < p->N ? q1 * NR : p->N);
+        }
+        i += q1 - q0;
     }
 }
 
@@ -428,11 +461,18 @@ static void pk_items(void *ctx, int64_t begin, int64_t end) {
 
 sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
                              float *y, int64_t ldy, sj_threads *pool) {
+    return sj_cpu_packed_gemm_epi(M, a, lda, p, bias, y, ldy, pool, NULL);
+}
+
+sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
+                                 float *y, int64_t ldy, sj_threads *pool, const sj_cpu_epilogue *epi) {
+    assert(!epi || ldy == p->N);
     if (M <= 0 || p->N <= 0) return SJ_OK;
     atomic_fetch_add_explicit(&products, 1, memory_order_relaxed);
     if (p->K == 0) { /* an empty sum: the bias alone */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < p->N; j++) y[i * ldy + j] = bias ? bias[j] : 0.0f;
+        if (epi) epi->fn(epi->p, epi->s, 0, M * p->N);
         return SJ_OK;
     }
     sj_cpu_isa isa = sj_cpu_packed_isa();
@@ -442,7 +482,7 @@ sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cp
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand", (long long)M,
                          (long long)p->K);
     pk_job j = {.fn = kn->fn, .M = M, .tiles = (M + kn->mr - 1) / kn->mr, .ap = ap, .p = p, .bias = bias, .y = y,
-                .ldy = ldy};
+                .ldy = ldy, .epi = epi};
     bool split = pool && sj_threads_count(pool) > 1;
     pack_job pj = {a, lda, M, p->K, j.tiles, ap};
     int64_t tile_elems = kn->mr * p->K;

@@ -72,6 +72,23 @@ const char *sj_cpu_isa_name(sj_cpu_isa isa);
 sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
                              float *y, int64_t ldy, struct sj_threads *pool);
 
+/* An elementwise epilogue a product runs over its own result: fn (a
+ * generated POINTWISE group, specialize/codegen.h's signature) over work
+ * items [begin, end), where item i * N + j is element (i, j) of the
+ * product's M x N result (which is contiguous: ldy == N). The product
+ * calls it for each block of rows and columns as soon as the block is
+ * finished (from the thread that finished it), so the epilogue reads the
+ * block from cache; every item is covered exactly once. */
+typedef struct sj_cpu_epilogue {
+    void (*fn)(void *const *p, const int64_t *s, int64_t begin, int64_t end);
+    void *const *p;
+    const int64_t *s;
+} sj_cpu_epilogue;
+
+/* sj_cpu_packed_gemm with an epilogue (NULL: none); epi needs ldy == N. */
+sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
+                                 float *y, int64_t ldy, struct sj_threads *pool, const sj_cpu_epilogue *epi);
+
 /* -- The per-function cache --------------------------------------------- */
 
 typedef struct sj_cpu_pack_cache sj_cpu_pack_cache;

@@ -85,7 +85,7 @@ static sj_status k_attention_varlen(void *c, const sj_tensor *q, const sj_tensor
 static const sj_kernels cuda_kernels = {k_unary,      k_binary,   k_where,  k_copy,      k_reduce, k_softmax,
                                         k_layer_norm, k_rms_norm, k_matmul, k_attention, k_concat, k_gather,
                                         k_arange,     NULL /* no packed weights: cuBLASLt reads them in place */,
-                                        k_attention_varlen};
+                                        k_attention_varlen, NULL /* epilogues run after the product */};
 
 /* -- The call slots ---------------------------------------------------------------- */
 

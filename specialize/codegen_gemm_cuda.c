@@ -1,0 +1,277 @@
+/* Generated tensor-core matrix products with fused epilogues (see
+ * codegen_gemm_cuda.h).
+ *
+ * The unit is self-contained CUDA C++ for NVRTC (no headers: f16 through
+ * PTX cvt, shared addresses through cvta): the tile sizes, N, K (and M
+ * when specialized) are macros, so the K loop's trip count, the copy loops
+ * and the fragment loops are constants the compiler unrolls.
+ *
+ * Pipeline: STAGES - 1 tiles of A and B are in flight before the first
+ * multiply; iteration kt waits until tile kt has landed
+ * (cp.async.wait_group STAGES - 2), synchronizes the block (which also
+ * frees the buffer read in iteration kt - 1), issues the copy of tile
+ * kt + STAGES - 1 into that buffer, then runs BK / 16 steps of ldmatrix
+ * and mma.sync on tile kt. One commit a iteration, empty past the last
+ * tile, keeps the group count the wait relies on.
+ *
+ * Shared rows are padded by 8 halves (16 bytes): the eight row addresses
+ * of an ldmatrix then fall in different bank groups.
+ *
+ * Epilogue: each thread holds, per 16 x 8 tile, two adjacent columns of
+ * two rows (g and g + 8 of the tile, g = lane / 4; columns 2 (lane % 4)
+ * and + 1), so bias, residual and C are read and written as pairs (4 or 8
+ * bytes, aligned: N is even).
+ */
+#include "specialize/codegen_gemm_cuda.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "base/error.h"
+#include "specialize/codegen_int.h"
+
+#define put sj_cg_put
+
+/* -- Checks ------------------------------------------------------------------ */
+
+static int threads_of(const sj_gemm_tile *t) { return t->wm * t->wn * 32; }
+
+static size_t smem_of(const sj_gemm_tile *t) {
+    return (size_t)t->stages * ((size_t)t->bm * (size_t)(t->bk + 8) + (size_t)t->bk * (size_t)(t->bn + 8)) * 2;
+}
+
+static bool half_or_float(sj_dtype dt) { return dt == SJ_F16 || dt == SJ_F32; }
+
+sj_status sj_gemm_cuda_check(const sj_gemm_spec *s) {
+    const sj_gemm_tile *t = &s->tile;
+    if (t->wm < 1 || t->wn < 1 || t->bm < 16 || t->bn < 16 || t->bk < 16)
+        return sj_seterr(SJ_EINVAL, "gemm: tile %dx%dx%d with %dx%d warps is too small", t->bm, t->bn, t->bk, t->wm,
+                         t->wn);
+    if (t->bm % (16 * t->wm) || t->bn % (16 * t->wn) || t->bk % 16)
+        return sj_seterr(SJ_EINVAL,
+                         "gemm: BM %d must be a multiple of 16 x %d warps, BN %d of 16 x %d warps, BK %d of 16",
+                         t->bm, t->wm, t->bn, t->wn, t->bk);
+    if (t->stages < 2 || t->stages > 4) return sj_seterr(SJ_EINVAL, "gemm: %d stages (2 .. 4)", t->stages);
+    if (threads_of(t) > 1024) return sj_seterr(SJ_EINVAL, "gemm: %d threads a block (1024 at most)", threads_of(t));
+    if (smem_of(t) > 227 * 1024)
+        return sj_seterr(SJ_EINVAL, "gemm: %zu bytes of shared memory (227 KiB at most)", smem_of(t));
+    if (s->N <= 0 || s->K <= 0 || s->N % t->bn || s->K % t->bk)
+        return sj_seterr(SJ_EINVAL, "gemm: N %" PRId64 " must be a multiple of BN %d, K %" PRId64 " of BK %d", s->N,
+                         t->bn, s->K, t->bk);
+    if (s->M < 0) return sj_seterr(SJ_EINVAL, "gemm: M %" PRId64 " < 0", s->M);
+    if (!half_or_float(s->out_dtype) || (s->bias && !half_or_float(s->bias_dtype)) ||
+        (s->residual && !half_or_float(s->res_dtype)))
+        return sj_seterr(SJ_EINVAL, "gemm: output, bias and residual are f16 or f32");
+    return SJ_OK;
+}
+
+void sj_gemm_cuda_dims(const sj_gemm_spec *s, int64_t M, sj_gemm_dims *d) {
+    const sj_gemm_tile *t = &s->tile;
+    d->grid[0] = (unsigned)(s->N / t->bn);
+    d->grid[1] = (unsigned)((M + t->bm - 1) / t->bm);
+    d->grid[2] = 1;
+    d->block[0] = (unsigned)threads_of(t);
+    d->block[1] = d->block[2] = 1;
+    d->smem = smem_of(t);
+}
+
+const sj_gemm_tile *sj_gemm_cuda_tiles(int *n) {
+    static const sj_gemm_tile tiles[] = {
+        {64, 64, 32, 2, 2, 3},   /* small M: many blocks */
+        {64, 128, 32, 2, 2, 3},
+        {128, 64, 32, 2, 2, 3},
+        {128, 128, 32, 2, 4, 3}, /* large M: reuse */
+        {64, 64, 64, 2, 2, 2},
+    };
+    *n = (int)(sizeof tiles / sizeof tiles[0]);
+    return tiles;
+}
+
+/* -- Source -------------------------------------------------------------------- */
+
+static const char helpers[] =
+    "__device__ __forceinline__ unsigned smem_u32(const void *p) {\n"
+    "    unsigned r;\n"
+    "    asm(\"{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\" : \"=r\"(r) : \"l\"(p));\n"
+    "    return r;\n"
+    "}\n"
+    "__device__ __forceinline__ void cp16(unsigned dst, const void *src, int bytes) {\n"
+    "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" ::\"r\"(dst), \"l\"(src), \"r\"(bytes));\n"
+    "}\n"
+    "__device__ __forceinline__ void cp_commit() { asm volatile(\"cp.async.commit_group;\\n\" ::); }\n"
+    "template <int N> __device__ __forceinline__ void cp_wait() {\n"
+    "    asm volatile(\"cp.async.wait_group %0;\\n\" ::\"n\"(N));\n"
+    "}\n"
+    "__device__ __forceinline__ void ldm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned a) {\n"
+    "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
+    "                 : \"=r\"(r0), \"=r\"(r1), \"=r\"(r2), \"=r\"(r3) : \"r\"(a));\n"
+    "}\n"
+    "__device__ __forceinline__ void ldm_x4_t(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, unsigned a) {\n"
+    "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
+    "                 : \"=r\"(r0), \"=r\"(r1), \"=r\"(r2), \"=r\"(r3) : \"r\"(a));\n"
+    "}\n"
+    "__device__ __forceinline__ void mma16816(float *c, const unsigned *a, unsigned b0, unsigned b1) {\n"
+    "    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, \"\n"
+    "                 \"{%0,%1,%2,%3};\\n\"\n"
+    "                 : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+    "                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
+    "}\n"
+    "__device__ __forceinline__ float h2f(unsigned short h) {\n"
+    "    float f;\n"
+    "    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n"
+    "    return f;\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned short f2h(float f) {\n"
+    "    unsigned short h;\n"
+    "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+    "    return h;\n"
+    "}\n"
+    "/* a pair of adjacent elements of an f16 or f32 array, as floats */\n"
+    "__device__ __forceinline__ void ld2_h(const void *p, long long i, float &x, float &y) {\n"
+    "    unsigned w = *(const unsigned *)((const unsigned short *)p + i);\n"
+    "    x = h2f((unsigned short)(w & 0xffffu));\n"
+    "    y = h2f((unsigned short)(w >> 16));\n"
+    "}\n"
+    "__device__ __forceinline__ void ld2_f(const void *p, long long i, float &x, float &y) {\n"
+    "    float2 v = *(const float2 *)((const float *)p + i);\n"
+    "    x = v.x;\n"
+    "    y = v.y;\n"
+    "}\n"
+    "__device__ __forceinline__ void st2_h(void *p, long long i, float x, float y) {\n"
+    "    *(unsigned *)((unsigned short *)p + i) = (unsigned)f2h(x) | ((unsigned)f2h(y) << 16);\n"
+    "}\n"
+    "__device__ __forceinline__ void st2_f(void *p, long long i, float x, float y) {\n"
+    "    *(float2 *)((float *)p + i) = make_float2(x, y);\n"
+    "}\n"
+    "__device__ __forceinline__ float gelu_erf(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }\n";
+
+/* The tile loader and the kernel, over the macros put before them. */
+static const char body_head[] =
+    "__device__ __forceinline__ void load_tile(unsigned short *as, unsigned short *bs, const unsigned short *A,\n"
+    "                                          const unsigned short *B, long long M, long long m0, int n0, int k0,\n"
+    "                                          int tid) {\n"
+    "    enum { AC = BM * (BK / 8), BC = BK * (BN / 8) };\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < (AC + THREADS - 1) / THREADS; j++) {\n"
+    "        const int i = tid + j * THREADS;\n"
+    "        if (AC % THREADS == 0 || i < AC) {\n"
+    "            const int r = i / (BK / 8), c = (i % (BK / 8)) * 8;\n"
+    "            const long long gm = m0 + r;\n"
+    "            const unsigned short *src = A + (gm < M ? gm : 0) * KK + k0 + c;\n"
+    "            cp16(smem_u32(as + r * AS + c), src, gm < M ? 16 : 0);\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < (BC + THREADS - 1) / THREADS; j++) {\n"
+    "        const int i = tid + j * THREADS;\n"
+    "        if (BC % THREADS == 0 || i < BC) {\n"
+    "            const int r = i / (BN / 8), c = (i % (BN / 8)) * 8;\n"
+    "            cp16(smem_u32(bs + r * BS + c), B + (long long)(k0 + r) * NN + n0 + c, 16);\n"
+    "        }\n"
+    "    }\n"
+    "}\n\n";
+
+static const char body_main[] =
+    "    extern __shared__ __align__(16) unsigned short smem[];\n"
+    "    unsigned short *As = smem, *Bs = smem + STAGES * A_STAGE;\n"
+    "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n"
+    "    const int wm = warp / WN, wn = warp % WN;\n"
+    "    const long long m0 = (long long)blockIdx.y * BM;\n"
+    "    const int n0 = blockIdx.x * BN;\n"
+    "    if (m0 >= M) return;\n"
+    "    float acc[MT][NT][4];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < MT; i++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;\n"
+    "    enum { KT = KK / BK };\n"
+    "#pragma unroll\n"
+    "    for (int s = 0; s < STAGES - 1; s++) {\n"
+    "        if (s < KT) load_tile(As + s * A_STAGE, Bs + s * B_STAGE, A, B, M, m0, n0, s * BK, tid);\n"
+    "        cp_commit();\n"
+    "    }\n"
+    "#pragma unroll 1\n"
+    "    for (int kt = 0; kt < KT; kt++) {\n"
+    "        cp_wait<STAGES - 2>();\n"
+    "        __syncthreads();\n"
+    "        const int nk = kt + STAGES - 1;\n"
+    "        if (nk < KT) load_tile(As + (nk % STAGES) * A_STAGE, Bs + (nk % STAGES) * B_STAGE, A, B, M, m0, n0,\n"
+    "                               nk * BK, tid);\n"
+    "        cp_commit();\n"
+    "        const unsigned short *as = As + (kt % STAGES) * A_STAGE, *bs = Bs + (kt % STAGES) * B_STAGE;\n"
+    "#pragma unroll\n"
+    "        for (int kk = 0; kk < BK; kk += 16) {\n"
+    "            unsigned af[MT][4], bf[NT][2];\n"
+    "#pragma unroll\n"
+    "            for (int mt = 0; mt < MT; mt++) {\n"
+    "                const int r = wm * TM + mt * 16 + (lane & 15), c = kk + (lane >> 4) * 8;\n"
+    "                ldm_x4(af[mt][0], af[mt][1], af[mt][2], af[mt][3], smem_u32(as + r * AS + c));\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int np = 0; np < NT / 2; np++) {\n"
+    "                const int r = kk + (lane & 15), c = wn * TN + np * 16 + (lane >> 4) * 8;\n"
+    "                ldm_x4_t(bf[2 * np][0], bf[2 * np][1], bf[2 * np + 1][0], bf[2 * np + 1][1],\n"
+    "                         smem_u32(bs + r * BS + c));\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int mt = 0; mt < MT; mt++)\n"
+    "#pragma unroll\n"
+    "                for (int nt = 0; nt < NT; nt++) mma16816(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);\n"
+    "        }\n"
+    "    }\n"
+    "    cp_wait<0>();\n"
+    "    const int g = lane >> 2, t4 = lane & 3;\n"
+    "#pragma unroll\n"
+    "    for (int mt = 0; mt < MT; mt++)\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 2; h++) {\n"
+    "            const long long row = m0 + wm * TM + mt * 16 + g + h * 8;\n"
+    "            if (row >= M) continue;\n"
+    "#pragma unroll\n"
+    "            for (int nt = 0; nt < NT; nt++) {\n"
+    "                const int col = n0 + wn * TN + nt * 8 + 2 * t4;\n"
+    "                float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];\n";
+
+static const char *ld2(sj_dtype dt) { return dt == SJ_F16 ? "ld2_h" : "ld2_f"; }
+
+char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len) {
+    if (sj_gemm_cuda_check(s)) return NULL;
+    const sj_gemm_tile *t = &s->tile;
+    sj_sbuf o = {0};
+    put(&o, "/* generated by shapejit: %s = epilogue(A @ B), f16 x f16 -> f32 on mma.sync m16n8k16;\n", name);
+    put(&o, " * M %s, N %" PRId64 ", K %" PRId64 "; tile %dx%dx%d, %dx%d warps, %d stages; epilogue:%s%s%s -> %s */\n",
+        s->M > 0 ? "specialized" : "symbolic", s->N, s->K, t->bm, t->bn, t->bk, t->wm, t->wn, t->stages,
+        s->bias ? (s->bias_dtype == SJ_F16 ? " bias f16" : " bias f32") : "", s->gelu ? " gelu" : "",
+        s->residual ? (s->res_dtype == SJ_F16 ? " residual f16" : " residual f32") : "",
+        s->out_dtype == SJ_F16 ? "f16" : "f32");
+    put(&o, "#define BM %d\n#define BN %d\n#define BK %d\n#define WM %d\n#define WN %d\n#define STAGES %d\n", t->bm,
+        t->bn, t->bk, t->wm, t->wn, t->stages);
+    put(&o, "#define NN %" PRId64 "LL\n#define KK %" PRId64 "LL\n", s->N, s->K);
+    put(&o, "#define THREADS (WM * WN * 32)\n#define TM (BM / WM)\n#define TN (BN / WN)\n#define MT (TM / 16)\n"
+            "#define NT (TN / 8)\n#define AS (BK + 8)\n#define BS (BN + 8)\n#define A_STAGE (BM * AS)\n"
+            "#define B_STAGE (BK * BS)\n\n");
+    put(&o, "%s\n%s", helpers, body_head);
+    put(&o, "extern \"C\" __global__ void __launch_bounds__(THREADS)\n");
+    put(&o, "%s(const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n", name);
+    put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg) {\n");
+    if (s->M > 0) put(&o, "    const long long M = %" PRId64 "LL;\n    (void)M_arg;\n", s->M);
+    else put(&o, "    const long long M = M_arg;\n");
+    put(&o, "    (void)bias;\n    (void)R;\n");
+    put(&o, "%s", body_main);
+    if (s->bias) {
+        put(&o, "                { float b0, b1; %s(bias, col, b0, b1); v0 += b0; v1 += b1; }\n", ld2(s->bias_dtype));
+    }
+    if (s->gelu) put(&o, "                v0 = gelu_erf(v0);\n                v1 = gelu_erf(v1);\n");
+    if (s->residual)
+        put(&o, "                { float r0, r1; %s(R, row * NN + col, r0, r1); v0 += r0; v1 += r1; }\n",
+            ld2(s->res_dtype));
+    put(&o, "                %s(C, row * NN + col, v0, v1);\n", s->out_dtype == SJ_F16 ? "st2_h" : "st2_f");
+    put(&o, "            }\n        }\n}\n");
+    if (o.oom) {
+        free(o.s);
+        sj_seterr(SJ_ENOMEM, "gemm: out of memory generating %s", name);
+        return NULL;
+    }
+    if (len) *len = o.len;
+    return o.s;
+}

@@ -1,0 +1,90 @@
+/* Generated tensor-core matrix products for CUDA: C = epilogue(A @ B) as
+ * CUDA C for NVRTC (issue 29).
+ *
+ *   A  [M, K] f16, row-major (row stride K), 16-byte aligned
+ *   B  [K, N] f16, row-major (row stride N): a weight as the graph holds
+ *      it (y = x @ W), 16-byte aligned
+ *   C  [M, N] f16 or f32, row-major
+ * N and K are constants of the unit; M is a constant too (specialized) or
+ * the kernel's last argument (symbolic: one unit for every M).
+ *
+ * The epilogue, in f32 on the accumulators in registers before the one
+ * store: v = acc (+ bias[n]) (then exact GELU, 0.5 v (1 + erf(v / sqrt 2)))
+ * (+ R[m, n]), cast to C's dtype (round to nearest). bias [N] and R [M, N]
+ * (row-major) are f16 or f32 each. This is the fusion plan's epilogue of a
+ * product: its bias, a GELU, the residual add of a transformer layer, the
+ * cast.
+ *
+ * The kernel (sm_80 and later, sm_90 included):
+ *
+ *   extern "C" __global__ void <name>(const unsigned short *A,
+ *       const unsigned short *B, const void *bias, const void *R, void *C,
+ *       long long M);
+ *
+ * bias and R are ignored (may be NULL) when the spec has none; M is
+ * ignored when the spec fixes it. Each block computes a BM x BN tile of C
+ * with WM x WN warps (a warp TM = BM/WM rows by TN = BN/WN columns, in
+ * mma.sync.m16n8k16 tiles, f16 inputs, f32 accumulation), stepping over K
+ * by BK through STAGES shared-memory buffers filled with cp.async (16
+ * bytes a copy; rows past M zero-filled), fragments loaded with ldmatrix
+ * (B through its .trans form, as B is k-major). Launch with
+ * sj_gemm_cuda_dims: grid (N / BN, ceil(M / BM)), WM * WN * 32 threads,
+ * the dynamic shared memory it says (over 48 KiB needs
+ * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES set on the function
+ * first). M = 0 needs no launch.
+ *
+ * Constraints (sj_gemm_cuda_check): BM a multiple of 16 WM, BN of 16 WN,
+ * BK of 16; N a multiple of BN, K of BK; 2 <= STAGES <= 4; at most 1024
+ * threads and 227 KiB of shared memory.
+ */
+#ifndef SJ_CODEGEN_GEMM_CUDA_H
+#define SJ_CODEGEN_GEMM_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "jit/shapejit.h"
+
+/* A tile configuration: the autotuner's candidates. */
+typedef struct sj_gemm_tile {
+    int bm, bn, bk; /* block tile */
+    int wm, wn;     /* warps along M and N */
+    int stages;     /* shared-memory buffers in the K pipeline */
+} sj_gemm_tile;
+
+typedef struct sj_gemm_spec {
+    int64_t M;         /* > 0: specialized to this M; 0: symbolic (the kernel's M argument) */
+    int64_t N, K;      /* constants */
+    bool bias;         /* add bias[n] (of bias_dtype) */
+    bool gelu;         /* exact GELU after the bias */
+    bool residual;     /* add R[m, n] (of res_dtype) after the GELU */
+    sj_dtype bias_dtype, res_dtype; /* SJ_F16 or SJ_F32 */
+    sj_dtype out_dtype;             /* C's: SJ_F16 or SJ_F32 */
+    sj_gemm_tile tile;
+} sj_gemm_spec;
+
+/* The launch of a unit for one M. */
+typedef struct sj_gemm_dims {
+    unsigned grid[3], block[3];
+    size_t smem; /* dynamic shared memory, bytes */
+} sj_gemm_dims;
+
+/* Can the spec be generated? SJ_EINVAL naming the first constraint it
+ * breaks. */
+sj_status sj_gemm_cuda_check(const sj_gemm_spec *s);
+
+/* The unit's source (malloc'd, NUL-terminated; *len its length when len is
+ * not NULL), one kernel named `name`. NULL with SJ_EINVAL set (the spec
+ * fails sj_gemm_cuda_check) or SJ_ENOMEM. */
+char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len);
+
+/* The launch for M rows (M >= 0; grid.y 0 when M is 0). */
+void sj_gemm_cuda_dims(const sj_gemm_spec *s, int64_t M, sj_gemm_dims *d);
+
+/* A few tile configurations worth trying on sm_80/sm_90 for f16 products
+ * (the autotuner's candidates, small tiles first); *n receives the count.
+ * Each still needs sj_gemm_cuda_check against the product's N and K. */
+const sj_gemm_tile *sj_gemm_cuda_tiles(int *n);
+
+#endif /* SJ_CODEGEN_GEMM_CUDA_H */

@@ -1,0 +1,511 @@
+/* Generated tensor-core matrix products (specialize/codegen_gemm_cuda.h).
+ *
+ * Everywhere (no GPU needed): every candidate tile configuration, with the
+ * fullest epilogue (bias, GELU, residual, f16 out) and with none (f32
+ * out), symbolic and specialized M, compiles with NVRTC for sm_90 without
+ * errors or warnings, and its PTX holds the tensor-core, ldmatrix and
+ * cp.async instructions; the checks refuse what the kernels cannot take.
+ *
+ * With a CUDA device: C = epilogue(A @ B) on random f16 inputs for M in
+ * 1, 7, 64, 333, 512, (N, K) in {384, 1536}^2, every tile configuration,
+ * epilogues none / bias / bias+GELU / bias+GELU+residual / bias+residual /
+ * GELU, outputs f16 and f32, against a float64 reference of the same f16
+ * inputs (each element within tol x (sum |a||b| + |bias| + |r|)); C is
+ * poisoned first and a guard row past M must stay untouched. Symbolic
+ * units serve every M; one specialized unit per shape runs at its own M.
+ * Without one it prints "skipped: no CUDA device" after the compile
+ * checks and passes.
+ *
+ * NVRTC is loaded with dlopen (libnvrtc.so.13 from $SHAPEJIT_CUDA_LIBS,
+ * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader's path); the
+ * device runs use the runtime's device services (kernels/cuda/cuda_dev.h)
+ * and need a build with SJ_WITH_CUDA. SJ_SHOW_CODE=1 prints one unit.
+ */
+/* cmocka.h needs these first, in this order */
+/* clang-format off */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/half.h"
+#include "specialize/codegen_gemm_cuda.h"
+#include "tests/util.h"
+#ifdef SJ_WITH_CUDA
+#include "kernels/cuda/cuda_dev.h"
+#endif
+
+/* -- NVRTC (types restated: the compile checks need no headers) ------------------- */
+
+typedef struct nvrtc_prog *nvrtc_prog;
+static struct {
+    void *h;
+    int (*CreateProgram)(nvrtc_prog *, const char *, const char *, int, const char *const *, const char *const *);
+    int (*CompileProgram)(nvrtc_prog, int, const char *const *);
+    int (*GetCUBINSize)(nvrtc_prog, size_t *);
+    int (*GetCUBIN)(nvrtc_prog, char *);
+    int (*GetPTXSize)(nvrtc_prog, size_t *);
+    int (*GetPTX)(nvrtc_prog, char *);
+    int (*GetProgramLogSize)(nvrtc_prog, size_t *);
+    int (*GetProgramLog)(nvrtc_prog, char *);
+    int (*DestroyProgram)(nvrtc_prog *);
+} nv;
+
+#define SYM(field, name)                                                                                        \
+    do {                                                                                                        \
+        *(void **)&nv.field = dlsym(nv.h, name);                                                                \
+        if (!nv.field) return false;                                                                            \
+    } while (0)
+
+static bool load_nvrtc(void) {
+    const char *dirs[] = {getenv("SHAPEJIT_CUDA_LIBS"), getenv("CUDA_HOME"), "/usr/local/cuda", NULL};
+    char path[512];
+    for (int i = 0; i < 4 && !nv.h; i++) {
+        if (i < 3 && !dirs[i]) continue;
+        if (i == 3) snprintf(path, sizeof path, "libnvrtc.so.13");
+        else snprintf(path, sizeof path, "%s%s/libnvrtc.so.13", dirs[i], i == 0 ? "" : "/lib64");
+        nv.h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!nv.h) return false;
+    SYM(CreateProgram, "nvrtcCreateProgram");
+    SYM(CompileProgram, "nvrtcCompileProgram");
+    SYM(GetCUBINSize, "nvrtcGetCUBINSize");
+    SYM(GetCUBIN, "nvrtcGetCUBIN");
+    SYM(GetPTXSize, "nvrtcGetPTXSize");
+    SYM(GetPTX, "nvrtcGetPTX");
+    SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
+    SYM(GetProgramLog, "nvrtcGetProgramLog");
+    SYM(DestroyProgram, "nvrtcDestroyProgram");
+    return true;
+}
+
+static bool have_nvrtc, have_gpu;
+static char arch[16] = "sm_90"; /* the device's, when there is one */
+static char no_gpu_why[512] = "built without CUDA (no SJ_WITH_CUDA)";
+#ifdef SJ_WITH_CUDA
+static sj_cuda *dev;
+#endif
+
+/* Compile src for arch (or PTX for a virtual "compute_90"); no errors, no
+ * warnings. The CUBIN or PTX in *out (malloc'd) when out is not NULL. */
+static void compile(const char *src, const char *a, const char *what, char **out, size_t *out_len) {
+    char archopt[48];
+    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", a);
+    const char *opts[] = {archopt, "--std=c++17", "-default-device", "-lineinfo"};
+    nvrtc_prog prog;
+    assert_int_equal(nv.CreateProgram(&prog, src, "gemm.cu", 0, NULL, NULL), 0);
+    int r = nv.CompileProgram(prog, 4, opts);
+    size_t ln = 0;
+    nv.GetProgramLogSize(prog, &ln);
+    char *log = calloc(1, ln + 1);
+    assert_non_null(log);
+    if (ln) nv.GetProgramLog(prog, log);
+    bool warned = strstr(log, "warning") || strstr(log, "Warning");
+    if (r || warned) fprintf(stderr, "%s: NVRTC %s\n%s\n%s\n", what, r ? "failed" : "warned", log, src);
+    free(log);
+    assert_int_equal(r, 0);
+    assert_false(warned);
+    if (out) {
+        bool ptx = !strstr(a, "sm_");
+        assert_int_equal((ptx ? nv.GetPTXSize : nv.GetCUBINSize)(prog, out_len), 0);
+        *out = malloc(*out_len + 1);
+        assert_non_null(*out);
+        assert_int_equal((ptx ? nv.GetPTX : nv.GetCUBIN)(prog, *out), 0);
+        (*out)[*out_len] = 0;
+    }
+    nv.DestroyProgram(&prog);
+}
+
+/* -- Specs ------------------------------------------------------------------------------ */
+
+typedef struct epi {
+    const char *name;
+    bool bias, gelu, residual;
+    sj_dtype bias_dt, res_dt, out_dt;
+} epi;
+
+static const epi epis[] = {
+    {"none f32", false, false, false, SJ_F16, SJ_F16, SJ_F32},
+    {"bias f16", true, false, false, SJ_F16, SJ_F16, SJ_F16},
+    {"bias+gelu f32", true, true, false, SJ_F32, SJ_F16, SJ_F32},
+    {"bias+gelu+residual f16", true, true, true, SJ_F16, SJ_F16, SJ_F16},
+    {"bias+residual f32", true, false, true, SJ_F32, SJ_F32, SJ_F32},
+    {"gelu f16", false, true, false, SJ_F16, SJ_F16, SJ_F16},
+};
+enum { N_EPI = sizeof epis / sizeof epis[0], FULL = 3 };
+
+static sj_gemm_spec spec_of(const sj_gemm_tile *t, int64_t M, int64_t N, int64_t K, const epi *e) {
+    return (sj_gemm_spec){.M = M, .N = N, .K = K, .bias = e->bias, .gelu = e->gelu, .residual = e->residual,
+                          .bias_dtype = e->bias_dt, .res_dtype = e->res_dt, .out_dtype = e->out_dt, .tile = *t};
+}
+
+static char *gen(const sj_gemm_spec *s) {
+    size_t len = 0;
+    char *src = sj_codegen_gemm_cuda(s, "sj_gemm", &len);
+    if (!src) fprintf(stderr, "gemm: %s\n", sj_last_error());
+    assert_non_null(src);
+    assert_int_equal(strlen(src), len);
+    return src;
+}
+
+/* -- Environment ------------------------------------------------------------------------ */
+
+static int setup_all(void **state) {
+    (void)state;
+    const char *seed = getenv("SJ_TEST_SEED");
+    tu_seed(seed ? strtoull(seed, NULL, 0) : 0x9e11);
+    have_nvrtc = load_nvrtc();
+#ifdef SJ_WITH_CUDA
+    if (have_nvrtc && sj_cuda_open(0, &dev) == SJ_OK) {
+        have_gpu = true;
+        snprintf(arch, sizeof arch, "sm_%d%d", dev->cc_major, dev->cc_minor);
+    } else {
+        snprintf(no_gpu_why, sizeof no_gpu_why, "%s", have_nvrtc ? sj_last_error() : "no NVRTC");
+    }
+#endif
+    return 0;
+}
+
+static int teardown_all(void **state) {
+    (void)state;
+#ifdef SJ_WITH_CUDA
+    sj_cuda_close(dev);
+#endif
+    return 0;
+}
+
+/* -- Checks that need no device ----------------------------------------------------------- */
+
+static void test_check(void **state) {
+    (void)state;
+    const sj_gemm_tile ok = {64, 64, 32, 2, 2, 3};
+    sj_gemm_spec s = spec_of(&ok, 0, 384, 384, &epis[FULL]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
+    s.N = 400; /* not a multiple of BN */
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    assert_null(sj_codegen_gemm_cuda(&s, "x", NULL));
+    s = spec_of(&ok, 0, 384, 392, &epis[FULL]); /* K not a multiple of BK */
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    sj_gemm_tile bad = {64, 64, 32, 8, 2, 3}; /* BM 64 < 16 x 8 warps */
+    s = spec_of(&bad, 0, 384, 384, &epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    bad = (sj_gemm_tile){64, 64, 24, 2, 2, 3}; /* BK not a multiple of 16 */
+    s = spec_of(&bad, 0, 384, 384, &epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    bad = (sj_gemm_tile){256, 256, 128, 4, 4, 4}; /* shared memory */
+    s = spec_of(&bad, 0, 1024, 1024, &epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    s = spec_of(&ok, 0, 384, 384, &epis[0]);
+    s.out_dtype = SJ_BF16;
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    /* launch dimensions */
+    sj_gemm_dims d;
+    s = spec_of(&ok, 0, 1536, 384, &epis[0]);
+    sj_gemm_cuda_dims(&s, 333, &d);
+    assert_int_equal(d.grid[0], 1536 / 64);
+    assert_int_equal(d.grid[1], (333 + 63) / 64);
+    assert_int_equal(d.block[0], 128);
+    assert_int_equal(d.smem, (size_t)3 * (64 * 40 + 32 * 72) * 2);
+    sj_gemm_cuda_dims(&s, 0, &d);
+    assert_int_equal(d.grid[1], 0);
+}
+
+/* Every candidate tile compiles for sm_90 (and the device's), fullest
+ * epilogue and none, symbolic and specialized M; the PTX has the
+ * tensor-core instructions. */
+static void test_compile(void **state) {
+    (void)state;
+    if (!have_nvrtc) {
+        print_message("skipped: no NVRTC\n");
+        return;
+    }
+    int n;
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&n);
+    assert_true(n >= 3);
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < 2; e++) {
+            const epi *ep = e ? &epis[FULL] : &epis[0];
+            sj_gemm_spec s = spec_of(&tiles[i], i == 1 ? 333 : 0, 1536, 384, ep);
+            assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
+            char *src = gen(&s), what[96];
+            if (getenv("SJ_SHOW_CODE") && i == 0 && e) printf("%s\n", src);
+            snprintf(what, sizeof what, "tile %d %s", i, ep->name);
+            compile(src, "sm_90", what, NULL, NULL);
+            if (i == 0) {
+                char *ptx;
+                size_t len;
+                compile(src, "compute_90", what, &ptx, &len);
+                assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"));
+                assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
+                assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
+                free(ptx);
+            }
+            if (strcmp(arch, "sm_90") != 0) compile(src, arch, what, NULL, NULL);
+            free(src);
+        }
+}
+
+/* -- On the device -------------------------------------------------------------------------- */
+
+#ifdef SJ_WITH_CUDA
+static void cu_ok(CUresult r, const char *what) {
+    if (r != CUDA_SUCCESS) {
+        const char *s = "?";
+        dev->api.GetErrorString(r, &s);
+        fail_msg("%s: %s", what, s);
+    }
+}
+
+typedef struct dbuf {
+    CUdeviceptr p;
+    size_t bytes;
+} dbuf;
+
+static dbuf dput(const void *host, size_t bytes) {
+    dbuf b = {sj_cuda_alloc(dev, bytes ? bytes : 16, dev->stream), bytes};
+    assert_true(b.p != 0);
+    if (host && bytes) assert_int_equal(sj_cuda_to_device(dev, b.p, host, bytes), SJ_OK);
+    return b;
+}
+static void dfree(dbuf *b) {
+    sj_cuda_free(dev, b->p, dev->stream);
+    b->p = 0;
+}
+
+/* One problem: inputs on host and device, the float64 product and its
+ * magnitude. */
+typedef struct prob {
+    int64_t M, N, K;
+    uint16_t *a, *b, *bh, *rh; /* f16: A [M, K], B [K, N], bias [N], R [M, N] */
+    float *bf, *rf;            /* f32: bias, R */
+    double *p, *mag;           /* A @ B and sum |a||b| (M x N) */
+    dbuf da, db, dbh, dbf, drh, drf;
+} prob;
+
+static uint16_t rnd_h(double lo, double hi) { return sj_f32_to_f16((float)tu_uniform(lo, hi)); }
+
+static void prob_make(prob *q, int64_t M, int64_t N, int64_t K) {
+    memset(q, 0, sizeof *q);
+    q->M = M, q->N = N, q->K = K;
+    q->a = malloc((size_t)(M * K + 1) * 2);
+    q->b = malloc((size_t)(K * N) * 2);
+    q->bh = malloc((size_t)N * 2);
+    q->rh = malloc((size_t)(M * N + 1) * 2);
+    q->bf = malloc((size_t)N * 4);
+    q->rf = malloc((size_t)(M * N + 1) * 4);
+    q->p = calloc((size_t)(M * N + 1), sizeof(double));
+    q->mag = calloc((size_t)(M * N + 1), sizeof(double));
+    assert_true(q->a && q->b && q->bh && q->rh && q->bf && q->rf && q->p && q->mag);
+    for (int64_t i = 0; i < M * K; i++) q->a[i] = rnd_h(-1, 1);
+    double sb = 1.0 / sqrt((double)K);
+    for (int64_t i = 0; i < K * N; i++) q->b[i] = rnd_h(-2 * sb, 2 * sb);
+    for (int64_t i = 0; i < N; i++) {
+        q->bh[i] = rnd_h(-1, 1);
+        q->bf[i] = (float)tu_uniform(-1, 1);
+    }
+    for (int64_t i = 0; i < M * N; i++) {
+        q->rh[i] = rnd_h(-1, 1);
+        q->rf[i] = (float)tu_uniform(-1, 1);
+    }
+    /* the float64 product, a row of A at a time over rows of B */
+    double *bd = malloc((size_t)(K * N) * sizeof(double)), *ad = malloc((size_t)K * sizeof(double));
+    assert_true(bd && ad);
+    for (int64_t i = 0; i < K * N; i++) bd[i] = sj_f16_to_f32(q->b[i]);
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t k = 0; k < K; k++) ad[k] = sj_f16_to_f32(q->a[m * K + k]);
+        double *pr = q->p + m * N, *mr = q->mag + m * N;
+        for (int64_t k = 0; k < K; k++) {
+            const double av = ad[k], aa = fabs(av), *br = bd + k * N;
+            for (int64_t n = 0; n < N; n++) {
+                pr[n] += av * br[n];
+                mr[n] += aa * fabs(br[n]);
+            }
+        }
+    }
+    free(bd);
+    free(ad);
+    q->da = dput(q->a, (size_t)(M * K) * 2);
+    q->db = dput(q->b, (size_t)(K * N) * 2);
+    q->dbh = dput(q->bh, (size_t)N * 2);
+    q->dbf = dput(q->bf, (size_t)N * 4);
+    q->drh = dput(q->rh, (size_t)(M * N) * 2);
+    q->drf = dput(q->rf, (size_t)(M * N) * 4);
+}
+
+static void prob_free(prob *q) {
+    free(q->a), free(q->b), free(q->bh), free(q->rh), free(q->bf), free(q->rf), free(q->p), free(q->mag);
+    dfree(&q->da), dfree(&q->db), dfree(&q->dbh), dfree(&q->dbf), dfree(&q->drh), dfree(&q->drf);
+}
+
+typedef struct unit {
+    CUmodule mod;
+    CUfunction fn;
+    sj_gemm_spec s;
+} unit;
+
+static void unit_load(unit *u, const sj_gemm_spec *s, const char *what) {
+    char *src = gen(s), *cubin;
+    size_t len;
+    compile(src, arch, what, &cubin, &len);
+    free(src);
+    u->s = *s;
+    cu_ok(dev->api.ModuleLoadData(&u->mod, cubin), "cuModuleLoadData");
+    free(cubin);
+    cu_ok(dev->api.ModuleGetFunction(&u->fn, u->mod, "sj_gemm"), "cuModuleGetFunction");
+    sj_gemm_dims d;
+    sj_gemm_cuda_dims(s, 1, &d);
+    cu_ok(dev->api.FuncSetAttribute(u->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)d.smem),
+          "cuFuncSetAttribute");
+}
+
+static void unit_unload(unit *u) {
+    if (u->mod) dev->api.ModuleUnload(u->mod);
+    u->mod = NULL;
+}
+
+static int runs, checked_elems;
+
+/* Run u on q; compare with the reference. */
+static void run_check(const unit *u, const prob *q, const epi *e, const char *what) {
+    int64_t M = q->M, N = q->N;
+    size_t es = e->out_dt == SJ_F16 ? 2 : 4, bytes = (size_t)((M + 1) * N) * es; /* a guard row past M */
+    unsigned char *host = malloc(bytes);
+    assert_non_null(host);
+    memset(host, 0xff, bytes); /* NaN in f16 and f32 */
+    dbuf dc = dput(host, bytes);
+    CUdeviceptr A = q->da.p, B = q->db.p, bias = e->bias_dt == SJ_F16 ? q->dbh.p : q->dbf.p,
+                R = e->res_dt == SJ_F16 ? q->drh.p : q->drf.p, C = dc.p;
+    long long m = M;
+    void *args[] = {&A, &B, &bias, &R, &C, &m};
+    sj_gemm_dims d;
+    sj_gemm_cuda_dims(&u->s, M, &d);
+    if (M > 0)
+        cu_ok(dev->api.LaunchKernel(u->fn, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.block[1], d.block[2],
+                                    (unsigned)d.smem, dev->stream, args, NULL),
+              "cuLaunchKernel");
+    cu_ok(dev->api.StreamSynchronize(dev->stream), "cuStreamSynchronize");
+    assert_int_equal(sj_cuda_to_host(dev, host, C, bytes), SJ_OK);
+    dfree(&dc);
+    double tol = e->out_dt == SJ_F16 ? 3e-3 : 5e-4;
+    int bad = 0;
+    for (int64_t i = 0; i < M * N && bad < 5; i++) {
+        int64_t n = i % N;
+        double v = q->p[i], mag = q->mag[i];
+        if (e->bias) {
+            double b = e->bias_dt == SJ_F16 ? sj_f16_to_f32(q->bh[n]) : q->bf[n];
+            v += b;
+            mag += fabs(b);
+        }
+        if (e->gelu) v = 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+        if (e->residual) {
+            double r = e->res_dt == SJ_F16 ? sj_f16_to_f32(q->rh[i]) : q->rf[i];
+            v += r;
+            mag += fabs(r);
+        }
+        double out;
+        if (es == 2) {
+            uint16_t h;
+            memcpy(&h, host + i * 2, 2);
+            out = sj_f16_to_f32(h);
+        } else {
+            float f;
+            memcpy(&f, host + i * 4, 4);
+            out = f;
+        }
+        if (!(fabs(out - v) <= tol * (mag + fabs(v)))) {
+            fprintf(stderr, "%s: [%lld, %lld] out %.7g ref %.7g (mag %.3g)\n", what, (long long)(i / N),
+                    (long long)n, out, v, mag);
+            bad++;
+        }
+    }
+    for (size_t i = (size_t)(M * N) * es; i < bytes; i++)
+        if (host[i] != 0xff) {
+            fprintf(stderr, "%s: wrote past row M (byte %zu)\n", what, i);
+            bad++;
+            break;
+        }
+    free(host);
+    runs++;
+    checked_elems += (int)(M * N);
+    if (bad) fail_msg("%s: wrong results", what);
+}
+#endif /* SJ_WITH_CUDA */
+
+static void test_device(void **state) {
+    (void)state;
+    if (!have_gpu) {
+        print_message("skipped: no CUDA device (%s)\n", no_gpu_why);
+        return;
+    }
+#ifdef SJ_WITH_CUDA
+    static const int64_t Ms[] = {1, 7, 64, 333, 512};
+    static const int64_t NK[4][2] = {{384, 384}, {1536, 384}, {384, 1536}, {1536, 1536}};
+    int n_tiles;
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&n_tiles);
+    for (int sh = 0; sh < 4; sh++) {
+        int64_t N = NK[sh][0], K = NK[sh][1];
+        /* per tile: the fullest epilogue, none, and one more in turn; all
+         * symbolic (one unit for every M) */
+        unit units[16][3];
+        const epi *ue[16][3];
+        int nu[16];
+        assert_true(n_tiles <= 16);
+        for (int t = 0; t < n_tiles; t++) {
+            int pick[3] = {FULL, 0, 1 + (t + sh) % (N_EPI - 1)};
+            if (pick[2] == FULL) pick[2] = N_EPI - 1;
+            nu[t] = 0;
+            for (int k = 0; k < 3; k++) {
+                sj_gemm_spec s = spec_of(&tiles[t], 0, N, K, &epis[pick[k]]);
+                if (sj_gemm_cuda_check(&s)) continue;
+                char what[128];
+                snprintf(what, sizeof what, "N %lld K %lld tile %dx%dx%d/%dx%d/%d %s", (long long)N, (long long)K,
+                         tiles[t].bm, tiles[t].bn, tiles[t].bk, tiles[t].wm, tiles[t].wn, tiles[t].stages,
+                         epis[pick[k]].name);
+                unit_load(&units[t][nu[t]], &s, what);
+                ue[t][nu[t]++] = &epis[pick[k]];
+            }
+        }
+        for (int mi = 0; mi < 5; mi++) {
+            prob q;
+            prob_make(&q, Ms[mi], N, K);
+            for (int t = 0; t < n_tiles; t++)
+                for (int k = 0; k < nu[t]; k++) {
+                    char what[160];
+                    snprintf(what, sizeof what, "M %lld N %lld K %lld tile %d %s", (long long)q.M, (long long)N,
+                             (long long)K, t, ue[t][k]->name);
+                    run_check(&units[t][k], &q, ue[t][k], what);
+                }
+            /* specialized to this M: the fullest epilogue, the first tile */
+            unit us;
+            sj_gemm_spec s = spec_of(&tiles[0], q.M, N, K, &epis[FULL]);
+            char what[160];
+            snprintf(what, sizeof what, "M %lld N %lld K %lld specialized", (long long)q.M, (long long)N,
+                     (long long)K);
+            unit_load(&us, &s, what);
+            run_check(&us, &q, &epis[FULL], what);
+            unit_unload(&us);
+            prob_free(&q);
+        }
+        for (int t = 0; t < n_tiles; t++)
+            for (int k = 0; k < nu[t]; k++) unit_unload(&units[t][k]);
+    }
+    print_message("  %d runs, %d elements checked against float64 on %s\n", runs, checked_elems, dev->name);
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_check),
+        cmocka_unit_test(test_compile),
+        cmocka_unit_test(test_device),
+    };
+    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+}
