@@ -65,7 +65,8 @@ static sj_status build_hist(sj_fn *fn, int input, int axis, hist *h) {
     int cap = t->n_memo ? t->n_memo : 1;
     h->sizes = sj_malloc((size_t)cap * sizeof *h->sizes);
     h->counts = sj_malloc((size_t)cap * sizeof *h->counts);
-    double *ec = sj_calloc((size_t)(n_ent + 1) * 2, sizeof(double)); /* per entry id: calls, calls * size */
+    /* per entry id: calls, calls * size, and whether a static entry was counted */
+    double *ec = sj_calloc((size_t)(n_ent + 1) * 3, sizeof(double));
     if (!h->sizes || !h->counts || !ec) {
         pthread_mutex_unlock(&t->lock);
         free(h->sizes), free(h->counts), free(ec);
@@ -74,20 +75,25 @@ static sj_status build_hist(sj_fn *fn, int input, int axis, hist *h) {
     h->memo_full = t->n_memo >= SJ_MEMO_MAX;
     for (sj_memo *m = t->memo; m && h->n < cap; m = m->hh.next) {
         int64_t s = sig_size(m->key, m->key_words, input, axis);
-        uint64_t c = sj_memo_calls(m);
-        if (s < 2 || !c) continue;
+        sj_entry *e = m->entry;
+        if (s < 2 || e->id > n_ent) continue;
+        /* A symbolic entry counts its shapes in their memo items; a static
+         * entry serves one set of sizes and counts its calls itself (the
+         * call path counts nothing more for this). */
+        uint64_t c = 0;
+        if (e->symbolic) c = sj_memo_calls(m);
+        else if (!ec[3 * e->id + 2]) c = sj_counter_sum(&e->calls), ec[3 * e->id + 2] = 1;
+        if (!c) continue;
         h->sizes[h->n] = s, h->counts[h->n++] = c;
-        if (m->entry->id <= n_ent) {
-            ec[2 * m->entry->id] += (double)c;
-            ec[2 * m->entry->id + 1] += (double)c * (double)s;
-        }
+        ec[3 * e->id] += (double)c;
+        ec[3 * e->id + 1] += (double)c * (double)s;
     }
     pthread_mutex_unlock(&t->lock);
     for (sj_entry *e = atomic_load_explicit(&t->entries, memory_order_acquire); e; e = e->next) {
         uint64_t timed = atomic_load_explicit(&e->eager_timed, RELAXED);
-        if (!timed || e->id > n_ent || ec[2 * e->id] <= 0) continue;
+        if (!timed || e->id > n_ent || ec[3 * e->id] <= 0) continue;
         h->eager_ns += (double)atomic_load_explicit(&e->eager_ns, RELAXED);
-        h->eager_size += (double)timed * ec[2 * e->id + 1] / ec[2 * e->id];
+        h->eager_size += (double)timed * ec[3 * e->id + 1] / ec[3 * e->id];
     }
     free(ec);
     h->n = sj_learn_normalize(h->sizes, h->counts, h->n);
