@@ -205,16 +205,15 @@ static int call_one(sj_fn *fn, sj_fn *eager, int64_t S, lcg *g, char *why, size_
 
 typedef struct worker {
     sj_fn *fn, *eager;
-    _Atomic int stop, calls;
-    int bad;
-    char why[256];
+    _Atomic int stop, calls, bad;
+    char why[256]; /* written before bad is set */
 } worker;
 
 static void *worker_main(void *arg) {
     worker *w = arg;
     lcg g = {77};
     while (!atomic_load(&w->stop) && !w->bad) {
-        w->bad = call_one(w->fn, w->eager, skewed(&g), &g, w->why, sizeof w->why);
+        atomic_store(&w->bad, call_one(w->fn, w->eager, skewed(&g), &g, w->why, sizeof w->why));
         w->calls++;
     }
     return NULL;
@@ -298,17 +297,17 @@ static void test_learn_applied_while_serving(void **state) {
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, worker_main, &w), 0);
     /* this thread calls too, until the worker has made 20 calls */
-    for (int i = 0; (i < 40 || atomic_load(&w.calls) < 20) && !w.bad; i++)
+    for (int i = 0; (i < 40 || atomic_load(&w.calls) < 20) && !atomic_load(&w.bad); i++)
         if (call_one(fn, eager, skewed(&g), &g, why, sizeof why)) fail_msg("during: %s", why);
     o.apply = 1;
     assert_int_equal(sj_fn_learn_buckets(fn, 0, 0, &o, &r), SJ_OK);
     int at_swap = atomic_load(&w.calls);
     sj_fn_stats(fn, &s0); /* entries from here on: traced under the new buckets */
-    for (int i = 0; (i < 60 || atomic_load(&w.calls) < at_swap + 20) && !w.bad; i++)
+    for (int i = 0; (i < 60 || atomic_load(&w.calls) < at_swap + 20) && !atomic_load(&w.bad); i++)
         if (call_one(fn, eager, skewed(&g), &g, why, sizeof why)) fail_msg("after: %s", why);
     atomic_store(&w.stop, 1);
     pthread_join(th, NULL);
-    if (w.bad) fail_msg("worker: %s", w.why);
+    if (atomic_load(&w.bad)) fail_msg("worker: %s", w.why);
     assert_true(w.calls > 0);
     assert_true(r.applied);
     assert_true(r.entries_retired >= 1);
