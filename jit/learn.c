@@ -115,11 +115,14 @@ int sj_fn_size_histogram(sj_fn *fn, int input, int axis, int64_t *sizes, uint64_
 }
 
 /* Entries whose range on (input, axis) is a symbol's that is not one of
- * the buckets of edges are retired (caller holds the trace lock). */
+ * the buckets of edges are retired, but for a fallback entry (caller holds
+ * the trace lock). */
 static int retire(sj_fn *fn, int input, int axis, const int64_t *edges, int n_edges) {
     int n = 0;
     for (sj_entry *e = atomic_load_explicit(&fn->table.entries, memory_order_acquire); e; e = e->next) {
-        if (atomic_load_explicit(&e->retired, RELAXED) || input >= e->g->n_inputs) continue;
+        /* the fallback entry made past the recompile limit keeps serving:
+         * without it, new shapes past the limit would be traced per call */
+        if (atomic_load_explicit(&e->retired, RELAXED) || e->fallback || input >= e->g->n_inputs) continue;
         const sj_value *v = &e->g->vals[input]; /* inputs are the first values */
         int sym;
         if (axis >= v->rank || !sj_ex_is_sym(e->g->ex, v->shape[axis], &sym)) continue;
@@ -200,9 +203,13 @@ sj_status sj_fn_learn_buckets(sj_fn *fn, int input, int axis, const sj_learn_opt
     const sj_dim_rule *rule = sj_policy_rule(&fn->policy, input, axis);
     const sj_bucket_spec *before = rule->kind == SJ_RULE_BUCKET ? rule->bucket : NULL;
     if (before) sj_bucket_str(before, r.rule_before, sizeof r.rule_before);
-    else snprintf(r.rule_before, sizeof r.rule_before, "%s",
-                  rule->kind == SJ_RULE_STATIC ? "static" : rule->kind == SJ_RULE_DYNAMIC ? "dynamic" : "none");
-    if (rule->kind == SJ_RULE_STATIC) { /* an entry per size */
+    /* no rule of its own: the function's policy decides (static: an entry per size) */
+    bool per_size = rule->kind == SJ_RULE_STATIC ||
+                    (rule->kind == SJ_RULE_NONE && fn->policy.dynamic == SJ_DYNAMIC_STATIC);
+    if (!before)
+        snprintf(r.rule_before, sizeof r.rule_before, "%s",
+                 per_size ? "static" : rule->kind == SJ_RULE_DYNAMIC ? "dynamic" : "none");
+    if (per_size) { /* an entry per size */
         sj_bucket_spec each;
         sj_bucket_multiple(&each, 1);
         r.cost_before_us = sj_learn_cost_spec(h.sizes, h.counts, h.n, &each, &m, &r.buckets_before);

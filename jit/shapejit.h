@@ -985,7 +985,9 @@ SJ_API sj_status sj_set_profile(sj_fn *fn, int input, int axis, int64_t min, int
  * dimension is not one of the new buckets are retired: no new shape
  * matches them, so new shapes are traced under the new buckets. Results
  * never change. Retired entries still count towards the recompile limit
- * (raise it to cover the old entries and the new buckets).
+ * (raise it to cover the old entries and the new buckets); the symbolic
+ * entry made past the limit is never retired (it serves what no bucket's
+ * entry may be made for).
  * Thread-safe with sj_call. */
 typedef struct sj_learn_options {
     int max_buckets;          /* at most this many buckets, 1 .. 64 (default 8) */

@@ -388,6 +388,37 @@ static void test_learn_from_auto(void **state) {
     sj_fn_destroy(eager);
 }
 
+/* Past the recompile limit the fallback entry keeps serving after a swap:
+ * retiring it would trace new shapes past the limit on their calls. */
+static void test_learn_keeps_fallback(void **state) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    o.recompile_limit = 2;
+    sj_fn *fn = NULL, *eager = make(rt_eager, "limit_eager");
+    assert_int_equal(sj_fn_create(rt, "limit", 2, m_soft, NULL, &o, &fn), SJ_OK);
+    lcg g = {3};
+    char why[256];
+    int64_t sizes[] = {4, 6, 8, 8, 12};
+    for (int i = 0; i < 5; i++)
+        if (call_one(fn, eager, sizes[i], &g, why, sizeof why)) fail_msg("%s", why);
+    sj_learn_options lo;
+    sj_learn_options_init(&lo);
+    lo.apply = 1, lo.compile_ms = 0, lo.max_buckets = 4;
+    sj_bucket_report r;
+    assert_int_equal(sj_fn_learn_buckets(fn, 0, 0, &lo, &r), SJ_OK);
+    assert_string_equal(r.rule_before, "static");
+    assert_int_equal(r.entries_retired, 0);
+    sj_stats s0, s1;
+    sj_fn_stats(fn, &s0);
+    for (int i = 0; i < 3; i++)
+        if (call_one(fn, eager, 10, &g, why, sizeof why)) fail_msg("%s", why);
+    sj_fn_stats(fn, &s1);
+    assert_int_equal(s1.traces, s0.traces); /* the fallback served it */
+    sj_fn_destroy(fn);
+    sj_fn_destroy(eager);
+}
+
 static void test_learn_bad_arguments(void **state) {
     sj_fn *fn = make(rt, "bad"), *eager = make(rt_eager, "bad_eager");
     sj_learn_options o;
@@ -445,6 +476,7 @@ int main(void) {
         cmocka_unit_test(test_chooser_by_hand),
         cmocka_unit_test(test_learn_applied_while_serving),
         cmocka_unit_test(test_learn_from_auto),
+        cmocka_unit_test(test_learn_keeps_fallback),
         cmocka_unit_test(test_learn_bad_arguments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
