@@ -65,7 +65,10 @@
       "copy: as large as f32 weights, twice f16/bf16 ones); weights past it, and all with `0`, go " \
       "through OpenBLAS unpacked")                                                               \
     X(warmup_max_shapes, int, 256, 1, 65536, "SHAPEJIT_WARMUP_MAX_SHAPES",                        \
-      "the most shapes one `sj_fn_warmup` prepares (explicit and bucket edges together)")
+      "the most shapes one `sj_fn_warmup` prepares (explicit and bucket edges together)")          \
+    X(specialize_max_bytes, uint64_t, 0, 0, UINT64_MAX, "SHAPEJIT_SPECIALIZE_MAX_BYTES",           \
+      "bytes the specialized shapes of one function may hold (code and planned arena); past it "   \
+      "the least recently used are demoted to their entry's symbolic kernels (`0`: no limit)")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "jit/budget.h"
 #include "jit/call.h"
 #include "jit/compile.h"
 #include "base/clock.h"
@@ -89,6 +90,7 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
  * the recompile limit. */
 static void note_shape(sj_fn *fn, sj_memo *m, unsigned shard) {
     if (!m->entry->symbolic) return;
+    if (fn->rt->cfg.specialize_max_bytes) sj_budget_touch(fn, m); /* last use, for the memory budget */
     uint64_t th = (uint64_t)fn->policy.specialize_threshold;
     uint64_t c = sj_memo_count(m, shard, th); /* 0: past th, counted in shards */
     if ((c == 0 || c > th) && atomic_load_explicit(&m->hot, RELAXED) && sj_compiler_wants(fn->rt->compiler, &m->ct))
@@ -354,7 +356,9 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
                          unsigned shard, _Atomic uint64_t **tier_out) {
     sj_fn_shard *hot = &fn->hot[shard];
     sj_status st;
-    sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
+    /* marked while it may use a shape's code (a demotion frees it after) */
+    int phase = sj_budget_enter(fn, shard);
+    sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_seq_cst) : NULL;
     int checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
     sj_memo *cm = m; /* whose target cd is: the shape's, or (NULL) the entry's */
     _Atomic uint64_t *tier = &hot->fused_spec_calls;
@@ -434,6 +438,7 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
     }
     if (fn->rt->cuda && sync) sj_cuda_lane_put(fn->rt, lane); /* the call waited for its stream */
 #endif
+    sj_budget_leave(fn, shard, phase);
     *tier_out = tier;
     return st;
 }

@@ -9,6 +9,8 @@
  *   NONE -> QUEUED -> COMPILING -> READY | FAILED
  *            \-> NONE (dropped while queued: cold, or its function destroyed)
  *   FAILED -> QUEUED | COMPILING (a retry, once its penalty has passed)
+ *   READY -> FAILED (rejected by validation) | NONE (a shape demoted by the
+ *            memory budget: jit/budget.h)
  *
  * A READY target's code is published with one atomic store of `ready`;
  * callers pick it up with one atomic load. A FAILED target's entry keeps
@@ -59,6 +61,10 @@ typedef struct sj_compiled {
     bool from_remote; /* of which from the remote cache */
     double compile_ms;
     char key[65];        /* the kernel cache's key of the unit */
+    /* What it holds, for the memory budget: the loaded unit's size, and
+     * (a shape's specialization) its plan's arena at the shape's sizes. */
+    int64_t code_bytes, arena_bytes;
+    struct sj_compiled *retired_next; /* demoted, waiting to be freed (jit/budget.c) */
     /* Validated swap (jit/validate.c): > 0, calls left that run eagerly
      * beside the kernel and compare before it serves alone; 0, validated;
      * -1, rejected (its results differed: never used again). */
@@ -157,5 +163,7 @@ void sj_compiler_set_idle_ms(sj_compiler *c, int ms);
 
 /* Free a target's published code (at function destroy). */
 void sj_ctarget_release(sj_ctarget *t);
+/* Unload and free a unit no call can be running (NULL: nothing). */
+void sj_compiled_free(sj_compiled *cd);
 
 #endif /* SJ_COMPILE_H */

@@ -243,6 +243,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_REMOTE_CACHE_TIMEOUT_MS=n  -> remote_cache_timeout_ms
  *   SHAPEJIT_PREPACK_MAX_BYTES=n        -> prepack_max_bytes
  *   SHAPEJIT_WARMUP_MAX_SHAPES=n        -> warmup_max_shapes
+ *   SHAPEJIT_SPECIALIZE_MAX_BYTES=n     -> specialize_max_bytes
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -434,6 +435,29 @@ typedef struct sj_runtime_config {
      * together); more is SJ_EINVAL. 1 .. 65536; default 256.
      * $SHAPEJIT_WARMUP_MAX_SHAPES. */
     int warmup_max_shapes;
+    /* The memory budget of specializations: the bytes one function's
+     * specialized shapes (exact shapes of a symbolic entry that got kernels
+     * of their own, specialize_threshold) may hold: each its loaded code
+     * (the unit's size) and its fused plan's arena at its sizes. A new
+     * specialization that would pass it demotes the least recently called
+     * ones first: their kernels are unpublished, freed once no call can
+     * still be running them, and their shapes go back to the entry's
+     * symbolic kernels, with results unchanged. A demoted shape that is
+     * called specialize_threshold times again may be specialized again,
+     * after a wait that doubles with each of its demotions
+     * (compile_retry_ms * 2^(n-1), +-25%). A unit larger than the whole
+     * budget is not kept (its shape stays symbolic). Each demotion is
+     * logged (compile topic) and sent as an SJ_EVENT_DEMOTED event;
+     * sj_stats counts specializations_demoted and specialized_bytes;
+     * sj_fn_explain and sj_entry_info show them. With a budget, calls of
+     * specialized shapes read the runtime's clock (a last-use stamp, kept
+     * at millisecond grain) and mark themselves in a per-thread counter.
+     * CUDA backend: a demoted unit's module stays loaded until its function
+     * is destroyed (queued stream work and CUDA graphs may still launch
+     * it), and CUDA graphs' memory is not counted; shapes with a captured
+     * graph are not demoted. 0 (default): no limit.
+     * $SHAPEJIT_SPECIALIZE_MAX_BYTES. */
+    uint64_t specialize_max_bytes;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -1014,6 +1038,10 @@ typedef struct sj_stats {
     uint64_t validations;          /* calls that ran eagerly and fused side by side (validate_calls) */
     uint64_t validation_failures;  /* compiled units rejected: their results differed from eager */
     uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
+    /* The memory budget of specializations (specialize_max_bytes): */
+    uint64_t specializations_demoted; /* specialized shapes demoted to their entry's symbolic kernels */
+    uint64_t specializations_over_budget; /* compiled specializations not kept: alone larger than the budget */
+    uint64_t specialized_bytes; /* bytes the specialized shapes hold now (code and arenas; with or without a budget) */
     double compile_ms;         /* compiler time, total */
     /* CUDA backend (sj_runtime_config.cuda_graphs): */
     uint64_t graph_calls;      /* fused calls served by one CUDA graph launch */
@@ -1249,6 +1277,8 @@ typedef struct sj_entry_info {
     double time_to_fused_ms; /* from the entry's creation to its kernels being ready; -1 if not */
     int64_t planned_bytes;   /* arena bytes at the sizes first traced (memory plan) */
     int64_t naive_bytes;     /* without sharing */
+    int64_t specialized_bytes; /* what its specialized shapes hold now (code and arenas) */
+    int demoted_shapes;      /* its shapes demoted by the memory budget and not specialized now */
 } sj_entry_info;
 
 /* Fill out[0 .. max) with the entries, newest first; returns how many

@@ -36,6 +36,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/tensor.h"
+#include "jit/budget.h"
 #include "jit/call.h"
 #include "jit/compile.h"
 #include "jit/exec_cuda.h"
@@ -418,11 +419,14 @@ static sj_status make_inputs(sj_runtime *rt, const warm_shape *s, int n, sj_tens
 /* Validation checks left of the code a call of s would use now (its
  * shape's, else its entry's; jit/validate.h); 0 when none is left or no
  * code is ready. */
-static int checks_left(const warm_shape *s) {
-    sj_compiled *cd = s->m ? atomic_load_explicit(&s->m->ct.ready, memory_order_acquire) : NULL;
+static int checks_left(sj_fn *fn, const warm_shape *s) {
+    unsigned shard = sj_shard_index();
+    int phase = sj_budget_enter(fn, shard); /* the shape's code may be demoted meanwhile (jit/budget.h) */
+    sj_compiled *cd = s->m ? atomic_load_explicit(&s->m->ct.ready, memory_order_seq_cst) : NULL;
     if (cd && atomic_load_explicit(&cd->checks_left, RELAXED) < 0) cd = NULL;
     if (!cd) cd = atomic_load_explicit(&s->e->ct.ready, memory_order_acquire);
     int n = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
+    sj_budget_leave(fn, shard, phase);
     return n > 0 ? n : 0;
 }
 
@@ -444,13 +448,13 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
     bool capture = caller_bufs && s->m && rt->cuda && rt->cfg.cuda_graphs > 0 && !(w->flags & SJ_WARMUP_NO_GRAPHS);
     (void)capture; /* (CUDA only) */
     sj_status st = make_inputs(rt, s, n_in, in, made);
-    int validating = checks_left(s), runs = 0;
-    while (!st && (runs == 0 || (checks_left(s) > 0 && runs <= rt->cfg.validate_calls)) && !atomic_load(&w->stop)) {
+    int validating = checks_left(fn, s), runs = 0;
+    while (!st && (runs == 0 || (checks_left(fn, s) > 0 && runs <= rt->cfg.validate_calls)) && !atomic_load(&w->stop)) {
         st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, false, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
         runs++;
     }
-    if (!st && validating && !checks_left(s)) { /* validated: the run a call now gets */
+    if (!st && validating && !checks_left(fn, s)) { /* validated: the run a call now gets */
         st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, false, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
     }
