@@ -140,6 +140,24 @@ static void log_guards(const sj_fn *fn, const sj_entry *e) {
     free(text);
 }
 
+/* The structured event of a retrace: the new entry, the call's input
+ * sizes, the guards that failed. */
+static void emit_recompile(const sj_fn *fn, const sj_tensor *in, const sj_entry *e, const char *why) {
+    if (!sj_log_wants_events(&fn->rt->log)) return;
+    char shape[192];
+    size_t used = 0;
+    shape[0] = '\0';
+    for (int i = 0; i < fn->n_inputs && used < sizeof shape; i++) {
+        used += (size_t)snprintf(shape + used, sizeof shape - used, "%s[", i ? ", " : "");
+        for (int a = 0; a < in[i].rank && used < sizeof shape; a++)
+            used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", a ? ", " : "", (long long)in[i].shape[a]);
+        if (used < sizeof shape) used += (size_t)snprintf(shape + used, sizeof shape - used, "]");
+    }
+    sj_emit(fn->rt, (sj_event){.kind = SJ_EVENT_RECOMPILE, .topic = SJ_LOG_RECOMPILES, .fn = fn->name, .entry = e->id,
+                               .shape = shape, .error = why,
+                               .count = atomic_load_explicit(&fn->table.n_entries, RELAXED) + 1});
+}
+
 /* Build the entry for a trace of `in` under plan. On success *out is a new,
  * unpublished entry whose guards pass for `in` (sym_vals filled). */
 static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64_t *sym_vals, sj_entry **out) {
@@ -275,10 +293,11 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
     atomic_fetch_add_explicit(&fn->c.traces, 1, RELAXED);
     if (fallback) fn->fallback_made = true;
     if (extra) fn->extra_entries++;
-    if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0)
+    if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0) {
         sj_logf(fn->rt, SJ_LOG_RECOMPILES, "fn '%s': retrace -> entry %d (%s%s) because %s", fn->name, e->id, e->what,
                 *transient ? ", not kept: past the recompile limit" : "", why);
-    else
+        emit_recompile(fn, in, e, why);
+    } else
         sj_logf(fn->rt, SJ_LOG_TRACE, "fn '%s': traced entry %d (%s): %d nodes", fn->name, e->id, e->what, e->g->n_nodes);
     log_guards(fn, e);
     if (e->plan && sj_log_on(fn->rt, SJ_LOG_FUSION)) {

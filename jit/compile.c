@@ -92,6 +92,17 @@ static void target_transition(sj_ctarget *t, sj_cstate to) {
 
 static sj_ctarget *target_of(sj_entry *e, sj_memo *m) { return m ? &m->ct : &e->ct; }
 
+/* A structured event about target (e, m) of fn (shapejit.h: sj_event). */
+static void emit(const sj_compiler *c, sj_event_kind kind, unsigned topic, struct sj_fn *fn, sj_entry *e, sj_memo *m,
+                 const char *error, double ms, int64_t bytes, int count, int64_t retry_ms) {
+    if (!c->rt || !sj_log_wants_events(&c->rt->log)) return;
+    char shape[128] = "";
+    if (m) sj_memo_shape(m, shape, sizeof shape);
+    sj_emit(c->rt, (sj_event){.kind = kind, .topic = topic, .fn = fn->name, .entry = e->id, .shape = shape,
+                              .error = error, .duration_ms = ms, .bytes = bytes, .count = count,
+                              .retry_ms = retry_ms});
+}
+
 void sj_compiled_free(sj_compiled *c) {
     if (!c) return;
     c->backend->unload(c->backend, c->module);
@@ -278,6 +289,8 @@ static void demote(sj_compiler *c, struct sj_fn *fn, sj_memo *v, uint32_t now_ti
             "freed, unused for %u ms, demoted %d times",
             fn->name, v->entry->id, shape, (unsigned long long)c->rt->cfg.specialize_max_bytes,
             (long long)held_by(old), now_tick - atomic_load_explicit(&v->used_tick, RELAXED), n);
+    emit(c, SJ_EVENT_DEMOTED, SJ_LOG_COMPILE, fn, v->entry, v, "", (double)(now_tick - atomic_load_explicit(&v->used_tick, RELAXED)),
+         held_by(old), n, 0);
     old->retired_next = *retired;
     *retired = old;
 }
@@ -314,6 +327,8 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         target_transition(t, SJ_CS_FAILED);
         atomic_fetch_add_explicit(&fn->c.over_budget, 1, RELAXED);
         sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d shape not kept: %s", fn->name, e->id, t->error);
+        emit(c, SJ_EVENT_COMPILE_BLACKLISTED, SJ_LOG_COMPILE, fn, e, m, t->error, 0, held_by(cd),
+             atomic_load_explicit(&t->fails, RELAXED), 0);
         cd->retired_next = *retired; /* never published: freed at once */
         *retired = cd;
         return;
@@ -330,6 +345,7 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s, %.1f ms)", fn->name, e->id,
                 m ? " shape" : "",
                 cd->from_remote ? "from the remote cache" : cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
+        emit(c, SJ_EVENT_COMPILE_FINISHED, SJ_LOG_COMPILE, fn, e, m, "", cd->compile_ms, held_by(cd), 0, 0);
     } else {
         snprintf(t->error, sizeof t->error, "%s", err);
         int fails = atomic_fetch_add_explicit(&t->fails, 1, RELAXED) + 1;
@@ -349,6 +365,9 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         else
             sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s failed %d times, retry in %lld ms", fn->name, e->id,
                     m ? " shape" : "", fails, (long long)(penalty / 1000000));
+        emit(c, SJ_EVENT_COMPILE_FAILED, SJ_LOG_COMPILE, fn, e, m, err, 0, 0, fails,
+             blacklist ? -1 : penalty / 1000000);
+        if (blacklist) emit(c, SJ_EVENT_COMPILE_BLACKLISTED, SJ_LOG_COMPILE, fn, e, m, err, 0, 0, fails, 0);
     }
 }
 
@@ -381,6 +400,7 @@ bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *
     atomic_fetch_add_explicit(&fn->c.validation_failures, 1, RELAXED);
     bool first = !fn->reject_logged;
     fn->reject_logged = true;
+    emit(c, SJ_EVENT_VALIDATION_REJECTED, SJ_LOG_WARN, fn, e, m, why, 0, 0, 0, 0);
     pthread_mutex_unlock(&c->lock);
     if (c->rt && c->rt->cache) sj_cache_quarantine(c->rt->cache, cd->key);
     if (first)
@@ -466,11 +486,14 @@ static void run_one(sj_compiler *c) {
     if (!j.warm && sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
         target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
         atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
+        emit(c, SJ_EVENT_COMPILE_DROPPED, SJ_LOG_COMPILE, j.fn, j.entry, j.memo, "cold: no calls while it was queued",
+             0, 0, 0, 0);
         j.fn->compiles_pending--;
         pthread_cond_broadcast(&c->done);
         return;
     }
     target_transition(t, SJ_CS_COMPILING);
+    emit(c, SJ_EVENT_COMPILE_STARTED, SJ_LOG_COMPILE, j.fn, j.entry, j.memo, "", 0, 0, 0, 0);
     int64_t idle_until = c->idle_ns > 0 ? j.queued_ns + c->idle_ns : 0;
     pthread_mutex_unlock(&c->lock);
     char err[256] = "";
@@ -606,6 +629,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
     /* sync: compile here, or wait for the thread compiling it */
     if (may_queue(c, t) && !fn->cancelled) {
         target_transition(t, SJ_CS_COMPILING);
+        emit(c, SJ_EVENT_COMPILE_STARTED, SJ_LOG_COMPILE, fn, e, m, "", 0, 0, 0, 0);
         fn->compiles_pending++;
         pthread_mutex_unlock(&c->lock);
         char err[256] = "";
@@ -661,6 +685,8 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
             continue;
         }
         target_transition(target_of(c->jobs[i].entry, c->jobs[i].memo), SJ_CS_NONE);
+        emit(c, SJ_EVENT_COMPILE_DROPPED, SJ_LOG_COMPILE, fn, c->jobs[i].entry, c->jobs[i].memo,
+             "its function is being destroyed", 0, 0, 0, 0);
         fn->compiles_pending--;
         c->jobs[i] = c->jobs[--c->n_jobs];
         atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);

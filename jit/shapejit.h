@@ -199,6 +199,72 @@ enum {
  * the library. msg is valid only during the call. */
 typedef void (*sj_log_fn)(void *user, unsigned topic, const char *msg);
 
+/* Structured events: what the runtime does in the background, for a server
+ * that consumes them as data (metrics, traces) instead of parsing log
+ * lines. Set cfg.event_fn: every event below is sent to it, whatever
+ * log_mask says; the text lines are unchanged, and sent to log_fn (or
+ * stderr) as before. X(name, text): sj_event_name gives the text. */
+#define SJ_EVENT_LIST(X)                                                                         \
+    X(SJ_EVENT_COMPILE_STARTED, "compile_started")         /* a compile began (a job taken) */  \
+    X(SJ_EVENT_COMPILE_FINISHED, "compile_finished")       /* its kernels are ready */          \
+    X(SJ_EVENT_COMPILE_FAILED, "compile_failed")           /* it failed; retried after a wait */ \
+    X(SJ_EVENT_COMPILE_DROPPED, "compile_dropped")         /* a queued compile dropped */       \
+    X(SJ_EVENT_COMPILE_BLACKLISTED, "compile_blacklisted") /* a target given up for good */     \
+    X(SJ_EVENT_VALIDATION_REJECTED, "validation_rejected") /* new kernels differ from eager */  \
+    X(SJ_EVENT_DEMOTED, "specialization_demoted")          /* the memory budget demoted a shape */ \
+    X(SJ_EVENT_RECOMPILE, "recompile")                     /* guards failed: a new trace */     \
+    X(SJ_EVENT_GRAPH_CAPTURED, "graph_captured")           /* a CUDA graph was captured */
+
+typedef enum sj_event_kind {
+#define SJ_X(name, text) name,
+    SJ_EVENT_LIST(SJ_X)
+#undef SJ_X
+    SJ_EVENT_COUNT
+} sj_event_kind;
+
+/* One event. Strings are valid only during the callback; fields that do
+ * not apply to a kind are -1 (entry), "" or 0.
+ *   COMPILE_*: entry and, for one exact shape's specialization, shape.
+ *     FINISHED: duration_ms (the compiler's time, 0 from the cache), bytes
+ *     (the unit's code, and a shape's arena). FAILED: error, count
+ *     (failures so far), retry_ms (the wait before a call may queue it
+ *     again; -1: none, it is blacklisted, and BLACKLISTED follows).
+ *     BLACKLISTED: error, count (also a shape's specialization larger than
+ *     the whole specialize_max_bytes: not kept). DROPPED:
+ *     error says why (no calls while queued; its function destroyed).
+ *   VALIDATION_REJECTED: entry, shape, error (the largest difference).
+ *   DEMOTED: entry, shape, bytes (freed), count (its demotions so far),
+ *     duration_ms (how long it had gone uncalled).
+ *   RECOMPILE: entry (the new one), shape (the call's input sizes), error
+ *     (the guards that failed, entry by entry), count (entries with it;
+ *     past the recompile limit the new entry may serve the call and not
+ *     be kept).
+ *   GRAPH_CAPTURED: entry, shape, duration_ms (the capture's time),
+ *     count (the shape's graphs now).
+ * time_ns is the runtime's clock (cfg.clock_ns when set). */
+typedef struct sj_event {
+    sj_event_kind kind;
+    unsigned topic;       /* the log topic of the kind's text line (SJ_LOG_*) */
+    const char *fn;       /* the function's name */
+    int entry;            /* its entry id, -1 if none */
+    const char *shape;    /* "s0=12, s1=64" (a shape's symbol values) or "[4, 32], [4]" (input sizes); "" */
+    const char *error;    /* why, "" if none */
+    double duration_ms;
+    int64_t bytes;
+    int count;
+    int64_t retry_ms;
+    int64_t time_ns;
+} sj_event;
+
+/* Called once per event, from any thread that uses the runtime (compile
+ * workers, callers, the graph thread), possibly with the runtime's internal
+ * locks held and concurrently: it must be thread-safe, quick, and must not
+ * call back into the library. */
+typedef void (*sj_event_fn)(void *user, const sj_event *ev);
+
+/* "compile_started", ...; "?" for an invalid kind. */
+SJ_API const char *sj_event_name(sj_event_kind k);
+
 /* Host memory hooks for memory the runtime allocates (output tensors the
  * caller asked for, execution arenas). alloc returns memory aligned to at
  * least `align` bytes (a power of two, at most 4096) or NULL. */
@@ -256,6 +322,8 @@ typedef struct sj_runtime_config {
     unsigned log_mask;       /* default SJ_LOG_WARN */
     sj_log_fn log_fn;        /* default NULL: lines go to stderr as "shapejit[topic]: ..." */
     void *log_user;          /* passed to log_fn */
+    sj_event_fn event_fn;    /* default NULL: no structured events (see sj_event) */
+    void *event_user;        /* passed to event_fn */
     sj_allocator allocator;  /* default: aligned_alloc/free */
     /* Defaults for every function's options (sj_fn_options; 1 .. 1e6). */
     int recompile_limit;       /* entries per function; default 8 */
