@@ -92,6 +92,11 @@ static void target_transition(sj_ctarget *t, sj_cstate to) {
 
 static sj_ctarget *target_of(sj_entry *e, sj_memo *m) { return m ? &m->ct : &e->ct; }
 
+/* Calls of a target: its entry's, or (a shape's specialization) the
+ * shape's own, so that a shape no longer seen goes cold while its entry
+ * serves other shapes. */
+static uint64_t target_calls(sj_entry *e, sj_memo *m) { return m ? sj_memo_calls(m) : sj_counter_sum(&e->calls); }
+
 /* A structured event about target (e, m) of fn (shapejit.h: sj_event). */
 static void emit(const sj_compiler *c, sj_event_kind kind, unsigned topic, struct sj_fn *fn, sj_entry *e, sj_memo *m,
                  const char *error, double ms, int64_t bytes, int count, int64_t retry_ms) {
@@ -482,7 +487,7 @@ void sj_compiler_set_fifo(sj_compiler *c, bool fifo) {
 static void run_one(sj_compiler *c) {
     job j = pop(c);
     sj_ctarget *t = target_of(j.entry, j.memo);
-    uint64_t calls = sj_counter_sum(&j.entry->calls);
+    uint64_t calls = target_calls(j.entry, j.memo);
     if (!j.warm && sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
         target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
         atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
@@ -616,7 +621,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
                 c->jobs = h;
                 c->cap_jobs = cap;
             }
-            t->queued_calls = sj_counter_sum(&e->calls);
+            t->queued_calls = target_calls(e, m);
             c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             target_transition(t, SJ_CS_QUEUED);

@@ -7,7 +7,9 @@
  * target_transition() in compile.c:
  *
  *   NONE -> QUEUED -> COMPILING -> READY | FAILED
- *            \-> NONE (dropped while queued: cold, or its function destroyed)
+ *            \-> NONE (dropped while queued: cold, i.e. no call of its entry, or
+ *                     for a shape's specialization of that shape, for the
+ *                     cold time; or its function destroyed)
  *   FAILED -> QUEUED | COMPILING (a retry, once its penalty has passed)
  *   READY -> FAILED (rejected by validation) | NONE (a shape demoted by the
  *            memory budget: jit/budget.h)
@@ -74,7 +76,7 @@ typedef struct sj_compiled {
 typedef struct sj_ctarget {
     _Atomic int state;                 /* sj_cstate */
     _Atomic(sj_compiled *) ready;      /* READY: the code */
-    uint64_t queued_calls;             /* the entry's calls when queued */
+    uint64_t queued_calls;             /* the target's calls when queued (a shape's: the shape's own) */
     int64_t seen_ns;                   /* when the target was first seen (entry made / shape hot) */
     _Atomic int64_t ready_ns;          /* when it became READY (0 before) */
     _Atomic int64_t retry_ns;          /* FAILED: when a retry may be queued; INT64_MAX: blacklisted */

@@ -440,9 +440,10 @@ typedef struct sj_runtime_config {
     /* The runtime's clock, for tests that drive time (a virtual clock):
      * nanoseconds from any fixed origin, never decreasing. NULL (default):
      * CLOCK_MONOTONIC. It times what the runtime schedules: compile
-     * penalties (above) and the drop of queued compiles whose entry got no
-     * calls for 60 s. Called from calling threads and compile workers,
-     * concurrently: it must be thread-safe and must not call back into
+     * penalties (above) and the drop of queued compiles whose entry (a
+     * shape's specialization: whose shape) got no calls for 60 s. Called
+     * from calling threads and compile workers, concurrently: it must be
+     * thread-safe and must not call back into
      * the library. Timeouts that bound waits (compile_timeout_ms,
      * sj_fn_wait_idle) and the statistics' times stay on the real clock. */
     int64_t (*clock_ns)(void *user);
@@ -1105,7 +1106,7 @@ typedef struct sj_stats {
     uint64_t compiles_blacklisted; /* units that failed for good (compile_max_failures) */
     uint64_t validations;          /* calls that ran eagerly and fused side by side (validate_calls) */
     uint64_t validation_failures;  /* compiled units rejected: their results differed from eager */
-    uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
+    uint64_t compiles_dropped; /* queued compiles dropped because their entry (or shape) went cold */
     /* The memory budget of specializations (specialize_max_bytes): */
     uint64_t specializations_demoted; /* specialized shapes demoted to their entry's symbolic kernels */
     uint64_t specializations_over_budget; /* compiled specializations not kept: alone larger than the budget */

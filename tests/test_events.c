@@ -223,6 +223,39 @@ static void compile_dropped_when_cold(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* A shape's specialization queued while the shape stops coming is
+ * dropped as cold, though its entry keeps serving other shapes; the shape's
+ * next call queues it again. */
+static void shape_no_longer_seen_is_dropped(void **state) {
+    (void)state;
+    reset();
+    sj_runtime_config cfg = config();
+    sj_runtime *rt = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_compiler_set_cold_ms(rt->compiler, 1000);
+    sj_fn *fn = function(rt, "stale", SJ_DYNAMIC_SYMBOLIC);
+    call(fn, 24);
+    drain(rt);
+    call(fn, 24); /* its second call: hot, its specialization queued */
+    for (int i = 0; i < 20; i++) {
+        call(fn, 40); /* the entry stays busy */
+        atomic_fetch_add(&now_ns, 100 * MS);
+    }
+    drain(rt);
+    const rec *d = nth(SJ_EVENT_COMPILE_DROPPED, 0);
+    assert_non_null(d);
+    assert_string_equal(d->shape, "s0=24");
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.compiles_dropped, 1);
+    int finished = count(SJ_EVENT_COMPILE_FINISHED);
+    call(fn, 24); /* seen again: queued again */
+    drain(rt);
+    assert_int_equal(count(SJ_EVENT_COMPILE_FINISHED), finished + 1);
+    assert_string_equal(nth(SJ_EVENT_COMPILE_FINISHED, finished)->shape, "s0=24");
+    sj_runtime_destroy(rt);
+}
+
 /* -- Validation, demotion, recompiles ------------------------------------------------------- */
 
 static void validation_rejected(void **state) {
@@ -338,7 +371,8 @@ int main(void) {
     srand(5);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compile_started_and_finished), cmocka_unit_test(compile_failed_then_blacklisted),
-        cmocka_unit_test(compile_dropped_when_cold),    cmocka_unit_test(validation_rejected),
+        cmocka_unit_test(compile_dropped_when_cold),    cmocka_unit_test(shape_no_longer_seen_is_dropped),
+        cmocka_unit_test(validation_rejected),
         cmocka_unit_test(specialization_demoted),       cmocka_unit_test(recompile),
         cmocka_unit_test(names_and_no_callback),
     };
