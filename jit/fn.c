@@ -357,9 +357,9 @@ static const char *tier_name(const sj_entry *e) {
 }
 
 /* Ready specialized shapes of an entry (memo items with their own code),
- * the bytes they hold (with a budget), and its shapes demoted and not
- * specialized now. The code is only looked at under a budget's mark: a
- * demotion may free it. */
+ * the bytes they hold, and its shapes demoted and not specialized now.
+ * The code is read under a call's mark (jit/budget.h): a demotion may free
+ * it meanwhile. */
 static int specialized_shapes(sj_fn *fn, const sj_entry *e, int64_t *bytes, int *demoted) {
     int n = 0;
     *bytes = 0;
