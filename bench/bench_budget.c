@@ -12,7 +12,12 @@
  * made and demoted, and the stream's seconds.
  *
  *   bench_budget [--lengths FILE] [--requests N] [--interval-us U] [--budget BYTES]...
- * Prints one JSON object per budget. */
+ * Prints one JSON object per budget.
+ *
+ *   bench_budget --overhead
+ * What a budget costs a call: 1e6 calls of one specialized shape (8
+ * floats, x * 2 + 1), without and with a budget (which stamps the shape's
+ * last use and marks the call around its code), best of 5 each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +28,52 @@
 #define COLS 256
 #define MAXL 1024
 
+static sj_status m_affine(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    return sj_output(t, sj_add(t, sj_mul(t, in[0], sj_scalar(t, 2.0)), sj_scalar(t, 1.0)));
+}
+
+static int overhead(void) {
+    double best[2] = {1e9, 1e9};
+    for (int rep = 0; rep < 5; rep++)
+        for (int b = 0; b < 2; b++) {
+            sj_runtime_config cfg;
+            sj_runtime_config_init(&cfg);
+            cfg.backend = SJ_BACKEND_CPU;
+            cfg.cache_dir = NULL;
+            cfg.compile_mode = SJ_COMPILE_SYNC;
+            cfg.exec_threads = 1;
+            cfg.log_mask = SJ_LOG_WARN;
+            cfg.specialize_max_bytes = b ? UINT64_C(1) << 30 : 0;
+            sj_runtime *rt;
+            if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
+            sj_fn_options o;
+            sj_fn_options_init(&o);
+            o.dynamic = SJ_DYNAMIC_SYMBOLIC;
+            sj_fn *fn;
+            if (sj_fn_create(rt, "affine", 1, m_affine, NULL, &o, &fn)) bench_die("sj_fn_create");
+            float x[8] = {0}, y[8];
+            sj_tensor in = sj_tensor_make(x, SJ_F32, 1, (int64_t[]){8});
+            sj_tensor out = sj_tensor_make(y, SJ_F32, 1, (int64_t[]){8});
+            for (int i = 0; i < 100; i++)
+                if (sj_call(fn, &in, 1, &out, 1)) bench_die("sj_call");
+            int n = 1000000;
+            double t0 = bench_now_s();
+            for (int i = 0; i < n; i++) sj_call(fn, &in, 1, &out, 1);
+            double ns = (bench_now_s() - t0) / n * 1e9;
+            sj_stats s;
+            sj_fn_stats(fn, &s);
+            if (s.fused_specialized_calls < (uint64_t)n) bench_die("not specialized");
+            if (ns < best[b]) best[b] = ns;
+            sj_runtime_destroy(rt);
+        }
+    printf("{\"bench\": \"budget_overhead\", \"ns_per_call_no_budget\": %.1f, \"ns_per_call_budget\": %.1f}\n", best[0],
+           best[1]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--overhead")) return overhead();
     const char *path = ".peer/workloads/w5_lengths.txt";
     int requests = 4000, interval_us = 1000, n_budgets = 1;
     uint64_t budgets[16] = {0};

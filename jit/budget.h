@@ -8,9 +8,10 @@
  * to NONE, the shape's hot mark and its specialize_budget slot are given
  * back) and the shape's calls go to the entry's symbolic kernels.
  *
- * Last use. A call of a symbolic entry's shape writes the runtime clock's
- * millisecond tick into the memo item only when the tick changed: one
- * clock read and one load of a line nobody writes, most calls.
+ * Last use. A call of a symbolic entry's specialized (or demoted) shape
+ * writes the millisecond tick (sj_budget_tick) into the memo item only when
+ * the tick changed: one coarse clock read and one load of a line nobody
+ * writes, most calls.
  *
  * Freeing code a call may be running. Calls mark themselves in their
  * thread shard's code_users[phase] (phase = fn->code_phase & 1) around
@@ -35,6 +36,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "jit/fn.h"
 
@@ -59,12 +61,23 @@ static inline void sj_budget_leave(sj_fn *fn, unsigned shard, int phase) {
  * is hot again and its wait has passed. */
 void sj_budget_rehot(sj_fn *fn, sj_memo *m);
 
+/* The last-use clock, in ms: the runtime's clock (cfg.clock_ns when set),
+ * the real one read coarse (CLOCK_MONOTONIC_COARSE, a few ns: a call of a
+ * specialized shape reads it, and CLOCK_MONOTONIC cost 116 ns a read on
+ * the 2-vCPU VM). Every stamp and every age comes from here. */
+static inline uint32_t sj_budget_tick(const sj_runtime *rt) {
+    if (rt->cfg.clock_ns) return (uint32_t)(rt->cfg.clock_ns(rt->cfg.clock_user) / 1000000);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint32_t)((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+}
+
 /* Stamp m's last use (a call of a symbolic entry's shape; budget on). */
 static inline void sj_budget_touch(sj_fn *fn, sj_memo *m) {
     int s = atomic_load_explicit(&m->ct.state, memory_order_relaxed);
     bool demoted = s == SJ_CS_NONE && atomic_load_explicit(&m->demotions, memory_order_relaxed) > 0;
     if (s != SJ_CS_READY && !demoted) return;
-    uint32_t tick = (uint32_t)(sj_runtime_now_ns(fn->rt) / 1000000);
+    uint32_t tick = sj_budget_tick(fn->rt);
     if (atomic_load_explicit(&m->used_tick, memory_order_relaxed) == tick) return;
     atomic_store_explicit(&m->used_tick, tick, memory_order_relaxed);
     if (demoted) sj_budget_rehot(fn, m);

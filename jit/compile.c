@@ -308,7 +308,7 @@ static bool admit(sj_compiler *c, struct sj_fn *fn, sj_memo *m, sj_compiled *cd,
     if (!max) return true;
     int64_t need = held_by(cd);
     if ((uint64_t)need > max) return false;
-    uint32_t tick = (uint32_t)(sj_runtime_now_ns(c->rt) / 1000000);
+    uint32_t tick = sj_budget_tick(c->rt);
     while ((uint64_t)(atomic_load_explicit(&fn->spec_bytes, RELAXED) + need) > max) {
         sj_memo *v = lru_victim(fn, m, tick);
         if (!v) break; /* what is left has graphs: over the budget (CUDA) */
