@@ -26,6 +26,7 @@
 #include "base/tensor.h"
 #include "jit/trace.h"
 #include "jit/validate.h"
+#include "jit/warmup.h"
 
 #define RELAXED memory_order_relaxed
 #define MAX_FAILS 64
@@ -69,7 +70,7 @@ static bool at_limit(const sj_fn *fn) {
 
 /* Count a call of entry e; a hot entry asks for its plan to be compiled
  * (again, if a queued compile was dropped as cold). */
-static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
+static void note_call(sj_fn *fn, sj_entry *e, const sj_tensor *inputs, unsigned shard) {
     sj_counter_inc(&e->calls, shard);
     /* until the entry is hot, every call sums the shards (hot_threshold
      * calls, 2 by default); after, only reads of lines nobody writes */
@@ -81,6 +82,9 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
         atomic_fetch_add_explicit(&fn->c.hot_entries, 1, RELAXED);
         sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
                 (unsigned long long)c);
+        if (e->plan && sj_compiler_wants(fn->rt->compiler, &e->ct)) sj_compiler_request(fn->rt->compiler, fn, e, NULL);
+        if (fn->rt->cfg.compile_ahead) sj_warmup_ahead(fn, e, inputs); /* behind e's own compile */
+        return;
     }
     if (e->plan && sj_compiler_wants(fn->rt->compiler, &e->ct)) sj_compiler_request(fn->rt->compiler, fn, e, NULL);
 }
@@ -497,7 +501,7 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         if (transient) sj_entry_free(e);
         goto fail;
     }
-    if (!transient) note_call(fn, e, shard); /* may compile here in sync mode */
+    if (!transient) note_call(fn, e, inputs, shard); /* may compile here in sync mode */
 
     _Atomic uint64_t *tier;
     st = execute(fn, m, e, syms, transient, inputs, outputs, stream, sync, RUN_CALL, shard, &tier);

@@ -310,6 +310,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_PREPACK_MAX_BYTES=n        -> prepack_max_bytes
  *   SHAPEJIT_WARMUP_MAX_SHAPES=n        -> warmup_max_shapes
  *   SHAPEJIT_SPECIALIZE_MAX_BYTES=n     -> specialize_max_bytes
+ *   SHAPEJIT_COMPILE_AHEAD=0|1          -> compile_ahead
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -527,6 +528,18 @@ typedef struct sj_runtime_config {
      * graph are not demoted. 0 (default): no limit.
      * $SHAPEJIT_SPECIALIZE_MAX_BYTES. */
     uint64_t specialize_max_bytes;
+    /* Neighbouring buckets compiled ahead: when an entry of a bucketed
+     * dimension gets hot (hot_threshold calls), the call that made it hot
+     * also traces the next bucket up (the call's inputs with that size, and
+     * every size equal to it, set to the next bucket's upper edge; the
+     * model function runs on that call's thread, as for any new shape)
+     * and queues its compile, which the value-ordered queue takes after
+     * the jobs that have calls. A first call of that bucket then finds its
+     * kernels ready. The trace is a retrace like a call's (logged, counted,
+     * within the recompile limit: none past it); a model that rejects the
+     * size only counts a trace error. Async compiles only. 0 (default):
+     * off; 1: on. $SHAPEJIT_COMPILE_AHEAD. */
+    int compile_ahead;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */

@@ -834,3 +834,59 @@ void sj_warmup_explain(sj_fn *fn, FILE *out) {
             st.prepared, st.total, st.failed, st.elapsed_ms);
     if (st.failed) fprintf(out, "    first failure: %s\n", st.first_message);
 }
+
+/* -- Neighbouring buckets ahead (cfg.compile_ahead) ------------------------------- */
+
+void sj_warmup_ahead(sj_fn *fn, const sj_entry *e, const sj_tensor *inputs) {
+    sj_runtime *rt = fn->rt;
+    if (!e->bucketed || !e->plan || rt->cfg.compile_mode != SJ_COMPILE_ASYNC) return;
+    /* the first bucketed size of the call with a bucket above its own */
+    int64_t from = 0, to = 0;
+    pthread_mutex_lock(&fn->trace_lock); /* the policy's rules */
+    for (int i = 0; i < fn->n_inputs && !to; i++)
+        for (int a = 0; a < inputs[i].rank && !to; a++) {
+            const sj_dim_rule *r = sj_policy_rule(&fn->policy, i, a);
+            int64_t s = inputs[i].shape[a], lo, hi, lo2, hi2;
+            if (r->kind != SJ_RULE_BUCKET || s < 2 || !sj_bucket_find(r->bucket, s, &lo, &hi) || hi == INT64_MAX ||
+                !sj_bucket_find(r->bucket, hi + 1, &lo2, &hi2) || hi2 == INT64_MAX)
+                continue;
+            from = s, to = hi2;
+        }
+    bool room = atomic_load(&fn->table.n_entries) + 1 < fn->policy.limit;
+    pthread_mutex_unlock(&fn->trace_lock);
+    if (!to || !room) return;
+    /* the call's descriptors with that size, and every size equal to it,
+     * moved to the next bucket's upper edge; contiguous; no data (a trace
+     * reads none) */
+    sj_tensor in[SJ_MAX_INPUTS];
+    for (int i = 0; i < fn->n_inputs; i++) {
+        if (!sj_tensor_is_contiguous(&inputs[i])) return;
+        in[i] = inputs[i];
+        in[i].data = NULL;
+        int64_t stride = 1;
+        for (int a = in[i].rank - 1; a >= 0; a--) {
+            if (in[i].shape[a] == from) in[i].shape[a] = to;
+            in[i].stride[a] = stride;
+            stride *= in[i].shape[a];
+        }
+    }
+    int64_t syms[SJ_MAX_SYMS];
+    sj_memo *m;
+    sj_entry *next;
+    bool transient;
+    sj_status st = sj_call_prepare(fn, in, syms, &m, &next, &transient);
+    if (st) {
+        sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d is hot; the next bucket (size %lld) could not be traced ahead: %s",
+                fn->name, e->id, (long long)to, sj_last_error());
+        sj_clearerr(); /* the call that got here succeeds */
+        return;
+    }
+    if (transient) {
+        sj_entry_free(next);
+        return;
+    }
+    if (next == e || !next->plan) return;
+    sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d is hot: the next bucket (size %lld) is entry %d, compiled ahead", fn->name,
+            e->id, (long long)to, next->id);
+    if (sj_compiler_wants(rt->compiler, &next->ct)) sj_compiler_request(rt->compiler, fn, next, NULL);
+}

@@ -256,6 +256,41 @@ static void shape_no_longer_seen_is_dropped(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* compile_ahead: the call that makes bucket (16, 32] hot traces bucket
+ * (32, 64] too and queues its compile after its own; the first call of
+ * that bucket is then served fused. Off: that first call runs eagerly. */
+static void neighbouring_bucket_compiled_ahead(void **state) {
+    (void)state;
+    for (int ahead = 1; ahead >= 0; ahead--) {
+        reset();
+        sj_runtime_config cfg = config();
+        cfg.compile_ahead = ahead;
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_fn *fn = function(rt, "buckets", SJ_DYNAMIC_AUTO);
+        assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 16, 512), SJ_OK);
+        call(fn, 20); /* hot at once (hot_threshold 1) */
+        const rec *r = nth(SJ_EVENT_RECOMPILE, 0);
+        if (ahead) {
+            assert_non_null(r);
+            assert_int_equal(r->entry, 1);
+            assert_string_equal(r->shape, "[64]");
+        } else {
+            assert_null(r);
+        }
+        drain(rt);
+        assert_int_equal(count(SJ_EVENT_COMPILE_FINISHED), ahead ? 2 : 1);
+        assert_int_equal(nth(SJ_EVENT_COMPILE_STARTED, 0)->entry, 0); /* the hot one first */
+        sj_stats a, b;
+        sj_fn_stats(fn, &a);
+        call(fn, 40); /* bucket (32, 64]'s first call */
+        sj_fn_stats(fn, &b);
+        assert_int_equal(b.eager_calls - a.eager_calls, ahead ? 0 : 1);
+        assert_int_equal(b.traces, ahead ? 3 : 2); /* ahead: (32, 64] hot in turn traces (64, 128] */
+        sj_runtime_destroy(rt);
+    }
+}
+
 /* -- Validation, demotion, recompiles ------------------------------------------------------- */
 
 static void validation_rejected(void **state) {
@@ -372,7 +407,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compile_started_and_finished), cmocka_unit_test(compile_failed_then_blacklisted),
         cmocka_unit_test(compile_dropped_when_cold),    cmocka_unit_test(shape_no_longer_seen_is_dropped),
-        cmocka_unit_test(validation_rejected),
+        cmocka_unit_test(neighbouring_bucket_compiled_ahead), cmocka_unit_test(validation_rejected),
         cmocka_unit_test(specialization_demoted),       cmocka_unit_test(recompile),
         cmocka_unit_test(names_and_no_callback),
     };
