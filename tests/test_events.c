@@ -3,7 +3,8 @@
  * rejection, demotion by the memory budget and recompile, with its
  * fields; the text lines still arrive as before. Background work runs on
  * the test's thread (compile_threads 0) on a virtual clock, so every event
- * is asserted in order. GRAPH_CAPTURED is CUDA only (test_cuda_jit). */
+ * is asserted in order. GRAPH_CAPTURED needs a GPU (graph_captured_on_device,
+ * which prints "skipped: no CUDA device" without one). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -382,6 +383,52 @@ static void recompile(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* GRAPH_CAPTURED, on a GPU: a static shape's fused calls with the same
+ * buffers are captured into a CUDA graph by the graph thread (after 48
+ * such calls). Without a device: "skipped: no CUDA device". */
+static void graph_captured_on_device(void **state) {
+    (void)state;
+    reset();
+    sj_runtime_config cfg = config();
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.compile_mode = SJ_COMPILE_SYNC;
+    sj_runtime *rt = NULL;
+    if (sj_runtime_create(&cfg, &rt) != SJ_OK) {
+        printf("skipped: no CUDA device (%s)\n", sj_last_error());
+        return;
+    }
+    sj_fn *fn = function(rt, "graphs", SJ_DYNAMIC_STATIC);
+    enum { N = 256 };
+    float hx[N], hy[N];
+    for (int i = 0; i < N; i++) hx[i] = (float)(rand() % 2000 - 1000) / 64.0f;
+    sj_tensor host_x = sj_tensor_make(hx, SJ_F32, 1, (int64_t[]){N}), host_y = sj_tensor_make(hy, SJ_F32, 1, (int64_t[]){N});
+    sj_tensor x = sj_tensor_make(NULL, SJ_F32, 1, (int64_t[]){N}), y = sj_tensor_make(NULL, SJ_F32, 1, (int64_t[]){N});
+    x.device = y.device = SJ_CUDA;
+    assert_int_equal(sj_tensor_alloc(rt, &x), SJ_OK);
+    assert_int_equal(sj_tensor_alloc(rt, &y), SJ_OK);
+    assert_int_equal(sj_tensor_copy(rt, &x, &host_x), SJ_OK);
+    for (int i = 0; i < 60; i++) assert_int_equal(sj_call(fn, &x, 1, &y, 1), SJ_OK);
+    assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
+    assert_int_equal(sj_call(fn, &x, 1, &y, 1), SJ_OK);
+    assert_int_equal(sj_tensor_copy(rt, &host_y, &y), SJ_OK);
+    for (int i = 0; i < N; i++) assert_float_equal(hy[i], (double)hx[i] * 2.0 + 1.0, 1e-5);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_true(s.graphs >= 1);
+    const rec *g = nth(SJ_EVENT_GRAPH_CAPTURED, 0);
+    assert_non_null(g);
+    assert_int_equal(count(SJ_EVENT_GRAPH_CAPTURED), (int)s.graphs);
+    assert_string_equal(g->fn, "graphs");
+    assert_int_equal(g->entry, 0);
+    assert_string_equal(g->shape, ""); /* a static entry: no symbols */
+    assert_int_equal(g->count, 1);     /* the shape's first graph */
+    assert_true(g->ms > 0);
+    assert_int_equal(g->topic, SJ_LOG_PERF);
+    sj_tensor_free(rt, &x);
+    sj_tensor_free(rt, &y);
+    sj_runtime_destroy(rt);
+}
+
 static void names_and_no_callback(void **state) {
     (void)state;
     assert_string_equal(sj_event_name(SJ_EVENT_COMPILE_STARTED), "compile_started");
@@ -409,7 +456,7 @@ int main(void) {
         cmocka_unit_test(compile_dropped_when_cold),    cmocka_unit_test(shape_no_longer_seen_is_dropped),
         cmocka_unit_test(neighbouring_bucket_compiled_ahead), cmocka_unit_test(validation_rejected),
         cmocka_unit_test(specialization_demoted),       cmocka_unit_test(recompile),
-        cmocka_unit_test(names_and_no_callback),
+        cmocka_unit_test(graph_captured_on_device),     cmocka_unit_test(names_and_no_callback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
