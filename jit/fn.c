@@ -505,8 +505,12 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
     fprintf(out, "  %llu entries (%llu static, %llu symbolic), newest first:\n", (unsigned long long)s.entries,
             (unsigned long long)s.static_entries, (unsigned long long)s.symbolic_entries);
     for (sj_entry *e = atomic_load(&fn->table.entries); e; e = e->next) {
-        fprintf(out, "  entry %d: %s%s; tier %s; %llu calls%s; %d nodes\n", e->id, e->what,
-                e->fallback ? " (past the limit)" : "", tier_name(e),
+        fprintf(out, "  entry %d: %s%s%s; tier %s; %llu calls%s; %d nodes\n", e->id, e->what,
+                e->fallback ? " (past the limit)" : "",
+                atomic_load_explicit(&e->retired, RELAXED) ? " (retired by learned buckets: serves the shapes it "
+                                                             "served, new ones go to the new buckets)"
+                                                           : "",
+                tier_name(e),
                 (unsigned long long)sj_counter_sum(&e->calls),
                 atomic_load_explicit(&e->hot, RELAXED) ? " (hot)" : "", e->g->n_nodes);
         fprintf(out, "    traced because: %s\n", e->reason);

@@ -349,6 +349,8 @@ static void test_learn_applied_while_serving(void **state) {
     char want[64];
     snprintf(want, sizeof want, "buckets: input 0 axis 0 list:%lld", (long long)r.edges[0]);
     if (!strstr(buf, want)) fail_msg("explain lacks '%s':\n%s", want, buf);
+    /* and marks the entries the swap retired (at least one: asserted above) */
+    if (!strstr(buf, "(retired by learned buckets")) fail_msg("explain marks no retired entry:\n%s", buf);
     free(buf);
 
     /* once compiles are done, every shape again */
