@@ -105,7 +105,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     const sj_fplan *plan = e->plan;
     *out = NULL;
     *hopeless = false;
-    if (plan->n_generated * SJ_CG_VARIANTS_MAX > SJ_COMPILE_SYMBOLS_MAX) {
+    if ((plan->n_generated + plan->n_gemm) * SJ_CG_VARIANTS_MAX > SJ_COMPILE_SYMBOLS_MAX) {
         *hopeless = true; /* the same plan, the same refusal: no retry can mend it */
         snprintf(err, errn, "the plan has %d generated kernels (at most %d per unit)", plan->n_generated,
                  SJ_COMPILE_SYMBOLS_MAX / SJ_CG_VARIANTS_MAX);
@@ -128,14 +128,16 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     int n = 0;
     for (int gi = 0; gi < plan->n_groups; gi++) {
         int nv = variants[gi];
-        if ((nv < 1) != (plan->groups[gi].kind == SJ_G_NODE) || nv > SJ_CG_VARIANTS_MAX) {
+        /* NODE groups: none, but a generated product's (fusion.h) */
+        bool none = plan->groups[gi].kind == SJ_G_NODE && plan->groups[gi].gemm_tile < 0;
+        if ((nv < 1) != none || nv > SJ_CG_VARIANTS_MAX) {
             *hopeless = true;
             snprintf(err, errn, "the generator reported %d functions for group %s", nv, plan->groups[gi].name);
             free(variants);
             free(src);
             return SJ_EINTERNAL;
         }
-        assert(n + nv <= SJ_COMPILE_SYMBOLS_MAX); /* n_generated * SJ_CG_VARIANTS_MAX at most, checked above */
+        assert(n + nv <= SJ_COMPILE_SYMBOLS_MAX); /* (n_generated + n_gemm) * SJ_CG_VARIANTS_MAX at most, checked above */
         for (int v = 0; v < nv; v++, n++) {
             if (nv == 1) snprintf(names[n], sizeof names[n], "sj_%s", plan->groups[gi].name);
             else snprintf(names[n], sizeof names[n], "sj_%s_v%d", plan->groups[gi].name, v);

@@ -9,7 +9,8 @@
  * the kernel's last argument (symbolic: one unit for every M).
  *
  * The epilogue, in f32 on the accumulators in registers before the one
- * store: v = acc (+ bias[n]) (then exact GELU, 0.5 v (1 + erf(v / sqrt 2)))
+ * store: v = acc (+ bias[n]) (then exact GELU, 0.5 v (1 + erf(v / sqrt 2)),
+ * or ReLU, v > 0 ? v : 0)
  * (+ R[m, n]), cast to C's dtype (round to nearest). bias [N] and R [M, N]
  * (row-major) are f16 or f32 each. This is the fusion plan's epilogue of a
  * product: its bias, a GELU, the residual add of a transformer layer, the
@@ -58,6 +59,7 @@ typedef struct sj_gemm_spec {
     int64_t N, K;      /* constants */
     bool bias;         /* add bias[n] (of bias_dtype) */
     bool gelu;         /* exact GELU after the bias */
+    bool relu;         /* ReLU after the bias (not with gelu) */
     bool residual;     /* add R[m, n] (of res_dtype) after the GELU */
     sj_dtype bias_dtype, res_dtype; /* SJ_F16 or SJ_F32 */
     sj_dtype out_dtype;             /* C's: SJ_F16 or SJ_F32 */
