@@ -307,7 +307,7 @@ static void gemm_epilogues(plan_ctx *c) {
             } else if (n->op == SJ_OP_ADD && stage <= 1 && n->n_in == 2) {
                 int32_t r = in[0] == cur ? in[1] : in[0];
                 const sj_value *R = r >= 0 ? &g->vals[r] : NULL;
-                ok = R && r != cur && R->kind != SJ_VAL_CONST && half_or_float(R->dtype) && R->rank == Y->rank &&
+                ok = R && r != cur && b->root[r] != v && R->kind != SJ_VAL_CONST && half_or_float(R->dtype) && R->rank == Y->rank &&
                      p->layouts[r].store >= 0 && contiguous_at0(b, &p->layouts[r], R) &&
                      !(computed(b, r) && b->vgroup[r] == c->ord[k + 1]);
                 for (int a = 0; a < Y->rank && ok; a++) ok = R->shape[a] == Y->shape[a];

@@ -1,0 +1,461 @@
+/* Generated tensor-core products in CUDA fused plans (issue 29;
+ * cfg.cuda_gemm, specialize/fusion.h's "Generated products").
+ *
+ * Everywhere (no GPU needed): the plan's marks. With sj_fuse_opts.gemm an
+ * f16 product over a contiguous operand and a [K, N] parameter is a
+ * generated product (the first tile of sj_gemm_cuda_tiles that divides N
+ * and K) with its epilogue chain inside (ReLU, GELU, residual add, cast);
+ * without it (the CPU, or cuda_gemm 0) nothing is marked and an f16
+ * product has no epilogue group, as before. Refusals: a transposed weight
+ * (a view), N that no tile divides, f32, an epilogue the kernel cannot do
+ * (it runs after: not an epilogue then), a product result read twice. The
+ * CUDA generator reports one function for a generated product's group.
+ *
+ * On a CUDA device (else "skipped: no CUDA device"): relu(x @ W + b),
+ * gelu(x @ W + b) + r, cast(relu(x @ W + b), f32) and the MiniLM
+ * feed-forward block (H 384, FF 1536: gelu(x @ W1 + b1) @ W2 + b2 + x)
+ * with SHAPEJIT_CUDA_GEMM on, static and symbolic M (odd sizes included),
+ * against float64 and against the CPU's eager run; the explain output
+ * names the generated product (its tile, the epilogue inside) and the
+ * calls are fused; with cuda_gemm 0 the same graphs name none. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/tensor.h"
+#include "jit/runtime.h"
+#include "jit/shapejit.h"
+#include "jit/trace.h"
+#include "specialize/codegen_cuda.h"
+#include "specialize/codegen_gemm_cuda.h"
+#include "specialize/fusion.h"
+#include "tests/util.h"
+
+#ifdef SJ_WITH_CUDA
+#include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/exec_cuda.h"
+#endif
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+
+/* -- Models ------------------------------------------------------------------------ */
+
+enum {
+    M_RELU,      /* relu(x @ W + b) */
+    M_GELU_RES,  /* gelu(x @ W + b) + r (inputs x, r) */
+    M_CAST,      /* cast(relu(x @ W + b), f32) */
+    M_FFN,       /* gelu(x @ W1 + b1) @ W2 + b2 + x */
+    M_TRANS,     /* relu(x @ permute(Wt) + b): a view of the weight */
+    M_SIGMOID,   /* sigmoid(x @ W + b): an epilogue the kernel cannot do */
+    M_TWICE,     /* relu(y) + y, y = x @ W + b: the product's result read twice */
+};
+
+typedef struct gm {
+    int kind;
+    sj_dtype dt;
+    int64_t K, N, N2;
+    sj_tensor w, b, w2, b2;
+} gm;
+
+static void gm_init(gm *m, int kind, sj_dtype dt, int64_t K, int64_t N) {
+    memset(m, 0, sizeof *m);
+    m->kind = kind;
+    m->dt = dt;
+    m->K = K;
+    m->N = N;
+    m->w = kind == M_TRANS ? tu_tensor(dt, 2, S(N, K)) : tu_tensor(dt, 2, S(K, N));
+    m->b = tu_tensor(dt, 1, S(N));
+    double s = 1.0 / sqrt((double)K);
+    tu_fill_range(&m->w, -s, s);
+    tu_fill_range(&m->b, -0.5, 0.5);
+    if (kind == M_FFN) { /* back to K */
+        m->N2 = K;
+        m->w2 = tu_tensor(dt, 2, S(N, K));
+        m->b2 = tu_tensor(dt, 1, S(K));
+        tu_fill_range(&m->w2, -1.0 / sqrt((double)N), 1.0 / sqrt((double)N));
+        tu_fill_range(&m->b2, -0.5, 0.5);
+    }
+}
+
+static int gm_inputs(const gm *m) { return m->kind == M_GELU_RES ? 2 : 1; }
+
+static sj_status gm_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n;
+    const gm *m = u;
+    sj_val w = sj_param(t, &m->w);
+    if (m->kind == M_TRANS) w = sj_permute(t, w, (int[]){1, 0});
+    sj_val y = sj_add(t, sj_matmul(t, in[0], w), sj_param(t, &m->b));
+    switch (m->kind) {
+    case M_RELU:
+    case M_TRANS: return sj_output(t, sj_relu(t, y));
+    case M_GELU_RES: return sj_output(t, sj_add(t, sj_gelu(t, y), in[1]));
+    case M_CAST: return sj_output(t, sj_cast(t, sj_relu(t, y), SJ_F32));
+    case M_SIGMOID: return sj_output(t, sj_sigmoid(t, y));
+    case M_TWICE: return sj_output(t, sj_add(t, sj_relu(t, y), y));
+    default: break;
+    }
+    sj_val h = sj_add(t, sj_matmul(t, sj_gelu(t, y), sj_param(t, &m->w2)), sj_param(t, &m->b2));
+    return sj_output(t, sj_add(t, h, in[0]));
+}
+
+/* -- float64 reference ------------------------------------------------------------- */
+
+static double gelu64(double v) { return 0.5 * v * (1.0 + erf(v / sqrt(2.0))); }
+
+/* y[M, N] = x[M, K] @ w + b (values as stored), mag = sum |x||w| + |b|. */
+static void ref_linear(const double *x, int64_t M, int64_t K, const sj_tensor *w, const sj_tensor *b, int64_t N,
+                       double *y, double *mag) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = tu_get(b, j), a = fabs(s);
+            for (int64_t k = 0; k < K; k++) {
+                double p = x[i * K + k] * tu_get(w, k * N + j);
+                s += p;
+                a += fabs(p);
+            }
+            y[i * N + j] = s;
+            mag[i * N + j] = a;
+        }
+}
+
+/* The model's output in float64 for inputs in (host), M rows; ref and mag
+ * M x (the output's last size). */
+static void gm_ref(const gm *m, const sj_tensor *in, int64_t M, double *ref, double *mag) {
+    int64_t K = m->K, N = m->N;
+    double *x = malloc(sizeof(double) * (size_t)(M * K)), *y = malloc(sizeof(double) * (size_t)(M * N)),
+           *ym = malloc(sizeof(double) * (size_t)(M * N));
+    assert_true(x && y && ym);
+    for (int64_t i = 0; i < M * K; i++) x[i] = tu_get(&in[0], i);
+    ref_linear(x, M, K, &m->w, &m->b, N, y, ym);
+    if (m->kind == M_FFN) {
+        for (int64_t i = 0; i < M * N; i++) y[i] = gelu64(y[i]);
+        ref_linear(y, M, N, &m->w2, &m->b2, K, ref, mag);
+        for (int64_t i = 0; i < M * K; i++) {
+            ref[i] += x[i];
+            mag[i] += fabs(x[i]) + fabs(ref[i]);
+        }
+    } else {
+        for (int64_t i = 0; i < M * N; i++) {
+            double v = y[i];
+            if (m->kind == M_GELU_RES) v = gelu64(v) + tu_get(&in[1], i);
+            else if (m->kind == M_SIGMOID) v = 1.0 / (1.0 + exp(-v));
+            else v = v > 0 ? v : 0;
+            ref[i] = v;
+            mag[i] = ym[i] + fabs(v) + (m->kind == M_GELU_RES ? fabs(tu_get(&in[1], i)) : 0);
+        }
+    }
+    free(x), free(y), free(ym);
+}
+
+/* -- The plan's marks (no GPU) ------------------------------------------------------- */
+
+static sj_expr seq_policy(void *ctx, sj_exprs *ex, int input, int axis, int64_t size) {
+    int *sym = ctx;
+    (void)input;
+    if (!sym || axis != 1 || size < 2) return sj_ex_const(ex, size);
+    if (*sym < 0) *sym = sj_sym_new(ex, size, 2, SJ_EX_INF);
+    return sj_ex_sym(ex, *sym);
+}
+
+typedef struct traced {
+    sj_graph *g;
+    sj_fplan *p;
+    sj_tensor in[2];
+} traced;
+
+static void trace_gm(gm *m, int64_t S_, bool symbolic, bool gemm, traced *tr) {
+    int sym = -1;
+    tr->in[0] = tu_tensor(m->dt, 3, S(2, S_, m->K));
+    tr->in[1] = tu_tensor(m->dt, 3, S(2, S_, m->N));
+    sj_trace_req req = {.fn_name = "gemm", .model = gm_model, .user = m, .inputs = tr->in,
+                        .n_inputs = gm_inputs(m), .dim_policy = seq_policy, .dim_ctx = symbolic ? &sym : NULL};
+    sj_trace_result res;
+    if (sj_trace(&req, &res)) fail_msg("trace: %s", sj_last_error());
+    free(res.facts);
+    tr->g = res.graph;
+    tr->p = sj_fuse_ex(tr->g, tr->in, &(sj_fuse_opts){.gemm = gemm});
+    assert_non_null(tr->p);
+}
+
+static void untrace(traced *tr) {
+    sj_fplan_free(tr->p);
+    sj_graph_destroy(tr->g);
+}
+
+/* The plan's generated products: their count; the first's group in *first. */
+static int gemms(const sj_fplan *p, const sj_group **first) {
+    int n = 0;
+    *first = NULL;
+    for (int i = 0; i < p->n_groups; i++) {
+        const sj_group *G = &p->groups[i];
+        if (G->gemm_tile < 0) continue;
+        assert_int_equal(G->kind, SJ_G_NODE);
+        if (!n) *first = G;
+        n++;
+    }
+    assert_int_equal(n, p->n_gemm);
+    return n;
+}
+
+static char *plan_text(const traced *tr) {
+    char *s = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    assert_non_null(f);
+    sj_fplan_print(tr->g, tr->p, NULL, f, "");
+    fclose(f);
+    return s;
+}
+
+static void test_plan_marks(void **state) {
+    (void)state;
+    for (int symbolic = 0; symbolic < 2; symbolic++) {
+        struct {
+            int kind;
+            sj_dtype dt;
+            int64_t K, N;
+            int n_gemm;      /* generated products with gemm on */
+            uint32_t epi;    /* the first's gemm_epi */
+        } cases[] = {
+            {M_RELU, SJ_F16, 64, 128, 1, SJ_GEMM_EPI | SJ_GEMM_RELU},
+            {M_GELU_RES, SJ_F16, 64, 128, 1, SJ_GEMM_EPI | SJ_GEMM_GELU | SJ_GEMM_RES},
+            {M_CAST, SJ_F16, 96, 192, 1, SJ_GEMM_EPI | SJ_GEMM_RELU},
+            {M_FFN, SJ_F16, 384, 1536, 2, SJ_GEMM_EPI | SJ_GEMM_GELU},
+            {M_TRANS, SJ_F16, 64, 128, 0, 0},
+            {M_RELU, SJ_F16, 64, 100, 0, 0}, /* no tile divides N */
+            {M_RELU, SJ_F32, 64, 128, 0, 0},
+            {M_SIGMOID, SJ_F16, 64, 128, 1, 0},
+            {M_TWICE, SJ_F16, 64, 128, 1, 0},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            gm m;
+            gm_init(&m, cases[c].kind, cases[c].dt, cases[c].K, cases[c].N);
+            traced on, off;
+            trace_gm(&m, 33, symbolic, true, &on);
+            trace_gm(&m, 33, symbolic, false, &off);
+            const sj_group *G;
+            char what[64];
+            snprintf(what, sizeof what, "case %zu (%s)", c, symbolic ? "symbolic" : "static");
+            if (gemms(on.p, &G) != cases[c].n_gemm) fail_msg("%s: %d generated products", what, on.p->n_gemm);
+            /* off: nothing marked, and an f16 product keeps no epilogue */
+            const sj_group *G0;
+            assert_int_equal(gemms(off.p, &G0), 0);
+            for (int i = 0; i < off.p->n_groups; i++) {
+                const sj_group *H = &off.p->groups[i];
+                assert_int_equal(H->gemm_epi, 0);
+                if (cases[c].dt == SJ_F16) assert_int_equal(H->epilogue, -1);
+            }
+            char *t_off = plan_text(&off), *t_on = plan_text(&on);
+            assert_null(strstr(t_off, "generated product"));
+            if (cases[c].n_gemm) assert_non_null(strstr(t_on, "generated product, tile 64x64x32"));
+            free(t_off), free(t_on);
+            if (!G) goto next;
+            assert_int_equal(G->gemm_tile, 0);
+            if (G->gemm_epi != cases[c].epi) fail_msg("%s: gemm_epi %u, not %u", what, G->gemm_epi, cases[c].epi);
+            int gi = (int)(G - on.p->groups);
+            if (G->gemm_epi & SJ_GEMM_EPI) {
+                assert_int_equal(G->epilogue, gi + 1);
+                const sj_group *E = &on.p->groups[gi + 1];
+                assert_int_equal(E->epilogue_of, gi);
+                assert_int_equal(E->n_stores, 1);
+                assert_int_equal(G->gemm_out, E->stores[0].val);
+                if (cases[c].kind == M_CAST) assert_int_equal(on.g->vals[G->gemm_out].dtype, SJ_F32);
+                if (G->gemm_epi & SJ_GEMM_RES) assert_int_equal(on.g->vals[G->gemm_res].kind, SJ_VAL_INPUT);
+            } else {
+                assert_int_equal(G->epilogue, -1); /* f16: runs after, not an epilogue */
+                assert_int_equal(G->gemm_out, sj_group_out(on.g, G));
+            }
+            /* the CUDA generator: one function for the product's group */
+            int variants[64] = {0};
+            assert_true(on.p->n_groups <= 64);
+            char *src = sj_codegen_cuda(on.g, on.p, NULL, &(sj_codegen_opts){.prefix = "sj_", .variants = variants},
+                                        NULL);
+            assert_non_null(src);
+            for (int i = 0; i < on.p->n_groups; i++) {
+                const sj_group *H = &on.p->groups[i];
+                int want = H->kind != SJ_G_NODE ? -1 : H->gemm_tile >= 0 ? 1 : 0;
+                if (want >= 0) assert_int_equal(variants[i], want);
+                else assert_true(variants[i] >= 1);
+            }
+            char sig[64];
+            snprintf(sig, sizeof sig, "sj_%s(const unsigned short", G->name);
+            assert_non_null(strstr(src, sig));
+            if (G->gemm_epi & SJ_GEMM_RELU) assert_non_null(strstr(src, "v0 > 0.0f ? v0 : 0.0f"));
+            if (G->gemm_epi & SJ_GEMM_GELU) assert_non_null(strstr(src, "gelu_erf(v0)"));
+            free(src);
+        next:
+            untrace(&on);
+            untrace(&off);
+            tu_free_all();
+        }
+    }
+}
+
+#ifdef SJ_WITH_CUDA
+
+/* -- On the device ----------------------------------------------------------------- */
+
+static sj_runtime *cpu; /* the eager reference */
+
+static sj_runtime *gpu_runtime(int cuda_gemm) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.compile_mode = SJ_COMPILE_SYNC;
+    cfg.cache_dir = NULL;
+    cfg.log_mask = 0;
+    cfg.cuda_graphs = 0;
+    cfg.cuda_gemm = cuda_gemm;
+    sj_runtime *rt = NULL;
+    if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+    return rt;
+}
+
+static sj_tensor to_dev(sj_runtime *rt, const sj_tensor *h) {
+    sj_tensor d = *h;
+    sj_cuda *cu = sj_cuda_of(rt->backend);
+    size_t bytes = (size_t)tu_numel(h) * sj_dtype_size(h->dtype);
+    CUdeviceptr p = sj_cuda_alloc(cu, bytes ? bytes : 16, cu->stream);
+    assert_true(p != 0);
+    if (bytes) assert_int_equal(sj_cuda_to_device(cu, p, h->data, bytes), SJ_OK);
+    d.data = (void *)(uintptr_t)p;
+    d.device = SJ_CUDA;
+    return d;
+}
+
+static sj_tensor to_host(sj_runtime *rt, const sj_tensor *d) {
+    sj_tensor h = tu_tensor(d->dtype, d->rank, d->shape);
+    size_t bytes = (size_t)tu_numel(&h) * sj_dtype_size(d->dtype);
+    sj_cuda_bind(sj_cuda_of(rt->backend));
+    if (bytes)
+        assert_int_equal(sj_cuda_to_host(sj_cuda_of(rt->backend), h.data, (CUdeviceptr)(uintptr_t)d->data, bytes),
+                         SJ_OK);
+    return h;
+}
+
+static bool explains(const sj_fn *fn, const char *what) {
+    char *s = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    assert_non_null(f);
+    sj_fn_explain(fn, f);
+    fclose(f);
+    bool r = strstr(s, what) != NULL;
+    if (!r && getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "%s\n", s);
+    free(s);
+    return r;
+}
+
+/* Calls of m at each S (x [2, S, K]) on rt, against float64 and the CPU's
+ * eager run. */
+static void run_gm(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, int n_seqs, bool want_gemm) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = dyn;
+    o.hot_threshold = 1;
+    o.specialize_threshold = 1000000;
+    sj_fn *fn, *cfn;
+    assert_int_equal(sj_fn_create(rt, "gemm", gm_inputs(m), gm_model, m, &o, &fn), SJ_OK);
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    assert_int_equal(sj_fn_create(cpu, "ref", gm_inputs(m), gm_model, m, &o, &cfn), SJ_OK);
+    for (int s = 0; s < n_seqs; s++) {
+        int64_t Sq = seqs[s], M = 2 * Sq, Nout = m->kind == M_FFN ? m->K : m->N;
+        sj_tensor in[2] = {tu_tensor(m->dt, 3, S(2, Sq, m->K)), tu_tensor(m->dt, 3, S(2, Sq, m->N))};
+        tu_fill_range(&in[0], -1, 1);
+        tu_fill_range(&in[1], -1, 1);
+        sj_tensor din[2] = {to_dev(rt, &in[0]), to_dev(rt, &in[1])};
+        double *ref = malloc(sizeof(double) * (size_t)(M * Nout)), *mag = malloc(sizeof(double) * (size_t)(M * Nout));
+        assert_true(ref && mag);
+        gm_ref(m, in, M, ref, mag);
+        char what[96];
+        snprintf(what, sizeof what, "model %d %s S=%lld gemm %d", m->kind, dyn == SJ_DYNAMIC_SYMBOLIC ? "sym" : "static",
+                 (long long)Sq, want_gemm);
+        for (int rep = 0; rep < 2; rep++) { /* the first call compiles (sync), both run fused */
+            sj_tensor gout = {0}, cout = {0};
+            if (sj_call(fn, din, gm_inputs(m), &gout, 1)) fail_msg("%s: GPU: %s", what, sj_last_error());
+            if (sj_call(cfn, in, gm_inputs(m), &cout, 1)) fail_msg("%s: CPU: %s", what, sj_last_error());
+            sj_tensor h = to_host(rt, &gout);
+            if (!tu_check_mag(&h, ref, mag, 4e-3, what)) fail_msg("%s: differs from float64", what);
+            double *eg = malloc(sizeof(double) * (size_t)(M * Nout));
+            for (int64_t i = 0; i < M * Nout; i++) eg[i] = tu_get(&cout, i);
+            if (!tu_check_mag(&h, eg, mag, 4e-3, what)) fail_msg("%s: differs from the CPU's eager run", what);
+            free(eg);
+            sj_tensor_free(rt, &gout);
+            sj_tensor_free(cpu, &cout);
+        }
+        free(ref), free(mag);
+        tu_free_all();
+        sj_cuda *cu = sj_cuda_of(rt->backend);
+        for (int i = 0; i < 2; i++) sj_cuda_free(cu, (CUdeviceptr)(uintptr_t)din[i].data, cu->stream);
+    }
+    sj_stats st;
+    sj_fn_stats(fn, &st);
+    if (st.fused_symbolic_calls + st.fused_specialized_calls == 0) fail_msg("model %d: no fused call", m->kind);
+    bool named = explains(fn, "generated product, tile 64x64x32");
+    if (named != want_gemm) fail_msg("model %d: explain %s the generated product", m->kind, named ? "names" : "lacks");
+    if (want_gemm && m->kind != M_SIGMOID && !explains(fn, "epilogue inside"))
+        fail_msg("model %d: the epilogue is not inside", m->kind);
+    printf("  model %d %s: %llu fused calls, generated product %s\n", m->kind,
+           dyn == SJ_DYNAMIC_SYMBOLIC ? "symbolic" : "static",
+           (unsigned long long)(st.fused_symbolic_calls + st.fused_specialized_calls), named ? "on" : "off");
+    sj_fn_destroy(fn);
+    sj_fn_destroy(cfn);
+}
+
+static void test_gemm_on_device(void **state) {
+    (void)state;
+    static const int64_t seqs[] = {16, 33, 128, 512};
+    struct {
+        int kind;
+        int64_t K, N;
+    } cases[] = {{M_RELU, 64, 128}, {M_GELU_RES, 128, 256}, {M_CAST, 96, 192}, {M_FFN, 384, 1536}, {M_SIGMOID, 64, 128}};
+    for (int on = 1; on >= 0; on--) {
+        sj_runtime *rt = gpu_runtime(on);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            gm m;
+            gm_init(&m, cases[c].kind, SJ_F16, cases[c].K, cases[c].N);
+            run_gm(rt, &m, SJ_DYNAMIC_SYMBOLIC, seqs, 4, on);
+            run_gm(rt, &m, SJ_DYNAMIC_STATIC, seqs, 2, on);
+        }
+        sj_runtime_destroy(rt);
+    }
+}
+
+#endif /* SJ_WITH_CUDA */
+
+int main(void) {
+    const char *seed = getenv("SJ_TEST_SEED");
+    tu_seed(seed ? strtoull(seed, NULL, 0) : 0x9e33);
+    const struct CMUnitTest cpu_tests[] = {cmocka_unit_test(test_plan_marks)};
+    int r = cmocka_run_group_tests_name("gemm_jit (plan)", cpu_tests, NULL, NULL);
+#ifdef SJ_WITH_CUDA
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.log_mask = 0;
+    cfg.cache_dir = NULL;
+    sj_runtime *probe = NULL;
+    if (sj_runtime_create(&cfg, &probe) != SJ_OK) {
+        printf("skipped: no CUDA device (%s)\n", sj_last_error());
+        return r;
+    }
+    sj_runtime_destroy(probe);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = SJ_COMPILE_OFF;
+    if (sj_runtime_create(&cfg, &cpu)) return 1;
+    const struct CMUnitTest gpu_tests[] = {cmocka_unit_test(test_gemm_on_device)};
+    r |= cmocka_run_group_tests_name("gemm_jit (device)", gpu_tests, NULL, NULL);
+    sj_runtime_destroy(cpu);
+#else
+    printf("skipped: no CUDA device (built without the CUDA backend)\n");
+#endif
+    return r;
+}
