@@ -797,13 +797,22 @@ void sj_codegen_gemm_spec(const sj_graph *g, const sj_group *G, sj_gemm_spec *sp
     sp->tile = sj_gemm_cuda_tiles(&nt)[G->gemm_tile];
 }
 
-/* Generated product G as a kernel of the unit: the generator's own unit
+/* Generated product G as a kernel of the unit (M a constant where every
+ * size is, else the kernel's argument): the generator's own unit
  * (its macros and helpers) in a namespace of its own, its macros undone
  * after, so that any number of them, and any split of the unit, compile. */
-static bool put_gemm(sj_sbuf *o, const sj_graph *g, const sj_group *G, const char *prefix) {
+static bool put_gemm(sj_cg *c, const sj_group *G, const char *prefix) {
+    const sj_graph *g = c->g;
+    sj_sbuf *o = &c->o;
     sj_gemm_spec sp;
     char name[64];
     sj_codegen_gemm_spec(g, G, &sp);
+    /* every size known (specialized, or a trace without symbols): M a
+     * constant of the kernel too */
+    const sj_value *Y = &g->vals[G->gemm_out];
+    int64_t M = 1, d;
+    for (int a = 0; a + 1 < Y->rank && M > 0; a++) M = sj_cg_kconst(c, Y->shape[a], &d) ? M * d : -1;
+    if (M > 0) sp.M = M;
     snprintf(name, sizeof name, "%s%s", prefix, G->name);
     char *src = sj_codegen_gemm_cuda(&sp, name, NULL);
     if (!src) return false;
@@ -833,7 +842,7 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
     for (int gi = 0; gi < p->n_groups && !c.o.oom; gi++) {
         const sj_group *G = &p->groups[gi];
         if (G->kind == SJ_G_NODE) {
-            if (G->gemm_tile >= 0 && put_gemm(&c.o, g, G, prefix) && o && o->variants) o->variants[gi] = 1;
+            if (G->gemm_tile >= 0 && put_gemm(&c, G, prefix) && o && o->variants) o->variants[gi] = 1;
             continue;
         }
         sj_cg_group(&c, G);

@@ -1065,6 +1065,10 @@ static void test_gemm_encoder(void **state) {
             gelu_inside += G->gemm_epi == (SJ_GEMM_EPI | SJ_GEMM_GELU);
         }
         assert_int_equal(gelu_inside, 1);
+        /* static: M (96 rows) a constant of the kernels; symbolic: their argument */
+        assert_non_null(strstr(src, form ? " * M symbolic, N" : " * M specialized, N"));
+        assert_null(strstr(src, form ? " * M specialized, N" : " * M symbolic, N"));
+        assert_non_null(strstr(src, form ? "const long long M = M_arg;" : "const long long M = 96LL;"));
         if (have_nvrtc) {
             nvrtc_compile(src, "sm_90", form ? "encoder gemm sym" : "encoder gemm static", NULL, NULL);
             char *pieces[SJ_CUDA_PIECES_MAX];
