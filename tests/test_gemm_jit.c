@@ -30,13 +30,16 @@
 #include <string.h>
 
 #include "base/tensor.h"
+#include "jit/exec.h"
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
 #include "jit/trace.h"
 #include "specialize/codegen_cuda.h"
 #include "specialize/codegen_gemm_cuda.h"
 #include "specialize/fusion.h"
+#include "kernels/cpu/backend_cpu.h"
 #include "tests/util.h"
+#include "tests/util_patterns.h"
 
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
@@ -298,6 +301,148 @@ static void test_plan_marks(void **state) {
     }
 }
 
+/* -- The executor's wiring, on the CPU (no GPU) ---------------------------------------
+ * The plan's generated products run through a gemm slot of the test's own
+ * (the CUDA kernel's contract, computed on the host from the f16 and f32
+ * bits): the executor passes the operands, the bias, the residual and the
+ * epilogue's store, M from the call's sizes, and skips the epilogue group
+ * it ran; the results equal the eager run's. An operand the kernel could
+ * not read aligned (x one element past a 16-byte boundary) takes the
+ * device's product and the epilogue group after it, with the same
+ * results. */
+
+static struct {
+    int calls;
+    int64_t M;
+    uint32_t flags;
+} slot;
+
+static float hval(const void *p, sj_dtype dt, int64_t i) {
+    return dt == SJ_F16 ? (float)tu_f16_value(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static sj_status host_gemm(void *c, const sj_dev_gemm *d) {
+    (void)c;
+    slot.calls++;
+    slot.M = d->M;
+    slot.flags = d->flags;
+    assert_true((uintptr_t)d->a % 16 == 0 && (uintptr_t)d->b % 16 == 0);
+    for (int64_t i = 0; i < d->M; i++)
+        for (int64_t j = 0; j < d->N; j++) {
+            float v = 0;
+            for (int64_t k = 0; k < d->K; k++) v += hval(d->a, SJ_F16, i * d->K + k) * hval(d->b, SJ_F16, k * d->N + j);
+            if (d->bias) v += hval(d->bias, d->bias_dtype, j);
+            if (d->flags & SJ_GEMM_GELU) v = (float)gelu64(v);
+            if (d->flags & SJ_GEMM_RELU) v = v > 0 ? v : 0;
+            if (d->flags & SJ_GEMM_RES) v += hval(d->r, d->r_dtype, i * d->N + j);
+            if (d->c_dtype == SJ_F16) ((uint16_t *)d->c)[i * d->N + j] = tu_f16_bits(v);
+            else ((float *)d->c)[i * d->N + j] = v;
+        }
+    return SJ_OK;
+}
+
+static void test_exec_wiring(void **state) {
+    (void)state;
+    sj_runtime *rt = NULL;
+    sj_backend *be = NULL;
+    assert_int_equal(sj_runtime_create(NULL, &rt), SJ_OK);
+    assert_int_equal(sj_cpu_backend_create(&(sj_cpu_backend_config){0}, &be), SJ_OK);
+    sj_pool pool;
+    sj_pool_init(&pool, rt);
+    sj_backend ops = sj_cpu_exec_ops;
+    ops.gemm = host_gemm;
+    ops.k.matmul_epi = NULL; /* as on CUDA: an epilogue not inside runs after */
+    const int kinds[] = {M_RELU, M_GELU_RES, M_CAST, M_FFN, M_SIGMOID};
+    for (size_t kk = 0; kk < sizeof kinds / sizeof kinds[0]; kk++)
+        for (int symbolic = 0; symbolic < 2; symbolic++)
+            for (int misalign = 0; misalign < 2; misalign++) {
+                gm m;
+                gm_init(&m, kinds[kk], SJ_F16, kinds[kk] == M_FFN ? 64 : 96, kinds[kk] == M_FFN ? 256 : 128);
+                traced tr;
+                trace_gm(&m, 24, symbolic, true, &tr);
+                const sj_group *G;
+                int ng = gemms(tr.p, &G);
+                assert_true(ng >= 1);
+                /* the C unit of the generated groups; the products' slots a mark */
+                size_t len;
+                char *src = sj_codegen_c(tr.g, tr.p, NULL, &(sj_codegen_opts){.prefix = "u_"}, &len);
+                assert_non_null(src);
+                const char *names[64];
+                char buf[64][32];
+                int gi_of[64], n = 0;
+                void *fns[64 * SJ_CG_VARIANTS_MAX] = {0};
+                assert_true(tr.p->n_groups <= 64);
+                for (int gi = 0; gi < tr.p->n_groups; gi++) {
+                    if (tr.p->groups[gi].kind == SJ_G_NODE) {
+                        if (tr.p->groups[gi].gemm_tile >= 0) fns[gi * SJ_CG_VARIANTS_MAX] = &slot;
+                        continue;
+                    }
+                    snprintf(buf[n], sizeof buf[n], "u_%s", tr.p->groups[gi].name);
+                    names[n] = buf[n];
+                    gi_of[n++] = gi;
+                }
+                sj_module *mod = NULL;
+                if (n) {
+                    sj_compile_req req = {.source = src, .source_len = len, .symbols = names, .n_symbols = n,
+                                          .tag = "gemm_exec"};
+                    sj_compile_result *res = calloc(1, sizeof *res);
+                    assert_non_null(res);
+                    if (be->compile(be, &req, res)) fail_msg("compile: %s\n%s", sj_last_error(), res->log);
+                    mod = res->module;
+                    for (int i = 0; i < n; i++)
+                        for (int v = 0; v < SJ_CG_VARIANTS_MAX; v++) fns[gi_of[i] * SJ_CG_VARIANTS_MAX + v] = res->fns[i];
+                    free(res);
+                }
+                free(src);
+                /* inputs at the traced sizes, S = 24 (M = 48); misaligned: x one element in */
+                sj_tensor in[2] = {tr.in[0], tr.in[1]};
+                sj_tensor xb = tu_tensor(SJ_F16, 1, S(2 * 24 * m.K + 8));
+                in[0].data = (uint16_t *)xb.data + (misalign ? 1 : 0);
+                tu_fill_range(&in[0], -1, 1);
+                tu_fill_range(&in[1], -1, 1);
+                int64_t sv[4] = {24, 24, 24, 24};
+                sj_tensor eo[2], fo[2];
+                sj_exec x;
+                tu_pattern_eager(rt, &pool, tr.g, in, symbolic ? sv : NULL, "gemm exec", &x, eo, fo);
+                tu_poison(&fo[0]);
+                x.outputs = fo;
+                x.ops = &ops;
+                x.ops_ctx = NULL;
+                memset(&slot, 0, sizeof slot);
+                sj_status st = sj_exec_fused(&x, tr.p, fns);
+                if (st) fail_msg("fused: %s", sj_last_error());
+                char what[96];
+                snprintf(what, sizeof what, "exec model %d %s%s", m.kind, symbolic ? "sym" : "static",
+                         misalign ? " misaligned" : "");
+                assert_int_equal(slot.calls, misalign ? 0 : ng);
+                if (!misalign) {
+                    assert_int_equal(slot.M, 48);
+                    /* the last product's flags */
+                    const sj_group *L = NULL;
+                    for (int gi = 0; gi < tr.p->n_groups; gi++)
+                        if (tr.p->groups[gi].gemm_tile >= 0) L = &tr.p->groups[gi];
+                    assert_int_equal(slot.flags, L->gemm_epi);
+                }
+                /* a cast to f32 inside the product skips eager's rounding to f16 before it */
+                bool ok;
+                if (m.kind == M_CAST && !misalign) {
+                    int64_t ne = tu_numel(&eo[0]);
+                    double *r = tu_refbuf(0, ne);
+                    for (int64_t i = 0; i < ne; i++) r[i] = tu_get(&eo[0], i);
+                    ok = tu_check(&fo[0], r, 2e-3, what);
+                } else {
+                    ok = tu_check_like_eager(&fo[0], &eo[0], what);
+                }
+                if (!ok) fail_msg("%s: differs from eager", what);
+                if (mod) be->unload(be, mod);
+                untrace(&tr);
+                tu_free_all();
+            }
+    sj_pool_destroy(&pool);
+    be->destroy(be);
+    sj_runtime_destroy(rt);
+}
+
 #ifdef SJ_WITH_CUDA
 
 /* -- On the device ----------------------------------------------------------------- */
@@ -434,7 +579,7 @@ static void test_gemm_on_device(void **state) {
 int main(void) {
     const char *seed = getenv("SJ_TEST_SEED");
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0x9e33);
-    const struct CMUnitTest cpu_tests[] = {cmocka_unit_test(test_plan_marks)};
+    const struct CMUnitTest cpu_tests[] = {cmocka_unit_test(test_plan_marks), cmocka_unit_test(test_exec_wiring)};
     int r = cmocka_run_group_tests_name("gemm_jit (plan)", cpu_tests, NULL, NULL);
 #ifdef SJ_WITH_CUDA
     sj_runtime_config cfg;
