@@ -792,6 +792,9 @@ void sj_codegen_gemm_spec(const sj_graph *g, const sj_group *G, sj_gemm_spec *sp
     sp->gelu = (G->gemm_epi & SJ_GEMM_GELU) != 0;
     sp->relu = (G->gemm_epi & SJ_GEMM_RELU) != 0;
     sp->residual = (G->gemm_epi & SJ_GEMM_RES) != 0;
+    sp->round_prod = (G->gemm_epi & SJ_GEMM_R_PROD) != 0;
+    sp->round_act = (G->gemm_epi & SJ_GEMM_R_ACT) != 0;
+    sp->round_res = (G->gemm_epi & SJ_GEMM_R_RES) != 0;
     sp->res_dtype = sp->residual ? g->vals[G->gemm_res].dtype : SJ_F16;
     sp->out_dtype = g->vals[G->gemm_out].dtype;
     sp->tile = sj_gemm_cuda_tiles(&nt)[G->gemm_tile];

@@ -261,11 +261,15 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     if (s->bias) {
         put(&o, "                { float b0, b1; %s(bias, col, b0, b1); v0 += b0; v1 += b1; }\n", ld2(s->bias_dtype));
     }
+    static const char rnd[] = "                v0 = h2f(f2h(v0));\n                v1 = h2f(f2h(v1));\n";
+    if (s->round_prod) put(&o, "%s", rnd);
     if (s->gelu) put(&o, "                v0 = gelu_erf(v0);\n                v1 = gelu_erf(v1);\n");
     else if (s->relu) put(&o, "                v0 = v0 > 0.0f ? v0 : 0.0f;\n                v1 = v1 > 0.0f ? v1 : 0.0f;\n");
+    if ((s->gelu || s->relu) && s->round_act) put(&o, "%s", rnd);
     if (s->residual)
         put(&o, "                { float r0, r1; %s(R, row * NN + col, r0, r1); v0 += r0; v1 += r1; }\n",
             ld2(s->res_dtype));
+    if (s->residual && s->round_res) put(&o, "%s", rnd);
     put(&o, "                %s(C, row * NN + col, v0, v1);\n", s->out_dtype == SJ_F16 ? "st2_h" : "st2_f");
     put(&o, "            }\n        }\n}\n");
     if (o.oom) {

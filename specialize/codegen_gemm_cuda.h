@@ -60,6 +60,11 @@ typedef struct sj_gemm_spec {
     bool bias;         /* add bias[n] (of bias_dtype) */
     bool gelu;         /* exact GELU after the bias */
     bool relu;         /* ReLU after the bias (not with gelu) */
+    /* Round to f16 (and back to f32) after the bias, after the GELU or
+     * ReLU, after the residual add: each where the graph holds that value
+     * in f16, so that a result cast to f32 at the end is the value the
+     * graph's f16 steps make, as an eager run computes it */
+    bool round_prod, round_act, round_res;
     bool residual;     /* add R[m, n] (of res_dtype) after the GELU */
     sj_dtype bias_dtype, res_dtype; /* SJ_F16 or SJ_F32 */
     sj_dtype out_dtype;             /* C's: SJ_F16 or SJ_F32 */

@@ -140,6 +140,12 @@ enum {
     SJ_GEMM_GELU = 2, /* exact GELU after the bias */
     SJ_GEMM_RELU = 4, /* ReLU after the bias */
     SJ_GEMM_RES = 8,  /* + gemm_res after the activation (then the cast to gemm_out's dtype) */
+    /* the graph holds in f16 (the kernel rounds there, as eager would):
+     * the product's result, the activation's, the residual add's */
+    SJ_GEMM_R_PROD = 16,
+    SJ_GEMM_R_ACT = 32,
+    SJ_GEMM_R_RES = 64,
+    SJ_GEMM_ROUNDS = SJ_GEMM_R_PROD | SJ_GEMM_R_ACT | SJ_GEMM_R_RES,
 };
 
 typedef struct sj_fplan {

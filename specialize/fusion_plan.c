@@ -303,6 +303,7 @@ static void gemm_epilogues(plan_ctx *c) {
             if (!ok) break;
             if ((n->op == SJ_OP_GELU || n->op == SJ_OP_RELU) && stage == 0 && n->n_in == 1) {
                 fl |= n->op == SJ_OP_GELU ? SJ_GEMM_GELU : SJ_GEMM_RELU;
+                if (o->dtype == SJ_F16) fl |= SJ_GEMM_R_ACT;
                 stage = 1;
             } else if (n->op == SJ_OP_ADD && stage <= 1 && n->n_in == 2) {
                 int32_t r = in[0] == cur ? in[1] : in[0];
@@ -312,6 +313,7 @@ static void gemm_epilogues(plan_ctx *c) {
                      !(computed(b, r) && b->vgroup[r] == c->ord[k + 1]);
                 for (int a = 0; a < Y->rank && ok; a++) ok = R->shape[a] == Y->shape[a];
                 fl |= SJ_GEMM_RES;
+                if (o->dtype == SJ_F16) fl |= SJ_GEMM_R_RES;
                 res = r;
                 stage = 2;
             } else if (n->op == SJ_OP_CAST && stage <= 2 && n->n_in == 1) {
@@ -322,7 +324,7 @@ static void gemm_epilogues(plan_ctx *c) {
             cur = n->out;
         }
         if (ok && cur != v) {
-            c->gm[k].gemm_epi = fl | SJ_GEMM_EPI;
+            c->gm[k].gemm_epi = fl | SJ_GEMM_EPI | SJ_GEMM_R_PROD; /* the product's result: f16 */
             c->gm[k].gemm_res = res;
             c->gm[k].gemm_out = cur;
         } else if (Y->dtype != SJ_F32) {
