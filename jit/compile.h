@@ -52,7 +52,8 @@ typedef struct sj_compiled {
     sj_module *module;
     /* SJ_CG_VARIANTS_MAX per plan group (group gi's at gi *
      * SJ_CG_VARIANTS_MAX): its functions by launch variant, a group with one
-     * function having it in every slot; NULL for NODE groups. */
+     * function having it in every slot; NULL for NODE groups but
+     * generated products (specialize/fusion.h), which have their kernel. */
     void **fns;
     bool specialized;    /* every size a constant */
     bool from_cache;

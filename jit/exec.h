@@ -43,7 +43,8 @@ int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache);
 
 /* Run a fused plan of g: generated groups through their compiled functions
  * (fns: SJ_CG_VARIANTS_MAX per group, as sj_compiled's; NULL for NODE groups), NODE groups through the
- * device's eager kernels. Caller outputs must be contiguous
+ * device's eager kernels, a generated product (specialize/fusion.h) through
+ * the device's gemm slot where it has one and fns holds its kernel. Caller outputs must be contiguous
  * (sj_exec_fused_ok tells); output checks and allocation as
  * sj_exec_eager. */
 sj_status sj_exec_fused(const sj_exec *x, const struct sj_fplan *plan, void *const *fns);
