@@ -70,10 +70,12 @@
       "CPU: `1`: the elementwise group that consumes a matrix product's result runs inside the "  \
       "product, on each block of the result as it is finished; `0`: after it, as a pass of its "  \
       "own")                                                                                     \
-    X(cuda_gemm, int, 0, 0, 1, "SHAPEJIT_CUDA_GEMM",                                               \
-      "CUDA: `1`: an f16 matrix product over a constant [K, N] weight runs as a generated "        \
+    X(cuda_gemm, int, 0, 0, 5, "SHAPEJIT_CUDA_GEMM",                                               \
+      "CUDA: `1`: an f16 matrix product over a constant [K, N] weight becomes a generated "        \
       "tensor-core kernel with the elementwise group after it (bias, GELU or ReLU, residual add, " \
-      "cast) inside; `0`: cuBLASLt, the group after it")
+      "cast) inside, in up to 4 tile variants timed against cuBLASLt once compiled (the winner "    \
+      "kept in the kernel cache); `2`..`5`: tile variant 0..3 always, untimed (tests); `0`: "        \
+      "cuBLASLt, the group after it")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

@@ -373,7 +373,8 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
     sj_dev_call dc;
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
                  .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = dev,
-                 .ops_ctx = dev->call_begin(dev, &dc, stream, sync, validate /* a validation waits */, e->n_syms)};
+                 .ops_ctx = dev->call_begin(dev, &dc, stream, sync, validate /* a validation waits */, e->n_syms),
+                 .gemm_pick = cd ? cd->gemm_pick : NULL};
     if (cd && validate && sj_exec_fused_ok(&x)) {
         sj_validation v;
         st = sj_validate_call(&x, e->plan, cd->fns, &v); /* the caller gets the eager result */

@@ -15,6 +15,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "jit/exec.h"
 #include "jit/fn.h"
 #include "jit/runtime.h"
 #include "kernels/cache.h"
@@ -160,7 +161,9 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
                           .cancel = &fn->cancel_compiles, .idle_until_ns = idle_until_ns};
     sj_compile_result *res = sj_calloc(1, sizeof *res);
     sj_compiled *cd = sj_calloc(1, sizeof *cd);
-    void **fns = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX, sizeof *fns);
+    /* the functions, then (in the same block) the products' picks */
+    size_t n_fns = (size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX;
+    void **fns = sj_calloc(n_fns + (size_t)plan->n_groups / sizeof(void *) + 1, sizeof *fns);
     sj_status st = (!res || !cd || !fns) ? SJ_ENOMEM : c->backend->compile(c->backend, &req, res);
     free(src);
     if (st) {
@@ -178,6 +181,11 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         k += variants[gi];
     }
     free(variants);
+    if (plan->n_gemm) { /* each generated product's variant, timed here on the worker */
+        cd->gemm_pick = (int8_t *)(fns + n_fns);
+        sj_exec_gemm_picks(c->backend, e->g, plan, m ? m->syms : NULL, fns, res->key,
+                           c->rt ? c->rt->cfg.cuda_gemm : 0, cd->gemm_pick);
+    }
     cd->backend = c->backend;
     cd->module = res->module;
     cd->fns = fns;

@@ -82,7 +82,7 @@ static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64
  * is not aligned as the kernel needs: the device's product runs instead,
  * its epilogue group after it. */
 static sj_status run_gemm(const sj_exec *x, const sj_fplan *p, const sj_group *gr, const int64_t *exv,
-                          void *const *bases, void *fn, bool *done) {
+                          void *const *bases, void *fn, int tile, bool *done) {
     const sj_graph *g = x->g;
     const sj_node *n = &g->nodes[gr->nodes[0]];
     const int32_t *in = sj_node_ins(g, n);
@@ -101,12 +101,23 @@ static sj_status run_gemm(const sj_exec *x, const sj_fplan *p, const sj_group *g
         MISALIGNED(bias, 2 * sj_dtype_size(bias.dtype)) || MISALIGNED(r, 2 * sj_dtype_size(r.dtype)))
         return SJ_OK;
 #undef MISALIGNED
-    sj_dev_gemm d = {.fn = fn, .tile = gr->gemm_tile, .flags = gr->gemm_epi, .M = N ? numel / N : 0, .N = N,
+    sj_dev_gemm d = {.fn = fn, .tile = tile, .flags = gr->gemm_epi, .M = N ? numel / N : 0, .N = N,
                      .K = K, .a = a.data, .b = b.data, .bias = gr->bias >= 0 ? bias.data : NULL,
                      .r = gr->gemm_epi & SJ_GEMM_RES ? r.data : NULL, .c = y.data, .bias_dtype = bias.dtype,
                      .r_dtype = r.dtype, .c_dtype = y.dtype};
     *done = true;
     return x->ops->gemm(x->ops_ctx, &d);
+}
+
+void sj_exec_gemm_picks(sj_backend *b, const sj_graph *g, const sj_fplan *p, const int64_t *syms, void *const *fns,
+                        const char *key, int mode, int8_t *pick) {
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        const sj_group *gr = &p->groups[gi];
+        if (gr->gemm_tile < 0) continue;
+        int v = mode - 2;
+        pick[gi] = (int8_t)(mode < 2 ? -1 : v < gr->gemm_nv ? v : gr->gemm_nv - 1);
+    }
+    if (mode == 1 && b->gemm_tune) b->gemm_tune(b, g, p, syms, fns, key, pick);
 }
 
 sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
@@ -174,9 +185,12 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
             continue;
         }
         const sj_node *n = &g->nodes[gr->nodes[0]];
-        if (gr->gemm_tile >= 0 && ops->gemm && fns[(size_t)gi * SJ_CG_VARIANTS_MAX]) {
+        int pick = x->gemm_pick ? x->gemm_pick[gi] : 0;
+        if (gr->gemm_tile >= 0 && pick >= 0 && pick < gr->gemm_nv && ops->gemm &&
+            fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)pick]) {
             bool done;
-            st = run_gemm(x, p, gr, exv, bases, fns[(size_t)gi * SJ_CG_VARIANTS_MAX], &done);
+            st = run_gemm(x, p, gr, exv, bases, fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)pick],
+                          gr->gemm_tiles[pick], &done);
             if (st) sj_exec_node_error(x, n, st);
             if (done) {
                 if (gr->gemm_epi & SJ_GEMM_EPI) gi++; /* the epilogue is group gi + 1, done */

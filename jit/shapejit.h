@@ -244,7 +244,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_PREPACK_MAX_BYTES=n        -> prepack_max_bytes
  *   SHAPEJIT_WARMUP_MAX_SHAPES=n        -> warmup_max_shapes
  *   SHAPEJIT_FUSE_EPILOGUE=0|1          -> fuse_epilogue
- *   SHAPEJIT_CUDA_GEMM=0|1              -> cuda_gemm
+ *   SHAPEJIT_CUDA_GEMM=0..5             -> cuda_gemm
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -446,10 +446,13 @@ typedef struct sj_runtime_config {
     int fuse_epilogue;
     /* CUDA backend: 1: in a fused plan, an f16 matrix product whose first
      * operand is contiguous and whose second is a constant [K, N] weight
-     * (N and K multiples of a tile's) runs as a generated tensor-core
-     * kernel (mma.sync), with the elementwise group that consumes its
-     * result (bias, GELU or ReLU, residual add, cast) inside it; 0
-     * (default): cuBLASLt, the group after it. $SHAPEJIT_CUDA_GEMM. */
+     * (N and K multiples of a tile's) becomes a generated tensor-core
+     * kernel (mma.sync) in up to 4 tile variants, with the elementwise
+     * group that consumes its result (bias, GELU or ReLU, residual add,
+     * cast) inside it; once compiled, the variants are timed against
+     * cuBLASLt and the fastest runs (kept in the kernel cache). 2 .. 5:
+     * variant 0 .. 3 always, untimed (tests). 0 (default): cuBLASLt, the
+     * group after it. $SHAPEJIT_CUDA_GEMM. */
     int cuda_gemm;
 } sj_runtime_config;
 

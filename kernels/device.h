@@ -205,6 +205,15 @@ struct sj_backend {
      * launch a generated product (a plan group's gemm_tile >= 0 and its
      * function compiled). */
     sj_status (*gemm)(void *c, const sj_dev_gemm *d);
+    /* Optional (NULL: a generated product runs as its device product): on
+     * the compile worker, once a unit is loaded, choose each generated
+     * product's variant (fns its functions, SJ_CG_VARIANTS_MAX a group, as
+     * sj_compiled's) or -1 for the device's product: pick[gi] for plan
+     * group gi, -1 on entry; syms the specialization's sizes (NULL: the
+     * entry's), key the unit's cache key (its choice may be kept beside
+     * it). Never fails: what cannot be timed keeps -1. */
+    void (*gemm_tune)(sj_backend *b, const sj_graph *g, const struct sj_fplan *p, const int64_t *syms,
+                      void *const *fns, const char *key, int8_t *pick);
     /* Optional: after the last kernel of a call: e.g. wait for the device
      * and report a data-dependent error. */
     sj_status (*finish)(void *c);

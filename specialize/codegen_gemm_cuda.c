@@ -25,10 +25,13 @@
 #include "specialize/codegen_gemm_cuda.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/error.h"
 #include "specialize/codegen_int.h"
+#include "specialize/fusion.h"
 
 #define put sj_cg_put
 
@@ -279,4 +282,38 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     }
     if (len) *len = o.len;
     return o.s;
+}
+
+/* -- The tuner's record ------------------------------------------------------------- */
+
+size_t sj_gemm_picks_format(const sj_fplan *p, const int8_t *pick, char *buf, size_t size) {
+    size_t n = (size_t)snprintf(buf, size, "sjgp1 %d", p->n_groups);
+    for (int gi = 0; gi < p->n_groups && n < size; gi++)
+        n += (size_t)snprintf(buf + n, size - n, " %d", p->groups[gi].gemm_tile >= 0 ? pick[gi] : -1);
+    if (n < size) n += (size_t)snprintf(buf + n, size - n, "\n");
+    return n < size ? n : 0;
+}
+
+bool sj_gemm_picks_parse(const sj_fplan *p, const void *data, size_t len, int8_t *pick) {
+    char text[4096];
+    if (!data || len == 0 || len >= sizeof text || memchr(data, 0, len)) return false;
+    memcpy(text, data, len);
+    text[len] = 0;
+    int groups, used;
+    if (sscanf(text, "sjgp1 %d%n", &groups, &used) != 1 || groups != p->n_groups) return false;
+    int8_t got[1024];
+    if (groups > (int)sizeof got) return false;
+    const char *at = text + used;
+    for (int gi = 0; gi < groups; gi++) {
+        int v;
+        if (sscanf(at, " %d%n", &v, &used) != 1) return false;
+        at += used;
+        const sj_group *G = &p->groups[gi];
+        if (G->gemm_tile >= 0 ? v < -1 || v >= G->gemm_nv : v != -1) return false;
+        got[gi] = (int8_t)v;
+    }
+    while (*at == ' ' || *at == '\n') at++;
+    if (*at) return false;
+    memcpy(pick, got, (size_t)groups);
+    return true;
 }

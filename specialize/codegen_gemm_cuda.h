@@ -94,4 +94,15 @@ void sj_gemm_cuda_dims(const sj_gemm_spec *s, int64_t M, sj_gemm_dims *d);
  * Each still needs sj_gemm_cuda_check against the product's N and K. */
 const sj_gemm_tile *sj_gemm_cuda_tiles(int *n);
 
+/* The autotuner's choice for a compiled unit, as the kernel cache keeps it
+ * beside the unit's CUBIN: one line, "sjgp1 <groups> <pick> ...", a pick
+ * per plan group (-1: the device's product; other groups -1). Format
+ * writes it to buf (NUL-terminated; at most size bytes) and returns its
+ * length, 0 when it does not fit. Parse reads it for plan p into pick (a
+ * generated product's in [-1, gemm_nv), every other group's -1) and says
+ * whether it was such a record; pick is left alone when not. */
+struct sj_fplan;
+size_t sj_gemm_picks_format(const struct sj_fplan *p, const int8_t *pick, char *buf, size_t size);
+bool sj_gemm_picks_parse(const struct sj_fplan *p, const void *data, size_t len, int8_t *pick);
+
 #endif /* SJ_CODEGEN_GEMM_CUDA_H */

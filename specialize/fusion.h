@@ -119,6 +119,10 @@ typedef struct sj_group {
      * epilogue group's one store when SJ_GEMM_EPI, else the group's
      * result. */
     int32_t gemm_tile;
+    int8_t gemm_tiles[4]; /* the kernel's variants (the autotuner's candidates):
+                             the first gemm_nv tiles of sj_gemm_cuda_tiles() that
+                             fit, gemm_tiles[0] == gemm_tile */
+    int gemm_nv;
     uint32_t gemm_epi;
     int32_t gemm_res;
     int32_t gemm_out;
@@ -183,7 +187,8 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced);
  *   group of an f16 matrix product A [.., M, K] @ B [K, N] (its bias add
  *   folded or not) whose A is contiguous from element 0, whose B is a
  *   parameter contiguous [K, N] from element 0 (N and K constants that a
- *   tile of sj_gemm_cuda_tiles() divides: the first such tile is taken),
+ *   tile of sj_gemm_cuda_tiles() divides: up to 4 such tiles, the
+ *   kernel's variants, which the device times once compiled),
  *   whose bias (if any) is f16 or f32 with unit stride over N, and whose
  *   result is contiguous from element 0, is a generated product
  *   (gemm_tile >= 0): the CUDA code generator emits a kernel for it

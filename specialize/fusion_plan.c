@@ -265,13 +265,13 @@ static void find_gemms(plan_ctx *c) {
         }
         int nt;
         const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
-        for (int t = 0; t < nt; t++) {
+        for (int t = 0; t < nt && c->gm[k].gemm_nv < 4; t++) {
             sj_gemm_spec sp = {.M = 0, .N = N, .K = K, .out_dtype = SJ_F16, .tile = tiles[t]};
-            if (sj_gemm_cuda_check(&sp) == SJ_OK) {
-                c->gm[k].gemm_tile = t;
-                c->gm[k].gemm_out = v;
-                break;
-            }
+            if (sj_gemm_cuda_check(&sp) == SJ_OK) c->gm[k].gemm_tiles[c->gm[k].gemm_nv++] = (int8_t)t;
+        }
+        if (c->gm[k].gemm_nv) {
+            c->gm[k].gemm_tile = c->gm[k].gemm_tiles[0];
+            c->gm[k].gemm_out = v;
         }
     }
 }
@@ -539,6 +539,8 @@ static int fill_groups(plan_ctx *c) {
         G->epilogue_of = c->epi_of[k];
         if (k + 1 < p->n_groups && c->epi_of[k + 1] == k) G->epilogue = k + 1;
         G->gemm_tile = c->gm[k].gemm_tile;
+        G->gemm_nv = c->gm[k].gemm_nv;
+        memcpy(G->gemm_tiles, c->gm[k].gemm_tiles, sizeof G->gemm_tiles);
         G->gemm_epi = c->gm[k].gemm_epi;
         G->gemm_res = c->gm[k].gemm_res;
         G->gemm_out = c->gm[k].gemm_out;
@@ -639,8 +641,8 @@ void sj_fplan_print(const sj_graph *g, const sj_fplan *p, const int64_t *sym_val
         if (G->gemm_tile >= 0) {
             int nt;
             const sj_gemm_tile *t = &sj_gemm_cuda_tiles(&nt)[G->gemm_tile];
-            fprintf(out, "; generated product, tile %dx%dx%d%s", t->bm, t->bn, t->bk,
-                    G->gemm_epi & SJ_GEMM_EPI ? ", epilogue inside" : "");
+            fprintf(out, "; generated product, tile %dx%dx%d%s (%d variant%s)", t->bm, t->bn, t->bk,
+                    G->gemm_epi & SJ_GEMM_EPI ? ", epilogue inside" : "", G->gemm_nv, G->gemm_nv > 1 ? "s" : "");
         }
         if (G->kind != SJ_G_NODE) {
             fprintf(out, "; loads");

@@ -290,13 +290,58 @@ static void test_plan_marks(void **state) {
             assert_non_null(src);
             for (int i = 0; i < on.p->n_groups; i++) {
                 const sj_group *H = &on.p->groups[i];
-                int want = H->kind != SJ_G_NODE ? -1 : H->gemm_tile >= 0 ? 1 : 0;
+                int want = H->kind != SJ_G_NODE ? -1 : H->gemm_tile >= 0 ? H->gemm_nv : 0;
                 if (want >= 0) assert_int_equal(variants[i], want);
                 else assert_true(variants[i] >= 1);
             }
-            char sig[64];
-            snprintf(sig, sizeof sig, "sj_%s(const unsigned short", G->name);
-            assert_non_null(strstr(src, sig));
+            /* the variants: the first tiles that fit, in the table's order */
+            int nt;
+            const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+            assert_true(G->gemm_nv >= 1 && G->gemm_nv <= SJ_CG_VARIANTS_MAX);
+            for (int v = 0; v < G->gemm_nv; v++) {
+                assert_true(v == 0 || G->gemm_tiles[v] > G->gemm_tiles[v - 1]);
+                sj_gemm_spec sp = {.N = m.N, .K = m.K, .out_dtype = SJ_F16, .tile = tiles[G->gemm_tiles[v]]};
+                assert_int_equal(sj_gemm_cuda_check(&sp), SJ_OK);
+                char sig[64];
+                if (G->gemm_nv > 1) snprintf(sig, sizeof sig, "sj_%s_v%d(const unsigned short", G->name, v);
+                else snprintf(sig, sizeof sig, "sj_%s(const unsigned short", G->name);
+                assert_non_null(strstr(src, sig));
+            }
+            /* the tuner's record: round trip and refusals */
+            int8_t pick[64], back[64];
+            memset(pick, -1, sizeof pick);
+            pick[gi] = (int8_t)(G->gemm_nv - 1);
+            char rec[512];
+            size_t rl = sj_gemm_picks_format(on.p, pick, rec, sizeof rec);
+            assert_true(rl > 0 && rl == strlen(rec));
+            memset(back, 7, sizeof back);
+            assert_true(sj_gemm_picks_parse(on.p, rec, rl, back));
+            assert_memory_equal(back, pick, (size_t)on.p->n_groups);
+            assert_int_equal(sj_gemm_picks_format(on.p, pick, rec, 8), 0); /* does not fit */
+            rl = sj_gemm_picks_format(on.p, pick, rec, sizeof rec);
+            char bad[600];
+            const char *refused[] = {"", "junk", "sjgp1", "sjgp1 999 -1"};
+            for (size_t b = 0; b < sizeof refused / sizeof refused[0]; b++)
+                assert_false(sj_gemm_picks_parse(on.p, refused[b], strlen(refused[b]), back));
+            pick[gi] = (int8_t)G->gemm_nv; /* past the variants */
+            rl = sj_gemm_picks_format(on.p, pick, bad, sizeof bad);
+            assert_false(sj_gemm_picks_parse(on.p, bad, rl, back));
+            pick[gi] = -1;
+            pick[gi == 0 ? 1 : 0] = 0; /* a pick for a group that is no product */
+            rl = sj_gemm_picks_format(on.p, pick, bad, sizeof bad);
+            bool other_is_gemm = on.p->groups[gi == 0 ? 1 : 0].gemm_tile >= 0;
+            if (!other_is_gemm) {
+                /* format writes -1 there; a record that says otherwise is refused */
+                assert_true(sj_gemm_picks_parse(on.p, bad, rl, back));
+                snprintf(bad, sizeof bad, "sjgp1 %d", on.p->n_groups);
+                for (int i = 0; i < on.p->n_groups; i++)
+                    snprintf(bad + strlen(bad), sizeof bad - strlen(bad), " %d", i == (gi == 0 ? 1 : 0) ? 0 : -1);
+                assert_false(sj_gemm_picks_parse(on.p, bad, strlen(bad), back));
+            }
+            memcpy(bad, rec, rl);
+            bad[rl] = 'x'; /* trailing junk */
+            assert_false(sj_gemm_picks_parse(on.p, bad, rl + 1, back));
+            assert_false(sj_gemm_picks_parse(on.p, rec, rl - 3, back)); /* cut */
             if (G->gemm_epi & SJ_GEMM_RELU) assert_non_null(strstr(src, "v0 > 0.0f ? v0 : 0.0f"));
             if (G->gemm_epi & SJ_GEMM_GELU) assert_non_null(strstr(src, "gelu_erf(v0)"));
             free(src);
@@ -322,6 +367,7 @@ static struct {
     int calls;
     int64_t M;
     uint32_t flags;
+    int tile;
 } slot;
 
 static float hval(const void *p, sj_dtype dt, int64_t i) {
@@ -333,6 +379,7 @@ static sj_status host_gemm(void *c, const sj_dev_gemm *d) {
     slot.calls++;
     slot.M = d->M;
     slot.flags = d->flags;
+    slot.tile = d->tile;
     assert_true((uintptr_t)d->a % 16 == 0 && (uintptr_t)d->b % 16 == 0);
     for (int64_t i = 0; i < d->M; i++)
         for (int64_t j = 0; j < d->N; j++) {
@@ -367,7 +414,8 @@ static void test_exec_wiring(void **state) {
     const int kinds[] = {M_RELU, M_GELU_RES, M_CAST, M_FFN, M_SIGMOID};
     for (size_t kk = 0; kk < sizeof kinds / sizeof kinds[0]; kk++)
         for (int symbolic = 0; symbolic < 2; symbolic++)
-            for (int misalign = 0; misalign < 2; misalign++) {
+            for (int misalign = 0; misalign < 2; misalign++)
+                for (int pk = 0; pk < (misalign ? 1 : 3); pk++) { /* picks: none (0), -1, the last variant */
                 gm m;
                 gm_init(&m, kinds[kk], SJ_F16, kinds[kk] == M_FFN ? 64 : 96, kinds[kk] == M_FFN ? 256 : 128);
                 traced tr;
@@ -386,7 +434,7 @@ static void test_exec_wiring(void **state) {
                 assert_true(tr.p->n_groups <= 64);
                 for (int gi = 0; gi < tr.p->n_groups; gi++) {
                     if (tr.p->groups[gi].kind == SJ_G_NODE) {
-                        if (tr.p->groups[gi].gemm_tile >= 0) fns[gi * SJ_CG_VARIANTS_MAX] = &slot;
+                        for (int v = 0; v < tr.p->groups[gi].gemm_nv; v++) fns[gi * SJ_CG_VARIANTS_MAX + v] = &slot;
                         continue;
                     }
                     snprintf(buf[n], sizeof buf[n], "u_%s", tr.p->groups[gi].name);
@@ -420,20 +468,25 @@ static void test_exec_wiring(void **state) {
                 x.outputs = fo;
                 x.ops = &ops;
                 x.ops_ctx = NULL;
+                int8_t picks[64];
+                for (int gi = 0; gi < tr.p->n_groups; gi++)
+                    picks[gi] = (int8_t)(pk == 1 ? -1 : tr.p->groups[gi].gemm_nv - 1);
+                x.gemm_pick = pk ? picks : NULL;
                 memset(&slot, 0, sizeof slot);
                 sj_status st = sj_exec_fused(&x, tr.p, fns);
                 if (st) fail_msg("fused: %s", sj_last_error());
                 char what[96];
-                snprintf(what, sizeof what, "exec model %d %s%s", m.kind, symbolic ? "sym" : "static",
-                         misalign ? " misaligned" : "");
-                assert_int_equal(slot.calls, misalign ? 0 : ng);
-                if (!misalign) {
+                snprintf(what, sizeof what, "exec model %d %s%s pick %d", m.kind, symbolic ? "sym" : "static",
+                         misalign ? " misaligned" : "", pk);
+                assert_int_equal(slot.calls, misalign || pk == 1 ? 0 : ng);
+                if (slot.calls) {
                     assert_int_equal(slot.M, 48);
-                    /* the last product's flags */
+                    /* the last product's flags and tile */
                     const sj_group *L = NULL;
                     for (int gi = 0; gi < tr.p->n_groups; gi++)
                         if (tr.p->groups[gi].gemm_tile >= 0) L = &tr.p->groups[gi];
                     assert_int_equal(slot.flags, L->gemm_epi);
+                    assert_int_equal(slot.tile, L->gemm_tiles[pk ? L->gemm_nv - 1 : 0]);
                 }
                 /* a cast to f32 inside the product: the f16 steps rounded as eager rounds them */
                 if (!tu_check_like_eager(&fo[0], &eo[0], what)) fail_msg("%s: differs from eager", what);
