@@ -14,10 +14,16 @@
  * On a CUDA device (else "skipped: no CUDA device"): relu(x @ W + b),
  * gelu(x @ W + b) + r, cast(relu(x @ W + b), f32) and the MiniLM
  * feed-forward block (H 384, FF 1536: gelu(x @ W1 + b1) @ W2 + b2 + x)
- * with SHAPEJIT_CUDA_GEMM on, static and symbolic M (odd sizes included),
- * against float64 and against the CPU's eager run; the explain output
- * names the generated product (its tile, the epilogue inside) and the
- * calls are fused; with cuda_gemm 0 the same graphs name none. */
+ * with SHAPEJIT_CUDA_GEMM 2 .. 5 (each tile variant forced) and 1 (tuned:
+ * the tuner's times and choice in the perf log), symbolic M (odd sizes
+ * included) and static, against float64 and against the CPU's eager run;
+ * the explain output names the generated product (its tile, the epilogue
+ * inside) and the calls are fused; with cuda_gemm 0 the same graphs name
+ * none.
+ *
+ * Also without a GPU: the executor's wiring through a host gemm slot (the
+ * kernel's contract computed on the CPU), the variant picks (none, -1,
+ * the last), the misaligned fallback, and the tuner's cache record. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -511,7 +517,7 @@ static sj_runtime *gpu_runtime(int cuda_gemm) {
     cfg.backend = SJ_BACKEND_CUDA;
     cfg.compile_mode = SJ_COMPILE_SYNC;
     cfg.cache_dir = NULL;
-    cfg.log_mask = 0;
+    cfg.log_mask = cuda_gemm == 1 ? SJ_LOG_PERF : 0; /* the tuner's times and choices */
     cfg.cuda_graphs = 0;
     cfg.cuda_gemm = cuda_gemm;
     sj_runtime *rt = NULL;
@@ -618,13 +624,16 @@ static void test_gemm_on_device(void **state) {
         int kind;
         int64_t K, N;
     } cases[] = {{M_RELU, 64, 128}, {M_GELU_RES, 128, 256}, {M_CAST, 96, 192}, {M_FFN, 384, 1536}, {M_SIGMOID, 64, 128}};
-    for (int on = 1; on >= 0; on--) {
-        sj_runtime *rt = gpu_runtime(on);
+    /* 2 .. 5: every tile variant forced; 1: tuned (the choice in the perf
+     * log); 0: off */
+    for (int mode = 5; mode >= 0; mode--) {
+        printf("SHAPEJIT_CUDA_GEMM=%d\n", mode);
+        sj_runtime *rt = gpu_runtime(mode);
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             gm m;
             gm_init(&m, cases[c].kind, SJ_F16, cases[c].K, cases[c].N);
-            run_gm(rt, &m, SJ_DYNAMIC_SYMBOLIC, seqs, 4, on);
-            run_gm(rt, &m, SJ_DYNAMIC_STATIC, seqs, 2, on);
+            run_gm(rt, &m, SJ_DYNAMIC_SYMBOLIC, seqs, 4, mode != 0);
+            if (mode <= 2) run_gm(rt, &m, SJ_DYNAMIC_STATIC, seqs, 2, mode != 0);
         }
         sj_runtime_destroy(rt);
     }
