@@ -76,3 +76,23 @@ void sj_log_write(const sj_log_sink *s, unsigned topic, const char *fmt, ...) {
         fprintf(stderr, "shapejit[%s]: %s\n", name, line);
     }
 }
+
+/* -- Structured events ------------------------------------------------------------- */
+
+static const char *const event_names[] = {
+#define SJ_X(name, text) text,
+    SJ_EVENT_LIST(SJ_X)
+#undef SJ_X
+};
+_Static_assert(sizeof event_names / sizeof event_names[0] == SJ_EVENT_COUNT, "one name per event kind");
+
+const char *sj_event_name(sj_event_kind k) { return (unsigned)k < SJ_EVENT_COUNT ? event_names[k] : "?"; }
+
+void sj_log_event(const sj_log_sink *s, const sj_event *ev) {
+    if (!sj_log_wants_events(s)) return;
+    sj_event e = *ev;
+    if (!e.fn) e.fn = "";
+    if (!e.shape) e.shape = "";
+    if (!e.error) e.error = "";
+    s->event_fn(s->event_user, &e);
+}

@@ -13,6 +13,8 @@ typedef struct sj_log_sink {
     unsigned mask; /* topics enabled (SJ_LOG_*) */
     sj_log_fn fn;  /* NULL: stderr */
     void *user;
+    sj_event_fn event_fn; /* structured events; NULL: none */
+    void *event_user;
 } sj_log_sink;
 
 /* Write one line under `topic` if s enables it; s may be NULL (nothing). */
@@ -21,6 +23,12 @@ void sj_log_write(const sj_log_sink *s, unsigned topic, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+
+/* Send a structured event if s has an event callback (s may be NULL).
+ * NULL strings are sent as "". */
+void sj_log_event(const sj_log_sink *s, const sj_event *ev);
+
+static inline int sj_log_wants_events(const sj_log_sink *s) { return s && s->event_fn; }
 
 static inline int sj_log_enabled(const sj_log_sink *s, unsigned topic) { return s && (s->mask & topic) != 0; }
 

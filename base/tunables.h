@@ -69,7 +69,13 @@
     X(fuse_epilogue, int, 1, 0, 1, "SHAPEJIT_FUSE_EPILOGUE",                                       \
       "CPU: `1`: the elementwise group that consumes a matrix product's result runs inside the "  \
       "product, on each block of the result as it is finished; `0`: after it, as a pass of its "  \
-      "own")                                                                                     \
+      "own")                                                                                        \
+    X(specialize_max_bytes, uint64_t, 0, 0, UINT64_MAX, "SHAPEJIT_SPECIALIZE_MAX_BYTES",           \
+      "bytes the specialized shapes of one function may hold (code and planned arena); past it "   \
+      "the least recently used are demoted to their entry's symbolic kernels (`0`: no limit)")      \
+    X(compile_ahead, int, 0, 0, 1, "SHAPEJIT_COMPILE_AHEAD",                                      \
+      "`1`: when a bucketed entry gets hot, the next bucket up is traced on that call's thread and " \
+      "its compile queued behind the others (`0`: off)")                                          \
     X(cuda_gemm, int, 0, 0, 5, "SHAPEJIT_CUDA_GEMM",                                               \
       "CUDA: `1`: an f16 matrix product over a constant [K, N] weight becomes a generated "        \
       "tensor-core kernel with the elementwise group after it (bias, GELU or ReLU, residual add, " \

@@ -1,8 +1,8 @@
 /* bench_gpus: one runtime per GPU (issue 31). The BERT-family encoder
  * (samples/bert) on the sentence stream, batches of --batch sentences
  * padded to their longest, served by 1 GPU, then by every device listed
- * (one runtime, model and calling thread per device, batches dealt round
- * robin); all runtimes share one kernel cache, so devices after the first
+ * (one runtime, model and calling thread per device, each walking the
+ * whole batch stream from its own offset); all runtimes share one kernel cache, so devices after the first
  * compile nothing. Prints one JSON line per device count: sentences/s,
  * per-batch p50/p99, and the compiles and cache hits of each runtime.
  *
@@ -169,7 +169,11 @@ int main(int argc, char **argv) {
         pthread_t th[MAX_DEV];
         double t0 = bench_now_s();
         for (int d = 0; d < used; d++) {
-            w[d].b = b, w[d].n_b = n_b, w[d].first = d, w[d].step = used;
+            /* every device walks every batch (from its own place in the
+             * stream), so each sees the shape mix one device sees: dealt
+             * round robin, 64 sentences in batches of 32 gave each of 2
+             * devices one shape, against two alternating on 1 device */
+            w[d].b = b, w[d].n_b = n_b, w[d].first = d * n_b / used, w[d].step = 1;
             w[d].t_end = t0 + seconds, w[d].sentences = 0, w[d].n_lat = 0;
             w[d].cap = 1 << 16;
             if (!w[d].lat) w[d].lat = malloc(w[d].cap * sizeof(double));

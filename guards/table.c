@@ -2,6 +2,7 @@
 #include "guards/table.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,6 +140,13 @@ static bool index_add(sj_table *t, sj_memo *m) {
     }
     index_put(x, m);
     return true;
+}
+
+void sj_memo_shape(const sj_memo *m, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int s = 0; s < m->entry->n_syms && used < n; s++)
+        used += (size_t)snprintf(buf + used, n - used, "%ss%d=%lld", s ? ", " : "", s, (long long)m->syms[s]);
 }
 
 uint64_t sj_memo_count(sj_memo *m, unsigned shard, uint64_t shard_at) {

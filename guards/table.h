@@ -79,6 +79,13 @@ typedef struct sj_memo {
     _Atomic(sj_counter *) calls_hot;
     _Atomic bool hot;      /* marked for a specialized compile */
     sj_ctarget ct;         /* the entry's plan specialized to this shape */
+    /* The memory budget (jit/budget.h): the last call's tick of the
+     * runtime's clock (ms), written only when it changed; demotions so
+     * far, and the shape's calls at the latest (written under the
+     * compiler lock). */
+    _Atomic uint32_t used_tick;
+    _Atomic int demotions;
+    _Atomic uint64_t demoted_calls;
     /* CUDA graphs of this signature's fused calls (jit/graphs.c), filled
      * in order, each kept until the table is destroyed. */
     _Atomic(void *) graphs[SJ_MEMO_GRAPHS];
@@ -136,6 +143,9 @@ static inline uint64_t sj_memo_calls(sj_memo *m) {
     sj_counter *h = atomic_load_explicit(&m->calls_hot, memory_order_acquire);
     return atomic_load_explicit(&m->calls, memory_order_relaxed) + (h ? sj_counter_sum(h) : 0);
 }
+
+/* m's symbol values as "s0=12, s1=64" (at most n bytes). */
+void sj_memo_shape(const sj_memo *m, char *buf, size_t n);
 
 /* The memo item for an exact signature, or NULL. Lock-free. */
 sj_memo *sj_table_find(sj_table *t, const int64_t *sig, int words, unsigned hash);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "jit/budget.h"
 #include "jit/call.h"
 #include "jit/compile.h"
 #include "base/clock.h"
@@ -25,6 +26,7 @@
 #include "base/tensor.h"
 #include "jit/trace.h"
 #include "jit/validate.h"
+#include "jit/warmup.h"
 
 #define RELAXED memory_order_relaxed
 #define MAX_FAILS 64
@@ -68,7 +70,7 @@ static bool at_limit(const sj_fn *fn) {
 
 /* Count a call of entry e; a hot entry asks for its plan to be compiled
  * (again, if a queued compile was dropped as cold). */
-static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
+static void note_call(sj_fn *fn, sj_entry *e, const sj_tensor *inputs, unsigned shard) {
     sj_counter_inc(&e->calls, shard);
     /* until the entry is hot, every call sums the shards (hot_threshold
      * calls, 2 by default); after, only reads of lines nobody writes */
@@ -80,6 +82,9 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
         atomic_fetch_add_explicit(&fn->c.hot_entries, 1, RELAXED);
         sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d is hot after %llu calls", fn->name, e->id,
                 (unsigned long long)c);
+        if (e->plan && sj_compiler_wants(fn->rt->compiler, &e->ct)) sj_compiler_request(fn->rt->compiler, fn, e, NULL);
+        if (fn->rt->cfg.compile_ahead) sj_warmup_ahead(fn, e, inputs); /* behind e's own compile */
+        return;
     }
     if (e->plan && sj_compiler_wants(fn->rt->compiler, &e->ct)) sj_compiler_request(fn->rt->compiler, fn, e, NULL);
 }
@@ -89,6 +94,7 @@ static void note_call(sj_fn *fn, sj_entry *e, unsigned shard) {
  * the recompile limit. */
 static void note_shape(sj_fn *fn, sj_memo *m, unsigned shard) {
     if (!m->entry->symbolic) return;
+    if (fn->rt->cfg.specialize_max_bytes) sj_budget_touch(fn, m); /* last use, for the memory budget */
     uint64_t th = (uint64_t)fn->policy.specialize_threshold;
     uint64_t c = sj_memo_count(m, shard, th); /* 0: past th, counted in shards */
     if ((c == 0 || c > th) && atomic_load_explicit(&m->hot, RELAXED) && sj_compiler_wants(fn->rt->compiler, &m->ct))
@@ -136,6 +142,24 @@ static void log_guards(const sj_fn *fn, const sj_entry *e) {
     sj_logf(fn->rt, SJ_LOG_GUARDS, "fn '%s': entry %d (%s) guards:", fn->name, e->id, e->what);
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) sj_logf(fn->rt, SJ_LOG_GUARDS, "%s", line);
     free(text);
+}
+
+/* The structured event of a retrace: the new entry, the call's input
+ * sizes, the guards that failed. */
+static void emit_recompile(const sj_fn *fn, const sj_tensor *in, const sj_entry *e, const char *why) {
+    if (!sj_log_wants_events(&fn->rt->log)) return;
+    char shape[192];
+    size_t used = 0;
+    shape[0] = '\0';
+    for (int i = 0; i < fn->n_inputs && used < sizeof shape; i++) {
+        used += (size_t)snprintf(shape + used, sizeof shape - used, "%s[", i ? ", " : "");
+        for (int a = 0; a < in[i].rank && used < sizeof shape; a++)
+            used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", a ? ", " : "", (long long)in[i].shape[a]);
+        if (used < sizeof shape) used += (size_t)snprintf(shape + used, sizeof shape - used, "]");
+    }
+    sj_emit(fn->rt, (sj_event){.kind = SJ_EVENT_RECOMPILE, .topic = SJ_LOG_RECOMPILES, .fn = fn->name, .entry = e->id,
+                               .shape = shape, .error = why,
+                               .count = atomic_load_explicit(&fn->table.n_entries, RELAXED) + 1});
 }
 
 /* Build the entry for a trace of `in` under plan. On success *out is a new,
@@ -273,10 +297,11 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
     atomic_fetch_add_explicit(&fn->c.traces, 1, RELAXED);
     if (fallback) fn->fallback_made = true;
     if (extra) fn->extra_entries++;
-    if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0)
+    if (atomic_load_explicit(&fn->table.n_entries, RELAXED) > 0) {
         sj_logf(fn->rt, SJ_LOG_RECOMPILES, "fn '%s': retrace -> entry %d (%s%s) because %s", fn->name, e->id, e->what,
                 *transient ? ", not kept: past the recompile limit" : "", why);
-    else
+        emit_recompile(fn, in, e, why);
+    } else
         sj_logf(fn->rt, SJ_LOG_TRACE, "fn '%s': traced entry %d (%s): %d nodes", fn->name, e->id, e->what, e->g->n_nodes);
     log_guards(fn, e);
     if (e->plan && sj_log_on(fn->rt, SJ_LOG_FUSION)) {
@@ -354,7 +379,9 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
                          unsigned shard, _Atomic uint64_t **tier_out) {
     sj_fn_shard *hot = &fn->hot[shard];
     sj_status st;
-    sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_acquire) : NULL;
+    /* marked while it may use a shape's code (a demotion frees it after) */
+    int phase = sj_budget_enter(fn, shard);
+    sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_seq_cst) : NULL;
     int checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
     sj_memo *cm = m; /* whose target cd is: the shape's, or (NULL) the entry's */
     _Atomic uint64_t *tier = &hot->fused_spec_calls;
@@ -415,6 +442,7 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
         sj_status est = dev->call_end(dev, x.ops_ctx, transient);
         if (!st) st = est;
     }
+    sj_budget_leave(fn, shard, phase);
     *tier_out = tier;
     return st;
 }
@@ -454,7 +482,7 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
         if (transient) sj_entry_free(e);
         goto fail;
     }
-    if (!transient) note_call(fn, e, shard); /* may compile here in sync mode */
+    if (!transient) note_call(fn, e, inputs, shard); /* may compile here in sync mode */
 
     _Atomic uint64_t *tier;
     st = execute(fn, m, e, syms, transient, inputs, outputs, stream, sync, RUN_CALL, shard, &tier);

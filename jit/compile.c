@@ -15,6 +15,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "jit/budget.h"
 #include "jit/exec.h"
 #include "jit/fn.h"
 #include "jit/runtime.h"
@@ -84,20 +85,38 @@ static void target_transition(sj_ctarget *t, sj_cstate to) {
            (from == SJ_CS_QUEUED && (to == SJ_CS_COMPILING || to == SJ_CS_NONE)) ||
            (from == SJ_CS_COMPILING && (to == SJ_CS_READY || to == SJ_CS_FAILED)) ||
            (from == SJ_CS_FAILED && (to == SJ_CS_QUEUED || to == SJ_CS_COMPILING)) ||
-           (from == SJ_CS_READY && to == SJ_CS_FAILED)); /* rejected by validation */
+           (from == SJ_CS_READY && to == SJ_CS_FAILED) || /* rejected by validation */
+           (from == SJ_CS_READY && to == SJ_CS_NONE));    /* demoted by the memory budget */
     (void)from;
     atomic_store_explicit(&t->state, to, memory_order_release);
 }
 
 static sj_ctarget *target_of(sj_entry *e, sj_memo *m) { return m ? &m->ct : &e->ct; }
 
-void sj_ctarget_release(sj_ctarget *t) {
-    sj_compiled *c = atomic_exchange(&t->ready, NULL);
+/* Calls of a target: its entry's, or (a shape's specialization) the
+ * shape's own, so that a shape no longer seen goes cold while its entry
+ * serves other shapes. */
+static uint64_t target_calls(sj_entry *e, sj_memo *m) { return m ? sj_memo_calls(m) : sj_counter_sum(&e->calls); }
+
+/* A structured event about target (e, m) of fn (shapejit.h: sj_event). */
+static void emit(const sj_compiler *c, sj_event_kind kind, unsigned topic, struct sj_fn *fn, sj_entry *e, sj_memo *m,
+                 const char *error, double ms, int64_t bytes, int count, int64_t retry_ms) {
+    if (!c->rt || !sj_log_wants_events(&c->rt->log)) return;
+    char shape[128] = "";
+    if (m) sj_memo_shape(m, shape, sizeof shape);
+    sj_emit(c->rt, (sj_event){.kind = kind, .topic = topic, .fn = fn->name, .entry = e->id, .shape = shape,
+                              .error = error, .duration_ms = ms, .bytes = bytes, .count = count,
+                              .retry_ms = retry_ms});
+}
+
+void sj_compiled_free(sj_compiled *c) {
     if (!c) return;
     c->backend->unload(c->backend, c->module);
     free(c->fns);
     free(c);
 }
+
+void sj_ctarget_release(sj_ctarget *t) { sj_compiled_free(atomic_exchange(&t->ready, NULL)); }
 
 /* -- Compiling one target (no lock held) ------------------------------------------- */
 
@@ -194,6 +213,9 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     cd->from_remote = res->from_remote;
     cd->compile_ms = res->compile_ms;
     memcpy(cd->key, res->key, sizeof cd->key);
+    /* the backend's size of the unit, else its source's as an estimate */
+    cd->code_bytes = res->code_bytes ? (int64_t)res->code_bytes : (int64_t)len;
+    cd->arena_bytes = m && plan->arena_bytes != SJ_EX_NONE ? sj_ex_eval(e->g->ex, plan->arena_bytes, m->syms) : 0;
     atomic_init(&cd->checks_left, c->rt ? c->rt->cfg.validate_calls : 0);
     free(res);
     *out = cd;
@@ -231,11 +253,103 @@ static bool may_queue(const sj_compiler *c, const sj_ctarget *t) {
     return s == SJ_CS_NONE || (s == SJ_CS_FAILED && sj_compiler_wants(c, t));
 }
 
-/* Publish or fail a target (compiler lock held). */
+/* -- The memory budget (compiler lock held; see budget.h) ------------------------------ */
+
+static int64_t held_by(const sj_compiled *cd) { return cd->code_bytes + cd->arena_bytes; }
+
+/* The least recently called specialized shape of fn other than `except`;
+ * NULL if none. A shape with a CUDA graph (or one being captured) is not
+ * a candidate: its graphs launch the code. Walks the memo's read index. */
+static sj_memo *lru_victim(struct sj_fn *fn, sj_memo *except, uint32_t now_tick) {
+    sj_memo_index *ix = atomic_load_explicit(&fn->table.index, memory_order_acquire);
+    sj_memo *best = NULL;
+    uint32_t best_age = 0;
+    for (size_t i = 0; ix && i < ix->cap; i++) {
+        sj_memo *m = atomic_load_explicit(&ix->slot[i], memory_order_acquire);
+        if (!m || m == except || atomic_load_explicit(&m->ct.state, RELAXED) != SJ_CS_READY ||
+            !atomic_load_explicit(&m->ct.ready, RELAXED) || atomic_load_explicit(&m->graph_busy, RELAXED))
+            continue;
+        bool graphs = false;
+        for (int k = 0; k < SJ_MEMO_GRAPHS; k++) graphs |= atomic_load_explicit(&m->graphs[k], RELAXED) != NULL;
+        if (graphs) continue;
+        uint32_t age = now_tick - atomic_load_explicit(&m->used_tick, RELAXED); /* wraps: ages stay right */
+        if (!best || age > best_age ||
+            (age == best_age && atomic_load_explicit(&m->ct.ready_ns, RELAXED) <
+                                    atomic_load_explicit(&best->ct.ready_ns, RELAXED)))
+            best = m, best_age = age;
+    }
+    return best;
+}
+
+/* Demote shape v: its code unpublished onto *retired (freed by
+ * sj_budget_reap once no call runs it), its target back to NONE, its hot
+ * mark and specialize_budget slot given back; a wait before it may be
+ * specialized again that doubles with each demotion. */
+static void demote(sj_compiler *c, struct sj_fn *fn, sj_memo *v, uint32_t now_tick, sj_compiled **retired) {
+    sj_compiled *old = atomic_exchange(&v->ct.ready, NULL); /* seq_cst: before sj_budget_reap's phase move */
+    int n = atomic_fetch_add_explicit(&v->demotions, 1, RELAXED) + 1;
+    int64_t penalty = penalty_ns(c, n), now = sj_runtime_now_ns(c->rt);
+    atomic_store_explicit(&v->demoted_calls, sj_memo_calls(v), RELAXED);
+    atomic_store_explicit(&v->ct.retry_ns, penalty > 0 ? now + penalty : now, RELAXED);
+    atomic_store_explicit(&v->ct.ready_ns, 0, RELAXED);
+    atomic_store(&v->hot, false); /* before the state: a call that sees NONE sees it unmarked */
+    atomic_fetch_sub(&fn->specializations, 1);
+    target_transition(&v->ct, SJ_CS_NONE);
+    atomic_fetch_sub_explicit(&fn->spec_bytes, held_by(old), RELAXED);
+    atomic_fetch_add_explicit(&fn->c.demoted, 1, RELAXED);
+    char shape[128];
+    sj_memo_shape(v, shape, sizeof shape);
+    sj_logf(c->rt, SJ_LOG_COMPILE,
+            "fn '%s': entry %d shape (%s) demoted to the symbolic kernels (specialize_max_bytes %llu): %lld bytes "
+            "freed, unused for %u ms, demoted %d times",
+            fn->name, v->entry->id, shape, (unsigned long long)c->rt->cfg.specialize_max_bytes,
+            (long long)held_by(old), now_tick - atomic_load_explicit(&v->used_tick, RELAXED), n);
+    emit(c, SJ_EVENT_DEMOTED, SJ_LOG_COMPILE, fn, v->entry, v, "", (double)(now_tick - atomic_load_explicit(&v->used_tick, RELAXED)),
+         held_by(old), n, 0);
+    old->retired_next = *retired;
+    *retired = old;
+}
+
+/* Make room for shape m's new code cd under the budget, demoting the least
+ * recently called specialized shapes; false when cd alone is larger than
+ * the budget (nothing is demoted then). */
+static bool admit(sj_compiler *c, struct sj_fn *fn, sj_memo *m, sj_compiled *cd, sj_compiled **retired) {
+    uint64_t max = c->rt ? c->rt->cfg.specialize_max_bytes : 0;
+    if (!max) return true;
+    int64_t need = held_by(cd);
+    if ((uint64_t)need > max) return false;
+    uint32_t tick = sj_budget_tick(c->rt);
+    while ((uint64_t)(atomic_load_explicit(&fn->spec_bytes, RELAXED) + need) > max) {
+        sj_memo *v = lru_victim(fn, m, tick);
+        if (!v) break; /* what is left has graphs: over the budget (CUDA) */
+        demote(c, fn, v, tick, retired);
+    }
+    atomic_store_explicit(&m->used_tick, tick, RELAXED); /* new: the most recently used */
+    return true;
+}
+
+/* Publish or fail a target (compiler lock held). Units a budget demoted go
+ * onto *retired: the caller frees them (sj_budget_reap) with no lock held,
+ * before it counts the job done. */
 static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj_status st, sj_compiled *cd,
-                   const char *err, bool hopeless) {
+                   const char *err, bool hopeless, sj_compiled **retired) {
     sj_ctarget *t = target_of(e, m);
+    if (!st && m && !admit(c, fn, m, cd, retired)) {
+        snprintf(t->error, sizeof t->error, "its code and arena, %lld bytes, pass specialize_max_bytes %llu",
+                 (long long)held_by(cd), (unsigned long long)c->rt->cfg.specialize_max_bytes);
+        atomic_fetch_add_explicit(&t->fails, 1, RELAXED);
+        atomic_store_explicit(&t->retry_ns, INT64_MAX, RELAXED); /* the same shape, the same size */
+        target_transition(t, SJ_CS_FAILED);
+        atomic_fetch_add_explicit(&fn->c.over_budget, 1, RELAXED);
+        sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d shape not kept: %s", fn->name, e->id, t->error);
+        emit(c, SJ_EVENT_COMPILE_BLACKLISTED, SJ_LOG_COMPILE, fn, e, m, t->error, 0, held_by(cd),
+             atomic_load_explicit(&t->fails, RELAXED), 0);
+        cd->retired_next = *retired; /* never published: freed at once */
+        *retired = cd;
+        return;
+    }
     if (!st) {
+        if (m) atomic_fetch_add_explicit(&fn->spec_bytes, held_by(cd), RELAXED); /* counted with or without a budget */
         atomic_store_explicit(&t->ready, cd, memory_order_release); /* the hot swap */
         atomic_store_explicit(&t->ready_ns, sj_now_ns(), RELAXED);
         target_transition(t, SJ_CS_READY);
@@ -246,6 +360,7 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s, %.1f ms)", fn->name, e->id,
                 m ? " shape" : "",
                 cd->from_remote ? "from the remote cache" : cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
+        emit(c, SJ_EVENT_COMPILE_FINISHED, SJ_LOG_COMPILE, fn, e, m, "", cd->compile_ms, held_by(cd), 0, 0);
     } else {
         snprintf(t->error, sizeof t->error, "%s", err);
         int fails = atomic_fetch_add_explicit(&t->fails, 1, RELAXED) + 1;
@@ -265,6 +380,19 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         else
             sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s failed %d times, retry in %lld ms", fn->name, e->id,
                     m ? " shape" : "", fails, (long long)(penalty / 1000000));
+        emit(c, SJ_EVENT_COMPILE_FAILED, SJ_LOG_COMPILE, fn, e, m, err, 0, 0, fails,
+             blacklist ? -1 : penalty / 1000000);
+        if (blacklist) emit(c, SJ_EVENT_COMPILE_BLACKLISTED, SJ_LOG_COMPILE, fn, e, m, err, 0, 0, fails, 0);
+    }
+}
+
+/* A job is over: free what its finish demoted (the lock let go meanwhile),
+ * then count it done (compiler lock held). */
+static void job_done(sj_compiler *c, struct sj_fn *fn, sj_compiled *retired) {
+    if (retired) {
+        pthread_mutex_unlock(&c->lock);
+        sj_budget_reap(fn, retired);
+        pthread_mutex_lock(&c->lock);
     }
     fn->compiles_pending--;
     pthread_cond_broadcast(&c->done);
@@ -287,6 +415,7 @@ bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *
     atomic_fetch_add_explicit(&fn->c.validation_failures, 1, RELAXED);
     bool first = !fn->reject_logged;
     fn->reject_logged = true;
+    emit(c, SJ_EVENT_VALIDATION_REJECTED, SJ_LOG_WARN, fn, e, m, why, 0, 0, 0, 0);
     pthread_mutex_unlock(&c->lock);
     if (c->rt && c->rt->cache) sj_cache_quarantine(c->rt->cache, cd->key);
     if (first)
@@ -368,15 +497,18 @@ void sj_compiler_set_fifo(sj_compiler *c, bool fifo) {
 static void run_one(sj_compiler *c) {
     job j = pop(c);
     sj_ctarget *t = target_of(j.entry, j.memo);
-    uint64_t calls = sj_counter_sum(&j.entry->calls);
+    uint64_t calls = target_calls(j.entry, j.memo);
     if (!j.warm && sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
         target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
         atomic_fetch_add_explicit(&j.fn->c.compiles_dropped, 1, RELAXED);
+        emit(c, SJ_EVENT_COMPILE_DROPPED, SJ_LOG_COMPILE, j.fn, j.entry, j.memo, "cold: no calls while it was queued",
+             0, 0, 0, 0);
         j.fn->compiles_pending--;
         pthread_cond_broadcast(&c->done);
         return;
     }
     target_transition(t, SJ_CS_COMPILING);
+    emit(c, SJ_EVENT_COMPILE_STARTED, SJ_LOG_COMPILE, j.fn, j.entry, j.memo, "", 0, 0, 0, 0);
     int64_t idle_until = c->idle_ns > 0 ? j.queued_ns + c->idle_ns : 0;
     pthread_mutex_unlock(&c->lock);
     char err[256] = "";
@@ -384,7 +516,9 @@ static void run_one(sj_compiler *c) {
     sj_compiled *cd = NULL;
     sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err, &hopeless);
     pthread_mutex_lock(&c->lock);
-    finish(c, j.fn, j.entry, j.memo, st, cd, err, hopeless);
+    sj_compiled *retired = NULL;
+    finish(c, j.fn, j.entry, j.memo, st, cd, err, hopeless, &retired);
+    job_done(c, j.fn, retired);
 }
 
 static void *worker_main(void *arg) {
@@ -478,6 +612,10 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
     sj_ctarget *t = target_of(e, m);
     if (c->mode == SJ_CM_ASYNC && !warm && !sj_compiler_wants(c, t)) return;
     pthread_mutex_lock(&c->lock);
+    if (m && !atomic_load_explicit(&m->hot, RELAXED)) { /* demoted meanwhile (its mark given back) */
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
     if (c->mode == SJ_CM_ASYNC) {
         if (warm && atomic_load_explicit(&t->state, RELAXED) == SJ_CS_QUEUED) { /* queued by a call: keep it */
             for (int i = 0; i < c->n_jobs; i++)
@@ -493,7 +631,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
                 c->jobs = h;
                 c->cap_jobs = cap;
             }
-            t->queued_calls = sj_counter_sum(&e->calls);
+            t->queued_calls = target_calls(e, m);
             c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             target_transition(t, SJ_CS_QUEUED);
@@ -506,6 +644,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
     /* sync: compile here, or wait for the thread compiling it */
     if (may_queue(c, t) && !fn->cancelled) {
         target_transition(t, SJ_CS_COMPILING);
+        emit(c, SJ_EVENT_COMPILE_STARTED, SJ_LOG_COMPILE, fn, e, m, "", 0, 0, 0, 0);
         fn->compiles_pending++;
         pthread_mutex_unlock(&c->lock);
         char err[256] = "";
@@ -513,7 +652,9 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
         sj_compiled *cd = NULL;
         sj_status st = compile_target(c, fn, e, m, 0, &cd, err, sizeof err, &hopeless); /* a caller waits: normal priority */
         pthread_mutex_lock(&c->lock);
-        finish(c, fn, e, m, st, cd, err, hopeless);
+        sj_compiled *retired = NULL;
+        finish(c, fn, e, m, st, cd, err, hopeless, &retired);
+        job_done(c, fn, retired);
     } else {
         while (atomic_load_explicit(&t->state, RELAXED) == SJ_CS_COMPILING) pthread_cond_wait(&c->done, &c->lock);
     }
@@ -559,6 +700,8 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
             continue;
         }
         target_transition(target_of(c->jobs[i].entry, c->jobs[i].memo), SJ_CS_NONE);
+        emit(c, SJ_EVENT_COMPILE_DROPPED, SJ_LOG_COMPILE, fn, c->jobs[i].entry, c->jobs[i].memo,
+             "its function is being destroyed", 0, 0, 0, 0);
         fn->compiles_pending--;
         c->jobs[i] = c->jobs[--c->n_jobs];
         atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);

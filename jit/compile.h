@@ -7,8 +7,12 @@
  * target_transition() in compile.c:
  *
  *   NONE -> QUEUED -> COMPILING -> READY | FAILED
- *            \-> NONE (dropped while queued: cold, or its function destroyed)
+ *            \-> NONE (dropped while queued: cold, i.e. no call of its entry, or
+ *                     for a shape's specialization of that shape, for the
+ *                     cold time; or its function destroyed)
  *   FAILED -> QUEUED | COMPILING (a retry, once its penalty has passed)
+ *   READY -> FAILED (rejected by validation) | NONE (a shape demoted by the
+ *            memory budget: jit/budget.h)
  *
  * A READY target's code is published with one atomic store of `ready`;
  * callers pick it up with one atomic load. A FAILED target's entry keeps
@@ -64,6 +68,10 @@ typedef struct sj_compiled {
     bool from_remote; /* of which from the remote cache */
     double compile_ms;
     char key[65];        /* the kernel cache's key of the unit */
+    /* What it holds, for the memory budget: the loaded unit's size, and
+     * (a shape's specialization) its plan's arena at the shape's sizes. */
+    int64_t code_bytes, arena_bytes;
+    struct sj_compiled *retired_next; /* demoted, waiting to be freed (jit/budget.c) */
     /* Validated swap (jit/validate.c): > 0, calls left that run eagerly
      * beside the kernel and compare before it serves alone; 0, validated;
      * -1, rejected (its results differed: never used again). */
@@ -73,7 +81,7 @@ typedef struct sj_compiled {
 typedef struct sj_ctarget {
     _Atomic int state;                 /* sj_cstate */
     _Atomic(sj_compiled *) ready;      /* READY: the code */
-    uint64_t queued_calls;             /* the entry's calls when queued */
+    uint64_t queued_calls;             /* the target's calls when queued (a shape's: the shape's own) */
     int64_t seen_ns;                   /* when the target was first seen (entry made / shape hot) */
     _Atomic int64_t ready_ns;          /* when it became READY (0 before) */
     _Atomic int64_t retry_ns;          /* FAILED: when a retry may be queued; INT64_MAX: blacklisted */
@@ -162,5 +170,7 @@ void sj_compiler_set_idle_ms(sj_compiler *c, int ms);
 
 /* Free a target's published code (at function destroy). */
 void sj_ctarget_release(sj_ctarget *t);
+/* Unload and free a unit no call can be running (NULL: nothing). */
+void sj_compiled_free(sj_compiled *cd);
 
 #endif /* SJ_COMPILE_H */

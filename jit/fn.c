@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jit/budget.h"
 #include "jit/compile.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -113,7 +114,13 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         pthread_mutex_destroy(&fn->trace_lock);
         ok = locks = false;
     }
+    if (ok && pthread_mutex_init(&fn->retire_lock, NULL)) {
+        pthread_mutex_destroy(&fn->warm_lock);
+        pthread_mutex_destroy(&fn->trace_lock);
+        ok = locks = false;
+    }
     if (ok && pthread_cond_init(&fn->warm_cond, NULL)) {
+        pthread_mutex_destroy(&fn->retire_lock);
         pthread_mutex_destroy(&fn->warm_lock);
         pthread_mutex_destroy(&fn->trace_lock);
         ok = locks = false;
@@ -142,6 +149,7 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         if (table) sj_table_destroy(&fn->table);
         if (locks) {
             pthread_cond_destroy(&fn->warm_cond);
+            pthread_mutex_destroy(&fn->retire_lock);
             pthread_mutex_destroy(&fn->warm_lock);
             pthread_mutex_destroy(&fn->trace_lock);
         }
@@ -184,10 +192,12 @@ void sj_fn_destroy(sj_fn *fn) {
     sj_runtime_unlink_fn(fn->rt, fn);
     atomic_fetch_sub(&fn->rt->total_entries, atomic_load(&fn->table.n_entries));
     sj_table_destroy(&fn->table);
+    sj_budget_free_parked(fn); /* after the graphs that launch them */
     sj_policy_free(&fn->policy);
     sj_pool_destroy(&fn->pool);
     sj_cpu_pack_cache_destroy(fn->packs); /* after the entries that read it */
     sj_warmup_free(fn);
+    pthread_mutex_destroy(&fn->retire_lock);
     pthread_cond_destroy(&fn->warm_cond);
     pthread_mutex_destroy(&fn->warm_lock);
     pthread_mutex_destroy(&fn->trace_lock);
@@ -297,6 +307,10 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->validations = atomic_load_explicit(&c->validations, RELAXED);
     out->validation_failures = atomic_load_explicit(&c->validation_failures, RELAXED);
     out->compiles_dropped = atomic_load_explicit(&c->compiles_dropped, RELAXED);
+    out->specializations_demoted = atomic_load_explicit(&c->demoted, RELAXED);
+    out->specializations_over_budget = atomic_load_explicit(&c->over_budget, RELAXED);
+    int64_t held = atomic_load_explicit(&fn->spec_bytes, RELAXED);
+    out->specialized_bytes = held > 0 ? (uint64_t)held : 0;
     out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
     out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
     out->graph_failures = atomic_load_explicit(&c->graph_failures, RELAXED);
@@ -336,12 +350,25 @@ static const char *tier_name(const sj_entry *e) {
     return "?";
 }
 
-/* Ready specialized shapes of an entry (memo items with their own code). */
-static int specialized_shapes(sj_fn *fn, const sj_entry *e) {
+/* Ready specialized shapes of an entry (memo items with their own code),
+ * the bytes they hold, and its shapes demoted and not specialized now.
+ * The code is read under a call's mark (jit/budget.h): a demotion may free
+ * it meanwhile. */
+static int specialized_shapes(sj_fn *fn, const sj_entry *e, int64_t *bytes, int *demoted) {
     int n = 0;
+    *bytes = 0;
+    *demoted = 0;
+    unsigned shard = sj_shard_index();
     pthread_mutex_lock(&fn->table.lock);
-    for (sj_memo *m = fn->table.memo; m; m = m->hh.next)
-        if (m->entry == e && atomic_load_explicit(&m->ct.ready, memory_order_acquire)) n++;
+    for (sj_memo *m = fn->table.memo; m; m = m->hh.next) {
+        if (m->entry != e) continue;
+        int phase = sj_budget_enter(fn, shard);
+        sj_compiled *cd = atomic_load_explicit(&m->ct.ready, memory_order_seq_cst);
+        if (cd) n++;
+        if (cd) *bytes += cd->code_bytes + cd->arena_bytes; /* (no budget: never freed before fn) */
+        sj_budget_leave(fn, shard, phase);
+        if (!cd && atomic_load_explicit(&m->demotions, RELAXED) > 0) ++*demoted;
+    }
     pthread_mutex_unlock(&fn->table.lock);
     return n;
 }
@@ -366,7 +393,7 @@ int sj_fn_entries(const sj_fn *cfn, sj_entry_info *out, int max) {
         i->calls = sj_counter_sum(&e->calls);
         snprintf(i->what, sizeof i->what, "%s", e->what);
         snprintf(i->tier, sizeof i->tier, "%s", tier_name(e));
-        i->specialized_shapes = specialized_shapes(fn, e);
+        i->specialized_shapes = specialized_shapes(fn, e, &i->specialized_bytes, &i->demoted_shapes);
         int64_t ready = atomic_load_explicit(&e->ct.ready_ns, RELAXED);
         i->time_to_fused_ms = ready ? (double)(ready - e->created_ns) / 1e6 : -1.0;
         if (e->plan) {
@@ -405,11 +432,18 @@ static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
         if (m->entry != e || !e->n_syms) continue;
         uint64_t calls = sj_memo_calls(m);
         bool hot = atomic_load_explicit(&m->hot, RELAXED);
-        if (!hot && shown >= 4) continue;
+        if (!hot && shown >= 4 && !atomic_load_explicit(&m->demotions, RELAXED)) continue;
         if (!shown++) fprintf(out, "    shapes:");
         fprintf(out, " (");
         for (int s = 0; s < e->n_syms; s++) fprintf(out, s ? ", s%d=%lld" : "s%d=%lld", s, (long long)m->syms[s]);
-        fprintf(out, ") %llu calls%s;", (unsigned long long)calls, hot ? " [marked for specialization]" : "");
+        int demotions = atomic_load_explicit(&m->demotions, RELAXED);
+        bool ready = atomic_load_explicit(&m->ct.ready, RELAXED) != NULL;
+        fprintf(out, ") %llu calls%s%s", (unsigned long long)calls, hot ? " [marked for specialization]" : "",
+                ready ? " [specialized]" : "");
+        if (demotions)
+            fprintf(out, " [demoted %d time%s by the memory budget%s]", demotions, demotions > 1 ? "s" : "",
+                    ready || hot ? "" : ": symbolic");
+        fprintf(out, ";");
     }
     if (shown) fprintf(out, "\n");
     pthread_mutex_unlock(&fn->table.lock);
@@ -442,6 +476,11 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
         fprintf(out, "  validation: %llu calls checked against eager, %llu units rejected (first %d calls of a unit, then 1 in %d)\n",
                 (unsigned long long)s.validations, (unsigned long long)s.validation_failures,
                 fn->rt->cfg.validate_calls, fn->rt->cfg.validate_every);
+    if (fn->rt->cfg.specialize_max_bytes || s.specializations_demoted)
+        fprintf(out, "  specialization memory: %llu bytes held of %llu (specialize_max_bytes); %llu shapes demoted, "
+                     "%llu not kept (alone over the budget)\n",
+                (unsigned long long)s.specialized_bytes, (unsigned long long)fn->rt->cfg.specialize_max_bytes,
+                (unsigned long long)s.specializations_demoted, (unsigned long long)s.specializations_over_budget);
     if (fn->packs)
         fprintf(out, "  packed weights: %llu (%.1f MiB of %.1f MiB allowed), kernel %s\n",
                 (unsigned long long)s.packed_weights, (double)s.packed_bytes / (1 << 20),

@@ -2,7 +2,8 @@
  *
  * Lock order: fn->trace_lock, then the table's memo lock, then
  * rt->lock. fn->warm_lock (jit/warmup.c) is a leaf: nothing is called and
- * no other lock taken while it is held. No lock is held while a graph
+ * no other lock taken while it is held. fn->retire_lock (jit/budget.c) is
+ * taken with no other lock held, and no other lock is taken under it. No lock is held while a graph
  * executes; trace_lock is held
  * while the model function runs (one trace at a time per function), so
  * other threads keep serving existing entries meanwhile.
@@ -30,6 +31,7 @@ typedef struct sj_fn_counters {
         compiles_dropped, compile_us, validations, validation_failures;
     _Atomic uint64_t graphs, graph_failures;
     _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;
+    _Atomic uint64_t demoted, over_budget;
 } sj_fn_counters;
 
 /* What every successful call counts, one 64-byte line per thread shard
@@ -38,6 +40,9 @@ typedef struct sj_fn_counters {
 typedef struct sj_fn_shard {
     _Alignas(64) _Atomic uint64_t memo_hits;
     _Atomic uint64_t guard_evals, eager_calls, fused_sym_calls, fused_spec_calls, graph_calls;
+    /* Calls of this shard running compiled code now, by phase (jit/budget.h:
+     * demoted code is freed once its phase has none). */
+    _Atomic uint64_t code_users[2];
 } sj_fn_shard;
 
 struct sj_fn {
@@ -68,6 +73,16 @@ struct sj_fn {
     atomic_int cancel_compiles; /* set with cancelled: a running compiler is killed */
     bool compile_fail_logged;
     bool reject_logged; /* compiler lock */
+
+    /* The memory budget of specializations (jit/budget.h). spec_bytes:
+     * what the published specializations hold (written under the compiler
+     * lock). code_phase: which of each shard's code_users a call marks;
+     * retire_lock: one grace period at a time, and `parked` (demoted units
+     * kept until destroy: CUDA). A leaf: nothing else is taken under it. */
+    _Atomic int64_t spec_bytes;
+    _Atomic unsigned code_phase;
+    pthread_mutex_t retire_lock;
+    struct sj_compiled *parked;
 
     /* Warm-up (jit/warmup.c): the latest, under warm_lock; its state also
      * in warm_state (sj_warm_state), read without the lock. */

@@ -294,6 +294,12 @@ static void run_job(sj_grapher *gr, graph_job *j) {
     atomic_fetch_add_explicit(&fn->c.graphs, 1, RELAXED);
     sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d: captured CUDA graph %d of a shape in %.2f ms (%d in the runtime)",
             fn->name, e->id, k, ms, atomic_load(&rt->cuda_graphs));
+    if (sj_log_wants_events(&rt->log)) {
+        char shape[128];
+        sj_memo_shape(m, shape, sizeof shape);
+        sj_emit(rt, (sj_event){.kind = SJ_EVENT_GRAPH_CAPTURED, .topic = SJ_LOG_PERF, .fn = fn->name, .entry = e->id,
+                               .shape = shape, .duration_ms = ms, .count = k + 1});
+    }
 }
 
 static void *grapher_main(void *arg) {

@@ -267,7 +267,7 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
         return sj_seterr(SJ_ENOMEM, "sj_runtime_create: out of memory");
     }
     rt->cfg = c;
-    rt->log = (sj_log_sink){c.log_mask, c.log_fn, c.log_user};
+    rt->log = (sj_log_sink){c.log_mask, c.log_fn, c.log_user, c.event_fn, c.event_user};
     const char **fields[9] = {&rt->cfg.buckets,          &rt->cfg.cache_dir,   &rt->cfg.cc,
                               &rt->cfg.cflags,           &rt->cfg.dump_dir,    &rt->cfg.nvrtc_flags,
                               &rt->cfg.cache_key,        &rt->cfg.remote_cache_url, &rt->cfg.cc_version};

@@ -55,6 +55,14 @@ void sj_runtime_test_wrong_kernels(sj_runtime *rt, float skew);
  * NULL: nothing). */
 #define sj_logf(rt, topic, ...) sj_log_write((rt) ? &(rt)->log : NULL, topic, __VA_ARGS__)
 
+/* Send a structured event (cfg.event_fn), stamped with the runtime's
+ * clock; nothing without a callback. */
+static inline void sj_emit(const sj_runtime *rt, sj_event ev) {
+    if (!rt || !sj_log_wants_events(&rt->log)) return;
+    ev.time_ns = sj_runtime_now_ns(rt);
+    sj_log_event(&rt->log, &ev);
+}
+
 static inline int sj_log_on(const sj_runtime *rt, unsigned topic) {
     return (rt->cfg.log_mask & topic) != 0;
 }

@@ -199,6 +199,72 @@ enum {
  * the library. msg is valid only during the call. */
 typedef void (*sj_log_fn)(void *user, unsigned topic, const char *msg);
 
+/* Structured events: what the runtime does in the background, for a server
+ * that consumes them as data (metrics, traces) instead of parsing log
+ * lines. Set cfg.event_fn: every event below is sent to it, whatever
+ * log_mask says; the text lines are unchanged, and sent to log_fn (or
+ * stderr) as before. X(name, text): sj_event_name gives the text. */
+#define SJ_EVENT_LIST(X)                                                                         \
+    X(SJ_EVENT_COMPILE_STARTED, "compile_started")         /* a compile began (a job taken) */  \
+    X(SJ_EVENT_COMPILE_FINISHED, "compile_finished")       /* its kernels are ready */          \
+    X(SJ_EVENT_COMPILE_FAILED, "compile_failed")           /* it failed; retried after a wait */ \
+    X(SJ_EVENT_COMPILE_DROPPED, "compile_dropped")         /* a queued compile dropped */       \
+    X(SJ_EVENT_COMPILE_BLACKLISTED, "compile_blacklisted") /* a target given up for good */     \
+    X(SJ_EVENT_VALIDATION_REJECTED, "validation_rejected") /* new kernels differ from eager */  \
+    X(SJ_EVENT_DEMOTED, "specialization_demoted")          /* the memory budget demoted a shape */ \
+    X(SJ_EVENT_RECOMPILE, "recompile")                     /* guards failed: a new trace */     \
+    X(SJ_EVENT_GRAPH_CAPTURED, "graph_captured")           /* a CUDA graph was captured */
+
+typedef enum sj_event_kind {
+#define SJ_X(name, text) name,
+    SJ_EVENT_LIST(SJ_X)
+#undef SJ_X
+    SJ_EVENT_COUNT
+} sj_event_kind;
+
+/* One event. Strings are valid only during the callback; fields that do
+ * not apply to a kind are -1 (entry), "" or 0.
+ *   COMPILE_*: entry and, for one exact shape's specialization, shape.
+ *     FINISHED: duration_ms (the compiler's time, 0 from the cache), bytes
+ *     (the unit's code, and a shape's arena). FAILED: error, count
+ *     (failures so far), retry_ms (the wait before a call may queue it
+ *     again; -1: none, it is blacklisted, and BLACKLISTED follows).
+ *     BLACKLISTED: error, count (also a shape's specialization larger than
+ *     the whole specialize_max_bytes: not kept). DROPPED:
+ *     error says why (no calls while queued; its function destroyed).
+ *   VALIDATION_REJECTED: entry, shape, error (the largest difference).
+ *   DEMOTED: entry, shape, bytes (freed), count (its demotions so far),
+ *     duration_ms (how long it had gone uncalled).
+ *   RECOMPILE: entry (the new one), shape (the call's input sizes), error
+ *     (the guards that failed, entry by entry), count (entries with it;
+ *     past the recompile limit the new entry may serve the call and not
+ *     be kept).
+ *   GRAPH_CAPTURED: entry, shape, duration_ms (the capture's time),
+ *     count (the shape's graphs now).
+ * time_ns is the runtime's clock (cfg.clock_ns when set). */
+typedef struct sj_event {
+    sj_event_kind kind;
+    unsigned topic;       /* the log topic of the kind's text line (SJ_LOG_*) */
+    const char *fn;       /* the function's name */
+    int entry;            /* its entry id, -1 if none */
+    const char *shape;    /* "s0=12, s1=64" (a shape's symbol values) or "[4, 32], [4]" (input sizes); "" */
+    const char *error;    /* why, "" if none */
+    double duration_ms;
+    int64_t bytes;
+    int count;
+    int64_t retry_ms;
+    int64_t time_ns;
+} sj_event;
+
+/* Called once per event, from any thread that uses the runtime (compile
+ * workers, callers, the graph thread), possibly with the runtime's internal
+ * locks held and concurrently: it must be thread-safe, quick, and must not
+ * call back into the library. */
+typedef void (*sj_event_fn)(void *user, const sj_event *ev);
+
+/* "compile_started", ...; "?" for an invalid kind. */
+SJ_API const char *sj_event_name(sj_event_kind k);
+
 /* Host memory hooks for memory the runtime allocates (output tensors the
  * caller asked for, execution arenas). alloc returns memory aligned to at
  * least `align` bytes (a power of two, at most 4096) or NULL. */
@@ -244,6 +310,8 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_PREPACK_MAX_BYTES=n        -> prepack_max_bytes
  *   SHAPEJIT_WARMUP_MAX_SHAPES=n        -> warmup_max_shapes
  *   SHAPEJIT_FUSE_EPILOGUE=0|1          -> fuse_epilogue
+ *   SHAPEJIT_SPECIALIZE_MAX_BYTES=n     -> specialize_max_bytes
+ *   SHAPEJIT_COMPILE_AHEAD=0|1          -> compile_ahead
  *   SHAPEJIT_CUDA_GEMM=0..5             -> cuda_gemm
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
@@ -257,6 +325,8 @@ typedef struct sj_runtime_config {
     unsigned log_mask;       /* default SJ_LOG_WARN */
     sj_log_fn log_fn;        /* default NULL: lines go to stderr as "shapejit[topic]: ..." */
     void *log_user;          /* passed to log_fn */
+    sj_event_fn event_fn;    /* default NULL: no structured events (see sj_event) */
+    void *event_user;        /* passed to event_fn */
     sj_allocator allocator;  /* default: aligned_alloc/free */
     /* Defaults for every function's options (sj_fn_options; 1 .. 1e6). */
     int recompile_limit;       /* entries per function; default 8 */
@@ -373,9 +443,10 @@ typedef struct sj_runtime_config {
     /* The runtime's clock, for tests that drive time (a virtual clock):
      * nanoseconds from any fixed origin, never decreasing. NULL (default):
      * CLOCK_MONOTONIC. It times what the runtime schedules: compile
-     * penalties (above) and the drop of queued compiles whose entry got no
-     * calls for 60 s. Called from calling threads and compile workers,
-     * concurrently: it must be thread-safe and must not call back into
+     * penalties (above) and the drop of queued compiles whose entry (a
+     * shape's specialization: whose shape) got no calls for 60 s. Called
+     * from calling threads and compile workers, concurrently: it must be
+     * thread-safe and must not call back into
      * the library. Timeouts that bound waits (compile_timeout_ms,
      * sj_fn_wait_idle) and the statistics' times stay on the real clock. */
     int64_t (*clock_ns)(void *user);
@@ -444,6 +515,41 @@ typedef struct sj_runtime_config {
      * whole result; 0: after it. Results are the same either way.
      * $SHAPEJIT_FUSE_EPILOGUE. */
     int fuse_epilogue;
+    /* The memory budget of specializations: the bytes one function's
+     * specialized shapes (exact shapes of a symbolic entry that got kernels
+     * of their own, specialize_threshold) may hold: each its loaded code
+     * (the unit's size) and its fused plan's arena at its sizes. A new
+     * specialization that would pass it demotes the least recently called
+     * ones first: their kernels are unpublished, freed once no call can
+     * still be running them, and their shapes go back to the entry's
+     * symbolic kernels, with results unchanged. A demoted shape that is
+     * called specialize_threshold times again may be specialized again,
+     * after a wait that doubles with each of its demotions
+     * (compile_retry_ms * 2^(n-1), +-25%). A unit larger than the whole
+     * budget is not kept (its shape stays symbolic). Each demotion is
+     * logged (compile topic) and sent as an SJ_EVENT_DEMOTED event;
+     * sj_stats counts specializations_demoted and specialized_bytes;
+     * sj_fn_explain and sj_entry_info show them. With a budget, calls of
+     * specialized shapes read the runtime's clock (a last-use stamp, kept
+     * at millisecond grain) and mark themselves in a per-thread counter.
+     * CUDA backend: a demoted unit's module stays loaded until its function
+     * is destroyed (queued stream work and CUDA graphs may still launch
+     * it), and CUDA graphs' memory is not counted; shapes with a captured
+     * graph are not demoted. 0 (default): no limit.
+     * $SHAPEJIT_SPECIALIZE_MAX_BYTES. */
+    uint64_t specialize_max_bytes;
+    /* Neighbouring buckets compiled ahead: when an entry of a bucketed
+     * dimension gets hot (hot_threshold calls), the call that made it hot
+     * also traces the next bucket up (the call's inputs with that size, and
+     * every size equal to it, set to the next bucket's upper edge; the
+     * model function runs on that call's thread, as for any new shape)
+     * and queues its compile, which the value-ordered queue takes after
+     * the jobs that have calls. A first call of that bucket then finds its
+     * kernels ready. The trace is a retrace like a call's (logged, counted,
+     * within the recompile limit: none past it); a model that rejects the
+     * size only counts a trace error. Async compiles only. 0 (default):
+     * off; 1: on. $SHAPEJIT_COMPILE_AHEAD. */
+    int compile_ahead;
     /* CUDA backend: 1: in a fused plan, an f16 matrix product whose first
      * operand is contiguous and whose second is a constant [K, N] weight
      * (N and K multiples of a tile's) becomes a generated tensor-core
@@ -1033,7 +1139,11 @@ typedef struct sj_stats {
     uint64_t compiles_blacklisted; /* units that failed for good (compile_max_failures) */
     uint64_t validations;          /* calls that ran eagerly and fused side by side (validate_calls) */
     uint64_t validation_failures;  /* compiled units rejected: their results differed from eager */
-    uint64_t compiles_dropped; /* queued compiles dropped because their entry went cold */
+    uint64_t compiles_dropped; /* queued compiles dropped because their entry (or shape) went cold */
+    /* The memory budget of specializations (specialize_max_bytes): */
+    uint64_t specializations_demoted; /* specialized shapes demoted to their entry's symbolic kernels */
+    uint64_t specializations_over_budget; /* compiled specializations not kept: alone larger than the budget */
+    uint64_t specialized_bytes; /* bytes the specialized shapes hold now (code and arenas; with or without a budget) */
     double compile_ms;         /* compiler time, total */
     /* CUDA backend (sj_runtime_config.cuda_graphs): */
     uint64_t graph_calls;      /* fused calls served by one CUDA graph launch */
@@ -1269,6 +1379,8 @@ typedef struct sj_entry_info {
     double time_to_fused_ms; /* from the entry's creation to its kernels being ready; -1 if not */
     int64_t planned_bytes;   /* arena bytes at the sizes first traced (memory plan) */
     int64_t naive_bytes;     /* without sharing */
+    int64_t specialized_bytes; /* what its specialized shapes hold now (code and arenas) */
+    int demoted_shapes;      /* its shapes demoted by the memory budget and not specialized now */
 } sj_entry_info;
 
 /* Fill out[0 .. max) with the entries, newest first; returns how many

@@ -36,6 +36,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/tensor.h"
+#include "jit/budget.h"
 #include "jit/call.h"
 #include "jit/compile.h"
 #include "jit/graphs.h"
@@ -415,11 +416,14 @@ static sj_status make_inputs(sj_runtime *rt, const warm_shape *s, int n, sj_tens
 /* Validation checks left of the code a call of s would use now (its
  * shape's, else its entry's; jit/validate.h); 0 when none is left or no
  * code is ready. */
-static int checks_left(const warm_shape *s) {
-    sj_compiled *cd = s->m ? atomic_load_explicit(&s->m->ct.ready, memory_order_acquire) : NULL;
+static int checks_left(sj_fn *fn, const warm_shape *s) {
+    unsigned shard = sj_shard_index();
+    int phase = sj_budget_enter(fn, shard); /* the shape's code may be demoted meanwhile (jit/budget.h) */
+    sj_compiled *cd = s->m ? atomic_load_explicit(&s->m->ct.ready, memory_order_seq_cst) : NULL;
     if (cd && atomic_load_explicit(&cd->checks_left, RELAXED) < 0) cd = NULL;
     if (!cd) cd = atomic_load_explicit(&s->e->ct.ready, memory_order_acquire);
     int n = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
+    sj_budget_leave(fn, shard, phase);
     return n > 0 ? n : 0;
 }
 
@@ -441,13 +445,13 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
     bool capture = caller_bufs && s->m && rt->backend->graph_capture && rt->cfg.cuda_graphs > 0 &&
                    !(w->flags & SJ_WARMUP_NO_GRAPHS);
     sj_status st = make_inputs(rt, s, n_in, in, made);
-    int validating = checks_left(s), runs = 0;
-    while (!st && (runs == 0 || (checks_left(s) > 0 && runs <= rt->cfg.validate_calls)) && !atomic_load(&w->stop)) {
+    int validating = checks_left(fn, s), runs = 0;
+    while (!st && (runs == 0 || (checks_left(fn, s) > 0 && runs <= rt->cfg.validate_calls)) && !atomic_load(&w->stop)) {
         st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, false, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
         runs++;
     }
-    if (!st && validating && !checks_left(s)) { /* validated: the run a call now gets */
+    if (!st && validating && !checks_left(fn, s)) { /* validated: the run a call now gets */
         st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, false, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);
     }
@@ -823,4 +827,60 @@ void sj_warmup_explain(sj_fn *fn, FILE *out) {
     fprintf(out, "  warm-up: %s, %d of %d shapes prepared, %d failed, %.1f ms\n", sj_warm_state_name(st.state),
             st.prepared, st.total, st.failed, st.elapsed_ms);
     if (st.failed) fprintf(out, "    first failure: %s\n", st.first_message);
+}
+
+/* -- Neighbouring buckets ahead (cfg.compile_ahead) ------------------------------- */
+
+void sj_warmup_ahead(sj_fn *fn, const sj_entry *e, const sj_tensor *inputs) {
+    sj_runtime *rt = fn->rt;
+    if (!e->bucketed || !e->plan || rt->cfg.compile_mode != SJ_COMPILE_ASYNC) return;
+    /* the first bucketed size of the call with a bucket above its own */
+    int64_t from = 0, to = 0;
+    pthread_mutex_lock(&fn->trace_lock); /* the policy's rules */
+    for (int i = 0; i < fn->n_inputs && !to; i++)
+        for (int a = 0; a < inputs[i].rank && !to; a++) {
+            const sj_dim_rule *r = sj_policy_rule(&fn->policy, i, a);
+            int64_t s = inputs[i].shape[a], lo, hi, lo2, hi2;
+            if (r->kind != SJ_RULE_BUCKET || s < 2 || !sj_bucket_find(r->bucket, s, &lo, &hi) || hi == INT64_MAX ||
+                !sj_bucket_find(r->bucket, hi + 1, &lo2, &hi2) || hi2 == INT64_MAX)
+                continue;
+            from = s, to = hi2;
+        }
+    bool room = atomic_load(&fn->table.n_entries) + 1 < fn->policy.limit;
+    pthread_mutex_unlock(&fn->trace_lock);
+    if (!to || !room) return;
+    /* the call's descriptors with that size, and every size equal to it,
+     * moved to the next bucket's upper edge; contiguous; no data (a trace
+     * reads none) */
+    sj_tensor in[SJ_MAX_INPUTS];
+    for (int i = 0; i < fn->n_inputs; i++) {
+        if (!sj_tensor_is_contiguous(&inputs[i])) return;
+        in[i] = inputs[i];
+        in[i].data = NULL;
+        int64_t stride = 1;
+        for (int a = in[i].rank - 1; a >= 0; a--) {
+            if (in[i].shape[a] == from) in[i].shape[a] = to;
+            in[i].stride[a] = stride;
+            stride *= in[i].shape[a];
+        }
+    }
+    int64_t syms[SJ_MAX_SYMS];
+    sj_memo *m;
+    sj_entry *next;
+    bool transient;
+    sj_status st = sj_call_prepare(fn, in, syms, &m, &next, &transient);
+    if (st) {
+        sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d is hot; the next bucket (size %lld) could not be traced ahead: %s",
+                fn->name, e->id, (long long)to, sj_last_error());
+        sj_clearerr(); /* the call that got here succeeds */
+        return;
+    }
+    if (transient) {
+        sj_entry_free(next);
+        return;
+    }
+    if (next == e || !next->plan) return;
+    sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d is hot: the next bucket (size %lld) is entry %d, compiled ahead", fn->name,
+            e->id, (long long)to, next->id);
+    if (sj_compiler_wants(rt->compiler, &next->ct)) sj_compiler_request(rt->compiler, fn, next, NULL);
 }

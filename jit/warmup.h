@@ -18,6 +18,11 @@ void sj_warmup_free(sj_fn *fn);
  * SJ_ETIMEOUT after timeout_ms (< 0: no limit). sj_fn_wait_idle. */
 sj_status sj_warmup_wait(sj_fn *fn, int timeout_ms);
 
+/* cfg.compile_ahead: entry e of a bucketed dimension just got hot on a
+ * call of `inputs` (on that caller's thread, no lock held): trace the next
+ * bucket up and queue its compile (jit/warmup.c). */
+void sj_warmup_ahead(sj_fn *fn, const sj_entry *e, const sj_tensor *inputs);
+
 /* One line for sj_fn_explain ("" when fn was never warmed). */
 void sj_warmup_explain(sj_fn *fn, FILE *out);
 

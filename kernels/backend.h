@@ -44,6 +44,7 @@ typedef struct sj_compile_result {
     bool shared;          /* the same unit was already loaded by this backend: module is that one */
     bool from_remote;     /* from_cache, fetched from the remote cache (kernels/remote.h) */
     double compile_ms;    /* wall time of the compiler run (0 on a cache hit) */
+    size_t code_bytes;    /* the loaded unit's size (its artifact's bytes); 0: unknown */
     char key[65];         /* the cache key (hex) */
     char log[2048];       /* compiler diagnostics on failure, truncated */
 } sj_compile_result;

@@ -533,7 +533,7 @@ static int dead_port(void) {
 static void check_bounded(const char *u, int timeout_ms, const char *why) {
     run_result lb;
     memset(&lb, 0, sizeof lb);
-    sj_log_sink sink = {SJ_LOG_WARN, count_sink, &lb};
+    sj_log_sink sink = {SJ_LOG_WARN, count_sink, &lb, NULL, NULL};
     sj_remote *r = NULL;
     assert_int_equal(sj_remote_open(u, KEY, timeout_ms, &sink, &r), SJ_OK);
     char key[65];

@@ -27,6 +27,7 @@ static void test_defaults(void **state) {
     assert_int_equal(c.recompile_limit, 8);
     assert_int_equal(c.cuda_graphs, 64);
     assert_true(c.cache_max_bytes == (UINT64_C(1) << 30));
+    assert_true(c.specialize_max_bytes == 0); /* no budget unless asked for */
     assert_int_equal(sj_tunables_check(&c, "t"), SJ_OK);
 }
 
@@ -67,6 +68,13 @@ static void test_env_ranges(void **state) {
     sj_runtime_config_init(&c);
     assert_true(c.cache_max_bytes == 12345);
     unsetenv("SHAPEJIT_CACHE_MAX_BYTES");
+    setenv("SHAPEJIT_SPECIALIZE_MAX_BYTES", "1048576", 1);
+    sj_runtime_config_init(&c);
+    assert_true(c.specialize_max_bytes == 1048576);
+    setenv("SHAPEJIT_SPECIALIZE_MAX_BYTES", "1M", 1); /* no suffixes: ignored */
+    sj_runtime_config_init(&c);
+    assert_true(c.specialize_max_bytes == 0);
+    unsetenv("SHAPEJIT_SPECIALIZE_MAX_BYTES");
 }
 
 /* The config: a field out of range is SJ_EINVAL naming it and its range,

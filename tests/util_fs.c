@@ -63,7 +63,7 @@ int tu_fixture_setup(void **state, const char *name) {
     f->rt.cfg.log_mask = SJ_LOG_ALL;
     f->rt.cfg.log_fn = tu_log_sink;
     f->rt.cfg.log_user = &f->log;
-    f->rt.log = (sj_log_sink){f->rt.cfg.log_mask, f->rt.cfg.log_fn, f->rt.cfg.log_user};
+    f->rt.log = (sj_log_sink){f->rt.cfg.log_mask, f->rt.cfg.log_fn, f->rt.cfg.log_user, NULL, NULL};
     *state = f;
     return 0;
 }

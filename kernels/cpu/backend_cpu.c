@@ -74,6 +74,7 @@ typedef struct cpu_backend {
 
 struct sj_module {
     void *handle;
+    size_t bytes; /* the shared object's size */
 };
 
 /* -- Running the compiler -------------------------------------------------- */
@@ -320,8 +321,11 @@ static bool load(const char *path, const sj_compile_req *req, sj_compile_result 
         dlclose(h);
         return false;
     }
+    struct stat sb;
     m->handle = h;
+    m->bytes = stat(path, &sb) ? 0 : (size_t)sb.st_size;
     out->module = m;
+    out->code_bytes = m->bytes;
     return true;
 }
 
@@ -475,6 +479,7 @@ static const char *cpu_refuse(void *self, char *buf, size_t n) {
 
 static bool cpu_resolve(void *self, sj_module *m, const sj_compile_req *req, sj_compile_result *out) {
     (void)self;
+    out->code_bytes = m->bytes;
     return resolve_in(m->handle, req, out);
 }
 
