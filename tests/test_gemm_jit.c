@@ -121,17 +121,23 @@ static double gelu64(double v) { return 0.5 * v * (1.0 + erf(v / sqrt(2.0))); }
 /* y[M, N] = x[M, K] @ w + b (values as stored), mag = sum |x||w| + |b|. */
 static void ref_linear(const double *x, int64_t M, int64_t K, const sj_tensor *w, const sj_tensor *b, int64_t N,
                        double *y, double *mag) {
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) {
-            double s = tu_get(b, j), a = fabs(s);
-            for (int64_t k = 0; k < K; k++) {
-                double p = x[i * K + k] * tu_get(w, k * N + j);
-                s += p;
-                a += fabs(p);
+    double *wd = malloc(sizeof(double) * (size_t)(K * N)); /* w read once (the MiniLM FFN at M 1024) */
+    assert_non_null(wd);
+    for (int64_t i = 0; i < K * N; i++) wd[i] = tu_get(w, i);
+    for (int64_t i = 0; i < M; i++) {
+        double *yi = y + i * N, *mi = mag + i * N;
+        for (int64_t j = 0; j < N; j++) yi[j] = tu_get(b, j), mi[j] = fabs(yi[j]);
+        for (int64_t k = 0; k < K; k++) {
+            double xv = x[i * K + k];
+            const double *wk = wd + k * N;
+            for (int64_t j = 0; j < N; j++) {
+                double p = xv * wk[j];
+                yi[j] += p;
+                mi[j] += fabs(p);
             }
-            y[i * N + j] = s;
-            mag[i * N + j] = a;
         }
+    }
+    free(wd);
 }
 
 /* The model's output in float64 for inputs in (host), M rows; ref and mag
