@@ -167,6 +167,7 @@ sj_entry *sj_table_match(sj_table *t, const sj_tensor *in, int64_t *sym_vals, sj
                          int max_fails, int *n_fails) {
     int nf = 0;
     for (sj_entry *e = atomic_load_explicit(&t->entries, memory_order_acquire); e; e = e->next) {
+        if (atomic_load_explicit(&e->retired, memory_order_relaxed)) continue;
         sj_guard_failure *f = fails && nf < max_fails ? &fails[nf] : NULL;
         if (sj_guard_check(e->guards, in, sym_vals, f)) {
             if (n_fails) *n_fails = nf;

@@ -64,6 +64,10 @@ typedef struct sj_entry {
     int64_t created_ns;
     /* eager calls' time (ns) and count, for the compile queue's value */
     _Atomic uint64_t eager_ns, eager_timed;
+    /* Set when learned buckets replace the ones it was traced for
+     * (jit/learn.c): shapes it memoised keep it; sj_table_match skips it,
+     * so new shapes are traced under the new buckets. */
+    _Atomic bool retired;
 } sj_entry;
 
 /* One exact signature -> its entry and symbol values. */
@@ -150,8 +154,8 @@ void sj_memo_shape(const sj_memo *m, char *buf, size_t n);
 /* The memo item for an exact signature, or NULL. Lock-free. */
 sj_memo *sj_table_find(sj_table *t, const int64_t *sig, int words, unsigned hash);
 
-/* The newest entry whose guards pass, with its symbol values in sym_vals;
- * NULL if none. With fails non-NULL, records the first failing guard of
+/* The newest entry (not retired) whose guards pass, with its symbol values
+ * in sym_vals; NULL if none. With fails non-NULL, records the first failing guard of
  * each entry tried (up to max_fails) and sets *n_fails. Lock-free. */
 sj_entry *sj_table_match(sj_table *t, const sj_tensor *in, int64_t *sym_vals, sj_guard_failure *fails,
                          int max_fails, int *n_fails);

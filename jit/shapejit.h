@@ -1074,6 +1074,88 @@ SJ_API sj_status sj_set_buckets_pow2(sj_fn *fn, int input, int axis, int64_t lo,
 SJ_API sj_status sj_set_buckets_multiple(sj_fn *fn, int input, int axis, int64_t n);
 SJ_API sj_status sj_set_profile(sj_fn *fn, int input, int axis, int64_t min, int64_t opt, int64_t max);
 
+/* -- Buckets learned from traffic ----------------------------------------------
+ *
+ * sj_fn_learn_buckets re-chooses the bucket edges of one input dimension
+ * from the sizes the function has served, by a cost model:
+ *   a call of size s in a bucket with upper edge h costs
+ *     call_us + size_us * w * (1 + symbolic_overhead, if the bucket holds
+ *                              more than one size seen)
+ *   with w = h when the runtime pads calls to their bucket's edge (pad: CUDA
+ *   graphs replayed at the edge, a server that pads), else w = s; a bucket
+ *   holding one size seen counts as specialized;
+ *   each bucket holding a size seen costs compile_ms (its trace and
+ *   compile) plus bucket_mib * mib_ms (the memory its code and arenas hold,
+ *   as time over the horizon), once over horizon_calls calls (0: the calls
+ *   counted).
+ * The edges minimise the expected cost per call (dynamic programming over
+ * the sorted distinct sizes seen, at most max_buckets buckets; the last
+ * edge is the largest size seen, larger sizes fall in the open bucket past
+ * it). The histogram is built when asked, off the call path, from the memo
+ * of exact signatures and their call counts (the memo holds up to 4096
+ * signatures per function; shapes past it are not counted, see the
+ * report's memo_full). Sizes 0 and 1 are left out (always specialized).
+ *
+ * With apply set, the edges become the dimension's buckets (as
+ * sj_set_buckets) while the function serves: shapes served before keep
+ * their entries (their memoised signatures); entries whose range on this
+ * dimension is not one of the new buckets are retired: no new shape
+ * matches them, so new shapes are traced under the new buckets. Results
+ * never change. Retired entries still count towards the recompile limit
+ * (raise it to cover the old entries and the new buckets); the symbolic
+ * entry made past the limit is never retired (it serves what no bucket's
+ * entry may be made for).
+ * Thread-safe with sj_call. */
+typedef struct sj_learn_options {
+    int max_buckets;          /* at most this many buckets, 1 .. 64 (default 8) */
+    double call_us;           /* fixed cost of a call (default 0) */
+    double size_us;           /* cost per call per unit of size; < 0: measured from the function's
+                                 timed eager calls, 1 if none (default -1) */
+    double symbolic_overhead; /* extra fraction of a symbolic kernel's size cost (default 0.05) */
+    int pad;                  /* 1: calls run at their bucket's edge (default 0) */
+    double compile_ms;        /* per bucket; < 0: the function's mean compile time, 50 if none
+                                 (default -1) */
+    double bucket_mib;        /* memory per bucket, MiB (default 0) */
+    double mib_ms;            /* cost of holding 1 MiB over the horizon, ms (default 0) */
+    double horizon_calls;     /* calls the per-bucket cost is spread over; 0: the calls counted
+                                 (default 0) */
+    int apply;                /* 1: swap the edges in (default 0: report only) */
+} sj_learn_options;
+
+typedef struct sj_bucket_report {
+    int n_edges;
+    int64_t edges[64];         /* the chosen edges: buckets (0,e0], (e0,e1], ..., (e[n-1], inf) */
+    int n_sizes;               /* distinct sizes seen (>= 2) */
+    int64_t min_size, max_size;
+    uint64_t calls;            /* calls counted */
+    int memo_full;             /* the memo is full: shapes past it were not counted */
+    double size_us, compile_ms; /* the model's values used (measured or given) */
+    double cost_before_us;     /* expected cost per call under the rule before */
+    double cost_after_us;      /* ... under the chosen edges */
+    int buckets_before;        /* buckets of the rule before holding a size seen */
+    char rule_before[96];      /* "pow2:16,512", "none", ... */
+    int applied;               /* the edges were swapped in */
+    int entries_retired;       /* entries retired by the swap */
+} sj_bucket_report;
+
+/* Defaults as documented above. */
+SJ_API void sj_learn_options_init(sj_learn_options *opt);
+
+/* Learn edges for input `input`, axis `axis` of fn (opt NULL: defaults;
+ * report may be NULL). Errors: SJ_EINVAL (fn NULL, input or axis out of
+ * range, an option out of range or not finite, no size >= 2 seen on the
+ * dimension), SJ_ENOMEM. */
+SJ_API sj_status sj_fn_learn_buckets(sj_fn *fn, int input, int axis, const sj_learn_options *opt,
+                                     sj_bucket_report *report);
+
+/* The sizes seen on one dimension with their call counts, from the memo:
+ * up to max of them (sorted, sizes >= 2); returns how many there are (may
+ * exceed max), or -1 with the error set (SJ_EINVAL, SJ_ENOMEM). */
+SJ_API int sj_fn_size_histogram(sj_fn *fn, int input, int axis, int64_t *sizes, uint64_t *counts, int max);
+
+/* One line per report: edges, sizes, costs (no trailing newline). */
+SJ_API int sj_bucket_report_str(const sj_bucket_report *report, char *buf, size_t n);
+
 /* Run fn on inputs, writing n_outputs results.
  *
  * inputs: n_inputs descriptors (must equal the count given to sj_fn_create);
