@@ -75,7 +75,13 @@
       "the least recently used are demoted to their entry's symbolic kernels (`0`: no limit)")      \
     X(compile_ahead, int, 0, 0, 1, "SHAPEJIT_COMPILE_AHEAD",                                      \
       "`1`: when a bucketed entry gets hot, the next bucket up is traced on that call's thread and " \
-      "its compile queued behind the others (`0`: off)")
+      "its compile queued behind the others (`0`: off)")                                          \
+    X(cuda_gemm, int, 0, 0, 5, "SHAPEJIT_CUDA_GEMM",                                               \
+      "CUDA: `1`: an f16 matrix product over a constant [K, N] weight becomes a generated "        \
+      "tensor-core kernel with the elementwise group after it (bias, GELU or ReLU, residual add, " \
+      "cast) inside, in up to 4 tile variants timed against cuBLASLt once compiled (the winner "    \
+      "kept in the kernel cache); `2`..`5`: tile variant 0..3 always, untimed (tests); `0`: "        \
+      "cuBLASLt, the group after it")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

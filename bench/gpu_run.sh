@@ -7,7 +7,8 @@
 #             .peer/       ../shared/peers and ../shared/workloads
 #   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|cpuscale|all|asan|warmup|nvrtc|gemm] (results under $OUT)
 #             gemm: the generated tensor-core products (test_gemm_cuda, then
-#             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl);
+#             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl;
+#             test_gemm_jit, and bench_cuda w4 with SHAPEJIT_CUDA_GEMM 0 and 1);
 #             remote: test_remote on the CUDA backend, with the package's redis-server
 #             cpuscale: bench_bert on the host's CPUs at 1 and nproc threads, this build against
 #             bench_bert_pool and bench_bert_base (other commits' builds, SJ_PACK_EXTRA), interleaved,
@@ -62,6 +63,18 @@ if [ "$what" = gemm ]; then
     echo "bench_gemm_cuda rc=$?" | tee -a "$summary"
     grep best_tile "$OUT/gemm.jsonl" | tee -a "$summary"
     tail -3 /tmp/bench_gemm.err >> "$summary"
+    # the products generated inside fused plans (SHAPEJIT_CUDA_GEMM): the
+    # test, then w4 with them off and on, interleaved, one call each
+    timeout ${SJ_TEST_TIMEOUT:-300} "$B/test_gemm_jit" > /tmp/test_gemm_jit.log 2>&1
+    echo "test_gemm_jit rc=$?: $(grep -E "PASSED|FAILED|skipped" /tmp/test_gemm_jit.log | tr '\n' ' ')" | tee -a "$summary"
+    grep -E "ERROR|Failure|differs|model " /tmp/test_gemm_jit.log | head -30 | tee -a "$summary"
+    for round in 1 2; do
+        for on in 0 1; do
+            SHAPEJIT_CUDA_GEMM=$on timeout 300 "$B/bench_cuda" --workloads w4 > "$OUT/w4_gemm$on.r$round.jsonl" 2> /tmp/bench_w4g.err
+            echo "bench_cuda w4 SHAPEJIT_CUDA_GEMM=$on round $round rc=$?" | tee -a "$summary"
+            grep -E '"mode": ?"fused' "$OUT/w4_gemm$on.r$round.jsonl" | head -12 | tee -a "$summary"
+        done
+    done
 fi
 
 if [ "$what" = asan ]; then # needs a package made with ASAN=1 bash bench/gpu_pack.sh

@@ -219,7 +219,8 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
     e->fallback = plan->fallback;
     sj_ctarget_init(&e->ct);
     e->created_ns = sj_now_ns();
-    e->plan = sj_fuse(g, in); /* before publishing: it adds to the graph's expressions */
+    /* before publishing: it adds to the graph's expressions */
+    e->plan = sj_fuse_ex(g, in, &(sj_fuse_opts){.gemm = fn->rt->backend->device == SJ_CUDA && fn->rt->cfg.cuda_gemm});
     if (!e->plan) sj_logf(fn->rt, SJ_LOG_WARN, "fn '%s': out of memory planning fusion; the entry runs eagerly", fn->name);
     if (fn->packs) {
         int n = sj_exec_prepack(g, fn->packs);
@@ -399,7 +400,8 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
     sj_dev_call dc;
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
                  .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = dev,
-                 .ops_ctx = dev->call_begin(dev, &dc, stream, sync, validate /* a validation waits */, e->n_syms)};
+                 .ops_ctx = dev->call_begin(dev, &dc, stream, sync, validate /* a validation waits */, e->n_syms),
+                 .gemm_pick = cd ? cd->gemm_pick : NULL};
     if (cd && validate && sj_exec_fused_ok(&x)) {
         sj_validation v;
         st = sj_validate_call(&x, e->plan, cd->fns, &v); /* the caller gets the eager result */

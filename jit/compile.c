@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "jit/budget.h"
+#include "jit/exec.h"
 #include "jit/fn.h"
 #include "jit/runtime.h"
 #include "kernels/cache.h"
@@ -124,7 +125,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     const sj_fplan *plan = e->plan;
     *out = NULL;
     *hopeless = false;
-    if (plan->n_generated * SJ_CG_VARIANTS_MAX > SJ_COMPILE_SYMBOLS_MAX) {
+    if ((plan->n_generated + plan->n_gemm) * SJ_CG_VARIANTS_MAX > SJ_COMPILE_SYMBOLS_MAX) {
         *hopeless = true; /* the same plan, the same refusal: no retry can mend it */
         snprintf(err, errn, "the plan has %d generated kernels (at most %d per unit)", plan->n_generated,
                  SJ_COMPILE_SYMBOLS_MAX / SJ_CG_VARIANTS_MAX);
@@ -147,14 +148,16 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     int n = 0;
     for (int gi = 0; gi < plan->n_groups; gi++) {
         int nv = variants[gi];
-        if ((nv < 1) != (plan->groups[gi].kind == SJ_G_NODE) || nv > SJ_CG_VARIANTS_MAX) {
+        /* NODE groups: none, but a generated product's (fusion.h) */
+        bool none = plan->groups[gi].kind == SJ_G_NODE && plan->groups[gi].gemm_tile < 0;
+        if ((nv < 1) != none || nv > SJ_CG_VARIANTS_MAX) {
             *hopeless = true;
             snprintf(err, errn, "the generator reported %d functions for group %s", nv, plan->groups[gi].name);
             free(variants);
             free(src);
             return SJ_EINTERNAL;
         }
-        assert(n + nv <= SJ_COMPILE_SYMBOLS_MAX); /* n_generated * SJ_CG_VARIANTS_MAX at most, checked above */
+        assert(n + nv <= SJ_COMPILE_SYMBOLS_MAX); /* (n_generated + n_gemm) * SJ_CG_VARIANTS_MAX at most, checked above */
         for (int v = 0; v < nv; v++, n++) {
             if (nv == 1) snprintf(names[n], sizeof names[n], "sj_%s", plan->groups[gi].name);
             else snprintf(names[n], sizeof names[n], "sj_%s_v%d", plan->groups[gi].name, v);
@@ -177,7 +180,9 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
                           .cancel = &fn->cancel_compiles, .idle_until_ns = idle_until_ns};
     sj_compile_result *res = sj_calloc(1, sizeof *res);
     sj_compiled *cd = sj_calloc(1, sizeof *cd);
-    void **fns = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX, sizeof *fns);
+    /* the functions, then (in the same block) the products' picks */
+    size_t n_fns = (size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX;
+    void **fns = sj_calloc(n_fns + (size_t)plan->n_groups / sizeof(void *) + 1, sizeof *fns);
     sj_status st = (!res || !cd || !fns) ? SJ_ENOMEM : c->backend->compile(c->backend, &req, res);
     free(src);
     if (st) {
@@ -195,6 +200,11 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         k += variants[gi];
     }
     free(variants);
+    if (plan->n_gemm) { /* each generated product's variant, timed here on the worker */
+        cd->gemm_pick = (int8_t *)(fns + n_fns);
+        sj_exec_gemm_picks(c->backend, e->g, plan, m ? m->syms : NULL, fns, res->key,
+                           c->rt ? c->rt->cfg.cuda_gemm : 0, cd->gemm_pick);
+    }
     cd->backend = c->backend;
     cd->module = res->module;
     cd->fns = fns;

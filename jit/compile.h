@@ -56,8 +56,13 @@ typedef struct sj_compiled {
     sj_module *module;
     /* SJ_CG_VARIANTS_MAX per plan group (group gi's at gi *
      * SJ_CG_VARIANTS_MAX): its functions by launch variant, a group with one
-     * function having it in every slot; NULL for NODE groups. */
+     * function having it in every slot; NULL for NODE groups but
+     * generated products (specialize/fusion.h), which have their kernel. */
     void **fns;
+    /* Per plan group, the variant each generated product launches, -1
+     * for the device's product (sj_exec_gemm_picks); NULL when the plan
+     * has none. In fns' allocation. */
+    int8_t *gemm_pick;
     bool specialized;    /* every size a constant */
     bool from_cache;
     bool from_remote; /* of which from the remote cache */

@@ -29,6 +29,10 @@ typedef struct sj_exec {
     _Atomic size_t *arena_hint; /* bytes the last call needed (per entry) */
     const sj_backend *ops;      /* the device's table */
     void *ops_ctx;              /* the call's context (its call_begin's) */
+    /* Fused: per plan group, the variant of a generated product to launch
+     * (sj_compiled.gemm_pick), -1 for the device's product; NULL: the
+     * first. */
+    const int8_t *gemm_pick;
 } sj_exec;
 
 struct sj_cpu_pack_cache;
@@ -43,10 +47,22 @@ int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache);
 
 /* Run a fused plan of g: generated groups through their compiled functions
  * (fns: SJ_CG_VARIANTS_MAX per group, as sj_compiled's; NULL for NODE groups), NODE groups through the
- * device's eager kernels. Caller outputs must be contiguous
+ * device's eager kernels, a generated product (specialize/fusion.h) through
+ * the device's gemm slot where it has one and fns holds its kernel. Caller outputs must be contiguous
  * (sj_exec_fused_ok tells); output checks and allocation as
  * sj_exec_eager. */
 sj_status sj_exec_fused(const sj_exec *x, const struct sj_fplan *plan, void *const *fns);
+
+/* The variant each generated product of a compiled unit launches
+ * (pick[gi] for plan group gi; untouched for other groups), chosen once
+ * the unit is loaded (on the compile worker): mode is cfg.cuda_gemm; 1,
+ * the device's gemm_tune (each variant timed against its own product; the
+ * choice kept in the kernel cache under key), -1 (its product) where the
+ * device has none or cannot time; 2 + v, variant v (the last where the
+ * product has fewer) without timing. fns as sj_exec_fused's, syms the
+ * specialization's sizes (NULL: the entry's). */
+void sj_exec_gemm_picks(struct sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, const int64_t *syms,
+                        void *const *fns, const char *key, int mode, int8_t *pick);
 
 /* Can this call's outputs be written by a fused plan (caller outputs absent
  * or contiguous)? */

@@ -7,7 +7,9 @@
  * descriptors built from the plan's layouts (a product with its bias add
  * passes the bias to the product's kernel; a product with an epilogue
  * group runs it inside the product where the device and the product
- * allow, the device's matmul_epi kernel, and the group is then skipped); outputs the
+ * allow, the device's matmul_epi kernel, and the group is then skipped; a
+ * generated product, fusion.h, through the device's gemm slot, its
+ * epilogue group inside where the plan says so); outputs the
  * plan could not write in place are copied last.
  *
  * Block layout: [expression values][store bases][descriptors][arena].
@@ -75,6 +77,49 @@ static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64
     return st ? st : x->ops->launch(x->ops_ctx, gr, fn, ptrs, x->sym_vals, exv);
 }
 
+/* A generated product (fusion.h's "Generated products") through the
+ * device's gemm slot; *done false (nothing run) where an operand's address
+ * is not aligned as the kernel needs: the device's product runs instead,
+ * its epilogue group after it. */
+static sj_status run_gemm(const sj_exec *x, const sj_fplan *p, const sj_group *gr, const int64_t *exv,
+                          void *const *bases, void *fn, int tile, bool *done) {
+    const sj_graph *g = x->g;
+    const sj_node *n = &g->nodes[gr->nodes[0]];
+    const int32_t *in = sj_node_ins(g, n);
+    sj_device dev = x->ops->device;
+    sj_tensor a, b, y, bias = {0}, r = {0};
+    layout_desc(g, p, exv, bases, in[0], dev, &a);
+    layout_desc(g, p, exv, bases, in[1], dev, &b);
+    layout_desc(g, p, exv, bases, gr->gemm_out, dev, &y);
+    if (gr->bias >= 0) layout_desc(g, p, exv, bases, gr->bias, dev, &bias);
+    if (gr->gemm_epi & SJ_GEMM_RES) layout_desc(g, p, exv, bases, gr->gemm_res, dev, &r);
+    *done = false;
+    int64_t K = b.shape[0], N = b.shape[1], numel = 1;
+    for (int i = 0; i < y.rank; i++) numel *= y.shape[i];
+#define MISALIGNED(t, m) ((t).data && (uintptr_t)(t).data % (m))
+    if (MISALIGNED(a, 16) || MISALIGNED(b, 16) || MISALIGNED(y, 2 * sj_dtype_size(y.dtype)) ||
+        MISALIGNED(bias, 2 * sj_dtype_size(bias.dtype)) || MISALIGNED(r, 2 * sj_dtype_size(r.dtype)))
+        return SJ_OK;
+#undef MISALIGNED
+    sj_dev_gemm d = {.fn = fn, .tile = tile, .flags = gr->gemm_epi, .M = N ? numel / N : 0, .N = N,
+                     .K = K, .a = a.data, .b = b.data, .bias = gr->bias >= 0 ? bias.data : NULL,
+                     .r = gr->gemm_epi & SJ_GEMM_RES ? r.data : NULL, .c = y.data, .bias_dtype = bias.dtype,
+                     .r_dtype = r.dtype, .c_dtype = y.dtype};
+    *done = true;
+    return x->ops->gemm(x->ops_ctx, &d);
+}
+
+void sj_exec_gemm_picks(sj_backend *b, const sj_graph *g, const sj_fplan *p, const int64_t *syms, void *const *fns,
+                        const char *key, int mode, int8_t *pick) {
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        const sj_group *gr = &p->groups[gi];
+        if (gr->gemm_tile < 0) continue;
+        int v = mode - 2;
+        pick[gi] = (int8_t)(mode < 2 ? -1 : v < gr->gemm_nv ? v : gr->gemm_nv - 1);
+    }
+    if (mode == 1 && b->gemm_tune) b->gemm_tune(b, g, p, syms, fns, key, pick);
+}
+
 sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     const sj_graph *g = x->g;
     const sj_backend *ops = x->ops;
@@ -140,6 +185,18 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
             continue;
         }
         const sj_node *n = &g->nodes[gr->nodes[0]];
+        int pick = x->gemm_pick ? x->gemm_pick[gi] : 0;
+        if (gr->gemm_tile >= 0 && pick >= 0 && pick < gr->gemm_nv && ops->gemm &&
+            fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)pick]) {
+            bool done;
+            st = run_gemm(x, p, gr, exv, bases, fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)pick],
+                          gr->gemm_tiles[pick], &done);
+            if (st) sj_exec_node_error(x, n, st);
+            if (done) {
+                if (gr->gemm_epi & SJ_GEMM_EPI) gi++; /* the epilogue is group gi + 1, done */
+                continue;
+            }
+        }
         const int32_t *in = sj_node_ins(g, n);
         for (int k = 0; k < n->n_in; k++)
             if (in[k] >= 0) layout_desc(g, p, exv, bases, in[k], ops->device, &rv[in[k]]);

@@ -248,6 +248,7 @@ static sj_status run_capture(void *arg, void *cc) {
     const capture_run *r = arg;
     sj_exec xc = *r->x;
     xc.ops_ctx = cc;
+    xc.gemm_pick = r->cd->gemm_pick;
     return sj_exec_fused(&xc, r->plan, r->cd->fns);
 }
 

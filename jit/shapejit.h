@@ -312,6 +312,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_FUSE_EPILOGUE=0|1          -> fuse_epilogue
  *   SHAPEJIT_SPECIALIZE_MAX_BYTES=n     -> specialize_max_bytes
  *   SHAPEJIT_COMPILE_AHEAD=0|1          -> compile_ahead
+ *   SHAPEJIT_CUDA_GEMM=0..5             -> cuda_gemm
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -549,6 +550,16 @@ typedef struct sj_runtime_config {
      * size only counts a trace error. Async compiles only. 0 (default):
      * off; 1: on. $SHAPEJIT_COMPILE_AHEAD. */
     int compile_ahead;
+    /* CUDA backend: 1: in a fused plan, an f16 matrix product whose first
+     * operand is contiguous and whose second is a constant [K, N] weight
+     * (N and K multiples of a tile's) becomes a generated tensor-core
+     * kernel (mma.sync) in up to 4 tile variants, with the elementwise
+     * group that consumes its result (bias, GELU or ReLU, residual add,
+     * cast) inside it; once compiled, the variants are timed against
+     * cuBLASLt and the fastest runs (kept in the kernel cache). 2 .. 5:
+     * variant 0 .. 3 always, untimed (tests). 0 (default): cuBLASLt, the
+     * group after it. $SHAPEJIT_CUDA_GEMM. */
+    int cuda_gemm;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */

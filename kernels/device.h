@@ -90,6 +90,22 @@ typedef struct sj_kernels {
                             const sj_tensor *bias, const sj_tensor *y, const sj_dev_epilogue *epi, int *fused);
 } sj_kernels;
 
+/* A generated product's launch (specialize/fusion.h's "Generated
+ * products"; specialize/codegen_gemm_cuda.h's kernel): fn its compiled
+ * function, tile its sj_gemm_cuda_tiles() index, flags the group's
+ * gemm_epi; C[M, N] = epilogue(A[M, K] @ B[K, N]), every pointer device
+ * memory (bias and r NULL when absent), A and B 16-byte aligned, bias, r
+ * and c aligned to two of their elements. */
+typedef struct sj_dev_gemm {
+    void *fn;
+    int tile;
+    uint32_t flags;
+    int64_t M, N, K;
+    const void *a, *b, *bias, *r;
+    void *c;
+    sj_dtype bias_dtype, r_dtype, c_dtype;
+} sj_dev_gemm;
+
 /* -- A call's context ------------------------------------------------------------ */
 
 /* Room for one call's context on the caller's stack (the device's own
@@ -185,6 +201,19 @@ struct sj_backend {
      * expression's value. */
     sj_status (*launch)(void *c, const struct sj_group *gr, void *const *fn, void *const *ptrs,
                         const int64_t *syms, const int64_t *exv);
+    /* Optional (NULL: the eager product, the epilogue group after it):
+     * launch a generated product (a plan group's gemm_tile >= 0 and its
+     * function compiled). */
+    sj_status (*gemm)(void *c, const sj_dev_gemm *d);
+    /* Optional (NULL: a generated product runs as its device product): on
+     * the compile worker, once a unit is loaded, choose each generated
+     * product's variant (fns its functions, SJ_CG_VARIANTS_MAX a group, as
+     * sj_compiled's) or -1 for the device's product: pick[gi] for plan
+     * group gi, -1 on entry; syms the specialization's sizes (NULL: the
+     * entry's), key the unit's cache key (its choice may be kept beside
+     * it). Never fails: what cannot be timed keeps -1. */
+    void (*gemm_tune)(sj_backend *b, const sj_graph *g, const struct sj_fplan *p, const int64_t *syms,
+                      void *const *fns, const char *key, int8_t *pick);
     /* Optional: after the last kernel of a call: e.g. wait for the device
      * and report a data-dependent error. */
     sj_status (*finish)(void *c);

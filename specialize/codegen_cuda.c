@@ -56,6 +56,7 @@
 
 #include "base/error.h"
 #include "specialize/codegen.h"
+#include "specialize/codegen_gemm_cuda.h"
 #include "specialize/codegen_int.h"
 
 #define PW_BLOCK 256          /* threads of a pointwise block */
@@ -775,6 +776,61 @@ static void gen_row(sj_cg *c) {
     put(&c->o, "}\n");
 }
 
+/* -- Generated products ------------------------------------------------------------------ */
+
+/* The spec of generated product G (fusion.h's "Generated products"). */
+void sj_codegen_gemm_spec(const sj_graph *g, const sj_group *G, sj_gemm_spec *sp) {
+    const sj_node *mm = &g->nodes[G->nodes[0]];
+    const sj_value *B = &g->vals[sj_node_ins(g, mm)[1]];
+    int nt;
+    memset(sp, 0, sizeof *sp);
+    sj_ex_is_const(g->ex, B->shape[0], &sp->K);
+    sj_ex_is_const(g->ex, B->shape[1], &sp->N);
+    sp->M = 0; /* the kernel's argument: every M of the entry */
+    sp->bias = G->bias >= 0;
+    sp->bias_dtype = sp->bias ? g->vals[G->bias].dtype : SJ_F16;
+    sp->gelu = (G->gemm_epi & SJ_GEMM_GELU) != 0;
+    sp->relu = (G->gemm_epi & SJ_GEMM_RELU) != 0;
+    sp->residual = (G->gemm_epi & SJ_GEMM_RES) != 0;
+    sp->round_prod = (G->gemm_epi & SJ_GEMM_R_PROD) != 0;
+    sp->round_act = (G->gemm_epi & SJ_GEMM_R_ACT) != 0;
+    sp->round_res = (G->gemm_epi & SJ_GEMM_R_RES) != 0;
+    sp->res_dtype = sp->residual ? g->vals[G->gemm_res].dtype : SJ_F16;
+    sp->out_dtype = g->vals[G->gemm_out].dtype;
+    sp->tile = sj_gemm_cuda_tiles(&nt)[G->gemm_tile];
+}
+
+/* Variant v of generated product G as a kernel of the unit (M a constant where every
+ * size is, else the kernel's argument): the generator's own unit
+ * (its macros and helpers) in a namespace of its own, its macros undone
+ * after, so that any number of them, and any split of the unit, compile. */
+static bool put_gemm(sj_cg *c, const sj_group *G, const char *prefix, int v) {
+    const sj_graph *g = c->g;
+    sj_sbuf *o = &c->o;
+    sj_gemm_spec sp;
+    char name[64], ns[32];
+    int nt;
+    sj_codegen_gemm_spec(g, G, &sp);
+    sp.tile = sj_gemm_cuda_tiles(&nt)[G->gemm_tiles[v]];
+    /* every size known (specialized, or a trace without symbols): M a
+     * constant of the kernel too */
+    const sj_value *Y = &g->vals[G->gemm_out];
+    int64_t M = 1, d;
+    for (int a = 0; a + 1 < Y->rank && M > 0; a++) M = sj_cg_kconst(c, Y->shape[a], &d) ? M * d : -1;
+    if (M > 0) sp.M = M;
+    if (G->gemm_nv > 1) snprintf(name, sizeof name, "%s%s_v%d", prefix, G->name, v);
+    else snprintf(name, sizeof name, "%s%s", prefix, G->name);
+    snprintf(ns, sizeof ns, "gemm_%s_v%d", G->name, v);
+    char *src = sj_codegen_gemm_cuda(&sp, name, NULL);
+    if (!src) return false;
+    put(o, "%snamespace %s {\n%s} /* namespace %s */\n", SJ_CUDA_KERNEL_MARK, ns, src, ns);
+    put(o, "#undef BM\n#undef BN\n#undef BK\n#undef WM\n#undef WN\n#undef STAGES\n#undef NN\n#undef KK\n"
+           "#undef THREADS\n#undef TM\n#undef TN\n#undef MT\n#undef NT\n#undef AS\n#undef BS\n#undef A_STAGE\n"
+           "#undef B_STAGE\n");
+    free(src);
+    return true;
+}
+
 /* -- Entry points ------------------------------------------------------------------------- */
 
 char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals, const sj_codegen_opts *o,
@@ -792,7 +848,13 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
     put(&c.o, "\n/* -- generated: %d groups, %s form -- */\n", p->n_generated, sym_vals ? "specialized" : "symbolic");
     for (int gi = 0; gi < p->n_groups && !c.o.oom; gi++) {
         const sj_group *G = &p->groups[gi];
-        if (G->kind == SJ_G_NODE) continue;
+        if (G->kind == SJ_G_NODE) {
+            /* a generated product: a kernel per tile variant */
+            bool ok = G->gemm_tile >= 0 && G->gemm_nv >= 1 && G->gemm_nv <= SJ_CG_VARIANTS_MAX;
+            for (int v = 0; ok && v < G->gemm_nv; v++) ok = put_gemm(&c, G, prefix, v);
+            if (ok && o && o->variants) o->variants[gi] = G->gemm_nv;
+            continue;
+        }
         sj_cg_group(&c, G);
         if (G->kind == SJ_G_POINTWISE) {
             if (o && o->variants) o->variants[gi] = 1;

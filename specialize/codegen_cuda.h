@@ -31,6 +31,12 @@
  * base/sj_kernel_rt.h): exact erf, IEEE sqrt, reductions in f32 (tree
  * order), which the tests compare with the eager kernels and float64.
  * Specialized (sym_vals given: sizes are literals) and symbolic forms.
+ *
+ * A NODE group marked as a generated product (sj_group.gemm_tile >= 0,
+ * specialize/fusion.h) becomes specialize/codegen_gemm_cuda.h's kernel
+ * for each of its tiles (gemm_tiles), <prefix><group name>_v0 .. (or
+ * <prefix><group name> for one), with the epilogue the plan put inside;
+ * every other NODE group has no function.
  */
 #ifndef SJ_CODEGEN_CUDA_H
 #define SJ_CODEGEN_CUDA_H
@@ -111,5 +117,12 @@ typedef struct sj_launch {
  * exv (sj_ex_eval_all of the graph's pool). sm_count may guide grid sizes.
  * Returns 0 when there is nothing to do (an empty iteration space). */
 int sj_cuda_launch(const sj_group *gr, const int64_t *exv, int sm_count, sj_launch *out);
+
+/* The generator's spec (specialize/codegen_gemm_cuda.h) of a plan's
+ * generated product G (gemm_tile >= 0; specialize/fusion.h): N, K, the
+ * bias and the epilogue the plan put inside, M symbolic (the kernel's
+ * argument), the tile gemm_tile's. */
+struct sj_gemm_spec;
+void sj_codegen_gemm_spec(const sj_graph *g, const sj_group *G, struct sj_gemm_spec *sp);
 
 #endif

@@ -9,7 +9,8 @@
  * the kernel's last argument (symbolic: one unit for every M).
  *
  * The epilogue, in f32 on the accumulators in registers before the one
- * store: v = acc (+ bias[n]) (then exact GELU, 0.5 v (1 + erf(v / sqrt 2)))
+ * store: v = acc (+ bias[n]) (then exact GELU, 0.5 v (1 + erf(v / sqrt 2)),
+ * or ReLU, v > 0 ? v : 0)
  * (+ R[m, n]), cast to C's dtype (round to nearest). bias [N] and R [M, N]
  * (row-major) are f16 or f32 each. This is the fusion plan's epilogue of a
  * product: its bias, a GELU, the residual add of a transformer layer, the
@@ -58,6 +59,12 @@ typedef struct sj_gemm_spec {
     int64_t N, K;      /* constants */
     bool bias;         /* add bias[n] (of bias_dtype) */
     bool gelu;         /* exact GELU after the bias */
+    bool relu;         /* ReLU after the bias (not with gelu) */
+    /* Round to f16 (and back to f32) after the bias, after the GELU or
+     * ReLU, after the residual add: each where the graph holds that value
+     * in f16, so that a result cast to f32 at the end is the value the
+     * graph's f16 steps make, as an eager run computes it */
+    bool round_prod, round_act, round_res;
     bool residual;     /* add R[m, n] (of res_dtype) after the GELU */
     sj_dtype bias_dtype, res_dtype; /* SJ_F16 or SJ_F32 */
     sj_dtype out_dtype;             /* C's: SJ_F16 or SJ_F32 */
@@ -86,5 +93,16 @@ void sj_gemm_cuda_dims(const sj_gemm_spec *s, int64_t M, sj_gemm_dims *d);
  * (the autotuner's candidates, small tiles first); *n receives the count.
  * Each still needs sj_gemm_cuda_check against the product's N and K. */
 const sj_gemm_tile *sj_gemm_cuda_tiles(int *n);
+
+/* The autotuner's choice for a compiled unit, as the kernel cache keeps it
+ * beside the unit's CUBIN: one line, "sjgp1 <groups> <pick> ...", a pick
+ * per plan group (-1: the device's product; other groups -1). Format
+ * writes it to buf (NUL-terminated; at most size bytes) and returns its
+ * length, 0 when it does not fit. Parse reads it for plan p into pick (a
+ * generated product's in [-1, gemm_nv), every other group's -1) and says
+ * whether it was such a record; pick is left alone when not. */
+struct sj_fplan;
+size_t sj_gemm_picks_format(const struct sj_fplan *p, const int8_t *pick, char *buf, size_t size);
+bool sj_gemm_picks_parse(const struct sj_fplan *p, const void *data, size_t len, int8_t *pick);
 
 #endif /* SJ_CODEGEN_GEMM_CUDA_H */

@@ -552,8 +552,10 @@ static void fz_free(sj_fuse_st *b) {
     free(b->scratch);
 }
 
-sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced) {
-    sj_fuse_st b = {.g = g, .ex = g->ex, .traced = traced};
+sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced) { return sj_fuse_ex(g, traced, NULL); }
+
+sj_fplan *sj_fuse_ex(sj_graph *g, const sj_tensor *traced, const sj_fuse_opts *o) {
+    sj_fuse_st b = {.g = g, .ex = g->ex, .traced = traced, .gemm = o && o->gemm};
     size_t nv = (size_t)g->n_vals + 1, nn = (size_t)g->n_nodes + 1;
     b.words = (int)((nn + 63) / 64);
     b.root = sj_malloc(nv * sizeof *b.root);

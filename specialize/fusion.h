@@ -110,6 +110,22 @@ typedef struct sj_group {
                              -1 */
     int32_t epilogue_of;  /* POINTWISE: the NODE group it is the epilogue
                              of; else -1 */
+    /* NODE, a generated product (sj_fuse_opts.gemm; see "Generated
+     * products"): gemm_tile indexes sj_gemm_cuda_tiles() (the tile the
+     * unit's kernel uses), -1 for every other group; gemm_epi the
+     * SJ_GEMM_* flags of what the kernel does besides the product (its
+     * bias when `bias` >= 0 is always inside); gemm_res the residual it
+     * adds (SJ_GEMM_RES), else -1; gemm_out the value it writes: the
+     * epilogue group's one store when SJ_GEMM_EPI, else the group's
+     * result. */
+    int32_t gemm_tile;
+    int8_t gemm_tiles[4]; /* the kernel's variants (the autotuner's candidates):
+                             the first gemm_nv tiles of sj_gemm_cuda_tiles() that
+                             fit, gemm_tiles[0] == gemm_tile */
+    int gemm_nv;
+    uint32_t gemm_epi;
+    int32_t gemm_res;
+    int32_t gemm_out;
     /* Iteration space (generated groups), collapsed. ROW: the last axis is
      * the row (length = the row op's input last size). */
     int rank;
@@ -122,6 +138,20 @@ typedef struct sj_group {
     int n_stores;
 } sj_group;
 
+/* sj_group.gemm_epi */
+enum {
+    SJ_GEMM_EPI = 1,  /* the epilogue group runs inside: skip it */
+    SJ_GEMM_GELU = 2, /* exact GELU after the bias */
+    SJ_GEMM_RELU = 4, /* ReLU after the bias */
+    SJ_GEMM_RES = 8,  /* + gemm_res after the activation (then the cast to gemm_out's dtype) */
+    /* the graph holds in f16 (the kernel rounds there, as eager would):
+     * the product's result, the activation's, the residual add's */
+    SJ_GEMM_R_PROD = 16,
+    SJ_GEMM_R_ACT = 32,
+    SJ_GEMM_R_RES = 64,
+    SJ_GEMM_ROUNDS = SJ_GEMM_R_PROD | SJ_GEMM_R_ACT | SJ_GEMM_R_RES,
+};
+
 typedef struct sj_fplan {
     sj_group *groups;
     int n_groups;
@@ -131,6 +161,7 @@ typedef struct sj_fplan {
     sj_expr arena_bytes;  /* the planned arena */
     sj_expr naive_bytes;  /* every arena buffer on its own (for explain) */
     int n_generated;      /* POINTWISE + ROW groups */
+    int n_gemm;           /* NODE groups with a generated product (gemm_tile >= 0) */
     /* Outputs the plan cannot write in place (an input, a parameter, a
      * constant, a view, or the same value twice): copied after the groups
      * run, from the value's layout. */
@@ -150,6 +181,31 @@ static inline int32_t sj_group_out(const sj_graph *g, const sj_group *G) {
  * on allocation failure. Every graph is plannable (any node can be a NODE
  * group). */
 sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced);
+
+/* Generated products
+ *   With sj_fuse_opts.gemm (the CUDA device with cfg.cuda_gemm), a NODE
+ *   group of an f16 matrix product A [.., M, K] @ B [K, N] (its bias add
+ *   folded or not) whose A is contiguous from element 0, whose B is a
+ *   parameter contiguous [K, N] from element 0 (N and K constants that a
+ *   tile of sj_gemm_cuda_tiles() divides: up to 4 such tiles, the
+ *   kernel's variants, which the device times once compiled),
+ *   whose bias (if any) is f16 or f32 with unit stride over N, and whose
+ *   result is contiguous from element 0, is a generated product
+ *   (gemm_tile >= 0): the CUDA code generator emits a kernel for it
+ *   (specialize/codegen_gemm_cuda.h) and the executor launches it instead
+ *   of the device's product. Its epilogue group (the f32 rule above,
+ *   extended to f16 results for these products only) runs inside the
+ *   kernel when it is exactly the chain the kernel does: an optional GELU
+ *   (exact) or ReLU of the product's result, an optional add of a value
+ *   of the result's shape stored contiguously from element 0 (f16 or
+ *   f32), an optional cast to f16 or f32, each node on the previous one's
+ *   result, only the last stored, and the product's result read by
+ *   nothing else (SJ_GEMM_EPI); an f16 product's epilogue group that is
+ *   not such a chain is no epilogue (it runs after, as before). */
+typedef struct sj_fuse_opts {
+    bool gemm; /* mark generated products */
+} sj_fuse_opts;
+sj_fplan *sj_fuse_ex(sj_graph *g, const sj_tensor *traced, const sj_fuse_opts *o);
 void sj_fplan_free(sj_fplan *p);
 
 /* One line per group ("k0 pointwise [s0, 4096]: mul add gelu sigmoid mul;

@@ -27,6 +27,7 @@ typedef struct sj_fuse_st {
     sj_graph *g;
     sj_exprs *ex;
     const sj_tensor *traced;
+    bool gemm;            /* sj_fuse_opts.gemm */
     bool oom;             /* an allocation failed (expressions included) */
     /* per value */
     int32_t *root;        /* the value whose memory it is: itself, or for a

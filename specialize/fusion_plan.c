@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "specialize/codegen_gemm_cuda.h"
 #include "specialize/fusion.h"
 #include "specialize/fusion_int.h"
 
@@ -77,6 +78,7 @@ typedef struct plan_ctx {
     int *last;        /* per value: plan index of its last reader */
     int *first_out;   /* per value: first output position, or -1 */
     int *epi_of;      /* per plan group: the product it is the epilogue of, or -1 */
+    sj_group *gm;     /* per plan group: gemm_* fields (find_gemms) */
 } plan_ctx;
 
 static bool computed(const sj_fuse_st *b, int32_t v) { return b->root[v] == v && b->vgroup[v] >= 0; }
@@ -196,7 +198,8 @@ static void find_epilogues(plan_ctx *c) {
         const sj_node *mm = &g->nodes[pg->nodes[0]]; /* sorted: the product first */
         int32_t v = g->nodes[pg->nodes[pg->n_nodes - 1]].out;
         const sj_value *val = &g->vals[v];
-        if (mm->op != SJ_OP_MATMUL || val->dtype != SJ_F32 || b->root[v] != v || !same_shape(val, eg) ||
+        bool dt_ok = val->dtype == SJ_F32 || (c->gm[k].gemm_tile >= 0 && val->dtype == SJ_F16);
+        if (mm->op != SJ_OP_MATMUL || !dt_ok || b->root[v] != v || !same_shape(val, eg) ||
             c->p->layouts[v].store < 0 || !contiguous_at0(b, &c->p->layouts[v], val))
             continue;
         /* it reads v itself, and nothing else of v's memory (a view of v
@@ -212,6 +215,121 @@ static void find_epilogues(plan_ctx *c) {
             }
         }
         if (reads && !other) c->epi_of[k + 1] = k;
+    }
+}
+
+/* -- Generated products ------------------------------------------------------------ */
+
+static bool half_or_float(sj_dtype dt) { return dt == SJ_F16 || dt == SJ_F32; }
+
+static bool const_of(const sj_fuse_st *b, sj_expr e, int64_t *v) { return sj_ex_is_const(b->ex, e, v); }
+
+/* Plan group k as a generated product where fusion.h's "Generated
+ * products" allows (before find_epilogues, which reads the mark). */
+static void find_gemms(plan_ctx *c) {
+    sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
+    sj_fplan *p = c->p;
+    for (int k = 0; k < p->n_groups; k++) {
+        c->gm[k].gemm_tile = c->gm[k].gemm_res = c->gm[k].gemm_out = -1;
+        c->gm[k].gemm_epi = 0;
+    }
+    if (!b->gemm) return;
+    for (int k = 0; k < p->n_groups; k++) {
+        const sj_fuse_grp *pg = &b->gr[c->ord[k]];
+        if (pg->kind != SJ_G_NODE) continue;
+        const sj_node *mm = &g->nodes[pg->nodes[0]];
+        if (mm->op != SJ_OP_MATMUL || mm->n_in < 2) continue;
+        const int32_t *in = sj_node_ins(g, mm);
+        int32_t va = in[0], vb = in[1], v = g->nodes[pg->nodes[pg->n_nodes - 1]].out;
+        if (va < 0 || vb < 0) continue;
+        const sj_value *A = &g->vals[va], *B = &g->vals[vb], *Y = &g->vals[v];
+        int64_t K, N, k2;
+        if (A->dtype != SJ_F16 || B->dtype != SJ_F16 || Y->dtype != SJ_F16 || B->rank != 2 || A->rank < 2 ||
+            Y->rank != A->rank || !const_of(b, B->shape[0], &K) || !const_of(b, B->shape[1], &N) ||
+            !const_of(b, A->shape[A->rank - 1], &k2) || k2 != K)
+            continue;
+        const sj_layout *la = &p->layouts[va], *lb = &p->layouts[vb], *ly = &p->layouts[v];
+        if (la->store < 0 || lb->store < 0 || ly->store < 0 || p->stores[lb->store].kind != SJ_ST_PARAM ||
+            !contiguous_at0(b, la, A) || !contiguous_at0(b, lb, B) || !contiguous_at0(b, ly, Y))
+            continue;
+        if (mm->fold >= 0) { /* the bias: unit stride over N, sizes 1 before */
+            int32_t bv = sj_fold_bias(g, mm);
+            const sj_value *bb = &g->vals[bv];
+            const sj_layout *lbb = &p->layouts[bv];
+            int64_t one;
+            bool ok = half_or_float(bb->dtype) && bb->rank >= 1 && lbb->store >= 0 &&
+                      const_of(b, lbb->stride[bb->rank - 1], &one) && one == 1;
+            for (int a = 0; a + 1 < bb->rank && ok; a++) ok = sj_fuse_is_one(b, bb->shape[a]);
+            if (!ok) continue;
+        }
+        int nt;
+        const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+        for (int t = 0; t < nt && c->gm[k].gemm_nv < 4; t++) {
+            sj_gemm_spec sp = {.M = 0, .N = N, .K = K, .out_dtype = SJ_F16, .tile = tiles[t]};
+            if (sj_gemm_cuda_check(&sp) == SJ_OK) c->gm[k].gemm_tiles[c->gm[k].gemm_nv++] = (int8_t)t;
+        }
+        if (c->gm[k].gemm_nv) {
+            c->gm[k].gemm_tile = c->gm[k].gemm_tiles[0];
+            c->gm[k].gemm_out = v;
+        }
+    }
+}
+
+/* The epilogue group of generated product k inside its kernel where it is
+ * the chain fusion.h describes; an f16 product's other epilogue groups are
+ * no epilogues (after find_epilogues). */
+static void gemm_epilogues(plan_ctx *c) {
+    sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
+    sj_fplan *p = c->p;
+    for (int k = 0; k + 1 < p->n_groups; k++) {
+        if (c->gm[k].gemm_tile < 0 || c->epi_of[k + 1] != k) continue;
+        const sj_fuse_grp *pg = &b->gr[c->ord[k]], *eg = &b->gr[c->ord[k + 1]];
+        int32_t v = g->nodes[pg->nodes[pg->n_nodes - 1]].out, cur = v, res = -1;
+        const sj_value *Y = &g->vals[v];
+        uint32_t fl = 0;
+        int stage = 0; /* 0: activation next; 1: residual; 2: cast; 3: done */
+        bool ok = c->last[v] == k + 1 && c->first_out[v] < 0;
+        for (int j = 0; j < eg->n_nodes && ok; j++) {
+            const sj_node *n = &g->nodes[eg->nodes[j]];
+            const int32_t *in = sj_node_ins(g, n);
+            const sj_value *o = &g->vals[n->out];
+            /* every node on the previous one's result; only the last stored */
+            ok = n->n_in >= 1 && (in[0] == cur || (n->n_in == 2 && in[1] == cur)) && half_or_float(o->dtype) &&
+                 (j == eg->n_nodes - 1 ? p->layouts[n->out].store >= 0 &&
+                                             contiguous_at0(b, &p->layouts[n->out], o)
+                                       : !c->need[n->out]);
+            if (!ok) break;
+            if ((n->op == SJ_OP_GELU || n->op == SJ_OP_RELU) && stage == 0 && n->n_in == 1) {
+                fl |= n->op == SJ_OP_GELU ? SJ_GEMM_GELU : SJ_GEMM_RELU;
+                if (o->dtype == SJ_F16) fl |= SJ_GEMM_R_ACT;
+                stage = 1;
+            } else if (n->op == SJ_OP_ADD && stage <= 1 && n->n_in == 2) {
+                int32_t r = in[0] == cur ? in[1] : in[0];
+                const sj_value *R = r >= 0 ? &g->vals[r] : NULL;
+                ok = R && r != cur && b->root[r] != v && R->kind != SJ_VAL_CONST && half_or_float(R->dtype) && R->rank == Y->rank &&
+                     p->layouts[r].store >= 0 && contiguous_at0(b, &p->layouts[r], R) &&
+                     !(computed(b, r) && b->vgroup[r] == c->ord[k + 1]);
+                for (int a = 0; a < Y->rank && ok; a++) ok = R->shape[a] == Y->shape[a];
+                fl |= SJ_GEMM_RES;
+                if (o->dtype == SJ_F16) fl |= SJ_GEMM_R_RES;
+                res = r;
+                stage = 2;
+            } else if (n->op == SJ_OP_CAST && stage <= 2 && n->n_in == 1) {
+                stage = 3;
+            } else {
+                ok = false;
+            }
+            cur = n->out;
+        }
+        if (ok && cur != v) {
+            c->gm[k].gemm_epi = fl | SJ_GEMM_EPI | SJ_GEMM_R_PROD; /* the product's result: f16 */
+            c->gm[k].gemm_res = res;
+            c->gm[k].gemm_out = cur;
+        } else if (Y->dtype != SJ_F32) {
+            c->epi_of[k + 1] = -1; /* the f32 rule alone: runs after, as before */
+        }
     }
 }
 
@@ -420,6 +538,13 @@ static int fill_groups(plan_ctx *c) {
         G->epilogue = -1;
         G->epilogue_of = c->epi_of[k];
         if (k + 1 < p->n_groups && c->epi_of[k + 1] == k) G->epilogue = k + 1;
+        G->gemm_tile = c->gm[k].gemm_tile;
+        G->gemm_nv = c->gm[k].gemm_nv;
+        memcpy(G->gemm_tiles, c->gm[k].gemm_tiles, sizeof G->gemm_tiles);
+        G->gemm_epi = c->gm[k].gemm_epi;
+        G->gemm_res = c->gm[k].gemm_res;
+        G->gemm_out = c->gm[k].gemm_out;
+        p->n_gemm += G->gemm_tile >= 0;
         if (G->kind == SJ_G_NODE) {
             const sj_node *n = &g->nodes[G->nodes[0]]; /* nodes sorted: a product before its bias add */
             if (n->fold >= 0) G->bias = sj_fold_bias(g, n);
@@ -448,7 +573,8 @@ sj_fplan *sj_fuse_finish(sj_fuse_st *b) {
     c.last = sj_malloc((nv + (size_t)g->n_inputs) * sizeof *c.last);
     c.first_out = sj_malloc(nv * sizeof *c.first_out);
     c.epi_of = sj_malloc(((size_t)b->n_gr + 1) * sizeof *c.epi_of);
-    if (!p || !c.ord || !c.pos || !c.need || !c.last || !c.first_out || !c.epi_of) goto fail;
+    c.gm = sj_calloc((size_t)b->n_gr + 1, sizeof *c.gm);
+    if (!p || !c.ord || !c.pos || !c.need || !c.last || !c.first_out || !c.epi_of || !c.gm) goto fail;
     for (size_t v = 0; v < nv; v++) c.last[v] = c.first_out[v] = -1;
     p->n_groups = order_groups(b, c.ord, c.pos);
     p->groups = sj_calloc((size_t)p->n_groups + 1, sizeof *p->groups);
@@ -458,13 +584,15 @@ sj_fplan *sj_fuse_finish(sj_fuse_st *b) {
     if (!p->groups || !p->layouts || !p->output_copy || !p->stores) goto fail;
     mark_reads(&c);
     make_stores(&c);
+    find_gemms(&c);
     find_epilogues(&c);
+    gemm_epilogues(&c);
     plan_arena(&c);
     if (b->oom || fill_groups(&c) || b->oom) goto fail;
-    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out), free(c.epi_of);
+    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out), free(c.epi_of), free(c.gm);
     return p;
 fail:
-    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out), free(c.epi_of);
+    free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out), free(c.epi_of), free(c.gm);
     sj_fplan_free(p);
     return NULL;
 }
@@ -510,6 +638,12 @@ void sj_fplan_print(const sj_graph *g, const sj_fplan *p, const int64_t *sym_val
         fprintf(out, "]:");
         for (int j = 0; j < G->n_nodes; j++) fprintf(out, " %s", sj_op_name(g->nodes[G->nodes[j]].op));
         if (G->epilogue >= 0) fprintf(out, "; epilogue %s", p->groups[G->epilogue].name);
+        if (G->gemm_tile >= 0) {
+            int nt;
+            const sj_gemm_tile *t = &sj_gemm_cuda_tiles(&nt)[G->gemm_tile];
+            fprintf(out, "; generated product, tile %dx%dx%d%s (%d variant%s)", t->bm, t->bn, t->bk,
+                    G->gemm_epi & SJ_GEMM_EPI ? ", epilogue inside" : "", G->gemm_nv, G->gemm_nv > 1 ? "s" : "");
+        }
         if (G->kind != SJ_G_NODE) {
             fprintf(out, "; loads");
             for (int i = 0; i < G->n_loads; i++) {

@@ -1029,6 +1029,64 @@ static void test_split_encoder(void **state) {
     }
 }
 
+/* The encoder layer with its products generated (sj_fuse_opts.gemm: the
+ * CUDA device with cuda_gemm on), static and symbolic: the four products
+ * marked (query-key-value, output, and the feed-forward pair, the first
+ * with its GELU inside), one function each; with NVRTC the unit and its
+ * 3 pieces compile for sm_90 without a warning (the products' macros and
+ * helpers stay in their namespaces). */
+static void test_gemm_encoder(void **state) {
+    (void)state;
+    const int64_t H = BENCH_H, FF = BENCH_FF;
+    bench_encoder w = {
+        tu_tensor(SJ_F16, 2, S(H, 3 * H)), tu_tensor(SJ_F16, 1, S(3 * H)), tu_tensor(SJ_F16, 2, S(H, H)),
+        tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
+        tu_tensor(SJ_F16, 2, S(H, FF)),    tu_tensor(SJ_F16, 1, S(FF)),    tu_tensor(SJ_F16, 2, S(FF, H)),
+        tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
+    };
+    sj_tensor x = tu_tensor(SJ_F16, 3, S(1, 96, H));
+    for (int form = 0; form < 2; form++) {
+        int sym = -1;
+        sj_trace_req req = {.fn_name = "encoder", .model = bench_w4_model, .user = &w, .inputs = &x, .n_inputs = 1,
+                            .dim_policy = encoder_seq_policy, .dim_ctx = form ? &sym : NULL};
+        sj_trace_result res;
+        assert_int_equal(sj_trace(&req, &res), SJ_OK);
+        free(res.facts);
+        sj_fplan *p = sj_fuse_ex(res.graph, &x, &(sj_fuse_opts){.gemm = true});
+        assert_non_null(p);
+        assert_int_equal(p->n_gemm, 4);
+        int variants[64] = {0}, gelu_inside = 0;
+        assert_true(p->n_groups <= 64);
+        char *src = sj_codegen_cuda(res.graph, p, NULL, &(sj_codegen_opts){.prefix = "sj_", .variants = variants}, NULL);
+        assert_non_null(src);
+        for (int gi = 0; gi < p->n_groups; gi++) {
+            const sj_group *G = &p->groups[gi];
+            if (G->gemm_tile >= 0) assert_int_equal(variants[gi], G->gemm_nv);
+            gelu_inside += (G->gemm_epi & ~(uint32_t)SJ_GEMM_ROUNDS) == (SJ_GEMM_EPI | SJ_GEMM_GELU);
+        }
+        assert_int_equal(gelu_inside, 1);
+        /* static: M (96 rows) a constant of the kernels; symbolic: their argument */
+        assert_non_null(strstr(src, form ? " * M symbolic, N" : " * M specialized, N"));
+        assert_null(strstr(src, form ? " * M specialized, N" : " * M symbolic, N"));
+        assert_non_null(strstr(src, form ? "const long long M = M_arg;" : "const long long M = 96LL;"));
+        if (have_nvrtc) {
+            nvrtc_compile(src, "sm_90", form ? "encoder gemm sym" : "encoder gemm static", NULL, NULL);
+            char *pieces[SJ_CUDA_PIECES_MAX];
+            int n = sj_codegen_cuda_split(src, 3, pieces);
+            assert_int_equal(n, 3);
+            for (int i = 0; i < n; i++) {
+                char what[64];
+                snprintf(what, sizeof what, "encoder gemm %s (piece %d of %d)", form ? "sym" : "static", i + 1, n);
+                nvrtc_compile(pieces[i], "sm_90", what, NULL, NULL);
+                free(pieces[i]);
+            }
+        }
+        free(src);
+        sj_fplan_free(p);
+        sj_graph_destroy(res.graph);
+    }
+}
+
 static void test_summary(void **state) {
     if (!have_nvrtc) {
         printf("skipped: no NVRTC (libnvrtc.so.13)\n");
@@ -1052,7 +1110,7 @@ int main(void) {
         T(test_w3),          T(test_matmul_gelu),  T(test_views),    T(test_reduce), T(test_rows),
         T(test_casts_where), T(test_ints),         T(test_shared_outputs), T(test_half), T(test_edges),
         T(test_many_rows),   T(test_row_variants), T(test_known_row_bounds), T(test_ln_offset), T(test_cuda_target),
-        T(test_split_encoder), T(test_summary),
+        T(test_split_encoder), T(test_gemm_encoder), T(test_summary),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

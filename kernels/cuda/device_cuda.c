@@ -23,6 +23,8 @@ typedef struct cuda_device {
     sj_cuda *cuda;
     sj_lanes *lanes;
     sj_allocator host; /* conversion buffers of sj_tensor_copy */
+    sj_cache *cache;   /* the compiler's (borrowed): the products' tuning beside their units */
+    const sj_log_sink *log;
 } cuda_device;
 
 _Static_assert(sizeof(sj_cuda_call) <= sizeof(sj_dev_call), "sj_dev_call cannot hold a CUDA call");
@@ -36,6 +38,8 @@ sj_cuda *sj_cuda_of(const sj_backend *b) { return b && b->call_begin == call_beg
 /* -- Compiling -------------------------------------------------------------------- */
 
 static sj_status make_compiler(cuda_device *d, const sj_dev_config *c) {
+    d->cache = c->cache;
+    d->log = c->log;
     sj_cuda_backend_config bc = {.cuda = d->cuda, .cache = c->cache, .remote = c->remote, .dump_dir = c->dump_dir,
                                  .nvrtc_flags = c->nvrtc_flags, .log = c->log, .test_delay_ms = c->test_delay_ms,
                                  .test_fail = c->test_fail, .timeout_ms = c->timeout_ms};
@@ -46,7 +50,14 @@ static sj_status recompiler(sj_backend *b, const sj_dev_config *c) {
     cuda_device *d = D(b);
     if (d->common.cc) d->common.cc->destroy(d->common.cc);
     d->common.cc = NULL;
+    d->cache = NULL; /* closing with the compiler's */
     return c ? make_compiler(d, c) : SJ_OK;
+}
+
+static void gemm_tune(sj_backend *b, const sj_graph *g, const struct sj_fplan *p, const int64_t *syms,
+                      void *const *fns, const char *key, int8_t *pick) {
+    cuda_device *d = D(b);
+    sj_cuda_gemm_tune(d->cuda, d->cache, d->log, g, p, syms, fns, key, pick);
 }
 
 static void wait_abandoned(sj_backend *b, int timeout_ms) {
@@ -211,6 +222,7 @@ sj_status sj_cuda_device_create(const sj_dev_config *c, sj_backend **out) {
     b->call_end = call_end;
     sj_cuda_fill_call_slots(b);
     sj_cuda_fill_graph_slots(b);
+    b->gemm_tune = gemm_tune;
     b->settle = settle;
     sj_log_write(c->log, SJ_LOG_PERF, "backend: CUDA device %d, %s (sm_%d%d, %d SMs)", c->cuda_device, cu->name,
                  cu->cc_major, cu->cc_minor, cu->sm_count);

@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "base/tensor.h"
 #include "specialize/codegen_cuda.h"
+#include "specialize/codegen_gemm_cuda.h"
 #include "specialize/fusion.h"
 
 /* -- Kernels ------------------------------------------------------------------- */
@@ -136,6 +137,37 @@ static sj_status launch(void *c, const sj_group *gr, void *const *fn, void *cons
                  "launching a generated kernel");
 }
 
+/* A generated product (specialize/codegen_gemm_cuda.h): grid and shared
+ * memory from its tile, M the kernel's last argument (ignored by a
+ * specialized kernel). */
+static sj_status gemm(void *c, const sj_dev_gemm *d) {
+    sj_cuda_call *cc = c;
+    sj_cuda *cu = cc->e.cuda;
+    int nt;
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+    if (d->tile < 0 || d->tile >= nt) return sj_seterr(SJ_EINTERNAL, "gemm: tile %d of %d", d->tile, nt);
+    sj_gemm_spec sp = {.N = d->N, .K = d->K, .tile = tiles[d->tile]};
+    sj_gemm_dims dims;
+    sj_gemm_cuda_dims(&sp, d->M, &dims);
+    if (!d->M || !d->N) return SJ_OK;
+    sj_cuda_bind(cu);
+    CUfunction f = (CUfunction)d->fn;
+    if (dims.smem > 48 * 1024) {
+        sj_status st = SJ_CU(cu, cu->api.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                          (int)dims.smem),
+                             "allowing a generated product its shared memory");
+        if (st) return st;
+    }
+    const void *a = d->a, *b = d->b, *bias = d->bias, *r = d->r;
+    void *y = d->c;
+    long long m = (long long)d->M;
+    void *args[] = {&a, &b, &bias, &r, &y, &m};
+    return SJ_CU(cu,
+                 cu->api.LaunchKernel(f, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
+                                      dims.block[2], (unsigned)dims.smem, cc->e.stream, args, NULL),
+                 "launching a generated product");
+}
+
 static sj_status finish(void *c) {
     sj_cuda_call *cc = c;
     sj_cuda *cu = cc->e.cuda;
@@ -168,6 +200,7 @@ void sj_cuda_fill_call_slots(sj_backend *b) {
     b->out_alloc = out_alloc;
     b->out_free = buf_free;
     b->launch = launch;
+    b->gemm = gemm;
     b->finish = finish;
 }
 

@@ -42,6 +42,15 @@ void sj_cuda_fill_call_slots(sj_backend *b);
 /* Device copies of g's constants and host parameters (freed with g). */
 sj_status sj_cuda_upload_graph(sj_cuda *cuda, sj_graph *g);
 
+/* The device's gemm_tune slot (kernels/device.h; gemm_tune.c): cache and
+ * log may be NULL. */
+struct sj_cache;
+struct sj_log_sink;
+struct sj_fplan;
+void sj_cuda_gemm_tune(sj_cuda *cu, struct sj_cache *cache, const struct sj_log_sink *log, const sj_graph *g,
+                       const struct sj_fplan *p, const int64_t *syms, void *const *fns, const char *key,
+                       int8_t *pick);
+
 /* -- The device (device_cuda.c) ------------------------------------------------------ */
 
 /* The sj_cuda of a CUDA device table (sj_device_create's), else NULL. */

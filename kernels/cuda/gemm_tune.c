@@ -1,0 +1,216 @@
+/* The autotuner of generated products (specialize/fusion.h's "Generated
+ * products"; the device's gemm_tune slot, kernels/device.h).
+ *
+ * On the compile worker, once a unit is loaded: for each generated product
+ * of the plan, every tile variant the unit holds is timed at the entry's M
+ * (a specialized or static unit: its own; a symbolic one: 16, 128 and 512
+ * rows, summed) against cuBLASLt's product with the bias, plus, when the
+ * plan runs the epilogue group inside the kernel, one elementwise pass over
+ * the result (the eager ReLU standing in for the group the kernel saves).
+ * The fastest wins; cuBLASLt (-1) unless a variant beats it. Operands are
+ * scratch buffers of the product's sizes, zeroed, on a stream of the
+ * tuner's own; each candidate runs twice untimed (cuBLASLt chooses its
+ * algorithm then), then TUNE_REPS times between two events.
+ *
+ * The choice is kept in the kernel cache beside the unit's CUBIN (key,
+ * extension "gemmpick"; sj_gemm_picks_format), so a process that loads
+ * the unit from the cache loads its choice too and times nothing. Any
+ * failure leaves the products it has not decided on cuBLASLt.
+ */
+#include "kernels/cuda/exec_cuda.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "kernels/cache.h"
+#include "kernels/cuda/eager_cuda.h"
+#include "specialize/codegen.h"
+#include "specialize/codegen_cuda.h"
+#include "specialize/codegen_gemm_cuda.h"
+#include "specialize/fusion.h"
+
+#define TUNE_REPS 10
+#define TUNE_EXT "gemmpick"
+
+typedef struct tuner {
+    sj_cuda *cu;
+    CUstream s;
+    CUevent e0, e1;
+    const sj_gemm_spec *sp;
+    CUdeviceptr a, b, bias, r, c, c2;
+    bool epi;              /* the plan runs the epilogue inside: cuBLASLt pays a pass more */
+    sj_dtype bias_dtype;   /* the product's bias, if any (has_bias) */
+    bool has_bias;
+} tuner;
+
+/* One run of candidate v (-1: cuBLASLt and the pass) at M rows. */
+static sj_status run_one(const tuner *t, int v, const sj_gemm_tile *tile, CUfunction f, int64_t M) {
+    sj_cuda *cu = t->cu;
+    if (v < 0) {
+        sj_cuda_exec e = {.cuda = cu, .stream = t->s};
+        sj_tensor a = {.data = (void *)(uintptr_t)t->a, .dtype = SJ_F16, .rank = 2, .device = SJ_CUDA,
+                       .shape = {M, t->sp->K}, .stride = {t->sp->K, 1}};
+        sj_tensor b = {.data = (void *)(uintptr_t)t->b, .dtype = SJ_F16, .rank = 2, .device = SJ_CUDA,
+                       .shape = {t->sp->K, t->sp->N}, .stride = {t->sp->N, 1}};
+        sj_tensor bias = {.data = (void *)(uintptr_t)t->bias, .dtype = t->bias_dtype, .rank = 2,
+                          .device = SJ_CUDA, .shape = {1, t->sp->N}, .stride = {t->sp->N, 1}};
+        sj_tensor y = {.data = (void *)(uintptr_t)t->c, .dtype = SJ_F16, .rank = 2, .device = SJ_CUDA,
+                       .shape = {M, t->sp->N}, .stride = {t->sp->N, 1}};
+        sj_status st = sj_cuda_matmul_bias(&e, &a, &b, t->has_bias ? &bias : NULL, &y);
+        if (!st && t->epi) {
+            sj_tensor y2 = y;
+            y2.data = (void *)(uintptr_t)t->c2;
+            st = sj_cuda_unary(&e, SJ_OP_RELU, &y, &y2);
+        }
+        return st;
+    }
+    sj_gemm_spec sp = *t->sp;
+    sp.tile = *tile;
+    sj_gemm_dims d;
+    sj_gemm_cuda_dims(&sp, M, &d);
+    const void *a = (const void *)(uintptr_t)t->a, *b = (const void *)(uintptr_t)t->b,
+               *bias = (const void *)(uintptr_t)t->bias, *r = (const void *)(uintptr_t)t->r;
+    void *c = (void *)(uintptr_t)t->c;
+    long long m = (long long)M;
+    void *args[] = {&a, &b, &bias, &r, &c, &m};
+    return SJ_CU(cu,
+                 cu->api.LaunchKernel(f, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.block[1], d.block[2],
+                                      (unsigned)d.smem, t->s, args, NULL),
+                 "launching a generated product (tuning)");
+}
+
+/* Milliseconds a run of candidate v takes at M rows; INFINITY when it
+ * cannot run. */
+static double time_one(const tuner *t, int v, const sj_gemm_tile *tile, CUfunction f, int64_t M) {
+    sj_cuda *cu = t->cu;
+    if (v >= 0 && sj_gemm_cuda_check(&(sj_gemm_spec){.N = t->sp->N, .K = t->sp->K, .out_dtype = SJ_F16,
+                                                      .tile = *tile}) != SJ_OK)
+        return INFINITY;
+    if (v >= 0) {
+        sj_gemm_dims d;
+        sj_gemm_cuda_dims(&(sj_gemm_spec){.N = t->sp->N, .K = t->sp->K, .tile = *tile}, M, &d);
+        if (d.smem > 48 * 1024 &&
+            cu->api.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)d.smem) != CUDA_SUCCESS)
+            return INFINITY;
+    }
+    for (int i = 0; i < 2; i++)
+        if (run_one(t, v, tile, f, M)) return INFINITY;
+    if (cu->api.EventRecord(t->e0, t->s) != CUDA_SUCCESS) return INFINITY;
+    for (int i = 0; i < TUNE_REPS; i++)
+        if (run_one(t, v, tile, f, M)) return INFINITY;
+    float ms = 0;
+    if (cu->api.EventRecord(t->e1, t->s) != CUDA_SUCCESS || cu->api.EventSynchronize(t->e1) != CUDA_SUCCESS ||
+        cu->api.EventElapsedTime(&ms, t->e0, t->e1) != CUDA_SUCCESS)
+        return INFINITY;
+    return (double)ms / TUNE_REPS;
+}
+
+/* The rows product gi is timed at: its own where every size is known. */
+static int tune_rows(const sj_graph *g, const sj_group *G, const int64_t *syms, int64_t *rows) {
+    const sj_value *Y = &g->vals[G->gemm_out];
+    int64_t M = 1, d;
+    for (int a = 0; a + 1 < Y->rank && M > 0; a++) {
+        if (syms) M *= sj_ex_eval(g->ex, Y->shape[a], syms);
+        else M = sj_ex_is_const(g->ex, Y->shape[a], &d) ? M * d : -1;
+    }
+    if (M > 0) {
+        rows[0] = M;
+        return 1;
+    }
+    rows[0] = 16, rows[1] = 128, rows[2] = 512;
+    return 3;
+}
+
+static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const sj_log_sink *log, const char *key,
+                         const sj_graph *g, const sj_group *G, int gi, const int64_t *syms, void *const *fns,
+                         int8_t *pick) {
+    sj_gemm_spec sp;
+    sj_codegen_gemm_spec(g, G, &sp);
+    int64_t rows[3];
+    int n_rows = tune_rows(g, G, syms, rows);
+    int64_t Mmax = rows[n_rows - 1] > rows[0] ? rows[n_rows - 1] : rows[0];
+    size_t bytes_a = (size_t)(Mmax * sp.K) * 2, bytes_b = (size_t)(sp.K * sp.N) * 2, bytes_bias = (size_t)sp.N * 4,
+           bytes_c = (size_t)(Mmax * sp.N) * 4;
+    tuner t = {.cu = cu, .s = s, .e0 = e0, .e1 = e1, .sp = &sp, .epi = (G->gemm_epi & SJ_GEMM_EPI) != 0,
+               .has_bias = G->bias >= 0, .bias_dtype = G->bias >= 0 ? g->vals[G->bias].dtype : SJ_F16};
+    t.a = sj_cuda_alloc(cu, bytes_a, s);
+    t.b = sj_cuda_alloc(cu, bytes_b, s);
+    t.bias = sj_cuda_alloc(cu, bytes_bias, s);
+    t.r = sj_cuda_alloc(cu, bytes_c, s);
+    t.c = sj_cuda_alloc(cu, bytes_c, s);
+    t.c2 = sj_cuda_alloc(cu, bytes_c, s);
+    bool ok = t.a && t.b && t.bias && t.r && t.c && t.c2;
+    const CUdeviceptr bufs[] = {t.a, t.b, t.bias, t.r, t.c, t.c2};
+    const size_t sizes[] = {bytes_a, bytes_b, bytes_bias, bytes_c, bytes_c, bytes_c};
+    for (int i = 0; i < 6 && ok; i++)
+        ok = cu->api.MemsetD8Async(bufs[i], 0, sizes[i], s) == CUDA_SUCCESS;
+    int nt;
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+    double best_ms = INFINITY, base_ms = 0, ms[SJ_CG_VARIANTS_MAX] = {0};
+    int best = -1;
+    for (int k = 0; ok && k < n_rows; k++) base_ms += time_one(&t, -1, NULL, NULL, rows[k]);
+    if (ok) best_ms = base_ms;
+    for (int v = 0; ok && v < G->gemm_nv && v < SJ_CG_VARIANTS_MAX; v++) {
+        CUfunction f = (CUfunction)fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)v];
+        for (int k = 0; f && k < n_rows; k++) ms[v] += time_one(&t, v, &tiles[G->gemm_tiles[v]], f, rows[k]);
+        if (!f) ms[v] = INFINITY;
+        if (ms[v] < best_ms) best_ms = ms[v], best = v;
+    }
+    for (int i = 0; i < 6; i++) sj_cuda_free(cu, bufs[i], s);
+    pick[gi] = (int8_t)best;
+    if (!ok) {
+        sj_log_write(log, SJ_LOG_PERF, "cuda: %.12s: product %s: not timed (%s): cuBLASLt", key, G->name,
+                     sj_last_error());
+        return;
+    }
+    char line[256];
+    size_t n = (size_t)snprintf(line, sizeof line, "cuda: %.12s: product %s (N %lld, K %lld, M %s): cuBLASLt %.4f ms",
+                                key, G->name, (long long)sp.N, (long long)sp.K, n_rows > 1 ? "16+128+512" : "its own",
+                                base_ms);
+    for (int v = 0; v < G->gemm_nv && n < sizeof line; v++) {
+        const sj_gemm_tile *tl = &tiles[G->gemm_tiles[v]];
+        n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d %.4f ms", tl->bm, tl->bn, tl->bk, ms[v]);
+    }
+    if (best >= 0) {
+        const sj_gemm_tile *tl = &tiles[G->gemm_tiles[best]];
+        sj_log_write(log, SJ_LOG_PERF, "%s: tile %dx%dx%d", line, tl->bm, tl->bn, tl->bk);
+    } else {
+        sj_log_write(log, SJ_LOG_PERF, "%s: cuBLASLt", line);
+    }
+}
+
+void sj_cuda_gemm_tune(sj_cuda *cu, sj_cache *cache, const sj_log_sink *log, const sj_graph *g, const sj_fplan *p,
+                       const int64_t *syms, void *const *fns, const char *key, int8_t *pick) {
+    bool keyed = cache && key && key[0];
+    if (keyed) { /* a unit from the cache has its choice there */
+        void *data = NULL;
+        size_t len = 0;
+        if (sj_cache_load(cache, key, TUNE_EXT, &data, &len)) {
+            bool ok = sj_gemm_picks_parse(p, data, len, pick);
+            free(data);
+            if (ok) return;
+        }
+    }
+    sj_cuda_bind(cu);
+    CUstream s = NULL;
+    CUevent e0 = NULL, e1 = NULL;
+    if (cu->api.StreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
+    if (cu->api.EventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+        cu->api.EventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
+        for (int gi = 0; gi < p->n_groups; gi++)
+            if (p->groups[gi].gemm_tile >= 0)
+                tune_product(cu, s, e0, e1, log, key ? key : "", g, &p->groups[gi], gi, syms, fns, pick);
+    }
+    cu->api.StreamSynchronize(s);
+    if (e0) cu->api.EventDestroy(e0);
+    if (e1) cu->api.EventDestroy(e1);
+    cu->api.StreamDestroy(s);
+    char rec[4096];
+    size_t n = sj_gemm_picks_format(p, pick, rec, sizeof rec);
+    if (keyed && n && sj_cache_store(cache, key, TUNE_EXT, rec, n))
+        sj_log_write(log, SJ_LOG_WARN, "cuda: %.12s: the products' choice not cached: %s", key, sj_last_error());
+}

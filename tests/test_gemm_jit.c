@@ -1,0 +1,677 @@
+/* Generated tensor-core products in CUDA fused plans (issue 29;
+ * cfg.cuda_gemm, specialize/fusion.h's "Generated products").
+ *
+ * Everywhere (no GPU needed): the plan's marks. With sj_fuse_opts.gemm an
+ * f16 product over a contiguous operand and a [K, N] parameter is a
+ * generated product (the first tile of sj_gemm_cuda_tiles that divides N
+ * and K) with its epilogue chain inside (ReLU, GELU, residual add, cast);
+ * without it (the CPU, or cuda_gemm 0) nothing is marked and an f16
+ * product has no epilogue group, as before. Refusals: a transposed weight
+ * (a view), N that no tile divides, f32, an epilogue the kernel cannot do
+ * (it runs after: not an epilogue then), a product result read twice. The
+ * CUDA generator reports one function for a generated product's group.
+ *
+ * On a CUDA device (else "skipped: no CUDA device"): relu(x @ W + b),
+ * gelu(x @ W + b) + r, cast(relu(x @ W + b), f32) and the MiniLM
+ * feed-forward block (H 384, FF 1536: gelu(x @ W1 + b1) @ W2 + b2 + x)
+ * with SHAPEJIT_CUDA_GEMM 2 .. 5 (each tile variant forced) and 1 (tuned:
+ * the tuner's times and choice in the perf log), symbolic M (odd sizes
+ * included) and static, against float64 and against the CPU's eager run;
+ * the explain output names the generated product (its tile, the epilogue
+ * inside) and the calls are fused; with cuda_gemm 0 the same graphs name
+ * none.
+ *
+ * Also without a GPU: the executor's wiring through a host gemm slot (the
+ * kernel's contract computed on the CPU), the variant picks (none, -1,
+ * the last), the misaligned fallback, and the tuner's cache record. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/tensor.h"
+#include "jit/exec.h"
+#include "jit/runtime.h"
+#include "jit/shapejit.h"
+#include "jit/trace.h"
+#include "specialize/codegen_cuda.h"
+#include "specialize/codegen_gemm_cuda.h"
+#include "specialize/fusion.h"
+#include "kernels/cpu/backend_cpu.h"
+#include "tests/util.h"
+#include "tests/util_patterns.h"
+
+#ifdef SJ_WITH_CUDA
+#include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/exec_cuda.h"
+#endif
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+
+/* -- Models ------------------------------------------------------------------------ */
+
+enum {
+    M_RELU,      /* relu(x @ W + b) */
+    M_GELU_RES,  /* gelu(x @ W + b) + r (inputs x, r) */
+    M_CAST,      /* cast(relu(x @ W + b), f32) */
+    M_FFN,       /* gelu(x @ W1 + b1) @ W2 + b2 + x */
+    M_TRANS,     /* relu(x @ permute(Wt) + b): a view of the weight */
+    M_SIGMOID,   /* sigmoid(x @ W + b): an epilogue the kernel cannot do */
+    M_TWICE,     /* relu(y) + y, y = x @ W + b: the product's result read twice */
+};
+
+typedef struct gm {
+    int kind;
+    sj_dtype dt;
+    int64_t K, N, N2;
+    sj_tensor w, b, w2, b2;
+} gm;
+
+static void gm_init(gm *m, int kind, sj_dtype dt, int64_t K, int64_t N) {
+    memset(m, 0, sizeof *m);
+    m->kind = kind;
+    m->dt = dt;
+    m->K = K;
+    m->N = N;
+    m->w = kind == M_TRANS ? tu_tensor(dt, 2, S(N, K)) : tu_tensor(dt, 2, S(K, N));
+    m->b = tu_tensor(dt, 1, S(N));
+    double s = 1.0 / sqrt((double)K);
+    tu_fill_range(&m->w, -s, s);
+    tu_fill_range(&m->b, -0.5, 0.5);
+    if (kind == M_FFN) { /* back to K */
+        m->N2 = K;
+        m->w2 = tu_tensor(dt, 2, S(N, K));
+        m->b2 = tu_tensor(dt, 1, S(K));
+        tu_fill_range(&m->w2, -1.0 / sqrt((double)N), 1.0 / sqrt((double)N));
+        tu_fill_range(&m->b2, -0.5, 0.5);
+    }
+}
+
+static int gm_inputs(const gm *m) { return m->kind == M_GELU_RES ? 2 : 1; }
+
+static sj_status gm_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n;
+    const gm *m = u;
+    sj_val w = sj_param(t, &m->w);
+    if (m->kind == M_TRANS) w = sj_permute(t, w, (int[]){1, 0});
+    sj_val y = sj_add(t, sj_matmul(t, in[0], w), sj_param(t, &m->b));
+    switch (m->kind) {
+    case M_RELU:
+    case M_TRANS: return sj_output(t, sj_relu(t, y));
+    case M_GELU_RES: return sj_output(t, sj_add(t, sj_gelu(t, y), in[1]));
+    case M_CAST: return sj_output(t, sj_cast(t, sj_relu(t, y), SJ_F32));
+    case M_SIGMOID: return sj_output(t, sj_sigmoid(t, y));
+    case M_TWICE: return sj_output(t, sj_add(t, sj_relu(t, y), y));
+    default: break;
+    }
+    sj_val h = sj_add(t, sj_matmul(t, sj_gelu(t, y), sj_param(t, &m->w2)), sj_param(t, &m->b2));
+    return sj_output(t, sj_add(t, h, in[0]));
+}
+
+/* -- float64 reference ------------------------------------------------------------- */
+
+static double gelu64(double v) { return 0.5 * v * (1.0 + erf(v / sqrt(2.0))); }
+
+/* y[M, N] = x[M, K] @ w + b (values as stored), mag = sum |x||w| + |b|. */
+static void ref_linear(const double *x, int64_t M, int64_t K, const sj_tensor *w, const sj_tensor *b, int64_t N,
+                       double *y, double *mag) {
+    double *wd = malloc(sizeof(double) * (size_t)(K * N)); /* w read once (the MiniLM FFN at M 1024) */
+    assert_non_null(wd);
+    for (int64_t i = 0; i < K * N; i++) wd[i] = tu_get(w, i);
+    for (int64_t i = 0; i < M; i++) {
+        double *yi = y + i * N, *mi = mag + i * N;
+        for (int64_t j = 0; j < N; j++) yi[j] = tu_get(b, j), mi[j] = fabs(yi[j]);
+        for (int64_t k = 0; k < K; k++) {
+            double xv = x[i * K + k];
+            const double *wk = wd + k * N;
+            for (int64_t j = 0; j < N; j++) {
+                double p = xv * wk[j];
+                yi[j] += p;
+                mi[j] += fabs(p);
+            }
+        }
+    }
+    free(wd);
+}
+
+/* The model's output in float64 for inputs in (host), M rows; ref and mag
+ * M x (the output's last size). */
+static void gm_ref(const gm *m, const sj_tensor *in, int64_t M, double *ref, double *mag) {
+    int64_t K = m->K, N = m->N;
+    double *x = malloc(sizeof(double) * (size_t)(M * K)), *y = malloc(sizeof(double) * (size_t)(M * N)),
+           *ym = malloc(sizeof(double) * (size_t)(M * N));
+    assert_true(x && y && ym);
+    for (int64_t i = 0; i < M * K; i++) x[i] = tu_get(&in[0], i);
+    ref_linear(x, M, K, &m->w, &m->b, N, y, ym);
+    if (m->kind == M_FFN) {
+        for (int64_t i = 0; i < M * N; i++) y[i] = gelu64(y[i]);
+        ref_linear(y, M, N, &m->w2, &m->b2, K, ref, mag);
+        for (int64_t i = 0; i < M * K; i++) {
+            ref[i] += x[i];
+            mag[i] += fabs(x[i]) + fabs(ref[i]);
+        }
+    } else {
+        for (int64_t i = 0; i < M * N; i++) {
+            double v = y[i];
+            if (m->kind == M_GELU_RES) v = gelu64(v) + tu_get(&in[1], i);
+            else if (m->kind == M_SIGMOID) v = 1.0 / (1.0 + exp(-v));
+            else v = v > 0 ? v : 0;
+            ref[i] = v;
+            mag[i] = ym[i] + fabs(v) + (m->kind == M_GELU_RES ? fabs(tu_get(&in[1], i)) : 0);
+        }
+    }
+    free(x), free(y), free(ym);
+}
+
+/* -- The plan's marks (no GPU) ------------------------------------------------------- */
+
+static sj_expr seq_policy(void *ctx, sj_exprs *ex, int input, int axis, int64_t size) {
+    int *sym = ctx;
+    (void)input;
+    if (!sym || axis != 1 || size < 2) return sj_ex_const(ex, size);
+    if (*sym < 0) *sym = sj_sym_new(ex, size, 2, SJ_EX_INF);
+    return sj_ex_sym(ex, *sym);
+}
+
+typedef struct traced {
+    sj_graph *g;
+    sj_fplan *p;
+    sj_tensor in[2];
+} traced;
+
+static void trace_gm(gm *m, int64_t S_, bool symbolic, bool gemm, traced *tr) {
+    int sym = -1;
+    tr->in[0] = tu_tensor(m->dt, 3, S(2, S_, m->K));
+    tr->in[1] = tu_tensor(m->dt, 3, S(2, S_, m->N));
+    sj_trace_req req = {.fn_name = "gemm", .model = gm_model, .user = m, .inputs = tr->in,
+                        .n_inputs = gm_inputs(m), .dim_policy = seq_policy, .dim_ctx = symbolic ? &sym : NULL};
+    sj_trace_result res;
+    if (sj_trace(&req, &res)) fail_msg("trace: %s", sj_last_error());
+    free(res.facts);
+    tr->g = res.graph;
+    tr->p = sj_fuse_ex(tr->g, tr->in, &(sj_fuse_opts){.gemm = gemm});
+    assert_non_null(tr->p);
+}
+
+static void untrace(traced *tr) {
+    sj_fplan_free(tr->p);
+    sj_graph_destroy(tr->g);
+}
+
+/* The plan's generated products: their count; the first's group in *first. */
+static int gemms(const sj_fplan *p, const sj_group **first) {
+    int n = 0;
+    *first = NULL;
+    for (int i = 0; i < p->n_groups; i++) {
+        const sj_group *G = &p->groups[i];
+        if (G->gemm_tile < 0) continue;
+        assert_int_equal(G->kind, SJ_G_NODE);
+        if (!n) *first = G;
+        n++;
+    }
+    assert_int_equal(n, p->n_gemm);
+    return n;
+}
+
+static char *plan_text(const traced *tr) {
+    char *s = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    assert_non_null(f);
+    sj_fplan_print(tr->g, tr->p, NULL, f, "");
+    fclose(f);
+    return s;
+}
+
+static void test_plan_marks(void **state) {
+    (void)state;
+    for (int symbolic = 0; symbolic < 2; symbolic++) {
+        struct {
+            int kind;
+            sj_dtype dt;
+            int64_t K, N;
+            int n_gemm;      /* generated products with gemm on */
+            uint32_t epi;    /* the first's gemm_epi */
+        } cases[] = {
+            {M_RELU, SJ_F16, 64, 128, 1, SJ_GEMM_EPI | SJ_GEMM_RELU},
+            {M_GELU_RES, SJ_F16, 64, 128, 1, SJ_GEMM_EPI | SJ_GEMM_GELU | SJ_GEMM_RES},
+            {M_CAST, SJ_F16, 96, 192, 1, SJ_GEMM_EPI | SJ_GEMM_RELU},
+            {M_FFN, SJ_F16, 384, 1536, 2, SJ_GEMM_EPI | SJ_GEMM_GELU},
+            {M_TRANS, SJ_F16, 64, 128, 0, 0},
+            {M_RELU, SJ_F16, 64, 100, 0, 0}, /* no tile divides N */
+            {M_RELU, SJ_F32, 64, 128, 0, 0},
+            {M_SIGMOID, SJ_F16, 64, 128, 1, 0},
+            {M_TWICE, SJ_F16, 64, 128, 1, 0},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            gm m;
+            gm_init(&m, cases[c].kind, cases[c].dt, cases[c].K, cases[c].N);
+            traced on, off;
+            trace_gm(&m, 33, symbolic, true, &on);
+            trace_gm(&m, 33, symbolic, false, &off);
+            const sj_group *G;
+            char what[64];
+            snprintf(what, sizeof what, "case %zu (%s)", c, symbolic ? "symbolic" : "static");
+            if (gemms(on.p, &G) != cases[c].n_gemm) fail_msg("%s: %d generated products", what, on.p->n_gemm);
+            /* off: nothing marked, and an f16 product keeps no epilogue */
+            const sj_group *G0;
+            assert_int_equal(gemms(off.p, &G0), 0);
+            for (int i = 0; i < off.p->n_groups; i++) {
+                const sj_group *H = &off.p->groups[i];
+                assert_int_equal(H->gemm_epi, 0);
+                if (cases[c].dt == SJ_F16) assert_int_equal(H->epilogue, -1);
+            }
+            char *t_off = plan_text(&off), *t_on = plan_text(&on);
+            assert_null(strstr(t_off, "generated product"));
+            if (cases[c].n_gemm) assert_non_null(strstr(t_on, "generated product, tile 64x64x32"));
+            free(t_off), free(t_on);
+            if (!G) goto next;
+            assert_int_equal(G->gemm_tile, 0);
+            if ((G->gemm_epi & ~(uint32_t)SJ_GEMM_ROUNDS) != cases[c].epi)
+                fail_msg("%s: gemm_epi %u, not %u", what, G->gemm_epi, cases[c].epi);
+            /* f16 values on the way: all of them in these graphs */
+            if (G->gemm_epi & SJ_GEMM_EPI) {
+                uint32_t want = SJ_GEMM_R_PROD | (G->gemm_epi & (SJ_GEMM_GELU | SJ_GEMM_RELU) ? SJ_GEMM_R_ACT : 0) |
+                                (G->gemm_epi & SJ_GEMM_RES ? SJ_GEMM_R_RES : 0);
+                assert_int_equal(G->gemm_epi & SJ_GEMM_ROUNDS, want);
+            }
+            int gi = (int)(G - on.p->groups);
+            if (G->gemm_epi & SJ_GEMM_EPI) {
+                assert_int_equal(G->epilogue, gi + 1);
+                const sj_group *E = &on.p->groups[gi + 1];
+                assert_int_equal(E->epilogue_of, gi);
+                assert_int_equal(E->n_stores, 1);
+                assert_int_equal(G->gemm_out, E->stores[0].val);
+                if (cases[c].kind == M_CAST) assert_int_equal(on.g->vals[G->gemm_out].dtype, SJ_F32);
+                if (G->gemm_epi & SJ_GEMM_RES) assert_int_equal(on.g->vals[G->gemm_res].kind, SJ_VAL_INPUT);
+            } else {
+                assert_int_equal(G->epilogue, -1); /* f16: runs after, not an epilogue */
+                assert_int_equal(G->gemm_out, sj_group_out(on.g, G));
+            }
+            /* the CUDA generator: one function for the product's group */
+            int variants[64] = {0};
+            assert_true(on.p->n_groups <= 64);
+            char *src = sj_codegen_cuda(on.g, on.p, NULL, &(sj_codegen_opts){.prefix = "sj_", .variants = variants},
+                                        NULL);
+            assert_non_null(src);
+            for (int i = 0; i < on.p->n_groups; i++) {
+                const sj_group *H = &on.p->groups[i];
+                int want = H->kind != SJ_G_NODE ? -1 : H->gemm_tile >= 0 ? H->gemm_nv : 0;
+                if (want >= 0) assert_int_equal(variants[i], want);
+                else assert_true(variants[i] >= 1);
+            }
+            /* the variants: the first tiles that fit, in the table's order */
+            int nt;
+            const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+            assert_true(G->gemm_nv >= 1 && G->gemm_nv <= SJ_CG_VARIANTS_MAX);
+            for (int v = 0; v < G->gemm_nv; v++) {
+                assert_true(v == 0 || G->gemm_tiles[v] > G->gemm_tiles[v - 1]);
+                sj_gemm_spec sp = {.N = m.N, .K = m.K, .out_dtype = SJ_F16, .tile = tiles[G->gemm_tiles[v]]};
+                assert_int_equal(sj_gemm_cuda_check(&sp), SJ_OK);
+                char sig[64];
+                if (G->gemm_nv > 1) snprintf(sig, sizeof sig, "sj_%s_v%d(const unsigned short", G->name, v);
+                else snprintf(sig, sizeof sig, "sj_%s(const unsigned short", G->name);
+                assert_non_null(strstr(src, sig));
+            }
+            /* the tuner's record: round trip and refusals */
+            int8_t pick[64], back[64];
+            memset(pick, -1, sizeof pick);
+            pick[gi] = (int8_t)(G->gemm_nv - 1);
+            char rec[512];
+            size_t rl = sj_gemm_picks_format(on.p, pick, rec, sizeof rec);
+            assert_true(rl > 0 && rl == strlen(rec));
+            memset(back, 7, sizeof back);
+            assert_true(sj_gemm_picks_parse(on.p, rec, rl, back));
+            assert_memory_equal(back, pick, (size_t)on.p->n_groups);
+            assert_int_equal(sj_gemm_picks_format(on.p, pick, rec, 8), 0); /* does not fit */
+            rl = sj_gemm_picks_format(on.p, pick, rec, sizeof rec);
+            char bad[600];
+            const char *refused[] = {"", "junk", "sjgp1", "sjgp1 999 -1"};
+            for (size_t b = 0; b < sizeof refused / sizeof refused[0]; b++)
+                assert_false(sj_gemm_picks_parse(on.p, refused[b], strlen(refused[b]), back));
+            pick[gi] = (int8_t)G->gemm_nv; /* past the variants */
+            rl = sj_gemm_picks_format(on.p, pick, bad, sizeof bad);
+            assert_false(sj_gemm_picks_parse(on.p, bad, rl, back));
+            pick[gi] = -1;
+            pick[gi == 0 ? 1 : 0] = 0; /* a pick for a group that is no product */
+            rl = sj_gemm_picks_format(on.p, pick, bad, sizeof bad);
+            bool other_is_gemm = on.p->groups[gi == 0 ? 1 : 0].gemm_tile >= 0;
+            if (!other_is_gemm) {
+                /* format writes -1 there; a record that says otherwise is refused */
+                assert_true(sj_gemm_picks_parse(on.p, bad, rl, back));
+                snprintf(bad, sizeof bad, "sjgp1 %d", on.p->n_groups);
+                for (int i = 0; i < on.p->n_groups; i++)
+                    snprintf(bad + strlen(bad), sizeof bad - strlen(bad), " %d", i == (gi == 0 ? 1 : 0) ? 0 : -1);
+                assert_false(sj_gemm_picks_parse(on.p, bad, strlen(bad), back));
+            }
+            memcpy(bad, rec, rl);
+            bad[rl] = 'x'; /* trailing junk */
+            assert_false(sj_gemm_picks_parse(on.p, bad, rl + 1, back));
+            assert_false(sj_gemm_picks_parse(on.p, rec, rl - 3, back)); /* cut */
+            if (G->gemm_epi & SJ_GEMM_RELU) assert_non_null(strstr(src, "v0 > 0.0f ? v0 : 0.0f"));
+            if (G->gemm_epi & SJ_GEMM_GELU) assert_non_null(strstr(src, "gelu_erf(v0)"));
+            free(src);
+        next:
+            untrace(&on);
+            untrace(&off);
+            tu_free_all();
+        }
+    }
+}
+
+/* -- The executor's wiring, on the CPU (no GPU) ---------------------------------------
+ * The plan's generated products run through a gemm slot of the test's own
+ * (the CUDA kernel's contract, computed on the host from the f16 and f32
+ * bits): the executor passes the operands, the bias, the residual and the
+ * epilogue's store, M from the call's sizes, and skips the epilogue group
+ * it ran; the results equal the eager run's. An operand the kernel could
+ * not read aligned (x one element past a 16-byte boundary) takes the
+ * device's product and the epilogue group after it, with the same
+ * results. */
+
+static struct {
+    int calls;
+    int64_t M;
+    uint32_t flags;
+    int tile;
+} slot;
+
+static float hval(const void *p, sj_dtype dt, int64_t i) {
+    return dt == SJ_F16 ? (float)tu_f16_value(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static sj_status host_gemm(void *c, const sj_dev_gemm *d) {
+    (void)c;
+    slot.calls++;
+    slot.M = d->M;
+    slot.flags = d->flags;
+    slot.tile = d->tile;
+    assert_true((uintptr_t)d->a % 16 == 0 && (uintptr_t)d->b % 16 == 0);
+    for (int64_t i = 0; i < d->M; i++)
+        for (int64_t j = 0; j < d->N; j++) {
+            float v = 0;
+            for (int64_t k = 0; k < d->K; k++) v += hval(d->a, SJ_F16, i * d->K + k) * hval(d->b, SJ_F16, k * d->N + j);
+            if (d->bias) v += hval(d->bias, d->bias_dtype, j);
+#define RND(f) if (d->flags & (f)) v = (float)tu_f16_value(tu_f16_bits(v))
+            RND(SJ_GEMM_R_PROD);
+            if (d->flags & SJ_GEMM_GELU) v = (float)gelu64(v);
+            if (d->flags & SJ_GEMM_RELU) v = v > 0 ? v : 0;
+            if (d->flags & (SJ_GEMM_GELU | SJ_GEMM_RELU)) RND(SJ_GEMM_R_ACT);
+            if (d->flags & SJ_GEMM_RES) v += hval(d->r, d->r_dtype, i * d->N + j);
+            if (d->flags & SJ_GEMM_RES) RND(SJ_GEMM_R_RES);
+#undef RND
+            if (d->c_dtype == SJ_F16) ((uint16_t *)d->c)[i * d->N + j] = tu_f16_bits(v);
+            else ((float *)d->c)[i * d->N + j] = v;
+        }
+    return SJ_OK;
+}
+
+static void test_exec_wiring(void **state) {
+    (void)state;
+    sj_runtime *rt = NULL;
+    sj_backend *be = NULL;
+    assert_int_equal(sj_runtime_create(NULL, &rt), SJ_OK);
+    assert_int_equal(sj_cpu_backend_create(&(sj_cpu_backend_config){0}, &be), SJ_OK);
+    sj_pool pool;
+    sj_pool_init(&pool, rt);
+    sj_backend ops = sj_cpu_exec_ops;
+    ops.gemm = host_gemm;
+    ops.k.matmul_epi = NULL; /* as on CUDA: an epilogue not inside runs after */
+    const int kinds[] = {M_RELU, M_GELU_RES, M_CAST, M_FFN, M_SIGMOID};
+    for (size_t kk = 0; kk < sizeof kinds / sizeof kinds[0]; kk++)
+        for (int symbolic = 0; symbolic < 2; symbolic++)
+            for (int misalign = 0; misalign < 2; misalign++)
+                for (int pk = 0; pk < (misalign ? 1 : 3); pk++) { /* picks: none (0), -1, the last variant */
+                gm m;
+                gm_init(&m, kinds[kk], SJ_F16, kinds[kk] == M_FFN ? 64 : 96, kinds[kk] == M_FFN ? 256 : 128);
+                traced tr;
+                trace_gm(&m, 24, symbolic, true, &tr);
+                const sj_group *G;
+                int ng = gemms(tr.p, &G);
+                assert_true(ng >= 1);
+                /* the C unit of the generated groups; the products' slots a mark */
+                size_t len;
+                char *src = sj_codegen_c(tr.g, tr.p, NULL, &(sj_codegen_opts){.prefix = "u_"}, &len);
+                assert_non_null(src);
+                const char *names[64];
+                char buf[64][32];
+                int gi_of[64], n = 0;
+                void *fns[64 * SJ_CG_VARIANTS_MAX] = {0};
+                assert_true(tr.p->n_groups <= 64);
+                for (int gi = 0; gi < tr.p->n_groups; gi++) {
+                    if (tr.p->groups[gi].kind == SJ_G_NODE) {
+                        for (int v = 0; v < tr.p->groups[gi].gemm_nv; v++) fns[gi * SJ_CG_VARIANTS_MAX + v] = &slot;
+                        continue;
+                    }
+                    snprintf(buf[n], sizeof buf[n], "u_%s", tr.p->groups[gi].name);
+                    names[n] = buf[n];
+                    gi_of[n++] = gi;
+                }
+                sj_module *mod = NULL;
+                if (n) {
+                    sj_compile_req req = {.source = src, .source_len = len, .symbols = names, .n_symbols = n,
+                                          .tag = "gemm_exec"};
+                    sj_compile_result *res = calloc(1, sizeof *res);
+                    assert_non_null(res);
+                    if (be->compile(be, &req, res)) fail_msg("compile: %s\n%s", sj_last_error(), res->log);
+                    mod = res->module;
+                    for (int i = 0; i < n; i++)
+                        for (int v = 0; v < SJ_CG_VARIANTS_MAX; v++) fns[gi_of[i] * SJ_CG_VARIANTS_MAX + v] = res->fns[i];
+                    free(res);
+                }
+                free(src);
+                /* inputs at the traced sizes, S = 24 (M = 48); misaligned: x one element in */
+                sj_tensor in[2] = {tr.in[0], tr.in[1]};
+                sj_tensor xb = tu_tensor(SJ_F16, 1, S(2 * 24 * m.K + 8));
+                in[0].data = (uint16_t *)xb.data + (misalign ? 1 : 0);
+                tu_fill_range(&in[0], -1, 1);
+                tu_fill_range(&in[1], -1, 1);
+                int64_t sv[4] = {24, 24, 24, 24};
+                sj_tensor eo[2], fo[2];
+                sj_exec x;
+                tu_pattern_eager(rt, &pool, tr.g, in, symbolic ? sv : NULL, "gemm exec", &x, eo, fo);
+                tu_poison(&fo[0]);
+                x.outputs = fo;
+                x.ops = &ops;
+                x.ops_ctx = NULL;
+                int8_t picks[64];
+                for (int gi = 0; gi < tr.p->n_groups; gi++)
+                    picks[gi] = (int8_t)(pk == 1 ? -1 : tr.p->groups[gi].gemm_nv - 1);
+                x.gemm_pick = pk ? picks : NULL;
+                memset(&slot, 0, sizeof slot);
+                sj_status st = sj_exec_fused(&x, tr.p, fns);
+                if (st) fail_msg("fused: %s", sj_last_error());
+                char what[96];
+                snprintf(what, sizeof what, "exec model %d %s%s pick %d", m.kind, symbolic ? "sym" : "static",
+                         misalign ? " misaligned" : "", pk);
+                assert_int_equal(slot.calls, misalign || pk == 1 ? 0 : ng);
+                if (slot.calls) {
+                    assert_int_equal(slot.M, 48);
+                    /* the last product's flags and tile */
+                    const sj_group *L = NULL;
+                    for (int gi = 0; gi < tr.p->n_groups; gi++)
+                        if (tr.p->groups[gi].gemm_tile >= 0) L = &tr.p->groups[gi];
+                    assert_int_equal(slot.flags, L->gemm_epi);
+                    assert_int_equal(slot.tile, L->gemm_tiles[pk ? L->gemm_nv - 1 : 0]);
+                }
+                /* a cast to f32 inside the product: the f16 steps rounded as eager rounds them */
+                if (!tu_check_like_eager(&fo[0], &eo[0], what)) fail_msg("%s: differs from eager", what);
+                if (mod) be->unload(be, mod);
+                untrace(&tr);
+                tu_free_all();
+            }
+    sj_pool_destroy(&pool);
+    be->destroy(be);
+    sj_runtime_destroy(rt);
+}
+
+#ifdef SJ_WITH_CUDA
+
+/* -- On the device ----------------------------------------------------------------- */
+
+static sj_runtime *cpu; /* the eager reference */
+
+static sj_runtime *gpu_runtime(int cuda_gemm) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.compile_mode = SJ_COMPILE_SYNC;
+    cfg.cache_dir = NULL;
+    cfg.log_mask = cuda_gemm == 1 ? SJ_LOG_PERF : 0; /* the tuner's times and choices */
+    cfg.cuda_graphs = 0;
+    cfg.cuda_gemm = cuda_gemm;
+    sj_runtime *rt = NULL;
+    if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+    return rt;
+}
+
+static sj_tensor to_dev(sj_runtime *rt, const sj_tensor *h) {
+    sj_tensor d = *h;
+    sj_cuda *cu = sj_cuda_of(rt->backend);
+    size_t bytes = (size_t)tu_numel(h) * sj_dtype_size(h->dtype);
+    CUdeviceptr p = sj_cuda_alloc(cu, bytes ? bytes : 16, cu->stream);
+    assert_true(p != 0);
+    if (bytes) assert_int_equal(sj_cuda_to_device(cu, p, h->data, bytes), SJ_OK);
+    d.data = (void *)(uintptr_t)p;
+    d.device = SJ_CUDA;
+    return d;
+}
+
+static sj_tensor to_host(sj_runtime *rt, const sj_tensor *d) {
+    sj_tensor h = tu_tensor(d->dtype, d->rank, d->shape);
+    size_t bytes = (size_t)tu_numel(&h) * sj_dtype_size(d->dtype);
+    sj_cuda_bind(sj_cuda_of(rt->backend));
+    if (bytes)
+        assert_int_equal(sj_cuda_to_host(sj_cuda_of(rt->backend), h.data, (CUdeviceptr)(uintptr_t)d->data, bytes),
+                         SJ_OK);
+    return h;
+}
+
+static bool explains(const sj_fn *fn, const char *what) {
+    char *s = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    assert_non_null(f);
+    sj_fn_explain(fn, f);
+    fclose(f);
+    bool r = strstr(s, what) != NULL;
+    if (!r && getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "%s\n", s);
+    free(s);
+    return r;
+}
+
+/* Calls of m at each S (x [2, S, K]) on rt, against float64 and the CPU's
+ * eager run. */
+static void run_gm(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, int n_seqs, bool want_gemm) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = dyn;
+    o.hot_threshold = 1;
+    o.specialize_threshold = 1000000;
+    sj_fn *fn, *cfn;
+    assert_int_equal(sj_fn_create(rt, "gemm", gm_inputs(m), gm_model, m, &o, &fn), SJ_OK);
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    assert_int_equal(sj_fn_create(cpu, "ref", gm_inputs(m), gm_model, m, &o, &cfn), SJ_OK);
+    for (int s = 0; s < n_seqs; s++) {
+        int64_t Sq = seqs[s], M = 2 * Sq, Nout = m->kind == M_FFN ? m->K : m->N;
+        sj_tensor in[2] = {tu_tensor(m->dt, 3, S(2, Sq, m->K)), tu_tensor(m->dt, 3, S(2, Sq, m->N))};
+        tu_fill_range(&in[0], -1, 1);
+        tu_fill_range(&in[1], -1, 1);
+        sj_tensor din[2] = {to_dev(rt, &in[0]), to_dev(rt, &in[1])};
+        double *ref = malloc(sizeof(double) * (size_t)(M * Nout)), *mag = malloc(sizeof(double) * (size_t)(M * Nout));
+        assert_true(ref && mag);
+        gm_ref(m, in, M, ref, mag);
+        char what[96];
+        snprintf(what, sizeof what, "model %d %s S=%lld gemm %d", m->kind, dyn == SJ_DYNAMIC_SYMBOLIC ? "sym" : "static",
+                 (long long)Sq, want_gemm);
+        for (int rep = 0; rep < 2; rep++) { /* the first call compiles (sync), both run fused */
+            sj_tensor gout = {0}, cout = {0};
+            if (sj_call(fn, din, gm_inputs(m), &gout, 1)) fail_msg("%s: GPU: %s", what, sj_last_error());
+            if (sj_call(cfn, in, gm_inputs(m), &cout, 1)) fail_msg("%s: CPU: %s", what, sj_last_error());
+            sj_tensor h = to_host(rt, &gout);
+            if (!tu_check_mag(&h, ref, mag, 4e-3, what)) fail_msg("%s: differs from float64", what);
+            double *eg = malloc(sizeof(double) * (size_t)(M * Nout));
+            for (int64_t i = 0; i < M * Nout; i++) eg[i] = tu_get(&cout, i);
+            if (!tu_check_mag(&h, eg, mag, 4e-3, what)) fail_msg("%s: differs from the CPU's eager run", what);
+            free(eg);
+            sj_tensor_free(rt, &gout);
+            sj_tensor_free(cpu, &cout);
+        }
+        free(ref), free(mag);
+        tu_free_all();
+        sj_cuda *cu = sj_cuda_of(rt->backend);
+        for (int i = 0; i < 2; i++) sj_cuda_free(cu, (CUdeviceptr)(uintptr_t)din[i].data, cu->stream);
+    }
+    sj_stats st;
+    sj_fn_stats(fn, &st);
+    if (st.fused_symbolic_calls + st.fused_specialized_calls == 0) fail_msg("model %d: no fused call", m->kind);
+    bool named = explains(fn, "generated product, tile 64x64x32");
+    if (named != want_gemm) fail_msg("model %d: explain %s the generated product", m->kind, named ? "names" : "lacks");
+    if (want_gemm && m->kind != M_SIGMOID && !explains(fn, "epilogue inside"))
+        fail_msg("model %d: the epilogue is not inside", m->kind);
+    printf("  model %d %s: %llu fused calls, generated product %s\n", m->kind,
+           dyn == SJ_DYNAMIC_SYMBOLIC ? "symbolic" : "static",
+           (unsigned long long)(st.fused_symbolic_calls + st.fused_specialized_calls), named ? "on" : "off");
+    sj_fn_destroy(fn);
+    sj_fn_destroy(cfn);
+}
+
+static void test_gemm_on_device(void **state) {
+    (void)state;
+    static const int64_t seqs[] = {16, 33, 128, 512};
+    struct {
+        int kind;
+        int64_t K, N;
+    } cases[] = {{M_RELU, 64, 128}, {M_GELU_RES, 128, 256}, {M_CAST, 96, 192}, {M_FFN, 384, 1536}, {M_SIGMOID, 64, 128}};
+    /* 2 .. 5: every tile variant forced; 1: tuned (the choice in the perf
+     * log); 0: off */
+    for (int mode = 5; mode >= 0; mode--) {
+        printf("SHAPEJIT_CUDA_GEMM=%d\n", mode);
+        sj_runtime *rt = gpu_runtime(mode);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            gm m;
+            gm_init(&m, cases[c].kind, SJ_F16, cases[c].K, cases[c].N);
+            run_gm(rt, &m, SJ_DYNAMIC_SYMBOLIC, seqs, 4, mode != 0);
+            if (mode <= 2) run_gm(rt, &m, SJ_DYNAMIC_STATIC, seqs, 2, mode != 0);
+        }
+        sj_runtime_destroy(rt);
+    }
+}
+
+#endif /* SJ_WITH_CUDA */
+
+int main(void) {
+    const char *seed = getenv("SJ_TEST_SEED");
+    tu_seed(seed ? strtoull(seed, NULL, 0) : 0x9e33);
+    const struct CMUnitTest cpu_tests[] = {cmocka_unit_test(test_plan_marks), cmocka_unit_test(test_exec_wiring)};
+    int r = cmocka_run_group_tests_name("gemm_jit (plan)", cpu_tests, NULL, NULL);
+#ifdef SJ_WITH_CUDA
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.log_mask = 0;
+    cfg.cache_dir = NULL;
+    sj_runtime *probe = NULL;
+    if (sj_runtime_create(&cfg, &probe) != SJ_OK) {
+        printf("skipped: no CUDA device (%s)\n", sj_last_error());
+        return r;
+    }
+    sj_runtime_destroy(probe);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.compile_mode = SJ_COMPILE_OFF;
+    if (sj_runtime_create(&cfg, &cpu)) return 1;
+    const struct CMUnitTest gpu_tests[] = {cmocka_unit_test(test_gemm_on_device)};
+    r |= cmocka_run_group_tests_name("gemm_jit (device)", gpu_tests, NULL, NULL);
+    sj_runtime_destroy(cpu);
+#else
+    printf("skipped: no CUDA device (built without the CUDA backend)\n");
+#endif
+    return r;
+}
