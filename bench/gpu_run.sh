@@ -10,6 +10,7 @@
 #             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl;
 #             test_gemm_jit, and bench_cuda w4 with SHAPEJIT_CUDA_GEMM 0 and 1);
 #             remote: test_remote on the CUDA backend, with the package's redis-server
+#             sidebyside: bench_cuda --quick (w0-w2) of this build and of bench_cuda_base, interleaved
 #             cpuscale: bench_bert on the host's CPUs at 1 and nproc threads, this build against
 #             bench_bert_pool and bench_bert_base (other commits' builds, SJ_PACK_EXTRA), interleaved,
 #             and ONNX Runtime
@@ -199,6 +200,17 @@ if [ "$what" = cpuscale ]; then # the BERT encoder on the host's CPUs: this buil
         >> "$OUT/bert_scale.jsonl" 2>> "$summary"
     echo "ort rc=$?" | tee -a "$summary"
     cat "$OUT/bert_scale.jsonl" >> "$summary"
+fi
+
+if [ "$what" = sidebyside ]; then # issue 24: bench_cuda of this build against bench_cuda_base (SJ_PACK_EXTRA), interleaved
+    for round in 1 2; do
+        for bin in bench_cuda bench_cuda_base; do
+            [ -x "$B/$bin" ] || continue
+            timeout 120 "$B/$bin" --quick --workloads ${SJ_SIDE_WORKLOADS:-w0,w1,w2} 2>> "$summary" \
+                | sed "s/^{/{\"build\": \"$bin\", /" >> "$OUT/sidebyside.jsonl"
+            echo "$bin round $round rc=$?" | tee -a "$summary"
+        done
+    done
 fi
 
 if [ "$what" = remote ]; then # the remote kernel cache on the CUDA backend (redis-server from the package)

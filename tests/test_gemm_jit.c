@@ -632,7 +632,11 @@ static void test_gemm_on_device(void **state) {
     } cases[] = {{M_RELU, 64, 128}, {M_GELU_RES, 128, 256}, {M_CAST, 96, 192}, {M_FFN, 384, 1536}, {M_SIGMOID, 64, 128}};
     /* 2 .. 5: every tile variant forced; 1: tuned (the choice in the perf
      * log); 0: off */
+    /* SJ_GEMM_MODE=k: mode k alone (a GPU session runs each mode in a
+     * process of its own, to see every mode's verdict) */
+    const char *only = getenv("SJ_GEMM_MODE");
     for (int mode = 5; mode >= 0; mode--) {
+        if (only && *only && atoi(only) != mode) continue;
         printf("SHAPEJIT_CUDA_GEMM=%d\n", mode);
         sj_runtime *rt = gpu_runtime(mode);
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
