@@ -558,11 +558,10 @@ typedef struct sj_runtime_config {
      * cast) inside it; once compiled, the variants are timed against
      * cuBLASLt and the fastest runs (kept in the kernel cache). 2 .. 5:
      * variant 0 .. 3 always, untimed (tests). 0 (default): cuBLASLt, the
-     * group after it. $SHAPEJIT_CUDA_GEMM. EXPERIMENTAL, do not enable
-     * in production: on an H100 its device test (test_gemm_jit) gave wrong
-     * elements with tile variant 3 (a K=64, N=128 product at 66 rows);
-     * the other variants and the tuned mode were not reached. A runtime
-     * made with it warns (SJ_LOG_WARN). */
+     * group after it. $SHAPEJIT_CUDA_GEMM. EXPERIMENTAL, not for
+     * production: its device test (test_gemm_jit) has not passed on a GPU
+     * yet (its one run failed through a bug of the test's own, since
+     * fixed). A runtime made with it warns (SJ_LOG_WARN). */
     int cuda_gemm;
 } sj_runtime_config;
 

@@ -605,7 +605,11 @@ static void run_gm(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, i
             sj_tensor_free(cpu, &cout);
         }
         free(ref), free(mag);
-        tu_free_all();
+        /* not tu_free_all() here: the model's weights (gm_init's) are
+         * tu_ tensors too, read by the next length's reference; freeing
+         * them made the reference read freed memory (the first H100 run
+         * failed at the second length with reference values no K=64
+         * product of these inputs can reach) */
         sj_cuda *cu = sj_cuda_of(rt->backend);
         for (int i = 0; i < 2; i++) sj_cuda_free(cu, (CUdeviceptr)(uintptr_t)din[i].data, cu->stream);
     }
@@ -644,6 +648,7 @@ static void test_gemm_on_device(void **state) {
             gm_init(&m, cases[c].kind, SJ_F16, cases[c].K, cases[c].N);
             run_gm(rt, &m, SJ_DYNAMIC_SYMBOLIC, seqs, 4, mode != 0);
             if (mode <= 2) run_gm(rt, &m, SJ_DYNAMIC_STATIC, seqs, 2, mode != 0);
+            tu_free_all(); /* the case's weights and inputs */
         }
         sj_runtime_destroy(rt);
     }
