@@ -24,9 +24,8 @@
 #include <time.h>
 
 #include "bench/bench_util.h"
+#include "bench/bench_w2_stream.h"
 
-#define COLS 256
-#define MAXL 1024
 
 static sj_status m_affine(sj_tracer *t, const sj_val *in, int n, void *u) {
     (void)n, (void)u;
@@ -90,24 +89,11 @@ int main(int argc, char **argv) {
         }
     }
     if (n_budgets == 1) budgets[n_budgets++] = UINT64_C(4) << 20; /* default: none, then 4 MiB */
-    FILE *f = fopen(path, "r");
-    if (!f && (f = fopen("../shared/workloads/w5_lengths.txt", "r")) == NULL) {
-        fprintf(stderr, "bench_budget: skipped: no lengths file (%s)\n", path);
-        return 0;
-    }
-    int *lens = malloc(sizeof(int) * 4096), n_lens = 0, v;
-    while (n_lens < 4096 && fscanf(f, "%d", &v) == 1)
-        if (v >= 2 && v <= MAXL) lens[n_lens++] = v;
-    fclose(f);
-    if (!n_lens) return 1;
-    uint64_t rng = 3;
-    float *x = malloc(sizeof(float) * MAXL * COLS), *r = malloc(sizeof(float) * MAXL * COLS);
-    float *y = malloc(sizeof(float) * MAXL * COLS), *h = malloc(sizeof(float) * MAXL * COLS);
-    float *g = malloc(sizeof(float) * COLS), *b = malloc(sizeof(float) * COLS);
-    bench_fill_rand(x, (size_t)MAXL * COLS, -2, 2, &rng);
-    bench_fill_rand(r, (size_t)MAXL * COLS, -2, 2, &rng);
-    bench_fill_rand(g, COLS, 0.5f, 1.5f, &rng);
-    bench_fill_rand(b, COLS, -0.5f, 0.5f, &rng);
+    w2_stream ws;
+    int loaded = w2_stream_load(&ws, "bench_budget", path, 2);
+    if (loaded <= 0) return loaded < 0;
+    const int *lens = ws.lens, n_lens = ws.n_lens;
+    float *x = ws.x, *r = ws.r, *y = ws.y, *h = ws.h, *g = ws.g, *b = ws.b;
     for (int k = 0; k < n_budgets; k++) {
         sj_runtime_config cfg;
         sj_runtime_config_init(&cfg);
@@ -160,6 +146,6 @@ int main(int argc, char **argv) {
         fflush(stdout);
         sj_runtime_destroy(rt);
     }
-    free(lens), free(x), free(r), free(y), free(h), free(g), free(b);
+    w2_stream_free(&ws);
     return 0;
 }

@@ -21,11 +21,10 @@
 #include <time.h>
 
 #include "bench/bench_util.h"
+#include "bench/bench_w2_stream.h"
 #include "jit/runtime.h"
 #include "jit/compile.h"
 
-#define COLS 256
-#define MAXL 1024
 
 int main(int argc, char **argv) {
     const char *path = ".peer/workloads/w5_lengths.txt";
@@ -40,24 +39,11 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    FILE *f = fopen(path, "r");
-    if (!f && (f = fopen("../shared/workloads/w5_lengths.txt", "r")) == NULL) {
-        fprintf(stderr, "bench_sched: skipped: no lengths file (%s)\n", path);
-        return 0;
-    }
-    int *lens = malloc(sizeof(int) * 4096), n_lens = 0, v;
-    while (n_lens < 4096 && fscanf(f, "%d", &v) == 1)
-        if (v >= 1 && v <= MAXL) lens[n_lens++] = v;
-    fclose(f);
-    if (!n_lens) return 1;
-    uint64_t rng = 3;
-    float *x = malloc(sizeof(float) * MAXL * COLS), *r = malloc(sizeof(float) * MAXL * COLS);
-    float *y = malloc(sizeof(float) * MAXL * COLS), *h = malloc(sizeof(float) * MAXL * COLS);
-    float *g = malloc(sizeof(float) * COLS), *b = malloc(sizeof(float) * COLS);
-    bench_fill_rand(x, (size_t)MAXL * COLS, -2, 2, &rng);
-    bench_fill_rand(r, (size_t)MAXL * COLS, -2, 2, &rng);
-    bench_fill_rand(g, COLS, 0.5f, 1.5f, &rng);
-    bench_fill_rand(b, COLS, -0.5f, 0.5f, &rng);
+    w2_stream ws;
+    int loaded = w2_stream_load(&ws, "bench_sched", path, 1);
+    if (loaded <= 0) return loaded < 0;
+    const int *lens = ws.lens, n_lens = ws.n_lens;
+    float *x = ws.x, *r = ws.r, *y = ws.y, *h = ws.h, *g = ws.g, *b = ws.b;
     unsigned char *fused = malloc((size_t)requests);
     for (int rep = 0; rep < reps; rep++)
         for (int fifo = 0; fifo < 2; fifo++) {
@@ -122,6 +108,6 @@ int main(int argc, char **argv) {
             fflush(stdout);
             sj_runtime_destroy(rt);
         }
-    free(lens), free(x), free(r), free(y), free(h), free(g), free(b), free(fused);
+    w2_stream_free(&ws), free(fused);
     return 0;
 }
