@@ -200,7 +200,11 @@ int main(int argc, char **argv) {
     MHD_socket ls = MHD_quiesce_daemon(d);
     if (ls != MHD_INVALID_SOCKET) close(ls);
     double t0 = now_s();
-    while (atomic_load(&s.in_flight) > 0 && now_s() - t0 < 30) usleep(2000);
+    while (atomic_load(&s.in_flight) > 0 && now_s() - t0 < s.o.drain_s) usleep(2000);
+    int left = atomic_load(&s.in_flight);
+    if (left > 0)
+        fprintf(stderr, "embed_server: %d requests still in flight after --drain-seconds %d; closing them\n", left,
+                s.o.drain_s);
     MHD_stop_daemon(d);
     pthread_mutex_lock(&s.qlock);
     s.stopping = true;

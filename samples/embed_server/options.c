@@ -20,6 +20,8 @@ void usage(FILE *f) {
             "  --max-tokens N          tokens per text, [CLS] and [SEP] counted (default 256,\n"
             "                          as sentence-transformers truncates all-MiniLM-L6-v2)\n"
             "  --max-connections N     connections at once (default 256)\n"
+            "  --drain-seconds N       on SIGTERM/SIGINT, how long requests in flight may take to\n"
+            "                          be answered before their connections are closed (default 30)\n"
             "  --dtype f32|f16|bf16    compute dtype (default f32)\n"
             "  --devices 0,1,...       CUDA devices to serve from: one runtime and model each,\n"
             "                          batches spread over them (default: the runtime's one)\n"
@@ -33,7 +35,8 @@ void usage(FILE *f) {
 int parse_options(int argc, char **argv, options *o) {
     *o = (options){.host = "127.0.0.1", .port = 8080, .batchers = 1, .max_batch_tokens = 8192,
                    .max_batch_wait_ms = 2, .max_inputs = 256, .max_body = 1 << 20, .queue_depth = 4096,
-                   .max_tokens = 256, .max_batch = 64, .warmup = 1, .connections = 256, .packed = 1, .dtype = SJ_F32,
+                   .max_tokens = 256, .max_batch = 64, .warmup = 1, .connections = 256, .drain_s = 30, .packed = 1,
+                   .dtype = SJ_F32,
                    .name = "all-MiniLM-L6-v2"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -58,6 +61,7 @@ int parse_options(int argc, char **argv, options *o) {
         INT_OPT("--queue-depth", queue_depth, 1, 1 << 24)
         INT_OPT("--max-tokens", max_tokens, 2, 512)
         INT_OPT("--max-connections", connections, 1, 65536)
+        INT_OPT("--drain-seconds", drain_s, 0, 86400)
         INT_OPT("--warmup", warmup, 0, 1)
         INT_OPT("--packed", packed, 0, 1)
 #undef INT_OPT

@@ -33,6 +33,7 @@
 typedef struct options {
     const char *model, *host, *port_file, *name, *warmup_shapes;
     int port, threads, batchers, max_batch_tokens, max_batch_wait_ms, max_inputs, queue_depth, max_tokens;
+    int drain_s; /* SIGTERM: how long requests in flight may take */
     int max_batch, warmup, connections, packed;
     int devices[MAX_DEVICES], n_devices; /* --devices: one runtime per GPU; 0: the default backend */
     size_t max_body;
