@@ -118,6 +118,12 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, s
  * a queued job is never dropped as cold (a warm-up makes no calls). */
 void sj_compiler_request_warm(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m);
 
+/* Queue fn's bucket learning (jit/learn.h) as a job that runs ahead of
+ * compiles (async); sync or off mode: run it on the calling thread now.
+ * Counted in fn's pending compiles (sj_compiler_wait_fn waits for it);
+ * dropped when fn is cancelled. The caller holds no lock. */
+void sj_compiler_request_learn(sj_compiler *c, struct sj_fn *fn);
+
 /* Wait while target t is QUEUED or COMPILING, until deadline_ns (sj_now_ns
  * clock; 0: no limit) or until *stop (may be NULL) is set, which is looked
  * at every 20 ms. A compiler without worker threads runs queued jobs on
