@@ -685,6 +685,39 @@ static void test_learn_every_config(void **state) {
     sj_runtime_destroy(rt_cfg);
 }
 
+/* The learning job on a real compile worker while two threads call: the
+ * edges change under them, every result equal to eager and float64. */
+static void test_learn_auto_threads(void **state) {
+    sj_fn *fn = make(rt, "auto_threads"), *eager = make(rt_eager, "auto_threads_eager");
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 128), SJ_OK);
+    sj_learn_options o;
+    sj_learn_options_init(&o);
+    o.size_us = 1, o.compile_ms = 0.05, o.pad = 1, o.max_buckets = 4;
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 6, &o), SJ_OK);
+    worker w = {.fn = fn, .eager = eager};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, worker_main, &w), 0);
+    lcg g = {21};
+    char why[256];
+    sj_stats s = {0};
+    /* lengths the worker's skewed stream never sends, so new shapes keep coming */
+    for (int i = 0; i < 400 && !atomic_load(&w.bad); i++) {
+        int64_t S = i % 3 ? 41 + 2 * (int64_t)(lcg_next(&g) % 20) : 3 + 2 * (int64_t)(lcg_next(&g) % 12);
+        if (call_one(fn, eager, S, &g, why, sizeof why)) fail_msg("caller: %s", why);
+        sj_fn_stats(fn, &s);
+        if (s.buckets_learned >= 3 && atomic_load(&w.calls) >= 20) break;
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(th, NULL);
+    if (atomic_load(&w.bad)) fail_msg("worker: %s", w.why);
+    assert_int_equal(sj_fn_wait_idle(fn, 120000), SJ_OK);
+    sj_fn_stats(fn, &s);
+    assert_true(s.buckets_learned >= 1);
+    assert_int_equal(s.learn_failures, 0);
+    sj_fn_destroy(fn); /* with a learning possibly queued */
+    sj_fn_destroy(eager);
+}
+
 static void test_learn_auto_bad_arguments(void **state) {
     sj_fn *fn = make(rt, "auto_bad");
     assert_int_equal(sj_fn_learn_auto(NULL, 0, 0, 4, NULL), SJ_EINVAL);
@@ -721,6 +754,7 @@ int main(void) {
         cmocka_unit_test(test_learn_bad_arguments),
         cmocka_unit_test(test_learn_while_serving),
         cmocka_unit_test(test_learn_every_config),
+        cmocka_unit_test(test_learn_auto_threads),
         cmocka_unit_test(test_learn_auto_bad_arguments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
