@@ -30,6 +30,7 @@ void sj_learn_options_init(sj_learn_options *o) {
     o->size_us = -1;
     o->symbolic_overhead = 0.05;
     o->compile_ms = -1;
+    o->min_gain = -1;
 }
 
 static sj_status dim_check(const char *what, const sj_fn *fn, int input, int axis) {
@@ -164,6 +165,7 @@ sj_status sj_fn_learn_buckets(sj_fn *fn, int input, int axis, const sj_learn_opt
     if (!isfinite(o.bucket_mib) || !isfinite(o.mib_ms) || o.bucket_mib < 0 || o.mib_ms < 0)
         return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: bucket_mib %g or mib_ms %g is negative or not finite",
                          o.bucket_mib, o.mib_ms);
+    if (!(o.min_gain < 1)) return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: min_gain %g is not below 1", o.min_gain);
 
     hist h;
     if ((st = build_hist(fn, input, axis, &h))) return st;
@@ -223,6 +225,12 @@ sj_status sj_fn_learn_buckets(sj_fn *fn, int input, int axis, const sj_learn_opt
     } else {
         r.cost_before_us = sj_learn_cost_spec(h.sizes, h.counts, h.n, before, &m, &r.buckets_before);
     }
+    /* not worth the swap: the rule in force stays (its entries keep serving) */
+    if (spec && o.min_gain > 0 && !(r.cost_after_us <= r.cost_before_us * (1 - o.min_gain))) {
+        r.kept = 1;
+        free(spec);
+        spec = NULL;
+    }
     if (!st && spec) {
         sj_policy_set_bucket(&fn->policy, input, axis, spec); /* takes it */
         spec = NULL;
@@ -253,13 +261,16 @@ int sj_bucket_report_str(const sj_bucket_report *r, char *buf, size_t n) {
                          r->rule_before, r->buckets_before, r->n_sizes, (long long)r->min_size,
                          (long long)r->max_size, (unsigned long long)r->calls, r->memo_full ? " (memo full)" : "",
                          r->cost_before_us, r->cost_after_us, r->size_us, r->compile_ms,
-                         r->applied ? "; applied" : "");
+                         r->applied ? "; applied" : r->kept ? "; kept the rule before (gain under min_gain)" : "");
     if (r->applied && (size_t)used < n)
         used += snprintf(buf + used, n - (size_t)used, ", %d entries retired", r->entries_retired);
     return used;
 }
 
 /* -- Learning while serving ----------------------------------------------------------- */
+
+/* Learning while serving swaps edges in only for this much gain. */
+#define SJ_LEARN_AUTO_MIN_GAIN 0.02
 
 /* The least due point of the rows (trace lock held). */
 static void rearm(sj_fn *fn) {
@@ -280,10 +291,12 @@ void sj_learn_init(sj_fn *fn) {
     r->input = -1, r->axis = -1, r->every = every, r->next_at = every;
     sj_learn_options_init(&r->opt);
     r->opt.apply = 1;
+    r->opt.min_gain = SJ_LEARN_AUTO_MIN_GAIN;
     rearm(fn);
 }
 
 static sj_status check_options(const char *what, const sj_learn_options *o) {
+    if (!(o->min_gain < 1)) return sj_seterr(SJ_EINVAL, "%s: min_gain %g is not below 1", what, o->min_gain);
     if (o->apply != 0 && o->apply != 1) return sj_seterr(SJ_EINVAL, "%s: apply %d is not 0 or 1", what, o->apply);
     if (o->pad != 0 && o->pad != 1) return sj_seterr(SJ_EINVAL, "%s: pad %d is not 0 or 1", what, o->pad);
     if (!isfinite(o->size_us) || !isfinite(o->compile_ms))
@@ -312,6 +325,7 @@ sj_status sj_fn_learn_auto(sj_fn *fn, int input, int axis, int every, const sj_l
     sj_learn_options_init(&o);
     if (opt) o = *opt;
     o.apply = 1;
+    if (o.min_gain < 0) o.min_gain = SJ_LEARN_AUTO_MIN_GAIN;
     if ((st = check_options("sj_fn_learn_auto", &o))) return st;
     pthread_mutex_lock(&fn->trace_lock);
     int at = -1, n_own = 0;
@@ -398,6 +412,10 @@ void sj_learn_run(sj_fn *fn) {
                     todo[t].input, todo[t].axis, sj_last_error());
             continue;
         }
+        if (!rep.applied) { /* kept: not worth a swap */
+            atomic_fetch_add_explicit(&fn->c.learn_kept, 1, RELAXED);
+            continue;
+        }
         atomic_fetch_add_explicit(&fn->c.buckets_learned, 1, RELAXED);
         pthread_mutex_lock(&fn->trace_lock);
         for (int i = 0; i < fn->n_learn; i++) { /* the row may have moved (sj_fn_learn_auto) */
@@ -422,9 +440,11 @@ void sj_learn_run(sj_fn *fn) {
 void sj_learn_explain(const sj_fn *fn, FILE *out) {
     if (!fn->n_learn) return;
     sj_fn *f = (sj_fn *)fn; /* atomics are read through a non-const pointer */
-    fprintf(out, "  learning while serving: %lld new shapes seen; %llu learnings applied, %llu failed\n",
+    fprintf(out, "  learning while serving: %lld new shapes seen; %llu learnings applied, %llu kept the rule in "
+                 "force (gain under min_gain), %llu failed\n",
             (long long)atomic_load_explicit(&f->learn_shapes, RELAXED),
             (unsigned long long)atomic_load_explicit(&f->c.buckets_learned, RELAXED),
+            (unsigned long long)atomic_load_explicit(&f->c.learn_kept, RELAXED),
             (unsigned long long)atomic_load_explicit(&f->c.learn_failures, RELAXED));
     for (int i = 0; i < fn->n_learn; i++) {
         const sj_learn_auto *r = &fn->learn[i];

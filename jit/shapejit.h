@@ -1142,6 +1142,9 @@ typedef struct sj_learn_options {
     double horizon_calls;     /* calls the per-bucket cost is spread over; 0: the calls counted
                                  (default 0) */
     int apply;                /* 1: swap the edges in (default 0: report only) */
+    double min_gain;          /* with apply: swap only when the expected cost per call falls by at
+                                 least this fraction of the rule before's, in [0, 1); < 0: 0 for
+                                 sj_fn_learn_buckets, 0.02 for learning while serving (default -1) */
 } sj_learn_options;
 
 typedef struct sj_bucket_report {
@@ -1157,6 +1160,7 @@ typedef struct sj_bucket_report {
     int buckets_before;        /* buckets of the rule before holding a size seen */
     char rule_before[96];      /* "pow2:16,512", "none", ... */
     int applied;               /* the edges were swapped in */
+    int kept;                  /* apply asked, but the gain was under min_gain: the rule before kept */
     int entries_retired;       /* entries retired by the swap */
 } sj_bucket_report;
 
@@ -1191,6 +1195,10 @@ SJ_API int sj_bucket_report_str(const sj_bucket_report *report, char *buf, size_
  * of replaced buckets are retired. With compile_threads 0 the job waits
  * for sj_runtime_run_background (or sj_fn_wait_idle); with compile_mode
  * sync or off it runs on the calling thread at the call that queued it.
+ * A learning swaps the edges in only when they lower the expected cost
+ * per call by min_gain (default 2%) of the rule in force: re-learning
+ * edges that differ by little would retire entries for nothing (kept
+ * rules are counted in sj_stats.learn_kept).
  * Each learning that is applied is counted (sj_stats.buckets_learned),
  * logged (recompiles topic), sent as an SJ_EVENT_BUCKETS_LEARNED event
  * with the edges, and its report shown by sj_fn_explain; one that fails
@@ -1293,6 +1301,7 @@ typedef struct sj_stats {
     /* Buckets learned while serving (learn_every, sj_fn_learn_auto): */
     uint64_t buckets_learned;  /* learnings applied (new edges swapped in) */
     uint64_t learn_failures;   /* learnings that could not run (nothing served on the dimension yet) */
+    uint64_t learn_kept;       /* learnings that kept the rule in force (gain under min_gain) */
 } sj_stats;
 /* Counts are exact for the calls that have returned; a call in flight on
  * another thread may or may not be in them yet. */

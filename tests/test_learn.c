@@ -594,6 +594,17 @@ static void test_learn_while_serving(void **state) {
     assert_int_equal(r.n_edges, e2.n_edges);
     assert_memory_equal(r.edges, e2.edges, sizeof(int64_t) * (size_t)r.n_edges);
 
+    /* learning again at once finds the edges in force: with a gain asked
+     * for, the rule is kept and nothing retired */
+    sj_learn_options keep = o;
+    keep.apply = 1, keep.min_gain = 0.01;
+    sj_bucket_report rk;
+    assert_int_equal(sj_fn_learn_buckets(fn, 0, 0, &keep, &rk), SJ_OK);
+    assert_int_equal(rk.applied, 0);
+    assert_int_equal(rk.kept, 1);
+    assert_int_equal(rk.entries_retired, 0);
+    assert_memory_equal(rk.edges, e2.edges, sizeof(int64_t) * (size_t)rk.n_edges);
+
     /* new lengths of phase 2 are served by entries of the learned buckets */
     int64_t odd[] = {61, 87, 103, 119};
     for (int i = 0; i < 4; i++) {
@@ -734,6 +745,10 @@ static void test_learn_auto_bad_arguments(void **state) {
     sj_learn_options_init(&o);
     o.symbolic_overhead = NAN;
     assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 4, &o), SJ_EINVAL);
+    sj_learn_options_init(&o);
+    o.min_gain = 1;
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 4, &o), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "min_gain 1 is not below 1"));
     /* eight dimensions; a ninth is refused, a repeat replaces */
     for (int a = 0; a < SJ_MAX_RANK; a++) assert_int_equal(sj_fn_learn_auto(fn, a % 2, a / 2, 4, NULL), SJ_OK);
     assert_int_equal(sj_fn_learn_auto(fn, 0, 7, 4, NULL), SJ_EINVAL);
