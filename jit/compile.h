@@ -32,8 +32,9 @@
  * holds k > 8 jobs per worker, an entry needs hot_threshold * k / 8 calls
  * to queue its compile (sj_compiler_backlog).
  * The queue also holds a function's bucket learning (learning while
- * serving, jit/learn.h): a job with no target, valued above every compile,
- * run by a worker with no lock held.
+ * serving, jit/learn.h): a job with no target, valued above every compile
+ * (under sj_compiler_set_fifo, taken by arrival as every job), run by a
+ * worker with no lock held.
  * Workers never call user code. In sync mode the calling thread compiles
  * before running; in off mode nothing is compiled.
  *
