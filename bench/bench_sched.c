@@ -8,7 +8,8 @@
  * Reports, per order: the share of calls served fused over the whole stream
  * and in its first quarter and half, the share of rows (work) served fused,
  * compiles finished during the stream,
- * and compiles wasted (finished, yet no call of the stream used them).
+ * compiles wasted (finished, yet no call of the stream used them) and
+ * rarely used (their kernels served 1 to RARE_CALLS calls of the stream).
  *
  * Requests arrive one every --interval-us (default 2000), as at a server:
  * the stream lasts requests * interval, whatever a call costs.
@@ -33,6 +34,9 @@
 #include "bench/bench_w2_stream.h"
 #include "jit/runtime.h"
 #include "jit/compile.h"
+
+/* A compile whose kernels served at most this many calls was rarely used. */
+#define RARE_CALLS 5
 
 
 int main(int argc, char **argv) {
@@ -98,7 +102,7 @@ int main(int argc, char **argv) {
             o.recompile_limit = 256;
             sj_fn *fn;
             if (sj_fn_create(rt, "w2", 4, bench_w2_model, NULL, &o, &fn)) bench_die("sj_fn_create");
-            static int first_fused[MAXL + 1];
+            static int first_fused[MAXL + 1]; /* fused calls per length */
             memset(first_fused, 0, sizeof first_fused);
             double t0 = bench_now_s();
             for (int q = 0; q < requests; q++) {
@@ -119,13 +123,14 @@ int main(int argc, char **argv) {
                 if (sj_call(fn, in, 4, out, 2)) bench_die("sj_call");
                 sj_fn_stats(fn, &c);
                 fused[q] = c.eager_calls == a.eager_calls;
-                if (fused[q]) first_fused[L] = 1;
+                if (fused[q]) first_fused[L]++;
             }
             double el = bench_now_s() - t0;
             sj_stats s;
             sj_fn_stats(fn, &s);
             int used = 0;
-            for (int L = 1; L <= MAXL; L++) used += first_fused[L];
+            int rare = 0;
+            for (int L = 1; L <= MAXL; L++) used += first_fused[L] > 0, rare += first_fused[L] > 0 && first_fused[L] <= RARE_CALLS;
             long n_q[3] = {requests / 4, requests / 2, requests}, f_q[3] = {0, 0, 0};
             double rows = 0, rows_fused = 0;
             for (int q = 0; q < requests; q++) {
@@ -136,10 +141,10 @@ int main(int argc, char **argv) {
             printf("{\"bench\": \"sched\", \"stream\": \"%s\", \"order\": \"%s\", \"rep\": %d, \"requests\": %d, \"seconds\": %.2f, "
                    "\"fused_share_first_quarter\": %.3f, \"fused_share_first_half\": %.3f, \"fused_share\": %.3f, "
                    "\"fused_row_share\": %.3f, "
-                   "\"compiles\": %llu, \"compiles_wasted\": %llu, \"entries\": %llu}\n",
+                   "\"compiles\": %llu, \"compiles_wasted\": %llu, \"compiles_rarely_used\": %d, \"entries\": %llu}\n",
                    sent ? "sentences" : "w5", fifo ? "fifo" : "value", rep, requests, el, (double)f_q[0] / n_q[0], (double)f_q[1] / n_q[1],
                    (double)f_q[2] / n_q[2], rows_fused / rows, (unsigned long long)s.compiles,
-                   (unsigned long long)(s.compiles > (uint64_t)used ? s.compiles - (uint64_t)used : 0),
+                   (unsigned long long)(s.compiles > (uint64_t)used ? s.compiles - (uint64_t)used : 0), rare,
                    (unsigned long long)s.entries);
             fflush(stdout);
             sj_runtime_destroy(rt);
