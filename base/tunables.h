@@ -81,7 +81,11 @@
       "tensor-core kernel with the elementwise group after it (bias, GELU or ReLU, residual add, " \
       "cast) inside, in up to 4 tile variants timed against cuBLASLt once compiled (the winner "    \
       "kept in the kernel cache); `2`..`5`: tile variant 0..3 always, untimed (tests); `0`: "        \
-      "cuBLASLt, the group after it")
+      "cuBLASLt, the group after it")                                                             \
+    X(learn_every, int, 0, 0, 1000000, "SHAPEJIT_LEARN_EVERY",                                    \
+      "every function re-learns the edges of its bucketed dimensions after every this many new "   \
+      "exact shapes, on the background compile worker, and swaps them in while serving "          \
+      "(`sj_fn_learn_auto`; `0`: off)")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

@@ -2,7 +2,7 @@
  * buckets, on the CPU (f32), with the w4 encoder layer (public API only):
  *
  *   bench_learn [--requests N] [--rounds R] [--prefix P] [--lengths FILE]
- *               [--model DIR] [--sentences FILE] [--streams w5,sentences]
+ *               [--model DIR] [--sentences FILE] [--streams w5,sentences] [--every N]
  *
  * Streams: w5 (the first N lengths of ../shared/workloads/w5_lengths.txt,
  * the sample's copy by default) and sentences (samples/bert/sentences.txt
@@ -17,9 +17,12 @@
  * first P% of the stream, the default policy: a static entry, then one
  * symbolic entry; then sj_fn_learn_buckets with apply, the compile time per
  * bucket from the pow2 run before it, the horizon the whole stream, no
- * padding; the rest of the stream under the learned edges). The runs are
- * interleaved (pow2, learned, pow2, learned, ...) so that the machine's
- * load hits both alike; compare within a round.
+ * padding; the rest of the stream under the learned edges) and auto
+ * (learning while serving: pow2 from the start, and sj_fn_learn_auto
+ * re-learning the edges on the background compile worker after every
+ * --every new lengths, default 16, with the learned run's model options).
+ * The runs are interleaved (pow2, learned, auto, pow2, ...) so that the
+ * machine's load hits them alike; compare within a round.
  *
  * One JSON line per run: requests/s over the whole stream (the learning
  * prefix and sj_fn_learn_buckets's own time included), compiles,
@@ -39,9 +42,13 @@
 #include "bench/bench_w5cold.h"
 #include "jit/shapejit.h"
 
+enum { MODE_POW2, MODE_LEARNED, MODE_AUTO };
+static const char *mode_names[] = {"pow2", "learned", "auto"};
+static int learn_every = 16;
+
 typedef struct result {
     double total_s, compile_ms;
-    unsigned long long compiles, traces, entries, fused, calls;
+    unsigned long long compiles, traces, entries, fused, calls, learned;
     long long arena;
 } result;
 
@@ -51,6 +58,7 @@ static void collect(sj_fn *fn, double total_s, result *r) {
     r->total_s = total_s;
     r->compiles = s.compiles, r->traces = s.traces, r->entries = s.entries, r->compile_ms = s.compile_ms;
     r->fused = s.fused_symbolic_calls + s.fused_specialized_calls, r->calls = s.calls;
+    r->learned = s.buckets_learned;
     sj_entry_info info[256];
     int n = sj_fn_entries(fn, info, 256);
     r->arena = 0;
@@ -58,8 +66,9 @@ static void collect(sj_fn *fn, double total_s, result *r) {
 }
 
 /* One run of a stream; learned: learn and apply after `prefix` requests. */
-static void run(const char *stream, const int64_t *lens, int n, bool learned, int prefix, double compile_ms,
+static void run(const char *stream, const int64_t *lens, int n, int mode, int prefix, double compile_ms,
                 int round, result *out) {
+    bool learned = mode == MODE_LEARNED;
     uint64_t rng = 0x5DEECE66DULL;
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
@@ -88,6 +97,13 @@ static void run(const char *stream, const int64_t *lens, int n, bool learned, in
     sj_fn *fn;
     if (sj_fn_create(rt, "enc", 1, bench_w4_model, &w, &o, &fn)) bench_die("bench_learn: sj_fn_create");
     if (!learned && sj_set_buckets_pow2(fn, 0, 1, 16, 512)) bench_die("bench_learn: buckets");
+    if (mode == MODE_AUTO) {
+        sj_learn_options lo;
+        sj_learn_options_init(&lo);
+        lo.compile_ms = compile_ms;
+        lo.horizon_calls = n;
+        if (sj_fn_learn_auto(fn, 0, 1, learn_every, &lo)) bench_die("bench_learn: sj_fn_learn_auto");
+    }
     int64_t max_len = 1;
     for (int i = 0; i < n; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     sj_tensor dx = w5c_rand(rt, SJ_F32, 3, (int64_t[]){1, max_len, H}, -1, 1, &rng);
@@ -115,9 +131,20 @@ static void run(const char *stream, const int64_t *lens, int n, bool learned, in
     printf("{\"workload\": \"learn_%s\", \"mode\": \"%s\", \"round\": %d, \"requests\": %d, \"total_s\": %.3f, "
            "\"req_per_s\": %.2f, \"compiles\": %llu, \"compile_ms\": %.0f, \"entries\": %llu, \"traces\": %llu, "
            "\"arena_bytes\": %lld, \"fused_share\": %.3f",
-           stream, learned ? "learned" : "pow2", round, n, r.total_s, n / r.total_s, r.compiles, r.compile_ms,
+           stream, mode_names[mode], round, n, r.total_s, n / r.total_s, r.compiles, r.compile_ms,
            r.entries, r.traces, r.arena, r.calls ? (double)r.fused / (double)r.calls : 0.0);
-    if (!learned) { /* the model alone, for a runtime that pads to the edge (CUDA graphs): pow2 against learned */
+    if (mode == MODE_AUTO) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        sj_fn_explain(fn, f);
+        fclose(f);
+        char *last = text ? strstr(text, "last learned on ") : NULL, *end = last ? strchr(last, '\n') : NULL;
+        if (end) *end = 0;
+        printf(", \"every\": %d, \"learnings\": %llu, \"last\": \"%s\"", learn_every, r.learned,
+               last ? last : "");
+        free(text);
+    } else if (!learned) { /* the model alone, for a runtime that pads to the edge (CUDA graphs): pow2 against learned */
         sj_learn_options lo;
         sj_learn_options_init(&lo);
         lo.pad = 1;
@@ -156,14 +183,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--sentences") && i + 1 < argc) sent_path = argv[++i];
         else if (!strcmp(argv[i], "--streams") && i + 1 < argc) streams = argv[++i];
+        else if (!strcmp(argv[i], "--every") && i + 1 < argc) learn_every = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--requests N] [--rounds R] [--prefix PCT] [--lengths FILE] [--model DIR] "
-                            "[--sentences FILE] [--streams w5,sentences]\n", argv[0]);
+                            "[--sentences FILE] [--streams w5,sentences] [--every N]\n", argv[0]);
             return 2;
         }
     }
-    if (n < 10 || n > 4096 || rounds < 1 || prefix_pct < 1 || prefix_pct > 90) {
-        fprintf(stderr, "bench_learn: --requests 10..4096, --rounds >= 1, --prefix 1..90\n");
+    if (n < 10 || n > 4096 || rounds < 1 || prefix_pct < 1 || prefix_pct > 90 || learn_every < 1) {
+        fprintf(stderr, "bench_learn: --requests 10..4096, --rounds >= 1, --prefix 1..90, --every >= 1\n");
         return 2;
     }
     int64_t *w5 = malloc(sizeof *w5 * (size_t)n), *sl = malloc(sizeof *sl * (size_t)n);
@@ -192,14 +220,17 @@ int main(int argc, char **argv) {
             const int64_t *lens = s ? sl : w5;
             int m = s ? n_sl : n_w5;
             if (!m) continue;
-            result p, l;
-            run(s ? "sentences" : "w5", lens, m, false, 0, 0, round, &p);
+            result p, l, a;
+            run(s ? "sentences" : "w5", lens, m, MODE_POW2, 0, 0, round, &p);
             double cms = p.compiles ? p.compile_ms / (double)p.compiles : 50.0;
-            run(s ? "sentences" : "w5", lens, m, true, m * prefix_pct / 100, cms, round, &l);
+            run(s ? "sentences" : "w5", lens, m, MODE_LEARNED, m * prefix_pct / 100, cms, round, &l);
+            run(s ? "sentences" : "w5", lens, m, MODE_AUTO, 0, cms, round, &a);
             printf("{\"workload\": \"learn_%s\", \"mode\": \"ratio\", \"round\": %d, \"learned_over_pow2_req_per_s\": %.3f, "
-                   "\"compiles\": \"%llu vs %llu\", \"entries\": \"%llu vs %llu\", \"arena_bytes\": \"%lld vs %lld\"}\n",
-                   s ? "sentences" : "w5", round, p.total_s / l.total_s, l.compiles, p.compiles, l.entries, p.entries,
-                   l.arena, p.arena);
+                   "\"auto_over_pow2_req_per_s\": %.3f, "
+                   "\"compiles\": \"%llu vs %llu vs %llu\", \"entries\": \"%llu vs %llu vs %llu\", "
+                   "\"arena_bytes\": \"%lld vs %lld vs %lld\", \"order\": \"learned vs auto vs pow2\"}\n",
+                   s ? "sentences" : "w5", round, p.total_s / l.total_s, p.total_s / a.total_s, l.compiles,
+                   a.compiles, p.compiles, l.entries, a.entries, p.entries, l.arena, a.arena, p.arena);
             fflush(stdout);
         }
     }

@@ -8,45 +8,85 @@
  * Reports, per order: the share of calls served fused over the whole stream
  * and in its first quarter and half, the share of rows (work) served fused,
  * compiles finished during the stream,
- * and compiles wasted (finished, yet no call of the stream used them).
+ * compiles wasted (finished, yet no call of the stream used them) and
+ * rarely used (their kernels served 1 to RARE_CALLS calls of the stream).
  *
  * Requests arrive one every --interval-us (default 2000), as at a server:
  * the stream lasts requests * interval, whatever a call costs.
  *
+ * Streams (--streams): w5 (the lengths file in order) and sentences (the
+ * embedding server's: samples/bert/sentences.txt tokenized with the
+ * model's WordPiece tokenizer, [CLS] and [SEP] counted, drawn in a seeded
+ * random order, as bench_learn does; skipped without the model's vocab,
+ * make model). The orders alternate within a rep (value, fifo), so the
+ * machine's load hits both alike.
+ *
  *   bench_sched [--lengths FILE] [--requests N] [--reps R] [--interval-us U]
- * Prints one JSON object per (order, rep). */
+ *               [--streams w5,sentences] [--model DIR] [--sentences FILE]
+ * Prints one JSON object per (stream, order, rep). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_sentences.h"
 #include "bench/bench_util.h"
 #include "bench/bench_w2_stream.h"
 #include "jit/runtime.h"
 #include "jit/compile.h"
 
+/* A compile whose kernels served at most this many calls was rarely used. */
+#define RARE_CALLS 5
+
 
 int main(int argc, char **argv) {
     const char *path = ".peer/workloads/w5_lengths.txt";
     int requests = 3000, reps = 2, interval_us = 2000;
+    const char *streams = "w5", *dir = "models/all-MiniLM-L6-v2", *sent_path = "samples/bert/sentences.txt";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--lengths") && i + 1 < argc) path = argv[++i];
         else if (!strcmp(argv[i], "--requests") && i + 1 < argc) requests = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--interval-us") && i + 1 < argc) interval_us = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--streams") && i + 1 < argc) streams = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
+        else if (!strcmp(argv[i], "--sentences") && i + 1 < argc) sent_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--lengths FILE] [--requests N] [--reps R] [--interval-us U]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--lengths FILE] [--requests N] [--reps R] [--interval-us U] "
+                            "[--streams w5,sentences] [--model DIR] [--sentences FILE]\n", argv[0]);
             return 2;
         }
     }
     w2_stream ws;
     int loaded = w2_stream_load(&ws, "bench_sched", path, 1);
     if (loaded <= 0) return loaded < 0;
-    const int *lens = ws.lens, n_lens = ws.n_lens;
     float *x = ws.x, *r = ws.r, *y = ws.y, *h = ws.h, *g = ws.g, *b = ws.b;
     unsigned char *fused = malloc((size_t)requests);
+    /* the sentence stream: requests lengths drawn from the tokenized sentences */
+    int *sl = malloc(sizeof(int) * (size_t)requests), n_sl = 0;
+    if (sl && strstr(streams, "sentences")) {
+        char vocab[1024], err[256];
+        snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
+        wp_tokenizer *tk = NULL;
+        if (wp_tokenizer_load(vocab, 512, &tk, err, sizeof err)) {
+            fprintf(stderr, "bench_sched: sentences skipped: no model (%s; make model)\n", err);
+        } else {
+            int ns = 0;
+            bench_sentence *sv = bench_load_sentences(sent_path, tk, MAXL, &ns);
+            uint64_t rs = 12345;
+            for (int i = 0; ns && i < requests; i++) {
+                rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+                sl[n_sl++] = sv[(rs >> 33) % (uint64_t)ns].n;
+            }
+            bench_sentences_free(sv, ns);
+            wp_tokenizer_free(tk);
+        }
+    }
     for (int rep = 0; rep < reps; rep++)
-        for (int fifo = 0; fifo < 2; fifo++) {
+        for (int run = 0; run < 4; run++) {
+            int fifo = run & 1, sent = run >> 1;
+            if (sent ? !n_sl : !strstr(streams, "w5")) continue;
+            const int *lens = sent ? sl : ws.lens, n_lens = sent ? n_sl : ws.n_lens;
             sj_runtime_config cfg;
             sj_runtime_config_init(&cfg);
             cfg.backend = SJ_BACKEND_CPU;
@@ -62,7 +102,7 @@ int main(int argc, char **argv) {
             o.recompile_limit = 256;
             sj_fn *fn;
             if (sj_fn_create(rt, "w2", 4, bench_w2_model, NULL, &o, &fn)) bench_die("sj_fn_create");
-            static int first_fused[MAXL + 1];
+            static int first_fused[MAXL + 1]; /* fused calls per length */
             memset(first_fused, 0, sizeof first_fused);
             double t0 = bench_now_s();
             for (int q = 0; q < requests; q++) {
@@ -83,13 +123,14 @@ int main(int argc, char **argv) {
                 if (sj_call(fn, in, 4, out, 2)) bench_die("sj_call");
                 sj_fn_stats(fn, &c);
                 fused[q] = c.eager_calls == a.eager_calls;
-                if (fused[q]) first_fused[L] = 1;
+                if (fused[q]) first_fused[L]++;
             }
             double el = bench_now_s() - t0;
             sj_stats s;
             sj_fn_stats(fn, &s);
             int used = 0;
-            for (int L = 1; L <= MAXL; L++) used += first_fused[L];
+            int rare = 0;
+            for (int L = 1; L <= MAXL; L++) used += first_fused[L] > 0, rare += first_fused[L] > 0 && first_fused[L] <= RARE_CALLS;
             long n_q[3] = {requests / 4, requests / 2, requests}, f_q[3] = {0, 0, 0};
             double rows = 0, rows_fused = 0;
             for (int q = 0; q < requests; q++) {
@@ -97,17 +138,17 @@ int main(int argc, char **argv) {
                 rows += lens[q % n_lens];
                 rows_fused += fused[q] ? lens[q % n_lens] : 0;
             }
-            printf("{\"bench\": \"sched\", \"order\": \"%s\", \"rep\": %d, \"requests\": %d, \"seconds\": %.2f, "
+            printf("{\"bench\": \"sched\", \"stream\": \"%s\", \"order\": \"%s\", \"rep\": %d, \"requests\": %d, \"seconds\": %.2f, "
                    "\"fused_share_first_quarter\": %.3f, \"fused_share_first_half\": %.3f, \"fused_share\": %.3f, "
                    "\"fused_row_share\": %.3f, "
-                   "\"compiles\": %llu, \"compiles_wasted\": %llu, \"entries\": %llu}\n",
-                   fifo ? "fifo" : "value", rep, requests, el, (double)f_q[0] / n_q[0], (double)f_q[1] / n_q[1],
+                   "\"compiles\": %llu, \"compiles_wasted\": %llu, \"compiles_rarely_used\": %d, \"entries\": %llu}\n",
+                   sent ? "sentences" : "w5", fifo ? "fifo" : "value", rep, requests, el, (double)f_q[0] / n_q[0], (double)f_q[1] / n_q[1],
                    (double)f_q[2] / n_q[2], rows_fused / rows, (unsigned long long)s.compiles,
-                   (unsigned long long)(s.compiles > (uint64_t)used ? s.compiles - (uint64_t)used : 0),
+                   (unsigned long long)(s.compiles > (uint64_t)used ? s.compiles - (uint64_t)used : 0), rare,
                    (unsigned long long)s.entries);
             fflush(stdout);
             sj_runtime_destroy(rt);
         }
-    w2_stream_free(&ws), free(fused);
+    w2_stream_free(&ws), free(fused), free(sl);
     return 0;
 }

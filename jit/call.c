@@ -23,6 +23,7 @@
 #include "jit/exec.h"
 #include "jit/fn.h"
 #include "jit/graphs.h"
+#include "jit/learn.h"
 #include "base/tensor.h"
 #include "jit/trace.h"
 #include "jit/validate.h"
@@ -472,7 +473,10 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     } else {
         atomic_fetch_add_explicit(&hot->guard_evals, 1, RELAXED);
         if ((st = resolve_miss(fn, inputs, sig, words, h, local_syms, &m, &e, &transient))) goto fail;
-        if (m) note_shape(fn, m, shard);
+        if (m) {
+            note_shape(fn, m, shard);
+            sj_learn_note_shape(fn); /* a new exact shape: may queue a bucket learning */
+        }
         syms = local_syms;
     }
 

@@ -4,6 +4,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "jit/budget.h"
 #include "jit/exec.h"
 #include "jit/fn.h"
+#include "jit/learn.h"
 #include "jit/runtime.h"
 #include "kernels/cache.h"
 #include "specialize/codegen.h"
@@ -34,14 +36,19 @@
 /* sj_compiler_wait_target looks at its stop flag this often. */
 #define WAIT_SLICE_NS (INT64_C(20) * 1000000)
 
+/* A job's kind: a compile of a target, or a function's bucket learning
+ * (jit/learn.h: no target; entry and memo NULL). */
+typedef enum job_kind { JOB_COMPILE, JOB_LEARN } job_kind;
+
 typedef struct job {
     struct sj_fn *fn;
-    sj_entry *entry;
+    sj_entry *entry;    /* NULL for JOB_LEARN */
     sj_memo *memo; /* NULL: the entry's own target */
     uint64_t seq;       /* queueing order (FIFO, and ties) */
     int64_t queued_ns;  /* monotonic: the idle-class deadline */
     int64_t queued_vns; /* the runtime's clock: the cold drop */
     bool warm;          /* asked for by a warm-up: never dropped as cold */
+    job_kind kind;
 } job;
 
 struct sj_compiler {
@@ -435,6 +442,9 @@ bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *
  * entry whose symbolic kernels are ready saves a tenth of that (its
  * specialization only sharpens fused code). Real clock: rates are real. */
 static double job_value(const job *j, int64_t now) {
+    /* a learning first: what compiles after it is then for the new buckets,
+     * and it takes milliseconds */
+    if (j->kind == JOB_LEARN) return INFINITY;
     sj_entry *e = j->entry;
     uint64_t n = atomic_load_explicit(&e->eager_timed, RELAXED), ns = atomic_load_explicit(&e->eager_ns, RELAXED);
     double cost = n ? (double)ns / (double)n : 1000.0, calls, age;
@@ -496,6 +506,13 @@ void sj_compiler_set_fifo(sj_compiler *c, bool fifo) {
  * that waited in the queue that long starts there. */
 static void run_one(sj_compiler *c) {
     job j = pop(c);
+    if (j.kind == JOB_LEARN) {
+        pthread_mutex_unlock(&c->lock);
+        sj_learn_run(j.fn); /* takes the memo lock, then the trace lock, each alone */
+        pthread_mutex_lock(&c->lock);
+        job_done(c, j.fn, NULL);
+        return;
+    }
     sj_ctarget *t = target_of(j.entry, j.memo);
     uint64_t calls = target_calls(j.entry, j.memo);
     if (!j.warm && sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
@@ -619,7 +636,8 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
     if (c->mode == SJ_CM_ASYNC) {
         if (warm && atomic_load_explicit(&t->state, RELAXED) == SJ_CS_QUEUED) { /* queued by a call: keep it */
             for (int i = 0; i < c->n_jobs; i++)
-                if (target_of(c->jobs[i].entry, c->jobs[i].memo) == t) c->jobs[i].warm = true;
+                if (c->jobs[i].kind == JOB_COMPILE && target_of(c->jobs[i].entry, c->jobs[i].memo) == t)
+                    c->jobs[i].warm = true;
         } else if (may_queue(c, t) && !c->stop && !fn->cancelled) {
             if (c->n_jobs == c->cap_jobs) {
                 int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
@@ -632,7 +650,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
                 c->cap_jobs = cap;
             }
             t->queued_calls = target_calls(e, m);
-            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm};
+            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, JOB_COMPILE};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             target_transition(t, SJ_CS_QUEUED);
             fn->compiles_pending++;
@@ -664,6 +682,32 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
 void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) { request(c, fn, e, m, false); }
 
 void sj_compiler_request_warm(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m) { request(c, fn, e, m, true); }
+
+void sj_compiler_request_learn(sj_compiler *c, struct sj_fn *fn) {
+    if (!c || c->mode != SJ_CM_ASYNC) { /* sync or off: on this thread, as a sync compile */
+        sj_learn_run(fn);
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    bool queued = false;
+    if (!c->stop && !fn->cancelled) {
+        if (c->n_jobs == c->cap_jobs) {
+            int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
+            job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
+            if (h) c->jobs = h, c->cap_jobs = cap;
+        }
+        if (c->n_jobs < c->cap_jobs) {
+            int64_t now = sj_now_ns();
+            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_LEARN};
+            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
+            fn->compiles_pending++;
+            pthread_cond_signal(&c->work);
+            queued = true;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (!queued) atomic_store(&fn->learn_queued, false); /* a later new shape tries again */
+}
 
 sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadline_ns, atomic_bool *stop) {
     pthread_mutex_lock(&c->lock);
@@ -699,9 +743,11 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
             i++;
             continue;
         }
-        target_transition(target_of(c->jobs[i].entry, c->jobs[i].memo), SJ_CS_NONE);
-        emit(c, SJ_EVENT_COMPILE_DROPPED, SJ_LOG_COMPILE, fn, c->jobs[i].entry, c->jobs[i].memo,
-             "its function is being destroyed", 0, 0, 0, 0);
+        if (c->jobs[i].kind == JOB_COMPILE) {
+            target_transition(target_of(c->jobs[i].entry, c->jobs[i].memo), SJ_CS_NONE);
+            emit(c, SJ_EVENT_COMPILE_DROPPED, SJ_LOG_COMPILE, fn, c->jobs[i].entry, c->jobs[i].memo,
+                 "its function is being destroyed", 0, 0, 0, 0);
+        }
         fn->compiles_pending--;
         c->jobs[i] = c->jobs[--c->n_jobs];
         atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);

@@ -31,6 +31,10 @@
  * (job_value in compile.c), not the oldest. Back-pressure: while the queue
  * holds k > 8 jobs per worker, an entry needs hot_threshold * k / 8 calls
  * to queue its compile (sj_compiler_backlog).
+ * The queue also holds a function's bucket learning (learning while
+ * serving, jit/learn.h): a job with no target, valued above every compile
+ * (under sj_compiler_set_fifo, taken by arrival as every job), run by a
+ * worker with no lock held.
  * Workers never call user code. In sync mode the calling thread compiles
  * before running; in off mode nothing is compiled.
  *
@@ -117,6 +121,12 @@ void sj_compiler_request(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, s
 /* sj_compiler_request for a warm-up (jit/warmup.c): the same, except that
  * a queued job is never dropped as cold (a warm-up makes no calls). */
 void sj_compiler_request_warm(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m);
+
+/* Queue fn's bucket learning (jit/learn.h) as a job that runs ahead of
+ * compiles (async); sync or off mode: run it on the calling thread now.
+ * Counted in fn's pending compiles (sj_compiler_wait_fn waits for it);
+ * dropped when fn is cancelled. The caller holds no lock. */
+void sj_compiler_request_learn(sj_compiler *c, struct sj_fn *fn);
 
 /* Wait while target t is QUEUED or COMPILING, until deadline_ns (sj_now_ns
  * clock; 0: no limit) or until *stop (may be NULL) is set, which is looked

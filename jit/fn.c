@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/tunables.h"
 #include "jit/graphs.h"
+#include "jit/learn.h"
 #include "jit/warmup.h"
 #include "kernels/device.h"
 #include "kernels/cpu/prepack.h"
@@ -159,6 +160,7 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         return st;
     }
     atomic_init(&fn->specializations, 0);
+    sj_learn_init(fn);
     atomic_init(&fn->warm_state, SJ_WARM_NONE);
     if (rt->backend->graph_free) {
         fn->table.graph_free = sj_graphs_free;
@@ -318,6 +320,9 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->warmup_runs = atomic_load_explicit(&c->warmup_runs, RELAXED);
     out->warmup_shapes = atomic_load_explicit(&c->warmup_shapes, RELAXED);
     out->warmup_failures = atomic_load_explicit(&c->warmup_failures, RELAXED);
+    out->buckets_learned = atomic_load_explicit(&c->buckets_learned, RELAXED);
+    out->learn_failures = atomic_load_explicit(&c->learn_failures, RELAXED);
+    out->learn_kept = atomic_load_explicit(&c->learn_kept, RELAXED);
 }
 
 sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
@@ -502,6 +507,7 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
                 fprintf(out, "  buckets: %s axis %d %s\n", nm, a, b);
             }
         }
+    sj_learn_explain(fn, out);
     fprintf(out, "  %llu entries (%llu static, %llu symbolic), newest first:\n", (unsigned long long)s.entries,
             (unsigned long long)s.static_entries, (unsigned long long)s.symbolic_entries);
     for (sj_entry *e = atomic_load(&fn->table.entries); e; e = e->next) {

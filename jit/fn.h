@@ -32,7 +32,22 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t graphs, graph_failures;
     _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;
     _Atomic uint64_t demoted, over_budget;
+    _Atomic uint64_t buckets_learned, learn_failures, learn_kept;
 } sj_fn_counters;
+
+/* One dimension learned while serving (jit/learn.h), under trace_lock.
+ * input -1: every bucketed dimension without a row of its own
+ * (cfg.learn_every). */
+#define SJ_LEARN_AUTO_MAX 8
+typedef struct sj_learn_auto {
+    int input, axis, every;
+    int64_t next_at;          /* due once learn_shapes reaches it */
+    sj_learn_options opt;     /* apply 1 */
+    uint64_t runs;            /* learnings applied */
+    bool has_last;
+    int last_input, last_axis; /* the dimension of `last` (for input -1: the latest one) */
+    sj_bucket_report last;
+} sj_learn_auto;
 
 /* What every successful call counts, one 64-byte line per thread shard
  * (base/shard.h; sj_fn is allocated 64-byte aligned); calls are the sum of
@@ -90,6 +105,16 @@ struct sj_fn {
     pthread_cond_t warm_cond; /* with warm_lock: a warm-up is over */
     struct sj_warmup *warm;
     _Atomic int warm_state;
+
+    /* Buckets learned while serving (jit/learn.h). learn: rows under
+     * trace_lock (explicit ones first, the cfg row last). learn_shapes: new
+     * exact shapes counted (a call's memo miss, one atomic add, only while
+     * a row exists); learn_next_at: the least row's next_at (INT64_MAX:
+     * none); learn_queued: a learning job is queued or about to be. */
+    sj_learn_auto learn[SJ_LEARN_AUTO_MAX + 1];
+    int n_learn;
+    _Atomic int64_t learn_shapes, learn_next_at;
+    atomic_bool learn_queued;
 
     sj_pool pool;
     /* CPU backend: the packed copies of constant weights its entries'

@@ -1,8 +1,12 @@
 /* Buckets learned from traffic (sj_fn_learn_buckets): the histogram of a
  * dimension's sizes from the memo, the cost model's inputs measured from
- * the function, the edges chosen (shapes/bucket_learn.c) and swapped in.
- * Nothing here runs on the call path. Locks: the function's trace lock,
- * then the memo lock (the table's order). */
+ * the function, the edges chosen (shapes/bucket_learn.c) and swapped in;
+ * and learning while serving (sj_fn_learn_auto, cfg.learn_every: jit/learn.h),
+ * run as a job of the compile queue. Nothing here runs on the call path
+ * but sj_learn_note_shape's count and sj_learn_due's queue push. Locks: the
+ * memo lock alone (the histogram), then the trace lock alone (the swap, the
+ * rows of learning while serving); sj_learn_due takes the compiler lock
+ * alone. */
 #include "base/alloc.h"
 
 #include <math.h>
@@ -10,8 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "base/error.h"
+#include "jit/compile.h"
 #include "jit/fn.h"
+#include "jit/learn.h"
 #include "shapes/bucket_learn.h"
 
 #define RELAXED memory_order_relaxed
@@ -23,6 +30,7 @@ void sj_learn_options_init(sj_learn_options *o) {
     o->size_us = -1;
     o->symbolic_overhead = 0.05;
     o->compile_ms = -1;
+    o->min_gain = -1;
 }
 
 static sj_status dim_check(const char *what, const sj_fn *fn, int input, int axis) {
@@ -157,6 +165,7 @@ sj_status sj_fn_learn_buckets(sj_fn *fn, int input, int axis, const sj_learn_opt
     if (!isfinite(o.bucket_mib) || !isfinite(o.mib_ms) || o.bucket_mib < 0 || o.mib_ms < 0)
         return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: bucket_mib %g or mib_ms %g is negative or not finite",
                          o.bucket_mib, o.mib_ms);
+    if (!(o.min_gain < 1)) return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: min_gain %g is not below 1", o.min_gain);
 
     hist h;
     if ((st = build_hist(fn, input, axis, &h))) return st;
@@ -216,6 +225,12 @@ sj_status sj_fn_learn_buckets(sj_fn *fn, int input, int axis, const sj_learn_opt
     } else {
         r.cost_before_us = sj_learn_cost_spec(h.sizes, h.counts, h.n, before, &m, &r.buckets_before);
     }
+    /* not worth the swap: the rule in force stays (its entries keep serving) */
+    if (spec && o.min_gain > 0 && !(r.cost_after_us <= r.cost_before_us * (1 - o.min_gain))) {
+        r.kept = 1;
+        free(spec);
+        spec = NULL;
+    }
     if (!st && spec) {
         sj_policy_set_bucket(&fn->policy, input, axis, spec); /* takes it */
         spec = NULL;
@@ -246,8 +261,207 @@ int sj_bucket_report_str(const sj_bucket_report *r, char *buf, size_t n) {
                          r->rule_before, r->buckets_before, r->n_sizes, (long long)r->min_size,
                          (long long)r->max_size, (unsigned long long)r->calls, r->memo_full ? " (memo full)" : "",
                          r->cost_before_us, r->cost_after_us, r->size_us, r->compile_ms,
-                         r->applied ? "; applied" : "");
+                         r->applied ? "; applied" : r->kept ? "; kept the rule before (gain under min_gain)" : "");
     if (r->applied && (size_t)used < n)
         used += snprintf(buf + used, n - (size_t)used, ", %d entries retired", r->entries_retired);
     return used;
+}
+
+/* -- Learning while serving ----------------------------------------------------------- */
+
+/* Learning while serving swaps edges in only for this much gain. */
+#define SJ_LEARN_AUTO_MIN_GAIN 0.02
+
+/* The least due point of the rows (trace lock held). */
+static void rearm(sj_fn *fn) {
+    int64_t at = INT64_MAX;
+    for (int i = 0; i < fn->n_learn; i++)
+        if (fn->learn[i].next_at < at) at = fn->learn[i].next_at;
+    atomic_store_explicit(&fn->learn_next_at, at, RELAXED);
+}
+
+void sj_learn_init(sj_fn *fn) {
+    atomic_init(&fn->learn_shapes, 0);
+    atomic_init(&fn->learn_next_at, INT64_MAX);
+    atomic_init(&fn->learn_queued, false);
+    int every = fn->rt->cfg.learn_every;
+    if (every <= 0) return;
+    sj_learn_auto *r = &fn->learn[fn->n_learn++];
+    memset(r, 0, sizeof *r);
+    r->input = -1, r->axis = -1, r->every = every, r->next_at = every;
+    sj_learn_options_init(&r->opt);
+    r->opt.apply = 1;
+    r->opt.min_gain = SJ_LEARN_AUTO_MIN_GAIN;
+    rearm(fn);
+}
+
+static sj_status check_options(const char *what, const sj_learn_options *o) {
+    if (!(o->min_gain < 1)) return sj_seterr(SJ_EINVAL, "%s: min_gain %g is not below 1", what, o->min_gain);
+    if (o->apply != 0 && o->apply != 1) return sj_seterr(SJ_EINVAL, "%s: apply %d is not 0 or 1", what, o->apply);
+    if (o->pad != 0 && o->pad != 1) return sj_seterr(SJ_EINVAL, "%s: pad %d is not 0 or 1", what, o->pad);
+    if (!isfinite(o->size_us) || !isfinite(o->compile_ms))
+        return sj_seterr(SJ_EINVAL, "%s: size_us or compile_ms is not finite", what);
+    if (!isfinite(o->bucket_mib) || !isfinite(o->mib_ms) || o->bucket_mib < 0 || o->mib_ms < 0)
+        return sj_seterr(SJ_EINVAL, "%s: bucket_mib %g or mib_ms %g is negative or not finite", what, o->bucket_mib,
+                         o->mib_ms);
+    /* the rest as the chooser checks them, with the measured values stood in */
+    sj_learn_model m = {.call_us = o->call_us,
+                        .size_us = 1,
+                        .symbolic_overhead = o->symbolic_overhead,
+                        .bucket_us = 1,
+                        .horizon_calls = o->horizon_calls,
+                        .max_buckets = o->max_buckets};
+    sj_status st = sj_learn_model_check(&m);
+    if (st) sj_err_prefix("%s: ", what);
+    return st;
+}
+
+sj_status sj_fn_learn_auto(sj_fn *fn, int input, int axis, int every, const sj_learn_options *opt) {
+    sj_clearerr();
+    sj_status st = dim_check("sj_fn_learn_auto", fn, input, axis);
+    if (st) return st;
+    if (every < 0) return sj_seterr(SJ_EINVAL, "sj_fn_learn_auto: every %d is negative", every);
+    sj_learn_options o;
+    sj_learn_options_init(&o);
+    if (opt) o = *opt;
+    o.apply = 1;
+    if (o.min_gain < 0) o.min_gain = SJ_LEARN_AUTO_MIN_GAIN;
+    if ((st = check_options("sj_fn_learn_auto", &o))) return st;
+    pthread_mutex_lock(&fn->trace_lock);
+    int at = -1, n_own = 0;
+    for (int i = 0; i < fn->n_learn; i++) {
+        if (fn->learn[i].input >= 0) n_own++;
+        if (fn->learn[i].input == input && fn->learn[i].axis == axis) at = i;
+    }
+    if (every == 0) {
+        if (at >= 0) { /* off: the row goes, the others move up */
+            memmove(&fn->learn[at], &fn->learn[at + 1], (size_t)(fn->n_learn - at - 1) * sizeof fn->learn[0]);
+            fn->n_learn--;
+        }
+    } else if (at < 0 && n_own >= SJ_LEARN_AUTO_MAX) {
+        st = sj_seterr(SJ_EINVAL, "sj_fn_learn_auto: fn '%s' learns %d dimensions already (at most %d)", fn->name,
+                       n_own, SJ_LEARN_AUTO_MAX);
+    } else {
+        if (at < 0) { /* explicit rows before the cfg row, which stays last */
+            at = n_own;
+            memmove(&fn->learn[at + 1], &fn->learn[at], (size_t)(fn->n_learn - at) * sizeof fn->learn[0]);
+            fn->n_learn++;
+            memset(&fn->learn[at], 0, sizeof fn->learn[at]);
+        }
+        sj_learn_auto *r = &fn->learn[at];
+        r->input = input, r->axis = axis, r->every = every, r->opt = o;
+        r->next_at = atomic_load_explicit(&fn->learn_shapes, RELAXED) + every;
+    }
+    rearm(fn);
+    pthread_mutex_unlock(&fn->trace_lock);
+    return st;
+}
+
+void sj_learn_due(sj_fn *fn) {
+    if (atomic_exchange(&fn->learn_queued, true)) return;
+    sj_compiler_request_learn(fn->rt->compiler, fn);
+}
+
+typedef struct learn_todo {
+    int input, axis;
+    bool cfg; /* from the cfg row */
+    sj_learn_options opt;
+} learn_todo;
+
+/* Has (input, axis) a row of its own (the cfg row's walk skips it)? */
+static bool own_row(const sj_fn *fn, int input, int axis) {
+    for (int i = 0; i < fn->n_learn; i++)
+        if (fn->learn[i].input == input && fn->learn[i].axis == axis) return true;
+    return false;
+}
+
+void sj_learn_run(sj_fn *fn) {
+    atomic_store(&fn->learn_queued, false); /* new shapes from here on may queue the next */
+    int64_t n = atomic_load_explicit(&fn->learn_shapes, RELAXED);
+    int cap = fn->n_inputs * SJ_MAX_RANK + SJ_LEARN_AUTO_MAX;
+    learn_todo *todo = sj_malloc((size_t)cap * sizeof *todo);
+    int k = 0;
+    pthread_mutex_lock(&fn->trace_lock);
+    for (int i = 0; todo && i < fn->n_learn; i++) {
+        sj_learn_auto *r = &fn->learn[i];
+        if (n < r->next_at) continue;
+        r->next_at = n + r->every;
+        if (r->input >= 0) {
+            todo[k++] = (learn_todo){r->input, r->axis, false, r->opt};
+            continue;
+        }
+        for (int in = 0; in < fn->n_inputs; in++)
+            for (int a = 0; a < SJ_MAX_RANK; a++)
+                if (sj_policy_rule(&fn->policy, in, a)->kind == SJ_RULE_BUCKET && !own_row(fn, in, a) && k < cap)
+                    todo[k++] = (learn_todo){in, a, true, r->opt};
+    }
+    rearm(fn);
+    pthread_mutex_unlock(&fn->trace_lock);
+    if (!todo) { /* out of memory: the rows stay due; the next new shape tries again */
+        atomic_fetch_add_explicit(&fn->c.learn_failures, 1, RELAXED);
+        return;
+    }
+    for (int t = 0; t < k; t++) {
+        sj_bucket_report rep;
+        int64_t t0 = sj_now_ns();
+        sj_status st = sj_fn_learn_buckets(fn, todo[t].input, todo[t].axis, &todo[t].opt, &rep);
+        double ms = (double)(sj_now_ns() - t0) / 1e6;
+        if (st) {
+            atomic_fetch_add_explicit(&fn->c.learn_failures, 1, RELAXED);
+            sj_logf(fn->rt, SJ_LOG_RECOMPILES, "fn '%s': learning input %d axis %d skipped: %s", fn->name,
+                    todo[t].input, todo[t].axis, sj_last_error());
+            continue;
+        }
+        if (!rep.applied) { /* kept: not worth a swap */
+            atomic_fetch_add_explicit(&fn->c.learn_kept, 1, RELAXED);
+            continue;
+        }
+        atomic_fetch_add_explicit(&fn->c.buckets_learned, 1, RELAXED);
+        pthread_mutex_lock(&fn->trace_lock);
+        for (int i = 0; i < fn->n_learn; i++) { /* the row may have moved (sj_fn_learn_auto) */
+            sj_learn_auto *r = &fn->learn[i];
+            if (todo[t].cfg ? r->input >= 0 : r->input != todo[t].input || r->axis != todo[t].axis) continue;
+            r->runs++;
+            r->has_last = true, r->last_input = todo[t].input, r->last_axis = todo[t].axis, r->last = rep;
+        }
+        pthread_mutex_unlock(&fn->trace_lock);
+        if (sj_log_wants_events(&fn->rt->log)) {
+            char text[1024];
+            sj_bucket_report_str(&rep, text, sizeof text);
+            sj_emit(fn->rt, (sj_event){.kind = SJ_EVENT_BUCKETS_LEARNED, .topic = SJ_LOG_RECOMPILES, .fn = fn->name,
+                                       .entry = -1, .shape = text, .error = "", .duration_ms = ms,
+                                       .count = rep.entries_retired, .input = todo[t].input, .axis = todo[t].axis,
+                                       .edges = rep.edges, .n_edges = rep.n_edges});
+        }
+    }
+    free(todo);
+}
+
+void sj_learn_explain(const sj_fn *fn, FILE *out) {
+    if (!fn->n_learn) return;
+    sj_fn *f = (sj_fn *)fn; /* atomics are read through a non-const pointer */
+    fprintf(out, "  learning while serving: %lld new shapes seen; %llu learnings applied, %llu kept the rule in "
+                 "force (gain under min_gain), %llu failed\n",
+            (long long)atomic_load_explicit(&f->learn_shapes, RELAXED),
+            (unsigned long long)atomic_load_explicit(&f->c.buckets_learned, RELAXED),
+            (unsigned long long)atomic_load_explicit(&f->c.learn_kept, RELAXED),
+            (unsigned long long)atomic_load_explicit(&f->c.learn_failures, RELAXED));
+    for (int i = 0; i < fn->n_learn; i++) {
+        const sj_learn_auto *r = &fn->learn[i];
+        char nm[48];
+        if (r->input >= 0)
+            fprintf(out, "    %s axis %d: every %d new shapes (next at %lld), %llu applied\n",
+                    sj_input_name((const char *const *)fn->input_names, r->input, nm, sizeof nm), r->axis, r->every,
+                    (long long)r->next_at, (unsigned long long)r->runs);
+        else
+            fprintf(out, "    every bucketed dimension (learn_every %d; next at %lld), %llu applied\n", r->every,
+                    (long long)r->next_at, (unsigned long long)r->runs);
+        if (r->has_last) {
+            char text[1024];
+            sj_bucket_report_str(&r->last, text, sizeof text);
+            fprintf(out, "      last learned on %s axis %d: %s\n",
+                    sj_input_name((const char *const *)fn->input_names, r->last_input, nm, sizeof nm), r->last_axis,
+                    text);
+        }
+    }
 }

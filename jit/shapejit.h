@@ -213,7 +213,8 @@ typedef void (*sj_log_fn)(void *user, unsigned topic, const char *msg);
     X(SJ_EVENT_VALIDATION_REJECTED, "validation_rejected") /* new kernels differ from eager */  \
     X(SJ_EVENT_DEMOTED, "specialization_demoted")          /* the memory budget demoted a shape */ \
     X(SJ_EVENT_RECOMPILE, "recompile")                     /* guards failed: a new trace */     \
-    X(SJ_EVENT_GRAPH_CAPTURED, "graph_captured")           /* a CUDA graph was captured */
+    X(SJ_EVENT_GRAPH_CAPTURED, "graph_captured")           /* a CUDA graph was captured */ \
+    X(SJ_EVENT_BUCKETS_LEARNED, "buckets_learned")         /* learned edges swapped in (learn_every) */
 
 typedef enum sj_event_kind {
 #define SJ_X(name, text) name,
@@ -241,6 +242,11 @@ typedef enum sj_event_kind {
  *     be kept).
  *   GRAPH_CAPTURED: entry, shape, duration_ms (the capture's time),
  *     count (the shape's graphs now).
+ *   BUCKETS_LEARNED (the automatic learning of cfg.learn_every or
+ *     sj_fn_learn_auto, on the background worker): input, axis, edges and
+ *     n_edges (the new edges, as sj_bucket_report's), shape (the report's
+ *     line, sj_bucket_report_str), count (entries the swap retired),
+ *     duration_ms (the learning's time).
  * time_ns is the runtime's clock (cfg.clock_ns when set). */
 typedef struct sj_event {
     sj_event_kind kind;
@@ -254,6 +260,11 @@ typedef struct sj_event {
     int count;
     int64_t retry_ms;
     int64_t time_ns;
+    /* BUCKETS_LEARNED only (0 and NULL otherwise): the dimension and its
+     * new edges, buckets (0, e0], (e0, e1], ..., (e[n-1], inf). */
+    int input, axis;
+    const int64_t *edges;
+    int n_edges;
 } sj_event;
 
 /* Called once per event, from any thread that uses the runtime (compile
@@ -313,6 +324,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_SPECIALIZE_MAX_BYTES=n     -> specialize_max_bytes
  *   SHAPEJIT_COMPILE_AHEAD=0|1          -> compile_ahead
  *   SHAPEJIT_CUDA_GEMM=0..5             -> cuda_gemm
+ *   SHAPEJIT_LEARN_EVERY=n              -> learn_every
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -563,6 +575,13 @@ typedef struct sj_runtime_config {
      * yet (its one run failed through a bug of the test's own, since
      * fixed). A runtime made with it warns (SJ_LOG_WARN). */
     int cuda_gemm;
+    /* Buckets learned while serving: n > 0: every function re-learns the
+     * edges of each of its bucketed dimensions (a bucket rule: sj_set_buckets
+     * and its kin, SHAPEJIT_BUCKETS, or edges learned before) after every n
+     * new exact shapes it has served, as sj_fn_learn_buckets with default
+     * options and apply set would, on the background compile worker (see
+     * sj_fn_learn_auto). 0 (default): off. $SHAPEJIT_LEARN_EVERY. */
+    int learn_every;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -1123,6 +1142,9 @@ typedef struct sj_learn_options {
     double horizon_calls;     /* calls the per-bucket cost is spread over; 0: the calls counted
                                  (default 0) */
     int apply;                /* 1: swap the edges in (default 0: report only) */
+    double min_gain;          /* with apply: swap only when the expected cost per call falls by at
+                                 least this fraction of the rule before's, in [0, 1); < 0: 0 for
+                                 sj_fn_learn_buckets, 0.02 for learning while serving (default -1) */
 } sj_learn_options;
 
 typedef struct sj_bucket_report {
@@ -1138,6 +1160,7 @@ typedef struct sj_bucket_report {
     int buckets_before;        /* buckets of the rule before holding a size seen */
     char rule_before[96];      /* "pow2:16,512", "none", ... */
     int applied;               /* the edges were swapped in */
+    int kept;                  /* apply asked, but the gain was under min_gain: the rule before kept */
     int entries_retired;       /* entries retired by the swap */
 } sj_bucket_report;
 
@@ -1158,6 +1181,37 @@ SJ_API int sj_fn_size_histogram(sj_fn *fn, int input, int axis, int64_t *sizes, 
 
 /* One line per report: edges, sizes, costs (no trailing newline). */
 SJ_API int sj_bucket_report_str(const sj_bucket_report *report, char *buf, size_t n);
+
+/* Learning while serving. sj_fn_learn_auto makes fn re-learn the edges of
+ * (input, axis) by itself, with opt's model (NULL: defaults; apply is
+ * taken as 1), after every `every` new exact shapes the function serves
+ * (signatures its memo had not seen: the first call of each; shapes past
+ * the memo's 4096 are not counted), counted from this call. The call
+ * that serves the every-th new shape counts it with one atomic increment
+ * and queues a learning job on the compile queue; the background compile
+ * worker runs it (ahead of compile jobs: what compiles next is then for
+ * the new buckets), as sj_fn_learn_buckets with apply would: the edges
+ * are swapped in while the function serves, results never change, entries
+ * of replaced buckets are retired. With compile_threads 0 the job waits
+ * for sj_runtime_run_background (or sj_fn_wait_idle); with compile_mode
+ * sync or off it runs on the calling thread at the call that queued it.
+ * A learning swaps the edges in only when they lower the expected cost
+ * per call by min_gain (default 2%) of the rule in force: re-learning
+ * edges that differ by little would retire entries for nothing (kept
+ * rules are counted in sj_stats.learn_kept).
+ * Each learning that is applied is counted (sj_stats.buckets_learned),
+ * logged (recompiles topic), sent as an SJ_EVENT_BUCKETS_LEARNED event
+ * with the edges, and its report shown by sj_fn_explain; one that fails
+ * (no size >= 2 served yet on the dimension) is counted in
+ * learn_failures and retried after `every` more new shapes. every 0 turns
+ * it off for the dimension. At most 8 dimensions per function; a later
+ * call for the same dimension replaces its options. cfg.learn_every does
+ * the same, with default options, for every bucketed dimension without
+ * options of its own. Each learning may retire entries that still count
+ * towards the recompile limit: raise it for a long-running function.
+ * Errors: SJ_EINVAL (fn NULL, input or axis out of range, every < 0, an
+ * option out of range, a ninth dimension). Thread-safe with sj_call. */
+SJ_API sj_status sj_fn_learn_auto(sj_fn *fn, int input, int axis, int every, const sj_learn_options *opt);
 
 /* Run fn on inputs, writing n_outputs results.
  *
@@ -1244,6 +1298,10 @@ typedef struct sj_stats {
     uint64_t warmup_runs;      /* executions of warm-up shapes on runtime-made or caller inputs */
     uint64_t warmup_shapes;    /* shapes prepared */
     uint64_t warmup_failures;  /* shapes that could not be prepared */
+    /* Buckets learned while serving (learn_every, sj_fn_learn_auto): */
+    uint64_t buckets_learned;  /* learnings applied (new edges swapped in) */
+    uint64_t learn_failures;   /* learnings that could not run (nothing served on the dimension yet) */
+    uint64_t learn_kept;       /* learnings that kept the rule in force (gain under min_gain) */
 } sj_stats;
 /* Counts are exact for the calls that have returned; a call in flight on
  * another thread may or may not be in them yet. */

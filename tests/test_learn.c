@@ -3,7 +3,9 @@
  * called over a skewed stream of lengths, the learned edges applied while
  * another thread calls it, every result compared with an eager run and a
  * float64 reference, and the entries made afterwards following the new
- * edges; bad arguments. */
+ * edges; learning while serving (sj_fn_learn_auto, cfg.learn_every) over a
+ * stream whose lengths change mid-way, stepped deterministically; bad
+ * arguments. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -472,6 +474,291 @@ static void test_learn_bad_arguments(void **state) {
     sj_fn_destroy(eager);
 }
 
+
+/* -- Learning while serving (sj_fn_learn_auto, cfg.learn_every) -------------------------- */
+
+typedef struct learned_ev {
+    int input, axis, n_edges, retired;
+    int64_t edges[64];
+    char line[512];
+} learned_ev;
+
+static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
+static learned_ev evs[16];
+static int n_evs;
+
+static void on_event(void *user, const sj_event *ev) {
+    (void)user;
+    if (ev->kind != SJ_EVENT_BUCKETS_LEARNED) return;
+    pthread_mutex_lock(&ev_lock);
+    if (n_evs < 16) {
+        learned_ev *l = &evs[n_evs++];
+        l->input = ev->input, l->axis = ev->axis, l->n_edges = ev->n_edges, l->retired = ev->count;
+        for (int i = 0; i < ev->n_edges && i < 64; i++) l->edges[i] = ev->edges[i];
+        snprintf(l->line, sizeof l->line, "%s", ev->shape);
+    }
+    pthread_mutex_unlock(&ev_lock);
+}
+
+static int events_seen(void) {
+    pthread_mutex_lock(&ev_lock);
+    int n = n_evs;
+    pthread_mutex_unlock(&ev_lock);
+    return n;
+}
+
+static char *explain_text(sj_fn *fn) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    sj_fn_explain(fn, f);
+    fclose(f);
+    return buf;
+}
+
+/* The stream's lengths move from [4, 40] to [60, 120] mid-way; the option
+ * re-learns the edges after every 8 new lengths, on the background queue,
+ * which this test steps (compile_threads 0): nothing is learned until the
+ * step, the step's first job is the learning (ahead of the compiles the
+ * calls queued), its edges are the chooser's over the histogram, and new
+ * lengths are then served by the learned buckets. Every result is compared
+ * with an eager run and float64. */
+static void test_learn_while_serving(void **state) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.cache_dir = NULL;
+    cfg.compile_threads = 0; /* background work runs when this test steps it */
+    cfg.event_fn = on_event;
+    sj_runtime *rt_step = NULL, *rt_main = rt;
+    assert_int_equal(sj_runtime_create(&cfg, &rt_step), SJ_OK);
+    rt = rt_step; /* call_one frees fn's outputs through rt */
+    n_evs = 0;
+    sj_fn *fn = make(rt_step, "serve"), *eager = make(rt_eager, "serve_eager");
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 128), SJ_OK);
+    sj_learn_options o;
+    sj_learn_options_init(&o);
+    o.size_us = 1, o.compile_ms = 0.05, o.pad = 1, o.max_buckets = 4; /* no measured values: deterministic */
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 8, &o), SJ_OK);
+
+    lcg g = {11};
+    char why[256];
+    /* phase 1: 7 new lengths, each called 3 times: nothing due */
+    for (int i = 0; i < 7; i++)
+        for (int r = 0; r < 3; r++)
+            if (call_one(fn, eager, 4 + 4 * i, &g, why, sizeof why)) fail_msg("phase 1: %s", why);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.buckets_learned, 0);
+    /* the 8th new length queues the learning; the call does not run it */
+    if (call_one(fn, eager, 40, &g, why, sizeof why)) fail_msg("phase 1: %s", why);
+    for (int i = 0; i < 20; i++)
+        if (call_one(fn, eager, 4 + 4 * (int64_t)(lcg_next(&g) % 7), &g, why, sizeof why)) fail_msg("%s", why);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.buckets_learned, 0);
+    assert_int_equal(events_seen(), 0);
+    /* one step: the learning runs first, ahead of the compiles queued */
+    assert_int_equal(sj_runtime_run_background(rt_step, 1), 1);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.buckets_learned, 1);
+    assert_int_equal(s.learn_failures, 0);
+    assert_int_equal(events_seen(), 1);
+    learned_ev e1 = evs[0];
+    assert_int_equal(e1.input, 0);
+    assert_int_equal(e1.axis, 0);
+    assert_true(e1.n_edges >= 1 && e1.n_edges <= 4);
+    assert_int_equal(e1.edges[e1.n_edges - 1], 40);
+    assert_true(e1.retired >= 1); /* the pow2 buckets' entries */
+    assert_non_null(strstr(e1.line, "was pow2:4,128"));
+    /* the same edges as asked for now (report only, same histogram) */
+    sj_bucket_report r;
+    assert_int_equal(sj_fn_learn_buckets(fn, 0, 0, &o, &r), SJ_OK);
+    assert_int_equal(r.n_edges, e1.n_edges);
+    assert_memory_equal(r.edges, e1.edges, sizeof(int64_t) * (size_t)r.n_edges);
+
+    /* phase 2: lengths in [60, 120]; 8 new ones queue the next learning */
+    int64_t b[8] = {60, 68, 76, 84, 92, 100, 110, 120};
+    for (int i = 0; i < 8; i++)
+        for (int r2 = 0; r2 < 4; r2++)
+            if (call_one(fn, eager, b[i], &g, why, sizeof why)) fail_msg("phase 2: %s", why);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.buckets_learned, 1);
+    assert_int_equal(sj_runtime_run_background(rt_step, 1), 1);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.buckets_learned, 2);
+    assert_int_equal(events_seen(), 2);
+    learned_ev e2 = evs[1];
+    assert_int_equal(e2.edges[e2.n_edges - 1], 120);
+    assert_true(e2.n_edges >= 2);
+    assert_int_equal(sj_fn_learn_buckets(fn, 0, 0, &o, &r), SJ_OK);
+    assert_int_equal(r.n_edges, e2.n_edges);
+    assert_memory_equal(r.edges, e2.edges, sizeof(int64_t) * (size_t)r.n_edges);
+
+    /* learning again at once finds the edges in force: with a gain asked
+     * for, the rule is kept and nothing retired */
+    sj_learn_options keep = o;
+    keep.apply = 1, keep.min_gain = 0.01;
+    sj_bucket_report rk;
+    assert_int_equal(sj_fn_learn_buckets(fn, 0, 0, &keep, &rk), SJ_OK);
+    assert_int_equal(rk.applied, 0);
+    assert_int_equal(rk.kept, 1);
+    assert_int_equal(rk.entries_retired, 0);
+    assert_memory_equal(rk.edges, e2.edges, sizeof(int64_t) * (size_t)rk.n_edges);
+
+    /* new lengths of phase 2 are served by entries of the learned buckets */
+    int64_t odd[] = {61, 87, 103, 119};
+    for (int i = 0; i < 4; i++) {
+        uint64_t before[128] = {0};
+        sj_entry_info info[128];
+        int ne = sj_fn_entries(fn, info, 128);
+        assert_true(ne <= 128);
+        for (int j = 0; j < ne; j++) before[info[j].id] = info[j].calls;
+        if (call_one(fn, eager, odd[i], &g, why, sizeof why)) fail_msg("odd: %s", why);
+        ne = sj_fn_entries(fn, info, 128);
+        int served = -1;
+        for (int j = 0; j < ne; j++)
+            if (info[j].calls == before[info[j].id] + 1) served = j;
+        assert_true(served >= 0);
+        if (!learned_bucket(info[served].what, &r))
+            fail_msg("S=%lld served by entry %d: %s, not a learned bucket", (long long)odd[i], info[served].id,
+                     info[served].what);
+    }
+    char *text = explain_text(fn);
+    char want[96];
+    snprintf(want, sizeof want, "last learned on input 0 axis 0: edges %lld", (long long)e2.edges[0]);
+    if (!strstr(text, "learning while serving") || !strstr(text, want))
+        fail_msg("explain lacks the learning ('%s'):\n%s", want, text);
+    free(text);
+
+    /* the compiles the calls queued, then every length again on the fused tiers */
+    assert_int_equal(sj_fn_wait_idle(fn, 120000), SJ_OK);
+    for (int i = 0; i < 30; i++) {
+        int64_t S = i % 2 ? 60 + (int64_t)(lcg_next(&g) % 61) : 4 + (int64_t)(lcg_next(&g) % 37);
+        if (call_one(fn, eager, S, &g, why, sizeof why)) fail_msg("compiled: %s", why);
+    }
+    sj_fn_stats(fn, &s);
+    assert_true(s.fused_symbolic_calls + s.fused_specialized_calls > 0);
+
+    /* off: new shapes queue nothing */
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 0, NULL), SJ_OK);
+    uint64_t learned = s.buckets_learned;
+    for (int i = 0; i < 12; i++)
+        if (call_one(fn, eager, 200 + i, &g, why, sizeof why)) fail_msg("off: %s", why);
+    assert_int_equal(sj_fn_wait_idle(fn, 120000), SJ_OK);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.buckets_learned, learned);
+    sj_fn_destroy(fn);
+    sj_fn_destroy(eager);
+    rt = rt_main;
+    sj_runtime_destroy(rt_step);
+}
+
+/* cfg.learn_every: every bucketed dimension, default options; compile mode
+ * off runs the learning on the call that makes it due. A function with no
+ * bucket rule learns nothing. */
+static void test_learn_every_config(void **state) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.cache_dir = NULL;
+    cfg.compile_mode = SJ_COMPILE_OFF;
+    cfg.learn_every = 6;
+    sj_runtime *rt_cfg = NULL, *rt_main = rt;
+    assert_int_equal(sj_runtime_create(&cfg, &rt_cfg), SJ_OK);
+    rt = rt_cfg;
+    sj_fn *fn = make(rt_cfg, "every"), *plain = make(rt_cfg, "plain"), *eager = make(rt_eager, "every_eager");
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 64), SJ_OK);
+    lcg g = {13};
+    char why[256];
+    for (int i = 0; i < 5; i++)
+        if (call_one(fn, eager, 6 + 2 * i, &g, why, sizeof why) || call_one(plain, eager, 6 + 2 * i, &g, why, sizeof why))
+            fail_msg("%s", why);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.buckets_learned, 0);
+    if (call_one(fn, eager, 30, &g, why, sizeof why) || call_one(plain, eager, 30, &g, why, sizeof why))
+        fail_msg("%s", why);
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.buckets_learned, 1);
+    char *text = explain_text(fn);
+    if (!strstr(text, "buckets: input 0 axis 0 list:") || !strstr(text, "every bucketed dimension (learn_every 6"))
+        fail_msg("explain:\n%s", text);
+    free(text);
+    sj_fn_stats(plain, &s);
+    assert_int_equal(s.buckets_learned, 0);
+    assert_int_equal(s.learn_failures, 0);
+    for (int i = 0; i < 10; i++)
+        if (call_one(fn, eager, 5 + (int64_t)(lcg_next(&g) % 40), &g, why, sizeof why)) fail_msg("%s", why);
+    sj_fn_destroy(fn);
+    sj_fn_destroy(plain);
+    sj_fn_destroy(eager);
+    rt = rt_main;
+    sj_runtime_destroy(rt_cfg);
+}
+
+/* The learning job on a real compile worker while two threads call: the
+ * edges change under them, every result equal to eager and float64. */
+static void test_learn_auto_threads(void **state) {
+    sj_fn *fn = make(rt, "auto_threads"), *eager = make(rt_eager, "auto_threads_eager");
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 128), SJ_OK);
+    sj_learn_options o;
+    sj_learn_options_init(&o);
+    o.size_us = 1, o.compile_ms = 0.05, o.pad = 1, o.max_buckets = 4;
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 6, &o), SJ_OK);
+    worker w = {.fn = fn, .eager = eager};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, worker_main, &w), 0);
+    lcg g = {21};
+    char why[256];
+    sj_stats s = {0};
+    /* lengths the worker's skewed stream never sends, so new shapes keep coming */
+    for (int i = 0; i < 400 && !atomic_load(&w.bad); i++) {
+        int64_t S = i % 3 ? 41 + 2 * (int64_t)(lcg_next(&g) % 20) : 3 + 2 * (int64_t)(lcg_next(&g) % 12);
+        if (call_one(fn, eager, S, &g, why, sizeof why)) fail_msg("caller: %s", why);
+        sj_fn_stats(fn, &s);
+        if (s.buckets_learned >= 3 && atomic_load(&w.calls) >= 20) break;
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(th, NULL);
+    if (atomic_load(&w.bad)) fail_msg("worker: %s", w.why);
+    assert_int_equal(sj_fn_wait_idle(fn, 120000), SJ_OK);
+    sj_fn_stats(fn, &s);
+    assert_true(s.buckets_learned >= 1);
+    assert_int_equal(s.learn_failures, 0);
+    sj_fn_destroy(fn); /* with a learning possibly queued */
+    sj_fn_destroy(eager);
+}
+
+static void test_learn_auto_bad_arguments(void **state) {
+    sj_fn *fn = make(rt, "auto_bad");
+    assert_int_equal(sj_fn_learn_auto(NULL, 0, 0, 4, NULL), SJ_EINVAL);
+    assert_int_equal(sj_fn_learn_auto(fn, 2, 0, 4, NULL), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "input 2 out of range"));
+    assert_int_equal(sj_fn_learn_auto(fn, 0, SJ_MAX_RANK, 4, NULL), SJ_EINVAL);
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, -1, NULL), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "every -1 is negative"));
+    sj_learn_options o;
+    sj_learn_options_init(&o);
+    o.max_buckets = 0;
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 4, &o), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "sj_fn_learn_auto: learn buckets: max_buckets 0 out of range"));
+    sj_learn_options_init(&o);
+    o.symbolic_overhead = NAN;
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 4, &o), SJ_EINVAL);
+    sj_learn_options_init(&o);
+    o.min_gain = 1;
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 4, &o), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "min_gain 1 is not below 1"));
+    /* eight dimensions; a ninth is refused, a repeat replaces */
+    for (int a = 0; a < SJ_MAX_RANK; a++) assert_int_equal(sj_fn_learn_auto(fn, a % 2, a / 2, 4, NULL), SJ_OK);
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 7, 4, NULL), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "at most 8"));
+    assert_int_equal(sj_fn_learn_auto(fn, 1, 3, 9, NULL), SJ_OK);
+    assert_int_equal(sj_fn_learn_auto(fn, 1, 3, 0, NULL), SJ_OK);
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 7, 4, NULL), SJ_OK);
+    sj_fn_destroy(fn);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chooser_brute_force),
@@ -480,6 +767,10 @@ int main(void) {
         cmocka_unit_test(test_learn_from_auto),
         cmocka_unit_test(test_learn_keeps_fallback),
         cmocka_unit_test(test_learn_bad_arguments),
+        cmocka_unit_test(test_learn_while_serving),
+        cmocka_unit_test(test_learn_every_config),
+        cmocka_unit_test(test_learn_auto_threads),
+        cmocka_unit_test(test_learn_auto_bad_arguments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
