@@ -18,8 +18,8 @@
  * alignment (the kernels' scalar path). Without one it prints
  * "skipped: no CUDA device" after the compile checks and passes.
  *
- * The compile checks load NVRTC themselves with dlopen (libnvrtc.so.13
- * from $SHAPEJIT_CUDA_LIBS, $CUDA_HOME/lib64, /usr/local/cuda/lib64, then
+ * The compile checks load NVRTC themselves with dlopen (tests/util_nvrtc.h:
+ * libnvrtc.so.13 from $SHAPEJIT_CUDA_LIBS, $CUDA_HOME/lib64, /usr/local/cuda/lib64, then
  * the loader's path), so they run in any build; the device runs use the
  * runtime's device services (kernels/cuda/cuda_dev.h: sj_cuda_open, its
  * allocator, copies and driver table) and need a build with SJ_WITH_CUDA.
@@ -34,7 +34,6 @@
 #include <cmocka.h>
 /* clang-format on */
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,61 +48,16 @@
 #include "specialize/codegen_cuda.h"
 #include "specialize/fusion.h"
 #include "tests/util_patterns.h"
+#include "tests/util_nvrtc.h"
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 
-/* -- NVRTC (types from nvrtc.h, restated: the compile checks need no headers) -- */
+/* -- NVRTC (tests/util_nvrtc.h: loaded with dlopen, no headers needed) ---------- */
 
-typedef struct nvrtc_prog *nvrtc_prog;
-static struct {
-    void *h;
-    int (*Version)(int *, int *);
-    int (*CreateProgram)(nvrtc_prog *, const char *, const char *, int, const char *const *, const char *const *);
-    int (*CompileProgram)(nvrtc_prog, int, const char *const *);
-    int (*GetCUBINSize)(nvrtc_prog, size_t *);
-    int (*GetCUBIN)(nvrtc_prog, char *);
-    int (*GetPTXSize)(nvrtc_prog, size_t *);
-    int (*GetPTX)(nvrtc_prog, char *);
-    int (*GetProgramLogSize)(nvrtc_prog, size_t *);
-    int (*GetProgramLog)(nvrtc_prog, char *);
-    int (*DestroyProgram)(nvrtc_prog *);
-    int (*GetNumSupportedArchs)(int *);
-    int (*GetSupportedArchs)(int *);
-} nv;
-
-#define SYM(field, name)                                                                                        \
-    do {                                                                                                        \
-        *(void **)&nv.field = dlsym(nv.h, name);                                                                \
-        if (!nv.field) return false;                                                                            \
-    } while (0)
-
-static bool load_nvrtc(void) {
-    const char *dirs[] = {getenv("SHAPEJIT_CUDA_LIBS"), getenv("CUDA_HOME"), "/usr/local/cuda", NULL};
-    char path[512];
-    for (int i = 0; i < 4 && !nv.h; i++) {
-        if (i < 3 && !dirs[i]) continue;
-        if (i == 3) snprintf(path, sizeof path, "libnvrtc.so.13");
-        else snprintf(path, sizeof path, "%s%s/libnvrtc.so.13", dirs[i], i == 0 ? "" : "/lib64");
-        nv.h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!nv.h) return false;
-    SYM(Version, "nvrtcVersion");
-    SYM(CreateProgram, "nvrtcCreateProgram");
-    SYM(CompileProgram, "nvrtcCompileProgram");
-    SYM(GetCUBINSize, "nvrtcGetCUBINSize");
-    SYM(GetCUBIN, "nvrtcGetCUBIN");
-    SYM(GetPTXSize, "nvrtcGetPTXSize");
-    SYM(GetPTX, "nvrtcGetPTX");
-    SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
-    SYM(GetProgramLog, "nvrtcGetProgramLog");
-    SYM(DestroyProgram, "nvrtcDestroyProgram");
-    SYM(GetNumSupportedArchs, "nvrtcGetNumSupportedArchs");
-    SYM(GetSupportedArchs, "nvrtcGetSupportedArchs");
-    return true;
-}
+static tu_nvrtc nv;
 
 static bool have_nvrtc, have_gpu;
 static char no_gpu_why[512] = "built without CUDA (no SJ_WITH_CUDA)";
@@ -177,7 +131,7 @@ static int setup_all(void **state) {
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0xc0da);
     if (sj_runtime_create(NULL, &rt)) return -1;
     sj_pool_init(&arena_pool, rt);
-    have_nvrtc = load_nvrtc();
+    have_nvrtc = tu_nvrtc_load(&nv);
 #ifdef SJ_WITH_CUDA
     if (have_nvrtc && sj_cuda_open(0, &dev) == SJ_OK) {
         have_gpu = true;

@@ -16,10 +16,11 @@
  * Without one it prints "skipped: no CUDA device" after the compile
  * checks and passes.
  *
- * NVRTC is loaded with dlopen (libnvrtc.so.13 from $SHAPEJIT_CUDA_LIBS,
- * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader's path); the
- * device runs use the runtime's device services (kernels/cuda/cuda_dev.h)
- * and need a build with SJ_WITH_CUDA. SJ_SHOW_CODE=1 prints one unit.
+ * NVRTC is loaded with dlopen (tests/util_nvrtc.h: libnvrtc.so.13 from
+ * $SHAPEJIT_CUDA_LIBS, $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the
+ * loader's path); the device runs use the runtime's device services
+ * (kernels/cuda/cuda_dev.h) and need a build with SJ_WITH_CUDA.
+ * SJ_SHOW_CODE=1 prints one unit.
  */
 /* cmocka.h needs these first, in this order */
 /* clang-format off */
@@ -30,7 +31,6 @@
 #include <cmocka.h>
 /* clang-format on */
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,53 +39,14 @@
 #include "base/half.h"
 #include "specialize/codegen_gemm_cuda.h"
 #include "tests/util.h"
+#include "tests/util_nvrtc.h"
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
-/* -- NVRTC (types restated: the compile checks need no headers) ------------------- */
+/* -- NVRTC (tests/util_nvrtc.h: loaded with dlopen, no headers needed) ---------- */
 
-typedef struct nvrtc_prog *nvrtc_prog;
-static struct {
-    void *h;
-    int (*CreateProgram)(nvrtc_prog *, const char *, const char *, int, const char *const *, const char *const *);
-    int (*CompileProgram)(nvrtc_prog, int, const char *const *);
-    int (*GetCUBINSize)(nvrtc_prog, size_t *);
-    int (*GetCUBIN)(nvrtc_prog, char *);
-    int (*GetPTXSize)(nvrtc_prog, size_t *);
-    int (*GetPTX)(nvrtc_prog, char *);
-    int (*GetProgramLogSize)(nvrtc_prog, size_t *);
-    int (*GetProgramLog)(nvrtc_prog, char *);
-    int (*DestroyProgram)(nvrtc_prog *);
-} nv;
-
-#define SYM(field, name)                                                                                        \
-    do {                                                                                                        \
-        *(void **)&nv.field = dlsym(nv.h, name);                                                                \
-        if (!nv.field) return false;                                                                            \
-    } while (0)
-
-static bool load_nvrtc(void) {
-    const char *dirs[] = {getenv("SHAPEJIT_CUDA_LIBS"), getenv("CUDA_HOME"), "/usr/local/cuda", NULL};
-    char path[512];
-    for (int i = 0; i < 4 && !nv.h; i++) {
-        if (i < 3 && !dirs[i]) continue;
-        if (i == 3) snprintf(path, sizeof path, "libnvrtc.so.13");
-        else snprintf(path, sizeof path, "%s%s/libnvrtc.so.13", dirs[i], i == 0 ? "" : "/lib64");
-        nv.h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!nv.h) return false;
-    SYM(CreateProgram, "nvrtcCreateProgram");
-    SYM(CompileProgram, "nvrtcCompileProgram");
-    SYM(GetCUBINSize, "nvrtcGetCUBINSize");
-    SYM(GetCUBIN, "nvrtcGetCUBIN");
-    SYM(GetPTXSize, "nvrtcGetPTXSize");
-    SYM(GetPTX, "nvrtcGetPTX");
-    SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
-    SYM(GetProgramLog, "nvrtcGetProgramLog");
-    SYM(DestroyProgram, "nvrtcDestroyProgram");
-    return true;
-}
+static tu_nvrtc nv;
 
 static bool have_nvrtc, have_gpu;
 static char arch[16] = "sm_90"; /* the device's, when there is one */
@@ -162,7 +123,7 @@ static int setup_all(void **state) {
     (void)state;
     const char *seed = getenv("SJ_TEST_SEED");
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0x9e11);
-    have_nvrtc = load_nvrtc();
+    have_nvrtc = tu_nvrtc_load(&nv);
 #ifdef SJ_WITH_CUDA
     if (have_nvrtc && sj_cuda_open(0, &dev) == SJ_OK) {
         have_gpu = true;
