@@ -355,6 +355,11 @@ int tu_fixture_teardown(void **state);
 /* Monotonic clock in milliseconds. */
 double tu_now_ms(void);
 
+/* The quiet CPU runtime the tests start from: sj_runtime_config_init's
+ * defaults with backend CPU, no log topics, no persistent kernel cache
+ * (cache_dir NULL) and one exec thread; a test sets what it checks on top. */
+sj_runtime_config tu_cpu_config(void);
+
 /* Flip every bit of the byte at `offset` of an existing file (asserts). */
 void tu_flip_byte(const char *path, long offset);
 /* The file holds exactly the len bytes at data (asserts). */

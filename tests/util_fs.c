@@ -84,6 +84,16 @@ double tu_now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+sj_runtime_config tu_cpu_config(void) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.log_mask = 0;
+    cfg.cache_dir = NULL;
+    cfg.exec_threads = 1;
+    return cfg;
+}
+
 void tu_flip_byte(const char *path, long offset) {
     FILE *fp = fopen(path, "r+b");
     assert_non_null(fp);
