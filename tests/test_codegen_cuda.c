@@ -904,23 +904,38 @@ static sj_expr encoder_seq_policy(void *ctx, sj_exprs *ex, int input, int axis, 
     return sj_ex_sym(ex, *sym);
 }
 
-static void test_split_encoder(void **state) {
-    (void)state;
+/* The f16 encoder layer's weights (tracked tensors, contents unread) and
+ * its input x [1, 96, H]. */
+static void encoder_f16(bench_encoder *w, sj_tensor *x) {
     const int64_t H = BENCH_H, FF = BENCH_FF;
-    bench_encoder w = {
+    *w = (bench_encoder){
         tu_tensor(SJ_F16, 2, S(H, 3 * H)), tu_tensor(SJ_F16, 1, S(3 * H)), tu_tensor(SJ_F16, 2, S(H, H)),
         tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
         tu_tensor(SJ_F16, 2, S(H, FF)),    tu_tensor(SJ_F16, 1, S(FF)),    tu_tensor(SJ_F16, 2, S(FF, H)),
         tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
     };
-    sj_tensor x = tu_tensor(SJ_F16, 3, S(1, 96, H));
+    *x = tu_tensor(SJ_F16, 3, S(1, 96, H));
+}
+
+/* The encoder (w) traced at x, static (form 0) or with the sequence
+ * symbolic (form 1), into *res (its facts freed; the caller destroys the
+ * graph). */
+static void trace_encoder(bench_encoder *w, sj_tensor *x, int form, sj_trace_result *res) {
+    int sym = -1;
+    sj_trace_req req = {.fn_name = "encoder", .model = bench_w4_model, .user = w, .inputs = x, .n_inputs = 1,
+                        .dim_policy = encoder_seq_policy, .dim_ctx = form ? &sym : NULL};
+    assert_int_equal(sj_trace(&req, res), SJ_OK);
+    free(res->facts);
+}
+
+static void test_split_encoder(void **state) {
+    (void)state;
+    bench_encoder w;
+    sj_tensor x;
+    encoder_f16(&w, &x);
     for (int form = 0; form < 2; form++) {
-        int sym = -1;
-        sj_trace_req req = {.fn_name = "encoder", .model = bench_w4_model, .user = &w, .inputs = &x, .n_inputs = 1,
-                            .dim_policy = encoder_seq_policy, .dim_ctx = form ? &sym : NULL};
         sj_trace_result res;
-        assert_int_equal(sj_trace(&req, &res), SJ_OK);
-        free(res.facts);
+        trace_encoder(&w, &x, form, &res);
         sj_fplan *p = sj_fuse(res.graph, &x);
         assert_non_null(p);
         char *src = sj_codegen_cuda(res.graph, p, NULL, &(sj_codegen_opts){.prefix = "sj_"}, NULL);
@@ -991,21 +1006,12 @@ static void test_split_encoder(void **state) {
  * helpers stay in their namespaces). */
 static void test_gemm_encoder(void **state) {
     (void)state;
-    const int64_t H = BENCH_H, FF = BENCH_FF;
-    bench_encoder w = {
-        tu_tensor(SJ_F16, 2, S(H, 3 * H)), tu_tensor(SJ_F16, 1, S(3 * H)), tu_tensor(SJ_F16, 2, S(H, H)),
-        tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
-        tu_tensor(SJ_F16, 2, S(H, FF)),    tu_tensor(SJ_F16, 1, S(FF)),    tu_tensor(SJ_F16, 2, S(FF, H)),
-        tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
-    };
-    sj_tensor x = tu_tensor(SJ_F16, 3, S(1, 96, H));
+    bench_encoder w;
+    sj_tensor x;
+    encoder_f16(&w, &x);
     for (int form = 0; form < 2; form++) {
-        int sym = -1;
-        sj_trace_req req = {.fn_name = "encoder", .model = bench_w4_model, .user = &w, .inputs = &x, .n_inputs = 1,
-                            .dim_policy = encoder_seq_policy, .dim_ctx = form ? &sym : NULL};
         sj_trace_result res;
-        assert_int_equal(sj_trace(&req, &res), SJ_OK);
-        free(res.facts);
+        trace_encoder(&w, &x, form, &res);
         sj_fplan *p = sj_fuse_ex(res.graph, &x, &(sj_fuse_opts){.gemm = true});
         assert_non_null(p);
         assert_int_equal(p->n_gemm, 4);
