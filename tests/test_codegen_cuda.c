@@ -88,19 +88,7 @@ static void nvrtc_compile(const char *src, const char *arch, const char *what, c
     int r = nv.CompileProgram(prog, o.argc, o.argv);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    size_t ln = 0;
-    nv.GetProgramLogSize(prog, &ln);
-    char *log = calloc(1, ln + 1);
-    assert_non_null(log);
-    if (ln) nv.GetProgramLog(prog, log);
-    bool warned = strstr(log, "warning") || strstr(log, "Warning");
-    if (r != 0 || warned) {
-        fprintf(stderr, "%s: NVRTC %s\n%s\n", what, r ? "failed" : "warned", log);
-        if (getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "%s\n", src);
-    }
-    free(log);
-    assert_int_equal(r, 0);
-    assert_false(warned);
+    tu_nvrtc_check(&nv, prog, r, what, getenv("SJ_TEST_VERBOSE") ? src : NULL);
     if (strstr(arch, "sm_")) {
         stats.units++;
         stats.total_s += s;
@@ -111,13 +99,7 @@ static void nvrtc_compile(const char *src, const char *arch, const char *what, c
         }
         printf("  nvrtc %-44s %6zu bytes %6.3f s\n", what, strlen(src), s);
     }
-    if (out) {
-        bool ptx = !strstr(arch, "sm_");
-        assert_int_equal((ptx ? nv.GetPTXSize : nv.GetCUBINSize)(prog, out_len), 0);
-        *out = malloc(*out_len);
-        assert_non_null(*out);
-        assert_int_equal((ptx ? nv.GetPTX : nv.GetCUBIN)(prog, *out), 0);
-    }
+    if (out) tu_nvrtc_output(&nv, prog, !strstr(arch, "sm_"), out, out_len);
     nv.DestroyProgram(&prog);
 }
 

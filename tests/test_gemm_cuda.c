@@ -64,24 +64,8 @@ static void compile(const char *src, const char *a, const char *what, char **out
     nvrtc_prog prog;
     assert_int_equal(nv.CreateProgram(&prog, src, "gemm.cu", 0, NULL, NULL), 0);
     int r = nv.CompileProgram(prog, 4, opts);
-    size_t ln = 0;
-    nv.GetProgramLogSize(prog, &ln);
-    char *log = calloc(1, ln + 1);
-    assert_non_null(log);
-    if (ln) nv.GetProgramLog(prog, log);
-    bool warned = strstr(log, "warning") || strstr(log, "Warning");
-    if (r || warned) fprintf(stderr, "%s: NVRTC %s\n%s\n%s\n", what, r ? "failed" : "warned", log, src);
-    free(log);
-    assert_int_equal(r, 0);
-    assert_false(warned);
-    if (out) {
-        bool ptx = !strstr(a, "sm_");
-        assert_int_equal((ptx ? nv.GetPTXSize : nv.GetCUBINSize)(prog, out_len), 0);
-        *out = malloc(*out_len + 1);
-        assert_non_null(*out);
-        assert_int_equal((ptx ? nv.GetPTX : nv.GetCUBIN)(prog, *out), 0);
-        (*out)[*out_len] = 0;
-    }
+    tu_nvrtc_check(&nv, prog, r, what, src);
+    if (out) tu_nvrtc_output(&nv, prog, !strstr(a, "sm_"), out, out_len);
     nv.DestroyProgram(&prog);
 }
 

@@ -1,10 +1,20 @@
 /* NVRTC loaded with dlopen for the tests' compile checks; see
  * tests/util_nvrtc.h. */
+/* cmocka.h needs these first, in this order */
+/* clang-format off */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
 #include "tests/util_nvrtc.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SYM(field, name)                                                                                        \
     do {                                                                                                        \
@@ -35,4 +45,28 @@ bool tu_nvrtc_load(tu_nvrtc *nv) {
     SYM(GetNumSupportedArchs, "nvrtcGetNumSupportedArchs");
     SYM(GetSupportedArchs, "nvrtcGetSupportedArchs");
     return true;
+}
+
+void tu_nvrtc_check(const tu_nvrtc *nv, nvrtc_prog prog, int r, const char *what, const char *src) {
+    size_t ln = 0;
+    nv->GetProgramLogSize(prog, &ln);
+    char *log = calloc(1, ln + 1);
+    assert_non_null(log);
+    if (ln) nv->GetProgramLog(prog, log);
+    bool warned = strstr(log, "warning") || strstr(log, "Warning");
+    if (r || warned) {
+        fprintf(stderr, "%s: NVRTC %s\n%s\n", what, r ? "failed" : "warned", log);
+        if (src) fprintf(stderr, "%s\n", src);
+    }
+    free(log);
+    assert_int_equal(r, 0);
+    assert_false(warned);
+}
+
+void tu_nvrtc_output(const tu_nvrtc *nv, nvrtc_prog prog, bool ptx, char **out, size_t *out_len) {
+    assert_int_equal((ptx ? nv->GetPTXSize : nv->GetCUBINSize)(prog, out_len), 0);
+    *out = malloc(*out_len + 1);
+    assert_non_null(*out);
+    assert_int_equal((ptx ? nv->GetPTX : nv->GetCUBIN)(prog, *out), 0);
+    (*out)[*out_len] = 0;
 }
