@@ -127,8 +127,7 @@ static void run(const char *stream, const int64_t *lens, int n, bool learned, in
     sj_tensor_free(rt, &dx);
     sj_tensor_free(rt, &dy);
     sj_fn_destroy(fn);
-    sj_tensor *all[] = {&w.wqkv, &w.bqkv, &w.wo, &w.bo, &w.g1, &w.b1, &w.w1, &w.bf1, &w.w2, &w.bf2, &w.g2, &w.b2};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sj_tensor_free(rt, all[i]);
+    bench_encoder_free(rt, &w);
     sj_runtime_destroy(rt);
 }
 

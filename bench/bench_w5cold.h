@@ -86,6 +86,13 @@ static inline void bench_encoder_rand(sj_runtime *rt, sj_dtype dt, bench_encoder
     w->b2 = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, rng);
 }
 
+/* Frees what bench_encoder_rand made. */
+static inline void bench_encoder_free(sj_runtime *rt, bench_encoder *w) {
+    sj_tensor *all[] = {&w->wqkv, &w->bqkv, &w->wo, &w->bo, &w->g1, &w->b1,
+                        &w->w1, &w->bf1, &w->w2, &w->bf2, &w->g2, &w->b2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sj_tensor_free(rt, all[i]);
+}
+
 /* Up to cap lengths from path (one integer per line, 1 .. 4096); exits on
  * a bad file. */
 static inline int w5c_read_lengths(const char *path, int64_t *lens, int cap) {
@@ -203,8 +210,7 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
     sj_tensor_free(rt, &dx);
     sj_tensor_free(rt, &dy);
     sj_fn_destroy(fn);
-    sj_tensor *all[] = {&w.wqkv, &w.bqkv, &w.wo, &w.bo, &w.g1, &w.b1, &w.w1, &w.bf1, &w.w2, &w.bf2, &w.g2, &w.b2};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sj_tensor_free(rt, all[i]);
+    bench_encoder_free(rt, &w);
     sj_runtime_destroy(rt);
 }
 
