@@ -76,21 +76,9 @@ static void run(const char *stream, const int64_t *lens, int n, int mode, int pr
     cfg.cache_dir = NULL;
     sj_runtime *rt;
     if (sj_runtime_create(&cfg, &rt)) bench_die("bench_learn: sj_runtime_create");
-    const int64_t H = BENCH_H, FF = BENCH_FF, H3 = 3 * BENCH_H;
-    float si = 1.0f / 27.7128f, sf = 1.0f / 55.4256f;
+    const int64_t H = BENCH_H;
     bench_encoder w;
-    w.wqkv = w5c_rand(rt, SJ_F32, 2, (int64_t[]){H, H3}, -si, si, &rng);
-    w.bqkv = w5c_rand(rt, SJ_F32, 1, &H3, -0.02f, 0.02f, &rng);
-    w.wo = w5c_rand(rt, SJ_F32, 2, (int64_t[]){H, H}, -si, si, &rng);
-    w.bo = w5c_rand(rt, SJ_F32, 1, &H, -0.02f, 0.02f, &rng);
-    w.g1 = w5c_rand(rt, SJ_F32, 1, &H, 0.9f, 1.1f, &rng);
-    w.b1 = w5c_rand(rt, SJ_F32, 1, &H, -0.02f, 0.02f, &rng);
-    w.w1 = w5c_rand(rt, SJ_F32, 2, (int64_t[]){H, FF}, -si, si, &rng);
-    w.bf1 = w5c_rand(rt, SJ_F32, 1, &FF, -0.02f, 0.02f, &rng);
-    w.w2 = w5c_rand(rt, SJ_F32, 2, (int64_t[]){FF, H}, -sf, sf, &rng);
-    w.bf2 = w5c_rand(rt, SJ_F32, 1, &H, -0.02f, 0.02f, &rng);
-    w.g2 = w5c_rand(rt, SJ_F32, 1, &H, 0.9f, 1.1f, &rng);
-    w.b2 = w5c_rand(rt, SJ_F32, 1, &H, -0.02f, 0.02f, &rng);
+    bench_encoder_rand(rt, SJ_F32, &w, &rng);
     sj_fn_options o;
     sj_fn_options_init(&o);
     o.recompile_limit = 64; /* the retired entries and the learned buckets */
@@ -166,8 +154,7 @@ static void run(const char *stream, const int64_t *lens, int n, int mode, int pr
     sj_tensor_free(rt, &dx);
     sj_tensor_free(rt, &dy);
     sj_fn_destroy(fn);
-    sj_tensor *all[] = {&w.wqkv, &w.bqkv, &w.wo, &w.bo, &w.g1, &w.b1, &w.w1, &w.bf1, &w.w2, &w.bf2, &w.g2, &w.b2};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sj_tensor_free(rt, all[i]);
+    bench_encoder_free(rt, &w);
     sj_runtime_destroy(rt);
 }
 

@@ -66,6 +66,33 @@ static inline sj_tensor w5c_rand(sj_runtime *rt, sj_dtype dt, int rank, const in
     return t;
 }
 
+/* The w4 encoder layer's weights (BENCH_H, BENCH_FF) on rt's device in dt,
+ * drawn from *rng in this order: products uniform in +-1/sqrt(fan-in),
+ * biases in +-0.02, norm gains in [0.9, 1.1). */
+static inline void bench_encoder_rand(sj_runtime *rt, sj_dtype dt, bench_encoder *w, uint64_t *rng) {
+    const int64_t H = BENCH_H, FF = BENCH_FF, H3 = 3 * BENCH_H;
+    float si = 1.0f / 27.7128f /* 1/sqrt(768) */, sf = 1.0f / 55.4256f /* 1/sqrt(3072) */;
+    w->wqkv = w5c_rand(rt, dt, 2, (int64_t[]){H, H3}, -si, si, rng);
+    w->bqkv = w5c_rand(rt, dt, 1, &H3, -0.02f, 0.02f, rng);
+    w->wo = w5c_rand(rt, dt, 2, (int64_t[]){H, H}, -si, si, rng);
+    w->bo = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, rng);
+    w->g1 = w5c_rand(rt, dt, 1, &H, 0.9f, 1.1f, rng);
+    w->b1 = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, rng);
+    w->w1 = w5c_rand(rt, dt, 2, (int64_t[]){H, FF}, -si, si, rng);
+    w->bf1 = w5c_rand(rt, dt, 1, &FF, -0.02f, 0.02f, rng);
+    w->w2 = w5c_rand(rt, dt, 2, (int64_t[]){FF, H}, -sf, sf, rng);
+    w->bf2 = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, rng);
+    w->g2 = w5c_rand(rt, dt, 1, &H, 0.9f, 1.1f, rng);
+    w->b2 = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, rng);
+}
+
+/* Frees what bench_encoder_rand made. */
+static inline void bench_encoder_free(sj_runtime *rt, bench_encoder *w) {
+    sj_tensor *all[] = {&w->wqkv, &w->bqkv, &w->wo, &w->bo, &w->g1, &w->b1,
+                        &w->w1, &w->bf1, &w->w2, &w->bf2, &w->g2, &w->b2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sj_tensor_free(rt, all[i]);
+}
+
 /* Up to cap lengths from path (one integer per line, 1 .. 4096); exits on
  * a bad file. */
 static inline int w5c_read_lengths(const char *path, int64_t *lens, int cap) {
@@ -106,21 +133,9 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
         return;
     }
     double t_rt = bench_now_s();
-    const int64_t H = BENCH_H, FF = BENCH_FF, H3 = 3 * BENCH_H;
-    float si = 1.0f / 27.7128f /* 1/sqrt(768) */, sf = 1.0f / 55.4256f /* 1/sqrt(3072) */;
+    const int64_t H = BENCH_H;
     bench_encoder w;
-    w.wqkv = w5c_rand(rt, dt, 2, (int64_t[]){H, H3}, -si, si, &rng);
-    w.bqkv = w5c_rand(rt, dt, 1, &H3, -0.02f, 0.02f, &rng);
-    w.wo = w5c_rand(rt, dt, 2, (int64_t[]){H, H}, -si, si, &rng);
-    w.bo = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, &rng);
-    w.g1 = w5c_rand(rt, dt, 1, &H, 0.9f, 1.1f, &rng);
-    w.b1 = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, &rng);
-    w.w1 = w5c_rand(rt, dt, 2, (int64_t[]){H, FF}, -si, si, &rng);
-    w.bf1 = w5c_rand(rt, dt, 1, &FF, -0.02f, 0.02f, &rng);
-    w.w2 = w5c_rand(rt, dt, 2, (int64_t[]){FF, H}, -sf, sf, &rng);
-    w.bf2 = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, &rng);
-    w.g2 = w5c_rand(rt, dt, 1, &H, 0.9f, 1.1f, &rng);
-    w.b2 = w5c_rand(rt, dt, 1, &H, -0.02f, 0.02f, &rng);
+    bench_encoder_rand(rt, dt, &w, &rng);
     sj_fn *fn;
     if (sj_fn_create(rt, "w5cold", 1, bench_w4_model, &w, NULL, &fn)) bench_die("w5cold: sj_fn_create");
     if (sj_set_buckets_pow2(fn, 0, 1, 16, 512)) bench_die("w5cold: buckets");
@@ -195,8 +210,7 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
     sj_tensor_free(rt, &dx);
     sj_tensor_free(rt, &dy);
     sj_fn_destroy(fn);
-    sj_tensor *all[] = {&w.wqkv, &w.bqkv, &w.wo, &w.bo, &w.g1, &w.b1, &w.w1, &w.bf1, &w.w2, &w.bf2, &w.g2, &w.b2};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sj_tensor_free(rt, all[i]);
+    bench_encoder_free(rt, &w);
     sj_runtime_destroy(rt);
 }
 

@@ -24,19 +24,14 @@
 #include "jit/compile.h"
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
+#include "tests/util.h"
 
 #define N 24
 #define MS INT64_C(1000000)
 
 static char dir[256], flag[300];
-static _Atomic int64_t now_ns = 1000 * MS;
-
-static int64_t virtual_clock(void *user) {
-    (void)user;
-    return atomic_load(&now_ns);
-}
-
-static void advance_ms(int64_t ms) { atomic_fetch_add(&now_ns, ms * MS); }
+static tu_clock clk = {1000 * MS}; /* the runtimes' virtual clock */
+static void advance_ms(int64_t ms) { tu_clock_advance_ms(&clk, ms); }
 
 static sj_status m_affine(sj_tracer *t, const sj_val *in, int n, void *u) {
     (void)n, (void)u;
@@ -84,19 +79,14 @@ static void set_flag(int on) {
 }
 
 static sj_runtime *runtime(int workers, int retry_ms, int max_failures) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.log_mask = 0;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_mode = SJ_COMPILE_ASYNC;
     cfg.compile_threads = workers;
     cfg.cc = flaky_cc();
-    cfg.cache_dir = NULL;
-    cfg.exec_threads = 1;
     cfg.hot_threshold = 1;
     cfg.compile_retry_ms = retry_ms;
     cfg.compile_max_failures = max_failures;
-    cfg.clock_ns = virtual_clock;
+    tu_clock_use(&cfg, &clk);
     sj_runtime *rt = NULL;
     assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
     return rt;
@@ -120,15 +110,6 @@ static const char *tier(sj_fn *fn) {
     static sj_entry_info info;
     assert_int_equal(sj_fn_entries(fn, &info, 1), 1);
     return info.tier;
-}
-
-static char *explain(sj_fn *fn) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
-    return text;
 }
 
 static int setup(void **state) {
@@ -184,7 +165,7 @@ static void penalty_doubles_then_compile_recovers(void **state) {
     assert_int_equal(s.compile_failures, 4);
     assert_int_equal(s.compiles_blacklisted, 0);
     assert_int_equal(s.compiles, 0);
-    char *text = explain(fn);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "4 failed compiles; retried on a call"));
     assert_non_null(strstr(text, "flaky: broken today"));
     free(text);
@@ -224,7 +205,7 @@ static void blacklisted_after_max_failures(void **state) {
     sj_fn_stats(fn, &s);
     assert_int_equal(s.compile_failures, 3);
     assert_int_equal(s.compiles_blacklisted, 1);
-    char *text = explain(fn);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "blacklisted after 3 failed compiles"));
     assert_non_null(strstr(text, "3 failed (1 blacklisted)"));
     free(text);

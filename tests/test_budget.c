@@ -24,16 +24,13 @@
 #include "base/shard.h"
 #include "jit/budget.h"
 #include "jit/shapejit.h"
+#include "tests/util.h"
 
 #define MS INT64_C(1000000)
 #define NMAX 256
 
-static _Atomic int64_t now_ns = 1000 * MS;
-static int64_t virtual_clock(void *user) {
-    (void)user;
-    return atomic_load(&now_ns);
-}
-static void advance_ms(int64_t ms) { atomic_fetch_add(&now_ns, ms * MS); }
+static tu_clock clk = {1000 * MS}; /* the runtimes' virtual clock */
+static void advance_ms(int64_t ms) { tu_clock_advance_ms(&clk, ms); }
 
 static _Atomic int demote_lines;
 static void count_lines(void *user, unsigned topic, const char *msg) {
@@ -52,21 +49,17 @@ static sj_runtime *eager_rt;
 static sj_fn *eager_fn;
 
 static sj_runtime *runtime(uint64_t budget, int workers) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.log_mask = SJ_LOG_COMPILE;
     cfg.log_fn = count_lines;
     cfg.compile_mode = SJ_COMPILE_ASYNC;
     cfg.compile_threads = workers;
-    cfg.cache_dir = NULL;
-    cfg.exec_threads = 1;
     cfg.hot_threshold = 1;
     cfg.specialize_threshold = 4;
     cfg.specialize_budget = 100;
     cfg.recompile_limit = 200;
     cfg.compile_retry_ms = 1000;
-    cfg.clock_ns = virtual_clock;
+    tu_clock_use(&cfg, &clk);
     cfg.specialize_max_bytes = budget;
     sj_runtime *rt = NULL;
     assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
@@ -134,15 +127,6 @@ static int specialized(sj_fn *fn, int64_t *bytes, int *demoted) {
         *demoted += info[i].demoted_shapes;
     }
     return k;
-}
-
-static char *explain(sj_fn *fn) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
-    return text;
 }
 
 /* What one specialization holds: measured under a budget too large to bite. */
@@ -221,7 +205,7 @@ static void lru_demotes_the_least_recently_called(void **state) {
     assert_int_equal(specialized(fn, &bytes, &demoted), 2);
     assert_int_equal(demoted, 1);
     assert_true(bytes == (int64_t)stats(fn).specialized_bytes);
-    char *text = explain(fn);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "specialization memory: "));
     assert_non_null(strstr(text, "1 shapes demoted"));
     assert_non_null(strstr(text, "(s0=40) "));

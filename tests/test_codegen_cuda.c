@@ -18,8 +18,8 @@
  * alignment (the kernels' scalar path). Without one it prints
  * "skipped: no CUDA device" after the compile checks and passes.
  *
- * The compile checks load NVRTC themselves with dlopen (libnvrtc.so.13
- * from $SHAPEJIT_CUDA_LIBS, $CUDA_HOME/lib64, /usr/local/cuda/lib64, then
+ * The compile checks load NVRTC themselves with dlopen (tests/util_nvrtc.h:
+ * libnvrtc.so.13 from $SHAPEJIT_CUDA_LIBS, $CUDA_HOME/lib64, /usr/local/cuda/lib64, then
  * the loader's path), so they run in any build; the device runs use the
  * runtime's device services (kernels/cuda/cuda_dev.h: sj_cuda_open, its
  * allocator, copies and driver table) and need a build with SJ_WITH_CUDA.
@@ -34,7 +34,6 @@
 #include <cmocka.h>
 /* clang-format on */
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,61 +48,16 @@
 #include "specialize/codegen_cuda.h"
 #include "specialize/fusion.h"
 #include "tests/util_patterns.h"
+#include "tests/util_nvrtc.h"
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 
-/* -- NVRTC (types from nvrtc.h, restated: the compile checks need no headers) -- */
+/* -- NVRTC (tests/util_nvrtc.h: loaded with dlopen, no headers needed) ---------- */
 
-typedef struct nvrtc_prog *nvrtc_prog;
-static struct {
-    void *h;
-    int (*Version)(int *, int *);
-    int (*CreateProgram)(nvrtc_prog *, const char *, const char *, int, const char *const *, const char *const *);
-    int (*CompileProgram)(nvrtc_prog, int, const char *const *);
-    int (*GetCUBINSize)(nvrtc_prog, size_t *);
-    int (*GetCUBIN)(nvrtc_prog, char *);
-    int (*GetPTXSize)(nvrtc_prog, size_t *);
-    int (*GetPTX)(nvrtc_prog, char *);
-    int (*GetProgramLogSize)(nvrtc_prog, size_t *);
-    int (*GetProgramLog)(nvrtc_prog, char *);
-    int (*DestroyProgram)(nvrtc_prog *);
-    int (*GetNumSupportedArchs)(int *);
-    int (*GetSupportedArchs)(int *);
-} nv;
-
-#define SYM(field, name)                                                                                        \
-    do {                                                                                                        \
-        *(void **)&nv.field = dlsym(nv.h, name);                                                                \
-        if (!nv.field) return false;                                                                            \
-    } while (0)
-
-static bool load_nvrtc(void) {
-    const char *dirs[] = {getenv("SHAPEJIT_CUDA_LIBS"), getenv("CUDA_HOME"), "/usr/local/cuda", NULL};
-    char path[512];
-    for (int i = 0; i < 4 && !nv.h; i++) {
-        if (i < 3 && !dirs[i]) continue;
-        if (i == 3) snprintf(path, sizeof path, "libnvrtc.so.13");
-        else snprintf(path, sizeof path, "%s%s/libnvrtc.so.13", dirs[i], i == 0 ? "" : "/lib64");
-        nv.h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!nv.h) return false;
-    SYM(Version, "nvrtcVersion");
-    SYM(CreateProgram, "nvrtcCreateProgram");
-    SYM(CompileProgram, "nvrtcCompileProgram");
-    SYM(GetCUBINSize, "nvrtcGetCUBINSize");
-    SYM(GetCUBIN, "nvrtcGetCUBIN");
-    SYM(GetPTXSize, "nvrtcGetPTXSize");
-    SYM(GetPTX, "nvrtcGetPTX");
-    SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
-    SYM(GetProgramLog, "nvrtcGetProgramLog");
-    SYM(DestroyProgram, "nvrtcDestroyProgram");
-    SYM(GetNumSupportedArchs, "nvrtcGetNumSupportedArchs");
-    SYM(GetSupportedArchs, "nvrtcGetSupportedArchs");
-    return true;
-}
+static tu_nvrtc nv;
 
 static bool have_nvrtc, have_gpu;
 static char no_gpu_why[512] = "built without CUDA (no SJ_WITH_CUDA)";
@@ -134,19 +88,7 @@ static void nvrtc_compile(const char *src, const char *arch, const char *what, c
     int r = nv.CompileProgram(prog, o.argc, o.argv);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    size_t ln = 0;
-    nv.GetProgramLogSize(prog, &ln);
-    char *log = calloc(1, ln + 1);
-    assert_non_null(log);
-    if (ln) nv.GetProgramLog(prog, log);
-    bool warned = strstr(log, "warning") || strstr(log, "Warning");
-    if (r != 0 || warned) {
-        fprintf(stderr, "%s: NVRTC %s\n%s\n", what, r ? "failed" : "warned", log);
-        if (getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "%s\n", src);
-    }
-    free(log);
-    assert_int_equal(r, 0);
-    assert_false(warned);
+    tu_nvrtc_check(&nv, prog, r, what, getenv("SJ_TEST_VERBOSE") ? src : NULL);
     if (strstr(arch, "sm_")) {
         stats.units++;
         stats.total_s += s;
@@ -157,13 +99,7 @@ static void nvrtc_compile(const char *src, const char *arch, const char *what, c
         }
         printf("  nvrtc %-44s %6zu bytes %6.3f s\n", what, strlen(src), s);
     }
-    if (out) {
-        bool ptx = !strstr(arch, "sm_");
-        assert_int_equal((ptx ? nv.GetPTXSize : nv.GetCUBINSize)(prog, out_len), 0);
-        *out = malloc(*out_len);
-        assert_non_null(*out);
-        assert_int_equal((ptx ? nv.GetPTX : nv.GetCUBIN)(prog, *out), 0);
-    }
+    if (out) tu_nvrtc_output(&nv, prog, !strstr(arch, "sm_"), out, out_len);
     nv.DestroyProgram(&prog);
 }
 
@@ -177,7 +113,7 @@ static int setup_all(void **state) {
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0xc0da);
     if (sj_runtime_create(NULL, &rt)) return -1;
     sj_pool_init(&arena_pool, rt);
-    have_nvrtc = load_nvrtc();
+    have_nvrtc = tu_nvrtc_load(&nv);
 #ifdef SJ_WITH_CUDA
     if (have_nvrtc && sj_cuda_open(0, &dev) == SJ_OK) {
         have_gpu = true;
@@ -950,23 +886,38 @@ static sj_expr encoder_seq_policy(void *ctx, sj_exprs *ex, int input, int axis, 
     return sj_ex_sym(ex, *sym);
 }
 
-static void test_split_encoder(void **state) {
-    (void)state;
+/* The f16 encoder layer's weights (tracked tensors, contents unread) and
+ * its input x [1, 96, H]. */
+static void encoder_f16(bench_encoder *w, sj_tensor *x) {
     const int64_t H = BENCH_H, FF = BENCH_FF;
-    bench_encoder w = {
+    *w = (bench_encoder){
         tu_tensor(SJ_F16, 2, S(H, 3 * H)), tu_tensor(SJ_F16, 1, S(3 * H)), tu_tensor(SJ_F16, 2, S(H, H)),
         tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
         tu_tensor(SJ_F16, 2, S(H, FF)),    tu_tensor(SJ_F16, 1, S(FF)),    tu_tensor(SJ_F16, 2, S(FF, H)),
         tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
     };
-    sj_tensor x = tu_tensor(SJ_F16, 3, S(1, 96, H));
+    *x = tu_tensor(SJ_F16, 3, S(1, 96, H));
+}
+
+/* The encoder (w) traced at x, static (form 0) or with the sequence
+ * symbolic (form 1), into *res (its facts freed; the caller destroys the
+ * graph). */
+static void trace_encoder(bench_encoder *w, sj_tensor *x, int form, sj_trace_result *res) {
+    int sym = -1;
+    sj_trace_req req = {.fn_name = "encoder", .model = bench_w4_model, .user = w, .inputs = x, .n_inputs = 1,
+                        .dim_policy = encoder_seq_policy, .dim_ctx = form ? &sym : NULL};
+    assert_int_equal(sj_trace(&req, res), SJ_OK);
+    free(res->facts);
+}
+
+static void test_split_encoder(void **state) {
+    (void)state;
+    bench_encoder w;
+    sj_tensor x;
+    encoder_f16(&w, &x);
     for (int form = 0; form < 2; form++) {
-        int sym = -1;
-        sj_trace_req req = {.fn_name = "encoder", .model = bench_w4_model, .user = &w, .inputs = &x, .n_inputs = 1,
-                            .dim_policy = encoder_seq_policy, .dim_ctx = form ? &sym : NULL};
         sj_trace_result res;
-        assert_int_equal(sj_trace(&req, &res), SJ_OK);
-        free(res.facts);
+        trace_encoder(&w, &x, form, &res);
         sj_fplan *p = sj_fuse(res.graph, &x);
         assert_non_null(p);
         char *src = sj_codegen_cuda(res.graph, p, NULL, &(sj_codegen_opts){.prefix = "sj_"}, NULL);
@@ -1037,21 +988,12 @@ static void test_split_encoder(void **state) {
  * helpers stay in their namespaces). */
 static void test_gemm_encoder(void **state) {
     (void)state;
-    const int64_t H = BENCH_H, FF = BENCH_FF;
-    bench_encoder w = {
-        tu_tensor(SJ_F16, 2, S(H, 3 * H)), tu_tensor(SJ_F16, 1, S(3 * H)), tu_tensor(SJ_F16, 2, S(H, H)),
-        tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
-        tu_tensor(SJ_F16, 2, S(H, FF)),    tu_tensor(SJ_F16, 1, S(FF)),    tu_tensor(SJ_F16, 2, S(FF, H)),
-        tu_tensor(SJ_F16, 1, S(H)),        tu_tensor(SJ_F16, 1, S(H)),     tu_tensor(SJ_F16, 1, S(H)),
-    };
-    sj_tensor x = tu_tensor(SJ_F16, 3, S(1, 96, H));
+    bench_encoder w;
+    sj_tensor x;
+    encoder_f16(&w, &x);
     for (int form = 0; form < 2; form++) {
-        int sym = -1;
-        sj_trace_req req = {.fn_name = "encoder", .model = bench_w4_model, .user = &w, .inputs = &x, .n_inputs = 1,
-                            .dim_policy = encoder_seq_policy, .dim_ctx = form ? &sym : NULL};
         sj_trace_result res;
-        assert_int_equal(sj_trace(&req, &res), SJ_OK);
-        free(res.facts);
+        trace_encoder(&w, &x, form, &res);
         sj_fplan *p = sj_fuse_ex(res.graph, &x, &(sj_fuse_opts){.gemm = true});
         assert_non_null(p);
         assert_int_equal(p->n_gemm, 4);

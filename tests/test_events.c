@@ -74,10 +74,29 @@ static const rec *nth(sj_event_kind k, int i) {
     return NULL;
 }
 
+/* The i-th event of kind k, asserted to be there and to name function fn,
+ * entry and shape (NULL, -1, NULL: not checked). */
+static const rec *check_event(sj_event_kind k, int i, const char *fn, int entry, const char *shape) {
+    const rec *r = nth(k, i);
+    assert_non_null(r);
+    if (fn) assert_string_equal(r->fn, fn);
+    if (entry >= 0) assert_int_equal(r->entry, entry);
+    if (shape) assert_string_equal(r->shape, shape);
+    return r;
+}
+
 static int count(sj_event_kind k) {
     int n = 0;
     for (int j = 0; j < n_ev; j++) n += evs[j].kind == k;
     return n;
+}
+
+/* A runtime of cfg, with the events and lines recorded from none. */
+static sj_runtime *open_runtime(const sj_runtime_config *cfg) {
+    reset();
+    sj_runtime *rt = NULL;
+    assert_int_equal(sj_runtime_create(cfg, &rt), SJ_OK);
+    return rt;
 }
 
 static sj_runtime_config config(void) {
@@ -129,24 +148,17 @@ static void drain(sj_runtime *rt) {
 
 static void compile_started_and_finished(void **state) {
     (void)state;
-    reset();
     sj_runtime_config cfg = config();
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = open_runtime(&cfg);
     sj_fn *fn = function(rt, "evfn", SJ_DYNAMIC_SYMBOLIC);
     call(fn, 24);
     assert_int_equal(n_ev, 0); /* queued: nothing happened yet */
     drain(rt);
-    const rec *s = nth(SJ_EVENT_COMPILE_STARTED, 0), *f = nth(SJ_EVENT_COMPILE_FINISHED, 0);
-    assert_non_null(s);
-    assert_non_null(f);
+    const rec *s = check_event(SJ_EVENT_COMPILE_STARTED, 0, "evfn", 0, ""); /* the entry's symbolic kernels */
+    const rec *f = check_event(SJ_EVENT_COMPILE_FINISHED, 0, NULL, 0, NULL);
     assert_true(s < f);
-    assert_string_equal(s->fn, "evfn");
-    assert_int_equal(s->entry, 0);
-    assert_string_equal(s->shape, ""); /* the entry's symbolic kernels */
     assert_int_equal(s->topic, SJ_LOG_COMPILE);
     assert_true(s->time_ns == 5000 * MS); /* the virtual clock */
-    assert_int_equal(f->entry, 0);
     assert_true(f->ms > 0);               /* compiled (no cache) */
     assert_true(f->bytes > 1000);         /* a shared object */
     assert_string_equal(f->error, "");
@@ -154,12 +166,8 @@ static void compile_started_and_finished(void **state) {
     call(fn, 24);
     call(fn, 24);
     drain(rt);
-    const rec *s2 = nth(SJ_EVENT_COMPILE_STARTED, 1), *f2 = nth(SJ_EVENT_COMPILE_FINISHED, 1);
-    assert_non_null(s2);
-    assert_non_null(f2);
-    assert_string_equal(s2->shape, "s0=24");
-    assert_string_equal(f2->shape, "s0=24");
-    assert_int_equal(f2->entry, 0);
+    check_event(SJ_EVENT_COMPILE_STARTED, 1, NULL, -1, "s0=24");
+    check_event(SJ_EVENT_COMPILE_FINISHED, 1, NULL, 0, "s0=24");
     assert_int_equal(n_ready_lines, 2); /* the text lines still come */
     assert_true(n_lines > n_ev);
     sj_runtime_destroy(rt);
@@ -167,19 +175,15 @@ static void compile_started_and_finished(void **state) {
 
 static void compile_failed_then_blacklisted(void **state) {
     (void)state;
-    reset();
     sj_runtime_config cfg = config();
     cfg.compile_retry_ms = 100;
     cfg.compile_max_failures = 2;
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = open_runtime(&cfg);
     sj_runtime_test_hooks(rt, 0, 1); /* every compile fails */
     sj_fn *fn = function(rt, "failing", SJ_DYNAMIC_AUTO);
     call(fn, 24);
     drain(rt);
-    const rec *f = nth(SJ_EVENT_COMPILE_FAILED, 0);
-    assert_non_null(f);
-    assert_int_equal(f->entry, 0);
+    const rec *f = check_event(SJ_EVENT_COMPILE_FAILED, 0, NULL, 0, NULL);
     assert_int_equal(f->count, 1);
     assert_true(f->retry_ms >= 75 && f->retry_ms <= 125); /* 100 ms +-25% */
     assert_true(strlen(f->error) > 0);
@@ -187,11 +191,10 @@ static void compile_failed_then_blacklisted(void **state) {
     atomic_fetch_add(&now_ns, 200 * MS);
     call(fn, 24);
     drain(rt);
-    const rec *f2 = nth(SJ_EVENT_COMPILE_FAILED, 1), *b = nth(SJ_EVENT_COMPILE_BLACKLISTED, 0);
-    assert_non_null(f2);
+    const rec *f2 = check_event(SJ_EVENT_COMPILE_FAILED, 1, NULL, -1, NULL);
+    const rec *b = check_event(SJ_EVENT_COMPILE_BLACKLISTED, 0, NULL, -1, NULL);
     assert_int_equal(f2->count, 2);
     assert_int_equal(f2->retry_ms, -1);
-    assert_non_null(b);
     assert_true(b > f2);
     assert_int_equal(b->count, 2);
     assert_string_equal(b->error, f2->error);
@@ -201,25 +204,20 @@ static void compile_failed_then_blacklisted(void **state) {
 
 static void compile_dropped_when_cold(void **state) {
     (void)state;
-    reset();
     sj_runtime_config cfg = config();
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = open_runtime(&cfg);
     sj_compiler_set_cold_ms(rt->compiler, 1000);
     sj_fn *fn = function(rt, "cold", SJ_DYNAMIC_AUTO);
     call(fn, 24);
     atomic_fetch_add(&now_ns, 2000 * MS); /* no calls while it waits */
     drain(rt);
-    const rec *d = nth(SJ_EVENT_COMPILE_DROPPED, 0);
-    assert_non_null(d);
-    assert_int_equal(d->entry, 0);
+    const rec *d = check_event(SJ_EVENT_COMPILE_DROPPED, 0, NULL, 0, NULL);
     assert_non_null(strstr(d->error, "cold"));
     assert_int_equal(count(SJ_EVENT_COMPILE_STARTED), 0);
     /* queued again, then its function destroyed */
     call(fn, 24);
     sj_fn_destroy(fn);
-    const rec *d2 = nth(SJ_EVENT_COMPILE_DROPPED, 1);
-    assert_non_null(d2);
+    const rec *d2 = check_event(SJ_EVENT_COMPILE_DROPPED, 1, NULL, -1, NULL);
     assert_non_null(strstr(d2->error, "destroyed"));
     sj_runtime_destroy(rt);
 }
@@ -229,10 +227,8 @@ static void compile_dropped_when_cold(void **state) {
  * next call queues it again. */
 static void shape_no_longer_seen_is_dropped(void **state) {
     (void)state;
-    reset();
     sj_runtime_config cfg = config();
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = open_runtime(&cfg);
     sj_compiler_set_cold_ms(rt->compiler, 1000);
     sj_fn *fn = function(rt, "stale", SJ_DYNAMIC_SYMBOLIC);
     call(fn, 24);
@@ -243,9 +239,7 @@ static void shape_no_longer_seen_is_dropped(void **state) {
         atomic_fetch_add(&now_ns, 100 * MS);
     }
     drain(rt);
-    const rec *d = nth(SJ_EVENT_COMPILE_DROPPED, 0);
-    assert_non_null(d);
-    assert_string_equal(d->shape, "s0=24");
+    check_event(SJ_EVENT_COMPILE_DROPPED, 0, NULL, -1, "s0=24");
     sj_stats s;
     sj_fn_stats(fn, &s);
     assert_int_equal(s.compiles_dropped, 1);
@@ -253,7 +247,7 @@ static void shape_no_longer_seen_is_dropped(void **state) {
     call(fn, 24); /* seen again: queued again */
     drain(rt);
     assert_int_equal(count(SJ_EVENT_COMPILE_FINISHED), finished + 1);
-    assert_string_equal(nth(SJ_EVENT_COMPILE_FINISHED, finished)->shape, "s0=24");
+    check_event(SJ_EVENT_COMPILE_FINISHED, finished, NULL, -1, "s0=24");
     sj_runtime_destroy(rt);
 }
 
@@ -263,25 +257,17 @@ static void shape_no_longer_seen_is_dropped(void **state) {
 static void neighbouring_bucket_compiled_ahead(void **state) {
     (void)state;
     for (int ahead = 1; ahead >= 0; ahead--) {
-        reset();
         sj_runtime_config cfg = config();
         cfg.compile_ahead = ahead;
-        sj_runtime *rt = NULL;
-        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_runtime *rt = open_runtime(&cfg);
         sj_fn *fn = function(rt, "buckets", SJ_DYNAMIC_AUTO);
         assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 16, 512), SJ_OK);
         call(fn, 20); /* hot at once (hot_threshold 1) */
-        const rec *r = nth(SJ_EVENT_RECOMPILE, 0);
-        if (ahead) {
-            assert_non_null(r);
-            assert_int_equal(r->entry, 1);
-            assert_string_equal(r->shape, "[64]");
-        } else {
-            assert_null(r);
-        }
+        if (ahead) check_event(SJ_EVENT_RECOMPILE, 0, NULL, 1, "[64]");
+        else assert_null(nth(SJ_EVENT_RECOMPILE, 0));
         drain(rt);
         assert_int_equal(count(SJ_EVENT_COMPILE_FINISHED), ahead ? 2 : 1);
-        assert_int_equal(nth(SJ_EVENT_COMPILE_STARTED, 0)->entry, 0); /* the hot one first */
+        check_event(SJ_EVENT_COMPILE_STARTED, 0, NULL, 0, NULL); /* the hot one first */
         sj_stats a, b;
         sj_fn_stats(fn, &a);
         call(fn, 40); /* bucket (32, 64]'s first call */
@@ -296,20 +282,15 @@ static void neighbouring_bucket_compiled_ahead(void **state) {
 
 static void validation_rejected(void **state) {
     (void)state;
-    reset();
     sj_runtime_config cfg = config();
     cfg.validate_calls = 2;
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = open_runtime(&cfg);
     sj_runtime_test_wrong_kernels(rt, 1.0f);
     sj_fn *fn = function(rt, "wrong", SJ_DYNAMIC_AUTO);
     call(fn, 24);
     drain(rt);
     call(fn, 24); /* validated: differs; the caller gets eager's result */
-    const rec *v = nth(SJ_EVENT_VALIDATION_REJECTED, 0);
-    assert_non_null(v);
-    assert_int_equal(v->entry, 0);
-    assert_string_equal(v->fn, "wrong");
+    const rec *v = check_event(SJ_EVENT_VALIDATION_REJECTED, 0, "wrong", 0, NULL);
     assert_true(strlen(v->error) > 0);
     assert_int_equal(v->topic, SJ_LOG_WARN);
     call(fn, 24);
@@ -320,24 +301,19 @@ static void validation_rejected(void **state) {
 static void specialization_demoted(void **state) {
     (void)state;
     /* what one specialization holds, from its FINISHED event */
-    reset();
     sj_runtime_config cfg = config();
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = open_runtime(&cfg);
     sj_fn *fn = function(rt, "measure", SJ_DYNAMIC_SYMBOLIC);
     call(fn, 24);
     drain(rt);
     call(fn, 24);
     call(fn, 24);
     drain(rt);
-    const rec *f = nth(SJ_EVENT_COMPILE_FINISHED, 1);
-    assert_non_null(f);
-    int64_t one = f->bytes;
+    int64_t one = check_event(SJ_EVENT_COMPILE_FINISHED, 1, NULL, -1, NULL)->bytes;
     sj_runtime_destroy(rt);
 
-    reset();
     cfg.specialize_max_bytes = (uint64_t)(one * 3 / 2);
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    rt = open_runtime(&cfg);
     fn = function(rt, "budgeted", SJ_DYNAMIC_SYMBOLIC);
     call(fn, 24);
     drain(rt);
@@ -346,12 +322,8 @@ static void specialization_demoted(void **state) {
     atomic_fetch_add(&now_ns, 250 * MS);
     for (int k = 0; k < 3; k++) call(fn, 40);
     drain(rt); /* 40 in, 24 out */
-    const rec *d = nth(SJ_EVENT_DEMOTED, 0);
-    assert_non_null(d);
+    const rec *d = check_event(SJ_EVENT_DEMOTED, 0, "budgeted", 0, "s0=24");
     assert_int_equal(count(SJ_EVENT_DEMOTED), 1);
-    assert_string_equal(d->fn, "budgeted");
-    assert_int_equal(d->entry, 0);
-    assert_string_equal(d->shape, "s0=24");
     assert_true(d->bytes >= one * 9 / 10 && d->bytes <= one * 11 / 10);
     assert_int_equal(d->count, 1);
     assert_true(d->ms >= 250); /* uncalled since before the clock moved */
@@ -362,19 +334,14 @@ static void specialization_demoted(void **state) {
 
 static void recompile(void **state) {
     (void)state;
-    reset();
     sj_runtime_config cfg = config();
     cfg.compile_mode = SJ_COMPILE_OFF;
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = open_runtime(&cfg);
     sj_fn *fn = function(rt, "grow", SJ_DYNAMIC_AUTO);
     call(fn, 24);
     assert_int_equal(count(SJ_EVENT_RECOMPILE), 0); /* a first trace is no recompile */
     call(fn, 40);
-    const rec *r = nth(SJ_EVENT_RECOMPILE, 0);
-    assert_non_null(r);
-    assert_int_equal(r->entry, 1);
-    assert_string_equal(r->shape, "[40]");
+    const rec *r = check_event(SJ_EVENT_RECOMPILE, 0, NULL, 1, "[40]");
     assert_non_null(strstr(r->error, "entry 0: "));
     assert_int_equal(r->count, 2);
     assert_int_equal(r->topic, SJ_LOG_RECOMPILES);
@@ -415,12 +382,8 @@ static void graph_captured_on_device(void **state) {
     sj_stats s;
     sj_fn_stats(fn, &s);
     assert_true(s.graphs >= 1);
-    const rec *g = nth(SJ_EVENT_GRAPH_CAPTURED, 0);
-    assert_non_null(g);
+    const rec *g = check_event(SJ_EVENT_GRAPH_CAPTURED, 0, "graphs", 0, ""); /* static entry: no symbols */
     assert_int_equal(count(SJ_EVENT_GRAPH_CAPTURED), (int)s.graphs);
-    assert_string_equal(g->fn, "graphs");
-    assert_int_equal(g->entry, 0);
-    assert_string_equal(g->shape, ""); /* a static entry: no symbols */
     assert_int_equal(g->count, 1);     /* the shape's first graph */
     assert_true(g->ms > 0);
     assert_int_equal(g->topic, SJ_LOG_PERF);
@@ -435,11 +398,9 @@ static void names_and_no_callback(void **state) {
     assert_string_equal(sj_event_name(SJ_EVENT_DEMOTED), "specialization_demoted");
     assert_string_equal(sj_event_name(SJ_EVENT_GRAPH_CAPTURED), "graph_captured");
     assert_string_equal(sj_event_name(SJ_EVENT_COUNT), "?");
-    reset();
     sj_runtime_config cfg = config();
     cfg.event_fn = NULL;
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_runtime *rt = open_runtime(&cfg);
     sj_fn *fn = function(rt, "quiet", SJ_DYNAMIC_AUTO);
     call(fn, 24);
     drain(rt);

@@ -16,10 +16,11 @@
  * Without one it prints "skipped: no CUDA device" after the compile
  * checks and passes.
  *
- * NVRTC is loaded with dlopen (libnvrtc.so.13 from $SHAPEJIT_CUDA_LIBS,
- * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader's path); the
- * device runs use the runtime's device services (kernels/cuda/cuda_dev.h)
- * and need a build with SJ_WITH_CUDA. SJ_SHOW_CODE=1 prints one unit.
+ * NVRTC is loaded with dlopen (tests/util_nvrtc.h: libnvrtc.so.13 from
+ * $SHAPEJIT_CUDA_LIBS, $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the
+ * loader's path); the device runs use the runtime's device services
+ * (kernels/cuda/cuda_dev.h) and need a build with SJ_WITH_CUDA.
+ * SJ_SHOW_CODE=1 prints one unit.
  */
 /* cmocka.h needs these first, in this order */
 /* clang-format off */
@@ -30,7 +31,6 @@
 #include <cmocka.h>
 /* clang-format on */
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,53 +39,14 @@
 #include "base/half.h"
 #include "specialize/codegen_gemm_cuda.h"
 #include "tests/util.h"
+#include "tests/util_nvrtc.h"
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
-/* -- NVRTC (types restated: the compile checks need no headers) ------------------- */
+/* -- NVRTC (tests/util_nvrtc.h: loaded with dlopen, no headers needed) ---------- */
 
-typedef struct nvrtc_prog *nvrtc_prog;
-static struct {
-    void *h;
-    int (*CreateProgram)(nvrtc_prog *, const char *, const char *, int, const char *const *, const char *const *);
-    int (*CompileProgram)(nvrtc_prog, int, const char *const *);
-    int (*GetCUBINSize)(nvrtc_prog, size_t *);
-    int (*GetCUBIN)(nvrtc_prog, char *);
-    int (*GetPTXSize)(nvrtc_prog, size_t *);
-    int (*GetPTX)(nvrtc_prog, char *);
-    int (*GetProgramLogSize)(nvrtc_prog, size_t *);
-    int (*GetProgramLog)(nvrtc_prog, char *);
-    int (*DestroyProgram)(nvrtc_prog *);
-} nv;
-
-#define SYM(field, name)                                                                                        \
-    do {                                                                                                        \
-        *(void **)&nv.field = dlsym(nv.h, name);                                                                \
-        if (!nv.field) return false;                                                                            \
-    } while (0)
-
-static bool load_nvrtc(void) {
-    const char *dirs[] = {getenv("SHAPEJIT_CUDA_LIBS"), getenv("CUDA_HOME"), "/usr/local/cuda", NULL};
-    char path[512];
-    for (int i = 0; i < 4 && !nv.h; i++) {
-        if (i < 3 && !dirs[i]) continue;
-        if (i == 3) snprintf(path, sizeof path, "libnvrtc.so.13");
-        else snprintf(path, sizeof path, "%s%s/libnvrtc.so.13", dirs[i], i == 0 ? "" : "/lib64");
-        nv.h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!nv.h) return false;
-    SYM(CreateProgram, "nvrtcCreateProgram");
-    SYM(CompileProgram, "nvrtcCompileProgram");
-    SYM(GetCUBINSize, "nvrtcGetCUBINSize");
-    SYM(GetCUBIN, "nvrtcGetCUBIN");
-    SYM(GetPTXSize, "nvrtcGetPTXSize");
-    SYM(GetPTX, "nvrtcGetPTX");
-    SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
-    SYM(GetProgramLog, "nvrtcGetProgramLog");
-    SYM(DestroyProgram, "nvrtcDestroyProgram");
-    return true;
-}
+static tu_nvrtc nv;
 
 static bool have_nvrtc, have_gpu;
 static char arch[16] = "sm_90"; /* the device's, when there is one */
@@ -103,24 +64,8 @@ static void compile(const char *src, const char *a, const char *what, char **out
     nvrtc_prog prog;
     assert_int_equal(nv.CreateProgram(&prog, src, "gemm.cu", 0, NULL, NULL), 0);
     int r = nv.CompileProgram(prog, 4, opts);
-    size_t ln = 0;
-    nv.GetProgramLogSize(prog, &ln);
-    char *log = calloc(1, ln + 1);
-    assert_non_null(log);
-    if (ln) nv.GetProgramLog(prog, log);
-    bool warned = strstr(log, "warning") || strstr(log, "Warning");
-    if (r || warned) fprintf(stderr, "%s: NVRTC %s\n%s\n%s\n", what, r ? "failed" : "warned", log, src);
-    free(log);
-    assert_int_equal(r, 0);
-    assert_false(warned);
-    if (out) {
-        bool ptx = !strstr(a, "sm_");
-        assert_int_equal((ptx ? nv.GetPTXSize : nv.GetCUBINSize)(prog, out_len), 0);
-        *out = malloc(*out_len + 1);
-        assert_non_null(*out);
-        assert_int_equal((ptx ? nv.GetPTX : nv.GetCUBIN)(prog, *out), 0);
-        (*out)[*out_len] = 0;
-    }
+    tu_nvrtc_check(&nv, prog, r, what, src);
+    if (out) tu_nvrtc_output(&nv, prog, !strstr(a, "sm_"), out, out_len);
     nv.DestroyProgram(&prog);
 }
 
@@ -162,7 +107,7 @@ static int setup_all(void **state) {
     (void)state;
     const char *seed = getenv("SJ_TEST_SEED");
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0x9e11);
-    have_nvrtc = load_nvrtc();
+    have_nvrtc = tu_nvrtc_load(&nv);
 #ifdef SJ_WITH_CUDA
     if (have_nvrtc && sj_cuda_open(0, &dev) == SJ_OK) {
         have_gpu = true;

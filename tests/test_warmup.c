@@ -50,13 +50,8 @@ static sj_status model_short(sj_tracer *t, const sj_val *in, int n, void *u) {
 }
 
 static sj_runtime *runtime(sj_compile_mode mode, const char *cc) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.log_mask = 0;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_mode = mode;
-    cfg.cache_dir = NULL;
-    cfg.exec_threads = 1;
     cfg.cc = cc;
     sj_runtime *rt = NULL;
     if (sj_runtime_create(&cfg, &rt)) fail_msg("runtime: %s", sj_last_error());
@@ -269,12 +264,7 @@ static void validated_during_warmup(void **state) {
     (void)state;
     tu_seed(30);
     for (int wrong = 0; wrong < 2; wrong++) {
-        sj_runtime_config cfg;
-        sj_runtime_config_init(&cfg);
-        cfg.backend = SJ_BACKEND_CPU;
-        cfg.log_mask = 0;
-        cfg.cache_dir = NULL;
-        cfg.exec_threads = 1;
+        sj_runtime_config cfg = tu_cpu_config();
         cfg.validate_calls = 2;
         sj_runtime *rt = NULL;
         assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
@@ -316,12 +306,7 @@ static void validated_during_warmup(void **state) {
  * warm-up runs its queued compiles on its own thread, and ends. */
 static void no_compile_workers(void **state) {
     (void)state;
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.log_mask = 0;
-    cfg.cache_dir = NULL;
-    cfg.exec_threads = 1;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_threads = 0;
     sj_runtime *rt = NULL;
     assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
@@ -482,11 +467,7 @@ static void blocking_timeout(void **state) {
 
 static void bad_specs(void **state) {
     (void)state;
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.log_mask = 0;
-    cfg.cache_dir = NULL;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_mode = SJ_COMPILE_OFF;
     cfg.warmup_max_shapes = 5;
     sj_runtime *rt = NULL;

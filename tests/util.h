@@ -14,6 +14,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -354,6 +355,25 @@ int tu_fixture_teardown(void **state);
 
 /* Monotonic clock in milliseconds. */
 double tu_now_ms(void);
+
+/* The quiet CPU runtime the tests start from: sj_runtime_config_init's
+ * defaults with backend CPU, no log topics, no persistent kernel cache
+ * (cache_dir NULL) and one exec thread; a test sets what it checks on top. */
+sj_runtime_config tu_cpu_config(void);
+
+/* A virtual clock for a runtime (cfg.clock_ns), for tests that drive time:
+ * nanoseconds, moved only by tu_clock_advance_ms, from any thread; start
+ * it where the test wants, e.g. static tu_clock clk = {1000 * 1000000}. */
+typedef struct tu_clock {
+    _Atomic int64_t ns;
+} tu_clock;
+
+/* cfg's clock becomes c (clock_ns and clock_user). */
+void tu_clock_use(sj_runtime_config *cfg, tu_clock *c);
+void tu_clock_advance_ms(tu_clock *c, int64_t ms);
+
+/* sj_fn_explain's text for fn (malloc'd: the caller frees it). */
+char *tu_explain(const sj_fn *fn);
 
 /* Flip every bit of the byte at `offset` of an existing file (asserts). */
 void tu_flip_byte(const char *path, long offset);

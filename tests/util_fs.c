@@ -84,6 +84,35 @@ double tu_now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+sj_runtime_config tu_cpu_config(void) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.log_mask = 0;
+    cfg.cache_dir = NULL;
+    cfg.exec_threads = 1;
+    return cfg;
+}
+
+static int64_t clock_read(void *c) { return atomic_load(&((tu_clock *)c)->ns); }
+
+void tu_clock_use(sj_runtime_config *cfg, tu_clock *c) {
+    cfg->clock_ns = clock_read;
+    cfg->clock_user = c;
+}
+
+void tu_clock_advance_ms(tu_clock *c, int64_t ms) { atomic_fetch_add(&c->ns, ms * INT64_C(1000000)); }
+
+char *tu_explain(const sj_fn *fn) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    sj_fn_explain(fn, f);
+    fclose(f);
+    return text;
+}
+
 void tu_flip_byte(const char *path, long offset) {
     FILE *fp = fopen(path, "r+b");
     assert_non_null(fp);
