@@ -84,6 +84,12 @@ TEST_SLOW := $(foreach t,test_fusion test_codegen_cuda test_bert test_jit test_b
 TEST_RUN  := $(TEST_SLOW) $(filter-out $(TEST_SLOW),$(TEST_BIN))
 # Test programs run at once by `make test` (tests/run.sh); CI uses every core.
 TEST_JOBS ?= 1
+# test_fusion's kernel cache (SJ_TEST_KCACHE), one for every build flavour:
+# `make test` empties it first, so the plain pass compiles every kernel;
+# test-asan and test-tsan keep it (TEST_KCACHE_KEEP=1) and load the same
+# kernels (the compiler is no sanitized code) instead of compiling them again.
+TEST_KCACHE := build/test-kcache
+TEST_KCACHE_KEEP ?=
 TEST_UTIL := $(sort $(wildcard tests/util_*.c))
 TEST_UTIL_OBJ := $(TEST_UTIL:%.c=$(BUILD)/obj/%.o)
 
@@ -208,7 +214,8 @@ $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(MODEL_OBJ) $(STATIC)
 # kernel cache.
 test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN) $(TOOL_BIN)
 	@failed=0; \
-	SJ_MODEL_REF=$(MODEL_REF) SJ_EMBED_SERVER=$(EMBED_SERVER) SJ_CACHE_TOOL=$(TOOL_BIN) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
+	$(if $(TEST_KCACHE_KEEP),,rm -rf $(TEST_KCACHE);) \
+	SJ_TEST_KCACHE=$(TEST_KCACHE) SJ_MODEL_REF=$(MODEL_REF) SJ_EMBED_SERVER=$(EMBED_SERVER) SJ_CACHE_TOOL=$(TOOL_BIN) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
 	for s in $(SAMPLES); do \
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
@@ -232,7 +239,7 @@ test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN) $(TOOL_BIN)
 # a program whose only failure was that tracer crash, once, visibly.
 ASAN_CC := $(shell command -v clang >/dev/null 2>&1 && echo clang || echo $(CC))
 test-asan: deps
-	$(Q)OPENBLAS_NUM_THREADS=1 $(MAKE) --no-print-directory BUILD=$(BUILD)-asan OPT=-O1 CC=$(ASAN_CC) \
+	$(Q)OPENBLAS_NUM_THREADS=1 $(MAKE) --no-print-directory BUILD=$(BUILD)-asan OPT=-O1 CC=$(ASAN_CC) TEST_KCACHE_KEEP=1 \
 	  SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # ThreadSanitizer over the whole suite. OpenBLAS is not instrumented, so its
@@ -241,7 +248,7 @@ test-asan: deps
 test-tsan: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/samples/embed_server
 	$(Q)OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-	  $(MAKE) --no-print-directory BUILD=$(BUILD)-tsan OPT=-O1 SANITIZE="-fsanitize=thread -DSJ_NO_CLONES" \
+	  $(MAKE) --no-print-directory BUILD=$(BUILD)-tsan OPT=-O1 SANITIZE="-fsanitize=thread -DSJ_NO_CLONES" TEST_KCACHE_KEEP=1 \
 	  EMBED_SERVER=$(BUILD)/samples/embed_server test
 
 # -- Fuzzing ---------------------------------------------------------------
