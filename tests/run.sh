@@ -17,10 +17,14 @@
 # its second verdict is the one that counts. Any other failure counts at
 # once.
 
+# Each program's TEST line gives its elapsed seconds (both runs, for a
+# rerun), so every log shows where the suite's time goes.
+
 # tests/run.sh --one PROGRAM OUT: run PROGRAM, output in OUT.log, status in
-# OUT.rc.
+# OUT.rc, elapsed whole seconds in OUT.secs.
 if [ "$1" = "--one" ]; then
     t=$2 out=$3
+    t0=$(date +%s)
     $SJ_RUN "$t" > "$out.log" 2>&1; rc=$?
     if [ $rc != 0 ] && grep -q "^Tracer caught signal" "$out.log" &&
        grep -q "LeakSanitizer has encountered a fatal error" "$out.log"; then
@@ -31,6 +35,7 @@ if [ "$1" = "--one" ]; then
           echo "  second run:"; cat "$out.log"; } > "$out.both.log"
         mv "$out.both.log" "$out.log"
     fi
+    echo $(( $(date +%s) - t0 )) > "$out.secs"
     echo $rc > "$out.rc"
     exit 0
 fi
@@ -47,7 +52,8 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/sj-tests.XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
 report() {
     t=$1 out="$dir/$(basename "$1")"
-    printf '  TEST    %s\n' "$(basename "$t")"
+    secs=$(cat "$out.secs" 2>/dev/null || echo "?")
+    printf '  TEST    %s (%s s)\n' "$(basename "$t")" "$secs"
     cat "$out.log" 2>/dev/null
     rc=$(cat "$out.rc" 2>/dev/null || echo "did not run")
     [ "$rc" = 124 ] && echo "  TIMEOUT $t (over $limit s)"

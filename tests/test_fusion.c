@@ -27,6 +27,7 @@
 #include "jit/runtime.h"
 #include "kernels/cpu/threads.h"
 #include "jit/trace.h"
+#include "kernels/cache.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/eager.h"
 #include "kernels/cpu/prepack.h"
@@ -42,6 +43,7 @@
 
 static sj_runtime *rt;
 static sj_backend *be;
+static sj_cache *kcache;
 static sj_threads *pool4;
 static sj_pool arena_pool;
 
@@ -49,8 +51,16 @@ static int setup_all(void **state) {
     const char *seed = getenv("SJ_TEST_SEED");
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0x5eed);
     if (sj_runtime_create(NULL, &rt)) return -1;
+    /* SJ_TEST_KCACHE: a kernel cache directory (make test sets one, emptied
+     * by the plain pass, which compiles every kernel; the sanitizer passes
+     * load the same kernels from it instead of running the compiler again:
+     * this test is about plans, generated code and the fused executor, and
+     * the compiler path under the sanitizers is test_backend_cpu's and
+     * test_jit's). Unset: every kernel is compiled. */
+    const char *kc = getenv("SJ_TEST_KCACHE");
+    if (kc && *kc && sj_cache_open(kc, 0, &kcache)) return -1;
     /* the kernels' compiler and flags, e.g. to sanitize them */
-    sj_cpu_backend_config bc = {.cc = getenv("SJ_TEST_KCC"), .cflags = getenv("SJ_TEST_KCFLAGS")};
+    sj_cpu_backend_config bc = {.cc = getenv("SJ_TEST_KCC"), .cflags = getenv("SJ_TEST_KCFLAGS"), .cache = kcache};
     if (sj_cpu_backend_create(&bc, &be)) return -1;
     pool4 = sj_threads_create(4);
     sj_pool_init(&arena_pool, rt);
@@ -61,6 +71,7 @@ static int teardown_all(void **state) {
     sj_pool_destroy(&arena_pool);
     sj_threads_destroy(pool4);
     if (be) be->destroy(be);
+    sj_cache_close(kcache); /* after the backend, which borrows it */
     sj_runtime_destroy(rt);
     return 0;
 }

@@ -2,7 +2,9 @@
  * chunk sizes, chunk sizes respected, pools of 0 (online CPUs), 1, 2, 3 and
  * 8 threads, a NULL pool, several callers at once (a busy pool runs the
  * caller inline), nested calls, deterministic results, and create/destroy
- * without jobs, idle workers that sleep. Clean under ThreadSanitizer. */
+ * without jobs, idle workers that sleep, and the lock-free hand-off of the
+ * job slot between owners under many tiny jobs from several submitters.
+ * Clean under ThreadSanitizer. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -10,6 +12,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -271,6 +274,97 @@ static void test_many_jobs(void **state) {
     sj_threads_destroy(t);
 }
 
+/* The lock-free hand-off between owners, under load: several threads
+ * submit many tiny jobs back to back to one pool, so the job slot passes
+ * from owner to owner while the previous job's workers are still leaving
+ * (the `active` count, `cur` and the Dekker check in threads.c). Every job
+ * has its own record, never reused: each item must run exactly once, every
+ * item must have run when parallel_for returns, and no chunk may start on a
+ * job after its owner saw it finished (a straggler claiming a chunk of a
+ * slot that the next owner rewrote would run an item twice, run it late or
+ * run the wrong job's fn). Some chunks linger so that the owner sleeps for
+ * its last chunk and the next owner waits for stragglers. */
+enum { HO_SUBMITTERS = 4, HO_JOBS = 3000, HO_MAX_N = 48 };
+
+typedef struct ho_job {
+    int64_t n;
+    _Atomic int closed; /* set by the owner once parallel_for returned */
+    _Atomic int late;   /* chunks started after that */
+    _Atomic int bad;    /* ranges outside [0, n) */
+    _Atomic unsigned char hits[HO_MAX_N];
+} ho_job;
+
+typedef struct ho_submitter {
+    sj_threads *t;
+    ho_job *jobs;
+    int id;
+    int incomplete; /* jobs with an item not yet run when parallel_for returned */
+} ho_submitter;
+
+static void ho_fn(void *ctx, int64_t b, int64_t e) {
+    ho_job *j = ctx;
+    if (atomic_load(&j->closed)) atomic_fetch_add(&j->late, 1);
+    if (b < 0 || e > j->n || b >= e) {
+        atomic_fetch_add(&j->bad, 1);
+        return;
+    }
+    for (int64_t i = b; i < e; i++) atomic_fetch_add_explicit(&j->hits[i], 1, memory_order_relaxed);
+    if (b % 7 == 3) /* a lingering chunk: owners wait on it, the next owner on its worker */
+        for (volatile int spin = 0; spin < 2000; spin++) {
+        }
+    if (b == 5 && j->n % 16 == 0) sched_yield();
+}
+
+static void *ho_submit(void *p) {
+    ho_submitter *s = p;
+    for (int k = 0; k < HO_JOBS; k++) {
+        ho_job *j = &s->jobs[k];
+        j->n = 2 + (k * 31 + s->id * 17) % (HO_MAX_N - 1);
+        sj_threads_parallel_for(s->t, j->n, 1 + (k % 5 == 4), ho_fn, j);
+        for (int64_t i = 0; i < j->n; i++)
+            if (atomic_load(&j->hits[i]) != 1) {
+                s->incomplete++;
+                break;
+            }
+        atomic_store(&j->closed, 1);
+    }
+    return NULL;
+}
+
+static void test_handoff_stress(void **state) {
+    (void)state;
+    const int pools[] = {2, 4};
+    for (size_t p = 0; p < COUNT(pools); p++) {
+        sj_threads *t = sj_threads_create(pools[p]);
+        assert_non_null(t);
+        ho_submitter subs[HO_SUBMITTERS];
+        pthread_t th[HO_SUBMITTERS];
+        for (int i = 0; i < HO_SUBMITTERS; i++) {
+            subs[i] = (ho_submitter){t, calloc(HO_JOBS, sizeof(ho_job)), i, 0};
+            assert_non_null(subs[i].jobs);
+            assert_int_equal(pthread_create(&th[i], NULL, ho_submit, &subs[i]), 0);
+        }
+        for (int i = 0; i < HO_SUBMITTERS; i++) pthread_join(th[i], NULL);
+        sj_threads_destroy(t); /* every worker has left: nothing runs after this */
+        for (int i = 0; i < HO_SUBMITTERS; i++) {
+            if (subs[i].incomplete)
+                fail_msg("pool %d, submitter %d: %d jobs returned before all their items ran", pools[p], i,
+                         subs[i].incomplete);
+            for (int k = 0; k < HO_JOBS; k++) {
+                ho_job *j = &subs[i].jobs[k];
+                if (atomic_load(&j->late) || atomic_load(&j->bad))
+                    fail_msg("pool %d, submitter %d, job %d: %d chunks started after it returned, %d bad ranges",
+                             pools[p], i, k, atomic_load(&j->late), atomic_load(&j->bad));
+                for (int64_t x = 0; x < j->n; x++)
+                    if (atomic_load(&j->hits[x]) != 1)
+                        fail_msg("pool %d, submitter %d, job %d (n=%lld): item %lld ran %d times", pools[p], i, k,
+                                 (long long)j->n, (long long)x, atomic_load(&j->hits[x]));
+            }
+            free(subs[i].jobs);
+        }
+    }
+}
+
 /* Idle workers sleep: the process burns (almost) no CPU between jobs. */
 static double cpu_seconds(void) {
     struct timespec ts;
@@ -302,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_nested),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_many_jobs),
+        cmocka_unit_test(test_handoff_stress),
         cmocka_unit_test(test_idle_workers_sleep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
