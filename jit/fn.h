@@ -14,7 +14,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "guards/table.h"
+#include "jit/entry.h"
 #include "jit/pool.h"
 #include "jit/runtime.h"
 #include "base/shard.h"
