@@ -44,7 +44,7 @@ static uint64_t users_in(sj_fn *fn, unsigned phase) {
 void sj_budget_reap(sj_fn *fn, sj_compiled *list) {
     if (!list) return;
     pthread_mutex_lock(&fn->retire_lock);
-    if (fn->rt->backend->device != SJ_HOST) { /* kernels queued on streams and graphs may still launch it */
+    if (fn->rt->backend->late_launch) { /* kernels queued on streams and graphs may still launch it */
         sj_compiled *last = list;
         while (last->retired_next) last = last->retired_next;
         last->retired_next = fn->parked;
