@@ -97,7 +97,8 @@ static _Atomic(sj_memo_head *) *index_probe(sj_memo_index *x, const int64_t *sig
 
 sj_memo_head *sj_table_find(sj_table *t, const int64_t *sig, int words, unsigned hash) {
     bool hit;
-    _Atomic(sj_memo_head *) *sl = index_probe(atomic_load_explicit(&t->index, memory_order_acquire), sig, words, hash, &hit);
+    _Atomic(sj_memo_head *) *sl =
+        index_probe(atomic_load_explicit(&t->index, memory_order_acquire), sig, words, hash, &hit);
     return hit ? atomic_load_explicit(sl, memory_order_relaxed) : NULL;
 }
 

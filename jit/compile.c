@@ -304,8 +304,8 @@ static void demote(sj_compiler *c, struct sj_fn *fn, sj_memo *v, uint32_t now_ti
             "freed, unused for %u ms, demoted %d times",
             fn->name, sj_memo_entry(v)->id, shape, (unsigned long long)c->rt->cfg.specialize_max_bytes,
             (long long)held_by(old), now_tick - atomic_load_explicit(&v->used_tick, RELAXED), n);
-    emit(c, SJ_EVENT_DEMOTED, SJ_LOG_COMPILE, fn, sj_memo_entry(v), v, "", (double)(now_tick - atomic_load_explicit(&v->used_tick, RELAXED)),
-         held_by(old), n, 0);
+    emit(c, SJ_EVENT_DEMOTED, SJ_LOG_COMPILE, fn, sj_memo_entry(v), v, "",
+         (double)(now_tick - atomic_load_explicit(&v->used_tick, RELAXED)), held_by(old), n, 0);
     old->retired_next = *retired;
     *retired = old;
 }

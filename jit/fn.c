@@ -431,7 +431,8 @@ static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
         if (!hot && shown >= 4 && !atomic_load_explicit(&m->demotions, RELAXED)) continue;
         if (!shown++) fprintf(out, "    shapes:");
         fprintf(out, " (");
-        for (int s = 0; s < e->head.n_syms; s++) fprintf(out, s ? ", s%d=%lld" : "s%d=%lld", s, (long long)m->head.syms[s]);
+        for (int s = 0; s < e->head.n_syms; s++)
+            fprintf(out, s ? ", s%d=%lld" : "s%d=%lld", s, (long long)m->head.syms[s]);
         int demotions = atomic_load_explicit(&m->demotions, RELAXED);
         bool ready = atomic_load_explicit(&m->ct.ready, RELAXED) != NULL;
         fprintf(out, ") %llu calls%s%s", (unsigned long long)calls, hot ? " [marked for specialization]" : "",

@@ -270,7 +270,8 @@ static void run_job(sj_grapher *gr, graph_job *j) {
         for (int i = 0; i < g->n_in; i++) g->in[i] = j->in[i].data;
         for (int i = 0; i < g->n_out; i++) g->out[i] = j->out[i];
         capture_run r = {&x, j->plan, j->cd};
-        st = rt->backend->graph_capture(rt->backend, e->g, j->plan, e->head.n_syms, j->stream, run_capture, &r, &g->dev);
+        st = rt->backend->graph_capture(rt->backend, e->g, j->plan, e->head.n_syms, j->stream, run_capture, &r,
+                                        &g->dev);
     }
     double ms = (double)(sj_now_ns() - t0) / 1e6;
     if (st) {
