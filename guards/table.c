@@ -40,11 +40,11 @@ static sj_memo_index *index_new(size_t cap) {
     return x;
 }
 
-int sj_table_init(sj_table *t) {
+int sj_table_init(sj_table *t, const sj_table_items *items, void *ctx) {
     t->memo = NULL;
     t->n_memo = 0;
-    t->graph_free = NULL;
-    t->graph_ctx = NULL;
+    t->items = items;
+    t->items_ctx = ctx;
     atomic_init(&t->n_entries, 0);
     atomic_init(&t->entries, NULL);
     sj_memo_index *x = index_new(MEMO_INDEX0);
@@ -57,31 +57,17 @@ int sj_table_init(sj_table *t) {
     return 0;
 }
 
-void sj_entry_free(sj_entry *e) {
-    if (!e) return;
-    sj_ctarget_release(&e->ct);
-    sj_fplan_free(e->plan);
-    sj_guard_free(e->guards);
-    sj_graph_destroy(e->g);
-    free(e);
-}
-
 void sj_table_destroy(sj_table *t) {
-    sj_memo *m, *tmp;
+    sj_memo_head *m, *tmp;
     HASH_ITER(hh, t->memo, m, tmp) {
         HASH_DELETE(hh, t->memo, m);
-        for (int i = 0; i < SJ_MEMO_GRAPHS; i++) { /* before the code they launch */
-            void *g = atomic_load(&m->graphs[i]);
-            if (g && t->graph_free) t->graph_free(t->graph_ctx, g);
-        }
-        sj_ctarget_release(&m->ct);
-        free(atomic_load(&m->calls_hot));
+        if (t->items->memo_release) t->items->memo_release(t->items_ctx, m);
         free(m);
     }
-    sj_entry *e = atomic_load(&t->entries);
+    sj_guarded *e = atomic_load(&t->entries);
     while (e) {
-        sj_entry *next = e->next;
-        sj_entry_free(e);
+        sj_guarded *next = e->next;
+        if (t->items->entry_free) t->items->entry_free(e);
         e = next;
     }
     atomic_store(&t->entries, NULL);
@@ -97,9 +83,10 @@ void sj_table_destroy(sj_table *t) {
 /* The slot of x holding the item for sig (*hit true), or the empty slot
  * where it would go (*hit false). The verdict is the probe's own: a slot
  * published after the probe saw it empty may hold this very key. */
-static _Atomic(sj_memo *) *index_probe(sj_memo_index *x, const int64_t *sig, int words, unsigned hash, bool *hit) {
+static _Atomic(sj_memo_head *) *index_probe(sj_memo_index *x, const int64_t *sig, int words, unsigned hash,
+                                           bool *hit) {
     for (size_t i = hash & (x->cap - 1);; i = (i + 1) & (x->cap - 1)) {
-        sj_memo *m = atomic_load_explicit(&x->slot[i], memory_order_acquire);
+        sj_memo_head *m = atomic_load_explicit(&x->slot[i], memory_order_acquire);
         if (!m || (m->hash == hash && m->key_words == words &&
                    !memcmp(m->key, sig, (size_t)words * sizeof(int64_t)))) {
             *hit = m != NULL;
@@ -108,16 +95,17 @@ static _Atomic(sj_memo *) *index_probe(sj_memo_index *x, const int64_t *sig, int
     }
 }
 
-sj_memo *sj_table_find(sj_table *t, const int64_t *sig, int words, unsigned hash) {
+sj_memo_head *sj_table_find(sj_table *t, const int64_t *sig, int words, unsigned hash) {
     bool hit;
-    _Atomic(sj_memo *) *sl = index_probe(atomic_load_explicit(&t->index, memory_order_acquire), sig, words, hash, &hit);
+    _Atomic(sj_memo_head *) *sl =
+        index_probe(atomic_load_explicit(&t->index, memory_order_acquire), sig, words, hash, &hit);
     return hit ? atomic_load_explicit(sl, memory_order_relaxed) : NULL;
 }
 
 /* Locked. Publish m in x, which has room. */
-static void index_put(sj_memo_index *x, sj_memo *m) {
+static void index_put(sj_memo_index *x, sj_memo_head *m) {
     bool hit;
-    _Atomic(sj_memo *) *sl = index_probe(x, m->key, m->key_words, m->hash, &hit);
+    _Atomic(sj_memo_head *) *sl = index_probe(x, m->key, m->key_words, m->hash, &hit);
     if (hit) return;
     x->n++;
     atomic_store_explicit(sl, m, memory_order_release);
@@ -125,14 +113,14 @@ static void index_put(sj_memo_index *x, sj_memo *m) {
 
 /* Locked. Publish m in the table's index, first growing it if 3/4 full.
  * Returns false when there is no memory for a bigger index. */
-static bool index_add(sj_table *t, sj_memo *m) {
+static bool index_add(sj_table *t, sj_memo_head *m) {
     sj_memo_index *x = atomic_load_explicit(&t->index, memory_order_relaxed);
     if ((x->n + 1) * 4 > x->cap * 3) {
         sj_memo_index *big = index_new(2 * x->cap);
         if (!big) return false;
         big->older = x;
         for (size_t i = 0; i < x->cap; i++) {
-            sj_memo *o = atomic_load_explicit(&x->slot[i], memory_order_relaxed);
+            sj_memo_head *o = atomic_load_explicit(&x->slot[i], memory_order_relaxed);
             if (o) index_put(big, o);
         }
         atomic_store_explicit(&t->index, big, memory_order_release);
@@ -142,31 +130,10 @@ static bool index_add(sj_table *t, sj_memo *m) {
     return true;
 }
 
-void sj_memo_shape(const sj_memo *m, char *buf, size_t n) {
-    size_t used = 0;
-    buf[0] = '\0';
-    for (int s = 0; s < m->entry->n_syms && used < n; s++)
-        used += (size_t)snprintf(buf + used, n - used, "%ss%d=%lld", s ? ", " : "", s, (long long)m->syms[s]);
-}
-
-uint64_t sj_memo_count(sj_memo *m, unsigned shard, uint64_t shard_at) {
-    sj_counter *h = atomic_load_explicit(&m->calls_hot, memory_order_acquire);
-    if (h) {
-        sj_counter_inc(h, shard);
-        return 0;
-    }
-    uint64_t c = atomic_fetch_add_explicit(&m->calls, 1, memory_order_relaxed) + 1;
-    if (c == shard_at) { /* this call alone sees it; freed with m */
-        sj_counter *fresh = sj_calloc(1, sizeof *fresh);
-        if (fresh) atomic_store_explicit(&m->calls_hot, fresh, memory_order_release);
-    }
-    return c;
-}
-
-sj_entry *sj_table_match(sj_table *t, const sj_tensor *in, int64_t *sym_vals, sj_guard_failure *fails,
-                         int max_fails, int *n_fails) {
+sj_guarded *sj_table_match(sj_table *t, const sj_tensor *in, int64_t *sym_vals, sj_guard_failure *fails,
+                           int max_fails, int *n_fails) {
     int nf = 0;
-    for (sj_entry *e = atomic_load_explicit(&t->entries, memory_order_acquire); e; e = e->next) {
+    for (sj_guarded *e = atomic_load_explicit(&t->entries, memory_order_acquire); e; e = e->next) {
         if (atomic_load_explicit(&e->retired, memory_order_relaxed)) continue;
         sj_guard_failure *f = fails && nf < max_fails ? &fails[nf] : NULL;
         if (sj_guard_check(e->guards, in, sym_vals, f)) {
@@ -179,22 +146,26 @@ sj_entry *sj_table_match(sj_table *t, const sj_tensor *in, int64_t *sym_vals, sj
     return NULL;
 }
 
-sj_memo *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned hash, sj_entry *e,
-                          const int64_t *sym_vals) {
+sj_memo_head *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned hash, sj_guarded *e,
+                               const int64_t *sym_vals) {
     size_t key_bytes = (size_t)words * sizeof(int64_t);
-    sj_memo *m = NULL;
+    /* the owner's item, then the key, then the symbol values */
+    size_t at = (t->items->memo_size + sizeof(int64_t) - 1) / sizeof(int64_t) * sizeof(int64_t);
+    sj_memo_head *m = NULL;
     pthread_mutex_lock(&t->lock);
     HASH_FIND_BYHASHVALUE(hh, t->memo, sig, (unsigned)key_bytes, hash, m);
     if (!m && t->n_memo < SJ_MEMO_MAX) {
-        m = sj_calloc(1, sizeof *m + key_bytes + (size_t)e->n_syms * sizeof(int64_t));
+        m = sj_calloc(1, at + key_bytes + (size_t)e->n_syms * sizeof(int64_t));
         if (m) {
+            int64_t *key = (int64_t *)((char *)m + at);
             m->hash = hash;
             m->entry = e;
-            sj_ctarget_init(&m->ct);
             m->key_words = words;
-            memcpy(m->key, sig, key_bytes);
-            m->syms = m->key + words;
+            memcpy(key, sig, key_bytes);
+            m->key = key;
+            m->syms = key + words;
             if (e->n_syms) memcpy(m->syms, sym_vals, (size_t)e->n_syms * sizeof(int64_t));
+            if (t->items->memo_init) t->items->memo_init(m);
             /* into the owning hash first: the index is read without the
              * lock, so nothing is taken back out of it */
             HASH_ADD_KEYPTR_BYHASHVALUE(hh, t->memo, m->key, (unsigned)key_bytes, hash, m);
@@ -206,7 +177,7 @@ sj_memo *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned h
             if (added) {
                 t->n_memo++;
             } else { /* no memory for the hash or the index: not memoised, as when calloc fails */
-                sj_ctarget_release(&m->ct);
+                if (t->items->memo_release) t->items->memo_release(t->items_ctx, m);
                 free(m);
                 m = NULL;
             }
@@ -216,7 +187,7 @@ sj_memo *sj_table_memoize(sj_table *t, const int64_t *sig, int words, unsigned h
     return m;
 }
 
-void sj_table_publish(sj_table *t, sj_entry *e) {
+void sj_table_publish(sj_table *t, sj_guarded *e) {
     e->next = atomic_load_explicit(&t->entries, memory_order_relaxed);
     atomic_store_explicit(&t->entries, e, memory_order_release);
     atomic_fetch_add(&t->n_entries, 1);

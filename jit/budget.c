@@ -28,9 +28,9 @@ void sj_budget_rehot(sj_fn *fn, sj_memo *m) {
     }
     atomic_fetch_add_explicit(&fn->c.hot_shapes, 1, RELAXED);
     sj_logf(rt, SJ_LOG_PERF, "fn '%s': a shape of entry %d demoted %d times is hot again after %llu calls: marked for "
-            "specialization", fn->name, m->entry->id, atomic_load_explicit(&m->demotions, RELAXED),
+            "specialization", fn->name, sj_memo_entry(m)->id, atomic_load_explicit(&m->demotions, RELAXED),
             (unsigned long long)(calls - since));
-    if (m->entry->plan) sj_compiler_request(rt->compiler, fn, m->entry, m);
+    if (sj_memo_entry(m)->plan) sj_compiler_request(rt->compiler, fn, sj_memo_entry(m), m);
 }
 
 /* -- Grace periods -------------------------------------------------------------------- */
@@ -44,7 +44,7 @@ static uint64_t users_in(sj_fn *fn, unsigned phase) {
 void sj_budget_reap(sj_fn *fn, sj_compiled *list) {
     if (!list) return;
     pthread_mutex_lock(&fn->retire_lock);
-    if (fn->rt->backend->device != SJ_HOST) { /* kernels queued on streams and graphs may still launch it */
+    if (fn->rt->backend->late_launch) { /* kernels queued on streams and graphs may still launch it */
         sj_compiled *last = list;
         while (last->retired_next) last = last->retired_next;
         last->retired_next = fn->parked;

@@ -84,8 +84,9 @@ static inline void sj_budget_touch(sj_fn *fn, sj_memo *m) {
 }
 
 /* Free units a demotion unpublished (a list through retired_next), once
- * no call can be running them; on the CUDA backend they are parked until
- * the function is destroyed instead. No lock may be held, and the calling
+ * no call can be running them; on a device that may launch code after its
+ * call returned (its late_launch, kernels/device.h: CUDA's streams and
+ * graphs) they are parked until the function is destroyed instead. No lock may be held, and the calling
  * thread must not be inside sj_budget_enter/leave. NULL: nothing. */
 void sj_budget_reap(sj_fn *fn, sj_compiled *list);
 

@@ -94,12 +94,13 @@ static void note_call(sj_fn *fn, sj_entry *e, const sj_tensor *inputs, unsigned 
  * the threshold is marked for a specialized compile, within the budget and
  * the recompile limit. */
 static void note_shape(sj_fn *fn, sj_memo *m, unsigned shard) {
-    if (!m->entry->symbolic) return;
+    sj_entry *e = sj_memo_entry(m);
+    if (!e->symbolic) return;
     if (fn->rt->cfg.specialize_max_bytes) sj_budget_touch(fn, m); /* last use, for the memory budget */
     uint64_t th = (uint64_t)fn->policy.specialize_threshold;
     uint64_t c = sj_memo_count(m, shard, th); /* 0: past th, counted in shards */
     if ((c == 0 || c > th) && atomic_load_explicit(&m->hot, RELAXED) && sj_compiler_wants(fn->rt->compiler, &m->ct))
-        sj_compiler_request(fn->rt->compiler, fn, m->entry, m); /* re-queue after a cold drop or a penalty */
+        sj_compiler_request(fn->rt->compiler, fn, e, m); /* re-queue after a cold drop or a penalty */
     if (c != th) return;
     int used = atomic_load_explicit(&fn->specializations, RELAXED);
     if (used >= fn->policy.specialize_budget ||
@@ -109,8 +110,8 @@ static void note_shape(sj_fn *fn, sj_memo *m, unsigned shard) {
     atomic_store(&m->hot, true);
     atomic_fetch_add_explicit(&fn->c.hot_shapes, 1, RELAXED);
     sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': a shape of entry %d is hot after %llu calls: marked for specialization",
-            fn->name, m->entry->id, (unsigned long long)c);
-    if (m->entry->plan) sj_compiler_request(fn->rt->compiler, fn, m->entry, m);
+            fn->name, e->id, (unsigned long long)c);
+    if (e->plan) sj_compiler_request(fn->rt->compiler, fn, e, m);
 }
 
 /* -- Retracing ---------------------------------------------------------------- */
@@ -138,7 +139,7 @@ static void log_guards(const sj_fn *fn, const sj_entry *e) {
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f) return;
-    sj_guard_print(e->guards, f, "  ");
+    sj_guard_print(e->head.guards, f, "  ");
     fclose(f);
     sj_logf(fn->rt, SJ_LOG_GUARDS, "fn '%s': entry %d (%s) guards:", fn->name, e->id, e->what);
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) sj_logf(fn->rt, SJ_LOG_GUARDS, "%s", line);
@@ -193,13 +194,13 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
         if (e) {
             e->id = atomic_load_explicit(&fn->table.n_entries, RELAXED);
             e->g = g;
-            e->guards = sj_guard_build(g->ex, gi, fn->n_inputs, res.facts, res.n_facts, names, e->id);
+            e->head.guards = sj_guard_build(g->ex, gi, fn->n_inputs, res.facts, res.n_facts, names, e->id);
         }
-        if (!e || !e->guards) {
+        if (!e || !e->head.guards) {
             st = sj_seterr(SJ_ENOMEM, "fn '%s': out of memory building guards", fn->name);
         } else {
             sj_guard_failure f;
-            if (!sj_guard_check(e->guards, in, sym_vals, &f))
+            if (!sj_guard_check(e->head.guards, in, sym_vals, &f))
                 st = sj_seterr(SJ_EINTERNAL, "fn '%s': the new trace's guards reject the inputs that made it: %s",
                                fn->name, f.message);
         }
@@ -213,8 +214,8 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
         else sj_graph_destroy(g);
         return st;
     }
-    e->n_syms = sj_sym_count(g->ex);
-    e->symbolic = e->n_syms > 0;
+    e->head.n_syms = sj_sym_count(g->ex);
+    e->symbolic = e->head.n_syms > 0;
     for (int i = 0; i < fn->n_inputs; i++)
         for (int a = 0; a < in[i].rank; a++) e->bucketed |= plan->dims[i][a].bucketed;
     e->fallback = plan->fallback;
@@ -245,7 +246,7 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
     pthread_mutex_lock(&fn->trace_lock);
     sj_guard_failure fails[MAX_FAILS];
     int nf = 0;
-    sj_entry *e = sj_table_match(&fn->table, in, sym_vals, fails, MAX_FAILS, &nf);
+    sj_entry *e = sj_entry_match(&fn->table, in, sym_vals, fails, MAX_FAILS, &nf);
     if (e) { /* another thread traced it meanwhile */
         pthread_mutex_unlock(&fn->trace_lock);
         *out = e;
@@ -319,7 +320,7 @@ static sj_status retrace(sj_fn *fn, const sj_tensor *in, int64_t *sym_vals, sj_e
         }
     }
     if (!*transient) {
-        sj_table_publish(&fn->table, e);
+        sj_entry_publish(&fn->table, e);
         atomic_fetch_add(&fn->rt->total_entries, 1);
         atomic_fetch_add_explicit(e->symbolic ? &fn->c.symbolic_entries : &fn->c.static_entries, 1, RELAXED);
     }
@@ -351,14 +352,14 @@ static sj_status resolve_miss(sj_fn *fn, const sj_tensor *inputs, const int64_t 
                               int64_t *sym_vals, sj_memo **m, sj_entry **out, bool *transient) {
     *m = NULL;
     *transient = false;
-    sj_entry *e = sj_table_match(&fn->table, inputs, sym_vals, NULL, 0, NULL);
+    sj_entry *e = sj_entry_match(&fn->table, inputs, sym_vals, NULL, 0, NULL);
     sj_status st;
     if (!e && (st = retrace(fn, inputs, sym_vals, &e, transient))) return st;
     if ((st = sj_exec_check_sizes(e->g, sym_vals, &fn->pool, fn->name))) {
         if (*transient) sj_entry_free(e);
         return st;
     }
-    if (!*transient) *m = sj_table_memoize(&fn->table, sig, words, h, e, sym_vals);
+    if (!*transient) *m = sj_memo_add(&fn->table, sig, words, h, e, sym_vals);
     *out = e;
     return SJ_OK;
 }
@@ -392,7 +393,7 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
         checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
         if (checks < 0) cd = NULL;
         cm = NULL;
-        if (e->n_syms) tier = &hot->fused_sym_calls;
+        if (e->head.n_syms) tier = &hot->fused_sym_calls;
     }
     int every = fn->rt->cfg.validate_every;
     bool validate = cd && (checks > 0 || (run == RUN_CALL && every > 0 && !transient &&
@@ -401,7 +402,7 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
     sj_dev_call dc;
     sj_exec x = {.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = inputs, .outputs = outputs,
                  .sym_vals = syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = dev,
-                 .ops_ctx = dev->call_begin(dev, &dc, stream, sync, validate /* a validation waits */, e->n_syms),
+                 .ops_ctx = dev->call_begin(dev, &dc, stream, sync, validate /* a validation waits */, e->head.n_syms),
                  .gemm_pick = cd ? cd->gemm_pick : NULL};
     if (cd && validate && sj_exec_fused_ok(&x)) {
         sj_validation v;
@@ -464,10 +465,10 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     sj_entry *e;
     unsigned shard = sj_shard_index();
     sj_fn_shard *hot = &fn->hot[shard];
-    sj_memo *m = sj_table_find(&fn->table, sig, words, h);
+    sj_memo *m = sj_memo_find(&fn->table, sig, words, h);
     if (m) {
-        e = m->entry;
-        syms = m->syms;
+        e = sj_memo_entry(m);
+        syms = m->head.syms;
         atomic_fetch_add_explicit(&hot->memo_hits, 1, RELAXED);
         note_shape(fn, m, shard);
     } else {
@@ -508,9 +509,9 @@ sj_status sj_call_prepare(sj_fn *fn, const sj_tensor *inputs, int64_t *sym_vals,
     int words = sj_sig_pack(inputs, fn->n_inputs, sig);
     unsigned h = sj_sig_hash(sig, words);
     *transient = false;
-    if ((*m = sj_table_find(&fn->table, sig, words, h))) {
-        *e = (*m)->entry;
-        memcpy(sym_vals, (*m)->syms, sizeof(int64_t) * (size_t)(*e)->n_syms);
+    if ((*m = sj_memo_find(&fn->table, sig, words, h))) {
+        *e = sj_memo_entry(*m);
+        memcpy(sym_vals, (*m)->head.syms, sizeof(int64_t) * (size_t)(*e)->head.n_syms);
         return SJ_OK;
     }
     return resolve_miss(fn, inputs, sig, words, h, sym_vals, m, e, transient);

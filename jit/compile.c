@@ -142,7 +142,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     int *variants = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
     sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
                          .variants = variants, .test_skew = c->rt ? c->rt->test_skew : 0};
-    char *src = variants ? c->codegen(e->g, plan, m ? m->syms : NULL, &o, &len) : NULL;
+    char *src = variants ? c->codegen(e->g, plan, m ? m->head.syms : NULL, &o, &len) : NULL;
     if (!src) {
         free(variants);
         snprintf(err, errn, "out of memory generating code");
@@ -174,10 +174,10 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     char tag[160];
     if (m) {
         size_t used = (size_t)snprintf(tag, sizeof tag, "%s.e%d.spec", fn->name, e->id);
-        for (int s = 0; s < e->n_syms && used < sizeof tag; s++)
-            used += (size_t)snprintf(tag + used, sizeof tag - used, ".%lld", (long long)m->syms[s]);
+        for (int s = 0; s < e->head.n_syms && used < sizeof tag; s++)
+            used += (size_t)snprintf(tag + used, sizeof tag - used, ".%lld", (long long)m->head.syms[s]);
     } else {
-        snprintf(tag, sizeof tag, "%s.e%d.%s", fn->name, e->id, e->n_syms ? "sym" : "static");
+        snprintf(tag, sizeof tag, "%s.e%d.%s", fn->name, e->id, e->head.n_syms ? "sym" : "static");
     }
     /* the tag names dump files and log lines: a function name's control
      * characters and slashes become '_' */
@@ -209,20 +209,20 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     free(variants);
     if (plan->n_gemm) { /* each generated product's variant, timed here on the worker */
         cd->gemm_pick = (int8_t *)(fns + n_fns);
-        sj_exec_gemm_picks(c->backend, e->g, plan, m ? m->syms : NULL, fns, res->key,
+        sj_exec_gemm_picks(c->backend, e->g, plan, m ? m->head.syms : NULL, fns, res->key,
                            c->rt ? c->rt->cfg.cuda_gemm : 0, cd->gemm_pick);
     }
     cd->backend = c->backend;
     cd->module = res->module;
     cd->fns = fns;
-    cd->specialized = m != NULL || e->n_syms == 0;
+    cd->specialized = m != NULL || e->head.n_syms == 0;
     cd->from_cache = res->from_cache;
     cd->from_remote = res->from_remote;
     cd->compile_ms = res->compile_ms;
     memcpy(cd->key, res->key, sizeof cd->key);
     /* the backend's size of the unit, else its source's as an estimate */
     cd->code_bytes = res->code_bytes ? (int64_t)res->code_bytes : (int64_t)len;
-    cd->arena_bytes = m && plan->arena_bytes != SJ_EX_NONE ? sj_ex_eval(e->g->ex, plan->arena_bytes, m->syms) : 0;
+    cd->arena_bytes = m && plan->arena_bytes != SJ_EX_NONE ? sj_ex_eval(e->g->ex, plan->arena_bytes, m->head.syms) : 0;
     atomic_init(&cd->checks_left, c->rt ? c->rt->cfg.validate_calls : 0);
     free(res);
     *out = cd;
@@ -272,7 +272,7 @@ static sj_memo *lru_victim(struct sj_fn *fn, sj_memo *except, uint32_t now_tick)
     sj_memo *best = NULL;
     uint32_t best_age = 0;
     for (size_t i = 0; ix && i < ix->cap; i++) {
-        sj_memo *m = atomic_load_explicit(&ix->slot[i], memory_order_acquire);
+        sj_memo *m = sj_memo_of(atomic_load_explicit(&ix->slot[i], memory_order_acquire));
         if (!m || m == except || atomic_load_explicit(&m->ct.state, RELAXED) != SJ_CS_READY ||
             !atomic_load_explicit(&m->ct.ready, RELAXED) || atomic_load_explicit(&m->graph_busy, RELAXED))
             continue;
@@ -309,10 +309,10 @@ static void demote(sj_compiler *c, struct sj_fn *fn, sj_memo *v, uint32_t now_ti
     sj_logf(c->rt, SJ_LOG_COMPILE,
             "fn '%s': entry %d shape (%s) demoted to the symbolic kernels (specialize_max_bytes %llu): %lld bytes "
             "freed, unused for %u ms, demoted %d times",
-            fn->name, v->entry->id, shape, (unsigned long long)c->rt->cfg.specialize_max_bytes,
+            fn->name, sj_memo_entry(v)->id, shape, (unsigned long long)c->rt->cfg.specialize_max_bytes,
             (long long)held_by(old), now_tick - atomic_load_explicit(&v->used_tick, RELAXED), n);
-    emit(c, SJ_EVENT_DEMOTED, SJ_LOG_COMPILE, fn, v->entry, v, "", (double)(now_tick - atomic_load_explicit(&v->used_tick, RELAXED)),
-         held_by(old), n, 0);
+    emit(c, SJ_EVENT_DEMOTED, SJ_LOG_COMPILE, fn, sj_memo_entry(v), v, "",
+         (double)(now_tick - atomic_load_explicit(&v->used_tick, RELAXED)), held_by(old), n, 0);
     old->retired_next = *retired;
     *retired = old;
 }

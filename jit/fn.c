@@ -126,7 +126,7 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         pthread_mutex_destroy(&fn->trace_lock);
         ok = locks = false;
     }
-    if (ok) ok = table = !sj_table_init(&fn->table);
+    if (ok) ok = table = !sj_table_init(&fn->table, &sj_entry_items, rt);
     if (ok) ok = pool = !sj_pool_init(&fn->pool, rt);
     if (ok) ok = policy = !sj_policy_init(&fn->policy, n_inputs);
     if (ok && rt->backend_kind == SJ_BACKEND_CPU && rt->cfg.prepack_max_bytes > 0)
@@ -162,10 +162,6 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     atomic_init(&fn->specializations, 0);
     sj_learn_init(fn);
     atomic_init(&fn->warm_state, SJ_WARM_NONE);
-    if (rt->backend->graph_free) {
-        fn->table.graph_free = sj_graphs_free;
-        fn->table.graph_ctx = rt;
-    }
 
     pthread_mutex_lock(&rt->lock);
     fn->next_in_rt = rt->fns;
@@ -346,7 +342,7 @@ static const char *tier_name(const sj_entry *e) {
     case SJ_CS_NONE: return "eager";
     case SJ_CS_QUEUED: return "queued";
     case SJ_CS_COMPILING: return "compiling";
-    case SJ_CS_READY: return e->n_syms ? "fused symbolic" : "fused specialized";
+    case SJ_CS_READY: return e->head.n_syms ? "fused symbolic" : "fused specialized";
     case SJ_CS_FAILED:
         if (atomic_load_explicit(&((sj_entry *)e)->ct.rejected, RELAXED)) return "rejected by validation";
         return atomic_load_explicit(&((sj_entry *)e)->ct.retry_ns, RELAXED) == INT64_MAX ? "compile blacklisted"
@@ -365,8 +361,8 @@ static int specialized_shapes(sj_fn *fn, const sj_entry *e, int64_t *bytes, int 
     *demoted = 0;
     unsigned shard = sj_shard_index();
     pthread_mutex_lock(&fn->table.lock);
-    for (sj_memo *m = fn->table.memo; m; m = m->hh.next) {
-        if (m->entry != e) continue;
+    for (sj_memo *m = sj_memos(&fn->table); m; m = sj_memo_next(m)) {
+        if (sj_memo_entry(m) != e) continue;
         int phase = sj_budget_enter(fn, shard);
         sj_compiled *cd = atomic_load_explicit(&m->ct.ready, memory_order_seq_cst);
         if (cd) n++;
@@ -384,7 +380,7 @@ int sj_fn_entries(const sj_fn *cfn, sj_entry_info *out, int max) {
     if (!cfn) return 0;
     sj_fn *fn = (sj_fn *)cfn;
     int n = 0;
-    for (sj_entry *e = atomic_load_explicit(&fn->table.entries, memory_order_acquire); e; e = e->next, n++) {
+    for (sj_entry *e = sj_entries(&fn->table); e; e = sj_entry_next(e), n++) {
         if (!out || n >= max) continue;
         sj_entry_info *i = &out[n];
         memset(i, 0, sizeof *i);
@@ -393,8 +389,8 @@ int sj_fn_entries(const sj_fn *cfn, sj_entry_info *out, int max) {
         i->bucketed = e->bucketed;
         i->fallback = e->fallback;
         i->hot = atomic_load_explicit(&e->hot, RELAXED);
-        i->n_symbols = e->n_syms;
-        i->n_guards = sj_guard_size(e->guards);
+        i->n_symbols = e->head.n_syms;
+        i->n_guards = sj_guard_size(e->head.guards);
         i->calls = sj_counter_sum(&e->calls);
         snprintf(i->what, sizeof i->what, "%s", e->what);
         snprintf(i->tier, sizeof i->tier, "%s", tier_name(e));
@@ -433,14 +429,15 @@ static void explain_symbols(const sj_entry *e, FILE *out) {
 static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
     pthread_mutex_lock(&fn->table.lock);
     int shown = 0;
-    for (sj_memo *m = fn->table.memo; m; m = m->hh.next) {
-        if (m->entry != e || !e->n_syms) continue;
+    for (sj_memo *m = sj_memos(&fn->table); m; m = sj_memo_next(m)) {
+        if (sj_memo_entry(m) != e || !e->head.n_syms) continue;
         uint64_t calls = sj_memo_calls(m);
         bool hot = atomic_load_explicit(&m->hot, RELAXED);
         if (!hot && shown >= 4 && !atomic_load_explicit(&m->demotions, RELAXED)) continue;
         if (!shown++) fprintf(out, "    shapes:");
         fprintf(out, " (");
-        for (int s = 0; s < e->n_syms; s++) fprintf(out, s ? ", s%d=%lld" : "s%d=%lld", s, (long long)m->syms[s]);
+        for (int s = 0; s < e->head.n_syms; s++)
+            fprintf(out, s ? ", s%d=%lld" : "s%d=%lld", s, (long long)m->head.syms[s]);
         int demotions = atomic_load_explicit(&m->demotions, RELAXED);
         bool ready = atomic_load_explicit(&m->ct.ready, RELAXED) != NULL;
         fprintf(out, ") %llu calls%s%s", (unsigned long long)calls, hot ? " [marked for specialization]" : "",
@@ -510,10 +507,10 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
     sj_learn_explain(fn, out);
     fprintf(out, "  %llu entries (%llu static, %llu symbolic), newest first:\n", (unsigned long long)s.entries,
             (unsigned long long)s.static_entries, (unsigned long long)s.symbolic_entries);
-    for (sj_entry *e = atomic_load(&fn->table.entries); e; e = e->next) {
+    for (sj_entry *e = sj_entries(&fn->table); e; e = sj_entry_next(e)) {
         fprintf(out, "  entry %d: %s%s%s; tier %s; %llu calls%s; %d nodes\n", e->id, e->what,
                 e->fallback ? " (past the limit)" : "",
-                atomic_load_explicit(&e->retired, RELAXED) ? " (retired by learned buckets: serves the shapes it "
+                atomic_load_explicit(&e->head.retired, RELAXED) ? " (retired by learned buckets: serves the shapes it "
                                                              "served, new ones go to the new buckets)"
                                                            : "",
                 tier_name(e),
@@ -538,7 +535,7 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             sj_fplan_print(e->g, e->plan, NULL, out, "      ");
         }
         fprintf(out, "    guards:\n");
-        sj_guard_print(e->guards, out, "      ");
+        sj_guard_print(e->head.guards, out, "      ");
         explain_symbols(e, out);
         explain_hot_shapes(fn, e, out);
     }

@@ -14,7 +14,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "guards/table.h"
+#include "jit/entry.h"
 #include "jit/pool.h"
 #include "jit/runtime.h"
 #include "base/shard.h"
@@ -93,7 +93,7 @@ struct sj_fn {
      * what the published specializations hold (written under the compiler
      * lock). code_phase: which of each shard's code_users a call marks;
      * retire_lock: one grace period at a time, and `parked` (demoted units
-     * kept until destroy: CUDA). A leaf: nothing else is taken under it. */
+     * kept until destroy on a device with late_launch: CUDA). A leaf: nothing else is taken under it. */
     _Atomic int64_t spec_bytes;
     _Atomic unsigned code_phase;
     pthread_mutex_t retire_lock;

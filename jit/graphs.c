@@ -256,9 +256,9 @@ static void run_job(sj_grapher *gr, graph_job *j) {
     sj_runtime *rt = gr->rt;
     sj_fn *fn = j->fn;
     sj_memo *m = j->m;
-    sj_entry *e = m->entry;
+    sj_entry *e = sj_memo_entry(m);
     sj_exec x = {.rt = rt, .g = e->g, .fn_name = fn->name, .inputs = j->in, .outputs = j->out,
-                 .sym_vals = m->syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = rt->backend};
+                 .sym_vals = m->head.syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = rt->backend};
     sj_cgraph *g = sj_calloc(1, sizeof *g);
     sj_status st = g ? SJ_OK : sj_seterr(SJ_ENOMEM, "out of memory for a CUDA graph");
     int64_t t0 = sj_now_ns();
@@ -270,7 +270,8 @@ static void run_job(sj_grapher *gr, graph_job *j) {
         for (int i = 0; i < g->n_in; i++) g->in[i] = j->in[i].data;
         for (int i = 0; i < g->n_out; i++) g->out[i] = j->out[i];
         capture_run r = {&x, j->plan, j->cd};
-        st = rt->backend->graph_capture(rt->backend, e->g, j->plan, e->n_syms, j->stream, run_capture, &r, &g->dev);
+        st = rt->backend->graph_capture(rt->backend, e->g, j->plan, e->head.n_syms, j->stream, run_capture, &r,
+                                        &g->dev);
     }
     double ms = (double)(sj_now_ns() - t0) / 1e6;
     if (st) {

@@ -34,7 +34,7 @@ void sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fpl
  * limits. False when no capture can be asked for (no graphs, a failed
  * capture of this signature before, an output allocated by the call). */
 bool sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fplan *plan, const sj_compiled *cd);
-/* The function table's graph_free (ctx: the runtime). */
+/* Free a memo item's graph (ctx: the runtime; jit/entry.c, at the table's destroy). */
 void sj_graphs_free(void *ctx, void *graph);
 
 /* The runtime's graph thread, which captures and instantiates the graphs

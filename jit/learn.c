@@ -81,9 +81,9 @@ static sj_status build_hist(sj_fn *fn, int input, int axis, hist *h) {
         return sj_seterr(SJ_ENOMEM, "learn buckets: out of memory");
     }
     h->memo_full = t->n_memo >= SJ_MEMO_MAX;
-    for (sj_memo *m = t->memo; m && h->n < cap; m = m->hh.next) {
-        int64_t s = sig_size(m->key, m->key_words, input, axis);
-        sj_entry *e = m->entry;
+    for (sj_memo *m = sj_memos(t); m && h->n < cap; m = sj_memo_next(m)) {
+        int64_t s = sig_size(m->head.key, m->head.key_words, input, axis);
+        sj_entry *e = sj_memo_entry(m);
         if (s < 2 || e->id > n_ent) continue;
         /* A symbolic entry counts its shapes in their memo items; a static
          * entry serves one set of sizes and counts its calls itself (the
@@ -97,7 +97,7 @@ static sj_status build_hist(sj_fn *fn, int input, int axis, hist *h) {
         ec[3 * e->id + 1] += (double)c * (double)s;
     }
     pthread_mutex_unlock(&t->lock);
-    for (sj_entry *e = atomic_load_explicit(&t->entries, memory_order_acquire); e; e = e->next) {
+    for (sj_entry *e = sj_entries(t); e; e = sj_entry_next(e)) {
         uint64_t timed = atomic_load_explicit(&e->eager_timed, RELAXED);
         if (!timed || e->id > n_ent || ec[3 * e->id] <= 0) continue;
         h->eager_ns += (double)atomic_load_explicit(&e->eager_ns, RELAXED);
@@ -127,10 +127,10 @@ int sj_fn_size_histogram(sj_fn *fn, int input, int axis, int64_t *sizes, uint64_
  * the trace lock). */
 static int retire(sj_fn *fn, int input, int axis, const int64_t *edges, int n_edges) {
     int n = 0;
-    for (sj_entry *e = atomic_load_explicit(&fn->table.entries, memory_order_acquire); e; e = e->next) {
+    for (sj_entry *e = sj_entries(&fn->table); e; e = sj_entry_next(e)) {
         /* the fallback entry made past the recompile limit keeps serving:
          * without it, new shapes past the limit would be traced per call */
-        if (atomic_load_explicit(&e->retired, RELAXED) || e->fallback || input >= e->g->n_inputs) continue;
+        if (atomic_load_explicit(&e->head.retired, RELAXED) || e->fallback || input >= e->g->n_inputs) continue;
         const sj_value *v = &e->g->vals[input]; /* inputs are the first values */
         int sym;
         if (axis >= v->rank || !sj_ex_is_sym(e->g->ex, v->shape[axis], &sym)) continue;
@@ -144,7 +144,7 @@ static int retire(sj_fn *fn, int input, int axis, const int64_t *edges, int n_ed
             same = lo == blo && hi == bhi;
         }
         if (!same) {
-            atomic_store_explicit(&e->retired, true, RELAXED);
+            atomic_store_explicit(&e->head.retired, true, RELAXED);
             n++;
         }
     }

@@ -51,7 +51,7 @@ typedef struct warm_shape {
     bool walked;
     sj_entry *e;     /* NULL when it failed before an entry */
     sj_memo *m;
-    int64_t *syms;   /* e->n_syms values */
+    int64_t *syms;   /* e->head.n_syms values */
     /* results: written under fn->warm_lock */
     sj_warm_state state;
     sj_status status;
@@ -310,11 +310,11 @@ static void trace_shape(sj_warmup *w, warm_shape *s) {
         settle_locked(w, s, SJ_WARM_FAILED, SJ_EINVAL, msg);
         return;
     }
-    if (e->n_syms && !(s->syms = sj_calloc((size_t)e->n_syms, sizeof *s->syms))) {
+    if (e->head.n_syms && !(s->syms = sj_calloc((size_t)e->head.n_syms, sizeof *s->syms))) {
         settle_locked(w, s, SJ_WARM_FAILED, SJ_ENOMEM, "out of memory");
         return;
     }
-    if (e->n_syms) memcpy(s->syms, syms, sizeof *syms * (size_t)e->n_syms);
+    if (e->head.n_syms) memcpy(s->syms, syms, sizeof *syms * (size_t)e->head.n_syms);
     s->e = e;
     s->m = m;
 }

@@ -138,6 +138,12 @@ typedef struct sj_dev_config {
 struct sj_backend {
     const char *name; /* "cpu", "cuda" */
     sj_device device; /* where its tensors, intermediates and outputs live */
+    /* A unit's code may still run after the call that launched it has
+     * returned (kernels queued on a stream, captured graphs): code the
+     * engine stops using is kept until its function is destroyed, never
+     * freed after a grace period (jit/budget.c). false: the host, where a
+     * call's kernels are over when it returns. */
+    bool late_launch;
 
     /* -- Compiling (required) --
      * Compile (or load from the cache) and resolve req->symbols. SJ_OK, or

@@ -424,6 +424,41 @@ static void demotion_under_concurrent_calls(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* -- Where units go ------------------------------------------------------------------ */
+
+/* Demoted units are freed after a grace period, but on a device whose
+ * code may run after its call returned (late_launch: CUDA's streams and
+ * graphs) they are parked until the function is destroyed: budget.c asks
+ * the device, not its kind. The CPU device leaves late_launch off; the
+ * test sets it on that device to see the other way (units with no module:
+ * unloading NULL is a no-op). */
+static sj_compiled *bare_unit(sj_runtime *rt) {
+    sj_compiled *cd = calloc(1, sizeof *cd);
+    assert_non_null(cd);
+    cd->backend = rt->backend;
+    return cd;
+}
+
+static void reap_asks_the_device(void **state) {
+    (void)state;
+    sj_runtime *rt = runtime(1 << 20, 0);
+    sj_fn *fn = function(rt);
+    assert_false(rt->backend->late_launch);
+    sj_budget_reap(fn, bare_unit(rt)); /* freed now */
+    assert_null(fn->parked);
+    rt->backend->late_launch = true;
+    sj_compiled *a = bare_unit(rt), *b = bare_unit(rt);
+    a->retired_next = b;
+    sj_budget_reap(fn, a);
+    assert_ptr_equal(fn->parked, a);
+    assert_ptr_equal(a->retired_next, b);
+    sj_budget_reap(fn, bare_unit(rt)); /* parked in front of them */
+    assert_ptr_equal(fn->parked->retired_next, a);
+    rt->backend->late_launch = false;
+    sj_fn_destroy(fn); /* frees the parked ones (ASan: no leak) */
+    sj_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(lru_demotes_the_least_recently_called),
@@ -433,6 +468,7 @@ int main(void) {
         cmocka_unit_test(no_budget_no_demotion),
         cmocka_unit_test(grace_period_waits_for_a_call_in_flight),
         cmocka_unit_test(demotion_under_concurrent_calls),
+        cmocka_unit_test(reap_asks_the_device),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -821,12 +821,35 @@ static void test_alloc_failure(void **state) {
 /* Threads memoise signatures of their own while every thread looks up
  * everyone's: the index grows from 16 slots to 8192 under them. A lookup
  * finds each signature memoised before it began, with its own symbol
- * value, and never another key's item. */
+ * value, and never another key's item. The items are an owner's, bigger
+ * than the head (as the engine's, jit/entry.h): each is made by its init
+ * hook, its own part is written without touching the key, and the release
+ * hook sees every one at destroy. */
 enum { MEMO_THREADS = 8, MEMO_EACH = 500 };
+
+typedef struct memo_item {
+    sj_memo_head head;
+    int64_t mark;      /* written by memo_item_init */
+    char tail[13];     /* an odd size: the key after it stays aligned */
+} memo_item;
+
+static void memo_item_init(sj_memo_head *h) {
+    memo_item *it = (memo_item *)h;
+    it->mark = 0x5EED;
+    memset(it->tail, 0x7F, sizeof it->tail);
+}
+
+static void memo_item_release(void *ctx, sj_memo_head *h) {
+    memo_item *it = (memo_item *)h;
+    if (it->mark == 0x5EED) ++*(int *)ctx;
+}
+
+static const sj_table_items memo_items = {
+    .memo_size = sizeof(memo_item), .memo_init = memo_item_init, .memo_release = memo_item_release};
 
 typedef struct memo_worker {
     sj_table *t;
-    sj_entry *e;
+    sj_guarded *e;
     int id, errors;
 } memo_worker;
 
@@ -843,8 +866,9 @@ static void *memo_work(void *arg) {
     for (int k = 0; k < MEMO_EACH; k++) {
         int words = memo_sig(w->id, k, sig);
         int64_t sym = memo_sym(w->id, k);
-        sj_memo *m = sj_table_memoize(w->t, sig, words, sj_sig_hash(sig, words), w->e, &sym);
-        if (!m || m->syms[0] != sym) w->errors++;
+        sj_memo_head *m = sj_table_memoize(w->t, sig, words, sj_sig_hash(sig, words), w->e, &sym);
+        if (!m || m->syms[0] != sym || ((memo_item *)m)->mark != 0x5EED) w->errors++;
+        if (m && (uintptr_t)m->key % sizeof(int64_t)) w->errors++;
         for (int j = 0; j <= k; j += 1 + k / 8) { /* mine so far: all there */
             words = memo_sig(w->id, j, sig);
             m = sj_table_find(w->t, sig, words, sj_sig_hash(sig, words));
@@ -860,8 +884,9 @@ static void *memo_work(void *arg) {
 
 static void test_memo_index_threads(void **state) {
     sj_table t;
-    assert_int_equal(sj_table_init(&t), 0);
-    sj_entry e;
+    int released = 0;
+    assert_int_equal(sj_table_init(&t, &memo_items, &released), 0);
+    sj_guarded e;
     memset(&e, 0, sizeof e);
     e.n_syms = 1;
     memo_worker w[MEMO_THREADS];
@@ -879,10 +904,13 @@ static void test_memo_index_threads(void **state) {
     for (int i = 0; i < MEMO_THREADS; i++)
         for (int k = 0; k < MEMO_EACH; k++) {
             int words = memo_sig(i, k, sig);
-            sj_memo *m = sj_table_find(&t, sig, words, sj_sig_hash(sig, words));
+            sj_memo_head *m = sj_table_find(&t, sig, words, sj_sig_hash(sig, words));
             assert_non_null(m);
             assert_int_equal(m->syms[0], memo_sym(i, k));
             assert_ptr_equal(m->entry, &e);
+            /* the owner's part is its own: writing it leaves the key whole */
+            memset(((memo_item *)m)->tail, 0, sizeof ((memo_item *)m)->tail);
+            assert_ptr_equal(sj_table_find(&t, sig, words, sj_sig_hash(sig, words)), m);
             /* memoising it again returns the same item */
             int64_t other = -1;
             assert_ptr_equal(sj_table_memoize(&t, sig, words, sj_sig_hash(sig, words), &e, &other), m);
@@ -901,7 +929,9 @@ static void test_memo_index_threads(void **state) {
     int64_t sym = 0;
     assert_null(sj_table_memoize(&t, sig, words, sj_sig_hash(sig, words), &e, &sym));
     assert_null(sj_table_find(&t, sig, words, sj_sig_hash(sig, words)));
+    int made = t.n_memo;
     sj_table_destroy(&t);
+    assert_int_equal(released, made);
 }
 
 int main(void) {

@@ -208,6 +208,7 @@ sj_status sj_cuda_device_create(const sj_dev_config *c, sj_backend **out) {
     d->host = *c->host;
     sj_backend *b = &d->common.base;
     b->name = "cuda";
+    b->late_launch = true; /* streams and graphs launch code after its call returned */
     sj_device_forward_compile(b);
     b->destroy = destroy;
     b->recompiler = recompiler;
