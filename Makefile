@@ -222,10 +222,12 @@ test: deps model-ref $(TEST_BIN) $(SAMPLE_BIN) $(TOOL_BIN)
 	for s in $(SAMPLES); do \
 	  [ -f samples/$$s/test-args ] || continue; \
 	  args=$$(cat samples/$$s/test-args); \
-	  t0=$$(date +%s); \
-	  SHAPEJIT_CACHE_DIR= timeout -k 10 $${SJ_TEST_TIMEOUT:-600} $(BUILD)/samples/$$s $$args > $(BUILD)/samples/$$s.log 2>&1; rc=$$?; \
-	  printf '  SAMPLE  %s %s (%s s)\n' "$$s" "$$args" $$(( $$(date +%s) - t0 )); \
-	  if [ $$rc -ne 0 ]; then \
+	  SHAPEJIT_CACHE_DIR= SJ_RUN="timeout -k 10 $${SJ_TEST_TIMEOUT:-600}" \
+	    sh tests/run.sh --one $(BUILD)/samples/$$s $(BUILD)/samples/$$s $$args; \
+	  rc=$$(cat $(BUILD)/samples/$$s.rc); \
+	  printf '  SAMPLE  %s %s (%s s)\n' "$$s" "$$args" "$$(cat $(BUILD)/samples/$$s.secs)"; \
+	  grep -q "^  RERUN" $(BUILD)/samples/$$s.log && head -n 12 $(BUILD)/samples/$$s.log; \
+	  if [ "$$rc" != 0 ]; then \
 	    failed=$$((failed+1)); tail -n 30 $(BUILD)/samples/$$s.log; echo "  FAIL    sample $$s"; \
 	  fi; \
 	done; \

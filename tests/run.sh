@@ -20,16 +20,18 @@
 # Each program's TEST line gives its elapsed seconds (both runs, for a
 # rerun), so every log shows where the suite's time goes.
 
-# tests/run.sh --one PROGRAM OUT: run PROGRAM, output in OUT.log, status in
-# OUT.rc, elapsed whole seconds in OUT.secs.
+# tests/run.sh --one PROGRAM OUT [ARG...]: run PROGRAM (with the ARGs),
+# output in OUT.log, status in OUT.rc, elapsed whole seconds in OUT.secs
+# (make test runs the samples this way too).
 if [ "$1" = "--one" ]; then
     t=$2 out=$3
+    shift 3
     t0=$(date +%s)
-    $SJ_RUN "$t" > "$out.log" 2>&1; rc=$?
+    $SJ_RUN "$t" "$@" > "$out.log" 2>&1; rc=$?
     if [ $rc != 0 ] && grep -q "^Tracer caught signal" "$out.log" &&
        grep -q "LeakSanitizer has encountered a fatal error" "$out.log"; then
         mv "$out.log" "$out.first.log"
-        $SJ_RUN "$t" > "$out.log" 2>&1; rc=$?
+        $SJ_RUN "$t" "$@" > "$out.log" 2>&1; rc=$?
         { echo "  RERUN   $(basename "$t"): LeakSanitizer's tracer crashed at exit on the first run (a sanitizer failure, not a test's); its output was:"
           sed 's/^/    | /' "$out.first.log" | tail -n 8
           echo "  second run:"; cat "$out.log"; } > "$out.both.log"
