@@ -362,11 +362,13 @@ void sj_learn_due(sj_fn *fn) {
     sj_compiler_request_learn(fn->rt->compiler, fn);
 }
 
-typedef struct learn_todo {
+/* One dimension a learning job learns: a row of its own, or one bucketed
+ * dimension of the cfg row (cfg). */
+typedef struct learn_dim {
     int input, axis;
     bool cfg; /* from the cfg row */
     sj_learn_options opt;
-} learn_todo;
+} learn_dim;
 
 /* Has (input, axis) a row of its own (the cfg row's walk skips it)? */
 static bool own_row(const sj_fn *fn, int input, int axis) {
@@ -379,37 +381,37 @@ void sj_learn_run(sj_fn *fn) {
     atomic_store(&fn->learn_queued, false); /* new shapes from here on may queue the next */
     int64_t n = atomic_load_explicit(&fn->learn_shapes, RELAXED);
     int cap = fn->n_inputs * SJ_MAX_RANK + SJ_LEARN_AUTO_MAX;
-    learn_todo *todo = sj_malloc((size_t)cap * sizeof *todo);
+    learn_dim *dims = sj_malloc((size_t)cap * sizeof *dims);
     int k = 0;
     pthread_mutex_lock(&fn->trace_lock);
-    for (int i = 0; todo && i < fn->n_learn; i++) {
+    for (int i = 0; dims && i < fn->n_learn; i++) {
         sj_learn_auto *r = &fn->learn[i];
         if (n < r->next_at) continue;
         r->next_at = n + r->every;
         if (r->input >= 0) {
-            todo[k++] = (learn_todo){r->input, r->axis, false, r->opt};
+            dims[k++] = (learn_dim){r->input, r->axis, false, r->opt};
             continue;
         }
         for (int in = 0; in < fn->n_inputs; in++)
             for (int a = 0; a < SJ_MAX_RANK; a++)
                 if (sj_policy_rule(&fn->policy, in, a)->kind == SJ_RULE_BUCKET && !own_row(fn, in, a) && k < cap)
-                    todo[k++] = (learn_todo){in, a, true, r->opt};
+                    dims[k++] = (learn_dim){in, a, true, r->opt};
     }
     rearm(fn);
     pthread_mutex_unlock(&fn->trace_lock);
-    if (!todo) { /* out of memory: the rows stay due; the next new shape tries again */
+    if (!dims) { /* out of memory: the rows stay due; the next new shape tries again */
         atomic_fetch_add_explicit(&fn->c.learn_failures, 1, RELAXED);
         return;
     }
     for (int t = 0; t < k; t++) {
         sj_bucket_report rep;
         int64_t t0 = sj_now_ns();
-        sj_status st = sj_fn_learn_buckets(fn, todo[t].input, todo[t].axis, &todo[t].opt, &rep);
+        sj_status st = sj_fn_learn_buckets(fn, dims[t].input, dims[t].axis, &dims[t].opt, &rep);
         double ms = (double)(sj_now_ns() - t0) / 1e6;
         if (st) {
             atomic_fetch_add_explicit(&fn->c.learn_failures, 1, RELAXED);
             sj_logf(fn->rt, SJ_LOG_RECOMPILES, "fn '%s': learning input %d axis %d skipped: %s", fn->name,
-                    todo[t].input, todo[t].axis, sj_last_error());
+                    dims[t].input, dims[t].axis, sj_last_error());
             continue;
         }
         if (!rep.applied) { /* kept: not worth a swap */
@@ -420,9 +422,9 @@ void sj_learn_run(sj_fn *fn) {
         pthread_mutex_lock(&fn->trace_lock);
         for (int i = 0; i < fn->n_learn; i++) { /* the row may have moved (sj_fn_learn_auto) */
             sj_learn_auto *r = &fn->learn[i];
-            if (todo[t].cfg ? r->input >= 0 : r->input != todo[t].input || r->axis != todo[t].axis) continue;
+            if (dims[t].cfg ? r->input >= 0 : r->input != dims[t].input || r->axis != dims[t].axis) continue;
             r->runs++;
-            r->has_last = true, r->last_input = todo[t].input, r->last_axis = todo[t].axis, r->last = rep;
+            r->has_last = true, r->last_input = dims[t].input, r->last_axis = dims[t].axis, r->last = rep;
         }
         pthread_mutex_unlock(&fn->trace_lock);
         if (sj_log_wants_events(&fn->rt->log)) {
@@ -430,11 +432,11 @@ void sj_learn_run(sj_fn *fn) {
             sj_bucket_report_str(&rep, text, sizeof text);
             sj_emit(fn->rt, (sj_event){.kind = SJ_EVENT_BUCKETS_LEARNED, .topic = SJ_LOG_RECOMPILES, .fn = fn->name,
                                        .entry = -1, .shape = text, .error = "", .duration_ms = ms,
-                                       .count = rep.entries_retired, .input = todo[t].input, .axis = todo[t].axis,
+                                       .count = rep.entries_retired, .input = dims[t].input, .axis = dims[t].axis,
                                        .edges = rep.edges, .n_edges = rep.n_edges});
         }
     }
-    free(todo);
+    free(dims);
 }
 
 void sj_learn_explain(const sj_fn *fn, FILE *out) {

@@ -245,6 +245,29 @@ static bool learned_bucket(const char *what, const sj_bucket_report *r) {
     return sscanf(p, "bucket (%lld, %3s)", &lo, inf) == 2 && !strcmp(inf, "inf") && lo == r->edges[r->n_edges - 1];
 }
 
+/* Each length of S (never called before) is served by an entry of a
+ * learned bucket of r: the entry whose call count moved by one. */
+static void check_served_by_learned(sj_fn *fn, sj_fn *eager, const int64_t *S, int n, lcg *g,
+                                    const sj_bucket_report *r) {
+    char why[256] = "";
+    for (int i = 0; i < n; i++) {
+        uint64_t before[128] = {0};
+        sj_entry_info info[128];
+        int ne = sj_fn_entries(fn, info, 128);
+        assert_true(ne <= 128);
+        for (int j = 0; j < ne; j++) before[info[j].id] = info[j].calls;
+        if (call_one(fn, eager, S[i], g, why, sizeof why)) fail_msg("S=%lld: %s", (long long)S[i], why);
+        ne = sj_fn_entries(fn, info, 128);
+        int served = -1;
+        for (int j = 0; j < ne; j++)
+            if (info[j].calls == before[info[j].id] + 1) served = j;
+        assert_true(served >= 0);
+        if (!learned_bucket(info[served].what, r))
+            fail_msg("S=%lld served by entry %d: %s, not a learned bucket", (long long)S[i], info[served].id,
+                     info[served].what);
+    }
+}
+
 static void test_learn_applied_while_serving(void **state) {
     sj_fn *fn = make(rt, "learn"), *eager = make(rt_eager, "learn_eager");
     assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 128), SJ_OK);
@@ -319,21 +342,7 @@ static void test_learn_applied_while_serving(void **state) {
      * bucket (new, or an old one whose range the new edges kept), and every
      * entry made since the swap is of a learned bucket */
     int64_t odd[] = {3, 5, 7, 9, 31, 33, 35, 61, 101, 119, 121, 201};
-    for (int i = 0; i < 12; i++) {
-        uint64_t before[128] = {0};
-        sj_entry_info info[128];
-        int ne = sj_fn_entries(fn, info, 128);
-        assert_true(ne <= 128);
-        for (int j = 0; j < ne; j++) before[info[j].id] = info[j].calls;
-        if (call_one(fn, eager, odd[i], &g, why, sizeof why)) fail_msg("odd: %s", why);
-        ne = sj_fn_entries(fn, info, 128);
-        int served = -1;
-        for (int j = 0; j < ne; j++)
-            if (info[j].calls == before[info[j].id] + 1) served = j;
-        assert_true(served >= 0);
-        if (!learned_bucket(info[served].what, &r)) fail_msg("S=%lld served by entry %d: %s, not a learned bucket",
-                                                             (long long)odd[i], info[served].id, info[served].what);
-    }
+    check_served_by_learned(fn, eager, odd, 12, &g, &r);
     sj_entry_info info[128];
     int ne = sj_fn_entries(fn, info, 128), fresh = 0;
     for (int i = 0; i < ne; i++)
@@ -607,22 +616,7 @@ static void test_learn_while_serving(void **state) {
 
     /* new lengths of phase 2 are served by entries of the learned buckets */
     int64_t odd[] = {61, 87, 103, 119};
-    for (int i = 0; i < 4; i++) {
-        uint64_t before[128] = {0};
-        sj_entry_info info[128];
-        int ne = sj_fn_entries(fn, info, 128);
-        assert_true(ne <= 128);
-        for (int j = 0; j < ne; j++) before[info[j].id] = info[j].calls;
-        if (call_one(fn, eager, odd[i], &g, why, sizeof why)) fail_msg("odd: %s", why);
-        ne = sj_fn_entries(fn, info, 128);
-        int served = -1;
-        for (int j = 0; j < ne; j++)
-            if (info[j].calls == before[info[j].id] + 1) served = j;
-        assert_true(served >= 0);
-        if (!learned_bucket(info[served].what, &r))
-            fail_msg("S=%lld served by entry %d: %s, not a learned bucket", (long long)odd[i], info[served].id,
-                     info[served].what);
-    }
+    check_served_by_learned(fn, eager, odd, 4, &g, &r);
     char *text = explain_text(fn);
     char want[96];
     snprintf(want, sizeof want, "last learned on input 0 axis 0: edges %lld", (long long)e2.edges[0]);
