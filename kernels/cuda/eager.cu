@@ -13,7 +13,9 @@
  * Layout: eager_common.cuh (dtypes, op math, indexing, reductions),
  * eager_elementwise.cuh, eager_rows.cuh, eager_misc.cuh,
  * eager_attention_tc.cuh, eager_varlen.cuh; each defines the
- * SJ_EK_DEF_<family>(tag) macro that the list below expands.
+ * SJ_EK_DEF_<family>(tag) macro that the list below expands
+ * (eager_att_online.cuh: the one-query attention loop that eager_misc's
+ * and eager_varlen's attention kernels share).
  */
 #include "kernels/cuda/eager_common.cuh"
 #include "kernels/cuda/eager_attention_tc.cuh"

@@ -4,6 +4,7 @@
 #ifndef SJ_EAGER_MISC_CUH
 #define SJ_EAGER_MISC_CUH
 
+#include "kernels/cuda/eager_att_online.cuh"
 #include "kernels/cuda/eager_common.cuh"
 
 /* -- Integer matmul -------------------------------------------------------------
@@ -47,11 +48,9 @@ template <class T> SJ_DEV void matmul_int(const sj_ek_mm &p) {
  * One block per (b, h, query i), looping over blocks when there are more.
  * Key j is visible when j < lim = min(len[b] clamped to [0, Sk], causal ?
  * i + Sk - Sq + 1 : Sk); a query with lim <= 0 gives zeros. The visible
- * keys are taken SJ_EK_ATT_CHUNK at a time (online softmax): each warp
- * scores keys (q in shared memory, the dot split over lanes, scaled after
- * the sum as the CPU's sgemm alpha does), the running max m and sum l are
- * updated with the chunk, and each thread rescales and accumulates its own
- * output elements e (t, t + blockDim, ...). y = acc * (1 / l).
+ * keys go through att_online (eager_att_online.cuh: an online softmax,
+ * SJ_EK_ATT_CHUNK keys at a time), each score the dot scaled after the
+ * sum, as the CPU's sgemm alpha does, plus the mask.
  * Dynamic shared memory: q[D], p[CHUNK], acc[Dv] floats. */
 
 /* The additive mask of score (b, h, i, j): f32/f16/bf16 values, or bool
@@ -66,16 +65,23 @@ SJ_DEV float att_mask(const sj_ek_att &p, int64_t b, int64_t h, int64_t i, int64
     }
 }
 
+/* Score of key j for query (b, h, i): the dot scaled, plus the mask. */
+struct att_score {
+    const sj_ek_att &p;
+    int64_t b, h, i;
+    __device__ __forceinline__ float operator()(float dot, int64_t j) const {
+        return dot * p.scale + (p.mask ? att_mask(p, b, h, i, j) : 0.0f);
+    }
+};
+
 template <class T> SJ_DEV void attention(const sj_ek_att &p) {
     typedef typename T::S S;
     extern __shared__ float att_sm[];
-    float *qs = att_sm, *ps = att_sm + p.D, *acc = att_sm + p.D + SJ_EK_ATT_CHUNK;
     const S *q = reinterpret_cast<const S *>(p.q);
     const S *k = reinterpret_cast<const S *>(p.k);
     const S *v = reinterpret_cast<const S *>(p.v);
     S *y = reinterpret_cast<S *>(p.y);
     const int t = (int)threadIdx.x, nthr = (int)blockDim.x;
-    const int lane = t & 31, warp = t >> 5, nwarps = nthr >> 5;
     const int64_t total = p.B * p.H * p.Sq;
     for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
         const int64_t i = blk % p.Sq, bh = blk / p.Sq;
@@ -93,47 +99,12 @@ template <class T> SJ_DEV void attention(const sj_ek_att &p) {
             for (int64_t e = t; e < p.Dv; e += nthr) yr[e * p.sy[3]] = T::st(0.0f);
             continue;
         }
-        const S *qr = q + bb * p.sq[0] + h * p.sq[1] + i * p.sq[2];
-        const S *kh = k + bb * p.sk[0] + h * p.sk[1];
-        const S *vh = v + bb * p.sv[0] + h * p.sv[1];
-        __syncthreads(); /* the previous query's readers of qs/acc are done */
-        for (int64_t d = t; d < p.D; d += nthr) qs[d] = T::ld(qr[d * p.sq[3]]);
-        for (int64_t e = t; e < p.Dv; e += nthr) acc[e] = 0.0f;
-        float m = -INFINITY, l = 0.0f; /* the same in every thread */
-        for (int64_t j0 = 0; j0 < lim; j0 += SJ_EK_ATT_CHUNK) {
-            const int cnt = (int)(lim - j0 < SJ_EK_ATT_CHUNK ? lim - j0 : SJ_EK_ATT_CHUNK);
-            __syncthreads(); /* qs written; the previous chunk's ps consumed */
-            for (int jj = warp; jj < cnt; jj += nwarps) {
-                const S *kr = kh + (j0 + jj) * p.sk[2];
-                float dot = 0.0f;
-                for (int64_t d = lane; d < p.D; d += 32) dot += qs[d] * T::ld(kr[d * p.sk[3]]);
-                dot = warp_reduce<r_sum_f>(dot);
-                if (lane == 0)
-                    ps[jj] = dot * p.scale + (p.mask ? att_mask(p, bb, h, i, j0 + jj) : 0.0f);
-            }
-            __syncthreads();
-            float cm = -INFINITY;
-            for (int jj = 0; jj < cnt; jj++) cm = max_nan(cm, ps[jj]);
-            const float mn = max_nan(m, cm);
-            /* mn = -inf only when every score so far is -inf (infinite
-             * inputs): those keys get weight 0 */
-            const float alpha = m == -INFINITY ? 0.0f : sj_rt_expf(m - mn);
-            __syncthreads(); /* every thread has read the scores */
-            for (int jj = t; jj < cnt; jj += nthr) ps[jj] = mn == -INFINITY ? 0.0f : sj_rt_expf(ps[jj] - mn);
-            __syncthreads();
-            float cs = 0.0f;
-            for (int jj = 0; jj < cnt; jj++) cs += ps[jj];
-            l = l * alpha + cs;
-            m = mn;
-            for (int64_t e = t; e < p.Dv; e += nthr) {
-                const S *ve = vh + j0 * p.sv[2] + e * p.sv[3];
-                float s = acc[e] * alpha;
-                for (int jj = 0; jj < cnt; jj++) s += ps[jj] * T::ld(ve[jj * p.sv[2]]);
-                acc[e] = s;
-            }
-        }
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f; /* every key masked (-inf): zeros */
-        for (int64_t e = t; e < p.Dv; e += nthr) yr[e * p.sy[3]] = T::st(acc[e] * inv);
+        const att_rows<S> r = {q + bb * p.sq[0] + h * p.sq[1] + i * p.sq[2], p.sq[3],
+                               k + bb * p.sk[0] + h * p.sk[1],                p.sk[2], p.sk[3],
+                               v + bb * p.sv[0] + h * p.sv[1],                p.sv[2], p.sv[3],
+                               yr,                                            p.sy[3],
+                               p.D,                                           p.Dv};
+        att_online<T>(r, 0, lim, att_score{p, bb, h, i}, att_sm);
     }
 }
 

@@ -5,6 +5,7 @@
 #ifndef SJ_EAGER_VARLEN_CUH
 #define SJ_EAGER_VARLEN_CUH
 
+#include "kernels/cuda/eager_att_online.cuh"
 #include "kernels/cuda/eager_common.cuh"
 
 /* -- Offsets check ----------------------------------------------------------------------
@@ -29,27 +30,30 @@ SJ_DEV void varlen_check(const sj_ek_varlen &p) {
  * One block per (token t, head h), grid-stride over T * H: the sequence of
  * t is found by a binary search of the offsets (clamped to [0, T], so bad
  * offsets cannot send a read out of range); its keys s .. e-1 (causal:
- * s .. t) are taken SJ_EK_ATT_CHUNK at a time with an online softmax, as
- * the padded kernel attention (eager_misc.cuh) does: warps score keys, the
- * running max m and sum l are updated per chunk, each thread accumulates
- * its own output elements. y = acc / l, in f32 until the store.
- * Dynamic shared memory: q[D], p[CHUNK], acc[Dv] floats. */
+ * s .. t) go through att_online (eager_att_online.cuh: an online softmax,
+ * SJ_EK_ATT_CHUNK keys at a time), as in the padded kernel attention
+ * (eager_misc.cuh); each score the dot scaled, no mask. y in f32 until the
+ * store. Dynamic shared memory: q[D], p[CHUNK], acc[Dv] floats. */
 
 SJ_DEV int64_t varlen_off(const sj_ek_varlen &p, int64_t b) {
     const int64_t o = reinterpret_cast<const int32_t *>(p.off)[b * p.soff];
     return o < 0 ? 0 : o > p.T ? p.T : o;
 }
 
+/* Score of key j: the dot scaled (no mask). */
+struct varlen_score {
+    float scale;
+    __device__ __forceinline__ float operator()(float dot, int64_t) const { return dot * scale; }
+};
+
 template <class T> SJ_DEV void attention_varlen(const sj_ek_varlen &p) {
     typedef typename T::S S;
     extern __shared__ float vl_sm[];
-    float *qs = vl_sm, *ps = vl_sm + p.D, *acc = vl_sm + p.D + SJ_EK_ATT_CHUNK;
     const S *q = reinterpret_cast<const S *>(p.q);
     const S *k = reinterpret_cast<const S *>(p.k);
     const S *v = reinterpret_cast<const S *>(p.v);
     S *y = reinterpret_cast<S *>(p.y);
     const int t = (int)threadIdx.x, nthr = (int)blockDim.x;
-    const int lane = t & 31, warp = t >> 5, nwarps = nthr >> 5;
     const int64_t total = p.T * p.H;
     for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
         const int64_t i = blk / p.H, h = blk % p.H;
@@ -68,44 +72,12 @@ template <class T> SJ_DEV void attention_varlen(const sj_ek_varlen &p) {
             for (int64_t d = t; d < p.Dv; d += nthr) yr[d * p.sy[2]] = T::st(0.0f);
             continue;
         }
-        const S *qr = q + i * p.sq[0] + h * p.sq[1];
-        const S *kh = k + h * p.sk[1];
-        const S *vh = v + h * p.sv[1];
-        __syncthreads(); /* the previous query's readers of qs/acc are done */
-        for (int64_t d = t; d < p.D; d += nthr) qs[d] = T::ld(qr[d * p.sq[2]]);
-        for (int64_t d = t; d < p.Dv; d += nthr) acc[d] = 0.0f;
-        float m = -INFINITY, l = 0.0f; /* the same in every thread */
-        for (int64_t j0 = s; j0 < e; j0 += SJ_EK_ATT_CHUNK) {
-            const int cnt = (int)(e - j0 < SJ_EK_ATT_CHUNK ? e - j0 : SJ_EK_ATT_CHUNK);
-            __syncthreads(); /* qs written; the previous chunk's ps consumed */
-            for (int jj = warp; jj < cnt; jj += nwarps) {
-                const S *kr = kh + (j0 + jj) * p.sk[0];
-                float dot = 0.0f;
-                for (int64_t d = lane; d < p.D; d += 32) dot += qs[d] * T::ld(kr[d * p.sk[2]]);
-                dot = warp_reduce<r_sum_f>(dot);
-                if (lane == 0) ps[jj] = dot * p.scale;
-            }
-            __syncthreads();
-            float cm = -INFINITY;
-            for (int jj = 0; jj < cnt; jj++) cm = max_nan(cm, ps[jj]);
-            const float mn = max_nan(m, cm);
-            const float alpha = m == -INFINITY ? 0.0f : sj_rt_expf(m - mn);
-            __syncthreads(); /* every thread has read the scores */
-            for (int jj = t; jj < cnt; jj += nthr) ps[jj] = mn == -INFINITY ? 0.0f : sj_rt_expf(ps[jj] - mn);
-            __syncthreads();
-            float cs = 0.0f;
-            for (int jj = 0; jj < cnt; jj++) cs += ps[jj];
-            l = l * alpha + cs;
-            m = mn;
-            for (int64_t d = t; d < p.Dv; d += nthr) {
-                const S *ve = vh + j0 * p.sv[0] + d * p.sv[2];
-                float a = acc[d] * alpha;
-                for (int jj = 0; jj < cnt; jj++) a += ps[jj] * T::ld(ve[jj * p.sv[0]]);
-                acc[d] = a;
-            }
-        }
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int64_t d = t; d < p.Dv; d += nthr) yr[d * p.sy[2]] = T::st(acc[d] * inv);
+        const att_rows<S> r = {q + i * p.sq[0] + h * p.sq[1], p.sq[2],
+                               k + h * p.sk[1],               p.sk[0], p.sk[2],
+                               v + h * p.sv[1],               p.sv[0], p.sv[2],
+                               yr,                            p.sy[2],
+                               p.D,                           p.Dv};
+        att_online<T>(r, s, e, varlen_score{p.scale}, vl_sm);
     }
 }
 
