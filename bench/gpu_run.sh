@@ -5,7 +5,7 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|remote|cpuscale|all|asan|warmup|nvrtc|gemm] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|remote|cpuscale|all|asan|warmup|nvrtc|gemm] (results under $OUT)
 #             gemm: the generated tensor-core products (test_gemm_cuda, then
 #             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl;
 #             test_gemm_jit, and bench_cuda w4 with SHAPEJIT_CUDA_GEMM 0 and 1);
@@ -217,6 +217,20 @@ if [ "$what" = remote ]; then # the remote kernel cache on the CUDA backend (red
     PATH="$PWD/$B:$PATH" SJ_REMOTE_BACKEND=cuda timeout 300 "$B/test_remote" > /tmp/remote.log 2>&1
     echo "test_remote (cuda) rc=$?: $(grep -E "PASSED|FAILED|skipped" /tmp/remote.log | tr '\n' ' ')" | tee -a "$summary"
     grep -E "ERROR|LINE|FAIL" /tmp/remote.log | head -20 | tee -a "$summary"
+fi
+
+if [ "$what" = f32probe ]; then # issue 27: why alternating two batch shapes costs f32 batches on one GPU
+    head -32 samples/bert/sentences.txt > /tmp/sent32.txt # 1 batch of 32: one shape; the full file: two
+    for cfg in "full" "one" "full SHAPEJIT_CUDA_GRAPHS=0" "one SHAPEJIT_CUDA_GRAPHS=0" "full SHAPEJIT_LOG=compile"; do
+        set -- $cfg
+        sent=samples/bert/sentences.txt; [ "$1" = one ] && sent=/tmp/sent32.txt
+        shift
+        env "$@" timeout 120 "$B/bench_gpus" --model .gpu-model --sentences "$sent" --devices 0 --batch 32 \
+            --seconds 3 --dtype f32 > /tmp/probe.jsonl 2> /tmp/probe.err
+        echo "f32probe $cfg rc=$?: $(cat /tmp/probe.jsonl | tr '\n' ' ')" | tee -a "$summary"
+        grep -c . /tmp/probe.err | sed 's/^/stderr lines: /' | tee -a "$summary"
+        tail -5 /tmp/probe.err >> "$summary"
+    done
 fi
 
 if [ "$what" = multi ]; then
