@@ -82,6 +82,9 @@
       "cast) inside, in up to 4 tile variants timed against cuBLASLt once compiled (the winner "    \
       "kept in the kernel cache); `2`..`5`: tile variant 0..3 always, untimed (tests); `0`: "        \
       "cuBLASLt, the group after it")                                                             \
+    X(cuda_tf32, int, 0, 0, 1, "SHAPEJIT_CUDA_TF32",                                              \
+      "CUDA: `1`: f32 matrix products run on tensor cores in TF32 (10-bit mantissa inputs, f32 "    \
+      "sums: about 1e-3 relative error, 3-5x faster on large products); `0`: full f32")           \
     X(learn_every, int, 0, 0, 1000000, "SHAPEJIT_LEARN_EVERY",                                    \
       "every function re-learns the edges of its bucketed dimensions after every this many new "   \
       "exact shapes, on the background compile worker, and swaps them in while serving "          \

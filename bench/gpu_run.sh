@@ -221,7 +221,7 @@ fi
 
 if [ "$what" = f32probe ]; then # issue 27: why alternating two batch shapes costs f32 batches on one GPU
     head -32 samples/bert/sentences.txt > /tmp/sent32.txt # 1 batch of 32: one shape; the full file: two
-    for cfg in "full" "one" "full SHAPEJIT_CUDA_GRAPHS=0" "one SHAPEJIT_CUDA_GRAPHS=0" "full SHAPEJIT_LOG=compile"; do
+    for cfg in "full" "one" "full SHAPEJIT_CUDA_GRAPHS=0" "one SHAPEJIT_CUDA_GRAPHS=0" "full SHAPEJIT_CUDA_TF32=1" "one SHAPEJIT_CUDA_TF32=1"; do
         set -- $cfg
         sent=samples/bert/sentences.txt; [ "$1" = one ] && sent=/tmp/sent32.txt
         shift

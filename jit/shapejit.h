@@ -324,6 +324,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_SPECIALIZE_MAX_BYTES=n     -> specialize_max_bytes
  *   SHAPEJIT_COMPILE_AHEAD=0|1          -> compile_ahead
  *   SHAPEJIT_CUDA_GEMM=0..5             -> cuda_gemm
+ *   SHAPEJIT_CUDA_TF32=0|1              -> cuda_tf32
  *   SHAPEJIT_LEARN_EVERY=n              -> learn_every
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
@@ -575,6 +576,12 @@ typedef struct sj_runtime_config {
      * yet (its one run failed through a bug of the test's own, since
      * fixed). A runtime made with it warns (SJ_LOG_WARN). */
     int cuda_gemm;
+    /* CUDA: 1: f32 matrix products (cuBLASLt) take the tensor cores in
+     * TF32: inputs rounded to a 10-bit mantissa, sums in f32, so results
+     * are about 1e-3 relative from f32's instead of 1e-6, for 3-5x the
+     * speed of a large product (PyTorch's allow_tf32). 0 (default): full
+     * f32. f16 and bf16 products are unaffected. $SHAPEJIT_CUDA_TF32. */
+    int cuda_tf32;
     /* Buckets learned while serving: n > 0: every function re-learns the
      * edges of each of its bucketed dimensions (a bucket rule: sj_set_buckets
      * and its kin, SHAPEJIT_BUCKETS, or edges learned before) after every n

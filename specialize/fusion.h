@@ -204,6 +204,11 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced);
  *   not such a chain is no epilogue (it runs after, as before). */
 typedef struct sj_fuse_opts {
     bool gemm; /* mark generated products */
+    /* Symbols the trace's facts pin to a constant (bit s: symbol s equals
+     * its hint on every call the entry serves; the guards check it, e.g.
+     * an input's inner size pinned by a product with a constant weight):
+     * the plan may take their sizes as constants where it needs them. */
+    uint64_t pinned;
 } sj_fuse_opts;
 sj_fplan *sj_fuse_ex(sj_graph *g, const sj_tensor *traced, const sj_fuse_opts *o);
 void sj_fplan_free(sj_fplan *p);

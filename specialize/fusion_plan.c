@@ -224,6 +224,25 @@ static bool half_or_float(sj_dtype dt) { return dt == SJ_F16 || dt == SJ_F32; }
 
 static bool const_of(const sj_fuse_st *b, sj_expr e, int64_t *v) { return sj_ex_is_const(b->ex, e, v); }
 
+/* e's value where it is the same on every call the plan serves: a constant,
+ * or a symbol the trace's facts pin (sj_fuse_opts.pinned: under the default
+ * policy every size is a symbol, and a product's inner size is pinned by
+ * its constant weight). */
+static bool fixed_of(const sj_fuse_st *b, sj_expr e, int64_t *v) {
+    int s;
+    if (const_of(b, e, v)) return true;
+    if (!sj_ex_is_sym(b->ex, e, &s) || s >= 64 || !(b->pinned >> s & 1)) return false;
+    *v = sj_ex_hint(b->ex, e);
+    return true;
+}
+
+/* Sizes x and y are equal on every call: the same expression, or both
+ * fixed (fixed_of) to one value. */
+static bool same_size(const sj_fuse_st *b, sj_expr x, sj_expr y) {
+    int64_t vx, vy;
+    return x == y || (fixed_of(b, x, &vx) && fixed_of(b, y, &vy) && vx == vy);
+}
+
 /* Plan group k as a generated product where fusion.h's "Generated
  * products" allows (before find_epilogues, which reads the mark). */
 static void find_gemms(plan_ctx *c) {
@@ -247,7 +266,7 @@ static void find_gemms(plan_ctx *c) {
         int64_t K, N, k2;
         if (A->dtype != SJ_F16 || B->dtype != SJ_F16 || Y->dtype != SJ_F16 || B->rank != 2 || A->rank < 2 ||
             Y->rank != A->rank || !const_of(b, B->shape[0], &K) || !const_of(b, B->shape[1], &N) ||
-            !const_of(b, A->shape[A->rank - 1], &k2) || k2 != K)
+            !fixed_of(b, A->shape[A->rank - 1], &k2) || k2 != K)
             continue;
         const sj_layout *la = &p->layouts[va], *lb = &p->layouts[vb], *ly = &p->layouts[v];
         if (la->store < 0 || lb->store < 0 || ly->store < 0 || p->stores[lb->store].kind != SJ_ST_PARAM ||
@@ -311,7 +330,7 @@ static void gemm_epilogues(plan_ctx *c) {
                 ok = R && r != cur && b->root[r] != v && R->kind != SJ_VAL_CONST && half_or_float(R->dtype) && R->rank == Y->rank &&
                      p->layouts[r].store >= 0 && contiguous_at0(b, &p->layouts[r], R) &&
                      !(computed(b, r) && b->vgroup[r] == c->ord[k + 1]);
-                for (int a = 0; a < Y->rank && ok; a++) ok = R->shape[a] == Y->shape[a];
+                for (int a = 0; a < Y->rank && ok; a++) ok = same_size(b, R->shape[a], Y->shape[a]);
                 fl |= SJ_GEMM_RES;
                 if (o->dtype == SJ_F16) fl |= SJ_GEMM_R_RES;
                 res = r;

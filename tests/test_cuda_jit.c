@@ -411,6 +411,81 @@ static void test_params_on_device(void **state) {
         }
 }
 
+/* -- TF32 (cuda_tf32) ------------------------------------------------------------------- */
+
+static sj_status mm_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    return sj_output(t, sj_matmul(t, in[0], in[1]));
+}
+
+/* An f32 product [M, K] x [K, N] against float64: full f32 by default
+ * (relative error near f32's rounding), TF32 with cuda_tf32 = 1 (an error
+ * that only 10-bit mantissa inputs make: the tensor cores are really taken,
+ * yet within 3e-3); eager and fused alike. */
+static void test_tf32_products(void **state) {
+    (void)state;
+    enum { M = 96, K = 512, N = 160 };
+    tu_seed(29);
+    sj_tensor a = tu_tensor(SJ_F32, 2, (int64_t[]){M, K}), b = tu_tensor(SJ_F32, 2, (int64_t[]){K, N});
+    tu_fill_range(&a, -1, 1);
+    tu_fill_range(&b, -1, 1);
+    double *ref = malloc(sizeof(double) * M * N);
+    assert_non_null(ref);
+    double ref_ss = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++) acc += tu_get(&a, (int64_t)i * K + k) * tu_get(&b, (int64_t)k * N + j);
+            ref[i * N + j] = acc;
+            ref_ss += acc * acc;
+        }
+    for (int tf32 = 0; tf32 <= 1; tf32++)
+        for (int mode = 0; mode < 2; mode++) { /* eager; fused */
+            sj_runtime_config cfg;
+            sj_runtime_config_init(&cfg);
+            cfg.backend = SJ_BACKEND_CUDA;
+            cfg.compile_mode = mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF;
+            cfg.cache_dir = NULL;
+            cfg.log_mask = 0;
+            cfg.cuda_tf32 = tf32;
+            sj_runtime *rt = NULL;
+            if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+            sj_fn_options o;
+            sj_fn_options_init(&o);
+            o.hot_threshold = 1;
+            sj_fn *fn;
+            assert_int_equal(sj_fn_create(rt, "mm", 2, mm_model, NULL, &o, &fn), SJ_OK);
+            dbuf da = to_dev(rt, &a), db = to_dev(rt, &b);
+            sj_tensor din[2] = {da.t, db.t}, out = {0};
+            for (int rep = 0; rep < 2; rep++) { /* the second call runs the fused tier in mode 1 */
+                if (sj_call(fn, din, 2, &out, 1)) fail_msg("tf32 %d: %s", tf32, sj_last_error());
+                if (rep == 0) sj_tensor_free(rt, &out);
+            }
+            sj_tensor h = to_host(rt, &out);
+            double ess = 0;
+            for (int64_t i = 0; i < (int64_t)M * N; i++) {
+                double d = tu_get(&h, i) - ref[i];
+                ess += d * d;
+            }
+            double rel = sqrt(ess / ref_ss);
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            printf("  f32 product %dx%dx%d, cuda_tf32 %d, %s: relative error %.2e\n", M, K, N, tf32,
+                   mode ? "fused" : "eager", rel);
+            if (mode) assert_true(st.fused_symbolic_calls + st.fused_specialized_calls > 0);
+            if (!tf32 && rel > 1e-5) fail_msg("full f32: relative error %.2e > 1e-5", rel);
+            if (tf32 && (rel < 2e-5 || rel > 3e-3))
+                fail_msg("TF32: relative error %.2e, not within [2e-5, 3e-3]: %s", rel,
+                         rel < 2e-5 ? "the tensor cores were not taken" : "too large");
+            sj_tensor_free(rt, &out);
+            free_dev(rt, &da), free_dev(rt, &db);
+            sj_fn_destroy(fn);
+            sj_runtime_destroy(rt);
+        }
+    free(ref);
+    tu_free_all();
+}
+
 /* -- The encoder layer (w4's model, small): fused on the device against the CPU ------------ */
 
 /* tests/util_encoder's layer, hidden 64 in 4 heads of 16 (so f16 attention
@@ -1489,7 +1564,7 @@ int main(void) {
         cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
         cmocka_unit_test(test_nvrtc_timeout),     cmocka_unit_test(test_validated_swap_on_device),
-        cmocka_unit_test(test_warmup_on_device),
+        cmocka_unit_test(test_warmup_on_device),  cmocka_unit_test(test_tf32_products),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

@@ -424,17 +424,21 @@ double tu_fused_tol(sj_dtype dt) {
     return dt == SJ_F32 ? 1e-5 : dt == SJ_F16 ? 1e-2 : dt == SJ_BF16 ? 6e-2 : 0.0;
 }
 
-int tu_check_like_eager(const sj_tensor *out, const sj_tensor *e, const char *label) {
+int tu_check_like_eager_as(const sj_tensor *out, const sj_tensor *e, sj_dtype prec, const char *label) {
     int64_t n = tu_numel(e);
     double *r = tu_refbuf(0, n > 0 ? n : 1);
     for (int64_t k = 0; k < n; k++) r[k] = tu_get(e, k);
     double *mag = NULL, ss = 0;
-    if (out->dtype == SJ_F16 || out->dtype == SJ_BF16) {
+    if (prec == SJ_F16 || prec == SJ_BF16) {
         mag = tu_refbuf(1, n > 0 ? n : 1);
         for (int64_t k = 0; k < n; k++) ss += isfinite(r[k]) ? r[k] * r[k] : 0;
         for (int64_t k = 0; k < n; k++) mag[k] = fabs(r[k]) + sqrt(ss / (double)n);
     }
-    return tu_check_mag(out, r, mag, tu_fused_tol(out->dtype), label);
+    return tu_check_mag(out, r, mag, tu_fused_tol(prec), label);
+}
+
+int tu_check_like_eager(const sj_tensor *out, const sj_tensor *e, const char *label) {
+    return tu_check_like_eager_as(out, e, out->dtype, label);
 }
 
 void tu_run_pattern(const tu_pattern *pt, bool symbolic, sj_dtype dt, const int64_t *force,

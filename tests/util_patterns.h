@@ -146,6 +146,10 @@ double tu_fused_tol(sj_dtype dt);
  * intermediate, fused code only its results, so errors scale with the
  * output, not each element). 1 on pass; mismatches printed with label. */
 int tu_check_like_eager(const sj_tensor *out, const sj_tensor *e, const char *label);
+/* The same at the tolerance of the precision `prec` the values carry: an
+ * f32 output cast from an f16 product holds f16 values, and two f16
+ * products that sum in different orders may round 1 ulp apart. */
+int tu_check_like_eager_as(const sj_tensor *out, const sj_tensor *e, sj_dtype prec, const char *label);
 
 /* How a test builds and runs a plan's generated kernels. form 0: the
  * kernels specialized at sv (names prefixed "spec_"); form 1: the symbolic

@@ -37,6 +37,7 @@ typedef struct sj_cuda {
 
     cublasLtHandle_t lt;
     size_t lt_workspace_bytes; /* the most workspace a product may take (from the allocator) */
+    bool lt_tf32;              /* f32 products in TF32 (cuda_tf32): set once, before the first product */
 
     CUmodule eager;         /* the ahead-of-time eager kernels (NULL until loaded) */
     void *eager_fns;        /* kernels/cuda/eager_cuda.c's table of CUfunctions */

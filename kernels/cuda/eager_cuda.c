@@ -547,7 +547,7 @@ sj_status sj_cuda_rms_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_t
  * batches over the innermost one (stride 0 for a broadcast operand) and a
  * host loop over the others; when b is shared by every batch and the batch
  * and M axes of a and y merge, one product with M' = batch * M. f32, f16
- * and bf16 all compute in f32 (CUBLAS_COMPUTE_32F, no TF32). The
+ * and bf16 all compute in f32 (CUBLAS_COMPUTE_32F; f32 in TF32 with cuda_tf32). The
  * heuristic is told the real alignment of every pointer, leading dimension
  * and batch stride (it assumes 256 bytes otherwise); should it find no
  * algorithm, the product is retried once with every operand and the result
@@ -819,7 +819,10 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
         st = lt_err(s, what);                                                                      \
         goto done;                                                                                 \
     }
-    LT(api->LtMatmulDescInit(op, sizeof op_mem, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit");
+    /* f32 in TF32 when asked (cuda_tf32); the compute type is fixed per
+     * device, so the algorithm cache's keys need not hold it */
+    cublasComputeType_t ct = dt == SJ_F32 && c->lt_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    LT(api->LtMatmulDescInit(op, sizeof op_mem, ct, CUDA_R_32F), "cublasLtMatmulDescInit");
     LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "setting TRANSA");
     LT(api->LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "setting TRANSB");
     if (bias) { /* set before the heuristic, which reads the pointer's alignment */
