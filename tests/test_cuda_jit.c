@@ -33,12 +33,8 @@ static sj_runtime *cpu;  /* the reference */
 
 /* A CUDA runtime keeping at most `graphs` CUDA graphs. */
 static sj_runtime *gpu_runtime_graphs(sj_compile_mode mode, int graphs) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CUDA;
+    sj_runtime_config cfg = tu_cuda_config();
     cfg.compile_mode = mode;
-    cfg.cache_dir = NULL;
-    cfg.log_mask = 0;
     cfg.cuda_graphs = graphs;
     sj_runtime *rt = NULL;
     sj_status st = sj_runtime_create(&cfg, &rt);
@@ -1116,12 +1112,8 @@ static void test_async_hot_swap_and_faults(void **state) {
  * and destroy does not wait for it. */
 static void test_nvrtc_timeout(void **state) {
     for (int mode = 0; mode < 2; mode++) {
-        sj_runtime_config cfg;
-        sj_runtime_config_init(&cfg);
-        cfg.backend = SJ_BACKEND_CUDA;
+        sj_runtime_config cfg = tu_cuda_config();
         cfg.compile_mode = mode ? SJ_COMPILE_ASYNC : SJ_COMPILE_SYNC;
-        cfg.cache_dir = NULL;
-        cfg.log_mask = 0;
         cfg.compile_timeout_ms = 1; /* any NVRTC compile takes longer */
         sj_runtime *rt = NULL;
         assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
@@ -1163,12 +1155,8 @@ static void test_nvrtc_timeout(void **state) {
  * after their checks. */
 static void test_validated_swap_on_device(void **state) {
     for (int wrong = 1; wrong >= 0; wrong--) {
-        sj_runtime_config cfg;
-        sj_runtime_config_init(&cfg);
-        cfg.backend = SJ_BACKEND_CUDA;
+        sj_runtime_config cfg = tu_cuda_config();
         cfg.compile_mode = SJ_COMPILE_SYNC;
-        cfg.cache_dir = NULL;
-        cfg.log_mask = 0;
         cfg.validate_calls = 2;
         sj_runtime *rt = NULL;
         assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
@@ -1465,17 +1453,8 @@ static void test_transient_entry_on_stream(void **state) {
 }
 
 int main(void) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CUDA;
-    cfg.log_mask = 0;
-    cfg.cache_dir = NULL;
-    sj_runtime *probe = NULL;
-    if (sj_runtime_create(&cfg, &probe) != SJ_OK) {
-        printf("skipped: no CUDA device (%s)\n", sj_last_error());
-        return 0;
-    }
-    sj_runtime_destroy(probe);
+    if (!tu_cuda_present()) return 0;
+    sj_runtime_config cfg = tu_cuda_config(); /* the same settings on the CPU, eager only */
     cfg.backend = SJ_BACKEND_CPU;
     cfg.compile_mode = SJ_COMPILE_OFF;
     if (sj_runtime_create(&cfg, &cpu)) return 1;
