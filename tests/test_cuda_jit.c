@@ -790,11 +790,7 @@ static void test_cuda_graphs(void **state) {
             s = stats_of(fn);
             assert_int_equal(s.graph_calls, 5 + SJ_GRAPH_AFTER);
             assert_int_equal(s.graphs, 3);
-            char *text = NULL;
-            size_t len = 0;
-            FILE *f = open_memstream(&text, &len);
-            sj_fn_explain(fn, f);
-            fclose(f);
+            char *text = tu_explain(fn);
             char want[96];
             snprintf(want, sizeof want, "CUDA graphs: 3 captured, 0 failed captures, %d calls served by one",
                      5 + SJ_GRAPH_AFTER);
@@ -1131,11 +1127,7 @@ static void test_nvrtc_timeout(void **state) {
             sj_fn_stats(fn, &s);
             assert_int_equal(s.compile_failures, 1);
             assert_int_equal(s.eager_calls, 1);
-            char *text = NULL;
-            size_t len = 0;
-            FILE *f = open_memstream(&text, &len);
-            sj_fn_explain(fn, f);
-            fclose(f);
+            char *text = tu_explain(fn);
             assert_non_null(strstr(text, "NVRTC did not finish in 1 ms"));
             free(text);
         }

@@ -551,12 +551,7 @@ static sj_tensor to_host(sj_runtime *rt, const sj_tensor *d) {
 }
 
 static bool explains(const sj_fn *fn, const char *what) {
-    char *s = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&s, &n);
-    assert_non_null(f);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *s = tu_explain(fn);
     bool r = strstr(s, what) != NULL;
     if (!r && getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "%s\n", s);
     free(s);

@@ -476,11 +476,7 @@ static void test_missing_compiler(void **state) {
     sj_entry_info info;
     sj_fn_entries(fn, &info, 1);
     assert_string_equal(info.tier, "compile failed");
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "compile failed: "));
     assert_non_null(strstr(text, "not found"));
     free(text);

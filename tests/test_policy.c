@@ -813,11 +813,7 @@ static void test_hotness(void **state) {
     for (int i = 0; i < 4; i++) call_check(fn, m_affine, &c, 1); /* over the budget */
     sj_fn_stats(fn, &s);
     assert_int_equal(s.hot_shapes, 2);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "(s0=5) 4 calls [marked for specialization]"));
     assert_non_null(strstr(text, "(s0=7) 4 calls;"));
     assert_non_null(strstr(text, "(hot)"));
@@ -843,11 +839,7 @@ static void test_logs_explain_stats(void **state) {
     assert_int_equal(count_lines(SJ_LOG_RECOMPILES, "entry 0: input 'x' size mismatch at axis 0: expected 4, actual 9"), 1);
     assert_true(count_lines(SJ_LOG_GUARDS, "x.size(0) = s0 in [2, inf)") == 1);
 
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     static const char *want[] = {"fn 'observed': 2 inputs, policy auto, recompile limit 8",
                                  "2 entries (1 static, 1 symbolic)",
                                  "entry 1: symbolic in x.size(0); tier eager; 1 calls",
@@ -944,11 +936,7 @@ static void test_threads_count_exactly(void **state) {
     assert_int_equal(s.entries, 1);
     assert_int_equal(entry_calls(fn, 0), NT * 300);
     assert_int_equal(s.hot_shapes, 2); /* the budget */
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     for (int n = 5; n <= 7; n++) {
         char want[64];
         snprintf(want, sizeof want, "(s0=%d) %d calls", n, NT * 100);

@@ -23,6 +23,7 @@
 
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
+#include "tests/util.h"
 
 #define MAXN 4096
 
@@ -143,11 +144,7 @@ static void wrong_kernels_are_rejected(void **state) {
     sj_entry_info info;
     sj_fn_entries(fn, &info, 1);
     assert_string_equal(info.tier, "rejected by validation");
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "rejected by validation (results differ from eager): output 0: largest error"));
     assert_non_null(strstr(text, "1 units rejected"));
     free(text);
