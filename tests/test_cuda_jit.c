@@ -310,8 +310,21 @@ static void make_inputs(int k, int64_t S, sj_tensor *in) {
     for (int i = 0; i < n; i++) tu_fill_random(&in[i]);
 }
 
+/* make_inputs' workloads, by k */
+static const wl wls[] = {{"w1", w1_model, 3, 1}, {"w2", w2_model, 4, 2}, {"w3", w3_model, 2, 1}, {"mlp", mlp_model, 3, 1}};
+
+/* fn, workload k (w1 or w2), called at each of the n sizes in order, each
+ * result compared with the CPU's. */
+static void compare_at_sizes(sj_runtime *rt, sj_fn *fn, int k, const int64_t *sizes, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        sj_tensor in[4];
+        make_inputs(k, sizes[i], in);
+        compare(rt, fn, wls[k].model, NULL, in, wls[k].n_in, wls[k].n_out, 1e-5, what);
+        tu_free_all();
+    }
+}
+
 static void test_fused_patterns(void **state) {
-    static const wl wls[] = {{"w1", w1_model, 3, 1}, {"w2", w2_model, 4, 2}, {"w3", w3_model, 2, 1}, {"mlp", mlp_model, 3, 1}};
     static const int64_t sizes[] = {2, 17, 130, 1000};
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     tu_seed(13);
@@ -1240,13 +1253,7 @@ static void test_buckets_on_device(void **state) {
     assert_int_equal(sj_fn_create(rt, "buckets", 4, w2_model, NULL, &o, &fn), SJ_OK);
     assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 16, 512), SJ_OK);
     tu_seed(16);
-    int64_t sizes[] = {17, 31, 32, 100, 600, 3};
-    for (int i = 0; i < 6; i++) {
-        sj_tensor in[4];
-        make_inputs(1, sizes[i], in);
-        compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "bucketed w2");
-        tu_free_all();
-    }
+    compare_at_sizes(rt, fn, 1, (const int64_t[]){17, 31, 32, 100, 600, 3}, 6, "bucketed w2");
     sj_stats s;
     sj_fn_stats(fn, &s);
     assert_int_equal(s.eager_calls, 0);
@@ -1348,13 +1355,7 @@ static void test_limits_on_device(void **state) {
     sj_fn *fn;
     assert_int_equal(sj_fn_create(rt, "limits", 4, w2_model, NULL, &o, &fn), SJ_OK);
     tu_seed(17);
-    int64_t sizes[] = {3, 5, 7, 9, 3, 11};
-    for (int i = 0; i < 6; i++) {
-        sj_tensor in[4];
-        make_inputs(1, sizes[i], in);
-        compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "limited w2");
-        tu_free_all();
-    }
+    compare_at_sizes(rt, fn, 1, (const int64_t[]){3, 5, 7, 9, 3, 11}, 6, "limited w2");
     sj_stats s;
     sj_fn_stats(fn, &s);
     assert_true(s.limit_hits >= 1); /* 7 went past the two static entries */
@@ -1395,13 +1396,7 @@ static void test_transient_entry_on_stream(void **state) {
     sj_fn *fn;
     assert_int_equal(sj_fn_create(rt, "transient", 3, w1_model, NULL, &o, &fn), SJ_OK);
     tu_seed(18);
-    int64_t sizes[] = {3, 5};
-    for (int i = 0; i < 2; i++) {
-        sj_tensor in[3];
-        make_inputs(0, sizes[i], in);
-        compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "limited w1");
-        tu_free_all();
-    }
+    compare_at_sizes(rt, fn, 0, (const int64_t[]){3, 5}, 2, "limited w1");
     sj_stats s;
     sj_fn_stats(fn, &s);
     uint64_t entries = s.entries;
