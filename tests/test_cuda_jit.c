@@ -44,6 +44,17 @@ static sj_runtime *gpu_runtime_graphs(sj_compile_mode mode, int graphs) {
 
 static sj_runtime *gpu_runtime(sj_compile_mode mode) { return gpu_runtime_graphs(mode, 64); }
 
+/* A function `name` of model (n_in inputs) on rt, hot from its first call
+ * (the rest of its options the defaults). */
+static sj_fn *hot_fn(sj_runtime *rt, const char *name, int n_in, sj_model_fn model) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, name, n_in, model, NULL, &o, &fn), SJ_OK);
+    return fn;
+}
+
 /* A device copy of a host test tensor, layout kept (the whole underlying
  * buffer is copied, so strided views stay views). */
 typedef struct dbuf {
@@ -681,11 +692,7 @@ static void test_gather_graph_captured(void **state) {
     for (int64_t i = 0; i < B * S; i++) tu_seti(&idx, i, tu_randint(0, V - 1));
     sj_tensor y = tu_tensor(SJ_F32, 3, (int64_t[]){B, S, H});
     dbuf dt_ = to_dev(rt, &table), di = to_dev(rt, &idx), dy = to_dev(rt, &y);
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.hot_threshold = 1;
-    sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "gather_graph", 2, gather_graph_model, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = hot_fn(rt, "gather_graph", 2, gather_graph_model);
     sj_tensor in[2] = {dt_.t, di.t};
     for (int i = 0; i < SJ_GRAPH_AFTER; i++) assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
     assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
@@ -818,11 +825,7 @@ static void test_cuda_graphs(void **state) {
     assert_int_equal(atomic_load(&rt->cuda_graphs), 0);
 
     /* gather's error flag has its home in the graph's memory: captured */
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.hot_threshold = 1;
-    sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "gather2", 2, gather2_model, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = hot_fn(rt, "gather2", 2, gather2_model);
     sj_tensor in[2] = {tu_tensor(SJ_F32, 2, (int64_t[]){10, 16}), tu_tensor(SJ_I64, 1, (int64_t[]){6})};
     tu_fill_random(&in[0]);
     tu_fill_range(&in[1], 0, 9);
@@ -1085,11 +1088,7 @@ static void test_lanes(void **state) {
 static void test_async_hot_swap_and_faults(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_ASYNC);
     sj_runtime_test_hooks(rt, 300, 0);
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.hot_threshold = 1;
-    sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "slow", 3, w1_model, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = hot_fn(rt, "slow", 3, w1_model);
     tu_seed(14);
     sj_tensor in[4];
     make_inputs(0, 64, in);
@@ -1106,7 +1105,7 @@ static void test_async_hot_swap_and_faults(void **state) {
 
     rt = gpu_runtime(SJ_COMPILE_SYNC);
     sj_runtime_test_hooks(rt, 0, 1); /* every NVRTC compile fails */
-    assert_int_equal(sj_fn_create(rt, "broken", 3, w1_model, NULL, &o, &fn), SJ_OK);
+    fn = hot_fn(rt, "broken", 3, w1_model);
     make_inputs(0, 9, in);
     compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "eager after a failed compile");
     sj_fn_stats(fn, &s);
@@ -1126,11 +1125,7 @@ static void test_nvrtc_timeout(void **state) {
         cfg.compile_timeout_ms = 1; /* any NVRTC compile takes longer */
         sj_runtime *rt = NULL;
         assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
-        sj_fn_options o;
-        sj_fn_options_init(&o);
-        o.hot_threshold = 1;
-        sj_fn *fn;
-        assert_int_equal(sj_fn_create(rt, "nvrtc_slow", 3, w1_model, NULL, &o, &fn), SJ_OK);
+        sj_fn *fn = hot_fn(rt, "nvrtc_slow", 3, w1_model);
         tu_seed(31 + mode);
         sj_tensor in[4];
         make_inputs(0, 77, in);
@@ -1166,11 +1161,7 @@ static void test_validated_swap_on_device(void **state) {
         sj_runtime *rt = NULL;
         assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
         sj_runtime_test_wrong_kernels(rt, wrong ? 0.25f : 0);
-        sj_fn_options o;
-        sj_fn_options_init(&o);
-        o.hot_threshold = 1;
-        sj_fn *fn;
-        assert_int_equal(sj_fn_create(rt, "validated", 3, w1_model, NULL, &o, &fn), SJ_OK);
+        sj_fn *fn = hot_fn(rt, "validated", 3, w1_model);
         tu_seed(41 + wrong);
         sj_tensor in[4];
         make_inputs(0, 300, in);
@@ -1246,11 +1237,7 @@ static void test_stream_api_and_bad_input(void **state) {
 
 static void test_buckets_on_device(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.hot_threshold = 1;
-    sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "buckets", 4, w2_model, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = hot_fn(rt, "buckets", 4, w2_model);
     assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 16, 512), SJ_OK);
     tu_seed(16);
     compare_at_sizes(rt, fn, 1, (const int64_t[]){17, 31, 32, 100, 600, 3}, 6, "bucketed w2");
