@@ -27,17 +27,6 @@
 
 typedef bench_sentence sentence;
 
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        out[n++] = atoi(s);
-        const char *c = strchr(s, ',');
-        if (!c) break;
-        s = c + 1;
-    }
-    return n;
-}
-
 static sj_status embed(bert_model *m, int packed, const int32_t *ids, const int32_t *lens, int rows, int seq,
                        float *out) {
     return packed ? bert_embed_packed(m, ids, lens, rows, out) : bert_embed(m, ids, lens, rows, seq, out);
@@ -53,8 +42,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--packed")) packed = 1;
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--sentences") && i + 1 < argc) sent_path = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = parse_list(argv[++i], threads, 8);
-        else if (!strcmp(argv[i], "--batches") && i + 1 < argc) n_batches = parse_list(argv[++i], batches, 8);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_threads = bench_parse_ints(argv[++i], threads, 8);
+        else if (!strcmp(argv[i], "--batches") && i + 1 < argc) n_batches = bench_parse_ints(argv[++i], batches, 8);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];

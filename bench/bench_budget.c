@@ -71,6 +71,17 @@ static int overhead(void) {
     return 0;
 }
 
+/* A request of the stream: the call, then the bytes specializations hold
+ * (the peak in *user). */
+static void budget_call(void *user, sj_fn *fn, int q, int L, const sj_tensor *in, sj_tensor *out) {
+    (void)q, (void)L;
+    if (sj_call(fn, in, 4, out, 2)) bench_die("sj_call");
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    uint64_t *peak = user;
+    if (s.specialized_bytes > *peak) *peak = s.specialized_bytes;
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--overhead")) return overhead();
     const char *path = ".peer/workloads/w5_lengths.txt";
@@ -92,46 +103,16 @@ int main(int argc, char **argv) {
     w2_stream ws;
     int loaded = w2_stream_load(&ws, "bench_budget", path, 2);
     if (loaded <= 0) return loaded < 0;
-    const int *lens = ws.lens, n_lens = ws.n_lens;
-    float *x = ws.x, *r = ws.r, *y = ws.y, *h = ws.h, *g = ws.g, *b = ws.b;
     for (int k = 0; k < n_budgets; k++) {
-        sj_runtime_config cfg;
-        sj_runtime_config_init(&cfg);
-        cfg.backend = SJ_BACKEND_CPU;
-        cfg.cache_dir = NULL;
-        cfg.compile_threads = 1;
-        cfg.log_mask = SJ_LOG_WARN;
+        sj_runtime_config cfg = w2_stream_config();
         cfg.specialize_budget = 1000;
         cfg.recompile_limit = 1000;
         cfg.specialize_max_bytes = budgets[k];
         sj_runtime *rt;
         if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
-        sj_fn_options o;
-        sj_fn_options_init(&o);
-        o.dynamic = SJ_DYNAMIC_SYMBOLIC;
-        sj_fn *fn;
-        if (sj_fn_create(rt, "w2", 4, bench_w2_model, NULL, &o, &fn)) bench_die("sj_fn_create");
+        sj_fn *fn = w2_stream_fn(rt, SJ_DYNAMIC_SYMBOLIC, 0);
         uint64_t peak = 0;
-        double t0 = bench_now_s();
-        for (int q = 0; q < requests; q++) {
-            double due = t0 + q * interval_us * 1e-6, now = bench_now_s();
-            if (due > now) {
-                double w = due - now;
-                nanosleep(&(struct timespec){(time_t)w, (long)((w - (double)(time_t)w) * 1e9)}, NULL);
-            }
-            int L = lens[q % n_lens];
-            sj_tensor in[4] = {sj_tensor_make(x, SJ_F32, 2, (int64_t[]){L, COLS}),
-                               sj_tensor_make(r, SJ_F32, 2, (int64_t[]){L, COLS}),
-                               sj_tensor_make(g, SJ_F32, 1, (int64_t[]){COLS}),
-                               sj_tensor_make(b, SJ_F32, 1, (int64_t[]){COLS})};
-            sj_tensor out[2] = {sj_tensor_make(y, SJ_F32, 2, (int64_t[]){L, COLS}),
-                                sj_tensor_make(h, SJ_F32, 2, (int64_t[]){L, COLS})};
-            if (sj_call(fn, in, 4, out, 2)) bench_die("sj_call");
-            sj_stats s;
-            sj_fn_stats(fn, &s);
-            if (s.specialized_bytes > peak) peak = s.specialized_bytes;
-        }
-        double el = bench_now_s() - t0;
+        double el = w2_stream_run(&ws, fn, ws.lens, ws.n_lens, requests, interval_us, budget_call, &peak);
         sj_stats s;
         sj_fn_stats(fn, &s);
         printf("{\"bench\": \"budget\", \"specialize_max_bytes\": %llu, \"requests\": %d, \"seconds\": %.2f, "

@@ -81,17 +81,6 @@ static void *work(void *p) {
     return NULL;
 }
 
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        out[n++] = atoi(s);
-        const char *c = strchr(s, ',');
-        if (!c) break;
-        s = c + 1;
-    }
-    return n;
-}
-
 int main(int argc, char **argv) {
     const char *dir = "models/all-MiniLM-L6-v2", *sent_path = "samples/bert/sentences.txt";
     int devs[MAX_DEV] = {0, 1}, n_dev = 2, per = 32;
@@ -100,7 +89,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--sentences") && i + 1 < argc) sent_path = argv[++i];
-        else if (!strcmp(argv[i], "--devices") && i + 1 < argc) n_dev = parse_list(argv[++i], devs, MAX_DEV);
+        else if (!strcmp(argv[i], "--devices") && i + 1 < argc) n_dev = bench_parse_ints(argv[++i], devs, MAX_DEV);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) per = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = !strcmp(argv[++i], "f16") ? SJ_F16 : SJ_F32;

@@ -38,6 +38,23 @@
 /* A compile whose kernels served at most this many calls was rarely used. */
 #define RARE_CALLS 5
 
+/* What a stream's calls saw: whether each request was served fused, and
+ * fused calls per length. */
+typedef struct sched_seen {
+    unsigned char *fused; /* [requests] */
+    int first_fused[MAXL + 1];
+} sched_seen;
+
+/* A request of the stream: fused when the call ran nothing eagerly. */
+static void sched_call(void *user, sj_fn *fn, int q, int L, const sj_tensor *in, sj_tensor *out) {
+    sched_seen *seen = user;
+    sj_stats a, c;
+    sj_fn_stats(fn, &a);
+    if (sj_call(fn, in, 4, out, 2)) bench_die("sj_call");
+    sj_fn_stats(fn, &c);
+    seen->fused[q] = c.eager_calls == a.eager_calls;
+    if (seen->fused[q]) seen->first_fused[L]++;
+}
 
 int main(int argc, char **argv) {
     const char *path = ".peer/workloads/w5_lengths.txt";
@@ -60,7 +77,6 @@ int main(int argc, char **argv) {
     w2_stream ws;
     int loaded = w2_stream_load(&ws, "bench_sched", path, 1);
     if (loaded <= 0) return loaded < 0;
-    float *x = ws.x, *r = ws.r, *y = ws.y, *h = ws.h, *g = ws.g, *b = ws.b;
     unsigned char *fused = malloc((size_t)requests);
     /* the sentence stream: requests lengths drawn from the tokenized sentences */
     int *sl = malloc(sizeof(int) * (size_t)requests), n_sl = 0;
@@ -87,45 +103,14 @@ int main(int argc, char **argv) {
             int fifo = run & 1, sent = run >> 1;
             if (sent ? !n_sl : !strstr(streams, "w5")) continue;
             const int *lens = sent ? sl : ws.lens, n_lens = sent ? n_sl : ws.n_lens;
-            sj_runtime_config cfg;
-            sj_runtime_config_init(&cfg);
-            cfg.backend = SJ_BACKEND_CPU;
-            cfg.cache_dir = NULL;
-            cfg.compile_threads = 1;
-            cfg.log_mask = SJ_LOG_WARN;
+            sj_runtime_config cfg = w2_stream_config();
             sj_runtime *rt;
             if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
             sj_compiler_set_fifo(rt->compiler, fifo);
-            sj_fn_options o;
-            sj_fn_options_init(&o);
-            o.dynamic = SJ_DYNAMIC_STATIC;
-            o.recompile_limit = 256;
-            sj_fn *fn;
-            if (sj_fn_create(rt, "w2", 4, bench_w2_model, NULL, &o, &fn)) bench_die("sj_fn_create");
-            static int first_fused[MAXL + 1]; /* fused calls per length */
-            memset(first_fused, 0, sizeof first_fused);
-            double t0 = bench_now_s();
-            for (int q = 0; q < requests; q++) {
-                double due = t0 + q * interval_us * 1e-6, now = bench_now_s();
-                if (due > now) {
-                    double w = due - now;
-                    nanosleep(&(struct timespec){(time_t)w, (long)((w - (double)(time_t)w) * 1e9)}, NULL);
-                }
-                int L = lens[q % n_lens];
-                sj_tensor in[4] = {sj_tensor_make(x, SJ_F32, 2, (int64_t[]){L, COLS}),
-                                   sj_tensor_make(r, SJ_F32, 2, (int64_t[]){L, COLS}),
-                                   sj_tensor_make(g, SJ_F32, 1, (int64_t[]){COLS}),
-                                   sj_tensor_make(b, SJ_F32, 1, (int64_t[]){COLS})};
-                sj_tensor out[2] = {sj_tensor_make(y, SJ_F32, 2, (int64_t[]){L, COLS}),
-                                    sj_tensor_make(h, SJ_F32, 2, (int64_t[]){L, COLS})};
-                sj_stats a, c;
-                sj_fn_stats(fn, &a);
-                if (sj_call(fn, in, 4, out, 2)) bench_die("sj_call");
-                sj_fn_stats(fn, &c);
-                fused[q] = c.eager_calls == a.eager_calls;
-                if (fused[q]) first_fused[L]++;
-            }
-            double el = bench_now_s() - t0;
+            sj_fn *fn = w2_stream_fn(rt, SJ_DYNAMIC_STATIC, 256);
+            sched_seen seen = {.fused = fused};
+            double el = w2_stream_run(&ws, fn, lens, n_lens, requests, interval_us, sched_call, &seen);
+            const int *first_fused = seen.first_fused;
             sj_stats s;
             sj_fn_stats(fn, &s);
             int used = 0;

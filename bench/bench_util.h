@@ -1,5 +1,6 @@
 /* Helpers every benchmark program shares: a monotonic clock, sorting for
- * medians, random fills (never zero: ../shared/workloads/README.md). */
+ * medians, random fills (never zero: ../shared/workloads/README.md),
+ * integer lists from the command line. */
 #ifndef SJ_BENCH_UTIL_H
 #define SJ_BENCH_UTIL_H
 
@@ -7,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "jit/shapejit.h"
@@ -34,6 +36,19 @@ static inline void bench_fill_rand(float *p, size_t n, float lo, float hi, uint6
         p[i] = lo + (hi - lo) * (float)((r >> 40) * (1.0 / 16777216.0));
         if (p[i] == 0.0f) p[i] = mid;
     }
+}
+
+/* A comma-separated list of integers ("1,2,4") into out, at most max of
+ * them; how many were read. */
+static inline int bench_parse_ints(const char *s, int *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        out[n++] = atoi(s);
+        const char *c = strchr(s, ',');
+        if (!c) break;
+        s = c + 1;
+    }
+    return n;
 }
 
 /* -- The workloads' models (../shared/workloads/README.md) ---------------- */

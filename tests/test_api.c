@@ -15,6 +15,7 @@
 uint16_t tu_f32_to_f16_ref(float f); /* tests/util_ref.c */
 
 #include "jit/shapejit.h"
+#include "tests/util.h"
 
 /* -- Fixtures and models --------------------------------------------------------- */
 
@@ -623,11 +624,7 @@ static void test_memo_by_signature(void **state) {
     assert_int_equal(s.traces, 3);
 
     /* explain lists every entry */
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "fn 'memo'"));
     assert_non_null(strstr(text, "entry 0: static"));
     assert_non_null(strstr(text, "entry 1: symbolic in in0.size(0)")); /* [5] after [4]: AUTO */

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "jit/shapejit.h"
+#include "tests/util.h"
 
 static sj_status m_add1(sj_tracer *t, const sj_val *in, int n, void *u) {
     (void)n, (void)u;
@@ -27,13 +28,8 @@ static sj_status m_add1(sj_tracer *t, const sj_val *in, int n, void *u) {
 }
 
 static sj_runtime_config config(sj_compile_mode mode) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.log_mask = 0;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_mode = mode;
-    cfg.cache_dir = NULL;
-    cfg.exec_threads = 1;
     cfg.hot_threshold = 1;
     return cfg;
 }

@@ -48,23 +48,17 @@
 #include "specialize/codegen_cuda.h"
 #include "specialize/fusion.h"
 #include "tests/util_patterns.h"
-#include "tests/util_nvrtc.h"
+#include "tests/util_cuda.h"
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 
-/* -- NVRTC (tests/util_nvrtc.h: loaded with dlopen, no headers needed) ---------- */
+/* -- NVRTC and the device (tests/util_cuda.h) -------------------------------- */
 
-static tu_nvrtc nv;
-
-static bool have_nvrtc, have_gpu;
-static char no_gpu_why[512] = "built without CUDA (no SJ_WITH_CUDA)";
-static char arch[16] = "sm_90"; /* the device's, when there is one */
-#ifdef SJ_WITH_CUDA
-static sj_cuda *dev;
-#endif
+/* NVRTC, and device 0 when there is one (arch is then its own) */
+static tu_cuda cu;
 
 /* -- Compiling ---------------------------------------------------------------- */
 
@@ -82,13 +76,13 @@ static void nvrtc_compile(const char *src, const char *arch, const char *what, c
     nvrtc_prog prog;
     sj_nvrtc_opts o;
     assert_int_equal(sj_codegen_cuda_options(arch, NULL, &o), SJ_OK);
-    assert_int_equal(nv.CreateProgram(&prog, src, "unit.cu", 0, NULL, NULL), 0);
+    assert_int_equal(cu.nv.CreateProgram(&prog, src, "unit.cu", 0, NULL, NULL), 0);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int r = nv.CompileProgram(prog, o.argc, o.argv);
+    int r = cu.nv.CompileProgram(prog, o.argc, o.argv);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    tu_nvrtc_check(&nv, prog, r, what, getenv("SJ_TEST_VERBOSE") ? src : NULL);
+    tu_nvrtc_check(&cu.nv, prog, r, what, getenv("SJ_TEST_VERBOSE") ? src : NULL);
     if (strstr(arch, "sm_")) {
         stats.units++;
         stats.total_s += s;
@@ -99,8 +93,8 @@ static void nvrtc_compile(const char *src, const char *arch, const char *what, c
         }
         printf("  nvrtc %-44s %6zu bytes %6.3f s\n", what, strlen(src), s);
     }
-    if (out) tu_nvrtc_output(&nv, prog, !strstr(arch, "sm_"), out, out_len);
-    nv.DestroyProgram(&prog);
+    if (out) tu_nvrtc_output(&cu.nv, prog, !strstr(arch, "sm_"), out, out_len);
+    cu.nv.DestroyProgram(&prog);
 }
 
 /* -- Environment ---------------------------------------------------------------- */
@@ -113,22 +107,12 @@ static int setup_all(void **state) {
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0xc0da);
     if (sj_runtime_create(NULL, &rt)) return -1;
     sj_pool_init(&arena_pool, rt);
-    have_nvrtc = tu_nvrtc_load(&nv);
-#ifdef SJ_WITH_CUDA
-    if (have_nvrtc && sj_cuda_open(0, &dev) == SJ_OK) {
-        have_gpu = true;
-        snprintf(arch, sizeof arch, "sm_%d%d", dev->cc_major, dev->cc_minor);
-    } else {
-        snprintf(no_gpu_why, sizeof no_gpu_why, "%s", have_nvrtc ? sj_last_error() : "no NVRTC");
-    }
-#endif
+    tu_cuda_open(&cu);
     return 0;
 }
 
 static int teardown_all(void **state) {
-#ifdef SJ_WITH_CUDA
-    sj_cuda_close(dev);
-#endif
+    tu_cuda_close(&cu);
     sj_pool_destroy(&arena_pool);
     sj_runtime_destroy(rt);
     return 0;
@@ -146,12 +130,12 @@ typedef struct unit {
 
 /* A driver call that must succeed. */
 static void cu_ok(CUresult r, const char *what) {
-    if (SJ_CU(dev, r, what)) fail_msg("%s", sj_last_error());
+    if (SJ_CU(cu.dev, r, what)) fail_msg("%s", sj_last_error());
 }
 
 static void unit_load(const sj_fplan *p, const char *cubin, const char *prefix, unit *u) {
     CUmodule mod;
-    cu_ok(dev->api.ModuleLoadData(&mod, cubin), "cuModuleLoadData");
+    cu_ok(cu.dev->api.ModuleLoadData(&mod, cubin), "cuModuleLoadData");
     u->mod = mod;
     assert_true(p->n_groups <= 256);
     for (int gi = 0; gi < p->n_groups; gi++) {
@@ -163,14 +147,14 @@ static void unit_load(const sj_fplan *p, const char *cubin, const char *prefix, 
             CUfunction f;
             if (nv == 1) snprintf(name, sizeof name, "%s%s", prefix, p->groups[gi].name);
             else snprintf(name, sizeof name, "%s%s_v%d", prefix, p->groups[gi].name, v);
-            cu_ok(dev->api.ModuleGetFunction(&f, mod, name), name);
+            cu_ok(cu.dev->api.ModuleGetFunction(&f, mod, name), name);
             u->fns[gi][v] = f;
         }
     }
 }
 
 static void unit_free(unit *u) {
-    if (u->mod) dev->api.ModuleUnload((CUmodule)u->mod);
+    if (u->mod) cu.dev->api.ModuleUnload((CUmodule)u->mod);
     u->mod = NULL;
 }
 
@@ -213,14 +197,14 @@ typedef struct dstore {
 static void sync_stores(dstore *ds, int n, bool to_host) {
     for (int s = 0; s < n; s++) {
         if (!ds[s].bytes || (to_host && !ds[s].written)) continue;
-        sj_status st = to_host ? sj_cuda_to_host(dev, ds[s].host, ds[s].base, ds[s].bytes)
-                               : sj_cuda_to_device(dev, ds[s].base, ds[s].host, ds[s].bytes);
+        sj_status st = to_host ? sj_cuda_to_host(cu.dev, ds[s].host, ds[s].base, ds[s].bytes)
+                               : sj_cuda_to_device(cu.dev, ds[s].base, ds[s].host, ds[s].bytes);
         if (st) fail_msg("%s", sj_last_error());
     }
 }
 
 static CUdeviceptr dev_alloc(size_t bytes) {
-    CUdeviceptr p = sj_cuda_alloc(dev, bytes ? bytes : 1, dev->stream);
+    CUdeviceptr p = sj_cuda_alloc(cu.dev, bytes ? bytes : 1, cu.dev->stream);
     if (!p) fail_msg("%s", sj_last_error());
     return p;
 }
@@ -282,7 +266,7 @@ static void gpu_run(const sj_graph *g, const sj_fplan *p, const unit *u, const s
             continue;
         }
         sj_launch L;
-        if (!sj_cuda_launch(gr, exv, dev->sm_count, &L)) continue;
+        if (!sj_cuda_launch(gr, exv, cu.dev->sm_count, &L)) continue;
         CUdeviceptr ptrs[2 * SJ_MAX_INPUTS + 64];
         long long syms[64];
         void *args[2 * SJ_MAX_INPUTS + 64 + 64];
@@ -300,14 +284,14 @@ static void gpu_run(const sj_graph *g, const sj_fplan *p, const unit *u, const s
         if (getenv("SJ_TEST_VERBOSE"))
             fprintf(stderr, "    %s: grid (%u, %u) block (%u, %u) smem %u\n", gr->name, L.grid[0], L.grid[1],
                     L.block[0], L.block[1], L.smem);
-        sj_cuda_bind(dev);
+        sj_cuda_bind(cu.dev);
         /* a group of one function has it for every launch (as sj_compiled's slots) */
         int v = u->variants[gi] == 1 ? 0 : L.variant;
         assert_true(v >= 0 && v < u->variants[gi]);
-        cu_ok(dev->api.LaunchKernel((CUfunction)u->fns[gi][v], L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
-                                    L.block[2], L.smem, dev->stream, args, NULL),
+        cu_ok(cu.dev->api.LaunchKernel((CUfunction)u->fns[gi][v], L.grid[0], L.grid[1], L.grid[2], L.block[0],
+                                       L.block[1], L.block[2], L.smem, cu.dev->stream, args, NULL),
               tu_label("%s: launch %s", what, gr->name));
-        cu_ok(dev->api.StreamSynchronize(dev->stream), tu_label("%s: run %s", what, gr->name));
+        cu_ok(cu.dev->api.StreamSynchronize(cu.dev->stream), tu_label("%s: run %s", what, gr->name));
     }
     sync_stores(ds, p->n_stores, true);
     for (int i = 0; i < g->n_outputs; i++) {
@@ -316,8 +300,8 @@ static void gpu_run(const sj_graph *g, const sj_fplan *p, const unit *u, const s
         layout_desc(g, p, exv, hb, g->outputs[i], &src);
         assert_int_equal(sj_cpu_copy(&src, &outs[i]), SJ_OK);
     }
-    for (int s = 0; s < p->n_stores; s++) sj_cuda_free(dev, ds[s].alloc, dev->stream);
-    sj_cuda_free(dev, darena, dev->stream);
+    for (int s = 0; s < p->n_stores; s++) sj_cuda_free(cu.dev, ds[s].alloc, cu.dev->stream);
+    sj_cuda_free(cu.dev, darena, cu.dev->stream);
     free(harena);
     free(rv);
     free(hb);
@@ -369,8 +353,8 @@ static void build(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int f
     char *cubin = NULL;
     size_t cubin_len = 0;
     if (p->n_generated > 0) {
-        nvrtc_compile(src, arch, what, have_gpu ? &cubin : NULL, &cubin_len);
-        if (have_gpu) unit_load(p, cubin, prefix, u);
+        nvrtc_compile(src, cu.arch, what, cu.have_gpu ? &cubin : NULL, &cubin_len);
+        if (cu.have_gpu) unit_load(p, cubin, prefix, u);
     }
     free(cubin);
     free(src);
@@ -387,12 +371,12 @@ static void unload(int form) { unit_free(&units[form]); }
  * generate and compile both forms; on a device, run at the traced sizes
  * and, symbolic, at three other sizes (the first with a size-2 edge). */
 static void run_pattern(const tu_pattern *pt, bool symbolic, sj_dtype dt, const int64_t *force) {
-    const tu_pattern_target tg = {build, run, unload, have_gpu};
+    const tu_pattern_target tg = {build, run, unload, cu.have_gpu};
     tu_run_pattern(pt, symbolic, dt, force, &tg);
 }
 
 static void run_both(const tu_pattern *pt, sj_dtype dt) {
-    if (!have_nvrtc) skip();
+    if (!cu.have_nvrtc) skip();
     run_pattern(pt, false, dt, NULL);
     run_pattern(pt, true, dt, NULL);
 }
@@ -649,7 +633,7 @@ static void test_known_row_bounds(void **state) {
  * divisors when specialized), never per element: the PTX of float
  * kernels has no 64-bit division or remainder. */
 static void test_no_div64(void **state) {
-    if (!have_nvrtc) skip();
+    if (!cu.have_nvrtc) skip();
     const struct {
         const tu_pattern *pt;
         const int64_t *d;
@@ -740,7 +724,7 @@ static void test_half(void **state) {
 /* sizes 2 everywhere, and empty spaces (nothing launched, outputs still
  * right), rows of length 0 (sum 0, mean NaN) */
 static void test_edges(void **state) {
-    if (!have_nvrtc) skip();
+    if (!cu.have_nvrtc) skip();
     run_pattern(&tu_pat_w1, true, SJ_F32, S(2, 2));
     run_pattern(&tu_pat_w2, true, SJ_F32, S(2, 2));
     run_pattern(&tu_pat_w3, true, SJ_F32, S(2, 2));
@@ -754,7 +738,7 @@ static void test_edges(void **state) {
 /* more rows than grid.y (65535) and a warp-per-row grid of thousands of
  * blocks: the kernels' row loops; the vector path (4 | H) and not */
 static void test_many_rows(void **state) {
-    if (!have_nvrtc) skip();
+    if (!cu.have_nvrtc) skip();
     run_pattern(&tu_pat_w1, true, SJ_F32, S(70000, 4));
     run_pattern(&tu_pat_w1, false, SJ_F16, S(66000, 3));
     run_pattern(&tu_pat_w2, true, SJ_F32, S(70001, 5));
@@ -766,7 +750,7 @@ static void test_many_rows(void **state) {
  * lengths through every variant and path (vector or scalar; registers,
  * shared memory or recomputed), matches the reference. */
 static void test_row_variants(void **state) {
-    if (!have_nvrtc) skip();
+    if (!cu.have_nvrtc) skip();
     static const int64_t ns[] = {5,    256,  511,  512,  516,  1000, 1023, 1024, 1025,
                                  1028, 2048, 2052, 4096, 4100, 6001, 8192, 8196, 9063};
     const tu_pattern *pt = &tu_pat_rows;
@@ -793,7 +777,7 @@ static void test_row_variants(void **state) {
         }
         char what[96];
         snprintf(what, sizeof what, "rows f32 sym (variants: n = %lld)", (long long)ns[i]);
-        if (have_gpu) run(g, p, 1, rin, sv, pt->ref, what);
+        if (cu.have_gpu) run(g, p, 1, rin, sv, pt->ref, what);
     }
     assert_true(seen[0] > 0 && seen[1] > 0 && seen[2] > 0 && seen[3] > 0);
     unload(1);
@@ -821,11 +805,11 @@ static void test_cuda_target(void **state) {
     assert_string_equal(a, "sm_120");
     assert_true(sj_codegen_cuda_target(3, 5, nvrtc124, 14, a, sizeof a)); /* older than all: NVRTC says why */
     assert_string_equal(a, "sm_35");
-    if (!have_nvrtc) return;
+    if (!cu.have_nvrtc) return;
     int n = 0, archs[128];
-    assert_int_equal(nv.GetNumSupportedArchs(&n), 0);
+    assert_int_equal(cu.nv.GetNumSupportedArchs(&n), 0);
     assert_true(n > 0 && n <= 128);
-    assert_int_equal(nv.GetSupportedArchs(archs), 0);
+    assert_int_equal(cu.nv.GetSupportedArchs(archs), 0);
     assert_true(sj_codegen_cuda_target(9, 0, archs, n, a, sizeof a)); /* this NVRTC knows Hopper */
     assert_string_equal(a, "sm_90");
 }
@@ -944,7 +928,7 @@ static void test_split_encoder(void **state) {
             }
             for (int q = 0; q < k; q++) assert_int_equal(seen[q], 1);
             if (n == 1) assert_string_equal(pieces[0], src);
-            if (have_nvrtc && maxes[m] == 3) {
+            if (cu.have_nvrtc && maxes[m] == 3) {
                 char *whole;
                 size_t wl;
                 nvrtc_compile(src, "sm_90", form ? "encoder f16 sym" : "encoder f16 static", &whole, &wl);
@@ -1011,7 +995,7 @@ static void test_gemm_encoder(void **state) {
         assert_non_null(strstr(src, form ? " * M symbolic, N" : " * M specialized, N"));
         assert_null(strstr(src, form ? " * M specialized, N" : " * M symbolic, N"));
         assert_non_null(strstr(src, form ? "const long long M = M_arg;" : "const long long M = 96LL;"));
-        if (have_nvrtc) {
+        if (cu.have_nvrtc) {
             nvrtc_compile(src, "sm_90", form ? "encoder gemm sym" : "encoder gemm static", NULL, NULL);
             char *pieces[SJ_CUDA_PIECES_MAX];
             int n = sj_codegen_cuda_split(src, 3, pieces);
@@ -1030,18 +1014,20 @@ static void test_gemm_encoder(void **state) {
 }
 
 static void test_summary(void **state) {
-    if (!have_nvrtc) {
+    if (!cu.have_nvrtc) {
         printf("skipped: no NVRTC (libnvrtc.so.13)\n");
         return;
     }
     int maj = 0, min = 0;
-    nv.Version(&maj, &min);
+    cu.nv.Version(&maj, &min);
     printf("NVRTC %d.%d: %d units for %s, %.2f s in all, %.3f s on average, %.3f s at most (%s), %zu KB of source\n",
-           maj, min, stats.units, arch, stats.total_s,
+           maj, min, stats.units, cu.arch, stats.total_s,
            stats.units ? stats.total_s / stats.units : 0.0, stats.max_s, stats.slowest, stats.bytes / 1024);
-    if (!have_gpu) printf("skipped: no CUDA device (%s)\n", no_gpu_why);
+    if (!cu.have_gpu) printf("skipped: no CUDA device (%s)\n", cu.no_gpu_why);
 #ifdef SJ_WITH_CUDA
-    else printf("ran on the device: %s, sm_%d%d, %d SMs\n", dev->name, dev->cc_major, dev->cc_minor, dev->sm_count);
+    else
+        printf("ran on the device: %s, sm_%d%d, %d SMs\n", cu.dev->name, cu.dev->cc_major, cu.dev->cc_minor,
+               cu.dev->sm_count);
 #endif
 }
 

@@ -33,12 +33,8 @@ static sj_runtime *cpu;  /* the reference */
 
 /* A CUDA runtime keeping at most `graphs` CUDA graphs. */
 static sj_runtime *gpu_runtime_graphs(sj_compile_mode mode, int graphs) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CUDA;
+    sj_runtime_config cfg = tu_cuda_config();
     cfg.compile_mode = mode;
-    cfg.cache_dir = NULL;
-    cfg.log_mask = 0;
     cfg.cuda_graphs = graphs;
     sj_runtime *rt = NULL;
     sj_status st = sj_runtime_create(&cfg, &rt);
@@ -47,6 +43,17 @@ static sj_runtime *gpu_runtime_graphs(sj_compile_mode mode, int graphs) {
 }
 
 static sj_runtime *gpu_runtime(sj_compile_mode mode) { return gpu_runtime_graphs(mode, 64); }
+
+/* A function `name` of model (n_in inputs) on rt, hot from its first call
+ * (the rest of its options the defaults). */
+static sj_fn *hot_fn(sj_runtime *rt, const char *name, int n_in, sj_model_fn model) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    assert_int_equal(sj_fn_create(rt, name, n_in, model, NULL, &o, &fn), SJ_OK);
+    return fn;
+}
 
 /* A device copy of a host test tensor, layout kept (the whole underlying
  * buffer is copied, so strided views stay views). */
@@ -314,8 +321,21 @@ static void make_inputs(int k, int64_t S, sj_tensor *in) {
     for (int i = 0; i < n; i++) tu_fill_random(&in[i]);
 }
 
+/* make_inputs' workloads, by k */
+static const wl wls[] = {{"w1", w1_model, 3, 1}, {"w2", w2_model, 4, 2}, {"w3", w3_model, 2, 1}, {"mlp", mlp_model, 3, 1}};
+
+/* fn, workload k (w1 or w2), called at each of the n sizes in order, each
+ * result compared with the CPU's. */
+static void compare_at_sizes(sj_runtime *rt, sj_fn *fn, int k, const int64_t *sizes, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        sj_tensor in[4];
+        make_inputs(k, sizes[i], in);
+        compare(rt, fn, wls[k].model, NULL, in, wls[k].n_in, wls[k].n_out, 1e-5, what);
+        tu_free_all();
+    }
+}
+
 static void test_fused_patterns(void **state) {
-    static const wl wls[] = {{"w1", w1_model, 3, 1}, {"w2", w2_model, 4, 2}, {"w3", w3_model, 2, 1}, {"mlp", mlp_model, 3, 1}};
     static const int64_t sizes[] = {2, 17, 130, 1000};
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
     tu_seed(13);
@@ -747,11 +767,7 @@ static void test_gather_graph_captured(void **state) {
     for (int64_t i = 0; i < B * S; i++) tu_seti(&idx, i, tu_randint(0, V - 1));
     sj_tensor y = tu_tensor(SJ_F32, 3, (int64_t[]){B, S, H});
     dbuf dt_ = to_dev(rt, &table), di = to_dev(rt, &idx), dy = to_dev(rt, &y);
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.hot_threshold = 1;
-    sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "gather_graph", 2, gather_graph_model, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = hot_fn(rt, "gather_graph", 2, gather_graph_model);
     sj_tensor in[2] = {dt_.t, di.t};
     for (int i = 0; i < SJ_GRAPH_AFTER; i++) assert_int_equal(sj_call(fn, in, 2, &dy.t, 1), SJ_OK);
     assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
@@ -869,11 +885,7 @@ static void test_cuda_graphs(void **state) {
             s = stats_of(fn);
             assert_int_equal(s.graph_calls, 5 + SJ_GRAPH_AFTER);
             assert_int_equal(s.graphs, 3);
-            char *text = NULL;
-            size_t len = 0;
-            FILE *f = open_memstream(&text, &len);
-            sj_fn_explain(fn, f);
-            fclose(f);
+            char *text = tu_explain(fn);
             char want[96];
             snprintf(want, sizeof want, "CUDA graphs: 3 captured, 0 failed captures, %d calls served by one",
                      5 + SJ_GRAPH_AFTER);
@@ -888,11 +900,7 @@ static void test_cuda_graphs(void **state) {
     assert_int_equal(atomic_load(&rt->cuda_graphs), 0);
 
     /* gather's error flag has its home in the graph's memory: captured */
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.hot_threshold = 1;
-    sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "gather2", 2, gather2_model, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = hot_fn(rt, "gather2", 2, gather2_model);
     sj_tensor in[2] = {tu_tensor(SJ_F32, 2, (int64_t[]){10, 16}), tu_tensor(SJ_I64, 1, (int64_t[]){6})};
     tu_fill_random(&in[0]);
     tu_fill_range(&in[1], 0, 9);
@@ -1155,11 +1163,7 @@ static void test_lanes(void **state) {
 static void test_async_hot_swap_and_faults(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_ASYNC);
     sj_runtime_test_hooks(rt, 300, 0);
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.hot_threshold = 1;
-    sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "slow", 3, w1_model, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = hot_fn(rt, "slow", 3, w1_model);
     tu_seed(14);
     sj_tensor in[4];
     make_inputs(0, 64, in);
@@ -1176,7 +1180,7 @@ static void test_async_hot_swap_and_faults(void **state) {
 
     rt = gpu_runtime(SJ_COMPILE_SYNC);
     sj_runtime_test_hooks(rt, 0, 1); /* every NVRTC compile fails */
-    assert_int_equal(sj_fn_create(rt, "broken", 3, w1_model, NULL, &o, &fn), SJ_OK);
+    fn = hot_fn(rt, "broken", 3, w1_model);
     make_inputs(0, 9, in);
     compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "eager after a failed compile");
     sj_fn_stats(fn, &s);
@@ -1191,20 +1195,12 @@ static void test_async_hot_swap_and_faults(void **state) {
  * and destroy does not wait for it. */
 static void test_nvrtc_timeout(void **state) {
     for (int mode = 0; mode < 2; mode++) {
-        sj_runtime_config cfg;
-        sj_runtime_config_init(&cfg);
-        cfg.backend = SJ_BACKEND_CUDA;
+        sj_runtime_config cfg = tu_cuda_config();
         cfg.compile_mode = mode ? SJ_COMPILE_ASYNC : SJ_COMPILE_SYNC;
-        cfg.cache_dir = NULL;
-        cfg.log_mask = 0;
         cfg.compile_timeout_ms = 1; /* any NVRTC compile takes longer */
         sj_runtime *rt = NULL;
         assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
-        sj_fn_options o;
-        sj_fn_options_init(&o);
-        o.hot_threshold = 1;
-        sj_fn *fn;
-        assert_int_equal(sj_fn_create(rt, "nvrtc_slow", 3, w1_model, NULL, &o, &fn), SJ_OK);
+        sj_fn *fn = hot_fn(rt, "nvrtc_slow", 3, w1_model);
         tu_seed(31 + mode);
         sj_tensor in[4];
         make_inputs(0, 77, in);
@@ -1214,11 +1210,7 @@ static void test_nvrtc_timeout(void **state) {
             sj_fn_stats(fn, &s);
             assert_int_equal(s.compile_failures, 1);
             assert_int_equal(s.eager_calls, 1);
-            char *text = NULL;
-            size_t len = 0;
-            FILE *f = open_memstream(&text, &len);
-            sj_fn_explain(fn, f);
-            fclose(f);
+            char *text = tu_explain(fn);
             assert_non_null(strstr(text, "NVRTC did not finish in 1 ms"));
             free(text);
         }
@@ -1238,21 +1230,13 @@ static void test_nvrtc_timeout(void **state) {
  * after their checks. */
 static void test_validated_swap_on_device(void **state) {
     for (int wrong = 1; wrong >= 0; wrong--) {
-        sj_runtime_config cfg;
-        sj_runtime_config_init(&cfg);
-        cfg.backend = SJ_BACKEND_CUDA;
+        sj_runtime_config cfg = tu_cuda_config();
         cfg.compile_mode = SJ_COMPILE_SYNC;
-        cfg.cache_dir = NULL;
-        cfg.log_mask = 0;
         cfg.validate_calls = 2;
         sj_runtime *rt = NULL;
         assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
         sj_runtime_test_wrong_kernels(rt, wrong ? 0.25f : 0);
-        sj_fn_options o;
-        sj_fn_options_init(&o);
-        o.hot_threshold = 1;
-        sj_fn *fn;
-        assert_int_equal(sj_fn_create(rt, "validated", 3, w1_model, NULL, &o, &fn), SJ_OK);
+        sj_fn *fn = hot_fn(rt, "validated", 3, w1_model);
         tu_seed(41 + wrong);
         sj_tensor in[4];
         make_inputs(0, 300, in);
@@ -1328,20 +1312,10 @@ static void test_stream_api_and_bad_input(void **state) {
 
 static void test_buckets_on_device(void **state) {
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.hot_threshold = 1;
-    sj_fn *fn;
-    assert_int_equal(sj_fn_create(rt, "buckets", 4, w2_model, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = hot_fn(rt, "buckets", 4, w2_model);
     assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 16, 512), SJ_OK);
     tu_seed(16);
-    int64_t sizes[] = {17, 31, 32, 100, 600, 3};
-    for (int i = 0; i < 6; i++) {
-        sj_tensor in[4];
-        make_inputs(1, sizes[i], in);
-        compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "bucketed w2");
-        tu_free_all();
-    }
+    compare_at_sizes(rt, fn, 1, (const int64_t[]){17, 31, 32, 100, 600, 3}, 6, "bucketed w2");
     sj_stats s;
     sj_fn_stats(fn, &s);
     assert_int_equal(s.eager_calls, 0);
@@ -1443,13 +1417,7 @@ static void test_limits_on_device(void **state) {
     sj_fn *fn;
     assert_int_equal(sj_fn_create(rt, "limits", 4, w2_model, NULL, &o, &fn), SJ_OK);
     tu_seed(17);
-    int64_t sizes[] = {3, 5, 7, 9, 3, 11};
-    for (int i = 0; i < 6; i++) {
-        sj_tensor in[4];
-        make_inputs(1, sizes[i], in);
-        compare(rt, fn, w2_model, NULL, in, 4, 2, 1e-5, "limited w2");
-        tu_free_all();
-    }
+    compare_at_sizes(rt, fn, 1, (const int64_t[]){3, 5, 7, 9, 3, 11}, 6, "limited w2");
     sj_stats s;
     sj_fn_stats(fn, &s);
     assert_true(s.limit_hits >= 1); /* 7 went past the two static entries */
@@ -1490,13 +1458,7 @@ static void test_transient_entry_on_stream(void **state) {
     sj_fn *fn;
     assert_int_equal(sj_fn_create(rt, "transient", 3, w1_model, NULL, &o, &fn), SJ_OK);
     tu_seed(18);
-    int64_t sizes[] = {3, 5};
-    for (int i = 0; i < 2; i++) {
-        sj_tensor in[3];
-        make_inputs(0, sizes[i], in);
-        compare(rt, fn, w1_model, NULL, in, 3, 1, 1e-5, "limited w1");
-        tu_free_all();
-    }
+    compare_at_sizes(rt, fn, 0, (const int64_t[]){3, 5}, 2, "limited w1");
     sj_stats s;
     sj_fn_stats(fn, &s);
     uint64_t entries = s.entries;
@@ -1540,17 +1502,8 @@ static void test_transient_entry_on_stream(void **state) {
 }
 
 int main(void) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CUDA;
-    cfg.log_mask = 0;
-    cfg.cache_dir = NULL;
-    sj_runtime *probe = NULL;
-    if (sj_runtime_create(&cfg, &probe) != SJ_OK) {
-        printf("skipped: no CUDA device (%s)\n", sj_last_error());
-        return 0;
-    }
-    sj_runtime_destroy(probe);
+    if (!tu_cuda_present()) return 0;
+    sj_runtime_config cfg = tu_cuda_config(); /* the same settings on the CPU, eager only */
     cfg.backend = SJ_BACKEND_CPU;
     cfg.compile_mode = SJ_COMPILE_OFF;
     if (sj_runtime_create(&cfg, &cpu)) return 1;

@@ -20,6 +20,7 @@
 
 #include "base/alloc.h"
 #include "jit/shapejit.h"
+#include "tests/util.h"
 
 #define N 8
 #define MAX_STEPS 5000
@@ -36,14 +37,9 @@ static double ref(float a, float b) {
 }
 
 static sj_runtime_config config(sj_compile_mode mode) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.log_mask = 0;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_mode = mode;
-    cfg.cache_dir = NULL;
     cfg.dump_dir = NULL;
-    cfg.exec_threads = 1;
     cfg.hot_threshold = 1;
     return cfg;
 }

@@ -39,21 +39,15 @@
 #include "base/half.h"
 #include "specialize/codegen_gemm_cuda.h"
 #include "tests/util.h"
-#include "tests/util_nvrtc.h"
+#include "tests/util_cuda.h"
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #endif
 
-/* -- NVRTC (tests/util_nvrtc.h: loaded with dlopen, no headers needed) ---------- */
+/* -- NVRTC and the device (tests/util_cuda.h) -------------------------------- */
 
-static tu_nvrtc nv;
-
-static bool have_nvrtc, have_gpu;
-static char arch[16] = "sm_90"; /* the device's, when there is one */
-static char no_gpu_why[512] = "built without CUDA (no SJ_WITH_CUDA)";
-#ifdef SJ_WITH_CUDA
-static sj_cuda *dev;
-#endif
+/* NVRTC, and device 0 when there is one (arch is then its own) */
+static tu_cuda cu;
 
 /* Compile src for arch (or PTX for a virtual "compute_90"); no errors, no
  * warnings. The CUBIN or PTX in *out (malloc'd) when out is not NULL. */
@@ -62,11 +56,11 @@ static void compile(const char *src, const char *a, const char *what, char **out
     snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", a);
     const char *opts[] = {archopt, "--std=c++17", "-default-device", "-lineinfo"};
     nvrtc_prog prog;
-    assert_int_equal(nv.CreateProgram(&prog, src, "gemm.cu", 0, NULL, NULL), 0);
-    int r = nv.CompileProgram(prog, 4, opts);
-    tu_nvrtc_check(&nv, prog, r, what, src);
-    if (out) tu_nvrtc_output(&nv, prog, !strstr(a, "sm_"), out, out_len);
-    nv.DestroyProgram(&prog);
+    assert_int_equal(cu.nv.CreateProgram(&prog, src, "gemm.cu", 0, NULL, NULL), 0);
+    int r = cu.nv.CompileProgram(prog, 4, opts);
+    tu_nvrtc_check(&cu.nv, prog, r, what, src);
+    if (out) tu_nvrtc_output(&cu.nv, prog, !strstr(a, "sm_"), out, out_len);
+    cu.nv.DestroyProgram(&prog);
 }
 
 /* -- Specs ------------------------------------------------------------------------------ */
@@ -107,23 +101,13 @@ static int setup_all(void **state) {
     (void)state;
     const char *seed = getenv("SJ_TEST_SEED");
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0x9e11);
-    have_nvrtc = tu_nvrtc_load(&nv);
-#ifdef SJ_WITH_CUDA
-    if (have_nvrtc && sj_cuda_open(0, &dev) == SJ_OK) {
-        have_gpu = true;
-        snprintf(arch, sizeof arch, "sm_%d%d", dev->cc_major, dev->cc_minor);
-    } else {
-        snprintf(no_gpu_why, sizeof no_gpu_why, "%s", have_nvrtc ? sj_last_error() : "no NVRTC");
-    }
-#endif
+    tu_cuda_open(&cu);
     return 0;
 }
 
 static int teardown_all(void **state) {
     (void)state;
-#ifdef SJ_WITH_CUDA
-    sj_cuda_close(dev);
-#endif
+    tu_cuda_close(&cu);
     return 0;
 }
 
@@ -168,7 +152,7 @@ static void test_check(void **state) {
  * tensor-core instructions. */
 static void test_compile(void **state) {
     (void)state;
-    if (!have_nvrtc) {
+    if (!cu.have_nvrtc) {
         print_message("skipped: no NVRTC\n");
         return;
     }
@@ -193,7 +177,7 @@ static void test_compile(void **state) {
                 assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
                 free(ptx);
             }
-            if (strcmp(arch, "sm_90") != 0) compile(src, arch, what, NULL, NULL);
+            if (strcmp(cu.arch, "sm_90") != 0) compile(src, cu.arch, what, NULL, NULL);
             free(src);
         }
 }
@@ -204,7 +188,7 @@ static void test_compile(void **state) {
 static void cu_ok(CUresult r, const char *what) {
     if (r != CUDA_SUCCESS) {
         const char *s = "?";
-        dev->api.GetErrorString(r, &s);
+        cu.dev->api.GetErrorString(r, &s);
         fail_msg("%s: %s", what, s);
     }
 }
@@ -215,13 +199,13 @@ typedef struct dbuf {
 } dbuf;
 
 static dbuf dput(const void *host, size_t bytes) {
-    dbuf b = {sj_cuda_alloc(dev, bytes ? bytes : 16, dev->stream), bytes};
+    dbuf b = {sj_cuda_alloc(cu.dev, bytes ? bytes : 16, cu.dev->stream), bytes};
     assert_true(b.p != 0);
-    if (host && bytes) assert_int_equal(sj_cuda_to_device(dev, b.p, host, bytes), SJ_OK);
+    if (host && bytes) assert_int_equal(sj_cuda_to_device(cu.dev, b.p, host, bytes), SJ_OK);
     return b;
 }
 static void dfree(dbuf *b) {
-    sj_cuda_free(dev, b->p, dev->stream);
+    sj_cuda_free(cu.dev, b->p, cu.dev->stream);
     b->p = 0;
 }
 
@@ -299,20 +283,20 @@ typedef struct unit {
 static void unit_load(unit *u, const sj_gemm_spec *s, const char *what) {
     char *src = gen(s), *cubin;
     size_t len;
-    compile(src, arch, what, &cubin, &len);
+    compile(src, cu.arch, what, &cubin, &len);
     free(src);
     u->s = *s;
-    cu_ok(dev->api.ModuleLoadData(&u->mod, cubin), "cuModuleLoadData");
+    cu_ok(cu.dev->api.ModuleLoadData(&u->mod, cubin), "cuModuleLoadData");
     free(cubin);
-    cu_ok(dev->api.ModuleGetFunction(&u->fn, u->mod, "sj_gemm"), "cuModuleGetFunction");
+    cu_ok(cu.dev->api.ModuleGetFunction(&u->fn, u->mod, "sj_gemm"), "cuModuleGetFunction");
     sj_gemm_dims d;
     sj_gemm_cuda_dims(s, 1, &d);
-    cu_ok(dev->api.FuncSetAttribute(u->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)d.smem),
+    cu_ok(cu.dev->api.FuncSetAttribute(u->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)d.smem),
           "cuFuncSetAttribute");
 }
 
 static void unit_unload(unit *u) {
-    if (u->mod) dev->api.ModuleUnload(u->mod);
+    if (u->mod) cu.dev->api.ModuleUnload(u->mod);
     u->mod = NULL;
 }
 
@@ -333,11 +317,11 @@ static void run_check(const unit *u, const prob *q, const epi *e, const char *wh
     sj_gemm_dims d;
     sj_gemm_cuda_dims(&u->s, M, &d);
     if (M > 0)
-        cu_ok(dev->api.LaunchKernel(u->fn, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.block[1], d.block[2],
-                                    (unsigned)d.smem, dev->stream, args, NULL),
+        cu_ok(cu.dev->api.LaunchKernel(u->fn, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.block[1], d.block[2],
+                                    (unsigned)d.smem, cu.dev->stream, args, NULL),
               "cuLaunchKernel");
-    cu_ok(dev->api.StreamSynchronize(dev->stream), "cuStreamSynchronize");
-    assert_int_equal(sj_cuda_to_host(dev, host, C, bytes), SJ_OK);
+    cu_ok(cu.dev->api.StreamSynchronize(cu.dev->stream), "cuStreamSynchronize");
+    assert_int_equal(sj_cuda_to_host(cu.dev, host, C, bytes), SJ_OK);
     dfree(&dc);
     double tol = e->out_dt == SJ_F16 ? 3e-3 : 5e-4;
     int bad = 0;
@@ -386,8 +370,8 @@ static void run_check(const unit *u, const prob *q, const epi *e, const char *wh
 
 static void test_device(void **state) {
     (void)state;
-    if (!have_gpu) {
-        print_message("skipped: no CUDA device (%s)\n", no_gpu_why);
+    if (!cu.have_gpu) {
+        print_message("skipped: no CUDA device (%s)\n", cu.no_gpu_why);
         return;
     }
 #ifdef SJ_WITH_CUDA
@@ -442,7 +426,7 @@ static void test_device(void **state) {
         for (int t = 0; t < n_tiles; t++)
             for (int k = 0; k < nu[t]; k++) unit_unload(&units[t][k]);
     }
-    print_message("  %d runs, %d elements checked against float64 on %s\n", runs, checked_elems, dev->name);
+    print_message("  %d runs, %d elements checked against float64 on %s\n", runs, checked_elems, cu.dev->name);
 #endif
 }
 

@@ -559,11 +559,8 @@ static void test_exec_wiring(void **state) {
 static sj_runtime *cpu; /* the eager reference */
 
 static sj_runtime *gpu_runtime(int cuda_gemm) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CUDA;
+    sj_runtime_config cfg = tu_cuda_config();
     cfg.compile_mode = SJ_COMPILE_SYNC;
-    cfg.cache_dir = NULL;
     cfg.log_mask = cuda_gemm == 1 ? SJ_LOG_PERF : 0; /* the tuner's times and choices */
     cfg.cuda_graphs = 0;
     cfg.cuda_gemm = cuda_gemm;
@@ -595,12 +592,7 @@ static sj_tensor to_host(sj_runtime *rt, const sj_tensor *d) {
 }
 
 static bool explains(const sj_fn *fn, const char *what) {
-    char *s = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&s, &n);
-    assert_non_null(f);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *s = tu_explain(fn);
     bool r = strstr(s, what) != NULL;
     if (!r && getenv("SJ_TEST_VERBOSE")) fprintf(stderr, "%s\n", s);
     free(s);
@@ -703,17 +695,8 @@ int main(void) {
     const struct CMUnitTest cpu_tests[] = {cmocka_unit_test(test_plan_marks), cmocka_unit_test(test_exec_wiring)};
     int r = cmocka_run_group_tests_name("gemm_jit (plan)", cpu_tests, NULL, NULL);
 #ifdef SJ_WITH_CUDA
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CUDA;
-    cfg.log_mask = 0;
-    cfg.cache_dir = NULL;
-    sj_runtime *probe = NULL;
-    if (sj_runtime_create(&cfg, &probe) != SJ_OK) {
-        printf("skipped: no CUDA device (%s)\n", sj_last_error());
-        return r;
-    }
-    sj_runtime_destroy(probe);
+    if (!tu_cuda_present()) return r;
+    sj_runtime_config cfg = tu_cuda_config(); /* the same settings on the CPU, eager only */
     cfg.backend = SJ_BACKEND_CPU;
     cfg.compile_mode = SJ_COMPILE_OFF;
     if (sj_runtime_create(&cfg, &cpu)) return 1;

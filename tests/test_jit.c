@@ -55,10 +55,7 @@ static char cache_dir[256];
 /* The tests' configuration: the CPU backend (the C compiler is its
  * concern; a GPU machine's default is CUDA), quiet, 2 kernel threads. */
 static sj_runtime_config config(sj_compile_mode mode, const char *cc, const char *cache) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.log_mask = 0;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_mode = mode;
     cfg.cc = cc;
     cfg.cache_dir = cache;
@@ -479,11 +476,7 @@ static void test_missing_compiler(void **state) {
     sj_entry_info info;
     sj_fn_entries(fn, &info, 1);
     assert_string_equal(info.tier, "compile failed");
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "compile failed: "));
     assert_non_null(strstr(text, "not found"));
     free(text);

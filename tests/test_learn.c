@@ -352,11 +352,7 @@ static void test_learn_applied_while_serving(void **state) {
         }
     assert_true(fresh >= 1);
     /* the explain text shows the learned list */
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *buf = tu_explain(fn);
     char want[64];
     snprintf(want, sizeof want, "buckets: input 0 axis 0 list:%lld", (long long)r.edges[0]);
     if (!strstr(buf, want)) fail_msg("explain lacks '%s':\n%s", want, buf);
@@ -516,15 +512,6 @@ static int events_seen(void) {
     return n;
 }
 
-static char *explain_text(sj_fn *fn) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
-    return buf;
-}
-
 /* The stream's lengths move from [4, 40] to [60, 120] mid-way; the option
  * re-learns the edges after every 8 new lengths, on the background queue,
  * which this test steps (compile_threads 0): nothing is learned until the
@@ -617,7 +604,7 @@ static void test_learn_while_serving(void **state) {
     /* new lengths of phase 2 are served by entries of the learned buckets */
     int64_t odd[] = {61, 87, 103, 119};
     check_served_by_learned(fn, eager, odd, 4, &g, &r);
-    char *text = explain_text(fn);
+    char *text = tu_explain(fn);
     char want[96];
     snprintf(want, sizeof want, "last learned on input 0 axis 0: edges %lld", (long long)e2.edges[0]);
     if (!strstr(text, "learning while serving") || !strstr(text, want))
@@ -674,7 +661,7 @@ static void test_learn_every_config(void **state) {
         fail_msg("%s", why);
     sj_fn_stats(fn, &s);
     assert_int_equal(s.buckets_learned, 1);
-    char *text = explain_text(fn);
+    char *text = tu_explain(fn);
     if (!strstr(text, "buckets: input 0 axis 0 list:") || !strstr(text, "every bucketed dimension (learn_every 6"))
         fail_msg("explain:\n%s", text);
     free(text);

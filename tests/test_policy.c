@@ -182,13 +182,18 @@ static void assert_msg_has(const char *needle) {
 static const int64_t seq[] = {2, 3, 4, 4, 5, 5, 6};
 #define NSEQ (int)(sizeof seq / sizeof seq[0])
 
-static void test_auto_sequence(void **state) {
-    sj_fn *fn = make("auto", 1, m_affine, SJ_DYNAMIC_AUTO, NULL);
-    int want[NSEQ] = {0, 1, 1, 1, 1, 1, 1};
+/* fn (m_affine) called on seq's sizes in order, each result checked: the
+ * i-th call served by entry want[i]. */
+static void call_seq(sj_fn *fn, const int *want) {
     for (int i = 0; i < NSEQ; i++) {
         sj_tensor x = vec(SJ_F32, seq[i]);
         assert_int_equal(call_check(fn, m_affine, &x, 1), want[i]);
     }
+}
+
+static void test_auto_sequence(void **state) {
+    sj_fn *fn = make("auto", 1, m_affine, SJ_DYNAMIC_AUTO, NULL);
+    call_seq(fn, (const int[NSEQ]){0, 1, 1, 1, 1, 1, 1});
     assert_int_equal(traces(fn), 2);
     sj_entry_info info[4];
     assert_int_equal(sj_fn_entries(fn, info, 4), 2);
@@ -202,11 +207,7 @@ static void test_auto_sequence(void **state) {
 
 static void test_static_sequence(void **state) {
     sj_fn *fn = make("static", 1, m_affine, SJ_DYNAMIC_STATIC, NULL);
-    int want[NSEQ] = {0, 1, 2, 2, 3, 3, 4};
-    for (int i = 0; i < NSEQ; i++) {
-        sj_tensor x = vec(SJ_F32, seq[i]);
-        assert_int_equal(call_check(fn, m_affine, &x, 1), want[i]);
-    }
+    call_seq(fn, (const int[NSEQ]){0, 1, 2, 2, 3, 3, 4});
     assert_int_equal(traces(fn), 5);
     sj_stats s;
     sj_fn_stats(fn, &s);
@@ -217,10 +218,7 @@ static void test_static_sequence(void **state) {
 
 static void test_symbolic_sequence(void **state) {
     sj_fn *fn = make("symbolic", 1, m_affine, SJ_DYNAMIC_SYMBOLIC, NULL);
-    for (int i = 0; i < NSEQ; i++) {
-        sj_tensor x = vec(SJ_F32, seq[i]);
-        assert_int_equal(call_check(fn, m_affine, &x, 1), 0);
-    }
+    call_seq(fn, (const int[NSEQ]){0});
     assert_int_equal(traces(fn), 1);
     sj_stats s;
     sj_fn_stats(fn, &s);
@@ -813,11 +811,7 @@ static void test_hotness(void **state) {
     for (int i = 0; i < 4; i++) call_check(fn, m_affine, &c, 1); /* over the budget */
     sj_fn_stats(fn, &s);
     assert_int_equal(s.hot_shapes, 2);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "(s0=5) 4 calls [marked for specialization]"));
     assert_non_null(strstr(text, "(s0=7) 4 calls;"));
     assert_non_null(strstr(text, "(hot)"));
@@ -843,11 +837,7 @@ static void test_logs_explain_stats(void **state) {
     assert_int_equal(count_lines(SJ_LOG_RECOMPILES, "entry 0: input 'x' size mismatch at axis 0: expected 4, actual 9"), 1);
     assert_true(count_lines(SJ_LOG_GUARDS, "x.size(0) = s0 in [2, inf)") == 1);
 
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     static const char *want[] = {"fn 'observed': 2 inputs, policy auto, recompile limit 8",
                                  "2 entries (1 static, 1 symbolic)",
                                  "entry 1: symbolic in x.size(0); tier eager; 1 calls",
@@ -944,11 +934,7 @@ static void test_threads_count_exactly(void **state) {
     assert_int_equal(s.entries, 1);
     assert_int_equal(entry_calls(fn, 0), NT * 300);
     assert_int_equal(s.hot_shapes, 2); /* the budget */
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     for (int n = 5; n <= 7; n++) {
         char want[64];
         snprintf(want, sizeof want, "(s0=%d) %d calls", n, NT * 100);

@@ -23,6 +23,7 @@
 
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
+#include "tests/util.h"
 
 #define MAXN 4096
 
@@ -73,6 +74,16 @@ static sj_runtime *runtime(int validate_calls, int validate_every, float skew) {
     assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
     sj_runtime_test_wrong_kernels(rt, skew);
     return rt;
+}
+
+/* A function `name` of m_rows on rt, with the given dynamic policy. */
+static sj_fn *rows_fn(sj_runtime *rt, const char *name, sj_dynamic dynamic) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = dynamic;
+    sj_fn *fn = NULL;
+    assert_int_equal(sj_fn_create(rt, name, 1, m_rows, NULL, &o, &fn), SJ_OK);
+    return fn;
 }
 
 /* One call on random [R, C] input, checked against the float64 reference.
@@ -128,11 +139,7 @@ static int teardown(void **state) {
 static void wrong_kernels_are_rejected(void **state) {
     (void)state;
     sj_runtime *rt = runtime(2, 0, 0.25f);
-    sj_fn *fn = NULL;
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.dynamic = SJ_DYNAMIC_STATIC;
-    assert_int_equal(sj_fn_create(rt, "skewed", 1, m_rows, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = rows_fn(rt, "skewed", SJ_DYNAMIC_STATIC);
     for (int i = 0; i < 20; i++) assert_int_equal(call_checked(fn, 7, 33), 0); /* every result right, all eager */
     sj_stats s;
     sj_fn_stats(fn, &s);
@@ -143,11 +150,7 @@ static void wrong_kernels_are_rejected(void **state) {
     sj_entry_info info;
     sj_fn_entries(fn, &info, 1);
     assert_string_equal(info.tier, "rejected by validation");
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "rejected by validation (results differ from eager): output 0: largest error"));
     assert_non_null(strstr(text, "1 units rejected"));
     free(text);
@@ -165,7 +168,7 @@ static void wrong_kernels_are_rejected(void **state) {
     /* the quarantined artifact is not loaded by the next runtime: with right
      * kernels it compiles anew (no cache hit) and validates */
     rt = runtime(2, 0, 0);
-    assert_int_equal(sj_fn_create(rt, "skewed", 1, m_rows, NULL, &o, &fn), SJ_OK);
+    fn = rows_fn(rt, "skewed", SJ_DYNAMIC_STATIC);
     for (int i = 0; i < 4; i++) call_checked(fn, 7, 33);
     sj_fn_stats(fn, &s);
     assert_int_equal(s.validation_failures, 0);
@@ -198,11 +201,7 @@ static void wrong_kernels_without_validation_are_wrong(void **state) {
 static void right_kernels_validate_then_serve(void **state) {
     (void)state;
     sj_runtime *rt = runtime(3, 0, 0);
-    sj_fn *fn = NULL;
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.dynamic = SJ_DYNAMIC_STATIC;
-    assert_int_equal(sj_fn_create(rt, "right", 1, m_rows, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = rows_fn(rt, "right", SJ_DYNAMIC_STATIC);
     for (int i = 0; i < 3; i++) assert_int_equal(call_checked(fn, 5, 40), 0);
     for (int i = 0; i < 10; i++) assert_int_equal(call_checked(fn, 5, 40), 1);
     sj_stats s;
@@ -219,11 +218,7 @@ static void right_kernels_validate_then_serve(void **state) {
 static void sampled_checks(void **state) {
     (void)state;
     sj_runtime *rt = runtime(1, 4, 0);
-    sj_fn *fn = NULL;
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.dynamic = SJ_DYNAMIC_STATIC;
-    assert_int_equal(sj_fn_create(rt, "sampled", 1, m_rows, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = rows_fn(rt, "sampled", SJ_DYNAMIC_STATIC);
     int fused = 0;
     for (int i = 0; i < 17; i++) fused += call_checked(fn, 2, 16);
     sj_stats s;
@@ -261,11 +256,7 @@ static void *churn(void *p) {
 static void threads_never_see_a_wrong_result(void **state) {
     (void)state;
     sj_runtime *rt = runtime(2, 3, 0.5f);
-    sj_fn *fn = NULL;
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.dynamic = SJ_DYNAMIC_SYMBOLIC;
-    assert_int_equal(sj_fn_create(rt, "threads", 1, m_rows, NULL, &o, &fn), SJ_OK);
+    sj_fn *fn = rows_fn(rt, "threads", SJ_DYNAMIC_SYMBOLIC);
     enum { T = 4 };
     pthread_t th[T];
     worker w[T];

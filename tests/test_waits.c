@@ -24,6 +24,7 @@
 
 #include "base/bounded.h"
 #include "jit/shapejit.h"
+#include "tests/util.h"
 
 #define ALARM_S 30
 #define N 8
@@ -61,14 +62,9 @@ static int count_lines(const char *name) {
 }
 
 static sj_runtime_config config(sj_compile_mode mode, const char *cc, int timeout_ms) {
-    sj_runtime_config cfg;
-    sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
-    cfg.log_mask = 0;
+    sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_mode = mode;
     cfg.cc = cc;
-    cfg.cache_dir = NULL;
-    cfg.exec_threads = 1;
     cfg.hot_threshold = 1;
     cfg.compile_timeout_ms = timeout_ms;
     return cfg;
@@ -82,6 +78,24 @@ static void call_checked(sj_fn *fn) {
     sj_tensor out = sj_tensor_make(y, SJ_F32, 1, (int64_t[]){N});
     assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
     for (int i = 0; i < N; i++) assert_true(y[i] == x[i] + 1.0f);
+}
+
+/* With cc as the compiler (compiling synchronously, no timeout to speak
+ * of), a function `name` of x + 1 serves `calls` checked calls: one
+ * compile, no failure, a call served fused. */
+static void compiles_with(const char *cc, const char *name, int calls) {
+    sj_runtime_config cfg = config(SJ_COMPILE_SYNC, cc, 600000);
+    sj_runtime *rt = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    sj_fn *fn = NULL;
+    assert_int_equal(sj_fn_create(rt, name, 1, m_add1, NULL, NULL, &fn), SJ_OK);
+    for (int i = 0; i < calls; i++) call_checked(fn);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_int_equal(s.compile_failures, 0);
+    assert_int_equal(s.compiles, 1);
+    assert_true(s.fused_symbolic_calls + s.fused_specialized_calls >= 1);
+    sj_runtime_destroy(rt);
 }
 
 static int setup(void **state) {
@@ -200,19 +214,7 @@ static void background_child_holding_stdout(void **state) {
     (void)state;
     /* the child outlives the test's alarm: waiting for end of output fails */
     const char *cc = script("bg.sh", "(sleep 60) &\nexec cc \"$@\"");
-    sj_runtime_config cfg = config(SJ_COMPILE_SYNC, cc, 600000);
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
-    sj_fn *fn = NULL;
-    assert_int_equal(sj_fn_create(rt, "bg", 1, m_add1, NULL, NULL, &fn), SJ_OK);
-    call_checked(fn);
-    call_checked(fn);
-    sj_stats s;
-    sj_fn_stats(fn, &s);
-    assert_int_equal(s.compile_failures, 0);
-    assert_int_equal(s.compiles, 1);
-    assert_true(s.fused_symbolic_calls + s.fused_specialized_calls >= 1);
-    sj_runtime_destroy(rt);
+    compiles_with(cc, "bg", 2);
 }
 
 /* -- SHAPEJIT_CC with arguments ------------------------------------------------- */
@@ -225,21 +227,11 @@ static void cc_with_arguments(void **state) {
     const char *wrap = script("wrap.sh", body);
     char cc[600];
     snprintf(cc, sizeof cc, "%s --sj-marker  cc", wrap); /* two blanks: empty words dropped */
-    sj_runtime_config cfg = config(SJ_COMPILE_SYNC, cc, 600000);
-    sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
-    sj_fn *fn = NULL;
-    assert_int_equal(sj_fn_create(rt, "args", 1, m_add1, NULL, NULL, &fn), SJ_OK);
-    call_checked(fn);
-    sj_stats s;
-    sj_fn_stats(fn, &s);
-    assert_int_equal(s.compile_failures, 0);
-    assert_int_equal(s.compiles, 1);
-    assert_true(s.fused_symbolic_calls + s.fused_specialized_calls >= 1);
+    compiles_with(cc, "args", 1);
     assert_int_equal(count_lines("runs"), 2); /* --version, then the compile */
-    sj_runtime_destroy(rt);
     /* through the environment too */
     setenv("SHAPEJIT_CC", cc, 1);
+    sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     assert_string_equal(cfg.cc, cc);
     unsetenv("SHAPEJIT_CC");

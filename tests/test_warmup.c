@@ -183,11 +183,7 @@ static void blocking_walk_then_fused(void **state) {
     assert_int_equal(s2.warmup_runs, 12);
 
     /* explain tells of it */
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    sj_fn_explain(fn, f);
-    fclose(f);
+    char *text = tu_explain(fn);
     assert_non_null(strstr(text, "warm-up: done, 6 of 6 shapes prepared, 0 failed"));
     free(text);
     sj_runtime_destroy(rt);

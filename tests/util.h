@@ -360,6 +360,14 @@ double tu_now_ms(void);
  * defaults with backend CPU, no log topics, no persistent kernel cache
  * (cache_dir NULL) and one exec thread; a test sets what it checks on top. */
 sj_runtime_config tu_cpu_config(void);
+/* Its CUDA variant, for the GPU tests: the defaults with backend CUDA, no
+ * log topics and no persistent kernel cache (exec threads left at their
+ * default); a test sets what it checks on top. */
+sj_runtime_config tu_cuda_config(void);
+/* Whether a runtime of tu_cuda_config can be made (it is made and
+ * destroyed); when not, prints "skipped: no CUDA device (<why>)" on
+ * stdout, the line the GPU tests show where there is no GPU. */
+bool tu_cuda_present(void);
 
 /* A virtual clock for a runtime (cfg.clock_ns), for tests that drive time:
  * nanoseconds, moved only by tu_clock_advance_ms, from any thread; start

@@ -84,14 +84,34 @@ double tu_now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-sj_runtime_config tu_cpu_config(void) {
+/* sj_runtime_config_init's defaults for backend, quiet and with no disk
+ * cache: what tu_cpu_config and tu_cuda_config start from. */
+static sj_runtime_config quiet_config(sj_backend_kind backend) {
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
-    cfg.backend = SJ_BACKEND_CPU;
+    cfg.backend = backend;
     cfg.log_mask = 0;
     cfg.cache_dir = NULL;
+    return cfg;
+}
+
+sj_runtime_config tu_cpu_config(void) {
+    sj_runtime_config cfg = quiet_config(SJ_BACKEND_CPU);
     cfg.exec_threads = 1;
     return cfg;
+}
+
+sj_runtime_config tu_cuda_config(void) { return quiet_config(SJ_BACKEND_CUDA); }
+
+bool tu_cuda_present(void) {
+    sj_runtime_config cfg = tu_cuda_config();
+    sj_runtime *probe = NULL;
+    if (sj_runtime_create(&cfg, &probe) != SJ_OK) {
+        printf("skipped: no CUDA device (%s)\n", sj_last_error());
+        return false;
+    }
+    sj_runtime_destroy(probe);
+    return true;
 }
 
 static int64_t clock_read(void *c) { return atomic_load(&((tu_clock *)c)->ns); }
