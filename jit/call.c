@@ -469,7 +469,8 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     if (m) {
         e = sj_memo_entry(m);
         syms = m->head.syms;
-        atomic_fetch_add_explicit(&hot->memo_hits, 1, RELAXED);
+        /* every 64th hit of the shard: is a learning due by calls? */
+        sj_learn_note_hit(fn, atomic_fetch_add_explicit(&hot->memo_hits, 1, RELAXED) + 1);
         note_shape(fn, m, shard);
     } else {
         atomic_fetch_add_explicit(&hot->guard_evals, 1, RELAXED);

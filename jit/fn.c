@@ -319,6 +319,7 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->buckets_learned = atomic_load_explicit(&c->buckets_learned, RELAXED);
     out->learn_failures = atomic_load_explicit(&c->learn_failures, RELAXED);
     out->learn_kept = atomic_load_explicit(&c->learn_kept, RELAXED);
+    out->learn_window = atomic_load_explicit(&((sj_fn *)fn)->learn_window, RELAXED);
 }
 
 sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
