@@ -1218,9 +1218,13 @@ SJ_API int sj_bucket_report_str(const sj_bucket_report *report, char *buf, size_
  * (input, axis) by itself, with opt's model (NULL: defaults; apply is
  * taken as 1), after every `every` new exact shapes the function serves
  * (signatures its memo had not seen: the first call of each; shapes past
- * the memo's 4096 are not counted), counted from this call. The call
- * that serves the every-th new shape counts it with one atomic increment
- * and queues a learning job on the compile queue; the background compile
+ * the memo's 4096 are not counted), counted from this call, and, when
+ * the histogram decays (half_life, cfg.learn_half_life), after every
+ * half-life of calls served from the memo (checked on every 64th memo
+ * hit of a thread's shard: a sum of 16 counters), since once the new
+ * traffic's shapes are all seen, new shapes stop making learnings due.
+ * The call that serves the every-th new shape counts it with one atomic
+ * increment and queues a learning job on the compile queue; the background compile
  * worker runs it (ahead of compile jobs: what compiles next is then for
  * the new buckets), as sj_fn_learn_buckets with apply would: the edges
  * are swapped in while the function serves, results never change, entries
