@@ -225,7 +225,7 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
     e->plan = sj_fuse_ex(g, in, &(sj_fuse_opts){.gemm = fn->rt->backend->device == SJ_CUDA && fn->rt->cfg.cuda_gemm});
     if (!e->plan) sj_logf(fn->rt, SJ_LOG_WARN, "fn '%s': out of memory planning fusion; the entry runs eagerly", fn->name);
     if (fn->packs) {
-        int n = sj_exec_prepack(g, fn->packs);
+        int n = sj_exec_prepack(g, fn->packs, fn->rt->cfg.prepack_max_bytes);
         if (n) sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d: %d products over packed constant weights", fn->name, e->id, n);
     }
     sj_backend *dev = fn->rt->backend;
