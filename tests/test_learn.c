@@ -781,13 +781,15 @@ static void test_learn_forgets(void **state) {
 }
 
 /* The learning job on a real compile worker while two threads call: the
- * edges change under them, every result equal to eager and float64. */
+ * edges change under them (the histogram decaying, learnings due by new
+ * shapes and by calls), every result equal to eager and float64. */
 static void test_learn_auto_threads(void **state) {
     sj_fn *fn = make(rt, "auto_threads"), *eager = make(rt_eager, "auto_threads_eager");
     assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 128), SJ_OK);
     sj_learn_options o;
     sj_learn_options_init(&o);
     o.size_us = 1, o.compile_ms = 0.05, o.pad = 1, o.max_buckets = 4;
+    o.half_life = 64; /* the window decays, and learnings come due by calls, under both callers */
     assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 6, &o), SJ_OK);
     worker w = {.fn = fn, .eager = eager};
     pthread_t th;
@@ -809,6 +811,7 @@ static void test_learn_auto_threads(void **state) {
     sj_fn_stats(fn, &s);
     assert_true(s.buckets_learned >= 1);
     assert_int_equal(s.learn_failures, 0);
+    assert_true(s.learn_window > 0);
     sj_fn_destroy(fn); /* with a learning possibly queued */
     sj_fn_destroy(eager);
 }
