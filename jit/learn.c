@@ -81,16 +81,17 @@ static sj_hist_window *window_of(sj_memo *m, sj_entry *e, uint64_t *calls) {
 
 /* Bring the window up to date (memo lock held): the calls since the
  * latest update, D in all, join each weight after the older weight
- * decayed by 2^(-D / half_life). Treating the new calls as made now, not
- * spread over the D calls, overweights them a little; the more often the
- * window is brought up to date, the less: with a learning every half-life
- * at most, by under a third for the oldest of them. Two passes over the
- * memo and the entries, O(signatures), no allocation. */
+ * decayed by f = 2^(-D / half_life). When they were made among the D is
+ * not known: each is given the mean weight of a call spread evenly over
+ * them, (1 - f) / (D ln 2 / half_life), so that a traffic steady between
+ * two updates is weighted exactly, however often they come. Two passes
+ * over the memo and the entries, O(signatures), no allocation. */
 static void window_update(sj_fn *fn, double half_life) {
     sj_table *t = &fn->table;
     double since = 0;
     for (int pass = 0; pass < 2; pass++) {
-        double f = pass ? exp2(-since / half_life) : 0, total = 0;
+        double x = since / half_life * M_LN2, f = exp(-x), total = 0;
+        double g = x > 1e-12 ? -expm1(-x) / x : 1; /* the new calls' mean weight */
         for (sj_memo *m = sj_memos(t); m; m = sj_memo_next(m)) {
             sj_entry *e = sj_memo_entry(m);
             if (!e->symbolic) continue; /* the entry's own, below */
@@ -101,7 +102,7 @@ static void window_update(sj_fn *fn, double half_life) {
                 since += (double)d;
                 continue;
             }
-            w->w = w->w * f + (double)d, w->seen = calls;
+            w->w = w->w * f + (double)d * g, w->seen = calls;
             total += w->w;
         }
         for (sj_entry *e = sj_entries(t); e; e = sj_entry_next(e)) {
@@ -113,7 +114,7 @@ static void window_update(sj_fn *fn, double half_life) {
                 since += (double)d;
                 continue;
             }
-            w->w = w->w * f + (double)d, w->seen = calls;
+            w->w = w->w * f + (double)d * g, w->seen = calls;
             total += w->w;
         }
         if (pass) atomic_store_explicit(&fn->learn_window, (uint64_t)llround(total), RELAXED);

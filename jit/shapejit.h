@@ -1136,9 +1136,11 @@ SJ_API sj_status sj_set_profile(sj_fn *fn, int input, int axis, int64_t min, int
  * since the function was made (short sentences for an hour, then long
  * documents). The weights live beside the memo's call counts and are
  * brought up to date by each learning, off the call path: each shape's
- * calls since the latest learning join its weight after the older weight
+ * calls since the latest learning join its weight (each at the mean
+ * weight of calls spread evenly over that time) after the older weight
  * decayed by 2^(-calls since / half_life); a size whose weight falls
- * under half a call leaves the histogram. The window is the function's,
+ * under half a call leaves the histogram. The window holds
+ * half_life / ln 2 calls once many more were served. The window is the function's,
  * shared by its dimensions; the report gives the calls in it (calls,
  * rounded) beside those ever counted (calls_seen), sj_stats.learn_window
  * and sj_fn_explain the latest. sj_fn_size_histogram returns the counts
@@ -1173,7 +1175,7 @@ typedef struct sj_learn_options {
                                  sj_fn_learn_buckets, 0.02 for learning while serving (default -1) */
     double half_life;         /* calls after which a call's weight in the histogram halves; 0: no
                                  decay (every call since the function was made); < 0: the
-                                 runtime's cfg.learn_half_life (default -1). See below. */
+                                 runtime's cfg.learn_half_life (default -1). See above. */
 } sj_learn_options;
 
 typedef struct sj_bucket_report {
@@ -1181,7 +1183,7 @@ typedef struct sj_bucket_report {
     int64_t edges[64];         /* the chosen edges: buckets (0,e0], (e0,e1], ..., (e[n-1], inf) */
     int n_sizes;               /* distinct sizes seen (>= 2) */
     int64_t min_size, max_size;
-    uint64_t calls;            /* calls counted */
+    uint64_t calls;            /* calls counted: in the window with a half_life (rounded) */
     int memo_full;             /* the memo is full: shapes past it were not counted */
     double size_us, compile_ms; /* the model's values used (measured or given) */
     double cost_before_us;     /* expected cost per call under the rule before */
@@ -1192,8 +1194,8 @@ typedef struct sj_bucket_report {
     int kept;                  /* apply asked, but the gain was under min_gain: the rule before kept */
     int entries_retired;       /* entries retired by the swap */
     double half_life;          /* the window's half-life in calls (0: no decay) */
-    uint64_t calls_seen;       /* calls counted since the function was made (calls: those in the
-                                  window, rounded; equal with no decay) */
+    uint64_t calls_seen;       /* calls of sizes >= 2 counted since the function was made (calls:
+                                  those in the window, rounded; equal with no decay) */
 } sj_bucket_report;
 
 /* Defaults as documented above. */

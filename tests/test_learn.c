@@ -750,8 +750,9 @@ static void test_learn_forgets(void **state) {
                   evs[n_evs - 1].line);
     assert_true(fitted_after <= 10);
     sj_fn_stats(fn, &s);
-    /* the window holds about 1.44 half-lives of calls; 1600 were served */
-    assert_true(s.learn_window > 50 && s.learn_window < 300);
+    /* the window holds half_life / ln 2 = 144.3 calls once many more were
+     * served (1600 here), whenever it was brought up to date */
+    if (!(s.learn_window >= 140 && s.learn_window <= 145)) fail_msg("window %llu calls", (unsigned long long)s.learn_window);
 
     /* report only: with decay, only B's lengths; without, A's still hold a bucket */
     sj_bucket_report r;
