@@ -69,6 +69,11 @@ else
 LIB_DIRS += kernels/cuda/none
 endif
 LIB_SRC  := $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+ifneq ($(WITH_CUDA),1)
+# The CUDA device's NVRTC options are plain C: built without the toolkit
+# too, so sj_runtime_create checks nvrtc_flags the same way in both builds.
+LIB_SRC  += kernels/cuda/nvrtc.c
+endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/sj_kernel_rt_text.o
 ifeq ($(WITH_CUDA),1)
 LIB_OBJ  += $(BUILD)/obj/gen/eager_cuda_fatbin.o

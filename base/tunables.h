@@ -88,7 +88,12 @@
     X(learn_every, int, 0, 0, 1000000, "SHAPEJIT_LEARN_EVERY",                                    \
       "every function re-learns the edges of its bucketed dimensions after every this many new "   \
       "exact shapes, on the background compile worker, and swaps them in while serving "          \
-      "(`sj_fn_learn_auto`; `0`: off)")
+      "(`sj_fn_learn_auto`; `0`: off)")                                                             \
+    X(learn_half_life, int, 65536, 0, 1000000000, "SHAPEJIT_LEARN_HALF_LIFE",                     \
+      "calls after which a call's weight in the size histogram of buckets learned from traffic "   \
+      "halves (an exponential window: sizes of old traffic are forgotten); while learning while "  \
+      "serving is on, a learning also comes due after this many calls; `0`: every call since the " \
+      "function was made counts alike")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

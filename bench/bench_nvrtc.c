@@ -17,7 +17,7 @@
  *        [B, 1, 1, S] input before the softmax: "bert.sym", "bert.spec"
  *        (S=64).
  * Each unit is compiled with the backend's NVRTC options
- * (sj_codegen_cuda_options for --arch, then --flags) --reps times in one
+ * (sj_nvrtc_options for --arch, then --flags) --reps times in one
  * program (no split); a line per unit gives the source's bytes and
  * kernels, the first compile's wall ms ("process_first" on the process's
  * first: NVRTC's own start-up is paid there), the median and least wall
@@ -52,6 +52,7 @@
 #include "jit/shapejit.h"
 #include "jit/ir/graph.h"
 #include "jit/trace.h"
+#include "kernels/cuda/nvrtc.h"
 #include "shapes/expr.h"
 #include "specialize/codegen.h"
 #include "specialize/codegen_cuda.h"
@@ -150,7 +151,7 @@ static int make_args(const config *cf, const char *extra, sj_nvrtc_opts *o, cons
     if (cf->ptx && !strncmp(a, "sm_", 3)) snprintf(a, sizeof a, "compute_%s", arch + 3);
     snprintf(flags, sizeof flags, "%s %s %s", user_flags ? user_flags : "", cf->add ? cf->add : "",
              extra ? extra : "");
-    if (sj_codegen_cuda_options(a, flags, o)) bench_die("options");
+    if (sj_nvrtc_options(a, flags, o)) bench_die("options");
     int n = 0;
     for (int i = 0; i < o->argc; i++) {
         bool dropped = false;

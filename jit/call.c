@@ -226,7 +226,7 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
                                                 .pinned = e->pinned_syms});
     if (!e->plan) sj_logf(fn->rt, SJ_LOG_WARN, "fn '%s': out of memory planning fusion; the entry runs eagerly", fn->name);
     if (fn->packs) {
-        int n = sj_exec_prepack(g, fn->packs);
+        int n = sj_exec_prepack(g, fn->packs, fn->rt->cfg.prepack_max_bytes);
         if (n) sj_logf(fn->rt, SJ_LOG_PERF, "fn '%s': entry %d: %d products over packed constant weights", fn->name, e->id, n);
     }
     sj_backend *dev = fn->rt->backend;
@@ -470,7 +470,8 @@ static sj_status call(sj_fn *fn, const sj_tensor *inputs, int n_inputs, sj_tenso
     if (m) {
         e = sj_memo_entry(m);
         syms = m->head.syms;
-        atomic_fetch_add_explicit(&hot->memo_hits, 1, RELAXED);
+        /* every 64th hit of the shard: is a learning due by calls? */
+        sj_learn_note_hit(fn, atomic_fetch_add_explicit(&hot->memo_hits, 1, RELAXED) + 1);
         note_shape(fn, m, shard);
     } else {
         atomic_fetch_add_explicit(&hot->guard_evals, 1, RELAXED);

@@ -31,6 +31,15 @@
 #include "jit/ir/graph.h"
 #include "specialize/fusion.h"
 
+/* A shape's (or a static entry's) weight in the window of the size
+ * histogram that buckets are learned from (jit/learn.c), under the memo
+ * lock: its calls when the window was last brought up to date, and their
+ * decayed weight then. */
+typedef struct sj_hist_window {
+    uint64_t seen;
+    double w;
+} sj_hist_window;
+
 /* CUDA graphs kept per signature (one per set of caller buffers). */
 #define SJ_MEMO_GRAPHS 4
 
@@ -52,6 +61,11 @@ typedef struct sj_entry {
     int64_t created_ns;
     /* eager calls' time (ns) and count, for the compile queue's value */
     _Atomic uint64_t eager_ns, eager_timed;
+    /* A static entry's weight in the learning histogram's window and its
+     * calls when it was last brought up to date (jit/learn.c; under the
+     * memo lock: the one field of an entry written after it is published
+     * without an atomic) */
+    sj_hist_window win;
 } sj_entry;
 
 /* One exact signature -> its entry and symbol values (the head), and what
@@ -81,6 +95,7 @@ typedef struct sj_memo {
     _Atomic uint64_t graph_seen[SJ_MEMO_GRAPHS];
     _Atomic bool graph_busy;     /* a capture is queued or under way */
     _Atomic bool graph_off;      /* a capture failed: the signature is not captured again */
+    sj_hist_window win;          /* a symbolic entry's shape in the learning histogram (memo lock) */
 } sj_memo;
 
 _Static_assert(offsetof(sj_entry, head) == 0, "an entry starts with its guard-level head");

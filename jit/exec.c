@@ -594,7 +594,14 @@ static bool const_desc(const sj_graph *g, int32_t v, sj_tensor *t, int depth) {
     }
 }
 
-int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache) {
+/* The policy of packing, the runtime's (the CPU device packs what it is
+ * asked to: kernels/cpu/prepack.h): a float product's constant right
+ * operand, shared with any product of the function that packed it
+ * already; a new copy only while the function's copies stay within
+ * max_bytes (prepack_max_bytes), first come first packed. The caller holds
+ * the function's trace lock, so the bytes held do not move between the
+ * check and the pack. */
+int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache, uint64_t max_bytes) {
     if (!cache || g->n_nodes == 0) return 0;
     const void **packed = sj_calloc((size_t)g->n_nodes, sizeof *packed);
     if (!packed) return 0;
@@ -605,8 +612,14 @@ int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache) {
         if (n->op != SJ_OP_MATMUL || !sj_dtype_is_float(g->vals[n->out].dtype) ||
             !const_desc(g, sj_node_ins(g, n)[1], &b, 0))
             continue;
-        packed[i] = sj_cpu_pack_cache_get(cache, &b);
-        made += packed[i] != NULL;
+        const sj_cpu_packed *p = sj_cpu_pack_cache_find(cache, &b);
+        if (!p) {
+            uint64_t need = sj_cpu_pack_need(&b), count, held;
+            sj_cpu_pack_cache_stats(cache, &count, &held);
+            if (need && held + need <= max_bytes) p = sj_cpu_pack_cache_get(cache, &b);
+        }
+        packed[i] = p;
+        made += p != NULL;
     }
     if (made) {
         free(g->packed);

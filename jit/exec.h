@@ -40,10 +40,13 @@ struct sj_cpu_pack_cache;
  * (a parameter, or a permute, slice or reshape of one with constant
  * sizes) its packed copy from cache (kernels/cpu/prepack.h), in
  * g->packed; both executors' CPU products then run over it. For an entry
- * not yet published (its graph is read by no other thread). Returns the
- * products given one; nothing is packed when memory or the cache's bound
- * runs out (those products run unpacked). */
-int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache);
+ * not yet published (its graph is read by no other thread), with the
+ * function's trace lock held. The choice is made here: a weight already
+ * in cache is shared; a new one is packed only while the cache's copies
+ * stay within max_bytes (prepack_max_bytes). Returns the products given
+ * one; nothing is packed when memory or the bound runs out (those
+ * products run unpacked). */
+int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache, uint64_t max_bytes);
 
 /* Run a fused plan of g: generated groups through their compiled functions
  * (fns: SJ_CG_VARIANTS_MAX per group, as sj_compiled's; NULL for NODE groups), NODE groups through the

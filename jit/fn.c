@@ -130,7 +130,7 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
     if (ok) ok = pool = !sj_pool_init(&fn->pool, rt);
     if (ok) ok = policy = !sj_policy_init(&fn->policy, n_inputs);
     if (ok && rt->backend_kind == SJ_BACKEND_CPU && rt->cfg.prepack_max_bytes > 0)
-        ok = (fn->packs = sj_cpu_pack_cache_create(rt->cfg.prepack_max_bytes)) != NULL;
+        ok = (fn->packs = sj_cpu_pack_cache_create()) != NULL; /* the bound: sj_exec_prepack's */
     if (ok) {
         sj_policy *p = &fn->policy;
         p->dynamic = o.dynamic;
@@ -319,6 +319,7 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->buckets_learned = atomic_load_explicit(&c->buckets_learned, RELAXED);
     out->learn_failures = atomic_load_explicit(&c->learn_failures, RELAXED);
     out->learn_kept = atomic_load_explicit(&c->learn_kept, RELAXED);
+    out->learn_window = atomic_load_explicit(&((sj_fn *)fn)->learn_window, RELAXED);
 }
 
 sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {

@@ -42,6 +42,8 @@ typedef struct sj_fn_counters {
 typedef struct sj_learn_auto {
     int input, axis, every;
     int64_t next_at;          /* due once learn_shapes reaches it */
+    int64_t calls_at;         /* ... or once the memo hits reach it (the half-life's calls after
+                                 the latest; INT64_MAX: no decay) */
     sj_learn_options opt;     /* apply 1 */
     uint64_t runs;            /* learnings applied */
     bool has_last;
@@ -110,11 +112,16 @@ struct sj_fn {
      * trace_lock (explicit ones first, the cfg row last). learn_shapes: new
      * exact shapes counted (a call's memo miss, one atomic add, only while
      * a row exists); learn_next_at: the least row's next_at (INT64_MAX:
-     * none); learn_queued: a learning job is queued or about to be. */
+     * none); learn_calls_at: the least row's calls_at, which the call path
+     * compares the memo hits with on every 64th hit of a shard;
+     * learn_queued: a learning job is queued or about to be. learn_window:
+     * the calls in the histogram's window at its latest update (rounded,
+     * for sj_stats). */
     sj_learn_auto learn[SJ_LEARN_AUTO_MAX + 1];
     int n_learn;
-    _Atomic int64_t learn_shapes, learn_next_at;
+    _Atomic int64_t learn_shapes, learn_next_at, learn_calls_at;
     atomic_bool learn_queued;
+    _Atomic uint64_t learn_window;
 
     sj_pool pool;
     /* CPU backend: the packed copies of constant weights its entries'

@@ -31,6 +31,12 @@ void sj_learn_options_init(sj_learn_options *o) {
     o->symbolic_overhead = 0.05;
     o->compile_ms = -1;
     o->min_gain = -1;
+    o->half_life = -1;
+}
+
+/* The half-life a learning with options o uses (< 0: the runtime's). */
+static double half_life_of(const sj_fn *fn, const sj_learn_options *o) {
+    return o->half_life < 0 ? (double)fn->rt->cfg.learn_half_life : o->half_life;
 }
 
 static sj_status dim_check(const char *what, const sj_fn *fn, int input, int axis) {
@@ -59,13 +65,72 @@ typedef struct hist {
     uint64_t *counts;
     int n;
     bool memo_full;
+    uint64_t calls_seen; /* the counts since the function was made, summed */
     double eager_ns, eager_size; /* timed eager calls: their time, and their calls times their mean size */
 } hist;
 
+/* -- The window -------------------------------------------------------------------- */
+
+/* The calls counted for a window: a symbolic entry's shape counts its
+ * calls in its memo item; a static entry serves one set of sizes and
+ * counts its calls itself. */
+static sj_hist_window *window_of(sj_memo *m, sj_entry *e, uint64_t *calls) {
+    if (e->symbolic) return *calls = sj_memo_calls(m), &m->win;
+    return *calls = sj_counter_sum(&e->calls), &e->win;
+}
+
+/* Bring the window up to date (memo lock held): the calls since the
+ * latest update, D in all, join each weight after the older weight
+ * decayed by f = 2^(-D / half_life). When they were made among the D is
+ * not known: each is given the mean weight of a call spread evenly over
+ * them, (1 - f) / (D ln 2 / half_life), so that a traffic steady between
+ * two updates is weighted exactly, however often they come. Two passes
+ * over the memo and the entries, O(signatures), no allocation. */
+static void window_update(sj_fn *fn, double half_life) {
+    sj_table *t = &fn->table;
+    double since = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        double x = since / half_life * M_LN2, f = exp(-x), total = 0;
+        double g = x > 1e-12 ? -expm1(-x) / x : 1; /* the new calls' mean weight */
+        for (sj_memo *m = sj_memos(t); m; m = sj_memo_next(m)) {
+            sj_entry *e = sj_memo_entry(m);
+            if (!e->symbolic) continue; /* the entry's own, below */
+            uint64_t calls;
+            sj_hist_window *w = window_of(m, e, &calls);
+            uint64_t d = calls > w->seen ? calls - w->seen : 0;
+            if (!pass) {
+                since += (double)d;
+                continue;
+            }
+            w->w = w->w * f + (double)d * g, w->seen = calls;
+            total += w->w;
+        }
+        for (sj_entry *e = sj_entries(t); e; e = sj_entry_next(e)) {
+            if (e->symbolic) continue;
+            uint64_t calls;
+            sj_hist_window *w = window_of(NULL, e, &calls);
+            uint64_t d = calls > w->seen ? calls - w->seen : 0;
+            if (!pass) {
+                since += (double)d;
+                continue;
+            }
+            w->w = w->w * f + (double)d * g, w->seen = calls;
+            total += w->w;
+        }
+        if (pass) atomic_store_explicit(&fn->learn_window, (uint64_t)llround(total), RELAXED);
+    }
+}
+
+/* A weight as a count: rounded; under half a call, forgotten (0). */
+static uint64_t weight_count(double w) { return w < 0.5 ? 0 : (uint64_t)llround(w); }
+
+/* -- The histogram ------------------------------------------------------------------ */
+
 /* Walk the memo (under its lock): every signature's size on the dimension
- * with its calls; and, per entry, its calls' mean size, to turn the
+ * with its calls (with a half_life > 0: its weight in the window, brought
+ * up to date first); and, per entry, its calls' mean size, to turn the
  * entries' timed eager calls into a cost per unit of size. */
-static sj_status build_hist(sj_fn *fn, int input, int axis, hist *h) {
+static sj_status build_hist(sj_fn *fn, int input, int axis, double half_life, hist *h) {
     memset(h, 0, sizeof *h);
     sj_table *t = &fn->table;
     int n_ent = atomic_load(&t->n_entries);
@@ -81,16 +146,21 @@ static sj_status build_hist(sj_fn *fn, int input, int axis, hist *h) {
         return sj_seterr(SJ_ENOMEM, "learn buckets: out of memory");
     }
     h->memo_full = t->n_memo >= SJ_MEMO_MAX;
+    if (half_life > 0) window_update(fn, half_life);
     for (sj_memo *m = sj_memos(t); m && h->n < cap; m = sj_memo_next(m)) {
         int64_t s = sig_size(m->head.key, m->head.key_words, input, axis);
         sj_entry *e = sj_memo_entry(m);
         if (s < 2 || e->id > n_ent) continue;
         /* A symbolic entry counts its shapes in their memo items; a static
          * entry serves one set of sizes and counts its calls itself (the
-         * call path counts nothing more for this). */
-        uint64_t c = 0;
-        if (e->symbolic) c = sj_memo_calls(m);
-        else if (!ec[3 * e->id + 2]) c = sj_counter_sum(&e->calls), ec[3 * e->id + 2] = 1;
+         * call path counts nothing more for this): once, at its first
+         * signature. */
+        if (!e->symbolic && ec[3 * e->id + 2]) continue;
+        ec[3 * e->id + 2] = 1;
+        uint64_t seen;
+        const sj_hist_window *w = window_of(m, e, &seen);
+        h->calls_seen += seen;
+        uint64_t c = half_life > 0 ? weight_count(w->w) : seen;
         if (!c) continue;
         h->sizes[h->n] = s, h->counts[h->n++] = c;
         ec[3 * e->id] += (double)c;
@@ -116,7 +186,7 @@ int sj_fn_size_histogram(sj_fn *fn, int input, int axis, int64_t *sizes, uint64_
         return -1;
     }
     hist h;
-    if (build_hist(fn, input, axis, &h)) return -1;
+    if (build_hist(fn, input, axis, 0, &h)) return -1; /* since made: no decay */
     for (int i = 0; i < h.n && i < max; i++) sizes[i] = h.sizes[i], counts[i] = h.counts[i];
     free(h.sizes), free(h.counts);
     return h.n;
@@ -166,19 +236,25 @@ sj_status sj_fn_learn_buckets(sj_fn *fn, int input, int axis, const sj_learn_opt
         return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: bucket_mib %g or mib_ms %g is negative or not finite",
                          o.bucket_mib, o.mib_ms);
     if (!(o.min_gain < 1)) return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: min_gain %g is not below 1", o.min_gain);
+    if (isnan(o.half_life) || isinf(o.half_life))
+        return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: half_life is not finite");
 
     hist h;
-    if ((st = build_hist(fn, input, axis, &h))) return st;
+    double half_life = half_life_of(fn, &o);
+    if ((st = build_hist(fn, input, axis, half_life, &h))) return st;
     sj_bucket_report r;
     memset(&r, 0, sizeof r);
     r.n_sizes = h.n;
     r.memo_full = h.memo_full;
+    r.half_life = half_life;
+    r.calls_seen = h.calls_seen;
     for (int i = 0; i < h.n; i++) r.calls += h.counts[i];
     if (!h.n) {
         free(h.sizes), free(h.counts);
         char nm[48];
-        return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: fn '%s' has served no size >= 2 on %s axis %d", fn->name,
-                         sj_input_name((const char *const *)fn->input_names, input, nm, sizeof nm), axis);
+        return sj_seterr(SJ_EINVAL, "sj_fn_learn_buckets: fn '%s' has served no size >= 2 on %s axis %d%s", fn->name,
+                         sj_input_name((const char *const *)fn->input_names, input, nm, sizeof nm), axis,
+                         h.calls_seen ? " in the window (the sizes served before are forgotten)" : "");
     }
     r.min_size = h.sizes[0], r.max_size = h.sizes[h.n - 1];
     uint64_t compiles = atomic_load_explicit(&fn->c.compiles, RELAXED);
@@ -256,14 +332,18 @@ int sj_bucket_report_str(const sj_bucket_report *r, char *buf, size_t n) {
         used += snprintf(buf + used, n - (size_t)used, "%s%lld", i ? "," : " ", (long long)r->edges[i]);
     if ((size_t)used < n)
         used += snprintf(buf + used, n - (size_t)used,
-                         " (was %s, %d buckets); %d sizes in [%lld, %lld], %llu calls%s; expected cost per call "
+                         " (was %s, %d buckets); %d sizes in [%lld, %lld], %llu calls%s%s; expected cost per call "
                          "%.2f us -> %.2f us (size %.4g us, compile %.1f ms)%s",
                          r->rule_before, r->buckets_before, r->n_sizes, (long long)r->min_size,
-                         (long long)r->max_size, (unsigned long long)r->calls, r->memo_full ? " (memo full)" : "",
+                         (long long)r->max_size, (unsigned long long)r->calls, r->half_life > 0 ? " in the window" : "",
+                         r->memo_full ? " (memo full)" : "",
                          r->cost_before_us, r->cost_after_us, r->size_us, r->compile_ms,
                          r->applied ? "; applied" : r->kept ? "; kept the rule before (gain under min_gain)" : "");
     if (r->applied && (size_t)used < n)
         used += snprintf(buf + used, n - (size_t)used, ", %d entries retired", r->entries_retired);
+    if (r->half_life > 0 && (size_t)used < n)
+        used += snprintf(buf + used, n - (size_t)used, "; half-life %.0f calls, %llu calls seen", r->half_life,
+                         (unsigned long long)r->calls_seen);
     return used;
 }
 
@@ -272,18 +352,30 @@ int sj_bucket_report_str(const sj_bucket_report *r, char *buf, size_t n) {
 /* Learning while serving swaps edges in only for this much gain. */
 #define SJ_LEARN_AUTO_MIN_GAIN 0.02
 
-/* The least due point of the rows (trace lock held). */
+/* The least due points of the rows (trace lock held). */
 static void rearm(sj_fn *fn) {
-    int64_t at = INT64_MAX;
-    for (int i = 0; i < fn->n_learn; i++)
+    int64_t at = INT64_MAX, calls_at = INT64_MAX;
+    for (int i = 0; i < fn->n_learn; i++) {
         if (fn->learn[i].next_at < at) at = fn->learn[i].next_at;
+        if (fn->learn[i].calls_at < calls_at) calls_at = fn->learn[i].calls_at;
+    }
     atomic_store_explicit(&fn->learn_next_at, at, RELAXED);
+    atomic_store_explicit(&fn->learn_calls_at, calls_at, RELAXED);
+}
+
+/* A row's next due point by calls: a half-life of calls from `calls`
+ * (the memo hits now); INT64_MAX without decay. */
+static int64_t calls_due(const sj_fn *fn, const sj_learn_auto *r, int64_t calls) {
+    double hl = half_life_of(fn, &r->opt);
+    return hl > 0 ? calls + (int64_t)ceil(hl) : INT64_MAX;
 }
 
 void sj_learn_init(sj_fn *fn) {
     atomic_init(&fn->learn_shapes, 0);
     atomic_init(&fn->learn_next_at, INT64_MAX);
+    atomic_init(&fn->learn_calls_at, INT64_MAX);
     atomic_init(&fn->learn_queued, false);
+    atomic_init(&fn->learn_window, 0);
     int every = fn->rt->cfg.learn_every;
     if (every <= 0) return;
     sj_learn_auto *r = &fn->learn[fn->n_learn++];
@@ -292,6 +384,7 @@ void sj_learn_init(sj_fn *fn) {
     sj_learn_options_init(&r->opt);
     r->opt.apply = 1;
     r->opt.min_gain = SJ_LEARN_AUTO_MIN_GAIN;
+    r->calls_at = calls_due(fn, r, 0);
     rearm(fn);
 }
 
@@ -301,6 +394,7 @@ static sj_status check_options(const char *what, const sj_learn_options *o) {
     if (o->pad != 0 && o->pad != 1) return sj_seterr(SJ_EINVAL, "%s: pad %d is not 0 or 1", what, o->pad);
     if (!isfinite(o->size_us) || !isfinite(o->compile_ms))
         return sj_seterr(SJ_EINVAL, "%s: size_us or compile_ms is not finite", what);
+    if (!isfinite(o->half_life)) return sj_seterr(SJ_EINVAL, "%s: half_life is not finite", what);
     if (!isfinite(o->bucket_mib) || !isfinite(o->mib_ms) || o->bucket_mib < 0 || o->mib_ms < 0)
         return sj_seterr(SJ_EINVAL, "%s: bucket_mib %g or mib_ms %g is negative or not finite", what, o->bucket_mib,
                          o->mib_ms);
@@ -351,6 +445,7 @@ sj_status sj_fn_learn_auto(sj_fn *fn, int input, int axis, int every, const sj_l
         sj_learn_auto *r = &fn->learn[at];
         r->input = input, r->axis = axis, r->every = every, r->opt = o;
         r->next_at = atomic_load_explicit(&fn->learn_shapes, RELAXED) + every;
+        r->calls_at = calls_due(fn, r, sj_learn_calls(fn));
     }
     rearm(fn);
     pthread_mutex_unlock(&fn->trace_lock);
@@ -358,7 +453,8 @@ sj_status sj_fn_learn_auto(sj_fn *fn, int input, int axis, int every, const sj_l
 }
 
 void sj_learn_due(sj_fn *fn) {
-    if (atomic_exchange(&fn->learn_queued, true)) return;
+    /* a load first: calls keep finding a learning due by calls until it runs */
+    if (atomic_load_explicit(&fn->learn_queued, RELAXED) || atomic_exchange(&fn->learn_queued, true)) return;
     sj_compiler_request_learn(fn->rt->compiler, fn);
 }
 
@@ -379,15 +475,16 @@ static bool own_row(const sj_fn *fn, int input, int axis) {
 
 void sj_learn_run(sj_fn *fn) {
     atomic_store(&fn->learn_queued, false); /* new shapes from here on may queue the next */
-    int64_t n = atomic_load_explicit(&fn->learn_shapes, RELAXED);
+    int64_t n = atomic_load_explicit(&fn->learn_shapes, RELAXED), calls = sj_learn_calls(fn);
     int cap = fn->n_inputs * SJ_MAX_RANK + SJ_LEARN_AUTO_MAX;
     learn_dim *dims = sj_malloc((size_t)cap * sizeof *dims);
     int k = 0;
     pthread_mutex_lock(&fn->trace_lock);
     for (int i = 0; dims && i < fn->n_learn; i++) {
         sj_learn_auto *r = &fn->learn[i];
-        if (n < r->next_at) continue;
+        if (n < r->next_at && calls < r->calls_at) continue; /* due by neither new shapes nor calls */
         r->next_at = n + r->every;
+        r->calls_at = calls_due(fn, r, calls);
         if (r->input >= 0) {
             dims[k++] = (learn_dim){r->input, r->axis, false, r->opt};
             continue;
@@ -448,16 +545,25 @@ void sj_learn_explain(const sj_fn *fn, FILE *out) {
             (unsigned long long)atomic_load_explicit(&f->c.buckets_learned, RELAXED),
             (unsigned long long)atomic_load_explicit(&f->c.learn_kept, RELAXED),
             (unsigned long long)atomic_load_explicit(&f->c.learn_failures, RELAXED));
+    fprintf(out, "  learning histogram: %llu calls in the window at the latest learning with decay, %lld calls served "
+                 "from the memo\n",
+            (unsigned long long)atomic_load_explicit(&f->learn_window, RELAXED), (long long)sj_learn_calls(f));
     for (int i = 0; i < fn->n_learn; i++) {
         const sj_learn_auto *r = &fn->learn[i];
-        char nm[48];
-        if (r->input >= 0)
-            fprintf(out, "    %s axis %d: every %d new shapes (next at %lld), %llu applied\n",
-                    sj_input_name((const char *const *)fn->input_names, r->input, nm, sizeof nm), r->axis, r->every,
-                    (long long)r->next_at, (unsigned long long)r->runs);
+        char nm[48], by_calls[96] = "";
+        double hl = half_life_of(fn, &r->opt);
+        if (hl > 0)
+            snprintf(by_calls, sizeof by_calls, "; or at %lld calls: decay, half-life %.0f calls", (long long)r->calls_at,
+                     hl);
         else
-            fprintf(out, "    every bucketed dimension (learn_every %d; next at %lld), %llu applied\n", r->every,
-                    (long long)r->next_at, (unsigned long long)r->runs);
+            snprintf(by_calls, sizeof by_calls, "; no decay");
+        if (r->input >= 0)
+            fprintf(out, "    %s axis %d: every %d new shapes (next at %lld%s), %llu applied\n",
+                    sj_input_name((const char *const *)fn->input_names, r->input, nm, sizeof nm), r->axis, r->every,
+                    (long long)r->next_at, by_calls, (unsigned long long)r->runs);
+        else
+            fprintf(out, "    every bucketed dimension (learn_every %d; next at %lld%s), %llu applied\n", r->every,
+                    (long long)r->next_at, by_calls, (unsigned long long)r->runs);
         if (r->has_last) {
             char text[1024];
             sj_bucket_report_str(&r->last, text, sizeof text);

@@ -251,8 +251,7 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
     if (c.backend == SJ_BACKEND_CUDA && !sj_device_cuda_built())
         return sj_seterr(SJ_EBACKEND, "sj_runtime_create: the CUDA backend is not built into this library "
                                       "(built without the CUDA toolkit); use SJ_BACKEND_CPU or SJ_BACKEND_AUTO");
-    sj_nvrtc_opts nvo; /* checked whichever backend the runtime gets */
-    if ((st = sj_codegen_cuda_options("sm_90", c.nvrtc_flags, &nvo))) {
+    if ((st = sj_device_cuda_check_flags(c.nvrtc_flags))) { /* whichever device the runtime gets */
         sj_err_prefix("sj_runtime_create: ");
         return st;
     }

@@ -326,6 +326,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_CUDA_GEMM=0..5             -> cuda_gemm
  *   SHAPEJIT_CUDA_TF32=0|1              -> cuda_tf32
  *   SHAPEJIT_LEARN_EVERY=n              -> learn_every
+ *   SHAPEJIT_LEARN_HALF_LIFE=n          -> learn_half_life
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -589,6 +590,17 @@ typedef struct sj_runtime_config {
      * options and apply set would, on the background compile worker (see
      * sj_fn_learn_auto). 0 (default): off. $SHAPEJIT_LEARN_EVERY. */
     int learn_every;
+    /* The size histogram of buckets learned from traffic forgets: a call's
+     * weight in it halves after every n later calls of the function (an
+     * exponential window over calls, brought up to date by each learning),
+     * so edges follow a shift of traffic; a size whose weight falls under
+     * half a call leaves the histogram. With learning while serving on, a
+     * learning also comes due after every n calls (new shapes alone would
+     * stop queueing them once the new traffic's shapes are all seen).
+     * Default 65536 (a window of about 94,000 calls); 0: no decay, every
+     * call since the function was made counts alike. sj_learn_options
+     * .half_life overrides it per learning. $SHAPEJIT_LEARN_HALF_LIFE. */
+    int learn_half_life;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -1125,6 +1137,22 @@ SJ_API sj_status sj_set_profile(sj_fn *fn, int input, int axis, int64_t min, int
  * signatures per function; shapes past it are not counted, see the
  * report's memo_full). Sizes 0 and 1 are left out (always specialized).
  *
+ * The histogram forgets (half_life, cfg.learn_half_life, default 65536
+ * calls): a call's weight halves after every half_life later calls of the
+ * function, so that the edges follow the traffic of now, not the traffic
+ * since the function was made (short sentences for an hour, then long
+ * documents). The weights live beside the memo's call counts and are
+ * brought up to date by each learning, off the call path: each shape's
+ * calls since the latest learning join its weight (each at the mean
+ * weight of calls spread evenly over that time) after the older weight
+ * decayed by 2^(-calls since / half_life); a size whose weight falls
+ * under half a call leaves the histogram. The window holds
+ * half_life / ln 2 calls once many more were served. The window is the function's,
+ * shared by its dimensions; the report gives the calls in it (calls,
+ * rounded) beside those ever counted (calls_seen), sj_stats.learn_window
+ * and sj_fn_explain the latest. sj_fn_size_histogram returns the counts
+ * since the function was made, undecayed.
+ *
  * With apply set, the edges become the dimension's buckets (as
  * sj_set_buckets) while the function serves: shapes served before keep
  * their entries (their memoised signatures); entries whose range on this
@@ -1152,6 +1180,9 @@ typedef struct sj_learn_options {
     double min_gain;          /* with apply: swap only when the expected cost per call falls by at
                                  least this fraction of the rule before's, in [0, 1); < 0: 0 for
                                  sj_fn_learn_buckets, 0.02 for learning while serving (default -1) */
+    double half_life;         /* calls after which a call's weight in the histogram halves; 0: no
+                                 decay (every call since the function was made); < 0: the
+                                 runtime's cfg.learn_half_life (default -1). See above. */
 } sj_learn_options;
 
 typedef struct sj_bucket_report {
@@ -1159,7 +1190,7 @@ typedef struct sj_bucket_report {
     int64_t edges[64];         /* the chosen edges: buckets (0,e0], (e0,e1], ..., (e[n-1], inf) */
     int n_sizes;               /* distinct sizes seen (>= 2) */
     int64_t min_size, max_size;
-    uint64_t calls;            /* calls counted */
+    uint64_t calls;            /* calls counted: in the window with a half_life (rounded) */
     int memo_full;             /* the memo is full: shapes past it were not counted */
     double size_us, compile_ms; /* the model's values used (measured or given) */
     double cost_before_us;     /* expected cost per call under the rule before */
@@ -1169,6 +1200,9 @@ typedef struct sj_bucket_report {
     int applied;               /* the edges were swapped in */
     int kept;                  /* apply asked, but the gain was under min_gain: the rule before kept */
     int entries_retired;       /* entries retired by the swap */
+    double half_life;          /* the window's half-life in calls (0: no decay) */
+    uint64_t calls_seen;       /* calls of sizes >= 2 counted since the function was made (calls:
+                                  those in the window, rounded; equal with no decay) */
 } sj_bucket_report;
 
 /* Defaults as documented above. */
@@ -1193,9 +1227,13 @@ SJ_API int sj_bucket_report_str(const sj_bucket_report *report, char *buf, size_
  * (input, axis) by itself, with opt's model (NULL: defaults; apply is
  * taken as 1), after every `every` new exact shapes the function serves
  * (signatures its memo had not seen: the first call of each; shapes past
- * the memo's 4096 are not counted), counted from this call. The call
- * that serves the every-th new shape counts it with one atomic increment
- * and queues a learning job on the compile queue; the background compile
+ * the memo's 4096 are not counted), counted from this call, and, when
+ * the histogram decays (half_life, cfg.learn_half_life), after every
+ * half-life of calls served from the memo (checked on every 64th memo
+ * hit of a thread's shard: a sum of 16 counters), since once the new
+ * traffic's shapes are all seen, new shapes stop making learnings due.
+ * The call that serves the every-th new shape counts it with one atomic
+ * increment and queues a learning job on the compile queue; the background compile
  * worker runs it (ahead of compile jobs: what compiles next is then for
  * the new buckets), as sj_fn_learn_buckets with apply would: the edges
  * are swapped in while the function serves, results never change, entries
@@ -1309,6 +1347,8 @@ typedef struct sj_stats {
     uint64_t buckets_learned;  /* learnings applied (new edges swapped in) */
     uint64_t learn_failures;   /* learnings that could not run (nothing served on the dimension yet) */
     uint64_t learn_kept;       /* learnings that kept the rule in force (gain under min_gain) */
+    uint64_t learn_window;     /* calls in the learning histogram's window at the latest learning
+                                  with decay (weights summed, rounded; learn_half_life) */
 } sj_stats;
 /* Counts are exact for the calls that have returned; a call in flight on
  * another thread may or may not be in them yet. */

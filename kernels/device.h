@@ -254,6 +254,11 @@ struct sj_backend {
 sj_status sj_device_create(sj_backend_kind kind, const sj_dev_config *c, sj_backend **out);
 /* Was the library built with CUDA? */
 bool sj_device_cuda_built(void);
+/* Check cfg.nvrtc_flags as the CUDA device would take them (its NVRTC
+ * options: kernels/cuda/nvrtc.c, built with and without the toolkit, so a
+ * runtime made for any device rejects the same flags). SJ_EINVAL with a
+ * message naming the limit. */
+sj_status sj_device_cuda_check_flags(const char *flags);
 
 /* The devices' makers (kernels/cpu/device_cpu.c, kernels/cuda/device_cuda.c
  * or its stub). */

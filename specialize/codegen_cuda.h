@@ -73,35 +73,6 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
  * allocation failure (nothing left allocated); 0 when max_pieces < 1. */
 int sj_codegen_cuda_split(const char *src, int max_pieces, char **pieces);
 
-/* The architecture to compile for on a device of compute capability
- * cc_major.cc_minor, given the real architectures NVRTC can generate code
- * for (nvrtcGetSupportedArchs: 90 for sm_90; n of them). true and "sm_XY"
- * (a CUBIN, nothing left for the driver to compile at load) when NVRTC
- * knows the device's; else false and "compute_XY", the newest virtual
- * architecture below it, as PTX that the driver compiles at load (and
- * keeps in its compute cache): a device newer than this NVRTC. With no
- * list (n == 0) the device's own, true. */
-bool sj_codegen_cuda_target(int cc_major, int cc_minor, const int *supported, int n, char *arch, size_t size);
-
-/* The NVRTC options a unit is compiled with: the architecture (arch:
- * "sm_90", or a virtual "compute_90" for PTX), --std=c++17 and
- * -default-device (the unit's C++ and its undecorated device helpers) and
- * --extra-device-vectorization, then the words of flags (NULL or "":
- * none; separated by spaces or tabs): the runtime's nvrtc_flags. No
- * -lineinfo: it leaves the machine code as it is but makes the CUBIN 2.7
- * times larger (w4's unit: 206 KB against 77 KB); a profiling run adds it
- * through nvrtc_flags. No fast math: erf, exp and division keep their IEEE
- * behaviour, as the eager kernels do. SJ_EINVAL naming the limit when
- * flags has more than SJ_NVRTC_MAX_FLAGS words or SJ_NVRTC_FLAGS_LEN
- * characters. */
-enum { SJ_NVRTC_MAX_FLAGS = 16, SJ_NVRTC_FLAGS_LEN = 511 };
-typedef struct sj_nvrtc_opts {
-    const char *argv[8 + SJ_NVRTC_MAX_FLAGS];
-    int argc;
-    char text[640]; /* the strings argv points into */
-} sj_nvrtc_opts;
-sj_status sj_codegen_cuda_options(const char *arch, const char *flags, sj_nvrtc_opts *o);
-
 typedef struct sj_launch {
     unsigned grid[3], block[3];
     unsigned smem; /* dynamic shared memory bytes */

@@ -45,6 +45,7 @@
 #include "jit/runtime.h"
 #include "jit/trace.h"
 #include "kernels/cpu/eager.h"
+#include "kernels/cuda/nvrtc.h"
 #include "specialize/codegen_cuda.h"
 #include "specialize/fusion.h"
 #include "tests/util_patterns.h"
@@ -75,7 +76,7 @@ static struct {
 static void nvrtc_compile(const char *src, const char *arch, const char *what, char **out, size_t *out_len) {
     nvrtc_prog prog;
     sj_nvrtc_opts o;
-    assert_int_equal(sj_codegen_cuda_options(arch, NULL, &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options(arch, NULL, &o), SJ_OK);
     assert_int_equal(cu.nv.CreateProgram(&prog, src, "unit.cu", 0, NULL, NULL), 0);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -388,17 +389,17 @@ static void run_both(const tu_pattern *pt, sj_dtype dt) {
 static void test_nvrtc_options(void **state) {
     (void)state;
     sj_nvrtc_opts o;
-    assert_int_equal(sj_codegen_cuda_options("sm_90", NULL, &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("sm_90", NULL, &o), SJ_OK);
     assert_int_equal(o.argc, 4);
     assert_string_equal(o.argv[0], "--gpu-architecture=sm_90");
     assert_string_equal(o.argv[1], "--std=c++17");
     assert_string_equal(o.argv[2], "-default-device");
     assert_string_equal(o.argv[3], "--extra-device-vectorization"); /* no -lineinfo: the same code, 2.7x the bytes */
     const int own = o.argc;
-    assert_int_equal(sj_codegen_cuda_options("compute_80", "", &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("compute_80", "", &o), SJ_OK);
     assert_int_equal(o.argc, own);
     assert_string_equal(o.argv[0], "--gpu-architecture=compute_80");
-    assert_int_equal(sj_codegen_cuda_options("sm_90", "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("sm_90", "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
     assert_int_equal(o.argc, own + 3);
     assert_string_equal(o.argv[own], "-DA=1");
     assert_string_equal(o.argv[own + 1], "-Xptxas=-O1");
@@ -407,19 +408,19 @@ static void test_nvrtc_options(void **state) {
     /* 16 words fit, 17 do not; 511 characters fit, 512 do not */
     char flags[SJ_NVRTC_FLAGS_LEN + 2] = "";
     for (int i = 0; i < SJ_NVRTC_MAX_FLAGS; i++) snprintf(flags + strlen(flags), 8, "-DX%d ", i);
-    assert_int_equal(sj_codegen_cuda_options("sm_90", flags, &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("sm_90", flags, &o), SJ_OK);
     assert_int_equal(o.argc, own + SJ_NVRTC_MAX_FLAGS);
     assert_string_equal(o.argv[o.argc - 1], "-DX15");
     strcat(flags, "-DX16");
-    assert_int_equal(sj_codegen_cuda_options("sm_90", flags, &o), SJ_EINVAL);
+    assert_int_equal(sj_nvrtc_options("sm_90", flags, &o), SJ_EINVAL);
     assert_non_null(strstr(sj_last_error(), "nvrtc_flags: more than 16 options"));
     memset(flags, 0, sizeof flags);
     memcpy(flags, "-DLONG=", 7);
     memset(flags + 7, 'x', SJ_NVRTC_FLAGS_LEN - 7);
-    assert_int_equal(sj_codegen_cuda_options("sm_90", flags, &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("sm_90", flags, &o), SJ_OK);
     assert_int_equal((int)strlen(o.argv[own]), SJ_NVRTC_FLAGS_LEN);
     flags[SJ_NVRTC_FLAGS_LEN] = 'x';
-    assert_int_equal(sj_codegen_cuda_options("sm_90", flags, &o), SJ_EINVAL);
+    assert_int_equal(sj_nvrtc_options("sm_90", flags, &o), SJ_EINVAL);
     assert_non_null(strstr(sj_last_error(), "nvrtc_flags: 512 characters, more than the 511 allowed"));
 }
 
@@ -793,24 +794,24 @@ static void test_cuda_target(void **state) {
     (void)state;
     char a[32];
     const int nvrtc124[] = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90};
-    assert_true(sj_codegen_cuda_target(9, 0, nvrtc124, 14, a, sizeof a));
+    assert_true(sj_nvrtc_target(9, 0, nvrtc124, 14, a, sizeof a));
     assert_string_equal(a, "sm_90");
-    assert_true(sj_codegen_cuda_target(8, 6, nvrtc124, 14, a, sizeof a));
+    assert_true(sj_nvrtc_target(8, 6, nvrtc124, 14, a, sizeof a));
     assert_string_equal(a, "sm_86");
-    assert_false(sj_codegen_cuda_target(10, 0, nvrtc124, 14, a, sizeof a)); /* Blackwell, older NVRTC */
+    assert_false(sj_nvrtc_target(10, 0, nvrtc124, 14, a, sizeof a)); /* Blackwell, older NVRTC */
     assert_string_equal(a, "compute_90");
-    assert_false(sj_codegen_cuda_target(8, 8, nvrtc124, 14, a, sizeof a)); /* between two listed */
+    assert_false(sj_nvrtc_target(8, 8, nvrtc124, 14, a, sizeof a)); /* between two listed */
     assert_string_equal(a, "compute_87");
-    assert_true(sj_codegen_cuda_target(12, 0, NULL, 0, a, sizeof a)); /* no list: the device's */
+    assert_true(sj_nvrtc_target(12, 0, NULL, 0, a, sizeof a)); /* no list: the device's */
     assert_string_equal(a, "sm_120");
-    assert_true(sj_codegen_cuda_target(3, 5, nvrtc124, 14, a, sizeof a)); /* older than all: NVRTC says why */
+    assert_true(sj_nvrtc_target(3, 5, nvrtc124, 14, a, sizeof a)); /* older than all: NVRTC says why */
     assert_string_equal(a, "sm_35");
     if (!cu.have_nvrtc) return;
     int n = 0, archs[128];
     assert_int_equal(cu.nv.GetNumSupportedArchs(&n), 0);
     assert_true(n > 0 && n <= 128);
     assert_int_equal(cu.nv.GetSupportedArchs(archs), 0);
-    assert_true(sj_codegen_cuda_target(9, 0, archs, n, a, sizeof a)); /* this NVRTC knows Hopper */
+    assert_true(sj_nvrtc_target(9, 0, archs, n, a, sizeof a)); /* this NVRTC knows Hopper */
     assert_string_equal(a, "sm_90");
 }
 

@@ -53,6 +53,7 @@ int main(void) {
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/eager_cuda.h"
+#include "specialize/codegen_cuda.h" /* SJ_CUDA_KERNEL_MARK: the units split */
 
 /* sj_cuda_close calls this when the eager module is loaded (never here).
  * kernels/cuda/eager_cuda.c defines it; this weak stand-in only lets the

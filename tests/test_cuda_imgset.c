@@ -42,7 +42,7 @@ static void test_round_trip(void **state) {
     char *a = sj_imgset_make(in, 3, &len);
     assert_non_null(a);
     assert_memory_equal(a, "SJCUIMG1\x03\0\0\0", 12);
-    sj_img out[SJ_CUDA_PIECES_MAX];
+    sj_img out[SJ_IMGSET_MAX];
     char err[128];
     assert_int_equal(sj_imgset_parse(a, len, out, err, sizeof err), 3);
     for (int i = 0; i < 3; i++) {
@@ -72,7 +72,7 @@ static void test_round_trip(void **state) {
 
 /* parse of buf must fail, saying `why` (line: the caller's) */
 static void refused_at(const void *buf, size_t len, const char *why, int line) {
-    sj_img out[SJ_CUDA_PIECES_MAX];
+    sj_img out[SJ_IMGSET_MAX];
     char err[128] = "";
     if (sj_imgset_parse(buf, len, out, err, sizeof err) != 0) fail_msg("line %d: accepted (expected: %s)", line, why);
     if (!strstr(err, why)) fail_msg("line %d: '%s' does not say '%s'", line, err, why);
@@ -94,7 +94,7 @@ static void test_refusals(void **state) {
 
     memcpy(b, a, len), n = 0, memcpy(b + 8, &n, 4);
     refused(b, len, "nor an image set");
-    memcpy(b, a, len), n = SJ_CUDA_PIECES_MAX + 1, memcpy(b + 8, &n, 4);
+    memcpy(b, a, len), n = SJ_IMGSET_MAX + 1, memcpy(b + 8, &n, 4);
     refused(b, len, "nor an image set");
     refused(a, 16 + 2 * 16 - 1, "a malformed image set"); /* the table cut */
     refused(a, len - 16, "a malformed image set");        /* the PTX cut */
@@ -107,7 +107,7 @@ static void test_refusals(void **state) {
     memcpy(b, a, len), n = 2, memcpy(b + 16 + 16, &n, 4);
     refused(b, len, "a malformed image set"); /* an unknown kind */
     memcpy(b, a, len);
-    sj_img out[SJ_CUDA_PIECES_MAX];
+    sj_img out[SJ_IMGSET_MAX];
     char err[128];
     assert_int_equal(sj_imgset_parse(b, len, out, err, sizeof err), 2); /* untouched: fine */
     free(a);

@@ -536,8 +536,8 @@ static void run_epi(const tu_pattern *pt, bool symbolic, bool pack, int64_t d0, 
     sj_fplan *p = tu_pattern_plan(pt, tin, &pl, &g, sv);
     sj_cpu_pack_cache *cache = NULL;
     if (pack) {
-        cache = sj_cpu_pack_cache_create(UINT64_C(1) << 26);
-        assert_true(sj_exec_prepack(g, cache) > 0);
+        cache = sj_cpu_pack_cache_create();
+        assert_true(sj_exec_prepack(g, cache, UINT64_C(1) << 26) > 0);
     }
     assert_int_equal(n_epilogues(p), want);
     char what[128];

@@ -489,14 +489,14 @@ typedef struct learned_ev {
 } learned_ev;
 
 static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
-static learned_ev evs[16];
+static learned_ev evs[64];
 static int n_evs;
 
 static void on_event(void *user, const sj_event *ev) {
     (void)user;
     if (ev->kind != SJ_EVENT_BUCKETS_LEARNED) return;
     pthread_mutex_lock(&ev_lock);
-    if (n_evs < 16) {
+    if (n_evs < 64) {
         learned_ev *l = &evs[n_evs++];
         l->input = ev->input, l->axis = ev->axis, l->n_edges = ev->n_edges, l->retired = ev->count;
         for (int i = 0; i < ev->n_edges && i < 64; i++) l->edges[i] = ev->edges[i];
@@ -677,14 +677,107 @@ static void test_learn_every_config(void **state) {
     sj_runtime_destroy(rt_cfg);
 }
 
+/* The histogram forgets (issue 30, learn_half_life): a function learning
+ * while serving, with a half-life of 100 calls, is called 400 times over
+ * lengths in [4, 16], then up to 1200 times over lengths in [60, 120]
+ * (compile mode off: each learning runs on the call that makes it due, by
+ * new shapes or by calls). Within a bounded number of learnings after the
+ * shift, the edges in force are fitted to the new traffic alone: every
+ * edge >= 60, no bucket kept for the lengths no longer seen; and they stay
+ * so. The same histogram without decay (half_life 0) still spends an edge
+ * on the old lengths. Every result is compared with an eager run and
+ * float64. (Seen failing with the row's half_life set to 0: the edges
+ * keep the old traffic's bucket to the end.) */
+static void test_learn_forgets(void **state) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CPU;
+    cfg.cache_dir = NULL;
+    cfg.compile_mode = SJ_COMPILE_OFF;
+    cfg.event_fn = on_event;
+    cfg.total_recompile_limit = 100000;
+    sj_runtime *rt_off = NULL, *rt_main = rt;
+    assert_int_equal(sj_runtime_create(&cfg, &rt_off), SJ_OK);
+    rt = rt_off;
+    n_evs = 0;
+    sj_fn_options fo;
+    sj_fn_options_init(&fo);
+    fo.recompile_limit = 100000; /* every learning's retired entries and the new ones */
+    sj_fn *fn = NULL, *eager = make(rt_eager, "forget_eager");
+    assert_int_equal(sj_fn_create(rt_off, "forget", 2, m_soft, NULL, &fo, &fn), SJ_OK);
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 128), SJ_OK);
+    sj_learn_options o;
+    sj_learn_options_init(&o);
+    o.size_us = 1, o.compile_ms = 0.05, o.pad = 1, o.max_buckets = 4; /* no measured values: deterministic */
+    o.half_life = 100;
+    assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 4, &o), SJ_OK);
+
+    lcg g = {31};
+    char why[256];
+    for (int i = 0; i < 400; i++)
+        if (call_one(fn, eager, 4 + 2 * (int64_t)(lcg_next(&g) % 7), &g, why, sizeof why)) fail_msg("A: %s", why);
+    sj_stats s;
+    sj_fn_stats(fn, &s);
+    assert_true(s.buckets_learned >= 1);
+    assert_true(n_evs >= 1 && n_evs < 64);
+    assert_true(evs[n_evs - 1].edges[0] <= 16); /* fitted to A */
+    uint64_t at_shift = s.buckets_learned + s.learn_kept + s.learn_failures;
+    int64_t fitted_after = -1; /* learnings after the shift until the edges fit B */
+    for (int i = 0; i < 1200; i++) {
+        if (call_one(fn, eager, 60 + 4 * (int64_t)(lcg_next(&g) % 16), &g, why, sizeof why)) fail_msg("B: %s", why);
+        assert_true(n_evs < 64);
+        const learned_ev *last = &evs[n_evs - 1];
+        bool fits_b = last->edges[0] >= 60 && last->edges[last->n_edges - 1] == 120;
+        sj_fn_stats(fn, &s);
+        if (fits_b && fitted_after < 0) fitted_after = (int64_t)(s.buckets_learned + s.learn_kept + s.learn_failures - at_shift);
+        if (fitted_after >= 0 && !fits_b) fail_msg("B call %d: the edges went back to A's (edge %lld)", i, (long long)last->edges[0]);
+    }
+    if (fitted_after < 0) fail_msg("the edges never fitted B: the last learned %s", evs[n_evs - 1].line);
+    print_message("edges fitted to the new traffic after %lld learnings: %s\n", (long long)fitted_after,
+                  evs[n_evs - 1].line);
+    assert_true(fitted_after <= 10);
+    sj_fn_stats(fn, &s);
+    /* the window holds half_life / ln 2 = 144.3 calls once many more were
+     * served (1600 here), whenever it was brought up to date */
+    if (!(s.learn_window >= 140 && s.learn_window <= 145)) fail_msg("window %llu calls", (unsigned long long)s.learn_window);
+
+    /* report only: with decay, only B's lengths; without, A's still hold a bucket */
+    sj_bucket_report r;
+    assert_int_equal(sj_fn_learn_buckets(fn, 0, 0, &o, &r), SJ_OK);
+    assert_true(r.min_size >= 60);
+    assert_true(r.edges[0] >= 60);
+    assert_true(r.calls < r.calls_seen && r.calls_seen >= 1600);
+    sj_learn_options keep = o;
+    keep.half_life = 0;
+    sj_bucket_report rk;
+    assert_int_equal(sj_fn_learn_buckets(fn, 0, 0, &keep, &rk), SJ_OK);
+    assert_true(rk.min_size <= 16);
+    assert_true(rk.edges[0] <= 16);
+    assert_int_equal(rk.calls, rk.calls_seen);
+    uint64_t sizes[64];
+    int64_t szs[64];
+    assert_int_equal(sj_fn_size_histogram(fn, 0, 0, szs, sizes, 64), 7 + 16); /* undecayed */
+
+    char *text = explain_text(fn);
+    if (!strstr(text, "decay, half-life 100 calls") || !strstr(text, "calls in the window"))
+        fail_msg("explain lacks the window:\n%s", text);
+    free(text);
+    sj_fn_destroy(fn);
+    sj_fn_destroy(eager);
+    rt = rt_main;
+    sj_runtime_destroy(rt_off);
+}
+
 /* The learning job on a real compile worker while two threads call: the
- * edges change under them, every result equal to eager and float64. */
+ * edges change under them (the histogram decaying, learnings due by new
+ * shapes and by calls), every result equal to eager and float64. */
 static void test_learn_auto_threads(void **state) {
     sj_fn *fn = make(rt, "auto_threads"), *eager = make(rt_eager, "auto_threads_eager");
     assert_int_equal(sj_set_buckets_pow2(fn, 0, 0, 4, 128), SJ_OK);
     sj_learn_options o;
     sj_learn_options_init(&o);
     o.size_us = 1, o.compile_ms = 0.05, o.pad = 1, o.max_buckets = 4;
+    o.half_life = 64; /* the window decays, and learnings come due by calls, under both callers */
     assert_int_equal(sj_fn_learn_auto(fn, 0, 0, 6, &o), SJ_OK);
     worker w = {.fn = fn, .eager = eager};
     pthread_t th;
@@ -706,6 +799,7 @@ static void test_learn_auto_threads(void **state) {
     sj_fn_stats(fn, &s);
     assert_true(s.buckets_learned >= 1);
     assert_int_equal(s.learn_failures, 0);
+    assert_true(s.learn_window > 0);
     sj_fn_destroy(fn); /* with a learning possibly queued */
     sj_fn_destroy(eager);
 }
@@ -750,6 +844,7 @@ int main(void) {
         cmocka_unit_test(test_learn_bad_arguments),
         cmocka_unit_test(test_learn_while_serving),
         cmocka_unit_test(test_learn_every_config),
+        cmocka_unit_test(test_learn_forgets),
         cmocka_unit_test(test_learn_auto_threads),
         cmocka_unit_test(test_learn_auto_bad_arguments),
     };

@@ -512,19 +512,18 @@ typedef struct pk_item {
 
 struct sj_cpu_pack_cache {
     pthread_mutex_t lock; /* guards everything below; held while packing */
-    uint64_t max_bytes, bytes;
+    uint64_t bytes;
     pk_item *items;
     int n, cap;
 };
 
-sj_cpu_pack_cache *sj_cpu_pack_cache_create(uint64_t max_bytes) {
+sj_cpu_pack_cache *sj_cpu_pack_cache_create(void) {
     sj_cpu_pack_cache *c = sj_calloc(1, sizeof *c);
     if (!c) return NULL;
     if (pthread_mutex_init(&c->lock, NULL)) {
         free(c);
         return NULL;
     }
-    c->max_bytes = max_bytes;
     return c;
 }
 
@@ -536,25 +535,50 @@ void sj_cpu_pack_cache_destroy(sj_cpu_pack_cache *c) {
     free(c);
 }
 
-const sj_cpu_packed *sj_cpu_pack_cache_get(sj_cpu_pack_cache *c, const sj_tensor *b) {
+/* b as the cache's key; false when b cannot be packed (sj_cpu_pack). */
+static bool pack_key(const sj_tensor *b, pk_item *key) {
     int r = b->rank;
-    if (!c || r < 2 || b->device != SJ_HOST || !cpu_is_float(b->dtype)) return NULL;
+    if (r < 2 || b->device != SJ_HOST || !cpu_is_float(b->dtype)) return false;
     for (int i = 0; i < r - 2; i++)
-        if (b->shape[i] != 1) return NULL;
-    pk_item key = {.data = b->data, .dtype = b->dtype, .K = b->shape[r - 2], .N = b->shape[r - 1],
-                   .sk = b->stride[r - 2], .sn = b->stride[r - 1]};
-    const sj_cpu_packed *found = NULL;
-    pthread_mutex_lock(&c->lock);
-    for (int i = 0; i < c->n && !found; i++) {
+        if (b->shape[i] != 1) return false;
+    *key = (pk_item){.data = b->data, .dtype = b->dtype, .K = b->shape[r - 2], .N = b->shape[r - 1],
+                     .sk = b->stride[r - 2], .sn = b->stride[r - 1]};
+    return true;
+}
+
+uint64_t sj_cpu_pack_need(const sj_tensor *b) {
+    pk_item key;
+    if (!pack_key(b, &key)) return 0;
+    return (uint64_t)((key.N + NR - 1) / NR) * (uint64_t)(key.K > 0 ? key.K : 1) * NR * sizeof(float) + 64 +
+           sizeof(sj_cpu_packed);
+}
+
+/* The copy of key in c, or NULL (c's lock held). */
+static const sj_cpu_packed *cache_find(const sj_cpu_pack_cache *c, const pk_item *key) {
+    for (int i = 0; i < c->n; i++) {
         const pk_item *it = &c->items[i];
-        if (it->data == key.data && it->dtype == key.dtype && it->K == key.K && it->N == key.N &&
-            (it->K <= 1 || it->sk == key.sk) && (it->N <= 1 || it->sn == key.sn))
-            found = it->p;
+        if (it->data == key->data && it->dtype == key->dtype && it->K == key->K && it->N == key->N &&
+            (it->K <= 1 || it->sk == key->sk) && (it->N <= 1 || it->sn == key->sn))
+            return it->p;
     }
-    /* room for its bytes, within the bound */
-    uint64_t need = (uint64_t)((key.N + NR - 1) / NR) * (uint64_t)(key.K > 0 ? key.K : 1) * NR * sizeof(float) + 64 +
-                    sizeof(sj_cpu_packed);
-    if (!found && c->bytes + need <= c->max_bytes) {
+    return NULL;
+}
+
+const sj_cpu_packed *sj_cpu_pack_cache_find(sj_cpu_pack_cache *c, const sj_tensor *b) {
+    pk_item key;
+    if (!c || !pack_key(b, &key)) return NULL;
+    pthread_mutex_lock(&c->lock);
+    const sj_cpu_packed *found = cache_find(c, &key);
+    pthread_mutex_unlock(&c->lock);
+    return found;
+}
+
+const sj_cpu_packed *sj_cpu_pack_cache_get(sj_cpu_pack_cache *c, const sj_tensor *b) {
+    pk_item key;
+    if (!c || !pack_key(b, &key)) return NULL;
+    pthread_mutex_lock(&c->lock);
+    const sj_cpu_packed *found = cache_find(c, &key);
+    if (!found) {
         if (c->n == c->cap) {
             int cap = c->cap ? 2 * c->cap : 16;
             pk_item *items = sj_realloc(c->items, (size_t)cap * sizeof *items);

@@ -13,8 +13,11 @@
  * Memory: the packed copy is K x ceil(N/16)*16 floats beside the caller's
  * weights, which stay in use (for the products the packed path does not
  * take): as much again for f32 weights, twice their size for f16/bf16.
- * A function's cache holds at most sj_runtime_config.prepack_max_bytes;
- * weights past that are not packed (their products go through OpenBLAS).
+ * Which weights are packed is the runtime's choice (jit/exec.c's
+ * sj_exec_prepack: a float product's constant operand, while the
+ * function's cache stays within sj_runtime_config.prepack_max_bytes;
+ * weights past that are not packed and their products go through
+ * OpenBLAS); this file packs what it is given and keeps it.
  *
  * Thread safety: a packed copy is immutable once made, and may be read by
  * any number of products at once. The cache is filled under its own lock,
@@ -93,16 +96,24 @@ sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const s
 
 typedef struct sj_cpu_pack_cache sj_cpu_pack_cache;
 
-/* A cache of packed copies holding at most max_bytes. NULL: out of memory. */
-sj_cpu_pack_cache *sj_cpu_pack_cache_create(uint64_t max_bytes);
+/* An empty cache of packed copies (no bound of its own: its owner decides
+ * what to pack, from sj_cpu_pack_need and the bytes held). NULL: out of
+ * memory. */
+sj_cpu_pack_cache *sj_cpu_pack_cache_create(void);
 /* Frees every packed copy: no product may still be reading one. NULL is a
  * no-op. */
 void sj_cpu_pack_cache_destroy(sj_cpu_pack_cache *c);
 /* The packed copy of b, made on the first request for the same memory,
  * dtype, sizes and strides, and shared by every later one. NULL when b
- * cannot be packed (see sj_cpu_pack), past the cache's bound, or out of
- * memory (the product then runs unpacked). Thread-safe. */
+ * cannot be packed (see sj_cpu_pack) or out of memory (the product then
+ * runs unpacked). Thread-safe. */
 const sj_cpu_packed *sj_cpu_pack_cache_get(sj_cpu_pack_cache *c, const sj_tensor *b);
+/* The copy of b the cache holds already, or NULL; packs nothing. */
+const sj_cpu_packed *sj_cpu_pack_cache_find(sj_cpu_pack_cache *c, const sj_tensor *b);
+/* The bytes a packed copy of b counts against a bound (its floats with
+ * their padding, alignment and header: at least sj_cpu_packed_bytes of
+ * the copy made); 0 when b cannot be packed. */
+uint64_t sj_cpu_pack_need(const sj_tensor *b);
 /* Copies held and their bytes. */
 void sj_cpu_pack_cache_stats(sj_cpu_pack_cache *c, uint64_t *count, uint64_t *bytes);
 

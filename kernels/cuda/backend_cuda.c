@@ -31,6 +31,9 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "kernels/cuda/imgset.h"
+#include "specialize/codegen_cuda.h" /* the unit's layout: its split into programs */
+
+_Static_assert(SJ_CUDA_PIECES_MAX <= SJ_IMGSET_MAX, "an image set holds every program of a split unit");
 
 typedef struct cuda_backend {
     sj_backend base; /* first: the table the JIT sees */
@@ -104,7 +107,7 @@ static bool load(const cuda_backend *b, const void *image, size_t len, const sj_
                  sj_compile_result *out) {
     sj_cuda *c = b->cuda;
     char err[256];
-    sj_img im[SJ_CUDA_PIECES_MAX];
+    sj_img im[SJ_IMGSET_MAX];
     int n = sj_imgset_parse(image, len, im, out->log, sizeof out->log);
     if (!n) return false;
     sj_module *m = malloc(sizeof *m + (size_t)n * sizeof m->mods[0]);
@@ -441,14 +444,14 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     if (c->api.nvrtcGetNumSupportedArchs(&n_archs) != NVRTC_SUCCESS || n_archs < 0 || n_archs > 128 ||
         c->api.nvrtcGetSupportedArchs(archs) != NVRTC_SUCCESS)
         n_archs = 0;
-    b->ptx = !sj_codegen_cuda_target(c->cc_major, c->cc_minor, archs, n_archs, b->arch, sizeof b->arch);
+    b->ptx = !sj_nvrtc_target(c->cc_major, c->cc_minor, archs, n_archs, b->arch, sizeof b->arch);
     snprintf(b->nvrtc_id, sizeof b->nvrtc_id, "nvrtc %d.%d", c->nvrtc_major, c->nvrtc_minor);
     if (b->ptx)
         sj_log_write(b->log, SJ_LOG_WARN,
                      "cuda: NVRTC %d.%d cannot generate code for sm_%d%d: kernels are compiled to %s PTX, which the "
                      "driver compiles at load (a newer NVRTC avoids it: SHAPEJIT_CUDA_LIBS)",
                      c->nvrtc_major, c->nvrtc_minor, c->cc_major, c->cc_minor, b->arch);
-    sj_status st = sj_codegen_cuda_options(b->arch, cfg->nvrtc_flags, &b->opts);
+    sj_status st = sj_nvrtc_options(b->arch, cfg->nvrtc_flags, &b->opts);
     if (st) {
         cuda_destroy(&b->base);
         sj_err_prefix("sj_cuda_backend_create: ");

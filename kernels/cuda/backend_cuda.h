@@ -9,7 +9,7 @@
  * ("sm_90", or "compute_90" for PTX), the NVRTC version and the NVRTC
  * options; artifacts are stored with the extension "cubin" (a CUBIN, or a
  * set of images: several CUBINs when the unit was compiled as several
- * programs, or PTX). NVRTC options (sj_codegen_cuda_options):
+ * programs, or PTX). NVRTC options (sj_nvrtc_options, kernels/cuda/nvrtc.h):
  * --gpu-architecture=<arch>, --std=c++17, -default-device,
  * --extra-device-vectorization (no fast math: erf, exp and division keep
  * their IEEE behaviour, as the eager kernels do; no -lineinfo), then the
@@ -22,14 +22,14 @@
 #include "base/log.h"
 #include "kernels/device.h"
 #include "kernels/cuda/cuda_dev.h"
-#include "specialize/codegen_cuda.h"
+#include "kernels/cuda/nvrtc.h"
 
 typedef struct sj_cuda_backend_config {
     sj_cuda *cuda;          /* borrowed; outlives the backend */
     sj_cache *cache;        /* NULL: no persistent cache */
     sj_remote *remote;      /* the second level under cache (kernels/remote.h; borrowed); NULL: none */
     const char *dump_dir;   /* NULL: none; else every source as <tag>.cu */
-    const char *nvrtc_flags; /* extra NVRTC options (sj_codegen_cuda_options); NULL: none */
+    const char *nvrtc_flags; /* extra NVRTC options (sj_nvrtc_options); NULL: none */
     const sj_log_sink *log;   /* where log lines go (SJ_LOG_COMPILE, SJ_LOG_WARN); NULL: none */
     int test_delay_ms, test_fail; /* test hooks, as the CPU backend's */
     /* An NVRTC compile still running after this many ms (0: no bound), or

@@ -22,7 +22,7 @@ int sj_imgset_parse(const void *buf, size_t len, sj_img *im, char *err, size_t e
     }
     uint32_t n = 0;
     if (len >= 16 && !memcmp(b, MAGIC, 8)) memcpy(&n, b + 8, 4);
-    if (n < 1 || n > SJ_CUDA_PIECES_MAX) {
+    if (n < 1 || n > SJ_IMGSET_MAX) {
         snprintf(err, errn, "not a CUBIN (%zu bytes, no ELF header) nor an image set", len);
         return 0;
     }
