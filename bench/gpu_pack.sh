@@ -16,7 +16,7 @@ make -s BUILD="$B" NVCC_FLAGS="-O3 --std=c++17 -Xptxas -O3 -gencode arch=compute
 # and its Fortran runtime, cmocka), copied from this machine.
 BINS="$B/tests/test_cuda_dev $B/tests/test_cuda_eager $B/tests/test_cuda_jit $B/tests/test_codegen_cuda
   $B/tests/test_jit $B/tests/test_fusion $B/tests/test_cpu_kernels $B/tests/test_bert $B/tests/test_weights
-  $B/tests/test_embed_server $B/tests/test_cuda_multi $B/tests/test_remote $B/tests/test_validate $B/tests/test_backoff $B/tests/test_warmup $B/tests/test_varlen $B/tests/test_gemm_cuda $B/tests/test_gemm_jit $B/tests/test_events $B/tests/test_budget
+  $B/tests/test_embed_server $B/tests/test_cuda_multi $B/tests/test_remote $B/tests/test_validate $B/tests/test_backoff $B/tests/test_warmup $B/tests/test_varlen $B/tests/test_gemm_cuda $B/tests/test_gemm_jit $B/tests/test_events $B/tests/test_budget $B/tests/test_cuda_imgset $B/tests/test_learn
   $B/bench/bench_cuda $B/bench/bench_cpu $B/bench/bench_bert $B/bench/bench_gpus $B/bench/bench_validate $B/bench/bench_nvrtc $B/bench/bench_gemm_cuda
   $B/samples/varlen_encoder $B/samples/embed_server $B/samples/embed_client"
 # Every shared library the binaries need beyond the C library and the CUDA

@@ -758,7 +758,7 @@ static void test_learn_forgets(void **state) {
     int64_t szs[64];
     assert_int_equal(sj_fn_size_histogram(fn, 0, 0, szs, sizes, 64), 7 + 16); /* undecayed */
 
-    char *text = explain_text(fn);
+    char *text = tu_explain(fn);
     if (!strstr(text, "decay, half-life 100 calls") || !strstr(text, "calls in the window"))
         fail_msg("explain lacks the window:\n%s", text);
     free(text);
