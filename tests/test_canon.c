@@ -11,6 +11,8 @@
  *   dead node first, and nested as users write it; traced static and
  *   symbolic: the same graph listing, parameters and constants in the
  *   same order, the same source.
+ * - Slices made in either order: their sizes (atoms of the expression
+ *   pool, numbered as made) print the same in generated source.
  * - Random programs of elementwise ops, scalars, parameters, softmax and
  *   mean (exact duplicates and dead nodes included), each traced in two
  *   random topological orders: the same listing and source.
@@ -262,6 +264,32 @@ static void test_model_variants(void **state) {
         }
         for (int v = 0; v < N_VARIANTS; v++) traced_free(&tr[v]);
     }
+}
+
+/* Sizes a trace derives (a slice's min, a reshape's floordiv) are atoms of
+ * the expression pool, numbered as made; printed in kernels, they must not
+ * follow that order either (shapes/expr.c prints by structure). */
+static sj_status m_slices(sj_tracer *t, const sj_val *in, int n, void *u) {
+    bool b_first = u != NULL;
+    sj_val a = SJ_NONE, b = SJ_NONE;
+    if (b_first) b = sj_slice(t, in[0], 0, 1, 9, 1);
+    a = sj_slice(t, in[0], 0, 0, 5, 1);
+    if (!b_first) b = sj_slice(t, in[0], 0, 1, 9, 1);
+    sj_val xs[2] = {a, b};
+    sj_val cat = sj_concat(t, xs, 2, 0);
+    return sj_output(t, sj_mul(t, sj_tanh(t, cat), sj_sigmoid(t, cat)));
+}
+
+static void test_derived_sizes(void **state) {
+    sj_tensor in[2];
+    model_inputs(in, 20);
+    traced a, b;
+    trace_one(m_slices, NULL, in, 1, true, &a);
+    trace_one(m_slices, (void *)1, in, 1, true, &b);
+    assert_non_null(strstr(a.listing, "min(s0, 5)"));
+    assert_same(&a, &b, "slices made in either order");
+    traced_free(&a);
+    traced_free(&b);
 }
 
 /* -- Random programs ------------------------------------------------------------------- */
@@ -696,6 +724,7 @@ int main(void) {
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0xca70);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_model_variants, tu_teardown),
+        cmocka_unit_test_teardown(test_derived_sizes, tu_teardown),
         cmocka_unit_test_teardown(test_random_orders, tu_teardown),
         cmocka_unit_test_teardown(test_public_api, tu_teardown),
         cmocka_unit_test_teardown(test_public_api_random, tu_teardown),
