@@ -40,6 +40,7 @@
 #include "base/error.h"
 #include "jit/ir/graph.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,7 +87,7 @@ static uint64_t value_hash(const sj_graph *g, const uint64_t *vh, int32_t v) {
         h = mix(mix(mix(mix(h, (uint64_t)a->axis), (uint64_t)a->keepdim), (uint64_t)a->causal), (uint64_t)a->dtype);
         h = mix_bytes(h, &a->f, sizeof a->f);
         h = mix_bytes(h, a->perm, sizeof a->perm);
-        h = mix(mix(h, a->start >= 0 ? expr_hash(g->ex, a->start) : 0), (uint64_t)a->step);
+        if (n->op == SJ_OP_SLICE) h = mix(mix(h, expr_hash(g->ex, a->start)), (uint64_t)a->step);
         for (int k = 0; k < n->n_in; k++) {
             int32_t u = sj_node_ins(g, n)[k];
             h = mix(h, u >= 0 ? vh[u] : 0x7full);
@@ -189,6 +190,7 @@ static void number_leaf(const sj_graph *g, int32_t v, int32_t *pnum, int32_t *cn
 }
 
 sj_status sj_graph_canonicalize(sj_graph *g) {
+    assert(!g->packed && !g->dev_params && !g->dev_consts); /* a trace's graph, before its entry */
     int nn = g->n_nodes, nv = g->n_vals;
     walk w = {.g = g};
     w.order = sj_malloc(sizeof *w.order * ((size_t)nn + 1));
