@@ -789,7 +789,12 @@ sj_status sj_trace(const sj_trace_req *req, sj_trace_result *res) {
         snprintf(t.msg, sizeof t.msg, "the model function declared no outputs (call sj_output)");
     }
     if (!st) {
+        /* checked as traced, then in canonical order (any evaluation order
+         * of nested op calls gives the same graph, hence the same kernels
+         * and cache keys), then checked again */
         st = sj_graph_check(t.g);
+        if (!st) st = sj_graph_canonicalize(t.g);
+        if (!st) st = sj_graph_check(t.g);
         if (st) snprintf(t.msg, sizeof t.msg, "%s", sj_last_error());
         else sj_graph_mark_bias_adds(t.g);
     }

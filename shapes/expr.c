@@ -995,17 +995,116 @@ static void put_mag(out *o, int64_t c) {
 
 static void print_node(const sj_exprs *p, sj_expr e, out *o, bool paren);
 
+/* The print order of atoms and terms: by structure, never by id. Ids follow
+ * the order expressions were made in, and a trace makes derived atoms
+ * (floordiv, mod, min, max) in the order its model function made its ops,
+ * which C leaves unspecified for nested calls; generated kernels print
+ * sizes, so their source (and cache key) must not depend on it. Symbols
+ * (made in input order, before a model runs) come first, by number; other
+ * atoms by kind, then by a hash of their structure (operands of min and
+ * max as an unordered pair); equal hashes of different atoms, never seen,
+ * fall back to ids. Within that, terms print as the pool sorts them:
+ * degree descending, then factors, shorter first. */
+static uint64_t shash(const sj_exprs *p, sj_expr e, int depth) {
+    const node *nd = &p->nodes[e];
+    if (depth > 24) return mix(0x5eedu, (uint64_t)e); /* bounded work on deep sharing */
+    uint64_t h = mix(0x13198a2e03707344u, (uint64_t)nd->op);
+    switch (nd->op) {
+    case OP_CONST:
+        return mix(h, (uint64_t)nd->c);
+    case OP_SYM:
+        return mix(h, (uint64_t)nd->a);
+    case OP_POLY: { /* the sum of the terms' hashes: their order does not count */
+        uint64_t sum = mix(h, (uint64_t)nd->c);
+        for (int32_t i = 0; i < nd->b; i++) {
+            const term *t = &p->terms[nd->a + i];
+            uint64_t th = 0;
+            for (int32_t j = 0; j < t->nfac; j++) {
+                const factor *f = &p->facs[t->fac + j];
+                th += mix(shash(p, f->atom, depth + 1), (uint64_t)f->exp);
+            }
+            sum += mix(th, (uint64_t)t->coef);
+        }
+        return sum;
+    }
+    case OP_MIN:
+    case OP_MAX:
+        return mix(h, shash(p, nd->a, depth + 1) + shash(p, nd->b, depth + 1));
+    default:
+        return mix(mix(h, shash(p, nd->a, depth + 1)), shash(p, nd->b, depth + 1));
+    }
+}
+
+static int atom_cmp(const sj_exprs *p, int32_t a, int32_t b) {
+    if (a == b) return 0;
+    const node *x = &p->nodes[a], *y = &p->nodes[b];
+    if (x->op != y->op) return x->op < y->op ? -1 : 1; /* OP_SYM first */
+    if (x->op == OP_SYM) return x->a < y->a ? -1 : 1;
+    uint64_t hx = shash(p, a, 0), hy = shash(p, b, 0);
+    if (hx != hy) return hx < hy ? -1 : 1;
+    return a < b ? -1 : 1;
+}
+
+#define PRINT_TERMS 64 /* larger sums print in the pool's order */
+#define PRINT_FACS 8
+
+typedef struct pterm {
+    int64_t coef, deg;
+    int32_t nfac;
+    factor f[PRINT_FACS];
+} pterm;
+
+static int pterm_cmp(const sj_exprs *p, const pterm *x, const pterm *y) {
+    if (x->deg != y->deg) return x->deg > y->deg ? -1 : 1;
+    for (int32_t i = 0; i < x->nfac && i < y->nfac; i++) {
+        int c = atom_cmp(p, x->f[i].atom, y->f[i].atom);
+        if (c) return c;
+        if (x->f[i].exp != y->f[i].exp) return x->f[i].exp > y->f[i].exp ? -1 : 1;
+    }
+    return (x->nfac > y->nfac) - (x->nfac < y->nfac);
+}
+
+/* nd's terms in print order into t (false: too many to sort here). */
+static bool print_order(const sj_exprs *p, const node *nd, pterm *t) {
+    if (nd->b > PRINT_TERMS) return false;
+    for (int32_t i = 0; i < nd->b; i++) {
+        const term *src = &p->terms[nd->a + i];
+        if (src->nfac > PRINT_FACS) return false;
+        t[i].coef = src->coef;
+        t[i].nfac = src->nfac;
+        t[i].deg = 0;
+        for (int32_t j = 0; j < src->nfac; j++) { /* insertion sort: a handful of factors */
+            factor f = p->facs[src->fac + j];
+            int32_t k = j;
+            for (; k > 0 && atom_cmp(p, t[i].f[k - 1].atom, f.atom) > 0; k--) t[i].f[k] = t[i].f[k - 1];
+            t[i].f[k] = f;
+            t[i].deg += f.exp;
+        }
+    }
+    for (int32_t i = 1; i < nd->b; i++) { /* insertion sort: at most PRINT_TERMS */
+        pterm x = t[i];
+        int32_t k = i;
+        for (; k > 0 && pterm_cmp(p, &t[k - 1], &x) > 0; k--) t[k] = t[k - 1];
+        t[k] = x;
+    }
+    return true;
+}
+
 static void print_poly(const sj_exprs *p, const node *nd, out *o) {
     bool c = o->prefix != NULL;
+    pterm sorted[PRINT_TERMS];
+    bool ord = print_order(p, nd, sorted);
     for (int32_t i = 0; i < nd->b; i++) {
         const term *t = &p->terms[nd->a + i];
-        const factor *f = &p->facs[t->fac];
-        bool neg = t->coef < 0 && !(c && t->coef == INT64_MIN), first = true;
+        int64_t coef = ord ? sorted[i].coef : t->coef;
+        int32_t nfac = ord ? sorted[i].nfac : t->nfac;
+        const factor *f = ord ? sorted[i].f : &p->facs[t->fac];
+        bool neg = coef < 0 && !(c && coef == INT64_MIN), first = true;
         put(o, i == 0 ? (neg ? "-" : "") : (neg ? " - " : " + "));
-        if (mag(t->coef) != 1) put_mag(o, t->coef), first = false;
+        if (mag(coef) != 1) put_mag(o, coef), first = false;
         /* a lone "x//k" or "x % k" needs no parentheses in a sum */
-        bool lone = mag(t->coef) == 1 && t->nfac == 1 && f[0].exp == 1 && !(i == 0 && neg);
-        for (int32_t j = 0; j < t->nfac; j++) {
+        bool lone = mag(coef) == 1 && nfac == 1 && f[0].exp == 1 && !(i == 0 && neg);
+        for (int32_t j = 0; j < nfac; j++) {
             for (int32_t k = 0; k < (c ? f[j].exp : 1); k++, first = false) {
                 put(o, first ? "" : "*");
                 print_node(p, f[j].atom, o, !lone);
@@ -1040,10 +1139,13 @@ static void print_node(const sj_exprs *p, sj_expr e, out *o, bool paren) {
     } else if (nd->op == OP_POLY) {
         print_poly(p, nd, o);
     } else if (fn[c][nd->op]) { /* a call */
+        /* min and max: operands in print order, a constant last as stored */
+        bool swap = (nd->op == OP_MIN || nd->op == OP_MAX) && p->nodes[nd->a].op != OP_CONST &&
+                    p->nodes[nd->b].op != OP_CONST && atom_cmp(p, nd->a, nd->b) > 0;
         put(o, fn[c][nd->op]);
-        print_node(p, nd->a, o, false);
+        print_node(p, swap ? nd->b : nd->a, o, false);
         put(o, ", ");
-        print_node(p, nd->b, o, false);
+        print_node(p, swap ? nd->a : nd->b, o, false);
         put(o, ")");
     } else { /* human floordiv and mod */
         print_node(p, nd->a, o, true);

@@ -91,7 +91,10 @@ void sj_ex_eval_all(const sj_exprs *p, const int64_t *sym_vals, int64_t *out);
 /* -- Printing ------------------------------------------------------------ */
 
 /* Human-readable, e.g. "2*s0 + 1", "s0//4", "min(s0, 8)". snprintf contract:
- * returns the length the full text needs; writes at most n bytes. */
+ * returns the length the full text needs; writes at most n bytes. Both
+ * printers order terms and the operands of min and max by structure, not
+ * by id: one expression made in another order (as a trace makes sizes in
+ * the order its model function made ops) prints the same text. */
 int sj_ex_print(const sj_exprs *p, sj_expr e, char *buf, size_t n);
 /* A C expression of type int64_t over variables named `<prefix><i>` for
  * symbol i, using the macros SJ_FLOORDIV(a,b), SJ_MOD(a,b), SJ_MIN(a,b),

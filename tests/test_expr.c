@@ -516,7 +516,7 @@ C_CASE(c_poly2, (-INT64_C(2)*d1*d1 + SJ_MAX(d0, d1)))
 C_CASE(c_neg, (-INT64_C(5)))
 C_CASE(c_symdiv, SJ_FLOORDIV(d0, d1))
 C_CASE(c_negsym, (-d0))
-C_CASE(c_nested, (INT64_C(3)*SJ_MOD(d0, INT64_C(7)) - SJ_FLOORDIV(d0, (d1 + INT64_C(2)))
+C_CASE(c_nested, (-SJ_FLOORDIV(d0, (d1 + INT64_C(2))) + INT64_C(3)*SJ_MOD(d0, INT64_C(7))
                       - INT64_C(1)))
 C_CASE(c_cube, (d0*d0*d0*d1 + d0))
 
@@ -525,7 +525,8 @@ static void test_print_c(void **state) {
     sj_sym_new(p, 8, -50, 50);
     sj_sym_new(p, 4, -9, 9);
     sj_expr s0 = sj_ex_sym(p, 0), s1 = sj_ex_sym(p, 1);
-    /* built in sequence: atoms are ordered by id, so creation order shows */
+    /* atoms print by structure, not by creation order: e_nested's floordiv
+     * (made after its mod) comes first */
     sj_expr e_lin = sj_ex_add(p, sj_ex_mul(p, C(p, 2), s0), C(p, 1));
     sj_expr e_prod = sj_ex_sub(p, sj_ex_mul(p, s0, s1), C(p, 3));
     sj_expr e_div = sj_ex_floordiv(p, s0, C(p, 4));
@@ -568,6 +569,63 @@ static void test_print_c(void **state) {
     sj_ex_print_c(p, sj_ex_add(p, s0, C(p, INT64_MIN)), "d", buf, sizeof buf);
     assert_string_equal(buf, "(d0 + INT64_MIN)");
     sj_exprs_destroy(p);
+}
+
+/* The printed text does not depend on the order expressions were made in
+ * (ids do): one set of sizes built forwards in one pool and backwards in
+ * another prints the same, both forms. Generated kernels print sizes, and
+ * a trace makes derived sizes in the order its model function made ops. */
+static void build_sizes(sj_exprs *p, bool backwards, sj_expr *out) {
+    sj_sym_new(p, 20, 2, SJ_EX_INF);
+    sj_sym_new(p, 7, 1, 64);
+    sj_expr s0 = sj_ex_sym(p, 0), s1 = sj_ex_sym(p, 1), atoms[6];
+    for (int k = 0; k < 6; k++) {
+        int i = backwards ? 5 - k : k;
+        switch (i) {
+        case 0: atoms[i] = sj_ex_min(p, s0, C(p, 5)); break;
+        case 1: atoms[i] = sj_ex_min(p, s0, C(p, 9)); break;
+        case 2: atoms[i] = sj_ex_floordiv(p, s0, C(p, 3)); break;
+        case 3: atoms[i] = sj_ex_floordiv(p, sj_ex_add(p, s0, s1), C(p, 2)); break;
+        case 4: atoms[i] = sj_ex_mod(p, s0, C(p, 4)); break;
+        default: atoms[i] = sj_ex_max(p, sj_ex_floordiv(p, s1, C(p, 2)), sj_ex_mod(p, s1, C(p, 3))); break;
+        }
+    }
+    /* sums, products and min/max of each pair of atoms, the pairs made in
+     * either order */
+    int pa[15], pb[15], n = 0;
+    for (int a = 0; a < 6; a++)
+        for (int b = a + 1; b < 6; b++) pa[n] = a, pb[n++] = b;
+    for (int k = 0; k < n; k++) {
+        int i = backwards ? n - 1 - k : k;
+        sj_expr x = atoms[pa[i]], y = atoms[pb[i]];
+        out[4 * i] = sj_ex_sub(p, sj_ex_add(p, x, sj_ex_mul(p, C(p, 2), y)), C(p, 1));
+        out[4 * i + 1] = sj_ex_add(p, sj_ex_mul(p, x, y), s1);
+        out[4 * i + 2] = sj_ex_min(p, x, y);
+        out[4 * i + 3] = sj_ex_max(p, sj_ex_add(p, x, s0), y);
+    }
+}
+
+static void test_print_order(void **state) {
+    sj_exprs *p = sj_exprs_create(), *q = sj_exprs_create();
+    sj_expr a[60], b[60];
+    build_sizes(p, false, a);
+    build_sizes(q, true, b);
+    char ta[512], tb[512];
+    int64_t v[2] = {23, 5};
+    for (int i = 0; i < 60; i++) {
+        sj_ex_print(p, a[i], ta, sizeof ta);
+        sj_ex_print(q, b[i], tb, sizeof tb);
+        assert_string_equal(ta, tb);
+        sj_ex_print_c(p, a[i], "s", ta, sizeof ta);
+        sj_ex_print_c(q, b[i], "s", tb, sizeof tb);
+        assert_string_equal(ta, tb);
+        assert_int_equal(sj_ex_eval(p, a[i], v), sj_ex_eval(q, b[i], v));
+    }
+    /* in a sum, symbols before other atoms; min and max keep a constant last */
+    sj_ex_print(p, a[3], ta, sizeof ta);
+    assert_string_equal(ta, "max(s0 + min(s0, 5), min(s0, 9))");
+    sj_exprs_destroy(p);
+    sj_exprs_destroy(q);
 }
 
 /* -- Random expression trees against a reference ------------------------- */
@@ -913,6 +971,7 @@ int main(void) {
         cmocka_unit_test(test_minmax),         cmocka_unit_test(test_none_propagation),
         cmocka_unit_test(test_ranges),         cmocka_unit_test(test_hints),
         cmocka_unit_test(test_print),          cmocka_unit_test(test_print_c),
+        cmocka_unit_test(test_print_order),
         cmocka_unit_test(test_random_trees),   cmocka_unit_test(test_eval_edges),
         cmocka_unit_test(test_big_pool),       cmocka_unit_test(test_deep_dag),
         cmocka_unit_test(test_alloc_failure),

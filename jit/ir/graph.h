@@ -2,9 +2,10 @@
  *
  * A value is a tensor with a dtype and a symbolic shape (expression ids in
  * the graph's pool). It is an input of the function, a parameter captured by
- * reference, a scalar constant, or the result of a node. Nodes appear in the
- * order they were traced, which is a topological order: a node's operands are
- * always values defined before it.
+ * reference, a scalar constant, or the result of a node. Nodes are in a
+ * topological order (a node's operands are always values defined before
+ * it): the order they were traced in while tracing, then the canonical
+ * order (sj_graph_canonicalize) once the trace is finished.
  *
  * A graph is built by one thread (the tracer) and immutable afterwards, so
  * any number of threads may execute it concurrently.
@@ -120,6 +121,19 @@ int sj_graph_add_output(sj_graph *g, int32_t val);
 static inline const int32_t *sj_node_ins(const sj_graph *g, const sj_node *n) {
     return g->args + n->in_off;
 }
+
+/* Put a traced graph in its canonical order (jit/ir/canon.c): nodes in
+ * the post-order of a walk from the outputs (in the user's order) over
+ * each node's operands (in argument order), dead nodes after it from their
+ * roots in structural-hash order; parameters and constants numbered by
+ * first use (unused ones dropped); values laid out as inputs, parameters,
+ * constants, node results. The result depends on the graph's structure
+ * only, not on the order the model function made its ops, so generated
+ * kernels and their cache keys are the same for any evaluation order of
+ * nested op calls. Outputs keep their order and inputs their positions.
+ * Tracing calls it before marking bias adds (it clears sj_node.fold).
+ * Returns SJ_OK, or SJ_ENOMEM with the graph unchanged. */
+sj_status sj_graph_canonicalize(sj_graph *g);
 
 /* Store double v into 8 bytes of constant storage in dtype dt. */
 void sj_const_store(int64_t *slot, double v, sj_dtype dt);
