@@ -14,7 +14,6 @@
 #include "jit/compile.h"
 #include "base/error.h"
 #include "base/tunables.h"
-#include "jit/graphs.h"
 #include "kernels/cpu/eager.h"
 #include "kernels/device.h"
 #include "base/tensor.h"
@@ -166,7 +165,7 @@ static sj_status start_compiler(sj_runtime *rt) {
 
 /* The caches, the device (CUDA when the backend is CUDA or AUTO finds one;
  * on AUTO a missing driver or device is not an error: the runtime runs on
- * the CPU), the graph thread, the compile workers. */
+ * the CPU), the compile workers (which also capture graphs). */
 static sj_status start_services(sj_runtime *rt) {
     const sj_runtime_config *c = &rt->cfg;
     open_disk_cache(rt);
@@ -186,7 +185,6 @@ static sj_status start_services(sj_runtime *rt) {
         sj_dev_config dc = dev_config(rt);
         st = sj_device_create(SJ_BACKEND_CPU, &dc, &rt->backend);
     }
-    if (!st && rt->backend->graph_capture && c->cuda_graphs > 0) st = sj_grapher_create(rt);
     if (!st) st = start_compiler(rt);
     if (!st && c->cuda_gemm && rt->backend->device == SJ_CUDA)
         sj_logf(rt, SJ_LOG_WARN, "cuda_gemm %d: the generated products in fused plans are experimental: their device "
@@ -325,7 +323,6 @@ void sj_fn_destroy(sj_fn *fn);
 void sj_runtime_destroy(sj_runtime *rt) {
     if (!rt) return;
     while (rt->fns) sj_fn_destroy(rt->fns); /* unlinks itself, after its compiles */
-    sj_grapher_destroy(rt);
     sj_compiler_destroy(rt->compiler);
     if (rt->backend) {
         /* compiles abandoned by the destroys above finish first (bounded):

@@ -230,9 +230,15 @@ struct sj_backend {
      * Capture what run(arg, cc) queues on cc, a call context made for the
      * capture, into a graph for stream (a call's graph_stream), then
      * instantiate it. The graph owns the call's intermediates; g and plan
-     * tell what the call needs (workspace for products). *graph on SJ_OK. */
+     * tell what the call needs (workspace for products). *graph on SJ_OK,
+     * and in *bytes the device memory the graph holds until it is freed
+     * (CUDA: the allocator's block for its workspace, error flag and
+     * intermediates), which the engine counts against graph_max_bytes.
+     * run and arg stay valid as long as the graph: a device may run them
+     * again to replay it (a test device does). */
     sj_status (*graph_capture)(sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, int n_syms,
-                               const void *stream, sj_status (*run)(void *arg, void *cc), void *arg, void **graph);
+                               const void *stream, sj_status (*run)(void *arg, void *cc), void *arg, void **graph,
+                               size_t *bytes);
     /* Launch graph on call c's stream (and for a synchronous call wait and
      * report its error flag, as finish does). */
     sj_status (*graph_launch)(void *c, void *graph);
