@@ -506,10 +506,10 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
                 (unsigned long long)s.packed_weights, (double)s.packed_bytes / (1 << 20),
                 (double)fn->rt->cfg.prepack_max_bytes / (1 << 20), sj_cpu_isa_name(sj_cpu_packed_isa()));
     if (fn->rt->backend->graph_capture) {
-        fprintf(out, "  CUDA graphs: %llu captured, %llu calls served by one (limit %d per runtime); %llu failed "
-                     "captures (%llu shapes blacklisted)\n",
-                (unsigned long long)s.graphs, (unsigned long long)s.graph_calls, fn->rt->cfg.cuda_graphs,
-                (unsigned long long)s.graph_failures, (unsigned long long)s.graphs_blacklisted);
+        fprintf(out, "  CUDA graphs: %llu captured, %llu failed captures, %llu calls served by one (limit %d per "
+                     "runtime); %llu shapes blacklisted after failed captures\n",
+                (unsigned long long)s.graphs, (unsigned long long)s.graph_failures,
+                (unsigned long long)s.graph_calls, fn->rt->cfg.cuda_graphs, (unsigned long long)s.graphs_blacklisted);
         fprintf(out, "  graph memory: %llu bytes held of %llu (graph_max_bytes, 0: no limit); %llu graphs evicted, "
                      "%llu not kept (no room)\n",
                 (unsigned long long)s.graph_bytes, (unsigned long long)fn->rt->cfg.graph_max_bytes,

@@ -295,7 +295,8 @@ static void failed_capture_backs_off_then_blacklisted(void **state) {
     assert_int_equal(s.graphs_blacklisted, 1);
     assert_int_equal(atomic_load(&ev_retry_ms), -1);
     char *text = tu_explain(fn);
-    assert_non_null(strstr(text, "3 failed captures (1 shapes blacklisted)"));
+    assert_non_null(strstr(text, "3 failed captures, 0 calls served by one"));
+    assert_non_null(strstr(text, "1 shapes blacklisted after failed captures"));
     free(text);
     /* blacklisted: never asked again, whatever the time */
     advance_ms(3600 * 1000);
