@@ -3,7 +3,8 @@
  * Lock order: fn->trace_lock, then the table's memo lock, then
  * rt->lock. fn->warm_lock (jit/warmup.c) is a leaf: nothing is called and
  * no other lock taken while it is held. fn->retire_lock (jit/budget.c) is
- * taken with no other lock held, and no other lock is taken under it. No lock is held while a graph
+ * taken with no other lock held, and no other lock is taken under it; fn->graph_lock
+ * (jit/graphs.c) is a leaf held for no wait. No lock is held while a graph
  * executes; trace_lock is held
  * while the model function runs (one trace at a time per function), so
  * other threads keep serving existing entries meanwhile.
