@@ -451,7 +451,8 @@ static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
         if (sj_memo_entry(m) != e || !e->head.n_syms) continue;
         uint64_t calls = sj_memo_calls(m);
         bool hot = atomic_load_explicit(&m->hot, RELAXED);
-        if (!hot && shown >= 4 && !atomic_load_explicit(&m->demotions, RELAXED)) continue;
+        int gfails = atomic_load_explicit(&m->graph_fails, RELAXED);
+        if (!hot && shown >= 4 && !atomic_load_explicit(&m->demotions, RELAXED) && !gfails) continue;
         if (!shown++) fprintf(out, "    shapes:");
         fprintf(out, " (");
         for (int s = 0; s < e->head.n_syms; s++)
@@ -463,6 +464,16 @@ static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
         if (demotions)
             fprintf(out, " [demoted %d time%s by the memory budget%s]", demotions, demotions > 1 ? "s" : "",
                     ready || hot ? "" : ": symbolic");
+        int graphs = 0;
+        for (int k = 0; k < SJ_MEMO_GRAPHS; k++) graphs += atomic_load_explicit(&m->graphs[k], RELAXED) != NULL;
+        if (graphs) fprintf(out, " [%d CUDA graph%s]", graphs, graphs > 1 ? "s" : "");
+        if (gfails && atomic_load_explicit(&m->graph_off, RELAXED)) {
+            fprintf(out, " [graph captures blacklisted after %d failures]", gfails);
+        } else if (gfails && !graphs) { /* (a graph captured since: the failures are history) */
+            int64_t wait = (atomic_load_explicit(&m->graph_retry_ns, RELAXED) - sj_runtime_now_ns(fn->rt)) / 1000000;
+            fprintf(out, " [graph capture failed %d time%s, retry in %lld ms]", gfails, gfails > 1 ? "s" : "",
+                    (long long)(wait > 0 ? wait : 0));
+        }
         fprintf(out, ";");
     }
     if (shown) fprintf(out, "\n");

@@ -297,6 +297,8 @@ static void failed_capture_backs_off_then_blacklisted(void **state) {
     char *text = tu_explain(fn);
     assert_non_null(strstr(text, "3 failed captures, 0 calls served by one"));
     assert_non_null(strstr(text, "1 shapes blacklisted after failed captures"));
+    assert_non_null(strstr(text, "(s0=8) ")); /* the shape's own line */
+    assert_non_null(strstr(text, "[graph captures blacklisted after 3 failures]"));
     free(text);
     /* blacklisted: never asked again, whatever the time */
     advance_ms(3600 * 1000);
@@ -320,10 +322,16 @@ static void capture_retried_after_its_penalty(void **state) {
     calls_to_capture(fn, 0);
     assert_int_equal(sj_runtime_run_background(rt, 8), 1);
     assert_int_equal(stats(fn).graph_failures, 1);
+    char *text = tu_explain(fn);
+    if (!strstr(text, "[graph capture failed 1 time, retry in ")) fail_msg("explain:\n%s", text);
+    free(text);
     advance_ms(1300);
     calls_to_capture(fn, 0);
     assert_int_equal(sj_runtime_run_background(rt, 8), 1);
     assert_true(call_checked(fn, 0));
+    text = tu_explain(fn);
+    if (!strstr(text, "[1 CUDA graph]")) fail_msg("explain:\n%s", text);
+    free(text);
     sj_stats s = stats(fn);
     assert_int_equal(s.graphs, 1);
     assert_int_equal(s.graph_failures, 1);
