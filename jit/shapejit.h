@@ -1346,8 +1346,9 @@ SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
 SJ_API void sj_fn_explain(const sj_fn *fn, FILE *out);
 
 /* Wait until a background warm-up of fn (sj_fn_warmup) is over, then until
- * fn has no compiles queued or running (the limit applies to both), then
- * for its CUDA graph captures. timeout_ms < 0: no limit.
+ * fn has no compiles queued or running, then for its CUDA graph captures
+ * (the limit applies to all three; with compile_threads 0 this thread runs
+ * the queued jobs). timeout_ms < 0: no limit.
  * Errors: SJ_EINVAL (fn NULL), SJ_ETIMEOUT. Thread-safe. */
 SJ_API sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms);
 

@@ -432,6 +432,35 @@ static void sync_mode_captures_on_the_calling_thread(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* A warm-up with the caller's buffers captures their graph as a queued
+ * job and waits for it (compile workers, or none: the warm-up thread runs
+ * the queue), so the first call is one graph launch. */
+static void warmup_captures_and_waits(void **state) {
+    (void)state;
+    for (int workers = 0; workers <= 1; workers++) {
+        reset_counts();
+        sj_runtime *rt = runtime(SJ_COMPILE_ASYNC, workers, 0);
+        sj_fn *fn = function(rt);
+        for (int i = 0; i < sizes[2]; i++) xs[2][i] = 0.5f;
+        sj_tensor in = sj_tensor_make(xs[2], SJ_F32, 1, (int64_t[]){sizes[2]});
+        sj_tensor out = sj_tensor_make(ys[2], SJ_F32, 1, (int64_t[]){sizes[2]});
+        sj_warmup_spec spec = {0};
+        spec.n_shapes = 1;
+        spec.shapes = &in;
+        spec.outputs = &out;
+        spec.n_outputs = 1;
+        assert_int_equal(sj_fn_warmup(fn, &spec, 0), SJ_OK);
+        sj_warmup_shape_info info;
+        assert_int_equal(sj_fn_warmup_shape(fn, 0, &info), SJ_OK);
+        assert_int_equal(info.graph, 1);
+        assert_int_equal(atomic_load(&captures), 1);
+        assert_int_equal(pending_captures(rt, fn), 0);
+        assert_int_equal(stats(fn).graph_calls, 0); /* a warm-up run is not a call */
+        assert_true(call_checked(fn, 2));           /* the first call: the graph */
+        sj_runtime_destroy(rt);
+    }
+}
+
 /* Threads calling while a compile worker captures and evicts: every result
  * right, and the worker's grace periods end. */
 typedef struct caller_arg {
@@ -497,6 +526,7 @@ int main(void) {
         cmocka_unit_test(budget_evicts_least_recently_replayed),
         cmocka_unit_test(graph_over_the_budget_not_kept),
         cmocka_unit_test(sync_mode_captures_on_the_calling_thread),
+        cmocka_unit_test(warmup_captures_and_waits),
         cmocka_unit_test(threads_with_a_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
