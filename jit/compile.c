@@ -42,8 +42,11 @@
  * (jit/learn.h: no target; entry and memo NULL), or a CUDA graph capture
  * of one signature's call (jit/graphs.c: arg is the graphs' own record of
  * it; entry and memo NULL here). A job counts in its function's
- * compiles_pending, a capture in captures_pending. */
-typedef enum job_kind { JOB_COMPILE, JOB_LEARN, JOB_CAPTURE } job_kind;
+ * compiles_pending, a capture in captures_pending. JOB_DEVICE: the
+ * device's own background work (the cuBLASLt warmer), posted through the
+ * device table's set_post (sj_compiler_post): run(arg), or drop(arg) if
+ * the queue stops first; no function. */
+typedef enum job_kind { JOB_COMPILE, JOB_LEARN, JOB_CAPTURE, JOB_DEVICE } job_kind;
 
 typedef struct job {
     struct sj_fn *fn;
@@ -54,7 +57,8 @@ typedef struct job {
     int64_t queued_vns; /* the runtime's clock: the cold drop */
     bool warm;          /* asked for by a warm-up: never dropped as cold */
     job_kind kind;
-    void *arg;          /* JOB_CAPTURE: sj_graphs_capture_run's */
+    void *arg;          /* JOB_CAPTURE: sj_graphs_capture_run's; JOB_DEVICE: run's and drop's */
+    void (*run)(void *arg), (*drop)(void *arg); /* JOB_DEVICE */
 } job;
 
 struct sj_compiler {
@@ -454,6 +458,8 @@ static double job_value(const job *j, int64_t now) {
     /* a capture next: a millisecond that serves a stable call's every
      * later call, where a compile takes 50 ms to seconds */
     if (j->kind == JOB_CAPTURE) return DBL_MAX;
+    /* the device's (cuBLASLt algorithms ahead of products): before compiles too */
+    if (j->kind == JOB_DEVICE) return DBL_MAX / 2;
     sj_entry *e = j->entry;
     uint64_t n = atomic_load_explicit(&e->eager_timed, RELAXED), ns = atomic_load_explicit(&e->eager_ns, RELAXED);
     double cost = n ? (double)ns / (double)n : 1000.0, calls, age;
@@ -520,6 +526,13 @@ static void run_one(sj_compiler *c) {
         sj_learn_run(j.fn); /* takes the memo lock, then the trace lock, each alone */
         pthread_mutex_lock(&c->lock);
         job_done(c, j.fn, NULL);
+        return;
+    }
+    if (j.kind == JOB_DEVICE) {
+        pthread_mutex_unlock(&c->lock);
+        j.run(j.arg); /* the device's work, no lock of ours held */
+        pthread_mutex_lock(&c->lock);
+        pthread_cond_broadcast(&c->done);
         return;
     }
     if (j.kind == JOB_CAPTURE) {
@@ -619,6 +632,8 @@ void sj_compiler_destroy(sj_compiler *c) {
     pthread_cond_broadcast(&c->work);
     pthread_mutex_unlock(&c->lock);
     for (int i = 0; i < c->n_workers; i++) pthread_join(c->workers[i], NULL);
+    for (int i = 0; i < c->n_jobs; i++) /* the device's own jobs: given back (functions left none) */
+        if (c->jobs[i].kind == JOB_DEVICE) c->jobs[i].drop(c->jobs[i].arg);
     free(c->workers);
     free(c->jobs);
     pthread_cond_destroy(&c->work);
@@ -667,7 +682,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
                 c->cap_jobs = cap;
             }
             t->queued_calls = target_calls(e, m);
-            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, JOB_COMPILE, NULL};
+            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, JOB_COMPILE, NULL, NULL, NULL};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             target_transition(t, SJ_CS_QUEUED);
             fn->compiles_pending++;
@@ -715,7 +730,7 @@ void sj_compiler_request_learn(sj_compiler *c, struct sj_fn *fn) {
         }
         if (c->n_jobs < c->cap_jobs) {
             int64_t now = sj_now_ns();
-            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_LEARN, NULL};
+            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_LEARN, NULL, NULL, NULL};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             fn->compiles_pending++;
             pthread_cond_signal(&c->work);
@@ -819,6 +834,30 @@ sj_status sj_compiler_wait_captures(sj_compiler *c, struct sj_fn *fn, int timeou
 
 bool sj_compiler_async(const sj_compiler *c) { return c && c->mode == SJ_CM_ASYNC; }
 
+bool sj_compiler_post(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg) {
+    sj_compiler *c = ctx;
+    if (!c || c->mode != SJ_CM_ASYNC || c->n_workers == 0) return false; /* nobody would run it unasked */
+    pthread_mutex_lock(&c->lock);
+    bool queued = false;
+    if (!c->stop) {
+        if (c->n_jobs == c->cap_jobs) {
+            int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
+            job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
+            if (h) c->jobs = h, c->cap_jobs = cap;
+        }
+        if (c->n_jobs < c->cap_jobs) {
+            int64_t now = sj_now_ns();
+            c->jobs[c->n_jobs++] = (job){NULL, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_DEVICE,
+                                         arg, run, drop};
+            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
+            pthread_cond_signal(&c->work);
+            queued = true;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return queued;
+}
+
 bool sj_compiler_request_capture(sj_compiler *c, struct sj_fn *fn, void *arg) {
     if (!sj_compiler_async(c)) return false;
     pthread_mutex_lock(&c->lock);
@@ -831,7 +870,7 @@ bool sj_compiler_request_capture(sj_compiler *c, struct sj_fn *fn, void *arg) {
         }
         if (c->n_jobs < c->cap_jobs) {
             int64_t now = sj_now_ns();
-            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_CAPTURE, arg};
+            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_CAPTURE, arg, NULL, NULL};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             fn->captures_pending++;
             pthread_cond_signal(&c->work);

@@ -173,6 +173,13 @@ bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, st
  * being destroyed, or out of memory): the caller runs or drops it. The
  * caller holds no lock. */
 bool sj_compiler_request_capture(sj_compiler *c, struct sj_fn *fn, void *arg);
+/* The device's "post background job" callback (kernels/device.h:
+ * sj_post_fn, handed over with its set_post slot; ctx: the compiler): a
+ * JOB_DEVICE job, valued after captures and before compiles, that a worker
+ * runs with no lock held; dropped (drop(arg)) by sj_compiler_destroy if
+ * still queued. False (the device does the work its own way) without
+ * worker threads or in sync or off mode. */
+bool sj_compiler_post(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg);
 /* Whether background jobs are queued (async mode) rather than run by the
  * thread that asks. */
 bool sj_compiler_async(const sj_compiler *c);

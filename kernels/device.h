@@ -135,6 +135,9 @@ typedef struct sj_dev_config {
 
 /* -- The table -------------------------------------------------------------------- */
 
+/* The engine's "post background job" callback (sj_backend.set_post). */
+typedef bool (*sj_post_fn)(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg);
+
 struct sj_backend {
     const char *name; /* "cpu", "cuda" */
     sj_device device; /* where its tensors, intermediates and outputs live */
@@ -251,6 +254,16 @@ struct sj_backend {
      * Wait until the device's own background work for what ran so far is
      * done (CUDA: the cuBLASLt warmer's choices). */
     void (*settle)(sj_backend *b);
+    /* The runtime's one background job queue, handed to the device by the
+     * engine (jit/runtime.c) once its workers exist, and taken back (post
+     * NULL) before they stop: post(ctx, run, drop, arg) queues run(arg) for
+     * a background worker (no lock held while it runs), or calls drop(arg)
+     * instead if the queue stops first; false: not queued (no workers, a
+     * sync or off compile mode, out of memory), and the device does that
+     * work its own way. The backend cannot include jit/: this callback is
+     * how its background work reaches the engine's queue. NULL slot: the
+     * device has no background work to post. */
+    void (*set_post)(sj_backend *b, sj_post_fn post, void *ctx);
 };
 
 /* Make the runtime's device of this kind (SJ_BACKEND_CPU or

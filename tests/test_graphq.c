@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "jit/graphs.h"
@@ -517,6 +518,58 @@ static void threads_with_a_worker(void **state) {
     assert_int_equal(atomic_load(&frees), (int)s.graphs);
 }
 
+/* The device's own background work on the same queue (issue 24): a
+ * device with a set_post slot is handed the queue's post callback when the
+ * runtime starts and has it taken back before the queue stops; a posted
+ * job runs on a compile worker; without workers (compile_threads 0, or
+ * sync mode) post refuses and the device keeps the work. */
+static _Atomic int posts_set, posts_cleared, device_runs, device_drops;
+static sj_post_fn given_post;
+static void *given_ctx;
+
+static void fake_set_post(sj_backend *b, sj_post_fn post, void *ctx) {
+    (void)b;
+    if (post) atomic_fetch_add(&posts_set, 1);
+    else atomic_fetch_add(&posts_cleared, 1);
+    given_post = post, given_ctx = ctx;
+}
+
+static void device_run(void *arg) { atomic_fetch_add(&device_runs, 1), (void)arg; }
+static void device_drop(void *arg) { atomic_fetch_add(&device_drops, 1), (void)arg; }
+
+static void device_jobs_on_the_queue(void **state) {
+    (void)state;
+    for (int mode = 0; mode < 3; mode++) { /* async with a worker, async with none, sync */
+        atomic_store(&posts_set, 0);
+        atomic_store(&posts_cleared, 0);
+        atomic_store(&device_runs, 0);
+        atomic_store(&device_drops, 0);
+        sj_runtime_config cfg = tu_cpu_config();
+        cfg.compile_mode = mode == 2 ? SJ_COMPILE_SYNC : SJ_COMPILE_ASYNC;
+        cfg.compile_threads = mode == 0 ? 1 : 0;
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        /* the CPU device has no set_post: give it one and remake the queue
+         * (as the test hooks do), so the runtime hands the callback over */
+        rt->backend->set_post = fake_set_post;
+        sj_runtime_test_hooks(rt, 0, 0);
+        assert_int_equal(atomic_load(&posts_set), 1);
+        assert_int_equal(atomic_load(&posts_cleared), 1); /* the old queue's, taken back */
+        assert_non_null(given_post);
+        bool queued = given_post(given_ctx, device_run, device_drop, NULL);
+        assert_int_equal(queued, mode == 0);
+        if (mode == 0) {
+            for (int i = 0; i < 5000 && atomic_load(&device_runs) == 0; i++) usleep(1000);
+            assert_int_equal(atomic_load(&device_runs), 1);
+        }
+        sj_runtime_destroy(rt);
+        assert_int_equal(atomic_load(&posts_cleared), 2);
+        assert_null(given_post);
+        assert_int_equal(atomic_load(&device_runs), mode == 0);
+        assert_int_equal(atomic_load(&device_drops), 0);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(capture_is_a_queued_job),
@@ -527,6 +580,7 @@ int main(void) {
         cmocka_unit_test(graph_over_the_budget_not_kept),
         cmocka_unit_test(sync_mode_captures_on_the_calling_thread),
         cmocka_unit_test(warmup_captures_and_waits),
+        cmocka_unit_test(device_jobs_on_the_queue),
         cmocka_unit_test(threads_with_a_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
