@@ -73,6 +73,9 @@
     X(specialize_max_bytes, uint64_t, 0, 0, UINT64_MAX, "SHAPEJIT_SPECIALIZE_MAX_BYTES",           \
       "bytes the specialized shapes of one function may hold (code and planned arena); past it "   \
       "the least recently used are demoted to their entry's symbolic kernels (`0`: no limit)")      \
+    X(graph_max_bytes, uint64_t, 0, 0, UINT64_MAX, "SHAPEJIT_GRAPH_MAX_BYTES",                     \
+      "CUDA: bytes the captured graphs of one function may hold (their workspace and "            \
+      "intermediates); past it the least recently replayed are evicted (`0`: no limit)")           \
     X(compile_ahead, int, 0, 0, 1, "SHAPEJIT_COMPILE_AHEAD",                                      \
       "`1`: when a bucketed entry gets hot, the next bucket up is traced on that call's thread and " \
       "its compile queued behind the others (`0`: off)")                                          \

@@ -41,6 +41,21 @@ static uint64_t users_in(sj_fn *fn, unsigned phase) {
     return n;
 }
 
+/* Move the phase and wait for the old one's calls (retire_lock held). */
+static void grace(sj_fn *fn) {
+    unsigned old = atomic_fetch_add(&fn->code_phase, 1) & 1;
+    while (users_in(fn, old)) {
+        struct timespec ts = {0, 50000}; /* calls end: a call's time at most */
+        nanosleep(&ts, NULL);
+    }
+}
+
+void sj_budget_wait_calls(sj_fn *fn) {
+    pthread_mutex_lock(&fn->retire_lock);
+    grace(fn);
+    pthread_mutex_unlock(&fn->retire_lock);
+}
+
 void sj_budget_reap(sj_fn *fn, sj_compiled *list) {
     if (!list) return;
     pthread_mutex_lock(&fn->retire_lock);
@@ -54,11 +69,7 @@ void sj_budget_reap(sj_fn *fn, sj_compiled *list) {
     }
     /* the units were unpublished (seq_cst) before this: a call that loaded
      * one is marked in the phase that ends here */
-    unsigned old = atomic_fetch_add(&fn->code_phase, 1) & 1;
-    while (users_in(fn, old)) {
-        struct timespec ts = {0, 50000}; /* calls end: a call's time at most */
-        nanosleep(&ts, NULL);
-    }
+    grace(fn);
     pthread_mutex_unlock(&fn->retire_lock);
     while (list) {
         sj_compiled *next = list->retired_next;

@@ -40,10 +40,11 @@
 
 #include "jit/fn.h"
 
-/* A call is about to load and run compiled code: mark it. Returns the
- * phase marked (give it to sj_budget_leave), -1 with no budget. */
+/* A call is about to load and run compiled code (or launch a graph):
+ * mark it. Returns the phase marked (give it to sj_budget_leave), -1 with
+ * no budget (neither specialize_max_bytes nor graph_max_bytes). */
 static inline int sj_budget_enter(sj_fn *fn, unsigned shard) {
-    if (!fn->rt->cfg.specialize_max_bytes) return -1;
+    if (!fn->rt->cfg.specialize_max_bytes && !fn->rt->cfg.graph_max_bytes) return -1;
     _Atomic uint64_t *users = fn->hot[shard].code_users;
     for (;;) {
         int b = (int)(atomic_load(&fn->code_phase) & 1);
@@ -89,6 +90,12 @@ static inline void sj_budget_touch(sj_fn *fn, sj_memo *m) {
  * graphs) they are parked until the function is destroyed instead. No lock may be held, and the calling
  * thread must not be inside sj_budget_enter/leave. NULL: nothing. */
 void sj_budget_reap(sj_fn *fn, sj_compiled *list);
+
+/* A grace period: move the phase and wait until no call is marked in the
+ * old one, so that no call still uses what was unpublished (seq_cst)
+ * before (CUDA graphs the graph budget evicted: jit/graphs.c). Same rules
+ * as sj_budget_reap. */
+void sj_budget_wait_calls(sj_fn *fn);
 
 /* Free the parked units (sj_fn_destroy, after the table). */
 void sj_budget_free_parked(sj_fn *fn);

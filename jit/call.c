@@ -382,7 +382,9 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
                          unsigned shard, _Atomic uint64_t **tier_out) {
     sj_fn_shard *hot = &fn->hot[shard];
     sj_status st;
-    /* marked while it may use a shape's code (a demotion frees it after) */
+    void *capture = NULL; /* sync mode: a graph capture this thread runs after the call */
+    /* marked while it may use a shape's code or graphs (a demotion or an
+     * eviction frees them after) */
     int phase = sj_budget_enter(fn, shard);
     sj_compiled *cd = m ? atomic_load_explicit(&m->ct.ready, memory_order_seq_cst) : NULL;
     int checks = cd ? atomic_load_explicit(&cd->checks_left, RELAXED) : 0;
@@ -423,8 +425,8 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
                           : SJ_GRAPH_COUNT;
         if (gu != SJ_GRAPH_SERVED) { /* (a graph served call counted its graph call; its tier is cd's) */
             st = sj_exec_fused(&x, e->plan, cd->fns);
-            if (!st && gu == SJ_GRAPH_COUNT && run == RUN_CALL) sj_graphs_note(fn, m, &x, e->plan, cd);
-            if (!st && m && run == RUN_WARM_CAPTURE) sj_graphs_request(fn, m, &x, e->plan, cd);
+            if (!st && gu == SJ_GRAPH_COUNT && run == RUN_CALL) capture = sj_graphs_note(fn, m, &x, e->plan, cd);
+            if (!st && m && run == RUN_WARM_CAPTURE) capture = sj_graphs_request(fn, m, &x, e->plan, cd);
         }
     } else {
         /* what an eager call costs (the compile queue's value): 1 call in 16
@@ -446,6 +448,7 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
         if (!st) st = est;
     }
     sj_budget_leave(fn, shard, phase);
+    if (capture) sj_graphs_capture_run(fn, capture); /* unmarked: it may wait for calls to leave graphs */
     *tier_out = tier;
     return st;
 }

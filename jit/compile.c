@@ -4,6 +4,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "jit/budget.h"
 #include "jit/exec.h"
 #include "jit/fn.h"
+#include "jit/graphs.h"
 #include "jit/learn.h"
 #include "jit/runtime.h"
 #include "kernels/cache.h"
@@ -36,19 +38,27 @@
 /* sj_compiler_wait_target looks at its stop flag this often. */
 #define WAIT_SLICE_NS (INT64_C(20) * 1000000)
 
-/* A job's kind: a compile of a target, or a function's bucket learning
- * (jit/learn.h: no target; entry and memo NULL). */
-typedef enum job_kind { JOB_COMPILE, JOB_LEARN } job_kind;
+/* A job's kind: a compile of a target, a function's bucket learning
+ * (jit/learn.h: no target; entry and memo NULL), or a CUDA graph capture
+ * of one signature's call (jit/graphs.c: arg is the graphs' own record of
+ * it; entry and memo NULL here). A job counts in its function's
+ * compiles_pending, a capture in captures_pending. JOB_DEVICE: the
+ * device's own background work (the cuBLASLt warmer), posted through the
+ * device table's set_post (sj_compiler_post): run(arg), or drop(arg) if
+ * the queue stops first; no function. */
+typedef enum job_kind { JOB_COMPILE, JOB_LEARN, JOB_CAPTURE, JOB_DEVICE } job_kind;
 
 typedef struct job {
     struct sj_fn *fn;
-    sj_entry *entry;    /* NULL for JOB_LEARN */
+    sj_entry *entry;    /* NULL for JOB_LEARN and JOB_CAPTURE */
     sj_memo *memo; /* NULL: the entry's own target */
     uint64_t seq;       /* queueing order (FIFO, and ties) */
     int64_t queued_ns;  /* monotonic: the idle-class deadline */
     int64_t queued_vns; /* the runtime's clock: the cold drop */
     bool warm;          /* asked for by a warm-up: never dropped as cold */
     job_kind kind;
+    void *arg;          /* JOB_CAPTURE: sj_graphs_capture_run's; JOB_DEVICE: run's and drop's */
+    void (*run)(void *arg), (*drop)(void *arg); /* JOB_DEVICE */
 } job;
 
 struct sj_compiler {
@@ -445,6 +455,11 @@ static double job_value(const job *j, int64_t now) {
     /* a learning first: what compiles after it is then for the new buckets,
      * and it takes milliseconds */
     if (j->kind == JOB_LEARN) return INFINITY;
+    /* a capture next: a millisecond that serves a stable call's every
+     * later call, where a compile takes 50 ms to seconds */
+    if (j->kind == JOB_CAPTURE) return DBL_MAX;
+    /* the device's (cuBLASLt algorithms ahead of products): before compiles too */
+    if (j->kind == JOB_DEVICE) return DBL_MAX / 2;
     sj_entry *e = j->entry;
     uint64_t n = atomic_load_explicit(&e->eager_timed, RELAXED), ns = atomic_load_explicit(&e->eager_ns, RELAXED);
     double cost = n ? (double)ns / (double)n : 1000.0, calls, age;
@@ -511,6 +526,21 @@ static void run_one(sj_compiler *c) {
         sj_learn_run(j.fn); /* takes the memo lock, then the trace lock, each alone */
         pthread_mutex_lock(&c->lock);
         job_done(c, j.fn, NULL);
+        return;
+    }
+    if (j.kind == JOB_DEVICE) {
+        pthread_mutex_unlock(&c->lock);
+        j.run(j.arg); /* the device's work, no lock of ours held */
+        pthread_mutex_lock(&c->lock);
+        pthread_cond_broadcast(&c->done);
+        return;
+    }
+    if (j.kind == JOB_CAPTURE) {
+        pthread_mutex_unlock(&c->lock);
+        sj_graphs_capture_run(j.fn, j.arg); /* no lock held while capturing */
+        pthread_mutex_lock(&c->lock);
+        j.fn->captures_pending--;
+        pthread_cond_broadcast(&c->done);
         return;
     }
     sj_ctarget *t = target_of(j.entry, j.memo);
@@ -602,6 +632,8 @@ void sj_compiler_destroy(sj_compiler *c) {
     pthread_cond_broadcast(&c->work);
     pthread_mutex_unlock(&c->lock);
     for (int i = 0; i < c->n_workers; i++) pthread_join(c->workers[i], NULL);
+    for (int i = 0; i < c->n_jobs; i++) /* the device's own jobs: given back (functions left none) */
+        if (c->jobs[i].kind == JOB_DEVICE) c->jobs[i].drop(c->jobs[i].arg);
     free(c->workers);
     free(c->jobs);
     pthread_cond_destroy(&c->work);
@@ -650,7 +682,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
                 c->cap_jobs = cap;
             }
             t->queued_calls = target_calls(e, m);
-            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, JOB_COMPILE};
+            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, JOB_COMPILE, NULL, NULL, NULL};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             target_transition(t, SJ_CS_QUEUED);
             fn->compiles_pending++;
@@ -698,7 +730,7 @@ void sj_compiler_request_learn(sj_compiler *c, struct sj_fn *fn) {
         }
         if (c->n_jobs < c->cap_jobs) {
             int64_t now = sj_now_ns();
-            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_LEARN};
+            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_LEARN, NULL, NULL, NULL};
             atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
             fn->compiles_pending++;
             pthread_cond_signal(&c->work);
@@ -748,16 +780,23 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
             emit(c, SJ_EVENT_COMPILE_DROPPED, SJ_LOG_COMPILE, fn, c->jobs[i].entry, c->jobs[i].memo,
                  "its function is being destroyed", 0, 0, 0, 0);
         }
-        fn->compiles_pending--;
+        if (c->jobs[i].kind == JOB_CAPTURE) {
+            sj_graphs_capture_drop(fn, c->jobs[i].arg); /* takes no lock */
+            fn->captures_pending--;
+        } else {
+            fn->compiles_pending--;
+        }
         c->jobs[i] = c->jobs[--c->n_jobs];
         atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
     }
     pthread_cond_broadcast(&c->done); /* target waiters see their dropped jobs */
-    while (fn->compiles_pending > 0) pthread_cond_wait(&c->done, &c->lock);
+    while (fn->compiles_pending > 0 || fn->captures_pending > 0) pthread_cond_wait(&c->done, &c->lock);
     pthread_mutex_unlock(&c->lock);
 }
 
-sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms) {
+/* Wait until *pending (fn's compiles or captures) is 0; see
+ * sj_compiler_wait_fn. */
+static sj_status wait_pending(sj_compiler *c, struct sj_fn *fn, int *pending, const char *what, int timeout_ms) {
     if (!c) return SJ_OK;
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -768,7 +807,7 @@ sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms) 
     }
     sj_status st = SJ_OK;
     pthread_mutex_lock(&c->lock);
-    while (fn->compiles_pending > 0) {
+    while (*pending > 0) {
         if (c->n_workers == 0 && c->n_jobs > 0 && c->mode == SJ_CM_ASYNC) {
             run_one(c); /* no workers: this thread is one */
             continue;
@@ -776,11 +815,77 @@ sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms) 
         if (timeout_ms < 0) {
             pthread_cond_wait(&c->done, &c->lock);
         } else if (pthread_cond_timedwait(&c->done, &c->lock, &deadline) == ETIMEDOUT) {
-            st = sj_seterr(SJ_ETIMEOUT, "fn '%s': %d compiles still pending after %d ms", fn->name,
-                           fn->compiles_pending, timeout_ms);
+            st = sj_seterr(SJ_ETIMEOUT, "fn '%s': %d %s still pending after %d ms", fn->name, *pending, what,
+                           timeout_ms);
             break;
         }
     }
     pthread_mutex_unlock(&c->lock);
     return st;
+}
+
+sj_status sj_compiler_wait_fn(sj_compiler *c, struct sj_fn *fn, int timeout_ms) {
+    return wait_pending(c, fn, &fn->compiles_pending, "compiles", timeout_ms);
+}
+
+sj_status sj_compiler_wait_captures(sj_compiler *c, struct sj_fn *fn, int timeout_ms) {
+    return wait_pending(c, fn, &fn->captures_pending, "graph captures", timeout_ms);
+}
+
+bool sj_compiler_async(const sj_compiler *c) { return c && c->mode == SJ_CM_ASYNC; }
+
+bool sj_compiler_post(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg) {
+    sj_compiler *c = ctx;
+    if (!c || c->mode != SJ_CM_ASYNC || c->n_workers == 0) return false; /* nobody would run it unasked */
+    pthread_mutex_lock(&c->lock);
+    bool queued = false;
+    if (!c->stop) {
+        if (c->n_jobs == c->cap_jobs) {
+            int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
+            job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
+            if (h) c->jobs = h, c->cap_jobs = cap;
+        }
+        if (c->n_jobs < c->cap_jobs) {
+            int64_t now = sj_now_ns();
+            c->jobs[c->n_jobs++] = (job){NULL, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_DEVICE,
+                                         arg, run, drop};
+            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
+            pthread_cond_signal(&c->work);
+            queued = true;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return queued;
+}
+
+bool sj_compiler_request_capture(sj_compiler *c, struct sj_fn *fn, void *arg) {
+    if (!sj_compiler_async(c)) return false;
+    pthread_mutex_lock(&c->lock);
+    bool queued = false;
+    if (!c->stop && !fn->cancelled) {
+        if (c->n_jobs == c->cap_jobs) {
+            int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
+            job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
+            if (h) c->jobs = h, c->cap_jobs = cap;
+        }
+        if (c->n_jobs < c->cap_jobs) {
+            int64_t now = sj_now_ns();
+            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_CAPTURE, arg, NULL, NULL};
+            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
+            fn->captures_pending++;
+            pthread_cond_signal(&c->work);
+            queued = true;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return queued;
+}
+
+int64_t sj_compiler_retry_at(sj_compiler *c, int fails) {
+    if (!c) return INT64_MAX;
+    pthread_mutex_lock(&c->lock);
+    int64_t penalty = penalty_ns(c, fails); /* the jitter's state is under the lock */
+    pthread_mutex_unlock(&c->lock);
+    if (penalty < 0 || fails >= c->max_failures) return INT64_MAX;
+    return sj_runtime_now_ns(c->rt) + penalty;
 }

@@ -34,7 +34,12 @@
  * The queue also holds a function's bucket learning (learning while
  * serving, jit/learn.h): a job with no target, valued above every compile
  * (under sj_compiler_set_fifo, taken by arrival as every job), run by a
- * worker with no lock held.
+ * worker with no lock held; and CUDA graph captures (jit/graphs.c: the
+ * runtime's one background queue has no graph thread beside it), valued
+ * after learnings and before compiles, run by a worker with no lock held,
+ * counted per function in captures_pending, dropped by the same
+ * owner-based cancel as compiles (sj_compiler_cancel_fn). A capture that
+ * fails backs off as a compile does (sj_compiler_retry_at).
  * Workers never call user code. In sync mode the calling thread compiles
  * before running; in off mode nothing is compiled.
  *
@@ -162,7 +167,34 @@ int sj_compiler_run_queued(sj_compiler *c, int max_jobs);
 bool sj_compiler_reject(sj_compiler *c, struct sj_fn *fn, struct sj_entry *e, struct sj_memo *m, sj_compiled *cd,
                         const char *why);
 
-/* Drop fn's queued jobs and wait for its compiles in flight to finish. */
+/* Queue a graph capture job for fn (async mode; arg: graphs.c's record,
+ * handed to sj_graphs_capture_run on a worker, or sj_graphs_capture_drop
+ * when fn is cancelled first). False: not queued (sync or off mode, fn
+ * being destroyed, or out of memory): the caller runs or drops it. The
+ * caller holds no lock. */
+bool sj_compiler_request_capture(sj_compiler *c, struct sj_fn *fn, void *arg);
+/* The device's "post background job" callback (kernels/device.h:
+ * sj_post_fn, handed over with its set_post slot; ctx: the compiler): a
+ * JOB_DEVICE job, valued after captures and before compiles, that a worker
+ * runs with no lock held; dropped (drop(arg)) by sj_compiler_destroy if
+ * still queued. False (the device does the work its own way) without
+ * worker threads or in sync or off mode. */
+bool sj_compiler_post(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg);
+/* Whether background jobs are queued (async mode) rather than run by the
+ * thread that asks. */
+bool sj_compiler_async(const sj_compiler *c);
+/* Wait until fn has no graph captures queued or running (as
+ * sj_compiler_wait_fn for compiles). */
+sj_status sj_compiler_wait_captures(sj_compiler *c, struct sj_fn *fn, int timeout_ms);
+/* The back-off of background work that failed for the fails-th time (a
+ * graph capture): when it may be tried again on the runtime's clock,
+ * compile_retry_ms * 2^(fails-1) +-25% from now, or INT64_MAX when it is
+ * blacklisted (fails reached compile_max_failures, or compile_retry_ms is
+ * 0). Takes the compiler lock. */
+int64_t sj_compiler_retry_at(sj_compiler *c, int fails);
+
+/* Drop fn's queued jobs (compiles, learnings, captures) and wait for its
+ * jobs in flight to finish. */
 void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn);
 
 /* Wait until fn has no queued or running compiles; SJ_ETIMEOUT after

@@ -87,14 +87,21 @@ typedef struct sj_memo {
     _Atomic uint32_t used_tick;
     _Atomic int demotions;
     _Atomic uint64_t demoted_calls;
-    /* CUDA graphs of this signature's fused calls (jit/graphs.c), filled
-     * in order, each kept until the table is destroyed. */
+    /* CUDA graphs of this signature's fused calls (jit/graphs.c): a new
+     * one takes an empty slot; each kept until the table is destroyed or
+     * the graph budget evicts it (emptying its slot). */
     _Atomic(void *) graphs[SJ_MEMO_GRAPHS];
     /* Buffer sets of calls no graph served: a hash with a count in its low
      * 6 bits (jit/graphs.c) */
     _Atomic uint64_t graph_seen[SJ_MEMO_GRAPHS];
     _Atomic bool graph_busy;     /* a capture is queued or under way */
-    _Atomic bool graph_off;      /* a capture failed: the signature is not captured again */
+    /* Captures' back-off (jit/graphs.c, written by the capture job alone):
+     * failed captures so far, and when a call may ask for one again on
+     * the runtime's clock (0: at once); graph_off: blacklisted, never
+     * captured again (the one flag a call reads). */
+    _Atomic int graph_fails;
+    _Atomic int64_t graph_retry_ns;
+    _Atomic bool graph_off;
     sj_hist_window win;          /* a symbolic entry's shape in the learning histogram (memo lock) */
 } sj_memo;
 

@@ -120,7 +120,14 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         pthread_mutex_destroy(&fn->trace_lock);
         ok = locks = false;
     }
+    if (ok && pthread_mutex_init(&fn->graph_lock, NULL)) {
+        pthread_mutex_destroy(&fn->retire_lock);
+        pthread_mutex_destroy(&fn->warm_lock);
+        pthread_mutex_destroy(&fn->trace_lock);
+        ok = locks = false;
+    }
     if (ok && pthread_cond_init(&fn->warm_cond, NULL)) {
+        pthread_mutex_destroy(&fn->graph_lock);
         pthread_mutex_destroy(&fn->retire_lock);
         pthread_mutex_destroy(&fn->warm_lock);
         pthread_mutex_destroy(&fn->trace_lock);
@@ -150,6 +157,7 @@ sj_status sj_fn_create(sj_runtime *rt, const char *name, int n_inputs, sj_model_
         if (table) sj_table_destroy(&fn->table);
         if (locks) {
             pthread_cond_destroy(&fn->warm_cond);
+            pthread_mutex_destroy(&fn->graph_lock);
             pthread_mutex_destroy(&fn->retire_lock);
             pthread_mutex_destroy(&fn->warm_lock);
             pthread_mutex_destroy(&fn->trace_lock);
@@ -184,9 +192,8 @@ void sj_runtime_unlink_fn(sj_runtime *rt, sj_fn *fn) {
 void sj_fn_destroy(sj_fn *fn) {
     if (!fn) return;
     sj_warmup_stop(fn);                          /* a warm-up starts nothing new */
-    sj_compiler_cancel_fn(fn->rt->compiler, fn); /* no compile touches fn after this */
+    sj_compiler_cancel_fn(fn->rt->compiler, fn); /* no compile nor capture touches fn after this */
     sj_warmup_join(fn);                          /* nor the warm-up thread */
-    sj_graphs_cancel_fn(fn->rt, fn);             /* nor a capture */
     sj_runtime_unlink_fn(fn->rt, fn);
     atomic_fetch_sub(&fn->rt->total_entries, atomic_load(&fn->table.n_entries));
     sj_table_destroy(&fn->table);
@@ -196,6 +203,7 @@ void sj_fn_destroy(sj_fn *fn) {
     sj_cpu_pack_cache_destroy(fn->packs); /* after the entries that read it */
     sj_warmup_free(fn);
     pthread_mutex_destroy(&fn->retire_lock);
+    pthread_mutex_destroy(&fn->graph_lock);
     pthread_cond_destroy(&fn->warm_cond);
     pthread_mutex_destroy(&fn->warm_lock);
     pthread_mutex_destroy(&fn->trace_lock);
@@ -312,6 +320,11 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
     out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
     out->graph_failures = atomic_load_explicit(&c->graph_failures, RELAXED);
+    out->graphs_blacklisted = atomic_load_explicit(&c->graph_blacklisted, RELAXED);
+    out->graph_evictions = atomic_load_explicit(&c->graph_evictions, RELAXED);
+    out->graphs_over_budget = atomic_load_explicit(&c->graph_over_budget, RELAXED);
+    int64_t gb = atomic_load_explicit(&fn->graph_bytes, RELAXED);
+    out->graph_bytes = gb > 0 ? (uint64_t)gb : 0;
     sj_cpu_pack_cache_stats(fn->packs, &out->packed_weights, &out->packed_bytes);
     out->warmup_runs = atomic_load_explicit(&c->warmup_runs, RELAXED);
     out->warmup_shapes = atomic_load_explicit(&c->warmup_shapes, RELAXED);
@@ -332,7 +345,12 @@ sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms) {
         timeout_ms = left > 0 ? (int)left : 0;
     }
     if (!st) st = sj_compiler_wait_fn(fn->rt->compiler, fn, timeout_ms);
-    if (!st) sj_graphs_wait_fn(fn->rt, fn); /* captures take about a millisecond each */
+    if (!st && timeout_ms >= 0) {
+        int64_t left = timeout_ms - (sj_now_ns() - t0) / 1000000;
+        timeout_ms = left > 0 ? (int)left : 0;
+    }
+    /* captures take about a millisecond each; a compile's may be queued by its first calls */
+    if (!st) st = sj_compiler_wait_captures(fn->rt->compiler, fn, timeout_ms);
     return st;
 }
 
@@ -434,7 +452,8 @@ static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
         if (sj_memo_entry(m) != e || !e->head.n_syms) continue;
         uint64_t calls = sj_memo_calls(m);
         bool hot = atomic_load_explicit(&m->hot, RELAXED);
-        if (!hot && shown >= 4 && !atomic_load_explicit(&m->demotions, RELAXED)) continue;
+        int gfails = atomic_load_explicit(&m->graph_fails, RELAXED);
+        if (!hot && shown >= 4 && !atomic_load_explicit(&m->demotions, RELAXED) && !gfails) continue;
         if (!shown++) fprintf(out, "    shapes:");
         fprintf(out, " (");
         for (int s = 0; s < e->head.n_syms; s++)
@@ -446,6 +465,16 @@ static void explain_hot_shapes(sj_fn *fn, const sj_entry *e, FILE *out) {
         if (demotions)
             fprintf(out, " [demoted %d time%s by the memory budget%s]", demotions, demotions > 1 ? "s" : "",
                     ready || hot ? "" : ": symbolic");
+        int graphs = 0;
+        for (int k = 0; k < SJ_MEMO_GRAPHS; k++) graphs += atomic_load_explicit(&m->graphs[k], RELAXED) != NULL;
+        if (graphs) fprintf(out, " [%d CUDA graph%s]", graphs, graphs > 1 ? "s" : "");
+        if (gfails && atomic_load_explicit(&m->graph_off, RELAXED)) {
+            fprintf(out, " [graph captures blacklisted after %d failures]", gfails);
+        } else if (gfails && !graphs) { /* (a graph captured since: the failures are history) */
+            int64_t wait = (atomic_load_explicit(&m->graph_retry_ns, RELAXED) - sj_runtime_now_ns(fn->rt)) / 1000000;
+            fprintf(out, " [graph capture failed %d time%s, retry in %lld ms]", gfails, gfails > 1 ? "s" : "",
+                    (long long)(wait > 0 ? wait : 0));
+        }
         fprintf(out, ";");
     }
     if (shown) fprintf(out, "\n");
@@ -488,10 +517,16 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
         fprintf(out, "  packed weights: %llu (%.1f MiB of %.1f MiB allowed), kernel %s\n",
                 (unsigned long long)s.packed_weights, (double)s.packed_bytes / (1 << 20),
                 (double)fn->rt->cfg.prepack_max_bytes / (1 << 20), sj_cpu_isa_name(sj_cpu_packed_isa()));
-    if (fn->rt->backend->graph_capture)
-        fprintf(out, "  CUDA graphs: %llu captured, %llu failed captures, %llu calls served by one (limit %d per runtime)\n",
+    if (fn->rt->backend->graph_capture) {
+        fprintf(out, "  CUDA graphs: %llu captured, %llu failed captures, %llu calls served by one (limit %d per "
+                     "runtime); %llu shapes blacklisted after failed captures\n",
                 (unsigned long long)s.graphs, (unsigned long long)s.graph_failures,
-                (unsigned long long)s.graph_calls, fn->rt->cfg.cuda_graphs);
+                (unsigned long long)s.graph_calls, fn->rt->cfg.cuda_graphs, (unsigned long long)s.graphs_blacklisted);
+        fprintf(out, "  graph memory: %llu bytes held of %llu (graph_max_bytes, 0: no limit); %llu graphs evicted, "
+                     "%llu not kept (no room)\n",
+                (unsigned long long)s.graph_bytes, (unsigned long long)fn->rt->cfg.graph_max_bytes,
+                (unsigned long long)s.graph_evictions, (unsigned long long)s.graphs_over_budget);
+    }
     for (int i = 0; i < fn->n_inputs; i++)
         for (int a = 0; a < SJ_MAX_RANK; a++) {
             const sj_dim_rule *r = sj_policy_rule(p, i, a);

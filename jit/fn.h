@@ -3,7 +3,8 @@
  * Lock order: fn->trace_lock, then the table's memo lock, then
  * rt->lock. fn->warm_lock (jit/warmup.c) is a leaf: nothing is called and
  * no other lock taken while it is held. fn->retire_lock (jit/budget.c) is
- * taken with no other lock held, and no other lock is taken under it. No lock is held while a graph
+ * taken with no other lock held, and no other lock is taken under it; fn->graph_lock
+ * (jit/graphs.c) is a leaf held for no wait. No lock is held while a graph
  * executes; trace_lock is held
  * while the model function runs (one trace at a time per function), so
  * other threads keep serving existing entries meanwhile.
@@ -29,7 +30,7 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t limit_hits, hot_entries, hot_shapes, static_entries, symbolic_entries;
     _Atomic uint64_t compiles, compile_cache_hits, compile_remote_hits, compile_failures, compiles_blacklisted,
         compiles_dropped, compile_us, validations, validation_failures;
-    _Atomic uint64_t graphs, graph_failures;
+    _Atomic uint64_t graphs, graph_failures, graph_blacklisted, graph_evictions, graph_over_budget;
     _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;
     _Atomic uint64_t demoted, over_budget;
     _Atomic uint64_t buckets_learned, learn_failures, learn_kept;
@@ -85,7 +86,8 @@ struct sj_fn {
     int n_recent;
 
     /* Compiles, under the compiler's lock. */
-    int compiles_pending;     /* queued or running */
+    int compiles_pending;     /* queued or running (compiles and learnings) */
+    int captures_pending;     /* graph captures queued or running (jit/graphs.c) */
     bool cancelled;           /* being destroyed: no new compiles */
     atomic_int cancel_compiles; /* set with cancelled: a running compiler is killed */
     bool compile_fail_logged;
@@ -98,6 +100,11 @@ struct sj_fn {
      * kept until destroy on a device with late_launch: CUDA). A leaf: nothing else is taken under it. */
     _Atomic int64_t spec_bytes;
     _Atomic unsigned code_phase;
+    /* CUDA graphs (jit/graphs.c): the bytes the published ones hold, and
+     * graph_lock (a leaf, held for no wait) over the graph budget's
+     * accounting and choice of victims (graph_max_bytes). */
+    _Atomic int64_t graph_bytes;
+    pthread_mutex_t graph_lock;
     pthread_mutex_t retire_lock;
     struct sj_compiled *parked;
 

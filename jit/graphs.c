@@ -1,6 +1,7 @@
 /* Graphs of fused calls: one launch instead of one per kernel. The
- * device-neutral policy (when to capture, which graph serves a call) and
- * the graph thread; the capture mechanics are the device's.
+ * device-neutral policy (when to capture, which graph serves a call), the
+ * capture jobs the compile queue runs, their back-off, and the graph memory
+ * budget; the capture mechanics are the device's.
  *
  * A small fused call is bound by the host: each kernel launch costs a few
  * microseconds and each cuBLASLt product about eight, so the encoder layer
@@ -25,8 +26,11 @@
  * its signature with these buffers on this stream (servers reuse their staging buffers and streams; each signature
  * counts its SJ_MEMO_GRAPHS most seen buffer sets); at most SJ_MEMO_GRAPHS
  * graphs per signature and cfg.cuda_graphs per runtime. The capture and
- * the instantiation, 0.5 to 1 ms for the encoder layer on an H200, run on
- * the runtime's graph thread (the grapher): the call that asks for one,
+ * the instantiation, 0.5 to 1 ms for the encoder layer on an H200, run as
+ * a JOB_CAPTURE job of the compile queue (jit/compile.c), taken by a
+ * compile worker before any compile (or by sj_runtime_run_background with
+ * compile_threads 0; in sync compile mode by the calling thread once its
+ * call is over): the call that asks for one,
  * and every call until it is published, runs kernel by kernel, so no
  * request waits on a capture; but captures slow the calls running at the
  * same time (w5 on an H200: p99 0.11 ms with no graphs, 0.58-0.69 ms while
@@ -40,38 +44,72 @@
  *
  * How: the device's graph slots (kernels/device.h; CUDA's in
  * kernels/cuda/graph_cuda.c) capture the plan run as usual into a graph
- * that owns the call's intermediates. Anything that cannot be captured
- * fails the capture, and the signature is never captured again.
+ * that owns the call's intermediates, and say how many bytes it holds.
+ * Anything that cannot be captured fails the capture. A failed capture
+ * backs off as a compile does (LuaJIT's penalty_pc): its signature's
+ * n-th failure makes it wait compile_retry_ms * 2^(n-1) +-25% on the
+ * runtime's clock, and SJ_GRAPH_AFTER calls again, before it is asked
+ * for again; after compile_max_failures it is blacklisted (graph_off).
  *
- * Threads. One capture at a time per runtime (the grapher) and per
- * signature (graph_busy, set from the request until the grapher is done
- * with it). Slots are filled in order with release stores
- * and never replaced, so a launching thread needs no lock; graphs are
- * destroyed with their memo item, when the function is, after
- * sj_graphs_cancel_fn has dropped its queued captures and waited for
- * a running one. The grapher's lock is held only for its queue.
+ * Memory (cfg.graph_max_bytes, per function, as specialize_max_bytes).
+ * A new graph that would pass the budget evicts the function's least
+ * recently replayed graphs first (a served call stamps its graph's
+ * millisecond tick when it changed, only with a budget): each is taken out
+ * of its slot, then, once no call can still be launching it (the budget's
+ * grace period, jit/budget.h: with a graph budget calls mark themselves as
+ * with a specialization budget), freed; its signature counts towards a
+ * capture again from zero. Only graphs kept for the device's own stream
+ * are evicted: a call on it waits for its graph (or the stream orders the
+ * graph's memory), where a caller's stream (sj_call_stream) may still run
+ * one after its call returned. A graph that cannot fit is not kept, and
+ * its capture backs off as a failed one.
+ *
+ * Threads. One capture at a time per signature (graph_busy, set from the
+ * request until its job is done with it); captures of different
+ * signatures may run on several workers at once (the device serializes
+ * them: its capture_lock). A capture job publishes into an empty slot with
+ * a release store; an eviction empties a slot with an exchange; so a
+ * launching thread needs no lock. Graphs left are destroyed with their
+ * memo item, when the function is, after sj_compiler_cancel_fn has dropped
+ * its queued captures and waited for running ones. fn->graph_lock (a leaf,
+ * held for no wait and no device call) covers the budget's accounting and
+ * choice of victims.
  */
 #include "jit/graphs.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "jit/budget.h"
 #include "jit/runtime.h"
 #include "specialize/fusion.h"
 
 #define RELAXED memory_order_relaxed
 
+/* What a capture ran: the plan, fused, on the capture's call context. */
+typedef struct capture_run {
+    const sj_exec *x;
+    const struct sj_fplan *plan;
+    const sj_compiled *cd;
+} capture_run;
+
+/* A graph, from its request (a capture job) to its free. The call it
+ * captures is kept with it (the device may run it again to replay). */
 typedef struct sj_cgraph {
+    sj_memo *m;            /* whose graph it is */
     const sj_compiled *cd; /* the code captured */
     const void *stream;    /* where it is launched: the calls' stream (the device's graph_stream) */
     void *dev;             /* the device's graph */
+    int64_t bytes;         /* the device memory it holds (graph_capture's) */
+    _Atomic uint32_t used_tick; /* its last replay (sj_budget_tick), with a graph budget */
     int n_in, n_out;
-    const void *in[SJ_MAX_INPUTS]; /* the caller's input addresses */
+    sj_tensor in[SJ_MAX_INPUTS];   /* the caller's inputs (descriptors only) */
     sj_tensor out[SJ_MAX_OUTPUTS]; /* the caller's outputs, as checked at capture */
+    sj_exec x;                     /* the call, over in and out */
+    capture_run run;
 } sj_cgraph;
 
 static bool same_output(const sj_tensor *a, const sj_tensor *b) {
@@ -84,7 +122,7 @@ static bool same_output(const sj_tensor *a, const sj_tensor *b) {
 static bool matches(const sj_cgraph *g, const sj_exec *x, const sj_compiled *cd, const void *s) {
     if (g->cd != cd || g->stream != s) return false;
     for (int i = 0; i < g->n_in; i++)
-        if (x->inputs[i].data != g->in[i]) return false;
+        if (x->inputs[i].data != g->in[i].data) return false;
     for (int i = 0; i < g->n_out; i++)
         if (!same_output(&x->outputs[i], &g->out[i])) return false;
     return true;
@@ -121,277 +159,297 @@ static bool seen_enough(sj_memo *m, uint64_t h) {
     return SJ_GRAPH_AFTER <= 1;
 }
 
+/* Counts start again from zero (a failed or evicted graph's signature). */
+static void forget_seen(sj_memo *m) {
+    for (int i = 0; i < SJ_MEMO_GRAPHS; i++) atomic_store_explicit(&m->graph_seen[i], 0, RELAXED);
+}
+
 /* Free a graph record (and the device's graph in it). */
 static void destroy(sj_runtime *rt, sj_cgraph *g) {
     if (g->dev) rt->backend->graph_free(rt->backend, g->dev);
     free(g);
 }
 
-static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
-                    const sj_compiled *cd, const void *s);
-
 /* The graph of m for this code, these buffers and stream s, or NULL; with
- * free_slot, the first empty slot there (SJ_MEMO_GRAPHS: none). */
+ * free_slot, the first empty slot there (SJ_MEMO_GRAPHS: none). seq_cst
+ * loads: after a call's sj_budget_enter mark, as its code's load. */
 static const sj_cgraph *find(sj_memo *m, const sj_exec *x, const sj_compiled *cd, const void *s, int *free_slot) {
-    int k = 0;
-    for (; k < SJ_MEMO_GRAPHS; k++) {
-        const sj_cgraph *g = atomic_load_explicit(&m->graphs[k], memory_order_acquire);
-        if (!g) break;
-        if (matches(g, x, cd, s)) return g;
+    int k = SJ_MEMO_GRAPHS;
+    const sj_cgraph *hit = NULL;
+    for (int i = 0; i < SJ_MEMO_GRAPHS; i++) {
+        const sj_cgraph *g = atomic_load(&m->graphs[i]);
+        if (!g) {
+            if (k == SJ_MEMO_GRAPHS) k = i;
+            continue;
+        }
+        if (!hit && matches(g, x, cd, s)) hit = g;
     }
     if (free_slot) *free_slot = k;
-    return NULL;
+    return hit;
 }
 
 sj_graph_use sj_graphs_call(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_compiled *cd, sj_status *st) {
     const sj_backend *b = x->ops;
-    if (!m || fn->rt->cfg.cuda_graphs <= 0 || !b->graph_capture || !fn->rt->grapher ||
-        atomic_load_explicit(&m->graph_off, RELAXED))
+    if (!m || fn->rt->cfg.cuda_graphs <= 0 || !b->graph_capture || atomic_load_explicit(&m->graph_off, RELAXED))
         return SJ_GRAPH_NO;
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return SJ_GRAPH_NO; /* allocated per call: new addresses each time */
-    const sj_cgraph *g = find(m, x, cd, b->graph_stream(x->ops_ctx), NULL);
+    sj_cgraph *g = (sj_cgraph *)find(m, x, cd, b->graph_stream(x->ops_ctx), NULL);
     if (!g) return SJ_GRAPH_COUNT;
+    if (fn->rt->cfg.graph_max_bytes) { /* its last use, for the budget's eviction order */
+        uint32_t tick = sj_budget_tick(fn->rt);
+        if (atomic_load_explicit(&g->used_tick, RELAXED) != tick) atomic_store_explicit(&g->used_tick, tick, RELAXED);
+    }
     *st = b->graph_launch(x->ops_ctx, g->dev);
     if (!*st) atomic_fetch_add_explicit(&fn->hot[sj_shard_index()].graph_calls, 1, RELAXED);
     return SJ_GRAPH_SERVED;
 }
 
-/* Queue a capture of this call's buffers unless one is published, queued
- * or running for them, or there is no room; force: whatever the count of
- * calls seen (a warm-up's request). */
-static void note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd, bool force) {
+/* A capture job for this call's plan with its buffers (graph_busy is set
+ * and a graph of the runtime's count reserved); NULL: out of memory. */
+static sj_cgraph *make_job(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd,
+                           const void *s) {
+    sj_cgraph *g = sj_calloc(1, sizeof *g); /* once per capture, never on a served call */
+    if (!g) return NULL;
+    sj_entry *e = sj_memo_entry(m);
+    g->m = m;
+    g->cd = cd;
+    g->stream = s;
+    g->n_in = e->g->n_inputs;
+    g->n_out = e->g->n_outputs;
+    memcpy(g->in, x->inputs, sizeof(sj_tensor) * (size_t)g->n_in);
+    memcpy(g->out, x->outputs, sizeof(sj_tensor) * (size_t)g->n_out);
+    g->x = (sj_exec){.rt = fn->rt, .g = e->g, .fn_name = fn->name, .inputs = g->in, .outputs = g->out,
+                     .sym_vals = m->head.syms, .pool = &fn->pool, .arena_hint = &e->arena_hint,
+                     .ops = fn->rt->backend, .gemm_pick = cd->gemm_pick};
+    g->run = (capture_run){&g->x, plan, cd};
+    return g;
+}
+
+/* Give back what a request reserved: the runtime's count and m's busy
+ * mark (a job that never ran, or whose graph was not kept). */
+static void unreserve(sj_runtime *rt, sj_memo *m) {
+    atomic_fetch_sub(&rt->cuda_graphs, 1);
+    atomic_store(&m->graph_busy, false);
+}
+
+/* Ask for a capture of this call's buffers unless one is published, queued
+ * or running for them, there is no room, or the signature's back-off says
+ * not yet; force: whatever the count of calls seen (a warm-up's request).
+ * Returns a job for the caller to run (sync mode), else NULL. */
+static void *note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd, bool force) {
     sj_runtime *rt = fn->rt;
     const void *s = x->ops->graph_stream(x->ops_ctx);
     int k;
-    if (find(m, x, cd, s, &k) || k == SJ_MEMO_GRAPHS) return; /* published meanwhile, or no room */
-    if (!force && !seen_enough(m, buffers_hash(x, cd, s))) return;
-    if (atomic_load_explicit(&rt->cuda_graphs, RELAXED) >= rt->cfg.cuda_graphs) return;
-    if (atomic_exchange(&m->graph_busy, true)) return; /* a capture of this signature is queued or running */
+    if (find(m, x, cd, s, &k) || k == SJ_MEMO_GRAPHS) return NULL; /* published meanwhile, or no room */
+    if (!force && !seen_enough(m, buffers_hash(x, cd, s))) return NULL;
+    /* a failed capture's penalty (the clock read only here: at most once
+     * per SJ_GRAPH_AFTER calls after a failure, which resets the counts) */
+    int64_t retry = atomic_load_explicit(&m->graph_retry_ns, RELAXED);
+    if (retry && sj_runtime_now_ns(rt) < retry) return NULL;
+    if (atomic_load_explicit(&rt->cuda_graphs, RELAXED) >= rt->cfg.cuda_graphs) return NULL;
+    if (atomic_exchange(&m->graph_busy, true)) return NULL; /* a capture of this signature is queued or running */
     /* a graph published since the find above may hold these very buffers */
     bool go = !find(m, x, cd, s, &k) && k < SJ_MEMO_GRAPHS;
     if (go && atomic_fetch_add(&rt->cuda_graphs, 1) >= rt->cfg.cuda_graphs) { /* reserve one of the runtime's */
         atomic_fetch_sub(&rt->cuda_graphs, 1);
         go = false;
     }
-    if (go && !enqueue(rt, fn, m, x, plan, cd, s)) {
-        atomic_fetch_sub(&rt->cuda_graphs, 1);
-        go = false;
+    if (!go) {
+        atomic_store(&m->graph_busy, false);
+        return NULL;
     }
-    if (!go) atomic_store(&m->graph_busy, false);
+    sj_cgraph *job = make_job(fn, m, x, plan, cd, s);
+    if (job && sj_compiler_request_capture(rt->compiler, fn, job)) return NULL; /* a worker runs it */
+    if (job && !sj_compiler_async(rt->compiler)) return job;                   /* the caller runs it */
+    free(job);
+    unreserve(rt, m);
+    return NULL;
 }
 
-void sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
-    note(fn, m, x, plan, cd, false);
+void *sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
+    return note(fn, m, x, plan, cd, false);
 }
 
-bool sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
-    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture || !fn->rt->grapher ||
-        atomic_load_explicit(&m->graph_off, RELAXED))
-        return false;
+void *sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
+    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture || atomic_load_explicit(&m->graph_off, RELAXED))
+        return NULL;
     for (int i = 0; i < x->g->n_outputs; i++)
-        if (!x->outputs[i].data) return false; /* the warm-up's own outputs: never seen again */
-    note(fn, m, x, plan, cd, true);
-    return true;
+        if (!x->outputs[i].data) return NULL; /* the warm-up's own outputs: never seen again */
+    return note(fn, m, x, plan, cd, true);
 }
 
-/* -- The grapher: captures off the request path ---------------------------------- */
-
-typedef struct graph_job {
-    struct graph_job *next;
-    sj_fn *fn;
-    sj_memo *m;
-    const sj_compiled *cd;
-    const sj_fplan *plan;
-    const void *stream;
-    sj_tensor in[SJ_MAX_INPUTS], out[SJ_MAX_OUTPUTS]; /* descriptors only: nothing is read through them */
-} graph_job;
-
-struct sj_grapher {
-    sj_runtime *rt;
-    pthread_mutex_t lock; /* the queue, running, stop */
-    pthread_cond_t wake, done;
-    graph_job *head, *tail;
-    sj_fn *running; /* the function of the capture under way, or NULL */
-    bool stop;
-    pthread_t thread;
-};
-
-/* Queue a capture of this call's plan with its buffers (graph_busy is set
- * and a graph of the runtime's budget reserved). false: not queued. */
-static bool enqueue(sj_runtime *rt, sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
-                    const sj_compiled *cd, const void *s) {
-    sj_grapher *gr = rt->grapher;
-    graph_job *j = gr ? sj_malloc(sizeof *j) : NULL; /* once per capture, never on a served call */
-    if (!j) return false;
-    *j = (graph_job){.fn = fn, .m = m, .cd = cd, .plan = plan, .stream = s};
-    memcpy(j->in, x->inputs, sizeof(sj_tensor) * (size_t)x->g->n_inputs);
-    memcpy(j->out, x->outputs, sizeof(sj_tensor) * (size_t)x->g->n_outputs);
-    pthread_mutex_lock(&gr->lock);
-    if (gr->tail) gr->tail->next = j;
-    else gr->head = j;
-    gr->tail = j;
-    pthread_cond_signal(&gr->wake);
-    pthread_mutex_unlock(&gr->lock);
-    return true;
+void sj_graphs_capture_drop(sj_fn *fn, void *arg) {
+    sj_cgraph *g = arg;
+    unreserve(fn->rt, g->m);
+    free(g);
 }
 
-/* The call a capture runs: the job's plan, fused, on the capture's call
- * context. */
-typedef struct capture_run {
-    const sj_exec *x;
-    const sj_fplan *plan;
-    const sj_compiled *cd;
-} capture_run;
+/* -- The graph budget (graph_max_bytes) ------------------------------------------- */
+
+/* fn's least recently replayed graph that may be evicted (kept for the
+ * device's own stream), other than none; NULL if none. Its slot in *slot.
+ * fn->graph_lock held. Walks the memo's read index. */
+static sj_cgraph *lru_graph(sj_fn *fn, uint32_t now_tick, sj_memo **owner, int *slot) {
+    sj_memo_index *ix = atomic_load_explicit(&fn->table.index, memory_order_acquire);
+    const void *own = sj_runtime_stream(fn->rt);
+    sj_cgraph *best = NULL;
+    uint32_t best_age = 0;
+    for (size_t i = 0; ix && i < ix->cap; i++) {
+        sj_memo *m = sj_memo_of(atomic_load_explicit(&ix->slot[i], memory_order_acquire));
+        for (int k = 0; m && k < SJ_MEMO_GRAPHS; k++) {
+            sj_cgraph *g = atomic_load_explicit(&m->graphs[k], memory_order_acquire);
+            if (!g || g->stream != own) continue;
+            uint32_t age = now_tick - atomic_load_explicit(&g->used_tick, RELAXED); /* wraps: ages stay right */
+            if (!best || age > best_age) best = g, best_age = age, *owner = m, *slot = k;
+        }
+    }
+    return best;
+}
+
+/* Make room for new graph g of fn under graph_max_bytes: evict the least
+ * recently replayed ones onto *victims (out of their slots, still to be
+ * freed once no call launches them) and count g's bytes in. False (nothing
+ * counted) when g cannot fit. */
+static bool admit(sj_fn *fn, sj_cgraph *g, sj_cgraph **victims, int *n_victims) {
+    uint64_t max = fn->rt->cfg.graph_max_bytes;
+    bool fits = true;
+    pthread_mutex_lock(&fn->graph_lock);
+    if (max && (uint64_t)g->bytes > max) fits = false;
+    uint32_t tick = sj_budget_tick(fn->rt);
+    while (fits && max && (uint64_t)(atomic_load_explicit(&fn->graph_bytes, RELAXED) + g->bytes) > max) {
+        sj_memo *vm = NULL;
+        int k = 0;
+        sj_cgraph *v = lru_graph(fn, tick, &vm, &k);
+        if (!v || *n_victims == SJ_MEMO_GRAPHS * 16) {
+            fits = false; /* what is left is not evictable */
+            break;
+        }
+        void *expect = v;
+        if (!atomic_compare_exchange_strong(&vm->graphs[k], &expect, NULL)) continue; /* (cannot: only evictions
+                                                                                         empty a slot, locked) */
+        atomic_fetch_sub_explicit(&fn->graph_bytes, v->bytes, RELAXED);
+        victims[(*n_victims)++] = v;
+    }
+    if (fits) atomic_fetch_add_explicit(&fn->graph_bytes, g->bytes, RELAXED);
+    pthread_mutex_unlock(&fn->graph_lock);
+    return fits;
+}
+
+/* Free evicted graphs once no call can be launching them (no lock held). */
+static void evict(sj_fn *fn, sj_cgraph **victims, int n) {
+    if (!n) return;
+    sj_runtime *rt = fn->rt;
+    uint32_t tick = sj_budget_tick(rt);
+    sj_budget_wait_calls(fn); /* calls that loaded a victim marked themselves before */
+    for (int i = 0; i < n; i++) {
+        sj_cgraph *v = victims[i];
+        sj_memo *m = v->m;
+        int64_t bytes = v->bytes;
+        uint32_t unused = tick - atomic_load_explicit(&v->used_tick, RELAXED);
+        destroy(rt, v);
+        atomic_fetch_sub(&rt->cuda_graphs, 1);
+        forget_seen(m); /* its calls earn a capture again */
+        atomic_fetch_add_explicit(&fn->c.graph_evictions, 1, RELAXED);
+        char shape[128];
+        sj_memo_shape(m, shape, sizeof shape);
+        sj_logf(rt, SJ_LOG_PERF,
+                "fn '%s': entry %d shape (%s): CUDA graph evicted (graph_max_bytes %llu): %lld bytes freed, "
+                "unreplayed for %u ms",
+                fn->name, sj_memo_entry(m)->id, shape, (unsigned long long)rt->cfg.graph_max_bytes, (long long)bytes,
+                unused);
+        sj_emit(rt, (sj_event){.kind = SJ_EVENT_GRAPH_EVICTED, .topic = SJ_LOG_PERF, .fn = fn->name,
+                               .entry = sj_memo_entry(m)->id, .shape = shape, .error = "", .bytes = bytes,
+                               .duration_ms = (double)unused});
+    }
+}
+
+/* -- Capture jobs (a compile worker, or the caller in sync mode; no lock held) -------- */
 
 static sj_status run_capture(void *arg, void *cc) {
     const capture_run *r = arg;
     sj_exec xc = *r->x;
     xc.ops_ctx = cc;
-    xc.gemm_pick = r->cd->gemm_pick;
     return sj_exec_fused(&xc, r->plan, r->cd->fns);
 }
 
-static void run_job(sj_grapher *gr, graph_job *j) {
-    sj_runtime *rt = gr->rt;
-    sj_fn *fn = j->fn;
-    sj_memo *m = j->m;
+/* A capture of m failed (why: sj_last_error's message): back off. */
+static void failed(sj_fn *fn, sj_memo *m, const char *why) {
+    sj_runtime *rt = fn->rt;
     sj_entry *e = sj_memo_entry(m);
-    sj_exec x = {.rt = rt, .g = e->g, .fn_name = fn->name, .inputs = j->in, .outputs = j->out,
-                 .sym_vals = m->head.syms, .pool = &fn->pool, .arena_hint = &e->arena_hint, .ops = rt->backend};
-    sj_cgraph *g = sj_calloc(1, sizeof *g);
-    sj_status st = g ? SJ_OK : sj_seterr(SJ_ENOMEM, "out of memory for a CUDA graph");
-    int64_t t0 = sj_now_ns();
-    if (g) {
-        g->cd = j->cd;
-        g->stream = j->stream;
-        g->n_in = e->g->n_inputs;
-        g->n_out = e->g->n_outputs;
-        for (int i = 0; i < g->n_in; i++) g->in[i] = j->in[i].data;
-        for (int i = 0; i < g->n_out; i++) g->out[i] = j->out[i];
-        capture_run r = {&x, j->plan, j->cd};
-        st = rt->backend->graph_capture(rt->backend, e->g, j->plan, e->head.n_syms, j->stream, run_capture, &r,
-                                        &g->dev);
+    int fails = atomic_fetch_add_explicit(&m->graph_fails, 1, RELAXED) + 1; /* (this job alone writes it) */
+    int64_t at = sj_compiler_retry_at(rt->compiler, fails);
+    bool blacklist = at == INT64_MAX;
+    atomic_store_explicit(&m->graph_retry_ns, at, RELAXED);
+    forget_seen(m);
+    if (blacklist) atomic_store(&m->graph_off, true);
+    atomic_fetch_add_explicit(&fn->c.graph_failures, 1, RELAXED);
+    if (blacklist) atomic_fetch_add_explicit(&fn->c.graph_blacklisted, 1, RELAXED);
+    int64_t wait_ms = blacklist ? -1 : (at - sj_runtime_now_ns(rt)) / 1000000;
+    if (blacklist)
+        sj_logf(rt, SJ_LOG_PERF,
+                "fn '%s': entry %d: a shape not captured into a CUDA graph, blacklisted after %d failures: %s",
+                fn->name, e->id, fails, why);
+    else
+        sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d: a shape not captured into a CUDA graph (failure %d, retry in %lld ms): %s",
+                fn->name, e->id, fails, (long long)wait_ms, why);
+    if (sj_log_wants_events(&rt->log)) {
+        char shape[128];
+        sj_memo_shape(m, shape, sizeof shape);
+        sj_emit(rt, (sj_event){.kind = SJ_EVENT_GRAPH_FAILED, .topic = SJ_LOG_PERF, .fn = fn->name, .entry = e->id,
+                               .shape = shape, .error = why, .count = fails, .retry_ms = wait_ms});
     }
+}
+
+void sj_graphs_capture_run(sj_fn *fn, void *arg) {
+    sj_cgraph *g = arg;
+    sj_runtime *rt = fn->rt;
+    sj_memo *m = g->m;
+    sj_entry *e = sj_memo_entry(m);
+    int64_t t0 = sj_now_ns();
+    size_t bytes = 0;
+    sj_status st = rt->backend->graph_capture(rt->backend, e->g, g->run.plan, e->head.n_syms, g->stream, run_capture,
+                                              &g->run, &g->dev, &bytes);
     double ms = (double)(sj_now_ns() - t0) / 1e6;
+    g->bytes = st ? 0 : (int64_t)bytes;
+    sj_cgraph *victims[SJ_MEMO_GRAPHS * 16];
+    int n_victims = 0;
+    char why[300];
     if (st) {
-        /* The calls go on kernel by kernel, and this signature is not
-         * captured again. (The call the capture copies had succeeded: its
-         * arguments are not what failed.) */
-        atomic_fetch_add_explicit(&fn->c.graph_failures, 1, RELAXED);
-        sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d: a shape not captured into a CUDA graph (never again): %s",
-                fn->name, e->id, sj_last_error());
-        atomic_store(&m->graph_off, true);
+        /* The calls go on kernel by kernel. (The call the capture copies
+         * had succeeded: its arguments are not what failed.) */
+        snprintf(why, sizeof why, "%s", sj_last_error());
+    } else if (!admit(fn, g, victims, &n_victims)) {
+        st = SJ_ENOMEM;
+        snprintf(why, sizeof why, "its %lld bytes do not fit in graph_max_bytes %llu", (long long)g->bytes,
+                 (unsigned long long)rt->cfg.graph_max_bytes);
+        atomic_fetch_add_explicit(&fn->c.graph_over_budget, 1, RELAXED);
+    }
+    evict(fn, victims, n_victims);
+    if (st) {
+        failed(fn, m, why);
         sj_clearerr();
-        if (g) destroy(rt, g);
-        atomic_fetch_sub(&rt->cuda_graphs, 1);
-        atomic_store(&m->graph_busy, false);
+        destroy(rt, g);
+        unreserve(rt, m);
         return;
     }
-    int k = 0;
+    int k = 0, n = 1;
     while (k < SJ_MEMO_GRAPHS - 1 && atomic_load_explicit(&m->graphs[k], memory_order_acquire)) k++;
-    atomic_store_explicit(&m->graphs[k], g, memory_order_release); /* busy: no other writer */
+    atomic_store_explicit(&g->used_tick, sj_budget_tick(rt), RELAXED); /* new: the most recently used */
+    atomic_store_explicit(&m->graphs[k], g, memory_order_release); /* busy: no other writer of a full slot */
     atomic_store(&m->graph_busy, false);
+    for (int i = 0; i < SJ_MEMO_GRAPHS; i++) n += i != k && atomic_load_explicit(&m->graphs[i], RELAXED) != NULL;
     atomic_fetch_add_explicit(&fn->c.graphs, 1, RELAXED);
-    sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d: captured CUDA graph %d of a shape in %.2f ms (%d in the runtime)",
-            fn->name, e->id, k, ms, atomic_load(&rt->cuda_graphs));
+    sj_logf(rt, SJ_LOG_PERF,
+            "fn '%s': entry %d: captured CUDA graph %d of a shape in %.2f ms, %lld bytes (%d in the runtime)",
+            fn->name, e->id, k, ms, (long long)g->bytes, atomic_load(&rt->cuda_graphs));
     if (sj_log_wants_events(&rt->log)) {
         char shape[128];
         sj_memo_shape(m, shape, sizeof shape);
         sj_emit(rt, (sj_event){.kind = SJ_EVENT_GRAPH_CAPTURED, .topic = SJ_LOG_PERF, .fn = fn->name, .entry = e->id,
-                               .shape = shape, .duration_ms = ms, .count = k + 1});
+                               .shape = shape, .duration_ms = ms, .count = n, .bytes = g->bytes});
     }
 }
-
-static void *grapher_main(void *arg) {
-    sj_grapher *gr = arg;
-    pthread_mutex_lock(&gr->lock);
-    for (;;) {
-        while (!gr->head && !gr->stop) pthread_cond_wait(&gr->wake, &gr->lock);
-        if (gr->stop) break;
-        graph_job *j = gr->head;
-        gr->head = j->next;
-        if (!gr->head) gr->tail = NULL;
-        gr->running = j->fn;
-        pthread_mutex_unlock(&gr->lock);
-        run_job(gr, j);
-        free(j);
-        pthread_mutex_lock(&gr->lock);
-        gr->running = NULL;
-        pthread_cond_broadcast(&gr->done);
-    }
-    pthread_mutex_unlock(&gr->lock);
-    return NULL;
-}
-
-sj_status sj_grapher_create(sj_runtime *rt) {
-    sj_grapher *gr = sj_calloc(1, sizeof *gr);
-    if (!gr) return sj_seterr(SJ_ENOMEM, "out of memory for the CUDA graph thread");
-    gr->rt = rt;
-    pthread_mutex_init(&gr->lock, NULL);
-    pthread_cond_init(&gr->wake, NULL);
-    pthread_cond_init(&gr->done, NULL);
-    if (pthread_create(&gr->thread, NULL, grapher_main, gr)) {
-        pthread_cond_destroy(&gr->done);
-        pthread_cond_destroy(&gr->wake);
-        pthread_mutex_destroy(&gr->lock);
-        free(gr);
-        return sj_seterr(SJ_ENOMEM, "cannot start the CUDA graph thread");
-    }
-    rt->grapher = gr;
-    return SJ_OK;
-}
-
-void sj_grapher_destroy(sj_runtime *rt) {
-    sj_grapher *gr = rt->grapher;
-    if (!gr) return;
-    pthread_mutex_lock(&gr->lock);
-    gr->stop = true;
-    pthread_cond_signal(&gr->wake);
-    pthread_mutex_unlock(&gr->lock);
-    pthread_join(gr->thread, NULL);
-    for (graph_job *j = gr->head, *n; j; j = n) { /* none left: every function was destroyed first */
-        n = j->next;
-        free(j);
-    }
-    pthread_cond_destroy(&gr->done);
-    pthread_cond_destroy(&gr->wake);
-    pthread_mutex_destroy(&gr->lock);
-    free(gr);
-    rt->grapher = NULL;
-}
-
-/* fn's captures: queued ones dropped (cancel) or waited for, and a running
- * one waited for. */
-static void settle_fn(sj_grapher *gr, sj_fn *fn, bool cancel) {
-    if (!gr) return;
-    pthread_mutex_lock(&gr->lock);
-    if (cancel) {
-        graph_job **p = &gr->head;
-        gr->tail = NULL;
-        while (*p) {
-            graph_job *j = *p;
-            if (j->fn == fn) {
-                *p = j->next;
-                atomic_fetch_sub(&gr->rt->cuda_graphs, 1);
-                free(j);
-            } else {
-                gr->tail = j;
-                p = &j->next;
-            }
-        }
-    }
-    for (;;) {
-        bool pending = gr->running == fn;
-        for (graph_job *j = gr->head; j && !pending; j = j->next) pending = j->fn == fn;
-        if (!pending) break;
-        pthread_cond_wait(&gr->done, &gr->lock);
-    }
-    pthread_mutex_unlock(&gr->lock);
-}
-
-void sj_graphs_cancel_fn(sj_runtime *rt, sj_fn *fn) { settle_fn(rt->grapher, fn, true); }
-void sj_graphs_wait_fn(sj_runtime *rt, sj_fn *fn) { settle_fn(rt->grapher, fn, false); }
 
 void sj_graphs_free(void *ctx, void *graph) {
     sj_runtime *rt = ctx;

@@ -1,7 +1,7 @@
-/* Graphs of fused calls (graphs.c): the device-neutral replay policy and
- * the runtime's graph thread, over the device table's graph slots
- * (kernels/device.h). A runtime whose device has no graph slots, or with
- * cuda_graphs 0, has no grapher and these ask for nothing. */
+/* Graphs of fused calls (graphs.c): the device-neutral replay policy, the
+ * capture jobs the compile queue runs, and the graph memory budget, over
+ * the device table's graph slots (kernels/device.h). A runtime whose
+ * device has no graph slots, or with cuda_graphs 0, asks for nothing. */
 #ifndef SJ_GRAPHS_H
 #define SJ_GRAPHS_H
 
@@ -26,25 +26,28 @@
  * as kernel-by-kernel calls do.) */
 typedef enum sj_graph_use { SJ_GRAPH_NO, SJ_GRAPH_COUNT, SJ_GRAPH_SERVED } sj_graph_use;
 sj_graph_use sj_graphs_call(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_compiled *cd, sj_status *st);
-/* Count that successful call; at SJ_GRAPH_AFTER, queue its capture on the
- * graph thread. */
-void sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fplan *plan, const sj_compiled *cd);
+/* Count that successful call; at SJ_GRAPH_AFTER (and once a failed
+ * capture's penalty has passed), queue its capture on the compile queue
+ * (a JOB_CAPTURE job). Returns NULL, or, where jobs are not queued (sync
+ * compile mode), the capture for the caller to run itself with
+ * sj_graphs_capture_run once its call is over (out of sj_budget_enter's
+ * mark: a capture may wait for calls to leave evicted graphs). */
+void *sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fplan *plan, const sj_compiled *cd);
 /* Queue the capture of this successful call's buffers at once, whatever
  * the count (a warm-up's run with the caller's buffers); within the same
- * limits. False when no capture can be asked for (no graphs, a failed
- * capture of this signature before, an output allocated by the call). */
-bool sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fplan *plan, const sj_compiled *cd);
+ * limits and back-off. Returns as sj_graphs_note. */
+void *sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fplan *plan, const sj_compiled *cd);
+
+/* A capture job (arg: sj_graphs_note's): capture, fit it under
+ * graph_max_bytes (evicting the least recently replayed graphs of fn),
+ * publish, or fail and back off. No lock may be held; the thread must
+ * not be inside sj_budget_enter/leave. */
+void sj_graphs_capture_run(sj_fn *fn, void *arg);
+/* A capture job dropped unrun (its function cancelled): its reservations
+ * given back. Takes no lock (called under the compiler lock). */
+void sj_graphs_capture_drop(sj_fn *fn, void *arg);
+
 /* Free a memo item's graph (ctx: the runtime; jit/entry.c, at the table's destroy). */
 void sj_graphs_free(void *ctx, void *graph);
-
-/* The runtime's graph thread, which captures and instantiates the graphs
- * sj_graphs_call asks for (rt->grapher). Destroy after every function. */
-typedef struct sj_grapher sj_grapher;
-sj_status sj_grapher_create(sj_runtime *rt);
-void sj_grapher_destroy(sj_runtime *rt);
-/* Drop fn's queued captures and wait for a running one (before its table
- * goes); or wait for all of them (sj_fn_wait_idle). */
-void sj_graphs_cancel_fn(sj_runtime *rt, sj_fn *fn);
-void sj_graphs_wait_fn(sj_runtime *rt, sj_fn *fn);
 
 #endif

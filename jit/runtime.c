@@ -14,7 +14,6 @@
 #include "jit/compile.h"
 #include "base/error.h"
 #include "base/tunables.h"
-#include "jit/graphs.h"
 #include "kernels/cpu/eager.h"
 #include "kernels/device.h"
 #include "base/tensor.h"
@@ -156,17 +155,29 @@ static void open_remote_cache(sj_runtime *rt) {
     }
 }
 
-/* The compile workers, over the device's compiling slots. */
+/* The compile workers, over the device's compiling slots: the runtime's
+ * one background job queue, which the device may post its own background
+ * work to (its set_post slot: the cuBLASLt warmer's jobs). */
 static sj_status start_compiler(sj_runtime *rt) {
     const sj_runtime_config *c = &rt->cfg;
     int mode = c->compile_mode == SJ_COMPILE_SYNC ? SJ_CM_SYNC : c->compile_mode == SJ_COMPILE_OFF ? SJ_CM_OFF : SJ_CM_ASYNC;
     sj_codegen_fn codegen = rt->backend->device == SJ_CUDA ? sj_codegen_cuda : sj_codegen_c;
-    return sj_compiler_create(rt->backend, codegen, c->compile_threads, mode, rt, &rt->compiler);
+    sj_status st = sj_compiler_create(rt->backend, codegen, c->compile_threads, mode, rt, &rt->compiler);
+    if (!st && rt->backend->set_post) rt->backend->set_post(rt->backend, sj_compiler_post, rt->compiler);
+    return st;
+}
+
+/* Stop the queue: the device posts no more first (its jobs still queued
+ * are dropped back to it). */
+static void stop_compiler(sj_runtime *rt) {
+    if (rt->backend && rt->backend->set_post) rt->backend->set_post(rt->backend, NULL, NULL);
+    sj_compiler_destroy(rt->compiler);
+    rt->compiler = NULL;
 }
 
 /* The caches, the device (CUDA when the backend is CUDA or AUTO finds one;
  * on AUTO a missing driver or device is not an error: the runtime runs on
- * the CPU), the graph thread, the compile workers. */
+ * the CPU), the compile workers (which also capture graphs). */
 static sj_status start_services(sj_runtime *rt) {
     const sj_runtime_config *c = &rt->cfg;
     open_disk_cache(rt);
@@ -186,7 +197,6 @@ static sj_status start_services(sj_runtime *rt) {
         sj_dev_config dc = dev_config(rt);
         st = sj_device_create(SJ_BACKEND_CPU, &dc, &rt->backend);
     }
-    if (!st && rt->backend->graph_capture && c->cuda_graphs > 0) st = sj_grapher_create(rt);
     if (!st) st = start_compiler(rt);
     if (!st && c->cuda_gemm && rt->backend->device == SJ_CUDA)
         sj_logf(rt, SJ_LOG_WARN, "cuda_gemm %d: the generated products in fused plans are experimental: their device "
@@ -212,8 +222,7 @@ void sj_runtime_test_hooks(sj_runtime *rt, int delay_ms, int fail) {
     test_fail = fail;
     if (!rt) return;
     /* remake the compiler with the hooks (no function may exist yet) */
-    sj_compiler_destroy(rt->compiler);
-    rt->compiler = NULL;
+    stop_compiler(rt);
     rt->backend->recompiler(rt->backend, NULL); /* before the caches it uses close */
     sj_cache_close(rt->cache);
     rt->cache = NULL;
@@ -324,8 +333,7 @@ void sj_fn_destroy(sj_fn *fn);
 void sj_runtime_destroy(sj_runtime *rt) {
     if (!rt) return;
     while (rt->fns) sj_fn_destroy(rt->fns); /* unlinks itself, after its compiles */
-    sj_grapher_destroy(rt);
-    sj_compiler_destroy(rt->compiler);
+    stop_compiler(rt);
     if (rt->backend) {
         /* compiles abandoned by the destroys above finish first (bounded):
          * exiting under an NVRTC one crashes in its exit-time destructors */

@@ -14,7 +14,6 @@ struct sj_backend;
 struct sj_cache;
 struct sj_remote;
 struct sj_compiler;
-struct sj_grapher;
 
 struct sj_runtime {
     sj_runtime_config cfg;        /* strings point at copies owned here */
@@ -31,8 +30,7 @@ struct sj_runtime {
     struct sj_cache *cache;       /* NULL: no persistent cache */
     struct sj_remote *remote;     /* NULL: no remote cache (kernels/remote.h) */
     struct sj_backend *backend;   /* the device: its one table (kernels/device.h) */
-    struct sj_compiler *compiler; /* background compile workers */
-    struct sj_grapher *grapher;   /* captures graphs (jit/graphs.c), when the device has graph slots */
+    struct sj_compiler *compiler; /* the background job queue and its workers: compiles, learnings, graph captures */
     char cache_error[256];        /* why the cache could not be opened ("" if fine) */
     float test_skew;              /* sj_runtime_test_wrong_kernels */
 };

@@ -214,7 +214,9 @@ typedef void (*sj_log_fn)(void *user, unsigned topic, const char *msg);
     X(SJ_EVENT_DEMOTED, "specialization_demoted")          /* the memory budget demoted a shape */ \
     X(SJ_EVENT_RECOMPILE, "recompile")                     /* guards failed: a new trace */     \
     X(SJ_EVENT_GRAPH_CAPTURED, "graph_captured")           /* a CUDA graph was captured */ \
-    X(SJ_EVENT_BUCKETS_LEARNED, "buckets_learned")         /* learned edges swapped in (learn_every) */
+    X(SJ_EVENT_BUCKETS_LEARNED, "buckets_learned")         /* learned edges swapped in (learn_every) */ \
+    X(SJ_EVENT_GRAPH_FAILED, "graph_capture_failed")       /* a capture failed; retried after a wait */ \
+    X(SJ_EVENT_GRAPH_EVICTED, "graph_evicted")             /* graph_max_bytes evicted a graph */
 
 typedef enum sj_event_kind {
 #define SJ_X(name, text) name,
@@ -241,7 +243,12 @@ typedef enum sj_event_kind {
  *     past the recompile limit the new entry may serve the call and not
  *     be kept).
  *   GRAPH_CAPTURED: entry, shape, duration_ms (the capture's time),
- *     count (the shape's graphs now).
+ *     count (the shape's graphs now), bytes (the graph's memory).
+ *   GRAPH_FAILED: entry, shape, error, count (the shape's failed captures
+ *     so far), retry_ms (the wait before its calls may ask again; -1:
+ *     blacklisted, never captured again).
+ *   GRAPH_EVICTED: entry, shape, bytes (freed), duration_ms (how long it
+ *     had gone unreplayed).
  *   BUCKETS_LEARNED (the automatic learning of cfg.learn_every or
  *     sj_fn_learn_auto, on the background worker): input, axis, edges and
  *     n_edges (the new edges, as sj_bucket_report's), shape (the report's
@@ -268,7 +275,7 @@ typedef struct sj_event {
 } sj_event;
 
 /* Called once per event, from any thread that uses the runtime (compile
- * workers, callers, the graph thread), possibly with the runtime's internal
+ * workers, which also capture graphs, callers), possibly with the runtime's internal
  * locks held and concurrently: it must be thread-safe, quick, and must not
  * call back into the library. */
 typedef void (*sj_event_fn)(void *user, const sj_event *ev);
@@ -327,6 +334,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_CUDA_TF32=0|1              -> cuda_tf32
  *   SHAPEJIT_LEARN_EVERY=n              -> learn_every
  *   SHAPEJIT_LEARN_HALF_LIFE=n          -> learn_half_life
+ *   SHAPEJIT_GRAPH_MAX_BYTES=n          -> graph_max_bytes
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -408,12 +416,16 @@ typedef struct sj_runtime_config {
     /* CUDA graphs: the most kept per runtime (0: none); default 64. A
      * fused call that is the 48th with its exact input shapes, its input
      * and output buffers and its stream (sj_call's, or sj_call_stream's)
-     * is captured into a graph by the runtime's graph thread (about 1 ms,
+     * is captured into a graph by a background worker (a job on the
+     * compile queue, taken before compiles; about 1 ms,
      * while calls go on kernel by kernel); later calls with the same
      * shapes, buffers and stream launch the graph (one launch instead of
      * one per kernel). sj_fn_wait_idle waits for captures too. At most 4
      * graphs per shape; a graph holds its own intermediate memory and a
-     * 4 MiB cuBLASLt workspace until its function is destroyed. Calls
+     * 4 MiB cuBLASLt workspace until its function is destroyed or
+     * graph_max_bytes evicts it. A capture that fails backs off as a
+     * compile does (compile_retry_ms, doubling, then blacklisted after
+     * compile_max_failures). Calls
      * whose outputs shapejit allocates and plans that need memory mid-call
      * are never captured. A plan with a gather is: its error flag lives in
      * the graph's memory, and a synchronous call served by the graph still
@@ -601,6 +613,22 @@ typedef struct sj_runtime_config {
      * call since the function was made counts alike. sj_learn_options
      * .half_life overrides it per learning. $SHAPEJIT_LEARN_HALF_LIFE. */
     int learn_half_life;
+    /* The memory budget of CUDA graphs: the bytes one function's captured
+     * graphs may hold (each its own device memory: the cuBLASLt workspace,
+     * the error flag and the call's intermediates, as the device's
+     * allocator reserved them). A new graph that would pass it evicts the
+     * least recently replayed graphs of the function first (freed once no
+     * call can still be launching them; their shapes' calls run kernel by
+     * kernel and count towards a capture again); a graph that cannot fit
+     * (alone larger than the budget, or the rest not evictable: graphs
+     * kept for a caller's stream through sj_call_stream are not) is not
+     * kept, and its capture backs off as a failed one does. sj_stats
+     * counts graph_bytes, graph_evictions and graphs_over_budget. With a
+     * budget, calls served by a graph stamp its last use (the runtime's
+     * clock at millisecond grain) and fused calls mark themselves in a
+     * per-thread counter. 0 (default): no byte limit (cuda_graphs still
+     * caps their count). $SHAPEJIT_GRAPH_MAX_BYTES. */
+    uint64_t graph_max_bytes;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -1332,7 +1360,11 @@ typedef struct sj_stats {
     /* CUDA backend (sj_runtime_config.cuda_graphs): */
     uint64_t graph_calls;      /* fused calls served by one CUDA graph launch */
     uint64_t graphs;           /* CUDA graphs captured */
-    uint64_t graph_failures;   /* captures abandoned (those shapes keep launching kernel by kernel) */
+    uint64_t graph_failures;   /* captures that failed (those shapes launch kernel by kernel, then retry) */
+    uint64_t graphs_blacklisted; /* shapes whose captures failed for good (compile_max_failures) */
+    uint64_t graph_bytes;      /* device memory the function's graphs hold now */
+    uint64_t graph_evictions;  /* graphs evicted by graph_max_bytes (least recently replayed first) */
+    uint64_t graphs_over_budget; /* captured graphs not kept: no room under graph_max_bytes */
     /* CPU backend (sj_runtime_config.prepack_max_bytes): */
     uint64_t packed_weights;   /* constant weights packed for matrix products, each once */
     uint64_t packed_bytes;     /* the memory the packed copies hold */
@@ -1361,8 +1393,9 @@ SJ_API void sj_fn_stats(const sj_fn *fn, sj_stats *out);
 SJ_API void sj_fn_explain(const sj_fn *fn, FILE *out);
 
 /* Wait until a background warm-up of fn (sj_fn_warmup) is over, then until
- * fn has no compiles queued or running (the limit applies to both), then
- * for its CUDA graph captures. timeout_ms < 0: no limit.
+ * fn has no compiles queued or running, then for its CUDA graph captures
+ * (the limit applies to all three; with compile_threads 0 this thread runs
+ * the queued jobs). timeout_ms < 0: no limit.
  * Errors: SJ_EINVAL (fn NULL), SJ_ETIMEOUT. Thread-safe. */
 SJ_API sj_status sj_fn_wait_idle(sj_fn *fn, int timeout_ms);
 

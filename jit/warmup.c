@@ -470,7 +470,7 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
         if (made[i]) sj_tensor_free(rt, &in[i]);
     *graph = false;
     if (!st && capture) { /* the capture was queued: wait for it */
-        sj_graphs_wait_fn(rt, fn);
+        sj_compiler_wait_captures(rt->compiler, fn, -1);
         for (int k = 0; k < SJ_MEMO_GRAPHS; k++) *graph |= atomic_load(&s->m->graphs[k]) != NULL;
     }
     return st;

@@ -136,6 +136,9 @@ typedef struct sj_dev_config {
 
 /* -- The table -------------------------------------------------------------------- */
 
+/* The engine's "post background job" callback (sj_backend.set_post). */
+typedef bool (*sj_post_fn)(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg);
+
 struct sj_backend {
     const char *name; /* "cpu", "cuda" */
     sj_device device; /* where its tensors, intermediates and outputs live */
@@ -231,9 +234,15 @@ struct sj_backend {
      * Capture what run(arg, cc) queues on cc, a call context made for the
      * capture, into a graph for stream (a call's graph_stream), then
      * instantiate it. The graph owns the call's intermediates; g and plan
-     * tell what the call needs (workspace for products). *graph on SJ_OK. */
+     * tell what the call needs (workspace for products). *graph on SJ_OK,
+     * and in *bytes the device memory the graph holds until it is freed
+     * (CUDA: the allocator's block for its workspace, error flag and
+     * intermediates), which the engine counts against graph_max_bytes.
+     * run and arg stay valid as long as the graph: a device may run them
+     * again to replay it (a test device does). */
     sj_status (*graph_capture)(sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, int n_syms,
-                               const void *stream, sj_status (*run)(void *arg, void *cc), void *arg, void **graph);
+                               const void *stream, sj_status (*run)(void *arg, void *cc), void *arg, void **graph,
+                               size_t *bytes);
     /* Launch graph on call c's stream (and for a synchronous call wait and
      * report its error flag, as finish does). */
     sj_status (*graph_launch)(void *c, void *graph);
@@ -246,6 +255,16 @@ struct sj_backend {
      * Wait until the device's own background work for what ran so far is
      * done (CUDA: the cuBLASLt warmer's choices). */
     void (*settle)(sj_backend *b);
+    /* The runtime's one background job queue, handed to the device by the
+     * engine (jit/runtime.c) once its workers exist, and taken back (post
+     * NULL) before they stop: post(ctx, run, drop, arg) queues run(arg) for
+     * a background worker (no lock held while it runs), or calls drop(arg)
+     * instead if the queue stops first; false: not queued (no workers, a
+     * sync or off compile mode, out of memory), and the device does that
+     * work its own way. The backend cannot include jit/: this callback is
+     * how its background work reaches the engine's queue. NULL slot: the
+     * device has no background work to post. */
+    void (*set_post)(sj_backend *b, sj_post_fn post, void *ctx);
 };
 
 /* Make the runtime's device of this kind (SJ_BACKEND_CPU or

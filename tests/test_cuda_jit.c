@@ -575,7 +575,7 @@ static sj_status gather2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
 }
 
 /* Fused calls whose shapes and buffers repeat run as one CUDA graph:
- * captured (on the graph thread) after the SJ_GRAPH_AFTER-th call with the
+ * captured (a job of the compile queue) after the SJ_GRAPH_AFTER-th call with the
  * same buffers, replayed after, with
  * new data each time; other buffers or another stream get graphs of their
  * own; a plan that needs memory mid-call (gather) is not captured and
@@ -819,8 +819,8 @@ static void test_cuda_graphs(void **state) {
             char what[96];
             snprintf(what, sizeof what, "graphs %s %s", sj_dtype_name(dt), dyn == SJ_DYNAMIC_STATIC ? "static" : "symbolic");
             /* call 1 compiles (fused); the SJ_GRAPH_AFTER-th with the same
-             * buffers asks the graph thread for a capture and runs kernel
-             * by kernel; once it is done, calls run as the graph */
+             * buffers runs kernel by kernel, then (sync compile mode) captures
+             * its graph itself; later calls run as the graph */
             for (int i = 0; i < SJ_GRAPH_AFTER; i++)
                 assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
             assert_int_equal(stats_of(fn).graph_calls, 0);
@@ -1045,6 +1045,80 @@ static void test_cuda_graphs_threads(void **state) {
     }
     tu_free_all();
     sj_runtime_destroy(rt);
+}
+
+/* The graph memory budget on the device (graph_max_bytes): a real graph
+ * reports its bytes (the allocator's block for its workspace, error flag
+ * and arena: at least the 4 MiB cuBLASLt workspace of a plan with
+ * products); a budget of one and a half such graphs keeps one: the second
+ * buffer set's graph evicts the first (least recently replayed), whose
+ * calls run kernel by kernel again, right; a budget under one graph keeps
+ * none (not kept, counted, backed off). Every call against float64. */
+static sj_runtime *gpu_runtime_graph_budget(uint64_t max) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.compile_mode = SJ_COMPILE_SYNC;
+    cfg.cache_dir = NULL;
+    cfg.log_mask = 0;
+    cfg.graph_max_bytes = max;
+    sj_runtime *rt = NULL;
+    if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+    return rt;
+}
+
+static void test_cuda_graph_budget(void **state) {
+    (void)state;
+    tu_seed(23);
+    int64_t S = 19;
+    uint64_t one = 0; /* one graph's bytes, from a runtime without a budget */
+    for (int round = 0; round < 3; round++) {
+        sj_runtime *rt = gpu_runtime_graph_budget(round == 0 ? 0 : round == 1 ? one + one / 2 : one / 2);
+        tu_encoder w;
+        sj_fn *fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_STATIC, "graph_budget");
+        sj_tensor hx = tu_tensor(SJ_F32, 3, (int64_t[]){1, S, w.h});
+        dbuf dx = to_dev(rt, &hx), dy = to_dev(rt, &hx), dy2 = to_dev(rt, &hx);
+        const char *what = tu_label("graph budget round %d", round);
+        /* call 1 compiles; the SJ_GRAPH_AFTER-th with these buffers captures (sync mode: at its end) */
+        for (int i = 0; i < SJ_GRAPH_AFTER; i++) assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
+        assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
+        sj_stats s = stats_of(fn);
+        if (round == 0) {
+            assert_int_equal(s.graphs, 1);
+            assert_int_equal(s.graph_calls, 1);
+            one = s.graph_bytes;
+            assert_true(one >= ((uint64_t)4 << 20)); /* the workspace at least */
+            print_message("one encoder graph at S=%lld holds %llu bytes\n", (long long)S, (unsigned long long)one);
+        } else if (round == 1) {
+            assert_int_equal(s.graphs, 1);
+            assert_int_equal(s.graph_bytes, one);
+            /* another output buffer: its graph evicts the first */
+            for (int i = 0; i < SJ_GRAPH_AFTER; i++)
+                assert_int_equal(graph_call(rt, fn, &w, &dx, &dy2.t, what), SJ_OK);
+            s = stats_of(fn);
+            assert_int_equal(s.graphs, 2);
+            assert_int_equal(s.graph_evictions, 1);
+            assert_int_equal(s.graph_bytes, one);
+            assert_int_equal(atomic_load(&rt->cuda_graphs), 1);
+            uint64_t before = s.graph_calls;
+            assert_int_equal(graph_call(rt, fn, &w, &dx, &dy2.t, what), SJ_OK); /* a graph */
+            assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);  /* evicted: kernel by kernel */
+            assert_int_equal(stats_of(fn).graph_calls, before + 1);
+        } else {
+            assert_int_equal(s.graphs, 0);
+            assert_int_equal(s.graph_calls, 0);
+            assert_int_equal(s.graphs_over_budget, 1);
+            assert_int_equal(s.graph_failures, 1);
+            assert_int_equal(s.graph_bytes, 0);
+            assert_int_equal(atomic_load(&rt->cuda_graphs), 0);
+        }
+        sj_fn_destroy(fn);
+        free_dev(rt, &dx);
+        free_dev(rt, &dy);
+        free_dev(rt, &dy2);
+        tu_free_all();
+        sj_runtime_destroy(rt);
+    }
 }
 
 /* -- Lanes: sj_call from several threads at once ------------------------------------------ */
@@ -1514,6 +1588,7 @@ int main(void) {
         cmocka_unit_test(test_limits_on_device),        cmocka_unit_test(test_transient_entry_on_stream),
         cmocka_unit_test(test_params_on_device),  cmocka_unit_test(test_encoder_fused),
         cmocka_unit_test(test_cuda_graphs),       cmocka_unit_test(test_cuda_graphs_threads), cmocka_unit_test(test_lanes),
+        cmocka_unit_test(test_cuda_graph_budget),
         cmocka_unit_test(test_arange_slice_dim_on_device), cmocka_unit_test(test_attention_mask_on_device),
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
         cmocka_unit_test(test_nvrtc_timeout),     cmocka_unit_test(test_validated_swap_on_device),

@@ -351,7 +351,7 @@ static void recompile(void **state) {
 }
 
 /* GRAPH_CAPTURED, on a GPU: a static shape's fused calls with the same
- * buffers are captured into a CUDA graph by the graph thread (after 48
+ * buffers are captured into a CUDA graph by a compile worker (after 48
  * such calls). Without a device: "skipped: no CUDA device". */
 static void graph_captured_on_device(void **state) {
     (void)state;

@@ -289,6 +289,8 @@ static CUresult fresh_block(sj_cuda *c, CUdeviceptr *p, size_t cls, CUstream s) 
     return c->pool ? c->api.MemAllocFromPoolAsync(p, cls, c->pool, s) : c->api.MemAlloc(p, cls);
 }
 
+size_t sj_cuda_block_bytes(size_t bytes) { return size_class(bytes); }
+
 static _Thread_local CUstream capturing; /* the stream this thread is capturing, or NULL */
 
 void sj_cuda_capturing(CUstream s) { capturing = s; }

@@ -94,6 +94,9 @@ CUdeviceptr sj_cuda_alloc(sj_cuda *c, size_t bytes, CUstream s); /* 0 on failure
  * would not keep. A capture that needs one is abandoned. */
 void sj_cuda_capturing(CUstream s);
 void sj_cuda_free(sj_cuda *c, CUdeviceptr p, CUstream s);         /* 0 is a no-op */
+/* The bytes the allocator reserves for an allocation of `bytes` (its
+ * rounded block; 0: too large). */
+size_t sj_cuda_block_bytes(size_t bytes);
 void sj_cuda_release_cached(sj_cuda *c);
 
 /* Synchronous copies, for tests and tools. */

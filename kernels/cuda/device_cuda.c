@@ -178,6 +178,8 @@ static sj_status call_end(sj_backend *b, void *c, bool drain) {
 
 static void settle(sj_backend *b) { sj_cuda_matmul_warm_wait(D(b)->cuda); }
 
+static void set_post(sj_backend *b, sj_post_fn post, void *ctx) { sj_cuda_matmul_warm_post(D(b)->cuda, post, ctx); }
+
 /* -- Tests ---------------------------------------------------------------------------- */
 
 uint64_t sj_cuda_lanes_taken(const sj_backend *b) { return sj_cuda_of(b) ? sj_lanes_taken(D(b)->lanes) : 0; }
@@ -226,6 +228,7 @@ sj_status sj_cuda_device_create(const sj_dev_config *c, sj_backend **out) {
     sj_cuda_fill_graph_slots(b);
     b->gemm_tune = gemm_tune;
     b->settle = settle;
+    b->set_post = set_post;
     sj_log_write(c->log, SJ_LOG_PERF, "backend: CUDA device %d, %s (sm_%d%d, %d SMs)", c->cuda_device, cu->name,
                  cu->cc_major, cu->cc_minor, cu->sm_count);
     if (!(st = sj_lanes_create(cu, &d->lanes))) st = make_compiler(d, c);

@@ -108,9 +108,12 @@ typedef struct eager_fns {
     struct warmer *warm; /* warms size classes in the background (NULL until first needed) */
     pthread_mutex_t warm_lock; /* guards warm's creation and everything in it */
     _Atomic int warm_off;
+    /* the runtime's job queue (sj_cuda_matmul_warm_post), NULL: the warmer's thread */
+    bool (*post)(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg);
+    void *post_ctx;
 } eager_fns;
 
-static void warm_stop(eager_fns *t);
+static void warm_stop(sj_cuda *c);
 
 sj_status sj_cuda_eager_load(sj_cuda *c) {
     if (c->eager)
@@ -178,7 +181,7 @@ void sj_cuda_eager_unload(sj_cuda *c) {
         return;
     sj_cuda_bind(c);
     eager_fns *t = c->eager_fns;
-    warm_stop(t);
+    warm_stop(c);
     c->api.ModuleUnload(c->eager);
     for (mm_table *mt = atomic_load(&t->mm), *next; mt; mt = next) {
         next = mt->older;
@@ -946,7 +949,11 @@ done:
  * product will look up, and its kernel has run once. Off the request path
  * on a stream of its own; one job per product shape (a few at most per
  * model), never queued twice; skipped when the queue is full. Products in
- * batches, in a CUDA graph, or with B transposed are not warmed. */
+ * batches, in a CUDA graph, or with B transposed are not warmed. In a
+ * runtime the jobs are posted to its one background job queue (the device
+ * table's set_post) and run by its workers, one at a time (run_lock) on
+ * the warmer's stream; a device used alone, or a runtime whose queue has
+ * no workers, has the warmer's own thread run them from its queue. */
 
 enum { WARM_QUEUE = 16, WARM_DONE = 64, WARM_MAX_N = 4096 };
 
@@ -965,12 +972,22 @@ typedef struct warm_shape {
 typedef struct warmer {
     pthread_cond_t wake, idle;
     pthread_t thread;
+    bool has_thread;  /* started (on the first job the queue would not take) */
     warm_job queue[WARM_QUEUE];
     int head, n_queued, busy;
+    int posted;       /* jobs posted to the runtime's queue, not yet run or dropped */
     warm_shape done[WARM_DONE]; /* the shapes of the jobs queued so far */
     int n_done;
     bool stop;
+    pthread_mutex_t run_lock; /* posted jobs: one at a time, on stream */
+    CUstream stream;          /* posted jobs' (made by the first; under run_lock) */
 } warmer;
+
+/* A job posted to the runtime's queue. */
+typedef struct posted_job {
+    sj_cuda *c;
+    warm_job j;
+} posted_job;
 
 /* Where in a 256-byte-aligned scratch block a pointer with p's alignment
  * goes, so that the key's alignments match the real product's. */
@@ -1053,6 +1070,33 @@ static void *warm_main(void *p) {
     return NULL;
 }
 
+/* A posted job is over (run or dropped): counted off, waiters woken. */
+static void posted_done(posted_job *pj) {
+    eager_fns *t = pj->c->eager_fns;
+    pthread_mutex_lock(&t->warm_lock);
+    warmer *w = t->warm;
+    w->posted--;
+    pthread_cond_broadcast(&w->idle); /* settle's waiters and warm_stop look again */
+    pthread_mutex_unlock(&t->warm_lock);
+    free(pj);
+}
+
+/* A posted job, on one of the runtime's background workers (no lock held). */
+static void posted_run(void *arg) {
+    posted_job *pj = arg;
+    sj_cuda *c = pj->c;
+    eager_fns *t = c->eager_fns;
+    warmer *w = t->warm; /* made before the job was posted; freed only once no job is posted */
+    sj_cuda_bind(c);
+    pthread_mutex_lock(&w->run_lock);
+    if (!warm_stopping(t) && (w->stream || c->api.StreamCreate(&w->stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS))
+        warm_run(c, w->stream, &pj->j);
+    pthread_mutex_unlock(&w->run_lock);
+    posted_done(pj);
+}
+
+static void posted_drop(void *arg) { posted_done(arg); }
+
 static void warm_note(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n, uint64_t k, const lt_mat *A,
                       const lt_mat *B, const lt_mat *D, int batch, CUdeviceptr bias) {
     sj_cuda *c = e->cuda;
@@ -1066,30 +1110,53 @@ static void warm_note(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_t n
     warmer *w = t->warm;
     if (!w) {
         w = calloc(1, sizeof *w);
-        if (w && !pthread_cond_init(&w->wake, NULL) && !pthread_cond_init(&w->idle, NULL)) {
+        if (w && !pthread_cond_init(&w->wake, NULL) && !pthread_cond_init(&w->idle, NULL) &&
+            !pthread_mutex_init(&w->run_lock, NULL)) {
             t->warm = w;
-            if (pthread_create(&w->thread, NULL, warm_main, c)) {
-                t->warm = NULL; /* no thread: no warming */
-                free(w);
-                w = NULL;
-            }
         } else {
-            free(w);
+            free(w); /* no warming */
             w = NULL;
         }
     }
     int seen = !w || w->n_queued == WARM_QUEUE || w->n_done == WARM_DONE;
     for (int i = 0; w && !seen && i < w->n_done; i++)
         seen = !memcmp(&w->done[i], &shape, sizeof shape);
-    if (!seen) {
-        w->done[w->n_done++] = shape;
+    if (seen) {
+        pthread_mutex_unlock(&t->warm_lock);
+        return;
+    }
+    w->done[w->n_done++] = shape;
+    /* the runtime's queue first; the lock let go while posting (the queue
+     * takes its own) */
+    posted_job *pj = t->post ? malloc(sizeof *pj) : NULL;
+    bool (*post)(void *, void (*)(void *), void (*)(void *), void *) = t->post;
+    void *ctx = t->post_ctx;
+    if (pj) {
+        *pj = (posted_job){c, j};
+        w->posted++;
+    }
+    pthread_mutex_unlock(&t->warm_lock);
+    if (pj && post(ctx, posted_run, posted_drop, pj))
+        return;
+    pthread_mutex_lock(&t->warm_lock);
+    if (pj) { /* not taken: the warmer's own thread */
+        w->posted--;
+        free(pj);
+    }
+    if (!w->has_thread && !w->stop) {
+        w->has_thread = !pthread_create(&w->thread, NULL, warm_main, c); /* no thread: no warming */
+    }
+    if (w->has_thread && w->n_queued < WARM_QUEUE) {
         w->queue[(w->head + w->n_queued++) % WARM_QUEUE] = j;
         pthread_cond_signal(&w->wake);
     }
+    if (!w->n_queued && !w->busy && !w->posted)
+        pthread_cond_broadcast(&w->idle);
     pthread_mutex_unlock(&t->warm_lock);
 }
 
-static void warm_stop(eager_fns *t) {
+static void warm_stop(sj_cuda *c) {
+    eager_fns *t = c->eager_fns;
     pthread_mutex_lock(&t->warm_lock);
     warmer *w = t->warm;
     if (w) {
@@ -1099,9 +1166,21 @@ static void warm_stop(eager_fns *t) {
     pthread_mutex_unlock(&t->warm_lock);
     if (!w)
         return;
-    pthread_join(w->thread, NULL);
+    if (w->has_thread)
+        pthread_join(w->thread, NULL);
+    /* posted jobs: the runtime's queue stops before its device, running or
+     * dropping every one (a device used alone posts none) */
+    pthread_mutex_lock(&t->warm_lock);
+    while (w->posted)
+        pthread_cond_wait(&w->idle, &t->warm_lock);
+    pthread_mutex_unlock(&t->warm_lock);
+    if (w->stream) { /* blocks freed on it stay cached under its handle: released with the device */
+        c->api.StreamSynchronize(w->stream);
+        c->api.StreamDestroy(w->stream);
+    }
     pthread_cond_destroy(&w->wake);
     pthread_cond_destroy(&w->idle);
+    pthread_mutex_destroy(&w->run_lock);
     free(w);
     t->warm = NULL;
 }
@@ -1112,13 +1191,24 @@ void sj_cuda_matmul_warming(sj_cuda *c, int on) {
         atomic_store(&t->warm_off, !on);
 }
 
+void sj_cuda_matmul_warm_post(sj_cuda *c, bool (*post)(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg),
+                              void *ctx) {
+    eager_fns *t = c ? c->eager_fns : NULL;
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->warm_lock);
+    t->post = post;
+    t->post_ctx = post ? ctx : NULL;
+    pthread_mutex_unlock(&t->warm_lock);
+}
+
 void sj_cuda_matmul_warm_wait(sj_cuda *c) {
     eager_fns *t = c->eager_fns;
     if (!t)
         return;
     pthread_mutex_lock(&t->warm_lock);
     warmer *w = t->warm;
-    while (w && (w->n_queued || w->busy))
+    while (w && (w->n_queued || w->busy || w->posted))
         pthread_cond_wait(&w->idle, &t->warm_lock);
     pthread_mutex_unlock(&t->warm_lock);
 }

@@ -82,6 +82,12 @@ int sj_cuda_test_reject_class(int n);
  * (tests, benchmarks). */
 void sj_cuda_matmul_warming(sj_cuda *c, int on);
 void sj_cuda_matmul_warm_wait(sj_cuda *c);
+/* Where warming jobs go: the runtime's background job queue (the device
+ * table's set_post, kernels/device.h), or (post NULL) the warmer's own
+ * thread, as for a device used without a runtime. Set while no product
+ * runs; a job post refuses runs on the thread instead. */
+void sj_cuda_matmul_warm_post(sj_cuda *c, bool (*post)(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg),
+                              void *ctx);
 /* Attention: f16 and bf16 on tensor cores, 64 queries a block. With D =
  * Dv = 32, 64, 96 or 128 (and fewer than 2^30 keys), scores, softmax and
  * output in registers, with one or two key groups a block

@@ -97,6 +97,7 @@ static void *buf_alloc(void *c, size_t bytes) {
         size_t ws = cc->graph_ws_bytes, fl = SJ_GRAPH_FLAG_BYTES;
         CUdeviceptr p = sj_cuda_alloc(cc->e.cuda, ws + fl + bytes, cc->graph_stream);
         *cc->graph_arena = p;
+        cc->graph_bytes = p ? sj_cuda_block_bytes(ws + fl + bytes) : 0;
         if (p && ws) cc->e.ws = p, cc->e.ws_bytes = ws;
         if (p) cc->graph_flag = p + ws;
         return p && bytes ? (void *)(uintptr_t)(p + ws + fl) : NULL;

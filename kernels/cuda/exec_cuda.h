@@ -24,6 +24,7 @@ typedef struct sj_cuda_call {
      * NULL otherwise. */
     CUdeviceptr *graph_arena;
     size_t graph_ws_bytes;
+    size_t graph_bytes; /* the allocator's block behind *graph_arena (its size class) */
     CUstream graph_stream; /* where the graph will run: its memory is ordered there */
     /* While capturing: the gather error flag's home in the graph's memory
      * (after the workspace, SJ_GRAPH_FLAG_BYTES of it), so a gather takes

@@ -33,6 +33,7 @@
 
 typedef struct cuda_graph {
     CUgraphExec exec;
+    size_t bytes;     /* mem's block (the allocator's size class) */
     CUstream stream;  /* where it is launched: the calls' stream */
     CUdeviceptr mem;  /* the graph's own: cuBLASLt's workspace, the gather flag, the intermediates */
     CUdeviceptr flag; /* the gather error flag in mem, when the plan gathers; else 0 */
@@ -80,6 +81,7 @@ static sj_status capture(sj_cuda *cu, const sj_graph *gr, const sj_fplan *plan, 
         st = run(arg, &cap);
         sj_cuda_capturing(NULL);
         g->flag = cap.flag_used ? cap.graph_flag : 0;
+        g->bytes = cap.graph_bytes;
         sj_status est = SJ_CU(cu, a->StreamEndCapture(cu->capture_stream, &graph), "ending a CUDA graph capture");
         if (!st) st = est;
     }
@@ -100,7 +102,8 @@ static sj_status capture(sj_cuda *cu, const sj_graph *gr, const sj_fplan *plan, 
 }
 
 static sj_status graph_capture(sj_backend *b, const sj_graph *gr, const sj_fplan *plan, int n_syms,
-                               const void *stream, sj_status (*run)(void *arg, void *cc), void *arg, void **out) {
+                               const void *stream, sj_status (*run)(void *arg, void *cc), void *arg, void **out,
+                               size_t *bytes) {
     sj_cuda *cu = sj_cuda_of(b);
     cuda_graph *g = sj_calloc(1, sizeof *g);
     if (!g) return sj_seterr(SJ_ENOMEM, "out of memory for a CUDA graph");
@@ -111,6 +114,7 @@ static sj_status graph_capture(sj_backend *b, const sj_graph *gr, const sj_fplan
         return st;
     }
     *out = g;
+    *bytes = g->bytes;
     return SJ_OK;
 }
 
