@@ -584,10 +584,9 @@ typedef struct sj_runtime_config {
      * cast) inside it; once compiled, the variants are timed against
      * cuBLASLt and the fastest runs (kept in the kernel cache). 2 .. 5:
      * variant 0 .. 3 always, untimed (tests). 0 (default): cuBLASLt, the
-     * group after it. $SHAPEJIT_CUDA_GEMM. EXPERIMENTAL, not for
-     * production: its device test (test_gemm_jit) has not passed on a GPU
-     * yet (its one run failed through a bug of the test's own, since
-     * fixed). A runtime made with it warns (SJ_LOG_WARN). */
+     * group after it. $SHAPEJIT_CUDA_GEMM. Opt-in: correct on an H100
+     * (test_gemm_jit), but not yet faster than cuBLASLt on the encoder
+     * layer (README); a runtime made with it says so (SJ_LOG_PERF). */
     int cuda_gemm;
     /* CUDA: 1: f32 matrix products (cuBLASLt) take the tensor cores in
      * TF32: inputs rounded to a 10-bit mantissa, sums in f32, so results
