@@ -21,6 +21,7 @@
 #include "jit/runtime.h"
 #include "base/tensor.h"
 #include "specialize/codegen.h"
+#include "specialize/codegen_cuda.h"
 #include "specialize/fusion.h"
 
 #define ALIGN 64
@@ -70,11 +71,45 @@ static sj_status group_ptrs(const sj_group *gr, void *const *bases, void **ptrs)
     return SJ_OK;
 }
 
+/* The host's split of a generated group: work items per chunk handed to
+ * one kernel thread, about this many elements. */
+#define CHUNK_ELEMS 32768
+
+/* A generated group's launch descriptor for the device (kernels/device.h's
+ * sj_dev_launch): the launch rule of the generator its code came from
+ * (jit/runtime.c chooses it by the same test: CUDA C for a CUDA device, C
+ * for the host). False: an empty iteration space, nothing to launch. */
+static bool launch_desc(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *fn,
+                        sj_dev_launch *d) {
+    if (x->ops->device == SJ_CUDA) {
+        sj_launch L;
+        if (!sj_cuda_launch(gr, exv, x->ops->units, &L)) return false;
+        d->fn = fn[L.variant];
+        memcpy(d->grid, L.grid, sizeof d->grid);
+        memcpy(d->block, L.block, sizeof d->block);
+        d->smem = L.smem;
+        return true;
+    }
+    int64_t items = gr->kind == SJ_G_ROW ? exv[gr->rows] : exv[gr->numel];
+    if (items <= 0) return false;
+    d->fn = fn[0]; /* the C generator makes one per group */
+    d->items = items;
+    d->min_chunk = CHUNK_ELEMS;
+    if (gr->kind == SJ_G_ROW) {
+        int64_t row = exv[gr->shape[gr->rank - 1]];
+        d->min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
+    }
+    return true;
+}
+
 static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *bases,
                                void *const *fn) {
     void *ptrs[MAX_PTRS];
     sj_status st = group_ptrs(gr, bases, ptrs);
-    return st ? st : x->ops->launch(x->ops_ctx, gr, fn, ptrs, x->sym_vals, exv);
+    if (st) return st;
+    sj_dev_launch d = {.ptrs = ptrs, .syms = x->sym_vals, .n_ptrs = gr->n_loads + gr->n_stores,
+                       .n_syms = sj_sym_count(x->g->ex)};
+    return launch_desc(x, gr, exv, fn, &d) ? x->ops->launch(x->ops_ctx, &d) : SJ_OK;
 }
 
 /* A generated product (fusion.h's "Generated products") through the
