@@ -2,8 +2,10 @@
  *
  * Per call: one pass evaluates every expression of the graph (sizes,
  * strides, arena offsets); the arena comes from the function's pool; each
- * store gets its base pointer; generated groups run over their work items
- * split across the thread pool; NODE groups run their eager kernel on
+ * store gets its base pointer; each generated group goes to the device's
+ * launch slot as a flat descriptor filled here on the stack (kernels/
+ * device.h's sj_dev_launch: the host's work items, split across its thread
+ * pool; a CUDA device's grid); NODE groups run their eager kernel on
  * descriptors built from the plan's layouts (a product with its bias add
  * passes the bias to the product's kernel; a product with an epilogue
  * group runs it inside the product where the device and the product
