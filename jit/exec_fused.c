@@ -105,12 +105,12 @@ static bool launch_desc(const sj_exec *x, const sj_group *gr, const int64_t *exv
 }
 
 static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *bases,
-                               void *const *fn) {
+                               void *const *fn, int n_syms) {
     void *ptrs[MAX_PTRS];
     sj_status st = group_ptrs(gr, bases, ptrs);
     if (st) return st;
     sj_dev_launch d = {.ptrs = ptrs, .syms = x->sym_vals, .n_ptrs = gr->n_loads + gr->n_stores,
-                       .n_syms = sj_sym_count(x->g->ex)};
+                       .n_syms = n_syms};
     return launch_desc(x, gr, exv, fn, &d) ? x->ops->launch(x->ops_ctx, &d) : SJ_OK;
 }
 
@@ -197,6 +197,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     /* products run their epilogue groups inside them (cfg.fuse_epilogue) */
     bool epi_ok = ops->k.matmul_epi && (!x->rt || x->rt->cfg.fuse_epilogue);
     unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
+    int n_syms = sj_sym_count(g->ex); /* every generated kernel takes them all */
     sj_status st = sj_exec_check_outputs(x, exv);
     if (!st) st = sj_exec_alloc_outputs(x, exv, allocated);
     for (int s = 0; s < p->n_stores && !st; s++) {
@@ -217,7 +218,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
                 st = sj_seterr(SJ_EINTERNAL, "exec: no compiled function for group %s", gr->name);
                 break;
             }
-            st = run_generated(x, gr, exv, bases, fn);
+            st = run_generated(x, gr, exv, bases, fn, n_syms);
             if (st) sj_err_prefix("fn '%s': kernel %s: ", x->fn_name, gr->name);
             continue;
         }
