@@ -4,7 +4,10 @@
  * executor (inline and on a thread pool) and compared with eager execution
  * of the same graph on the same inputs (outputs poisoned first), on random
  * shapes; a few patterns against float64 references too. Plan-level tests
- * check group structure, loads and stores, and the arena plan. The
+ * check group structure, loads and stores, and the arena plan;
+ * test_launch_desc the flat launch descriptor the executor hands the
+ * device's launch slot (the host's split, and CUDA's grid without a GPU).
+ * The
  * patterns shared with test_codegen_cuda (tu_pat_*) and the harness that
  * traces them are in tests/util_patterns.c; this test's own are below.
  */
