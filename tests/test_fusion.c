@@ -7,9 +7,9 @@
  * check group structure, loads and stores, and the arena plan;
  * test_launch_desc the flat launch descriptor the executor hands the
  * device's launch slot (the host's split, and CUDA's grid without a GPU).
- * The
- * patterns shared with test_codegen_cuda (tu_pat_*) and the harness that
- * traces them are in tests/util_patterns.c; this test's own are below.
+ * The patterns shared with test_codegen_cuda (tu_pat_*) and the harness
+ * that traces them are in tests/util_patterns.c; this test's own are
+ * below.
  */
 /* cmocka.h needs these first, in this order */
 /* clang-format off */
