@@ -96,7 +96,12 @@ static sj_status cpu_launch(void *ctx, const sj_group *gr, void *const *fn, void
         min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
     }
     gen_call c = {(cpu_gen_fn)fn[0], ptrs, syms}; /* the C generator makes one per group */
-    sj_threads_parallel_for((sj_threads *)ctx, items, min_chunk, run_range, &c);
+    /* threads taking part: each with the pool's minimum of work, an
+     * element counting SJ_THREADS_ELEM_WORK multiply-adds */
+    int64_t per_item = gr->kind == SJ_G_ROW ? exv[gr->shape[gr->rank - 1]] : 1;
+    sj_threads *pool = ctx;
+    sj_threads_split(pool, items, min_chunk, sj_threads_items(pool, SJ_THREADS_ELEM_WORK * (per_item > 0 ? per_item : 1)),
+                     run_range, &c);
     return SJ_OK;
 }
 
@@ -166,6 +171,7 @@ sj_status sj_cpu_device_create(const sj_dev_config *c, sj_backend **out) {
     sj_status st = make_compiler(d, c);
     if (!st && !(d->threads = sj_threads_create(c->exec_threads)))
         st = sj_seterr(SJ_ENOMEM, "cannot start %d kernel threads", c->exec_threads);
+    if (!st) sj_threads_set_min_work(d->threads, c->exec_min_work > 0 ? c->exec_min_work : SJ_THREADS_MIN_WORK);
     if (st) {
         destroy(b);
         return st;
