@@ -721,18 +721,29 @@ static void bench_epilogue(void) {
 /* -- Small products over the kernel pool (issue 27) -------------------------------- *
  * One sentence's products in all-MiniLM-L6-v2 (M 25 rows; K x N 384 x 384,
  * 384 x 1152, 384 x 1536, 1536 x 384), f32 over packed weights, with the
- * bias, on pools of 1 and 2 threads and all CPUs: rounds interleave the
- * pools (one call each, in turn) so that load from other processes falls
- * on all alike; the median microseconds per product of each, and the
- * pool's hand-offs per product where the build counts them (a product
- * below twice exec_min_work runs on the caller). */
+ * bias, on pools of 1 and 2 threads and all CPUs, and all CPUs with a
+ * minimum per thread (exec_min_work) of 2^20 and 2^22 multiply-adds where
+ * the build has one: rounds interleave the pools (one call each, in turn)
+ * so that load from other processes falls on all alike; the median
+ * microseconds per product of each, and the pool's hand-offs per product
+ * (a product below twice the minimum runs on the caller). */
 static void bench_smallmm(void) {
     static const int64_t shapes[][3] = {{25, 384, 384}, {25, 384, 1152}, {25, 384, 1536}, {25, 1536, 384}};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int counts[3] = {1, 2, (int)cpus}, n_pools = cpus > 2 ? 3 : 2;
-    sj_threads *pools[3];
-    for (int i = 0; i < n_pools; i++)
+    int counts[5] = {1, 2}, n_pools = 2;
+    int64_t works[5] = {0, 0}; /* 0: the default */
+    if (cpus > 2) counts[n_pools++] = (int)cpus;
+#ifdef SJ_THREADS_MIN_WORK
+    for (int e = 20; e <= 22; e += 2) counts[n_pools] = (int)cpus, works[n_pools++] = INT64_C(1) << e;
+#endif
+    (void)works;
+    sj_threads *pools[5];
+    for (int i = 0; i < n_pools; i++) {
         if (!(pools[i] = sj_threads_create(counts[i]))) exit(1);
+#ifdef SJ_THREADS_MIN_WORK
+        if (works[i]) sj_threads_set_min_work(pools[i], works[i]);
+#endif
+    }
     sj_cpu_blas_threads(1);
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         int64_t M = shapes[c][0], K = shapes[c][1], N = shapes[c][2];
@@ -742,8 +753,8 @@ static void bench_smallmm(void) {
         sj_cpu_packed *p = NULL;
         if (sj_cpu_pack(&tw, &p)) exit(1);
         int reps = quick ? 200 : 2000;
-        double *t[3];
-        uint64_t h0[3] = {0}, h1[3] = {0};
+        double *t[5];
+        uint64_t h0[5] = {0}, h1[5] = {0};
         for (int i = 0; i < n_pools; i++) {
             t[i] = malloc((size_t)reps * sizeof(double));
             for (int r = 0; r < 20; r++) sj_cpu_packed_gemm(M, a, K, p, bias, y, N, pools[i]); /* warm */
@@ -764,9 +775,15 @@ static void bench_smallmm(void) {
 #endif
             qsort(t[i], (size_t)reps, sizeof(double), bench_cmp_double);
             printf("{\"workload\": \"smallmm\", \"backend\": \"cpu\", \"dtype\": \"float32\", \"M\": %lld, "
-                   "\"K\": %lld, \"N\": %lld, \"threads\": %d, \"reps\": %d, \"median_us\": %.2f, "
-                   "\"p90_us\": %.2f, \"GFLOPs\": %.1f, \"handoffs_per_call\": %.2f}\n",
-                   (long long)M, (long long)K, (long long)N, counts[i], reps, t[i][reps / 2], t[i][reps * 9 / 10],
+                   "\"K\": %lld, \"N\": %lld, \"threads\": %d, \"min_work\": %lld, \"reps\": %d, "
+                   "\"median_us\": %.2f, \"p90_us\": %.2f, \"GFLOPs\": %.1f, \"handoffs_per_call\": %.2f}\n",
+                   (long long)M, (long long)K, (long long)N, counts[i],
+#ifdef SJ_THREADS_MIN_WORK
+                   (long long)(works[i] ? works[i] : SJ_THREADS_MIN_WORK),
+#else
+                   (long long)(INT64_C(1) << 18),
+#endif
+                   reps, t[i][reps / 2], t[i][reps * 9 / 10],
                    2.0 * M * K * N / t[i][reps / 2] / 1e3, (double)(h1[i] - h0[i]) / reps);
             free(t[i]);
         }
