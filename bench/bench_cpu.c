@@ -723,8 +723,8 @@ static void bench_epilogue(void) {
  * 384 x 1152, 384 x 1536, 1536 x 384), f32 over packed weights, with the
  * bias, on pools of 1 and 2 threads and all CPUs, and all CPUs with a
  * minimum per thread (exec_min_work) of 2^20 and 2^22 multiply-adds where
- * the build has one: rounds interleave the pools (one call each, in turn)
- * so that load from other processes falls on all alike; the median
+ * the build has one: rounds interleave the pools (a block of calls each,
+ * in turn) so that load from other processes falls on all alike; the median
  * microseconds per product of each, and the pool's hand-offs per product
  * (a product below twice the minimum runs on the caller). */
 static void bench_smallmm(void) {
@@ -762,12 +762,19 @@ static void bench_smallmm(void) {
             h0[i] = sj_threads_handoffs(pools[i]);
 #endif
         }
-        for (int r = 0; r < reps; r++)
+        enum { BLOCK = 20, SKIP = 4 };
+        int calls = (reps + BLOCK - SKIP - 1) / (BLOCK - SKIP) * BLOCK; /* a pool's, timed or not */
+        /* rounds of BLOCK calls a pool (the first few untimed: the last
+         * pool's workers still spin for up to 50 us, and on few cores they
+         * take this one's) */
+        for (int r = 0; r < reps; r += BLOCK - SKIP)
             for (int k = 0; k < n_pools; k++) {
                 int i = (k + r) % n_pools;
-                double t0 = bench_now_s();
-                sj_cpu_packed_gemm(M, a, K, p, bias, y, N, pools[i]);
-                t[i][r] = (bench_now_s() - t0) * 1e6;
+                for (int c = 0; c < BLOCK; c++) {
+                    double t0 = bench_now_s();
+                    sj_cpu_packed_gemm(M, a, K, p, bias, y, N, pools[i]);
+                    if (c >= SKIP && r + c - SKIP < reps) t[i][r + c - SKIP] = (bench_now_s() - t0) * 1e6;
+                }
             }
         for (int i = 0; i < n_pools; i++) {
 #ifdef SJ_THREADS_MIN_WORK
@@ -784,7 +791,7 @@ static void bench_smallmm(void) {
                    (long long)(INT64_C(1) << 18),
 #endif
                    reps, t[i][reps / 2], t[i][reps * 9 / 10],
-                   2.0 * M * K * N / t[i][reps / 2] / 1e3, (double)(h1[i] - h0[i]) / reps);
+                   2.0 * M * K * N / t[i][reps / 2] / 1e3, (double)(h1[i] - h0[i]) / calls);
             free(t[i]);
         }
         fflush(stdout);
