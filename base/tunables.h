@@ -32,6 +32,10 @@
     X(exec_threads, int, 0, 0, 1024, "SHAPEJIT_THREADS",                                          \
       "kernel threads: fused kernels, matrix products and attention are split over them "         \
       "(`0`: all CPUs)")                                                                          \
+    X(exec_min_work, int64_t, INT64_C(1) << 18, 1, INT64_C(1) << 40, "SHAPEJIT_EXEC_MIN_WORK",    \
+      "least work a CPU kernel gives each kernel thread it runs on, in multiply-adds (an element " \
+      "of a fused kernel counts 16): a kernel uses only as many threads as get this much, and one " \
+      "with less than twice this runs on the calling thread alone")                              \
     X(blas_threads, int, 0, -1, 1024, "SHAPEJIT_BLAS_THREADS",                                    \
       "`0`: matrix products run on shapejit's kernel threads and OpenBLAS is set to one thread "  \
       "(process-wide); `n`: OpenBLAS gets `n` threads of its own; `-1`: OpenBLAS left as the "    \

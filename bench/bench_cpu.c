@@ -1,6 +1,6 @@
 /* CPU benchmarks for the shared workloads (../shared/workloads/README.md).
  *
- *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded,w5cold]
+ *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded,w5cold,epilogue,smallmm]
  *             [--lengths file]
  *
  * epilogue (not in the default set): the feed-forward block with its
@@ -41,6 +41,8 @@
 #include "jit/compile.h"
 #include "jit/runtime.h"
 #include "kernels/cpu/eager.h"
+#include "kernels/cpu/prepack.h"
+#include "kernels/cpu/threads.h"
 
 static int quick;
 
@@ -716,6 +718,89 @@ static void bench_epilogue(void) {
     free(ep_w1.data), free(ep_b1.data), free(ep_w2.data), free(ep_b2.data);
 }
 
+/* -- Small products over the kernel pool (issue 27) -------------------------------- *
+ * One sentence's products in all-MiniLM-L6-v2 (M 25 rows; K x N 384 x 384,
+ * 384 x 1152, 384 x 1536, 1536 x 384), f32 over packed weights, with the
+ * bias, on pools of 1 and 2 threads and all CPUs, and all CPUs with a
+ * minimum per thread (exec_min_work) of 2^20 and 2^22 multiply-adds where
+ * the build has one: rounds interleave the pools (a block of calls each,
+ * in turn) so that load from other processes falls on all alike; the median
+ * microseconds per product of each, and the pool's hand-offs per product
+ * (a product below twice the minimum runs on the caller). */
+static void bench_smallmm(void) {
+    static const int64_t shapes[][3] = {{25, 384, 384}, {25, 384, 1152}, {25, 384, 1536}, {25, 1536, 384}};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int counts[5] = {1, 2}, n_pools = 2;
+    int64_t works[5] = {0, 0}; /* 0: the default */
+    if (cpus > 2) counts[n_pools++] = (int)cpus;
+#ifdef SJ_THREADS_MIN_WORK
+    for (int e = 20; e <= 22; e += 2) counts[n_pools] = (int)cpus, works[n_pools++] = INT64_C(1) << e;
+#endif
+    (void)works;
+    sj_threads *pools[5];
+    for (int i = 0; i < n_pools; i++) {
+        if (!(pools[i] = sj_threads_create(counts[i]))) exit(1);
+#ifdef SJ_THREADS_MIN_WORK
+        if (works[i]) sj_threads_set_min_work(pools[i], works[i]);
+#endif
+    }
+    sj_cpu_blas_threads(1);
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int64_t M = shapes[c][0], K = shapes[c][1], N = shapes[c][2];
+        float *a = rand_f32((size_t)(M * K), -1, 1), *w = rand_f32((size_t)(K * N), -0.05f, 0.05f);
+        float *bias = rand_f32((size_t)N, -0.1f, 0.1f), *y = rand_f32((size_t)(M * N), 0, 0);
+        sj_tensor tw = sj_tensor_make(w, SJ_F32, 2, (int64_t[]){K, N});
+        sj_cpu_packed *p = NULL;
+        if (sj_cpu_pack(&tw, &p)) exit(1);
+        int reps = quick ? 200 : 2000;
+        double *t[5];
+        uint64_t h0[5] = {0}, h1[5] = {0};
+        for (int i = 0; i < n_pools; i++) {
+            t[i] = malloc((size_t)reps * sizeof(double));
+            for (int r = 0; r < 20; r++) sj_cpu_packed_gemm(M, a, K, p, bias, y, N, pools[i]); /* warm */
+#ifdef SJ_THREADS_MIN_WORK
+            h0[i] = sj_threads_handoffs(pools[i]);
+#endif
+        }
+        enum { BLOCK = 20, SKIP = 4 };
+        int calls = (reps + BLOCK - SKIP - 1) / (BLOCK - SKIP) * BLOCK; /* a pool's, timed or not */
+        /* rounds of BLOCK calls a pool (the first few untimed: the last
+         * pool's workers still spin for up to 50 us, and on few cores they
+         * take this one's) */
+        for (int r = 0; r < reps; r += BLOCK - SKIP)
+            for (int k = 0; k < n_pools; k++) {
+                int i = (k + r) % n_pools;
+                for (int c = 0; c < BLOCK; c++) {
+                    double t0 = bench_now_s();
+                    sj_cpu_packed_gemm(M, a, K, p, bias, y, N, pools[i]);
+                    if (c >= SKIP && r + c - SKIP < reps) t[i][r + c - SKIP] = (bench_now_s() - t0) * 1e6;
+                }
+            }
+        for (int i = 0; i < n_pools; i++) {
+#ifdef SJ_THREADS_MIN_WORK
+            h1[i] = sj_threads_handoffs(pools[i]);
+#endif
+            qsort(t[i], (size_t)reps, sizeof(double), bench_cmp_double);
+            printf("{\"workload\": \"smallmm\", \"backend\": \"cpu\", \"dtype\": \"float32\", \"M\": %lld, "
+                   "\"K\": %lld, \"N\": %lld, \"threads\": %d, \"min_work\": %lld, \"reps\": %d, "
+                   "\"median_us\": %.2f, \"p90_us\": %.2f, \"GFLOPs\": %.1f, \"handoffs_per_call\": %.2f}\n",
+                   (long long)M, (long long)K, (long long)N, counts[i],
+#ifdef SJ_THREADS_MIN_WORK
+                   (long long)(works[i] ? works[i] : SJ_THREADS_MIN_WORK),
+#else
+                   (long long)(INT64_C(1) << 18),
+#endif
+                   reps, t[i][reps / 2], t[i][reps * 9 / 10],
+                   2.0 * M * K * N / t[i][reps / 2] / 1e3, (double)(h1[i] - h0[i]) / calls);
+            free(t[i]);
+        }
+        fflush(stdout);
+        sj_cpu_packed_free(p);
+        free(a), free(w), free(bias), free(y);
+    }
+    for (int i = 0; i < n_pools; i++) sj_threads_destroy(pools[i]);
+}
+
 int main(int argc, char **argv) {
     double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
     const char *wl = "ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start";
@@ -727,7 +812,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--child-warm") && i + 1 < argc) return child_warm(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,"
-                            "warm_start,loaded,w5cold,epilogue] [--lengths file]\n", argv[0]);
+                            "warm_start,loaded,w5cold,epilogue,smallmm] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -746,6 +831,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", sj_last_error());
         return 1;
     }
+    if (!strcmp(wl, "smallmm")) { /* alone: no ceiling needed */
+        bench_smallmm();
+        sj_runtime_destroy(rt);
+        return 0;
+    }
+    if (strstr(wl, "smallmm")) bench_smallmm();
     if (strcmp(wl, "loaded") && strcmp(wl, "epilogue")) bench_ceiling(); /* every bandwidth figure is read against it */
     if (strstr(wl, "w0")) bench_w0(rt);
     if (strstr(wl, "dispatch")) bench_dispatch();

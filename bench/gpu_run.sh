@@ -13,7 +13,9 @@
 #             sidebyside: bench_cuda --quick (w0-w2) of this build and of bench_cuda_base, interleaved
 #             cpuscale: bench_bert on the host's CPUs at 1 and nproc threads, this build against
 #             bench_bert_pool and bench_bert_base (other commits' builds, SJ_PACK_EXTRA), interleaved,
-#             and ONNX Runtime
+#             this build at nproc threads with SHAPEJIT_EXEC_MIN_WORK 2^20 and 2^22 (impl
+#             bench_bert_mw20, _mw22; the default is 2^18), bench_cpu's smallmm (one sentence's
+#             products on 1, 2 and nproc threads: smallmm.jsonl), and ONNX Runtime
 #             realmodel: the server's HTTP answers against the reference on CUDA, and
 #             the BERT encoder on the host's CPU against ONNX Runtime and PyTorch (needs
 #             .gpu-model: the model directory with reference.jsonl);
@@ -194,6 +196,13 @@ if [ "$what" = cpuscale ]; then # the BERT encoder on the host's CPUs: this buil
             echo "$bin round $round rc=$?" | tee -a "$summary"
         done
     done
+    for mw in 20 22; do # the least work a kernel gives each thread (exec_min_work), swept
+        SHAPEJIT_EXEC_MIN_WORK=$((1 << mw)) SHAPEJIT_BACKEND=cpu timeout 150 "$B/bench_bert" --model $M --threads "$n" \
+            --batches 1,8,32 --seconds 2 2>> "$summary" | sed "s/\"impl\": \"shapejit\"/\"impl\": \"bench_bert_mw$mw\"/" \
+            >> "$OUT/bert_scale.jsonl"
+        echo "bench_bert_mw$mw rc=$?" | tee -a "$summary"
+    done
+    [ -x "$B/bench_cpu" ] && timeout 200 "$B/bench_cpu" --workloads smallmm > "$OUT/smallmm.jsonl" 2>> "$summary"
     SHAPEJIT_BACKEND=cpu timeout 100 "$B/bench_bert" --model $M --threads "$n" --batches 8,32 --seconds 2 --packed \
         2>> "$summary" >> "$OUT/bert_scale.jsonl"
     timeout 200 python3 bench/ort_bert_peer.py $M samples/bert/sentences.txt --threads "1,$n" --batches 1,8,32 --seconds 2 --optimize \

@@ -97,9 +97,11 @@ static bool launch_desc(const sj_exec *x, const sj_group *gr, const int64_t *exv
     d->fn = fn[0]; /* the C generator makes one per group */
     d->items = items;
     d->min_chunk = CHUNK_ELEMS;
+    d->item_elems = 1;
     if (gr->kind == SJ_G_ROW) {
         int64_t row = exv[gr->shape[gr->rank - 1]];
         d->min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
+        d->item_elems = row > 0 ? row : 1;
     }
     return true;
 }

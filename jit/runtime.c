@@ -127,7 +127,8 @@ static sj_dev_config dev_config(const sj_runtime *rt) {
                            .cache = rt->cache, .remote = rt->remote, .log = &rt->log, .host = &c->allocator,
                            .test_delay_ms = test_delay_ms, .test_fail = test_fail,
                            .timeout_ms = c->compile_timeout_ms, .no_probe = c->compile_mode == SJ_COMPILE_OFF,
-                           .exec_threads = c->exec_threads, .blas_threads = c->blas_threads};
+                           .exec_threads = c->exec_threads, .exec_min_work = c->exec_min_work,
+                           .blas_threads = c->blas_threads};
 }
 
 /* The persistent cache. One that cannot be opened only costs warm

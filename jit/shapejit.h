@@ -311,6 +311,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_COMPILE=async|sync|off     -> compile_mode
  *   SHAPEJIT_COMPILE_THREADS=n          -> compile_threads
  *   SHAPEJIT_THREADS=n                  -> exec_threads
+ *   SHAPEJIT_EXEC_MIN_WORK=n            -> exec_min_work
  *   SHAPEJIT_BLAS_THREADS=n             -> blas_threads
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
  *   SHAPEJIT_CACHE_KEY=secret           -> cache_key
@@ -370,6 +371,14 @@ typedef struct sj_runtime_config {
     sj_compile_mode compile_mode; /* default SJ_COMPILE_ASYNC */
     int compile_threads;          /* background compile workers; default 1 */
     int exec_threads;             /* kernel threads (fused kernels, matrix products, attention); 0 (default): online CPUs */
+    /* The least work a CPU kernel gives each kernel thread taking part, in
+     * multiply-adds (an element of a fused kernel counts 16); default 2^18.
+     * A kernel runs on only as many threads as get this much each; one with
+     * less than twice this runs on the calling thread, with no hand-off.
+     * Small products (a single sentence's few rows) and tiny attention stay
+     * on one or a few threads, where waking many costs more than it saves;
+     * raise it where hand-offs are dear (many cores, several sockets). */
+    int64_t exec_min_work;
     /* Who runs matrix products in parallel on the CPU backend.
      *  0 (default): shapejit, on its exec_threads; the runtime sets OpenBLAS
      *     to one thread of its own (openblas_set_num_threads(1)) when it is

@@ -121,8 +121,10 @@ typedef struct sj_dev_launch {
     int n_ptrs, n_syms;
     /* The host's (the C generator's functions over work items, specialize/
      * codegen.h): items [0, items), split in chunks of at least min_chunk
-     * items (about 32k elements each); 0 on a device with a grid. */
-    int64_t items, min_chunk;
+     * items (about 32k elements each), item_elems elements an item (a row
+     * group's row length, else 1: the work a thread must be given,
+     * exec_min_work); 0 on a device with a grid. */
+    int64_t items, min_chunk, item_elems;
     /* A device with a grid (the CUDA generator's rule, specialize/
      * codegen_cuda.h's sj_cuda_launch): grid and block dimensions, dynamic
      * shared memory bytes; 0 on the host. */
@@ -154,6 +156,7 @@ typedef struct sj_dev_config {
     int timeout_ms;             /* compile_timeout_ms */
     bool no_probe;              /* CPU: compiles are off, skip the compiler probe */
     int exec_threads;           /* CPU: kernel threads */
+    int64_t exec_min_work;      /* CPU: least multiply-adds per kernel thread (sj_threads_set_min_work) */
     int blas_threads;           /* CPU: OpenBLAS threads (-1: leave; 0: 1) */
 } sj_dev_config;
 

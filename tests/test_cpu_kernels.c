@@ -558,9 +558,10 @@ static void test_split(void **state) {
     with_bias = 0;
     /* batches of small products, shared out whole: full, broadcast a, ints */
     run_matmul(SJ_F32, 2, S(4, 6), S(4, 6), S(4, 6), 20, 64, 30, 0, 0, 0, 0, 0, 0);
-    run_matmul(SJ_F32, 2, S(3, 5), S(1, 5), S(3, 5), 9, 70, 33, TU_GAP, 1, 0, 0, TU_REVGAP, 0);
-    run_matmul(SJ_BF16, 1, S(40), S(40), S(40), 7, 50, 23, 0, 0, 0, 1, 0, 0);
-    run_matmul(SJ_I32, 1, S(60), S(60), S(60), 6, 40, 30, 0, 0, 0, 0, 0, 0);
+    /* (each batch at least twice the pool's minimum of work per thread) */
+    run_matmul(SJ_F32, 2, S(6, 5), S(1, 5), S(6, 5), 9, 70, 33, TU_GAP, 1, 0, 0, TU_REVGAP, 0);
+    run_matmul(SJ_BF16, 1, S(80), S(80), S(80), 7, 50, 23, 0, 0, 0, 1, 0, 0);
+    run_matmul(SJ_I32, 1, S(80), S(80), S(80), 6, 40, 30, 0, 0, 0, 0, 0, 0);
     runs += 4;
     assert_true(sj_cpu_split_count() - before == (uint64_t)runs);
     before = sj_cpu_split_count();

@@ -352,7 +352,7 @@ static void check_launches(const sj_graph *g, const sj_fplan *p, void *const *fn
         const sj_group *gr = &p->groups[gi];
         if (gr->kind == SJ_G_NODE) continue;
         sj_launch L = {0};
-        int64_t items = 0, chunk = 0;
+        int64_t items = 0, chunk = 0, elems = 0;
         if (units >= 0) {
             if (!sj_cuda_launch(gr, exv, units, &L)) continue;
         } else {
@@ -360,6 +360,7 @@ static void check_launches(const sj_graph *g, const sj_fplan *p, void *const *fn
             if (items <= 0) continue;
             int64_t row = gr->kind == SJ_G_ROW ? exv[gr->shape[gr->rank - 1]] : 1;
             chunk = gr->kind == SJ_G_ROW ? (row > 0 ? (32768 + row - 1) / row : 1) : 32768;
+            elems = row > 0 ? row : 1;
         }
         void *fn = fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)L.variant];
         /* a product's epilogue group the product ran inside it (the host's matmul_epi) */
@@ -368,9 +369,10 @@ static void check_launches(const sj_graph *g, const sj_fplan *p, void *const *fn
         const sj_dev_launch *d = &rec.r[k].d;
         const char *lb = tu_label("%s (units %d) group %s", what, units, gr->name);
         if (d->fn != fn) fail_msg("%s: function", lb);
-        if (d->items != items || d->min_chunk != chunk)
-            fail_msg("%s: items %lld chunk %lld, expected %lld %lld", lb, (long long)d->items, (long long)d->min_chunk,
-                     (long long)items, (long long)chunk);
+        if (d->items != items || d->min_chunk != chunk || d->item_elems != elems)
+            fail_msg("%s: items %lld chunk %lld elements an item %lld, expected %lld %lld %lld", lb, (long long)d->items,
+                     (long long)d->min_chunk, (long long)d->item_elems, (long long)items, (long long)chunk,
+                     (long long)elems);
         for (int i = 0; i < 3; i++)
             if (d->grid[i] != L.grid[i] || d->block[i] != L.block[i])
                 fail_msg("%s: grid %u %u %u block %u %u %u, expected %u %u %u / %u %u %u", lb, d->grid[0], d->grid[1],

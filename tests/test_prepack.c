@@ -321,6 +321,47 @@ static void test_fn_bound(void **state) {
     sj_runtime_destroy(plain);
 }
 
+/* A single sentence's products (M 25, K 384, N 384 / 1536, as
+ * all-MiniLM-L6-v2 at batch 1) over two threads: shared out while each
+ * thread gets the pool's minimum of multiply-adds, on the calling thread
+ * alone (no hand-off) when the minimum is raised past half the product, and
+ * bit for bit the same either way; a tiny product never leaves the caller. */
+static void test_small_split(void **state) {
+    const int64_t Ns[] = {384, 1536};
+    for (int c = 0; c < NELEM(Ns); c++) {
+        int64_t M = 25, K = 384, N = Ns[c];
+        sj_tensor a = tu_random(SJ_F32, 2, S(M, K), TU_CONTIG), b = weight(SJ_F32, K, N, 0);
+        sj_tensor bias = tu_random(SJ_F32, 1, S(N), TU_CONTIG);
+        sj_tensor y1 = tu_tensor_layout(SJ_F32, 2, S(M, N), TU_CONTIG), y2 = tu_tensor_layout(SJ_F32, 2, S(M, N), TU_CONTIG);
+        sj_cpu_packed *p = NULL;
+        assert_int_equal(sj_cpu_pack(&b, &p), SJ_OK);
+        sj_threads_set_min_work(pool2, SJ_THREADS_MIN_WORK);
+        uint64_t h = sj_threads_handoffs(pool2);
+        assert_int_equal(sj_cpu_packed_gemm(M, a.data, K, p, bias.data, y1.data, N, pool2), SJ_OK);
+        assert_true(sj_threads_handoffs(pool2) == h + 1);
+        sj_threads_set_min_work(pool2, M * K * N / 2 + 1);
+        assert_int_equal(sj_cpu_packed_gemm(M, a.data, K, p, bias.data, y2.data, N, pool2), SJ_OK);
+        assert_true(sj_threads_handoffs(pool2) == h + 1);
+        assert_true(bits_equal(&y1, &y2));
+        double *rf = tu_refbuf(0, M * N), *mg = tu_refbuf(1, M * N);
+        tu_ref_matmul(&a, &b, rf, mg);
+        for (int64_t i = 0; i < M * N; i++) rf[i] += tu_get(&bias, i % N), mg[i] += fabs(tu_get(&bias, i % N));
+        assert_true(tu_check_mag(&y1, rf, mg, tu_tol(SJ_F32), tu_label("M %lld K %lld N %lld", (long long)M, (long long)K,
+                                                                (long long)N)));
+        sj_cpu_packed_free(p);
+    }
+    sj_threads_set_min_work(pool2, SJ_THREADS_MIN_WORK);
+    /* tiny: 4 x 32 x 64, far below twice the minimum */
+    sj_tensor a = tu_random(SJ_F32, 2, S(4, 32), TU_CONTIG), b = weight(SJ_F32, 32, 64, 0);
+    sj_tensor y = tu_tensor_layout(SJ_F32, 2, S(4, 64), TU_CONTIG);
+    sj_cpu_packed *p = NULL;
+    assert_int_equal(sj_cpu_pack(&b, &p), SJ_OK);
+    uint64_t h = sj_threads_handoffs(pool2);
+    assert_int_equal(sj_cpu_packed_gemm(4, a.data, 32, p, NULL, y.data, 64, pool2), SJ_OK);
+    assert_true(sj_threads_handoffs(pool2) == h);
+    sj_cpu_packed_free(p);
+}
+
 /* Every test ends with the best kernel back in use (a failed one may leave
  * a cap) and its tensors freed. */
 static int teardown_each(void **state) {
@@ -344,6 +385,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_products, teardown_each), cmocka_unit_test_teardown(test_edges, teardown_each),
         cmocka_unit_test_teardown(test_batches, teardown_each),  cmocka_unit_test_teardown(test_cache, teardown_each),
         cmocka_unit_test_teardown(test_fn, teardown_each),       cmocka_unit_test_teardown(test_fn_bound, teardown_each),
+        cmocka_unit_test_teardown(test_small_split, teardown_each),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

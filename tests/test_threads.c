@@ -3,7 +3,9 @@
  * 8 threads, a NULL pool, several callers at once (a busy pool runs the
  * caller inline), nested calls, deterministic results, and create/destroy
  * without jobs, idle workers that sleep, and the lock-free hand-off of the
- * job slot between owners under many tiny jobs from several submitters.
+ * job slot between owners under many tiny jobs from several submitters, and
+ * splits bounded by a minimum per thread (too little runs inline, with no
+ * hand-off; more uses at most as many threads as have the minimum).
  * Clean under ThreadSanitizer. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -320,7 +322,8 @@ static void *ho_submit(void *p) {
     for (int k = 0; k < HO_JOBS; k++) {
         ho_job *j = &s->jobs[k];
         j->n = 2 + (k * 31 + s->id * 17) % (HO_MAX_N - 1);
-        sj_threads_parallel_for(s->t, j->n, 1 + (k % 5 == 4), ho_fn, j);
+        /* a third with no bound per thread, the others wanting fewer helpers */
+        sj_threads_split(s->t, j->n, 1 + (k % 5 == 4), (k % 3) * (1 + k % 11), ho_fn, j);
         for (int64_t i = 0; i < j->n; i++)
             if (atomic_load(&j->hits[i]) != 1) {
                 s->incomplete++;
@@ -372,6 +375,74 @@ static double cpu_seconds(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* -- Threads taking part ----------------------------------------------------- *
+ * sj_threads_split with a minimum per thread: too little work runs on the
+ * caller with no hand-off; otherwise at most n / thread_min threads run
+ * chunks (the others never join, even while they spin for the next job),
+ * and every item still runs once. */
+typedef struct who {
+    pthread_mutex_t lock;
+    pthread_t seen[64];
+    int n_seen;
+    _Atomic int hits[256];
+} who;
+
+static void who_fn(void *ctx, int64_t b, int64_t e) {
+    who *w = ctx;
+    pthread_t me = pthread_self();
+    pthread_mutex_lock(&w->lock);
+    int known = 0;
+    for (int i = 0; i < w->n_seen; i++) known |= pthread_equal(w->seen[i], me);
+    if (!known && w->n_seen < 64) w->seen[w->n_seen++] = me;
+    pthread_mutex_unlock(&w->lock);
+    for (int64_t i = b; i < e; i++) atomic_fetch_add(&w->hits[i], 1);
+    struct timespec ts = {0, 100000}; /* long enough for every spinning worker to come */
+    nanosleep(&ts, NULL);
+}
+
+/* Threads that ran chunks of one split of n items. */
+static int split_threads(sj_threads *t, int64_t n, int64_t thread_min) {
+    who w;
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.lock, NULL);
+    sj_threads_split(t, n, 1, thread_min, who_fn, &w);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(atomic_load(&w.hits[i]), 1);
+    pthread_mutex_destroy(&w.lock);
+    return w.n_seen;
+}
+
+static void test_split_participants(void **state) {
+    (void)state;
+    sj_threads *t = sj_threads_create(8);
+    assert_non_null(t);
+    assert_int_equal(sj_threads_min_work(t), SJ_THREADS_MIN_WORK);
+    assert_int_equal(sj_threads_items(t, SJ_THREADS_MIN_WORK / 4), 4);
+    assert_int_equal(sj_threads_items(t, SJ_THREADS_MIN_WORK / 4 + 1), 4);
+    assert_int_equal(sj_threads_items(t, SJ_THREADS_MIN_WORK * 3), 1);
+    for (int round = 0; round < 20; round++) {
+        /* tiny: the caller alone, nothing handed off */
+        uint64_t h = sj_threads_handoffs(t);
+        assert_int_equal(split_threads(t, 64, 64), 1);
+        assert_int_equal(split_threads(t, 64, 33), 1);
+        assert_int_equal(split_threads(NULL, 64, 1), 1);
+        assert_true(sj_threads_handoffs(t) == h);
+        /* no bound per thread first, so that every worker is awake and spins */
+        assert_true(split_threads(t, 64, 0) <= 8);
+        assert_true(sj_threads_handoffs(t) == h + 1);
+        int two = split_threads(t, 64, 32), four = split_threads(t, 64, 16);
+        if (two > 2 || four > 4) fail_msg("round %d: %d threads for a split of 2, %d for 4", round, two, four);
+        assert_true(sj_threads_handoffs(t) == h + 3);
+    }
+    /* the pool's minimum, as a kernel reads it */
+    sj_threads_set_min_work(t, 1000);
+    assert_int_equal(sj_threads_min_work(t), 1000);
+    assert_int_equal(sj_threads_items(t, 300), 4);
+    sj_threads_set_min_work(t, 0);
+    assert_int_equal(sj_threads_min_work(t), 1);
+    assert_int_equal(sj_threads_min_work(NULL), SJ_THREADS_MIN_WORK);
+    sj_threads_destroy(t);
+}
+
 static void test_idle_workers_sleep(void **state) {
     (void)state;
     sj_threads *t = sj_threads_create(4);
@@ -398,6 +469,7 @@ int main(void) {
         cmocka_unit_test(test_many_jobs),
         cmocka_unit_test(test_handoff_stress),
         cmocka_unit_test(test_idle_workers_sleep),
+        cmocka_unit_test(test_split_participants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,8 @@
  * (cblas_sgemm over the keys any query of the block may see), a softmax
  * per row over its visible prefix (sj_cpu_softmax_row), O = P V (sgemm),
  * stored in y's dtype. Pairs are shared over the kernel pool when OpenBLAS
- * runs single-threaded and there are enough multiply-adds to share.
+ * runs single-threaded, over as many threads as get the pool's minimum of
+ * multiply-adds each (none: the calling thread runs them all).
  *
  * Scratch slots: 0 the query block, 1 keys, 2 values, 3 scores and output.
  */
@@ -28,7 +29,6 @@
 #include "kernels/cpu/threads.h"
 
 #define QB 64
-#define VL_SPLIT_MIN_MACS (INT64_C(1) << 18)
 
 /* -- Offsets ---------------------------------------------------------------- */
 
@@ -145,8 +145,11 @@ sj_status sj_cpu_attention_varlen(const sj_tensor *q, const sj_tensor *k, const 
         return sj_seterr(SJ_ESHAPE, "attention_varlen: a sequence of %lld tokens is too long for BLAS",
                          (long long)lmax);
     int pool_ok = pool && sj_threads_count(pool) > 1 && openblas_get_num_threads() == 1;
-    if (pool_ok && B * H > 1 && macs >= 2 * VL_SPLIT_MIN_MACS)
-        sj_threads_parallel_for(pool, B * H, 1, pairs, &j);
+    /* each thread taking part: at least the pool's minimum of work
+     * (sj_threads_min_work), counted in pairs of the average size */
+    int64_t thread_pairs = sj_threads_items(pool, macs / (B * H) > 0 ? macs / (B * H) : 1);
+    if (pool_ok && B * H >= 2 * thread_pairs)
+        sj_threads_split(pool, B * H, 1, thread_pairs, pairs, &j);
     else
         pairs(&j, 0, B * H);
     if (atomic_load(&j.failed))

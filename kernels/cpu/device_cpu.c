@@ -77,10 +77,15 @@ static void run_range(void *ctx, int64_t begin, int64_t end) {
 }
 
 /* A generated group's work items split across the kernel threads, in
- * chunks of at least the descriptor's. */
+ * chunks of at least the descriptor's, over only the threads that get the
+ * pool's minimum of work each (an element counting SJ_THREADS_ELEM_WORK
+ * multiply-adds). */
 static sj_status cpu_launch(void *ctx, const sj_dev_launch *d) {
     if (d->items <= 0) return SJ_OK;
-    sj_threads_parallel_for((sj_threads *)ctx, d->items, d->min_chunk, run_range, (void *)d);
+    sj_threads *pool = ctx;
+    int64_t per_item = d->item_elems > 0 ? d->item_elems : 1;
+    sj_threads_split(pool, d->items, d->min_chunk, sj_threads_items(pool, SJ_THREADS_ELEM_WORK * per_item), run_range,
+                     (void *)d);
     return SJ_OK;
 }
 
@@ -150,6 +155,7 @@ sj_status sj_cpu_device_create(const sj_dev_config *c, sj_backend **out) {
     sj_status st = make_compiler(d, c);
     if (!st && !(d->threads = sj_threads_create(c->exec_threads)))
         st = sj_seterr(SJ_ENOMEM, "cannot start %d kernel threads", c->exec_threads);
+    if (!st) sj_threads_set_min_work(d->threads, c->exec_min_work > 0 ? c->exec_min_work : SJ_THREADS_MIN_WORK);
     if (st) {
         destroy(b);
         return st;

@@ -145,12 +145,13 @@ static mat mat_at(const mat *m, int64_t r0, int64_t c0) {
     return v;
 }
 
-/* Products smaller than this many multiply-adds run on the calling thread:
- * below it, waking a worker costs about what it saves. */
-#ifndef SJ_SPLIT_MIN_MACS
-#define SJ_SPLIT_MIN_MACS (INT64_C(1) << 18)
-#endif
-#define SPLIT_MIN_MACS SJ_SPLIT_MIN_MACS
+/* Each thread taking part in a product, a batch of products or attention
+ * gets at least the pool's minimum of multiply-adds (sj_threads_min_work,
+ * the runtime's exec_min_work): below it, waking a worker costs about what
+ * it saves, and work with less than twice that runs on the calling thread.
+ * Batches and attention pairs are claimed in chunks of at least
+ * CHUNK_MIN_MACS. */
+#define CHUNK_MIN_MACS (INT64_C(1) << 18)
 /* Blocks of a split product are multiples of this many columns (or rows). */
 #define SPLIT_ALIGN 16
 
@@ -214,10 +215,10 @@ static void gemm(sj_threads *pool, int64_t M, int64_t N, int64_t K, float alpha,
     assert(!epi || (ylay == LAY_ROW && ldy == N));
     gemm_job g = {.M = M, .N = N, .K = K, .by_rows = M > N, .alpha = alpha, .a = *a, .b = *b,
                   .y = y, .ylay = ylay, .ldy = ldy, .bias = bias, .epi = epi};
-    int64_t dim = g.by_rows ? M : N, parts = 1;
-    if (K > 0 && M * N * K >= 2 * SPLIT_MIN_MACS && split_ok(pool)) {
+    int64_t dim = g.by_rows ? M : N, parts = 1, w = sj_threads_min_work(pool);
+    if (K > 0 && M * N * K >= 2 * w && split_ok(pool)) {
         parts = sj_threads_count(pool);
-        if (parts > M * N * K / SPLIT_MIN_MACS) parts = M * N * K / SPLIT_MIN_MACS;
+        if (parts > M * N * K / w) parts = M * N * K / w;
         int64_t most = (dim + SPLIT_ALIGN - 1) / SPLIT_ALIGN;
         if (parts > most) parts = most;
     }
@@ -470,11 +471,11 @@ sj_status sj_cpu_matmul_epi(const sj_tensor *a, const sj_tensor *b, const sj_cpu
     mm_batches j = {.m = m, .p = &p, .n = cpu_plan_rows(&p) * p.shape[p.rank - 1]};
     atomic_init(&j.failed, 0);
     int64_t macs = m.M * m.N * (m.K > 0 ? m.K : 1);
-    int64_t min_batches = (SPLIT_MIN_MACS + macs - 1) / macs;
-    if (macs < 2 * SPLIT_MIN_MACS && j.n > min_batches && split_ok(pool)) {
+    int64_t min_batches = (CHUNK_MIN_MACS + macs - 1) / macs, thread_batches = sj_threads_items(pool, macs);
+    if (macs < 2 * sj_threads_min_work(pool) && j.n >= 2 * thread_batches && split_ok(pool)) {
         atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed);
         j.m.pool = NULL;
-        sj_threads_parallel_for(pool, j.n, min_batches, mm_range, &j);
+        sj_threads_split(pool, j.n, min_batches, thread_batches, mm_range, &j);
     } else {
         mm_range(&j, 0, j.n);
     }
@@ -635,10 +636,11 @@ sj_status sj_cpu_attention_mask(const sj_tensor *q, const sj_tensor *k, const sj
     atomic_init(&j.failed, 0);
     /* pairs per part: enough multiply-adds to be worth a worker */
     int64_t macs = t->Sq * (t->Sk > 0 ? t->Sk : 1) * (t->D + t->Dv);
-    int64_t min_pairs = macs >= SPLIT_MIN_MACS ? 1 : (SPLIT_MIN_MACS + macs - 1) / (macs > 0 ? macs : 1);
-    if (split_ok(pool) && B * H > min_pairs) {
+    int64_t min_pairs = macs >= CHUNK_MIN_MACS ? 1 : (CHUNK_MIN_MACS + macs - 1) / (macs > 0 ? macs : 1);
+    int64_t thread_pairs = sj_threads_items(pool, macs);
+    if (split_ok(pool) && B * H >= 2 * thread_pairs) {
         atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed);
-        sj_threads_parallel_for(pool, B * H, min_pairs, att_heads, &j);
+        sj_threads_split(pool, B * H, min_pairs, thread_pairs, att_heads, &j);
     } else
         att_heads(&j, 0, B * H);
     if (atomic_load(&j.failed))

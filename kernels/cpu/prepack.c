@@ -47,9 +47,10 @@
 #endif
 
 #define NR SJ_CPU_PANEL
-/* Products with fewer multiply-adds than this run on the calling thread
- * (as matmul.c's split). */
-#define SPLIT_MIN_MACS (INT64_C(1) << 18)
+/* Multiply-adds a chunk of work items has at least (the pool's minimum
+ * per thread, sj_threads_min_work, bounds how many threads take part: a
+ * product with less than twice that runs on the calling thread). */
+#define CHUNK_MIN_MACS (INT64_C(1) << 18)
 /* Rows of a per block: about this many bytes. */
 #define A_BLOCK_BYTES (256 * 1024)
 /* Panels a product with an epilogue finishes (for one block of rows)
@@ -493,9 +494,10 @@ sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const s
     j.tb = A_BLOCK_BYTES / (kn->mr * p->K * (int64_t)sizeof(float));
     if (j.tb < 1) j.tb = 1;
     int64_t blocks = (j.tiles + j.tb - 1) / j.tb, items = blocks * p->panels;
-    int64_t macs = M * p->K * p->N, per_item = (M + blocks - 1) / blocks * p->K * NR;
-    if (split && macs >= 2 * SPLIT_MIN_MACS && items > 1)
-        sj_threads_parallel_for(pool, items, (SPLIT_MIN_MACS + per_item - 1) / per_item, pk_items, &j);
+    int64_t per_item = (M + blocks - 1) / blocks * p->K * NR;
+    if (split && items > 1)
+        sj_threads_split(pool, items, (CHUNK_MIN_MACS + per_item - 1) / per_item, sj_threads_items(pool, per_item),
+                         pk_items, &j);
     else
         pk_items(&j, 0, items);
     return SJ_OK;

@@ -17,9 +17,19 @@
  * them, so 31 spinning workers serialised every kernel of a request.
  *
  * Workers spin for SJ_WORKER_SPIN_NS after a job (a burst of kernels is
- * common), then sleep on `wake`; `sleepers` tells an owner whether anyone
- * needs a wake-up (the mutex is taken only then, and when the owner itself
- * must sleep for a straggling chunk). No user code runs under any lock.
+ * common), then sleep on `wake`; each one's `asleep` flag tells an owner
+ * whether a worker it wants needs a wake-up (the mutex is taken only then,
+ * and when the owner itself must sleep for a straggling chunk). No user
+ * code runs under any lock.
+ *
+ * A job wants only as many helpers as it has work for (sj_threads_split:
+ * a minimum of work per participating thread). The count rides in the low
+ * bits of `generation`, and worker i joins only when i is below it: the
+ * others note the generation and go on waiting without touching the job's
+ * lines, so a small product on a 32-core pool costs the hand-off to the
+ * few threads it uses, not 31 announcements and failed claims. A worker
+ * woken from its sleep for a job that does not want it goes back to sleep
+ * at once (the owner broadcasts on the one condition variable).
  *
  * Lock order: busy -> lock. `lock` is never held while running fn.
  */
@@ -47,6 +57,9 @@
 #define SJ_WORKER_SPIN_NS 50000
 #endif
 #define CALLER_SPIN 1024 /* polls of the done count before waiting */
+/* generation: a counter above WANT_BITS, the helpers wanted below them */
+#define WANT_BITS 16
+#define WANT_MASK ((UINT64_C(1) << WANT_BITS) - 1)
 
 typedef struct job {
     sj_range_fn fn;
@@ -67,10 +80,13 @@ struct sj_threads {
     job job;              /* the slot; rewritten only when active == 0 and cur == NULL */
     _Atomic(job *) cur;   /* the job open to workers (NULL: none) */
     _Atomic int active;   /* workers between their join and their last claim */
-    _Atomic int sleepers; /* workers asleep on wake, or about to be */
+    _Atomic unsigned char *asleep; /* per worker: asleep on wake, or about to be */
     _Atomic bool owner_waits; /* the owner sleeps on done_cv */
     _Atomic bool stop;
-    _Atomic uint64_t generation;
+    _Atomic uint64_t generation; /* counter << WANT_BITS | helpers wanted */
+    _Atomic int next_index;      /* workers number themselves 0, 1, ... */
+    _Atomic int64_t min_work;    /* sj_threads_set_min_work */
+    _Atomic uint64_t handoffs;   /* jobs handed to workers (written by owners only) */
 };
 
 static inline void cpu_relax(void) {
@@ -106,22 +122,31 @@ static void run_chunks(sj_threads *t, job *j) {
 static void *worker_main(void *arg) {
     sj_threads *t = arg;
     uint64_t seen = 0;
+    const uint64_t me = (uint64_t)atomic_fetch_add(&t->next_index, 1);
+    bool spin = true; /* false: woken for a job that did not want this worker */
     for (;;) {
-        for (int64_t i = 0, t0 = sj_now_ns();; i++) {
+        for (int64_t i = 0, t0 = sj_now_ns(); spin; i++) {
             if (atomic_load_explicit(&t->generation, memory_order_relaxed) != seen) break;
             if (i % 32 == 31 && sj_now_ns() - t0 > SJ_WORKER_SPIN_NS) break;
             cpu_relax();
         }
+        bool slept = false;
         if (atomic_load(&t->generation) == seen) { /* sleep until the next job */
             pthread_mutex_lock(&t->lock);
-            atomic_fetch_add(&t->sleepers, 1);
+            atomic_store(&t->asleep[me], 1); /* before generation is read (Dekker with the owner) */
             while (!atomic_load(&t->stop) && atomic_load(&t->generation) == seen)
                 pthread_cond_wait(&t->wake, &t->lock);
-            atomic_fetch_sub(&t->sleepers, 1);
+            atomic_store(&t->asleep[me], 0);
             pthread_mutex_unlock(&t->lock);
+            slept = true;
         }
         if (atomic_load(&t->stop)) return NULL;
         seen = atomic_load(&t->generation);
+        if ((seen & WANT_MASK) <= me) { /* not wanted: back to waiting, as it was */
+            spin = !slept;
+            continue;
+        }
+        spin = true;
         atomic_fetch_add(&t->active, 1); /* announced before cur is read */
         job *j = atomic_load(&t->cur);
         if (j) run_chunks(t, j);
@@ -144,6 +169,7 @@ static void free_pool(sj_threads *t) {
     pthread_cond_destroy(&t->wake);
     pthread_mutex_destroy(&t->lock);
     pthread_mutex_destroy(&t->busy);
+    free((void *)t->asleep);
     free(t->workers);
     free(t);
 }
@@ -158,7 +184,9 @@ sj_threads *sj_threads_create(int n_threads) {
     if (!t) return NULL;
     t->n = n_threads;
     t->n_workers = n_threads - 1;
-    if (t->n_workers > 0 && !(t->workers = sj_calloc((size_t)t->n_workers, sizeof *t->workers))) {
+    if (t->n_workers > 0 && (!(t->workers = sj_calloc((size_t)t->n_workers, sizeof *t->workers)) ||
+                             !(t->asleep = sj_calloc((size_t)t->n_workers, sizeof *t->asleep)))) {
+        free(t->workers);
         free(t);
         return NULL;
     }
@@ -172,6 +200,7 @@ sj_threads *sj_threads_create(int n_threads) {
         if (inited > 2) pthread_cond_destroy(&t->wake);
         if (inited > 1) pthread_mutex_destroy(&t->lock);
         if (inited > 0) pthread_mutex_destroy(&t->busy);
+        free((void *)t->asleep);
         free(t->workers);
         free(t);
         return NULL;
@@ -179,9 +208,11 @@ sj_threads *sj_threads_create(int n_threads) {
     atomic_init(&t->generation, 0);
     atomic_init(&t->cur, NULL);
     atomic_init(&t->active, 0);
-    atomic_init(&t->sleepers, 0);
     atomic_init(&t->owner_waits, false);
     atomic_init(&t->stop, false);
+    atomic_init(&t->next_index, 0);
+    atomic_init(&t->min_work, SJ_THREADS_MIN_WORK);
+    atomic_init(&t->handoffs, 0);
     atomic_init(&t->job.next, 0);
     atomic_init(&t->job.done, 0);
 
@@ -207,6 +238,24 @@ void sj_threads_destroy(sj_threads *t) {
 }
 
 int sj_threads_count(const sj_threads *t) { return t ? t->n : 1; }
+
+void sj_threads_set_min_work(sj_threads *t, int64_t work) {
+    if (t) atomic_store_explicit(&t->min_work, work > 0 ? work : 1, memory_order_relaxed);
+}
+
+int64_t sj_threads_min_work(const sj_threads *t) {
+    return t ? atomic_load_explicit(&((sj_threads *)t)->min_work, memory_order_relaxed) : SJ_THREADS_MIN_WORK;
+}
+
+int64_t sj_threads_items(const sj_threads *t, int64_t item_work) {
+    int64_t w = sj_threads_min_work(t);
+    if (item_work < 1) item_work = 1;
+    return w / item_work + (w % item_work != 0);
+}
+
+uint64_t sj_threads_handoffs(const sj_threads *t) {
+    return t ? atomic_load_explicit(&((sj_threads *)t)->handoffs, memory_order_relaxed) : 0;
+}
 
 /* -- Parallel for -------------------------------------------------------- */
 
@@ -235,33 +284,46 @@ static void wait_done(sj_threads *t, job *j) {
 }
 
 void sj_threads_parallel_for(sj_threads *t, int64_t n, int64_t min_chunk, sj_range_fn fn, void *ctx) {
+    sj_threads_split(t, n, min_chunk, 0, fn, ctx);
+}
+
+void sj_threads_split(sj_threads *t, int64_t n, int64_t min_chunk, int64_t thread_min, sj_range_fn fn, void *ctx) {
     if (n <= 0 || !fn) return;
     if (min_chunk < 1) min_chunk = 1;
+    /* Threads that take part: as many as have thread_min items each. */
+    int64_t parts = t ? t->n : 1;
+    if (thread_min > 0 && n / thread_min < parts) parts = n / thread_min;
     /* Inline when there is nothing to share, or another caller (or this one,
      * from inside fn) holds the pool. */
-    if (!t || t->n_workers == 0 || n <= min_chunk || pthread_mutex_trylock(&t->busy)) {
+    if (!t || t->n_workers == 0 || parts <= 1 || n <= min_chunk || pthread_mutex_trylock(&t->busy)) {
         fn(ctx, 0, n);
         return;
     }
-    int64_t chunk = n / ((int64_t)t->n * 4);
+    int64_t chunk = n / (parts * 4);
     if (chunk < min_chunk) chunk = min_chunk;
     job *j = &t->job;
     wait_inactive(t); /* cur is NULL: no new worker reads the slot */
     j->fn = fn, j->ctx = ctx, j->n = n, j->chunk = chunk, j->n_chunks = n / chunk + (n % chunk != 0);
     assert(j->n_chunks >= 2);
+    /* helpers wanted: one fewer than the threads taking part, and than the chunks */
+    int64_t helpers = parts - 1 < j->n_chunks - 1 ? parts - 1 : j->n_chunks - 1;
     atomic_store_explicit(&j->next, 0, memory_order_relaxed);
     atomic_store_explicit(&j->done, 0, memory_order_relaxed);
     atomic_store(&t->cur, j); /* seq_cst: the slot's writes before it */
-    atomic_fetch_add(&t->generation, 1);
-    int sleeping = atomic_load(&t->sleepers);
-    if (sleeping > 0) {
-        int64_t helpers = j->n_chunks - 1;
-        pthread_mutex_lock(&t->lock);
-        if (helpers >= sleeping) pthread_cond_broadcast(&t->wake);
-        else
-            for (int64_t i = 0; i < helpers; i++) pthread_cond_signal(&t->wake);
-        pthread_mutex_unlock(&t->lock);
-    }
+    uint64_t gen = atomic_load_explicit(&t->generation, memory_order_relaxed); /* only owners write it */
+    atomic_store(&t->generation, ((gen >> WANT_BITS) + 1) << WANT_BITS | (uint64_t)helpers);
+    atomic_store_explicit(&t->handoffs, atomic_load_explicit(&t->handoffs, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    /* Wake the sleepers only when a wanted worker is among them (seq_cst:
+     * it either sees the new generation or is seen asleep); the unwanted
+     * ones a broadcast wakes go back to sleep. */
+    for (int64_t i = 0; i < helpers; i++)
+        if (atomic_load(&t->asleep[i])) {
+            pthread_mutex_lock(&t->lock);
+            pthread_cond_broadcast(&t->wake);
+            pthread_mutex_unlock(&t->lock);
+            break;
+        }
 
     run_chunks(t, j);
     wait_done(t, j);

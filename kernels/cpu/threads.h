@@ -26,4 +26,25 @@ typedef void (*sj_range_fn)(void *ctx, int64_t begin, int64_t end);
 /* Run fn over [0, n) in chunks of at least min_chunk items (t NULL: inline). */
 void sj_threads_parallel_for(sj_threads *t, int64_t n, int64_t min_chunk, sj_range_fn fn, void *ctx);
 
+/* As parallel_for, on only as many threads (the caller's included) as have
+ * thread_min items each (0: no such bound): fewer than two, and fn runs
+ * over the whole range on the calling thread, with no hand-off; workers
+ * not taking part do not touch the job. */
+void sj_threads_split(sj_threads *t, int64_t n, int64_t min_chunk, int64_t thread_min, sj_range_fn fn, void *ctx);
+
+/* The least work a kernel gives each thread taking part, in multiply-adds
+ * (an element of a fused kernel counts SJ_THREADS_ELEM_WORK): the runtime's
+ * exec_min_work. A kernel with less than twice this runs on the caller's
+ * thread alone. t NULL: the default. */
+#define SJ_THREADS_MIN_WORK (INT64_C(1) << 18)
+#define SJ_THREADS_ELEM_WORK 16
+void sj_threads_set_min_work(sj_threads *t, int64_t work);
+int64_t sj_threads_min_work(const sj_threads *t);
+/* Items of item_work each that make up the least work per thread (>= 1):
+ * thread_min for sj_threads_split. */
+int64_t sj_threads_items(const sj_threads *t, int64_t item_work);
+
+/* Jobs handed to workers so far (inline runs are not counted; tests). */
+uint64_t sj_threads_handoffs(const sj_threads *t);
+
 #endif
