@@ -39,7 +39,12 @@
  * after learnings and before compiles, run by a worker with no lock held,
  * counted per function in captures_pending, dropped by the same
  * owner-based cancel as compiles (sj_compiler_cancel_fn). A capture that
- * fails backs off as a compile does (sj_compiler_retry_at).
+ * fails backs off as a compile does (sj_compiler_retry_at). Each kind of
+ * job (compile, learning, capture, the device's) has two limits: jobs of
+ * it queued (job_queue_max; one past it refused and counted) and workers
+ * running it at once (compiles n - 1 of n workers, every other kind half,
+ * rounded up; no limit with one worker or none): the rule and why at
+ * job_kind in compile.c; counted in sj_compiler_job_counters.
  * Workers never call user code. In sync mode the calling thread compiles
  * before running; in off mode nothing is compiled.
  *

@@ -714,6 +714,11 @@ static void queue_limit_holds_under_concurrent_posts(void **state) {
     call_checked(fn, 0);
     assert_int_equal(stats(fn).compiles, 1);
     assert_true(stats(fn).fused_symbolic_calls >= 1);
+    char *text = tu_explain(fn);
+    if (!strstr(text, "background queue (the runtime's, 0 workers): compile 0 queued (of 1), 0 running, 1 ran, 2 dropped;") ||
+        !strstr(text, "device 0 queued (of 5), 0 running, 5 ran, 195 dropped"))
+        fail_msg("explain:\n%s", text);
+    free(text);
     sj_runtime_destroy(rt);
     assert_int_equal(atomic_load(&device_drops), 0);
 }
