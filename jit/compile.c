@@ -65,8 +65,9 @@ _Static_assert(JOB_KINDS == 4, "a job kind without its limits and counters");
  *   and a device job goes back to the device, which does it its own way
  *   (the cuBLASLt warmer's own thread).
  * - running: at most workers_max[kind] workers run a kind at once. With n
- *   workers: a compile may take n - 1 of them (all of one), so that with
- *   two or more workers one is always free for the short kinds (a
+ *   workers: compiles may take n - r of them while n > r (r:
+ *   cfg.job_reserve_workers, default 1), else all, so that with two or
+ *   more workers one is always free for the short kinds (a
  *   learning, a capture, a device job: milliseconds, and a capture serves
  *   every later call of its shape) however long compiles take (50 ms to
  *   seconds); each short kind may take half of them, rounded up (all of
@@ -697,7 +698,10 @@ sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_w
     for (int k = 0; k < JOB_KINDS; k++) {
         c->queue_max[k] = rt && rt->cfg.job_queue_max > 0 ? rt->cfg.job_queue_max : QUEUE_MAX_DEFAULT;
         /* the rule at job_kind; 0 (no limit) without workers */
-        c->workers_max[k] = workers == 0 ? 0 : k == JOB_COMPILE ? (workers > 1 ? workers - 1 : 1) : (workers + 1) / 2;
+        int reserve = rt ? rt->cfg.job_reserve_workers : 1;
+        c->workers_max[k] = workers == 0              ? 0
+                            : k == JOB_COMPILE        ? (workers > reserve ? workers - reserve : workers)
+                                                      : (workers + 1) / 2;
     }
     if (mode == SJ_CM_ASYNC && n_workers > 0) {
         c->workers = sj_calloc((size_t)n_workers, sizeof *c->workers);

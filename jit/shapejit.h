@@ -336,6 +336,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_LEARN_HALF_LIFE=n          -> learn_half_life
  *   SHAPEJIT_GRAPH_MAX_BYTES=n          -> graph_max_bytes
  *   SHAPEJIT_JOB_QUEUE_MAX=n            -> job_queue_max
+ *   SHAPEJIT_JOB_RESERVE_WORKERS=n      -> job_reserve_workers
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -634,6 +635,12 @@ typedef struct sj_runtime_config {
      * counted (sj_runtime_job_counters). Default 4096.
      * $SHAPEJIT_JOB_QUEUE_MAX. */
     int job_queue_max;
+    /* Compile workers kept from compiles for the short jobs (learnings,
+     * graph captures, the device's jobs), while compile_threads is larger:
+     * compiles run on at most compile_threads - this at once
+     * (sj_runtime_job_counters). Default 1; 0: compiles may take every
+     * worker. $SHAPEJIT_JOB_RESERVE_WORKERS. */
+    int job_reserve_workers;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -702,9 +709,10 @@ SJ_API void sj_runtime_cache_counters(const sj_runtime *rt, sj_cache_counters *o
  *   compile by a later hot call, a capture by later calls of its shape) or
  *   done by the device its own way (the warmer's own thread);
  * - workers_max, workers running the kind at once: with n compile workers,
- *   compiles take at most n - 1 (so that with two or more workers a
- *   learning, a capture or a device job, milliseconds each, never waits
- *   for compiles, which take 50 ms to seconds) and each other kind at most
+ *   compiles take at most n - r while n > r (r: job_reserve_workers,
+ *   default 1; so that with two or more workers a learning, a capture or a
+ *   device job, milliseconds each, never waits for compiles, which take
+ *   50 ms to seconds; 0: compiles may take them all) and each other kind at most
  *   half of them, rounded up (so that captures or device work never
  *   occupy every worker while compiles wait); one worker runs every kind,
  *   the most valuable job first (learnings, captures and device jobs

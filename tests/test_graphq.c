@@ -640,8 +640,9 @@ static void *poster(void *p) {
 }
 
 /* The limits follow the rule (sj_job_counters): with n workers, compiles
- * take n - 1 (all of one), each other kind half, rounded up; no workers:
- * no running limit; every kind queues job_queue_max. */
+ * take n - 1 (all of one; n - job_reserve_workers while n is larger), each
+ * other kind half, rounded up; no workers: no running limit; every kind
+ * queues job_queue_max. */
 static void limits_follow_the_rule(void **state) {
     (void)state;
     static const int workers[] = {0, 1, 2, 3, 4};
@@ -659,6 +660,20 @@ static void limits_follow_the_rule(void **state) {
             assert_int_equal(jc.kind[k].workers_max, k == SJ_JOB_COMPILE ? compile_max[w] : other_max[w]);
             assert_int_equal(jc.kind[k].queued + jc.kind[k].running, 0);
         }
+        sj_runtime_destroy(rt);
+    }
+    /* job_reserve_workers: workers kept from compiles while there are more */
+    static const int reserve[] = {0, 2, 3, 5};
+    static const int compile_max3[] = {3, 1, 3, 3};
+    for (int r = 0; r < 4; r++) {
+        sj_runtime_config cfg = tu_cpu_config();
+        cfg.compile_threads = 3;
+        cfg.job_reserve_workers = reserve[r];
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_job_counters jc = job_counters(rt);
+        assert_int_equal(jc.kind[SJ_JOB_COMPILE].workers_max, compile_max3[r]);
+        assert_int_equal(jc.kind[SJ_JOB_CAPTURE].workers_max, 2);
         sj_runtime_destroy(rt);
     }
     sj_runtime_config cfg = tu_cpu_config();
