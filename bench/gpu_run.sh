@@ -5,7 +5,7 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|remote|cpuscale|all|asan|warmup|nvrtc|gemm] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|graphbudget|remote|cpuscale|all|asan|warmup|nvrtc|gemm] (results under $OUT)
 #             gemm: the generated tensor-core products (test_gemm_cuda, then
 #             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl;
 #             test_gemm_jit, and bench_cuda w4 with SHAPEJIT_CUDA_GEMM 0 and 1);
@@ -230,6 +230,15 @@ if [ "$what" = f32probe ]; then # issue 27: why alternating two batch shapes cos
         echo "f32probe $cfg rc=$?: $(cat /tmp/probe.jsonl | tr '\n' ' ')" | tee -a "$summary"
         grep -c . /tmp/probe.err | sed 's/^/stderr lines: /' | tee -a "$summary"
         tail -5 /tmp/probe.err >> "$summary"
+    done
+fi
+
+if [ "$what" = graphbudget ]; then # issue 30: graph memory under SHAPEJIT_GRAPH_MAX_BYTES (0: no limit) on w4 and w5
+    for budget in 0 ${SJ_GRAPH_BUDGETS:-4194304 1048576}; do
+        SHAPEJIT_GRAPH_MAX_BYTES=$budget timeout 200 "$B/bench_cuda" --workloads w4,w5 \
+            > "$OUT/graphbudget_$budget.jsonl" 2> /tmp/gb.err
+        echo "graph budget $budget rc=$?" | tee -a "$summary"
+        grep -E '"fused_static"|"auto' "$OUT/graphbudget_$budget.jsonl" | tee -a "$summary"
     done
 fi
 

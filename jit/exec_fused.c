@@ -2,8 +2,10 @@
  *
  * Per call: one pass evaluates every expression of the graph (sizes,
  * strides, arena offsets); the arena comes from the function's pool; each
- * store gets its base pointer; generated groups run over their work items
- * split across the thread pool; NODE groups run their eager kernel on
+ * store gets its base pointer; each generated group goes to the device's
+ * launch slot as a flat descriptor filled here on the stack (kernels/
+ * device.h's sj_dev_launch: the host's work items, split across its thread
+ * pool; a CUDA device's grid); NODE groups run their eager kernel on
  * descriptors built from the plan's layouts (a product with its bias add
  * passes the bias to the product's kernel; a product with an epilogue
  * group runs it inside the product where the device and the product
@@ -21,6 +23,7 @@
 #include "jit/runtime.h"
 #include "base/tensor.h"
 #include "specialize/codegen.h"
+#include "specialize/codegen_cuda.h"
 #include "specialize/fusion.h"
 
 #define ALIGN 64
@@ -70,11 +73,45 @@ static sj_status group_ptrs(const sj_group *gr, void *const *bases, void **ptrs)
     return SJ_OK;
 }
 
+/* The host's split of a generated group: work items per chunk handed to
+ * one kernel thread, about this many elements. */
+#define CHUNK_ELEMS 32768
+
+/* A generated group's launch descriptor for the device (kernels/device.h's
+ * sj_dev_launch): the launch rule of the generator its code came from
+ * (jit/runtime.c chooses it by the same test: CUDA C for a CUDA device, C
+ * for the host). False: an empty iteration space, nothing to launch. */
+static bool launch_desc(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *fn,
+                        sj_dev_launch *d) {
+    if (x->ops->device == SJ_CUDA) {
+        sj_launch L;
+        if (!sj_cuda_launch(gr, exv, x->ops->units, &L)) return false;
+        d->fn = fn[L.variant];
+        memcpy(d->grid, L.grid, sizeof d->grid);
+        memcpy(d->block, L.block, sizeof d->block);
+        d->smem = L.smem;
+        return true;
+    }
+    int64_t items = gr->kind == SJ_G_ROW ? exv[gr->rows] : exv[gr->numel];
+    if (items <= 0) return false;
+    d->fn = fn[0]; /* the C generator makes one per group */
+    d->items = items;
+    d->min_chunk = CHUNK_ELEMS;
+    if (gr->kind == SJ_G_ROW) {
+        int64_t row = exv[gr->shape[gr->rank - 1]];
+        d->min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
+    }
+    return true;
+}
+
 static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64_t *exv, void *const *bases,
-                               void *const *fn) {
+                               void *const *fn, int n_syms) {
     void *ptrs[MAX_PTRS];
     sj_status st = group_ptrs(gr, bases, ptrs);
-    return st ? st : x->ops->launch(x->ops_ctx, gr, fn, ptrs, x->sym_vals, exv);
+    if (st) return st;
+    sj_dev_launch d = {.ptrs = ptrs, .syms = x->sym_vals, .n_ptrs = gr->n_loads + gr->n_stores,
+                       .n_syms = n_syms};
+    return launch_desc(x, gr, exv, fn, &d) ? x->ops->launch(x->ops_ctx, &d) : SJ_OK;
 }
 
 /* A generated product (fusion.h's "Generated products") through the
@@ -160,6 +197,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     /* products run their epilogue groups inside them (cfg.fuse_epilogue) */
     bool epi_ok = ops->k.matmul_epi && (!x->rt || x->rt->cfg.fuse_epilogue);
     unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
+    int n_syms = sj_sym_count(g->ex); /* every generated kernel takes them all */
     sj_status st = sj_exec_check_outputs(x, exv);
     if (!st) st = sj_exec_alloc_outputs(x, exv, allocated);
     for (int s = 0; s < p->n_stores && !st; s++) {
@@ -180,7 +218,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
                 st = sj_seterr(SJ_EINTERNAL, "exec: no compiled function for group %s", gr->name);
                 break;
             }
-            st = run_generated(x, gr, exv, bases, fn);
+            st = run_generated(x, gr, exv, bases, fn, n_syms);
             if (st) sj_err_prefix("fn '%s': kernel %s: ", x->fn_name, gr->name);
             continue;
         }

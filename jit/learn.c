@@ -86,36 +86,37 @@ static sj_hist_window *window_of(sj_memo *m, sj_entry *e, uint64_t *calls) {
  * them, (1 - f) / (D ln 2 / half_life), so that a traffic steady between
  * two updates is weighted exactly, however often they come. Two passes
  * over the memo and the entries, O(signatures), no allocation. */
+/* One window's share of window_update's pass: pass 0 adds its calls since
+ * the latest update to *since; pass 1 decays its weight by f and adds the
+ * new calls at their mean weight g, then adds the weight to *total. */
+static void window_step(sj_hist_window *w, uint64_t calls, int pass, double f, double g, double *since,
+                        double *total) {
+    uint64_t d = calls > w->seen ? calls - w->seen : 0;
+    if (!pass) {
+        *since += (double)d;
+        return;
+    }
+    w->w = w->w * f + (double)d * g, w->seen = calls;
+    *total += w->w;
+}
+
 static void window_update(sj_fn *fn, double half_life) {
     sj_table *t = &fn->table;
     double since = 0;
     for (int pass = 0; pass < 2; pass++) {
         double x = since / half_life * M_LN2, f = exp(-x), total = 0;
         double g = x > 1e-12 ? -expm1(-x) / x : 1; /* the new calls' mean weight */
+        uint64_t calls;
         for (sj_memo *m = sj_memos(t); m; m = sj_memo_next(m)) {
             sj_entry *e = sj_memo_entry(m);
             if (!e->symbolic) continue; /* the entry's own, below */
-            uint64_t calls;
             sj_hist_window *w = window_of(m, e, &calls);
-            uint64_t d = calls > w->seen ? calls - w->seen : 0;
-            if (!pass) {
-                since += (double)d;
-                continue;
-            }
-            w->w = w->w * f + (double)d * g, w->seen = calls;
-            total += w->w;
+            window_step(w, calls, pass, f, g, &since, &total);
         }
         for (sj_entry *e = sj_entries(t); e; e = sj_entry_next(e)) {
             if (e->symbolic) continue;
-            uint64_t calls;
             sj_hist_window *w = window_of(NULL, e, &calls);
-            uint64_t d = calls > w->seen ? calls - w->seen : 0;
-            if (!pass) {
-                since += (double)d;
-                continue;
-            }
-            w->w = w->w * f + (double)d * g, w->seen = calls;
-            total += w->w;
+            window_step(w, calls, pass, f, g, &since, &total);
         }
         if (pass) atomic_store_explicit(&fn->learn_window, (uint64_t)llround(total), RELAXED);
     }

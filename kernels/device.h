@@ -32,7 +32,6 @@
 #include "jit/shapejit.h"
 #include "kernels/backend.h"
 
-struct sj_group;
 struct sj_fplan;
 
 /* -- Eager kernels ------------------------------------------------------------ */
@@ -106,6 +105,30 @@ typedef struct sj_dev_gemm {
     sj_dtype bias_dtype, r_dtype, c_dtype;
 } sj_dev_gemm;
 
+/* A generated group's launch, everything the device needs and nothing of
+ * the plan: the engine (jit/exec_fused.c) fills it on its stack from the
+ * group, the call's expression values and the launch rule of the code
+ * generator the device's code comes from, and the launch slot runs it.
+ * The pointers are borrowed for the slot's call. */
+typedef struct sj_dev_launch {
+    /* The compiled function, the variant already chosen (the CUDA
+     * generator's several for a symbolic row group: sj_launch.variant). */
+    void *fn;
+    /* Its arguments: n_ptrs base pointers (the group's accesses: loads,
+     * then stores), n_syms symbol values (every symbol of the graph). */
+    void *const *ptrs;
+    const int64_t *syms;
+    int n_ptrs, n_syms;
+    /* The host's (the C generator's functions over work items, specialize/
+     * codegen.h): items [0, items), split in chunks of at least min_chunk
+     * items (about 32k elements each); 0 on a device with a grid. */
+    int64_t items, min_chunk;
+    /* A device with a grid (the CUDA generator's rule, specialize/
+     * codegen_cuda.h's sj_cuda_launch): grid and block dimensions, dynamic
+     * shared memory bytes; 0 on the host. */
+    unsigned grid[3], block[3], smem;
+} sj_dev_launch;
+
 /* -- A call's context ------------------------------------------------------------ */
 
 /* Room for one call's context on the caller's stack (the device's own
@@ -148,6 +171,10 @@ struct sj_backend {
      * freed after a grace period (jit/budget.c). false: the host, where a
      * call's kernels are over when it returns. */
     bool late_launch;
+    /* The device's compute units the launch rule of its generated code
+     * sizes grids by (CUDA: the multiprocessors; sj_dev_launch); 0: none
+     * (the host, whose launches are split over work items). */
+    int units;
 
     /* -- Compiling (required) --
      * Compile (or load from the cache) and resolve req->symbols. SJ_OK, or
@@ -205,12 +232,10 @@ struct sj_backend {
      * (NULL: the host arena). */
     void *(*out_alloc)(void *c, size_t bytes);
     void (*out_free)(void *c, void *p);
-    /* Run a generated group: fn its compiled functions by launch variant
-     * (SJ_CG_VARIANTS_MAX, all filled; see sj_compiled), ptrs its access base
-     * pointers (loads then stores), syms the symbol values, exv every
-     * expression's value. */
-    sj_status (*launch)(void *c, const struct sj_group *gr, void *const *fn, void *const *ptrs,
-                        const int64_t *syms, const int64_t *exv);
+    /* Run a generated group as d says (sj_dev_launch: the function, its
+     * arguments and the iteration the engine worked out; never an empty
+     * one, which the engine skips). */
+    sj_status (*launch)(void *c, const sj_dev_launch *d);
     /* Optional (NULL: the eager product, the epilogue group after it):
      * launch a generated product (a plan group's gemm_tile >= 0 and its
      * function compiled). */

@@ -4,9 +4,12 @@
  * executor (inline and on a thread pool) and compared with eager execution
  * of the same graph on the same inputs (outputs poisoned first), on random
  * shapes; a few patterns against float64 references too. Plan-level tests
- * check group structure, loads and stores, and the arena plan. The
- * patterns shared with test_codegen_cuda (tu_pat_*) and the harness that
- * traces them are in tests/util_patterns.c; this test's own are below.
+ * check group structure, loads and stores, and the arena plan;
+ * test_launch_desc the flat launch descriptor the executor hands the
+ * device's launch slot (the host's split, and CUDA's grid without a GPU).
+ * The patterns shared with test_codegen_cuda (tu_pat_*) and the harness
+ * that traces them are in tests/util_patterns.c; this test's own are
+ * below.
  */
 /* cmocka.h needs these first, in this order */
 /* clang-format off */
@@ -32,6 +35,7 @@
 #include "kernels/cpu/eager.h"
 #include "kernels/cpu/prepack.h"
 #include "specialize/codegen.h"
+#include "specialize/codegen_cuda.h"
 #include "specialize/fusion.h"
 #include "tests/util_encoder.h"
 #include "tests/util_patterns.h"
@@ -301,6 +305,162 @@ static void test_empty(void **state) {
     run_pattern(&tu_pat_reduce, true, SJ_F32, S(0, 5));
     run_pattern(&tu_pat_sum0, false, SJ_F32, S(3, 0)); /* rows of 0: sum 0, mean NaN */
 }
+/* -- The launch descriptor ------------------------------------------------------------
+ * The fused executor hands each generated group to the device's launch slot
+ * as a flat descriptor (kernels/device.h's sj_dev_launch) it fills from the
+ * group and the call's sizes. A recording device checks every field
+ * against the group's expected launch: on the host the one function of the
+ * C generator, its work items and chunk (the recorder then runs it: the
+ * outputs equal eager's); on a device with a grid (a table that says
+ * SJ_CUDA and units multiprocessors; nothing runs, so no GPU is needed)
+ * the function of sj_cuda_launch's variant with its grid, block and shared
+ * memory, for 132, 16 and 0 units. Both: the group's base pointers (the
+ * inputs', the outputs', the arena's), the symbol values, and one launch
+ * per non-empty group, in plan order. */
+
+#define REC_MAX 64
+#define REC_PTRS 256
+static struct {
+    int n;
+    bool run; /* run the launch on the CPU after recording it */
+    struct {
+        sj_dev_launch d;
+        void *ptrs[REC_PTRS];
+        int64_t syms[64];
+    } r[REC_MAX];
+} rec;
+
+static sj_status rec_launch(void *c, const sj_dev_launch *d) {
+    assert_true(rec.n < REC_MAX);
+    assert_true(d->n_ptrs >= 0 && d->n_ptrs <= REC_PTRS && d->n_syms >= 0 && d->n_syms <= 64);
+    rec.r[rec.n].d = *d;
+    memcpy(rec.r[rec.n].ptrs, d->ptrs, sizeof(void *) * (size_t)d->n_ptrs);
+    if (d->n_syms) memcpy(rec.r[rec.n].syms, d->syms, sizeof(int64_t) * (size_t)d->n_syms);
+    rec.n++;
+    return rec.run ? sj_cpu_exec_ops.launch(c, d) : SJ_OK;
+}
+
+/* The recorded launches of one run of p against what its groups expect at
+ * sv (units < 0: the host's rule; else the CUDA generator's for units). */
+static void check_launches(const sj_graph *g, const sj_fplan *p, void *const *fns, const sj_tensor *ins,
+                           const sj_tensor *outs, const int64_t *sv, int units, const char *what) {
+    int n_ex = sj_ex_count(g->ex), n_syms = sj_sym_count(g->ex), k = 0;
+    int64_t *exv = malloc(sizeof(int64_t) * (size_t)(n_ex ? n_ex : 1));
+    assert_non_null(exv);
+    sj_ex_eval_all(g->ex, sv, exv);
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        const sj_group *gr = &p->groups[gi];
+        if (gr->kind == SJ_G_NODE) continue;
+        sj_launch L = {0};
+        int64_t items = 0, chunk = 0;
+        if (units >= 0) {
+            if (!sj_cuda_launch(gr, exv, units, &L)) continue;
+        } else {
+            items = gr->kind == SJ_G_ROW ? exv[gr->rows] : exv[gr->numel];
+            if (items <= 0) continue;
+            int64_t row = gr->kind == SJ_G_ROW ? exv[gr->shape[gr->rank - 1]] : 1;
+            chunk = gr->kind == SJ_G_ROW ? (row > 0 ? (32768 + row - 1) / row : 1) : 32768;
+        }
+        void *fn = fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)L.variant];
+        /* a product's epilogue group the product ran inside it (the host's matmul_epi) */
+        if (gr->epilogue_of >= 0 && units < 0 && (k >= rec.n || rec.r[k].d.fn != fn)) continue;
+        if (k >= rec.n) fail_msg("%s (units %d): group %s not launched", what, units, gr->name);
+        const sj_dev_launch *d = &rec.r[k].d;
+        const char *lb = tu_label("%s (units %d) group %s", what, units, gr->name);
+        if (d->fn != fn) fail_msg("%s: function", lb);
+        if (d->items != items || d->min_chunk != chunk)
+            fail_msg("%s: items %lld chunk %lld, expected %lld %lld", lb, (long long)d->items, (long long)d->min_chunk,
+                     (long long)items, (long long)chunk);
+        for (int i = 0; i < 3; i++)
+            if (d->grid[i] != L.grid[i] || d->block[i] != L.block[i])
+                fail_msg("%s: grid %u %u %u block %u %u %u, expected %u %u %u / %u %u %u", lb, d->grid[0], d->grid[1],
+                         d->grid[2], d->block[0], d->block[1], d->block[2], L.grid[0], L.grid[1], L.grid[2],
+                         L.block[0], L.block[1], L.block[2]);
+        if (d->smem != L.smem) fail_msg("%s: shared memory %u, expected %u", lb, d->smem, L.smem);
+        assert_int_equal(d->n_ptrs, gr->n_loads + gr->n_stores);
+        assert_int_equal(d->n_syms, n_syms);
+        for (int i = 0; i < n_syms; i++) assert_int_equal(rec.r[k].syms[i], sv[i]);
+        for (int a = 0; a < d->n_ptrs; a++) {
+            const sj_store *so = &p->stores[a < gr->n_loads ? gr->loads[a].store : gr->stores[a - gr->n_loads].store];
+            void *want = so->kind == SJ_ST_INPUT ? ins[so->index].data
+                         : so->kind == SJ_ST_OUTPUT ? outs[so->index].data
+                         : so->kind == SJ_ST_PARAM ? g->params[so->index].data
+                                                   : rec.r[k].ptrs[a]; /* the arena's: somewhere in it */
+            if (rec.r[k].ptrs[a] != want || !want) fail_msg("%s: base pointer %d (store kind %d)", lb, a, so->kind);
+        }
+        k++;
+    }
+    if (k != rec.n) fail_msg("%s (units %d): %d launches, %d expected", what, units, rec.n, k);
+    free(exv);
+}
+
+static void run_launch(const sj_graph *g, const sj_fplan *p, int form, const sj_tensor *ins, const int64_t *sv,
+                       tu_ref_fn ref, const char *what) {
+    (void)ref;
+    sj_tensor eo[16], fo[16], din[16];
+    sj_exec x;
+    tu_pattern_eager(rt, &arena_pool, g, ins, sv, what, &x, eo, fo);
+    /* the host: recorded, then run (inline and on the pool) */
+    sj_backend host = sj_cpu_exec_ops;
+    host.launch = rec_launch;
+    x.ops = &host;
+    x.outputs = fo;
+    rec.run = true;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < g->n_outputs; i++) tu_poison(&fo[i]);
+        rec.n = 0;
+        x.ops_ctx = pass ? pool4 : NULL;
+        if (sj_exec_fused(&x, p, units[form].fns)) fail_msg("%s: fused: %s", what, sj_last_error());
+        check_launches(g, p, units[form].fns, ins, fo, sv, -1, what);
+        for (int i = 0; i < g->n_outputs; i++)
+            if (!tu_check_like_eager(&fo[i], &eo[i], tu_label("%s out%d", what, i)))
+                fail_msg("%s: output %d differs from eager", what, i);
+    }
+    /* a device with a grid: recorded only (the memory is the host's, tagged
+     * as the device's); a function per group and variant */
+    static char marks[256 * SJ_CG_VARIANTS_MAX];
+    void *gfns[256 * SJ_CG_VARIANTS_MAX];
+    assert_true(p->n_groups <= 256 && g->n_inputs <= 16 && g->n_outputs <= 16);
+    for (int i = 0; i < p->n_groups * SJ_CG_VARIANTS_MAX; i++) gfns[i] = &marks[i];
+    for (int i = 0; i < g->n_inputs; i++) din[i] = ins[i], din[i].device = SJ_CUDA;
+    for (int i = 0; i < g->n_outputs; i++) fo[i].device = SJ_CUDA;
+    sj_backend grid = sj_cpu_exec_ops;
+    grid.device = SJ_CUDA;
+    grid.launch = rec_launch;
+    grid.k.matmul_epi = NULL; /* as on CUDA: a product's epilogue group is launched after it */
+    x.ops = &grid;
+    x.ops_ctx = NULL;
+    x.inputs = din;
+    rec.run = false;
+    static const int sms[] = {132, 16, 0};
+    for (int u = 0; u < 3; u++) {
+        grid.units = sms[u];
+        rec.n = 0;
+        if (sj_exec_fused(&x, p, gfns)) fail_msg("%s: fused on the grid device: %s", what, sj_last_error());
+        check_launches(g, p, gfns, din, fo, sv, sms[u], what);
+    }
+}
+
+static const tu_pattern_target launch_target = {build_c, run_launch, unload_c, true};
+
+static void test_launch_desc(void **state) {
+    /* pointwise: one chunk and many, rows of one; ROW: rows in each of the
+     * CUDA generator's length classes (its four symbolic variants), few
+     * rows and many; static and symbolic; then random sizes */
+    static const int64_t w1[][2] = {{7, 5000}, {2, 3}, {300, 40}};
+    static const int64_t rows[][2] = {{5, 40}, {3, 700}, {2, 1500}, {2, 3000}, {400, 9}};
+    for (int sym = 0; sym < 2; sym++) {
+        for (size_t i = 0; i < sizeof w1 / sizeof w1[0]; i++) tu_run_pattern(&tu_pat_w1, sym, SJ_F32, w1[i], &launch_target);
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            tu_run_pattern(&tu_pat_rows, sym, SJ_F32, rows[i], &launch_target);
+        tu_run_pattern(&tu_pat_w2, sym, SJ_F32, NULL, &launch_target);
+        tu_params[0] = small_param(SJ_F32, 2, S(24, 40), 0.3); /* products: NODE groups between */
+        tu_params[1] = small_param(SJ_F32, 1, S(40), 1);
+        tu_run_pattern(&tu_pat_mmbias, sym, SJ_F32, NULL, &launch_target);
+        tu_run_pattern(&tu_pat_w2, sym, SJ_F32, S(0, 7), &launch_target); /* empty: no launch */
+    }
+}
+
 /* Non-temporal stores on every f32 output (through the stack chunks, with
  * the unaligned heads and tails of random shapes), on one thread and four. */
 static int stream_all(void **state) {
@@ -936,7 +1096,7 @@ int main(void) {
         T(test_codegen_text),
         T(test_w1), T(test_w2), T(test_w3), T(test_matmul_gelu), T(test_matmul_bias), T(test_views), T(test_softmax_axis0),
         T(test_reduce), T(test_rows), T(test_casts_where), T(test_ints), T(test_half), T(test_shared_value),
-        T(test_outputs), T(test_empty), T(test_cycle), T(test_encoder), T(test_epilogue),
+        T(test_outputs), T(test_empty), T(test_launch_desc), T(test_cycle), T(test_encoder), T(test_epilogue),
         cmocka_unit_test_setup_teardown(test_streamed, stream_all, stream_default),
     };
     const char *only = getenv("SJ_TEST_FILTER");

@@ -11,7 +11,6 @@
 #include "kernels/cpu/prepack.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/device.h"
-#include "specialize/fusion.h"
 
 /* -- The eager kernels ------------------------------------------------------------- */
 
@@ -70,33 +69,18 @@ static sj_status k_matmul_epi(void *c, const sj_tensor *a, const sj_tensor *b, c
     return sj_cpu_matmul_epi(a, b, packed, bias, y, c, &ce, fused);
 }
 
-/* Work items per chunk handed to one thread: about this many elements. */
-#define CHUNK_ELEMS 32768
-
 typedef void (*cpu_gen_fn)(void *const *p, const int64_t *s, int64_t begin, int64_t end);
 
-typedef struct gen_call {
-    cpu_gen_fn fn;
-    void *const *ptrs;
-    const int64_t *syms;
-} gen_call;
-
 static void run_range(void *ctx, int64_t begin, int64_t end) {
-    const gen_call *c = ctx;
-    c->fn(c->ptrs, c->syms, begin, end);
+    const sj_dev_launch *d = ctx;
+    ((cpu_gen_fn)d->fn)(d->ptrs, d->syms, begin, end);
 }
 
-static sj_status cpu_launch(void *ctx, const sj_group *gr, void *const *fn, void *const *ptrs,
-                            const int64_t *syms, const int64_t *exv) {
-    int64_t items = gr->kind == SJ_G_ROW ? exv[gr->rows] : exv[gr->numel];
-    if (items <= 0) return SJ_OK;
-    int64_t min_chunk = CHUNK_ELEMS;
-    if (gr->kind == SJ_G_ROW) {
-        int64_t row = exv[gr->shape[gr->rank - 1]];
-        min_chunk = row > 0 ? (CHUNK_ELEMS + row - 1) / row : 1;
-    }
-    gen_call c = {(cpu_gen_fn)fn[0], ptrs, syms}; /* the C generator makes one per group */
-    sj_threads_parallel_for((sj_threads *)ctx, items, min_chunk, run_range, &c);
+/* A generated group's work items split across the kernel threads, in
+ * chunks of at least the descriptor's. */
+static sj_status cpu_launch(void *ctx, const sj_dev_launch *d) {
+    if (d->items <= 0) return SJ_OK;
+    sj_threads_parallel_for((sj_threads *)ctx, d->items, d->min_chunk, run_range, (void *)d);
     return SJ_OK;
 }
 

@@ -17,9 +17,7 @@
 
 #include "base/error.h"
 #include "base/tensor.h"
-#include "specialize/codegen_cuda.h"
 #include "specialize/codegen_gemm_cuda.h"
-#include "specialize/fusion.h"
 
 /* -- Kernels ------------------------------------------------------------------- */
 
@@ -112,29 +110,30 @@ static void buf_free(void *c, void *p) {
     sj_cuda_free(cc->e.cuda, (CUdeviceptr)(uintptr_t)p, cc->e.stream);
 }
 
-static sj_status launch(void *c, const sj_group *gr, void *const *fn, void *const *ptrs, const int64_t *syms,
-                        const int64_t *exv) {
+/* A generated group with the grid, block and shared memory the engine
+ * worked out (the CUDA generator's launch rule). */
+static sj_status launch(void *c, const sj_dev_launch *d) {
     sj_cuda_call *cc = c;
     sj_cuda *cu = cc->e.cuda;
-    sj_launch L;
-    if (!sj_cuda_launch(gr, exv, cu->sm_count, &L)) return SJ_OK;
     /* parameters: each access's base pointer, then each symbol's value */
-    int n_ptr = gr->n_loads + gr->n_stores, n_sym = cc->n_syms;
+    int n_ptr = d->n_ptrs, n_sym = d->n_syms;
     void *ptr_vals[2 * SJ_MAX_INPUTS + 64];
     long long sym_vals[SJ_MAX_INPUTS * SJ_MAX_RANK];
     void *args[2 * SJ_MAX_INPUTS + 64 + SJ_MAX_INPUTS * SJ_MAX_RANK];
+    if (n_ptr < 0 || n_ptr > 2 * SJ_MAX_INPUTS + 64 || n_sym < 0 || n_sym > SJ_MAX_INPUTS * SJ_MAX_RANK)
+        return sj_seterr(SJ_EINTERNAL, "launch: %d pointers and %d symbols", n_ptr, n_sym);
     for (int i = 0; i < n_ptr; i++) {
-        ptr_vals[i] = ptrs[i];
+        ptr_vals[i] = d->ptrs[i];
         args[i] = &ptr_vals[i];
     }
     for (int i = 0; i < n_sym; i++) {
-        sym_vals[i] = (long long)syms[i];
+        sym_vals[i] = (long long)d->syms[i];
         args[n_ptr + i] = &sym_vals[i];
     }
     sj_cuda_bind(cu);
     return SJ_CU(cu,
-                 cu->api.LaunchKernel((CUfunction)fn[L.variant], L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
-                                      L.block[2], L.smem, cc->e.stream, args, NULL),
+                 cu->api.LaunchKernel((CUfunction)d->fn, d->grid[0], d->grid[1], d->grid[2], d->block[0], d->block[1],
+                                      d->block[2], d->smem, cc->e.stream, args, NULL),
                  "launching a generated kernel");
 }
 
