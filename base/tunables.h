@@ -100,7 +100,13 @@
       "calls after which a call's weight in the size histogram of buckets learned from traffic "   \
       "halves (an exponential window: sizes of old traffic are forgotten); while learning while "  \
       "serving is on, a learning also comes due after this many calls; `0`: every call since the " \
-      "function was made counts alike")
+      "function was made counts alike")                                                           \
+    X(job_queue_max, int, 4096, 1, 1000000, "SHAPEJIT_JOB_QUEUE_MAX",                             \
+      "the most jobs of one kind (compiles, learnings, graph captures, the device's jobs) the "    \
+      "background queue holds; one past it is refused and counted (`sj_runtime_job_counters`)")   \
+    X(job_reserve_workers, int, 1, 0, 1024, "SHAPEJIT_JOB_RESERVE_WORKERS",                       \
+      "compile workers kept from compiles for the short jobs (learnings, graph captures, the "     \
+      "device's) while there are more workers than this; `0`: compiles may take every worker")
 
 typedef enum sj_tunable_id {
 #define SJ_X(field, type, dflt, lo, hi, env, doc) SJ_TUNE_##field,

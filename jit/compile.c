@@ -46,7 +46,39 @@
  * device's own background work (the cuBLASLt warmer), posted through the
  * device table's set_post (sj_compiler_post): run(arg), or drop(arg) if
  * the queue stops first; no function. */
-typedef enum job_kind { JOB_COMPILE, JOB_LEARN, JOB_CAPTURE, JOB_DEVICE } job_kind;
+typedef enum job_kind {
+    JOB_COMPILE = SJ_JOB_COMPILE,
+    JOB_LEARN = SJ_JOB_LEARN,
+    JOB_CAPTURE = SJ_JOB_CAPTURE,
+    JOB_DEVICE = SJ_JOB_DEVICE,
+    JOB_KINDS = SJ_JOB_KINDS
+} job_kind;
+_Static_assert(JOB_KINDS == 4, "a job kind without its limits and counters");
+
+/* Per-kind limits (the queue's only limits besides the compiles'
+ * back-pressure and cuda_graphs; libuv's slow-I/O cap in threadpool.c):
+ *
+ * - queued: at most queue_max[kind] jobs of a kind wait (cfg.job_queue_max
+ *   each); one past it is refused and counted in dropped[kind]: a compile's
+ *   target stays NONE (a later hot call asks again), a learning's function
+ *   may queue one again, a capture's shape counts towards a capture again,
+ *   and a device job goes back to the device, which does it its own way
+ *   (the cuBLASLt warmer's own thread).
+ * - running: at most workers_max[kind] workers run a kind at once. With n
+ *   workers: compiles may take n - r of them while n > r (r:
+ *   cfg.job_reserve_workers, default 1), else all, so that with two or
+ *   more workers one is always free for the short kinds (a
+ *   learning, a capture, a device job: milliseconds, and a capture serves
+ *   every later call of its shape) however long compiles take (50 ms to
+ *   seconds); each short kind may take half of them, rounded up (all of
+ *   one), so that with two or more workers neither captures nor device
+ *   warming can occupy every worker while compiles wait. With one worker
+ *   nothing changes: value order alone decides (short kinds first, so a
+ *   compile delays a capture by at most the compile it is running). With
+ *   no workers (compile_threads 0) the threads that step the queue are the
+ *   program's: no running limit. A worker that finds only jobs of kinds at
+ *   their limit sleeps until a job ends. */
+#define QUEUE_MAX_DEFAULT 4096
 
 typedef struct job {
     struct sj_fn *fn;
@@ -82,6 +114,11 @@ struct sj_compiler {
     uint64_t rng;       /* jitter (xorshift64) */
     pthread_t *workers;
     int n_workers;
+    /* per kind (job_kind): the limits and the counts (see the comment at
+     * job_kind). workers_max 0: no limit. */
+    int queue_max[JOB_KINDS], workers_max[JOB_KINDS];
+    int n_queued[JOB_KINDS], n_running[JOB_KINDS];
+    uint64_t n_ran[JOB_KINDS], n_dropped[JOB_KINDS];
 };
 
 /* -- Targets ---------------------------------------------------------------------- */
@@ -475,25 +512,66 @@ static double job_value(const job *j, int64_t now) {
     return calls / (age / 1e9) * cost;
 }
 
-/* Take the job to run next: the most valuable (ties: the older), or the
- * oldest when c->fifo. O(n): the queue holds at most a few hundred. */
-static job pop(sj_compiler *c) {
-    int best = 0;
-    if (c->fifo) {
-        for (int i = 1; i < c->n_jobs; i++)
-            if (c->jobs[i].seq < c->jobs[best].seq) best = i;
-    } else {
-        int64_t now = sj_now_ns();
-        double bv = job_value(&c->jobs[0], now);
-        for (int i = 1; i < c->n_jobs; i++) {
-            double v = job_value(&c->jobs[i], now);
-            if (v > bv || (v == bv && c->jobs[i].seq < c->jobs[best].seq)) best = i, bv = v;
+/* Whether a worker may start a job of kind k now (its workers_max). */
+static bool may_run(const sj_compiler *c, job_kind k) {
+    return c->workers_max[k] <= 0 || c->n_running[k] < c->workers_max[k];
+}
+
+/* Take the job to run next into *out: the most valuable (ties: the
+ * older), or the oldest when c->fifo, among the kinds below their running
+ * limit. False: none may start now (none queued, or only kinds at their
+ * limit). O(n): the queue holds at most a few hundred. */
+static bool pop(sj_compiler *c, job *out) {
+    int best = -1;
+    double bv = 0;
+    int64_t now = c->fifo ? 0 : sj_now_ns();
+    bool allowed[JOB_KINDS];
+    for (int k = 0; k < JOB_KINDS; k++) allowed[k] = may_run(c, (job_kind)k);
+    for (int i = 0; i < c->n_jobs; i++) {
+        if (!allowed[c->jobs[i].kind]) continue;
+        if (c->fifo) {
+            if (best < 0 || c->jobs[i].seq < c->jobs[best].seq) best = i;
+            continue;
         }
+        double v = job_value(&c->jobs[i], now);
+        if (best < 0 || v > bv || (v == bv && c->jobs[i].seq < c->jobs[best].seq)) best = i, bv = v;
     }
-    job top = c->jobs[best];
+    if (best < 0) return false;
+    *out = c->jobs[best];
     c->jobs[best] = c->jobs[--c->n_jobs];
+    c->n_queued[out->kind]--;
     atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
-    return top;
+    return true;
+}
+
+/* Queue j (compiler lock held), within its kind's queue_max: false, and
+ * counted as dropped, past it (or out of memory: not counted). */
+static bool push(sj_compiler *c, job j) {
+    if (c->n_queued[j.kind] >= c->queue_max[j.kind]) {
+        c->n_dropped[j.kind]++;
+        return false;
+    }
+    if (c->n_jobs == c->cap_jobs) {
+        int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
+        job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
+        if (!h) return false;
+        c->jobs = h;
+        c->cap_jobs = cap;
+    }
+    j.seq = c->seq++;
+    c->jobs[c->n_jobs++] = j;
+    c->n_queued[j.kind]++;
+    atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
+    pthread_cond_signal(&c->work);
+    return true;
+}
+
+/* Take a job out of the queue at index i, not to run it (cancel; compiler
+ * lock held). */
+static void unqueue(sj_compiler *c, int i) {
+    c->n_queued[c->jobs[i].kind]--;
+    c->jobs[i] = c->jobs[--c->n_jobs];
+    atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
 }
 
 int sj_compiler_backlog(const sj_compiler *c) {
@@ -519,8 +597,7 @@ void sj_compiler_set_fifo(sj_compiler *c, bool fifo) {
  * would never finish (16 threads calling: nothing fused in 180 s), so once
  * its job is idle_ns old the backend reruns it at normal priority; a job
  * that waited in the queue that long starts there. */
-static void run_one(sj_compiler *c) {
-    job j = pop(c);
+static void run_job(sj_compiler *c, job j) {
     if (j.kind == JOB_LEARN) {
         pthread_mutex_unlock(&c->lock);
         sj_learn_run(j.fn); /* takes the memo lock, then the trace lock, each alone */
@@ -568,13 +645,26 @@ static void run_one(sj_compiler *c) {
     job_done(c, j.fn, retired);
 }
 
+/* Run the next job that may start (compiler lock held, let go while it
+ * runs); false when none may (see pop). A job that ends wakes the workers
+ * while jobs are queued: one of a kind that was at its limit may start. */
+static bool run_one(sj_compiler *c) {
+    job j;
+    if (!pop(c, &j)) return false;
+    job_kind k = j.kind;
+    c->n_running[k]++;
+    run_job(c, j);
+    c->n_running[k]--;
+    c->n_ran[k]++;
+    if (c->n_jobs > 0) pthread_cond_broadcast(&c->work);
+    return true;
+}
+
 static void *worker_main(void *arg) {
     sj_compiler *c = arg;
     pthread_mutex_lock(&c->lock);
-    while (!c->stop) {
-        if (c->n_jobs == 0) pthread_cond_wait(&c->work, &c->lock);
-        else run_one(c);
-    }
+    while (!c->stop)
+        if (!run_one(c)) pthread_cond_wait(&c->work, &c->lock);
     pthread_mutex_unlock(&c->lock);
     return NULL;
 }
@@ -583,10 +673,7 @@ int sj_compiler_run_queued(sj_compiler *c, int max_jobs) {
     if (!c) return 0;
     int n = 0;
     pthread_mutex_lock(&c->lock);
-    while (n < max_jobs && c->n_jobs > 0 && !c->stop) {
-        run_one(c);
-        n++;
-    }
+    while (n < max_jobs && !c->stop && run_one(c)) n++;
     pthread_mutex_unlock(&c->lock);
     return n;
 }
@@ -607,6 +694,15 @@ sj_status sj_compiler_create(sj_backend *backend, sj_codegen_fn codegen, int n_w
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
+    int workers = mode == SJ_CM_ASYNC && n_workers > 0 ? n_workers : 0;
+    for (int k = 0; k < JOB_KINDS; k++) {
+        c->queue_max[k] = rt && rt->cfg.job_queue_max > 0 ? rt->cfg.job_queue_max : QUEUE_MAX_DEFAULT;
+        /* the rule at job_kind; 0 (no limit) without workers */
+        int reserve = rt ? rt->cfg.job_reserve_workers : 1;
+        c->workers_max[k] = workers == 0              ? 0
+                            : k == JOB_COMPILE        ? (workers > reserve ? workers - reserve : workers)
+                                                      : (workers + 1) / 2;
+    }
     if (mode == SJ_CM_ASYNC && n_workers > 0) {
         c->workers = sj_calloc((size_t)n_workers, sizeof *c->workers);
         if (!c->workers) {
@@ -671,22 +767,14 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
                 if (c->jobs[i].kind == JOB_COMPILE && target_of(c->jobs[i].entry, c->jobs[i].memo) == t)
                     c->jobs[i].warm = true;
         } else if (may_queue(c, t) && !c->stop && !fn->cancelled) {
-            if (c->n_jobs == c->cap_jobs) {
-                int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
-                job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
-                if (!h) { /* not queued: the entry stays eager until a later request */
-                    pthread_mutex_unlock(&c->lock);
-                    return;
-                }
-                c->jobs = h;
-                c->cap_jobs = cap;
+            /* refused (past job_queue_max, or out of memory): the entry
+             * stays on its tier until a later request */
+            uint64_t calls = target_calls(e, m);
+            if (push(c, (job){fn, e, m, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, JOB_COMPILE, NULL, NULL, NULL})) {
+                t->queued_calls = calls;
+                target_transition(t, SJ_CS_QUEUED);
+                fn->compiles_pending++;
             }
-            t->queued_calls = target_calls(e, m);
-            c->jobs[c->n_jobs++] = (job){fn, e, m, c->seq++, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, JOB_COMPILE, NULL, NULL, NULL};
-            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
-            target_transition(t, SJ_CS_QUEUED);
-            fn->compiles_pending++;
-            pthread_cond_signal(&c->work);
         }
         pthread_mutex_unlock(&c->lock);
         return;
@@ -722,20 +810,10 @@ void sj_compiler_request_learn(sj_compiler *c, struct sj_fn *fn) {
     }
     pthread_mutex_lock(&c->lock);
     bool queued = false;
-    if (!c->stop && !fn->cancelled) {
-        if (c->n_jobs == c->cap_jobs) {
-            int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
-            job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
-            if (h) c->jobs = h, c->cap_jobs = cap;
-        }
-        if (c->n_jobs < c->cap_jobs) {
-            int64_t now = sj_now_ns();
-            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_LEARN, NULL, NULL, NULL};
-            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
-            fn->compiles_pending++;
-            pthread_cond_signal(&c->work);
-            queued = true;
-        }
+    if (!c->stop && !fn->cancelled &&
+        push(c, (job){fn, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, JOB_LEARN, NULL, NULL, NULL})) {
+        fn->compiles_pending++;
+        queued = true;
     }
     pthread_mutex_unlock(&c->lock);
     if (!queued) atomic_store(&fn->learn_queued, false); /* a later new shape tries again */
@@ -748,10 +826,8 @@ sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadlin
            s == SJ_CS_COMPILING) {
         int64_t now = sj_now_ns();
         if ((stop && atomic_load(stop)) || (deadline_ns && now >= deadline_ns)) break;
-        if (c->n_workers == 0 && c->n_jobs > 0 && c->mode == SJ_CM_ASYNC) {
-            run_one(c); /* no workers: this thread is one (as in sj_compiler_wait_fn) */
-            continue;
-        }
+        if (c->n_workers == 0 && c->mode == SJ_CM_ASYNC && run_one(c))
+            continue; /* no workers: this thread is one (as in sj_compiler_wait_fn) */
         int64_t slice = now + WAIT_SLICE_NS;
         if (deadline_ns && deadline_ns < slice) slice = deadline_ns;
         struct timespec ts; /* the condition variable's clock is CLOCK_REALTIME */
@@ -786,8 +862,7 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
         } else {
             fn->compiles_pending--;
         }
-        c->jobs[i] = c->jobs[--c->n_jobs];
-        atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
+        unqueue(c, i);
     }
     pthread_cond_broadcast(&c->done); /* target waiters see their dropped jobs */
     while (fn->compiles_pending > 0 || fn->captures_pending > 0) pthread_cond_wait(&c->done, &c->lock);
@@ -808,10 +883,7 @@ static sj_status wait_pending(sj_compiler *c, struct sj_fn *fn, int *pending, co
     sj_status st = SJ_OK;
     pthread_mutex_lock(&c->lock);
     while (*pending > 0) {
-        if (c->n_workers == 0 && c->n_jobs > 0 && c->mode == SJ_CM_ASYNC) {
-            run_one(c); /* no workers: this thread is one */
-            continue;
-        }
+        if (c->n_workers == 0 && c->mode == SJ_CM_ASYNC && run_one(c)) continue; /* no workers: this thread is one */
         if (timeout_ms < 0) {
             pthread_cond_wait(&c->done, &c->lock);
         } else if (pthread_cond_timedwait(&c->done, &c->lock, &deadline) == ETIMEDOUT) {
@@ -836,24 +908,13 @@ bool sj_compiler_async(const sj_compiler *c) { return c && c->mode == SJ_CM_ASYN
 
 bool sj_compiler_post(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg) {
     sj_compiler *c = ctx;
-    if (!c || c->mode != SJ_CM_ASYNC || c->n_workers == 0) return false; /* nobody would run it unasked */
+    /* with no workers the program steps it (sj_runtime_run_background) as
+     * every other kind; sync or off mode: nobody queues, the device keeps it */
+    if (!c || c->mode != SJ_CM_ASYNC) return false;
     pthread_mutex_lock(&c->lock);
     bool queued = false;
-    if (!c->stop) {
-        if (c->n_jobs == c->cap_jobs) {
-            int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
-            job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
-            if (h) c->jobs = h, c->cap_jobs = cap;
-        }
-        if (c->n_jobs < c->cap_jobs) {
-            int64_t now = sj_now_ns();
-            c->jobs[c->n_jobs++] = (job){NULL, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_DEVICE,
-                                         arg, run, drop};
-            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
-            pthread_cond_signal(&c->work);
-            queued = true;
-        }
-    }
+    if (!c->stop)
+        queued = push(c, (job){NULL, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, JOB_DEVICE, arg, run, drop});
     pthread_mutex_unlock(&c->lock);
     return queued;
 }
@@ -862,20 +923,10 @@ bool sj_compiler_request_capture(sj_compiler *c, struct sj_fn *fn, void *arg) {
     if (!sj_compiler_async(c)) return false;
     pthread_mutex_lock(&c->lock);
     bool queued = false;
-    if (!c->stop && !fn->cancelled) {
-        if (c->n_jobs == c->cap_jobs) {
-            int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
-            job *h = sj_realloc(c->jobs, (size_t)cap * sizeof *h);
-            if (h) c->jobs = h, c->cap_jobs = cap;
-        }
-        if (c->n_jobs < c->cap_jobs) {
-            int64_t now = sj_now_ns();
-            c->jobs[c->n_jobs++] = (job){fn, NULL, NULL, c->seq++, now, sj_runtime_now_ns(c->rt), true, JOB_CAPTURE, arg, NULL, NULL};
-            atomic_store_explicit(&c->queued, c->n_jobs, RELAXED);
-            fn->captures_pending++;
-            pthread_cond_signal(&c->work);
-            queued = true;
-        }
+    if (!c->stop && !fn->cancelled &&
+        push(c, (job){fn, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, JOB_CAPTURE, arg, NULL, NULL})) {
+        fn->captures_pending++;
+        queued = true;
     }
     pthread_mutex_unlock(&c->lock);
     return queued;
@@ -888,4 +939,54 @@ int64_t sj_compiler_retry_at(sj_compiler *c, int fails) {
     pthread_mutex_unlock(&c->lock);
     if (penalty < 0 || fails >= c->max_failures) return INT64_MAX;
     return sj_runtime_now_ns(c->rt) + penalty;
+}
+
+/* -- Kinds: limits and counters ---------------------------------------------------- */
+
+void sj_compiler_job_counters(sj_compiler *c, sj_job_counters *out) {
+    memset(out, 0, sizeof *out);
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    out->workers = c->n_workers;
+    for (int k = 0; k < JOB_KINDS; k++) {
+        out->kind[k].queued = c->n_queued[k];
+        out->kind[k].running = c->n_running[k];
+        out->kind[k].queue_max = c->queue_max[k];
+        out->kind[k].workers_max = c->workers_max[k];
+        out->kind[k].ran = c->n_ran[k];
+        out->kind[k].dropped = c->n_dropped[k];
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+void sj_compiler_set_kind_limits(sj_compiler *c, sj_job_kind kind, int queue_max, int workers_max) {
+    if (!c || (int)kind < 0 || kind >= SJ_JOB_KINDS) return;
+    pthread_mutex_lock(&c->lock);
+    if (queue_max >= 0) c->queue_max[kind] = queue_max;
+    if (workers_max >= 0) c->workers_max[kind] = workers_max;
+    pthread_cond_broadcast(&c->work); /* a raised limit: jobs may start */
+    pthread_mutex_unlock(&c->lock);
+}
+
+int sj_compiler_run_device(sj_compiler *c) {
+    if (!c || c->mode != SJ_CM_ASYNC || c->n_workers > 0) return 0;
+    int n = 0;
+    pthread_mutex_lock(&c->lock);
+    while (!c->stop && c->n_queued[JOB_DEVICE] > 0) {
+        /* the device's jobs alone: take the first queued (they are valued
+         * alike; seq order) */
+        int best = -1;
+        for (int i = 0; i < c->n_jobs; i++)
+            if (c->jobs[i].kind == JOB_DEVICE && (best < 0 || c->jobs[i].seq < c->jobs[best].seq)) best = i;
+        if (best < 0 || !may_run(c, JOB_DEVICE)) break;
+        job j = c->jobs[best];
+        unqueue(c, best);
+        c->n_running[JOB_DEVICE]++;
+        run_job(c, j);
+        c->n_running[JOB_DEVICE]--;
+        c->n_ran[JOB_DEVICE]++;
+        n++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return n;
 }

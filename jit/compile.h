@@ -39,7 +39,12 @@
  * after learnings and before compiles, run by a worker with no lock held,
  * counted per function in captures_pending, dropped by the same
  * owner-based cancel as compiles (sj_compiler_cancel_fn). A capture that
- * fails backs off as a compile does (sj_compiler_retry_at).
+ * fails backs off as a compile does (sj_compiler_retry_at). Each kind of
+ * job (compile, learning, capture, the device's) has two limits: jobs of
+ * it queued (job_queue_max; one past it refused and counted) and workers
+ * running it at once (compiles n - 1 of n workers, every other kind half,
+ * rounded up; no limit with one worker or none): the rule and why at
+ * job_kind in compile.c; counted in sj_compiler_job_counters.
  * Workers never call user code. In sync mode the calling thread compiles
  * before running; in off mode nothing is compiled.
  *
@@ -176,9 +181,11 @@ bool sj_compiler_request_capture(sj_compiler *c, struct sj_fn *fn, void *arg);
 /* The device's "post background job" callback (kernels/device.h:
  * sj_post_fn, handed over with its set_post slot; ctx: the compiler): a
  * JOB_DEVICE job, valued after captures and before compiles, that a worker
- * runs with no lock held; dropped (drop(arg)) by sj_compiler_destroy if
- * still queued. False (the device does the work its own way) without
- * worker threads or in sync or off mode. */
+ * (or, with compile_threads 0, a thread stepping the queue:
+ * sj_runtime_run_background, the waits, sj_compiler_run_device) runs with
+ * no lock held; dropped (drop(arg)) by sj_compiler_destroy if still
+ * queued. False (the device does the work its own way) in sync or off
+ * mode, past the kind's job_queue_max, or out of memory. */
 bool sj_compiler_post(void *ctx, void (*run)(void *arg), void (*drop)(void *arg), void *arg);
 /* Whether background jobs are queued (async mode) rather than run by the
  * thread that asks. */
@@ -192,6 +199,18 @@ sj_status sj_compiler_wait_captures(sj_compiler *c, struct sj_fn *fn, int timeou
  * blacklisted (fails reached compile_max_failures, or compile_retry_ms is
  * 0). Takes the compiler lock. */
 int64_t sj_compiler_retry_at(sj_compiler *c, int fails);
+
+/* The queue's per-kind limits and counts (shapejit.h: sj_job_counters;
+ * the rule in compile.c at job_kind). Takes the compiler lock. */
+void sj_compiler_job_counters(sj_compiler *c, sj_job_counters *out);
+/* Tests: set kind's queue_max and workers_max (0: no running limit); a
+ * negative value leaves that limit as it is. */
+void sj_compiler_set_kind_limits(sj_compiler *c, sj_job_kind kind, int queue_max, int workers_max);
+/* With no workers (async, compile_threads 0): run the device's queued jobs
+ * on this thread now, for a wait on the device's background work (its
+ * settle slot) that nothing else would end; returns how many ran. 0 and
+ * nothing done with workers, or in sync or off mode. */
+int sj_compiler_run_device(sj_compiler *c);
 
 /* Drop fn's queued jobs (compiles, learnings, captures) and wait for its
  * jobs in flight to finish. */

@@ -503,6 +503,18 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             (unsigned long long)s.compile_remote_hits, (unsigned long long)s.compile_failures,
             (unsigned long long)s.compiles_blacklisted, (unsigned long long)s.compiles_dropped, s.compile_ms,
             fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
+    sj_job_counters jc;
+    sj_runtime_job_counters(fn->rt, &jc);
+    static const char *const kind_names[SJ_JOB_KINDS] = {"compile", "learn", "capture", "device"};
+    fprintf(out, "  background queue (the runtime's, %d workers):", jc.workers);
+    for (int k = 0; k < SJ_JOB_KINDS; k++) {
+        char lim[24] = "";
+        if (jc.kind[k].workers_max) snprintf(lim, sizeof lim, " (of %d)", jc.kind[k].workers_max);
+        fprintf(out, "%s %s %d queued (of %d), %d running%s, %llu ran, %llu dropped", k ? ";" : "", kind_names[k],
+                jc.kind[k].queued, jc.kind[k].queue_max, jc.kind[k].running, lim,
+                (unsigned long long)jc.kind[k].ran, (unsigned long long)jc.kind[k].dropped);
+    }
+    fputc('\n', out);
     sj_warmup_explain(fn, out);
     if (fn->rt->cfg.validate_calls > 0 || s.validations)
         fprintf(out, "  validation: %llu calls checked against eager, %llu units rejected (first %d calls of a unit, then 1 in %d)\n",

@@ -309,6 +309,12 @@ sj_status sj_runtime_create(const sj_runtime_config *cfg, sj_runtime **out) {
 
 sj_backend_kind sj_runtime_backend(const sj_runtime *rt) { return rt ? rt->backend_kind : SJ_BACKEND_CPU; }
 
+void sj_runtime_job_counters(const sj_runtime *rt, sj_job_counters *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (rt) sj_compiler_job_counters(rt->compiler, out);
+}
+
 void sj_runtime_cache_counters(const sj_runtime *rt, sj_cache_counters *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);

@@ -336,6 +336,8 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_LEARN_EVERY=n              -> learn_every
  *   SHAPEJIT_LEARN_HALF_LIFE=n          -> learn_half_life
  *   SHAPEJIT_GRAPH_MAX_BYTES=n          -> graph_max_bytes
+ *   SHAPEJIT_JOB_QUEUE_MAX=n            -> job_queue_max
+ *   SHAPEJIT_JOB_RESERVE_WORKERS=n      -> job_reserve_workers
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
  *   SHAPEJIT_SPECIALIZE_THRESHOLD, SHAPEJIT_SPECIALIZE_BUDGET,
  *   SHAPEJIT_CUDA_GRAPHS, SHAPEJIT_CACHE_MAX_BYTES -> the fields of those names
@@ -637,6 +639,17 @@ typedef struct sj_runtime_config {
      * per-thread counter. 0 (default): no byte limit (cuda_graphs still
      * caps their count). $SHAPEJIT_GRAPH_MAX_BYTES. */
     uint64_t graph_max_bytes;
+    /* The most jobs of one kind (compiles, learnings, graph captures, the
+     * device's jobs) the background queue holds; one past it is refused and
+     * counted (sj_runtime_job_counters). Default 4096.
+     * $SHAPEJIT_JOB_QUEUE_MAX. */
+    int job_queue_max;
+    /* Compile workers kept from compiles for the short jobs (learnings,
+     * graph captures, the device's jobs), while compile_threads is larger:
+     * compiles run on at most compile_threads - this at once
+     * (sj_runtime_job_counters). Default 1; 0: compiles may take every
+     * worker. $SHAPEJIT_JOB_RESERVE_WORKERS. */
+    int job_reserve_workers;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */
@@ -695,6 +708,40 @@ typedef struct sj_cache_counters {
     uint64_t remote_bytes_in, remote_bytes_out;
 } sj_cache_counters;
 SJ_API void sj_runtime_cache_counters(const sj_runtime *rt, sj_cache_counters *out);
+
+/* The runtime's one background job queue by kind of job, for a server's
+ * metrics: compiles, bucket learnings (learn_every), CUDA graph captures,
+ * and the device's own background work (CUDA: the cuBLASLt warmer's choice
+ * of algorithms for new product shapes). Each kind has two limits:
+ * - queue_max, jobs of the kind waiting (job_queue_max); one past it is
+ *   refused and counted in `dropped`: the work is asked for again later (a
+ *   compile by a later hot call, a capture by later calls of its shape) or
+ *   done by the device its own way (the warmer's own thread);
+ * - workers_max, workers running the kind at once: with n compile workers,
+ *   compiles take at most n - r while n > r (r: job_reserve_workers,
+ *   default 1; so that with two or more workers a learning, a capture or a
+ *   device job, milliseconds each, never waits for compiles, which take
+ *   50 ms to seconds; 0: compiles may take them all) and each other kind at most
+ *   half of them, rounded up (so that captures or device work never
+ *   occupy every worker while compiles wait); one worker runs every kind,
+ *   the most valuable job first (learnings, captures and device jobs
+ *   before compiles). 0: no limit (compile_threads 0: the program's threads
+ *   step the queue with sj_runtime_run_background).
+ * With compile_threads 0 in SJ_COMPILE_ASYNC mode every kind, the device's
+ * too, waits for sj_runtime_run_background (or a wait that steps it:
+ * sj_fn_wait_idle, a warm-up); in sync or off mode nothing is queued (the
+ * CUDA device warms on a thread of its own) and the counts stay 0.
+ * Thread-safe; a snapshot under the queue's lock. */
+typedef enum sj_job_kind { SJ_JOB_COMPILE, SJ_JOB_LEARN, SJ_JOB_CAPTURE, SJ_JOB_DEVICE, SJ_JOB_KINDS } sj_job_kind;
+typedef struct sj_job_counters {
+    int workers; /* compile_threads running (0: none, or not async) */
+    struct {
+        int queued, running;        /* now */
+        int queue_max, workers_max; /* the limits (workers_max 0: none) */
+        uint64_t ran, dropped;      /* since sj_runtime_create: run (or dropped as cold), refused past queue_max */
+    } kind[SJ_JOB_KINDS];
+} sj_job_counters;
+SJ_API void sj_runtime_job_counters(const sj_runtime *rt, sj_job_counters *out);
 
 /* The CUDA stream (a CUstream) the runtime runs sj_call on; NULL on the CPU
  * backend. Work the caller queues here is ordered before every later

@@ -459,7 +459,12 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
      * for its products, chosen by the warmer thread): waited for, so that
      * nothing is left for a first request, and so that a graph captures
      * the chosen ones */
-    if (!st && rt->backend->settle) rt->backend->settle(rt->backend);
+    if (!st && rt->backend->settle) {
+        /* no compile workers: the device's jobs queued for the run wait for
+         * a thread stepping the queue; this one */
+        sj_compiler_run_device(rt->compiler);
+        rt->backend->settle(rt->backend);
+    }
     if (!st && capture) {
         st = sj_call_warm_run(fn, s->m, s->e, s->syms, in, out, n_out, true, tier);
         atomic_fetch_add_explicit(&fn->c.warmup_runs, 1, RELAXED);

@@ -284,12 +284,13 @@ struct sj_backend {
      * done (CUDA: the cuBLASLt warmer's choices). */
     void (*settle)(sj_backend *b);
     /* The runtime's one background job queue, handed to the device by the
-     * engine (jit/runtime.c) once its workers exist, and taken back (post
-     * NULL) before they stop: post(ctx, run, drop, arg) queues run(arg) for
-     * a background worker (no lock held while it runs), or calls drop(arg)
-     * instead if the queue stops first; false: not queued (no workers, a
-     * sync or off compile mode, out of memory), and the device does that
-     * work its own way. The backend cannot include jit/: this callback is
+     * engine (jit/runtime.c) once the queue exists, and taken back (post
+     * NULL) before it stops: post(ctx, run, drop, arg) queues run(arg) for
+     * a background worker, or with compile_threads 0 a thread stepping the
+     * queue (no lock held while it runs), or calls drop(arg) instead if the
+     * queue stops first; false: not queued (a sync or off compile mode, the
+     * kind's job_queue_max, out of memory), and the device does that work
+     * its own way. The backend cannot include jit/: this callback is
      * how its background work reaches the engine's queue. NULL slot: the
      * device has no background work to post. */
     void (*set_post)(sj_backend *b, sj_post_fn post, void *ctx);

@@ -7,7 +7,9 @@
  * job of the compile queue (stepped here with compile_threads 0), cancelled
  * with its function, backing off on failure (doubling, jittered, then
  * blacklisted) on the virtual clock, and the graph memory budget
- * (graph_max_bytes) evicting the least recently replayed graph. Every
+ * (graph_max_bytes) evicting the least recently replayed graph; and the
+ * queue's per-kind limits (jobs of a kind queued, workers running a kind)
+ * with device jobs posted through a fake set_post, held at a gate. Every
  * result, replayed or not, is compared with float64 on random inputs. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "jit/compile.h"
 #include "jit/graphs.h"
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
@@ -521,8 +524,10 @@ static void threads_with_a_worker(void **state) {
 /* The device's own background work on the same queue (issue 24): a
  * device with a set_post slot is handed the queue's post callback when the
  * runtime starts and has it taken back before the queue stops; a posted
- * job runs on a compile worker; without workers (compile_threads 0, or
- * sync mode) post refuses and the device keeps the work. */
+ * job runs on a compile worker; without workers (compile_threads 0) it
+ * waits, as every kind, for sj_runtime_run_background, and one still
+ * queued when the runtime goes is dropped back to the device; in sync
+ * mode post refuses and the device keeps the work. */
 static _Atomic int posts_set, posts_cleared, device_runs, device_drops;
 static sj_post_fn given_post;
 static void *given_ctx;
@@ -557,17 +562,260 @@ static void device_jobs_on_the_queue(void **state) {
         assert_int_equal(atomic_load(&posts_cleared), 1); /* the old queue's, taken back */
         assert_non_null(given_post);
         bool queued = given_post(given_ctx, device_run, device_drop, NULL);
-        assert_int_equal(queued, mode == 0);
+        assert_int_equal(queued, mode != 2);
         if (mode == 0) {
             for (int i = 0; i < 5000 && atomic_load(&device_runs) == 0; i++) usleep(1000);
             assert_int_equal(atomic_load(&device_runs), 1);
         }
+        if (mode == 1) { /* stepped by the program, as compiles and captures */
+            assert_int_equal(atomic_load(&device_runs), 0);
+            sj_job_counters jc;
+            sj_runtime_job_counters(rt, &jc);
+            assert_int_equal(jc.kind[SJ_JOB_DEVICE].queued, 1);
+            assert_int_equal(sj_runtime_run_background(rt, 8), 1);
+            assert_int_equal(atomic_load(&device_runs), 1);
+            sj_runtime_job_counters(rt, &jc);
+            assert_int_equal(jc.kind[SJ_JOB_DEVICE].queued, 0);
+            assert_int_equal(jc.kind[SJ_JOB_DEVICE].ran, 1);
+            assert_true(given_post(given_ctx, device_run, device_drop, NULL)); /* left queued: dropped back */
+        }
         sj_runtime_destroy(rt);
         assert_int_equal(atomic_load(&posts_cleared), 2);
         assert_null(given_post);
-        assert_int_equal(atomic_load(&device_runs), mode == 0);
-        assert_int_equal(atomic_load(&device_drops), 0);
+        assert_int_equal(atomic_load(&device_runs), mode != 2);
+        assert_int_equal(atomic_load(&device_drops), mode == 1);
     }
+}
+
+/* -- Per-kind limits of the queue ------------------------------------------------- */
+
+/* A runtime whose CPU device posts background work (the fake set_post),
+ * with n compile workers and, when delay_ms, compiles that take that long
+ * (the test hooks). */
+static sj_runtime *posting_runtime(int workers, int delay_ms) {
+    atomic_store(&device_runs, 0);
+    atomic_store(&device_drops, 0);
+    sj_runtime_config cfg = tu_cpu_config();
+    cfg.compile_mode = SJ_COMPILE_ASYNC;
+    cfg.compile_threads = workers;
+    cfg.hot_threshold = 1;
+    cfg.specialize_threshold = 1000000;
+    tu_clock_use(&cfg, &clk);
+    sj_runtime *rt = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    rt->backend->set_post = fake_set_post;
+    sj_runtime_test_hooks(rt, delay_ms, 0); /* the queue remade: the device is handed its post */
+    assert_non_null(given_post);
+    return rt;
+}
+
+static sj_job_counters job_counters(sj_runtime *rt) {
+    sj_job_counters jc;
+    sj_runtime_job_counters(rt, &jc);
+    return jc;
+}
+
+/* A device job that runs until the gate opens, counting how many run at
+ * once. */
+static _Atomic int gate_open, gated_now, gated_max;
+static void gated_run(void *arg) {
+    (void)arg;
+    int now = atomic_fetch_add(&gated_now, 1) + 1;
+    int mx = atomic_load(&gated_max);
+    while (now > mx && !atomic_compare_exchange_weak(&gated_max, &mx, now)) {
+    }
+    while (!atomic_load(&gate_open)) usleep(1000);
+    atomic_fetch_sub(&gated_now, 1);
+    atomic_fetch_add(&device_runs, 1);
+}
+
+typedef struct poster_arg {
+    int posts, accepted;
+} poster_arg;
+
+static void *poster(void *p) {
+    poster_arg *a = p;
+    for (int i = 0; i < a->posts; i++) a->accepted += given_post(given_ctx, device_run, device_drop, NULL);
+    return NULL;
+}
+
+/* The limits follow the rule (sj_job_counters): with n workers, compiles
+ * take n - 1 (all of one; n - job_reserve_workers while n is larger), each
+ * other kind half, rounded up; no workers: no running limit; every kind
+ * queues job_queue_max. */
+static void limits_follow_the_rule(void **state) {
+    (void)state;
+    static const int workers[] = {0, 1, 2, 3, 4};
+    static const int compile_max[] = {0, 1, 1, 2, 3}, other_max[] = {0, 1, 1, 2, 2};
+    for (int w = 0; w < 5; w++) {
+        sj_runtime_config cfg = tu_cpu_config();
+        cfg.compile_threads = workers[w];
+        cfg.job_queue_max = 77;
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_job_counters jc = job_counters(rt);
+        assert_int_equal(jc.workers, workers[w]);
+        for (int k = 0; k < SJ_JOB_KINDS; k++) {
+            assert_int_equal(jc.kind[k].queue_max, 77);
+            assert_int_equal(jc.kind[k].workers_max, k == SJ_JOB_COMPILE ? compile_max[w] : other_max[w]);
+            assert_int_equal(jc.kind[k].queued + jc.kind[k].running, 0);
+        }
+        sj_runtime_destroy(rt);
+    }
+    /* job_reserve_workers: workers kept from compiles while there are more */
+    static const int reserve[] = {0, 2, 3, 5};
+    static const int compile_max3[] = {3, 1, 3, 3};
+    for (int r = 0; r < 4; r++) {
+        sj_runtime_config cfg = tu_cpu_config();
+        cfg.compile_threads = 3;
+        cfg.job_reserve_workers = reserve[r];
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_job_counters jc = job_counters(rt);
+        assert_int_equal(jc.kind[SJ_JOB_COMPILE].workers_max, compile_max3[r]);
+        assert_int_equal(jc.kind[SJ_JOB_CAPTURE].workers_max, 2);
+        sj_runtime_destroy(rt);
+    }
+    sj_runtime_config cfg = tu_cpu_config();
+    cfg.job_queue_max = 0; /* out of range */
+    sj_runtime *rt = NULL;
+    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_EINVAL);
+}
+
+/* Four threads post 50 device jobs each at a queue that holds 5 of the
+ * kind: exactly 5 are taken, 195 refused and counted; stepping runs the 5.
+ * A compile past its kind's limit is refused too, its entry left as it
+ * was: a later call queues it once there is room. */
+static void queue_limit_holds_under_concurrent_posts(void **state) {
+    (void)state;
+    sj_runtime *rt = posting_runtime(0, 0);
+    sj_compiler_set_kind_limits(rt->compiler, SJ_JOB_DEVICE, 5, -1);
+    pthread_t th[4];
+    poster_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (poster_arg){50, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, poster, &args[i]), 0);
+    }
+    int accepted = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        accepted += args[i].accepted;
+    }
+    assert_int_equal(accepted, 5);
+    sj_job_counters jc = job_counters(rt);
+    assert_int_equal(jc.kind[SJ_JOB_DEVICE].queued, 5);
+    assert_int_equal(jc.kind[SJ_JOB_DEVICE].dropped, 195);
+    assert_int_equal(atomic_load(&device_runs), 0);
+    assert_int_equal(sj_runtime_run_background(rt, 100), 5);
+    assert_int_equal(atomic_load(&device_runs), 5);
+    jc = job_counters(rt);
+    assert_int_equal(jc.kind[SJ_JOB_DEVICE].queued, 0);
+    assert_int_equal(jc.kind[SJ_JOB_DEVICE].ran, 5);
+
+    /* compiles: none may queue */
+    sj_compiler_set_kind_limits(rt->compiler, SJ_JOB_COMPILE, 0, -1);
+    sj_fn *fn = function(rt);
+    call_checked(fn, 0); /* hot at once: its compile refused */
+    call_checked(fn, 0); /* asks again: refused again */
+    jc = job_counters(rt);
+    assert_int_equal(jc.kind[SJ_JOB_COMPILE].queued, 0);
+    assert_int_equal(jc.kind[SJ_JOB_COMPILE].dropped, 2);
+    assert_int_equal(atomic_load(&fn->table.n_entries), 1);
+    assert_int_equal(sj_runtime_run_background(rt, 8), 0);
+    sj_compiler_set_kind_limits(rt->compiler, SJ_JOB_COMPILE, 1, -1);
+    call_checked(fn, 0); /* queued now */
+    assert_int_equal(job_counters(rt).kind[SJ_JOB_COMPILE].queued, 1);
+    assert_int_equal(sj_runtime_run_background(rt, 8), 1);
+    call_checked(fn, 0);
+    assert_int_equal(stats(fn).compiles, 1);
+    assert_true(stats(fn).fused_symbolic_calls >= 1);
+    char *text = tu_explain(fn);
+    if (!strstr(text, "background queue (the runtime's, 0 workers): compile 0 queued (of 1), 0 running, 1 ran, 2 dropped;") ||
+        !strstr(text, "device 0 queued (of 5), 0 running, 5 ran, 195 dropped"))
+        fail_msg("explain:\n%s", text);
+    free(text);
+    sj_runtime_destroy(rt);
+    assert_int_equal(atomic_load(&device_drops), 0);
+}
+
+/* Three workers: device jobs that block take at most their limit (2) of
+ * them, the rest stay queued, and a compile runs on the third worker
+ * while they block; opened, every device job runs, never more than 2 at
+ * once. */
+static void kind_at_its_limit_leaves_workers_to_others(void **state) {
+    (void)state;
+    sj_runtime *rt = posting_runtime(3, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&gated_now, 0);
+    atomic_store(&gated_max, 0);
+    for (int i = 0; i < 4; i++) assert_true(given_post(given_ctx, gated_run, device_drop, NULL));
+    sj_job_counters jc;
+    for (int i = 0; i < 10000; i++) {
+        jc = job_counters(rt);
+        if (jc.kind[SJ_JOB_DEVICE].running == 2) break;
+        usleep(1000);
+    }
+    assert_int_equal(jc.kind[SJ_JOB_DEVICE].running, 2);
+    assert_int_equal(jc.kind[SJ_JOB_DEVICE].queued, 2);
+    sj_fn *fn = function(rt);
+    call_checked(fn, 0);                               /* hot: its compile queued */
+    assert_int_equal(sj_fn_wait_idle(fn, 60000), SJ_OK); /* compiled while the device jobs block */
+    assert_int_equal(stats(fn).compiles, 1);
+    jc = job_counters(rt);
+    assert_int_equal(jc.kind[SJ_JOB_DEVICE].running, 2);
+    assert_int_equal(jc.kind[SJ_JOB_DEVICE].queued, 2);
+    assert_int_equal(atomic_load(&gated_max), 2);
+    call_checked(fn, 0);
+    assert_true(stats(fn).fused_symbolic_calls >= 1);
+    atomic_store(&gate_open, 1);
+    for (int i = 0; i < 10000 && atomic_load(&device_runs) < 4; i++) usleep(1000);
+    assert_int_equal(atomic_load(&device_runs), 4);
+    assert_int_equal(atomic_load(&gated_max), 2);
+    assert_int_equal(job_counters(rt).kind[SJ_JOB_DEVICE].ran, 4);
+    sj_runtime_destroy(rt);
+}
+
+/* A compile slot that holds every compile until the gate opens. */
+static sj_status (*real_compile)(sj_backend *b, const sj_compile_req *req, sj_compile_result *out);
+static sj_status gated_compile(sj_backend *b, const sj_compile_req *req, sj_compile_result *out) {
+    while (!atomic_load(&gate_open)) usleep(1000);
+    return real_compile(b, req, out);
+}
+
+/* Two workers, compiles held at a gate: of two compiles queued one runs
+ * (compiles take n - 1 workers) and one waits, and a device job posted
+ * meanwhile runs on the other worker while the compile is held. */
+static void compiles_leave_a_worker_to_short_jobs(void **state) {
+    (void)state;
+    sj_runtime *rt = posting_runtime(2, 0);
+    atomic_store(&gate_open, 0);
+    real_compile = rt->backend->compile;
+    rt->backend->compile = gated_compile;
+    sj_fn *f1 = function(rt), *f2 = function(rt);
+    call_checked(f1, 0);
+    call_checked(f2, 1);
+    sj_job_counters jc;
+    for (int i = 0; i < 10000; i++) {
+        jc = job_counters(rt);
+        if (jc.kind[SJ_JOB_COMPILE].running == 1 && jc.kind[SJ_JOB_COMPILE].queued == 1) break;
+        usleep(1000);
+    }
+    assert_int_equal(jc.kind[SJ_JOB_COMPILE].running, 1);
+    assert_int_equal(jc.kind[SJ_JOB_COMPILE].queued, 1); /* the second worker does not take it */
+    assert_true(given_post(given_ctx, device_run, device_drop, NULL));
+    for (int i = 0; i < 10000 && atomic_load(&device_runs) == 0; i++) usleep(1000);
+    assert_int_equal(atomic_load(&device_runs), 1); /* ran while the compile is held */
+    jc = job_counters(rt);
+    assert_int_equal(jc.kind[SJ_JOB_COMPILE].ran, 0);
+    assert_int_equal(jc.kind[SJ_JOB_COMPILE].running, 1);
+    atomic_store(&gate_open, 1);
+    assert_int_equal(sj_fn_wait_idle(f1, 60000), SJ_OK);
+    assert_int_equal(sj_fn_wait_idle(f2, 60000), SJ_OK);
+    assert_int_equal(job_counters(rt).kind[SJ_JOB_COMPILE].ran, 2);
+    call_checked(f1, 0);
+    call_checked(f2, 1);
+    assert_true(stats(f1).fused_symbolic_calls >= 1 && stats(f2).fused_symbolic_calls >= 1);
+    sj_runtime_destroy(rt);
 }
 
 int main(void) {
@@ -582,6 +830,10 @@ int main(void) {
         cmocka_unit_test(warmup_captures_and_waits),
         cmocka_unit_test(device_jobs_on_the_queue),
         cmocka_unit_test(threads_with_a_worker),
+        cmocka_unit_test(limits_follow_the_rule),
+        cmocka_unit_test(queue_limit_holds_under_concurrent_posts),
+        cmocka_unit_test(kind_at_its_limit_leaves_workers_to_others),
+        cmocka_unit_test(compiles_leave_a_worker_to_short_jobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -951,9 +951,11 @@ done:
  * model), never queued twice; skipped when the queue is full. Products in
  * batches, in a CUDA graph, or with B transposed are not warmed. In a
  * runtime the jobs are posted to its one background job queue (the device
- * table's set_post) and run by its workers, one at a time (run_lock) on
- * the warmer's stream; a device used alone, or a runtime whose queue has
- * no workers, has the warmer's own thread run them from its queue. */
+ * table's set_post) and run by its workers, or with compile_threads 0 by
+ * the thread that steps it, one at a time (run_lock) on the warmer's
+ * stream; a device used alone, a runtime in sync or off compile mode, or
+ * a job the queue refuses (past job_queue_max) has the warmer's own thread
+ * run them from its queue. */
 
 enum { WARM_QUEUE = 16, WARM_DONE = 64, WARM_MAX_N = 4096 };
 
