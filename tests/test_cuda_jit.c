@@ -451,22 +451,13 @@ static void test_tf32_products(void **state) {
     tu_fill_range(&b, -1, 1);
     double *ref = malloc(sizeof(double) * M * N);
     assert_non_null(ref);
+    tu_ref_matmul(&a, &b, ref, NULL);
     double ref_ss = 0;
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double acc = 0;
-            for (int k = 0; k < K; k++) acc += tu_get(&a, (int64_t)i * K + k) * tu_get(&b, (int64_t)k * N + j);
-            ref[i * N + j] = acc;
-            ref_ss += acc * acc;
-        }
+    for (int64_t i = 0; i < (int64_t)M * N; i++) ref_ss += ref[i] * ref[i];
     for (int tf32 = 0; tf32 <= 1; tf32++)
         for (int mode = 0; mode < 2; mode++) { /* eager; fused */
-            sj_runtime_config cfg;
-            sj_runtime_config_init(&cfg);
-            cfg.backend = SJ_BACKEND_CUDA;
+            sj_runtime_config cfg = tu_cuda_config();
             cfg.compile_mode = mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF;
-            cfg.cache_dir = NULL;
-            cfg.log_mask = 0;
             cfg.cuda_tf32 = tf32;
             sj_runtime *rt = NULL;
             if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
