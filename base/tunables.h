@@ -80,6 +80,10 @@
     X(graph_max_bytes, uint64_t, 0, 0, UINT64_MAX, "SHAPEJIT_GRAPH_MAX_BYTES",                     \
       "CUDA: bytes the captured graphs of one function may hold (their workspace and "            \
       "intermediates); past it the least recently replayed are evicted (`0`: no limit)")           \
+    X(bucket_graphs, int, 1, 0, 1, "SHAPEJIT_BUCKET_GRAPHS",                                      \
+      "CUDA: `1`: a bucketed entry's calls of every size are replayed by one graph captured at the " \
+      "bucket's largest sizes, its kernels' sizes updated per call; `0`: graphs serve exact shapes " \
+      "only")                                                                                       \
     X(compile_ahead, int, 0, 0, 1, "SHAPEJIT_COMPILE_AHEAD",                                      \
       "`1`: when a bucketed entry gets hot, the next bucket up is traced on that call's thread and " \
       "its compile queued behind the others (`0`: off)")                                          \

@@ -544,12 +544,13 @@ static void bench_w5(const char *lengths_path) {
                    "\"requests\": %d, \"of\": %d, \"total_s\": %.4f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
                    "\"max_ms\": %.3f, \"steady_p50_ms_last_half\": %.4f, \"compiles\": %llu, \"compile_ms\": %.0f, "
                    "\"eager_calls\": %llu, \"fused_symbolic_calls\": %llu, \"fused_specialized_calls\": %llu, "
-                   "\"graphs\": %llu, \"graph_calls\": %llu, \"graph_bytes\": %llu, \"graph_evictions\": %llu}\n",
+                   "\"graphs\": %llu, \"graph_calls\": %llu, \"bucket_graph_calls\": %llu, \"graph_bytes\": %llu, "
+                   "\"graph_evictions\": %llu}\n",
                    modes[m], n, n, total, Q(0.5), Q(0.99), sorted[n - 1], steady, (unsigned long long)st.compiles,
                    st.compile_ms, (unsigned long long)st.eager_calls, (unsigned long long)st.fused_symbolic_calls,
                    (unsigned long long)st.fused_specialized_calls, (unsigned long long)st.graphs,
-                   (unsigned long long)st.graph_calls, (unsigned long long)st.graph_bytes,
-                   (unsigned long long)st.graph_evictions);
+                   (unsigned long long)st.graph_calls, (unsigned long long)st.bucket_graph_calls,
+                   (unsigned long long)st.graph_bytes, (unsigned long long)st.graph_evictions);
 #undef Q
             fflush(stdout);
         }

@@ -194,14 +194,14 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
            "\"warmup_s\": %.3f, \"to_ready_s\": %.3f, \"warmup_shapes\": %d, \"warmup_failed\": %d, "
            "\"warmup_compiles\": %llu, \"warmup_compiler_runs\": %llu, \"warmup_graphs\": %llu, \"total_s\": %.4f, \"p50_ms\": %.4f, "
            "\"p99_ms\": %.4f, \"max_ms\": %.3f, \"max_over_p50\": %.1f, \"eager_calls\": %llu, \"fused_calls\": %llu, "
-           "\"graph_calls\": %llu, \"fused_share\": %.3f, \"graph_share\": %.3f, \"compiles_during\": %llu, "
+           "\"graph_calls\": %llu, \"bucket_graph_calls\": %llu, \"fused_share\": %.3f, \"graph_share\": %.3f, \"compiles_during\": %llu, "
            "\"traces_during\": %llu}\n",
            backend == SJ_BACKEND_CUDA ? "cuda" : "cpu", sj_dtype_name(dt), n, exec_to_main_s, t_rt - t0, t_w - t_rt,
            t_ready - t_w, (exec_to_main_s > 0 ? exec_to_main_s : 0) + (t_ready - t0_main), ws.total, ws.failed,
            (unsigned long long)s0.compiles,
            (unsigned long long)(s0.compiles - s0.compile_cache_hits), (unsigned long long)s0.graphs, total, Q(0.5), Q(0.99), sorted[n - 1],
            sorted[n - 1] / Q(0.5), (unsigned long long)s1.eager_calls, (unsigned long long)fused,
-           (unsigned long long)s1.graph_calls, (double)fused / n, (double)s1.graph_calls / n,
+           (unsigned long long)s1.graph_calls, (unsigned long long)s1.bucket_graph_calls, (double)fused / n, (double)s1.graph_calls / n,
            (unsigned long long)(s1.compiles - s0.compiles), (unsigned long long)(s1.traces - s0.traces));
 #undef Q
     fflush(stdout);

@@ -139,6 +139,13 @@ if [ "$what" = warmup ]; then # issue 28; each run a process of its own
     done
     tee -a "$summary" < "$OUT/w5cold.jsonl"
     tail -3 /tmp/w5cold.err >> "$summary"
+    # the strongest PyTorch configuration on the same stream, same call:
+    # vLLM-style graphs per bucket captured before serving (startup counted)
+    PYTHONUNBUFFERED=1 timeout 300 python3 .peer/peers/torch_bucket_graphs.py samples/varlen_encoder/lengths.txt \
+        > "$OUT/torch_bucket.jsonl" 2> /tmp/torch_bucket.err
+    echo "torch_bucket_graphs rc=$?" | tee -a "$summary"
+    grep -E '"w5"' "$OUT/torch_bucket.jsonl" | tee -a "$summary"
+    tail -3 /tmp/torch_bucket.err >> "$summary"
 fi
 
 if [ "$what" = nvrtc ]; then # issue 28: NVRTC time per unit (compute cache off), one program, then split

@@ -426,7 +426,8 @@ static sj_status execute(sj_fn *fn, sj_memo *m, sj_entry *e, const int64_t *syms
         if (gu != SJ_GRAPH_SERVED) { /* (a graph served call counted its graph call; its tier is cd's) */
             st = sj_exec_fused(&x, e->plan, cd->fns);
             if (!st && gu == SJ_GRAPH_COUNT && run == RUN_CALL) capture = sj_graphs_note(fn, m, &x, e->plan, cd);
-            if (!st && m && run == RUN_WARM_CAPTURE) capture = sj_graphs_request(fn, m, &x, e->plan, cd);
+            if (!st && m && run != RUN_CALL)
+                capture = sj_graphs_request(fn, m, &x, e->plan, cd, run == RUN_WARM_CAPTURE);
         }
     } else {
         /* what an eager call costs (the compile queue's value): 1 call in 16

@@ -10,6 +10,8 @@
 
 void sj_entry_free(sj_entry *e) {
     if (!e) return;
+    void *bg = atomic_load(&e->bgraph);
+    if (bg) sj_graphs_free_bucket(bg); /* before the code it launches */
     sj_ctarget_release(&e->ct);
     sj_fplan_free(e->plan);
     sj_guard_free(e->head.guards);

@@ -66,6 +66,14 @@ typedef struct sj_entry {
      * memo lock: the one field of an entry written after it is published
      * without an atomic) */
     sj_hist_window win;
+    /* A CUDA graph that serves every size of the entry's bucket
+     * (jit/graphs.c, cfg.bucket_graphs): published once by its capture
+     * job, freed with the entry; the fused calls it has not served since
+     * (a racy count); a capture queued or under way; never again (not
+     * eligible, or its capture failed). */
+    _Atomic(void *) bgraph;
+    _Atomic uint32_t bgraph_seen;
+    _Atomic bool bgraph_busy, bgraph_off;
 } sj_entry;
 
 /* One exact signature -> its entry and symbol values (the head), and what

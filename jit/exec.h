@@ -33,6 +33,12 @@ typedef struct sj_exec {
      * (sj_compiled.gemm_pick), -1 for the device's product; NULL: the
      * first. */
     const int8_t *gemm_pick;
+    /* Fused: the symbol values the arena is laid out for (its size and its
+     * stores' offsets; NULL: sym_vals). A graph that serves a whole bucket
+     * (jit/graphs.c) is captured and updated with its bucket's largest
+     * sizes here, so every size of the bucket finds its intermediates
+     * where the graph's library products read and write them. */
+    const int64_t *layout_syms;
 } sj_exec;
 
 struct sj_cpu_pack_cache;

@@ -14,7 +14,8 @@
  * epilogue group inside where the plan says so); outputs the
  * plan could not write in place are copied last.
  *
- * Block layout: [expression values][store bases][descriptors][arena].
+ * Block layout: [expression values][store bases][descriptors][layout values,
+ * with layout_syms][arena].
  */
 #include <string.h>
 
@@ -164,14 +165,21 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     const sj_backend *ops = x->ops;
     bool device_arena = ops->buf_alloc != NULL;
     size_t n_ex = (size_t)sj_ex_count(g->ex);
+    size_t lay = x->layout_syms ? align_up(n_ex * sizeof(int64_t)) : 0; /* the layout's values */
     size_t head = align_up(n_ex * sizeof(int64_t)) + align_up((size_t)p->n_stores * sizeof(void *)) +
-                  align_up((size_t)g->n_vals * sizeof(sj_tensor));
+                  align_up((size_t)g->n_vals * sizeof(sj_tensor)) + lay;
     size_t hint = device_arena ? 0 : atomic_load_explicit(x->arena_hint, memory_order_relaxed);
     sj_block *b = sj_pool_get(x->pool, head + hint);
     if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for the execution arena", x->fn_name);
     int64_t *exv = sj_block_data(b);
     sj_ex_eval_all(g->ex, x->sym_vals, exv);
-    size_t arena = (size_t)exv[p->arena_bytes];
+    const int64_t *lexv = exv; /* where the arena's stores are */
+    if (lay) {
+        int64_t *l = (int64_t *)((char *)exv + head - lay);
+        sj_ex_eval_all(g->ex, x->layout_syms, l);
+        lexv = l;
+    }
+    size_t arena = (size_t)lexv[p->arena_bytes];
     if (!device_arena && head + arena > b->cap) {
         sj_pool_put(x->pool, b);
         atomic_store_explicit(x->arena_hint, arena, memory_order_relaxed);
@@ -179,12 +187,17 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for a %zu-byte arena", x->fn_name, head + arena);
         exv = sj_block_data(b);
         sj_ex_eval_all(g->ex, x->sym_vals, exv);
+        if (lay) {
+            int64_t *l = (int64_t *)((char *)exv + head - lay);
+            sj_ex_eval_all(g->ex, x->layout_syms, l);
+            lexv = l;
+        }
     }
     char *at = (char *)exv + align_up(n_ex * sizeof(int64_t));
     void **bases = (void **)at;
     at += align_up((size_t)p->n_stores * sizeof(void *));
     sj_tensor *rv = (sj_tensor *)at;
-    at += align_up((size_t)g->n_vals * sizeof(sj_tensor));
+    at += align_up((size_t)g->n_vals * sizeof(sj_tensor)) + lay;
     char *arena_base = at;
     void *dev_arena = NULL;
     if (device_arena) {
@@ -200,7 +213,12 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     bool epi_ok = ops->k.matmul_epi && (!x->rt || x->rt->cfg.fuse_epilogue);
     unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
     int n_syms = sj_sym_count(g->ex); /* every generated kernel takes them all */
-    sj_status st = sj_exec_check_outputs(x, exv);
+    sj_status st = SJ_OK;
+    for (int s = 0; s < p->n_stores && lay && !st; s++) /* each store's values fit where the layout put it */
+        if (p->stores[s].kind == SJ_ST_ARENA && exv[p->stores[s].bytes] > lexv[p->stores[s].bytes])
+            st = sj_seterr(SJ_EINVAL, "fn '%s': store %d needs %lld bytes, laid out for %lld", x->fn_name, s,
+                           (long long)exv[p->stores[s].bytes], (long long)lexv[p->stores[s].bytes]);
+    if (!st) st = sj_exec_check_outputs(x, exv);
     if (!st) st = sj_exec_alloc_outputs(x, exv, allocated);
     for (int s = 0; s < p->n_stores && !st; s++) {
         const sj_store *so = &p->stores[s];
@@ -208,7 +226,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         case SJ_ST_INPUT: bases[s] = x->inputs[so->index].data; break;
         case SJ_ST_PARAM: bases[s] = sj_graph_param(g, so->index, ops->device).data; break;
         case SJ_ST_OUTPUT: bases[s] = x->outputs[so->index].data; break;
-        case SJ_ST_ARENA: bases[s] = arena_base ? arena_base + exv[so->offset] : NULL; break;
+        case SJ_ST_ARENA: bases[s] = arena_base ? arena_base + lexv[so->offset] : NULL; break;
         }
     }
 

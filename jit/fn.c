@@ -323,6 +323,8 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->graphs_blacklisted = atomic_load_explicit(&c->graph_blacklisted, RELAXED);
     out->graph_evictions = atomic_load_explicit(&c->graph_evictions, RELAXED);
     out->graphs_over_budget = atomic_load_explicit(&c->graph_over_budget, RELAXED);
+    out->bucket_graphs = atomic_load_explicit(&c->bucket_graphs, RELAXED);
+    out->bucket_graph_calls = atomic_load_explicit(&c->bucket_graph_calls, RELAXED);
     int64_t gb = atomic_load_explicit(&fn->graph_bytes, RELAXED);
     out->graph_bytes = gb > 0 ? (uint64_t)gb : 0;
     sj_cpu_pack_cache_stats(fn->packs, &out->packed_weights, &out->packed_bytes);
@@ -538,6 +540,9 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
                      "%llu not kept (no room)\n",
                 (unsigned long long)s.graph_bytes, (unsigned long long)fn->rt->cfg.graph_max_bytes,
                 (unsigned long long)s.graph_evictions, (unsigned long long)s.graphs_over_budget);
+        fprintf(out, "  bucket graphs (bucket_graphs %d): %llu captured, %llu calls served by one\n",
+                fn->rt->cfg.bucket_graphs, (unsigned long long)s.bucket_graphs,
+                (unsigned long long)s.bucket_graph_calls);
     }
     for (int i = 0; i < fn->n_inputs; i++)
         for (int a = 0; a < SJ_MAX_RANK; a++) {

@@ -83,6 +83,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/tensor.h"
 #include "jit/budget.h"
 #include "jit/runtime.h"
 #include "specialize/fusion.h"
@@ -110,6 +111,12 @@ typedef struct sj_cgraph {
     sj_tensor out[SJ_MAX_OUTPUTS]; /* the caller's outputs, as checked at capture */
     sj_exec x;                     /* the call, over in and out */
     capture_run run;
+    /* A bucket graph's (cfg.bucket_graphs; bucket false: a shape's): */
+    bool bucket;
+    sj_entry *e;                   /* whose bucket */
+    sj_runtime *rt;
+    int64_t hi[64];                /* the bucket's largest sizes: captured and laid out for them */
+    void *bufs[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS]; /* the graph's input, then output buffers (the device's) */
 } sj_cgraph;
 
 static bool same_output(const sj_tensor *a, const sj_tensor *b) {
@@ -188,6 +195,8 @@ static const sj_cgraph *find(sj_memo *m, const sj_exec *x, const sj_compiled *cd
     return hit;
 }
 
+static bool bucket_serve(sj_fn *fn, sj_cgraph *g, const sj_exec *x, sj_status *st);
+
 sj_graph_use sj_graphs_call(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_compiled *cd, sj_status *st) {
     const sj_backend *b = x->ops;
     if (!m || fn->rt->cfg.cuda_graphs <= 0 || !b->graph_capture || atomic_load_explicit(&m->graph_off, RELAXED))
@@ -195,7 +204,10 @@ sj_graph_use sj_graphs_call(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_co
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return SJ_GRAPH_NO; /* allocated per call: new addresses each time */
     sj_cgraph *g = (sj_cgraph *)find(m, x, cd, b->graph_stream(x->ops_ctx), NULL);
-    if (!g) return SJ_GRAPH_COUNT;
+    if (!g) {
+        sj_cgraph *bg = atomic_load_explicit(&sj_memo_entry(m)->bgraph, memory_order_acquire);
+        return bg && bucket_serve(fn, bg, x, st) ? SJ_GRAPH_SERVED : SJ_GRAPH_COUNT;
+    }
     if (fn->rt->cfg.graph_max_bytes) { /* its last use, for the budget's eviction order */
         uint32_t tick = sj_budget_tick(fn->rt);
         if (atomic_load_explicit(&g->used_tick, RELAXED) != tick) atomic_store_explicit(&g->used_tick, tick, RELAXED);
@@ -203,6 +215,234 @@ sj_graph_use sj_graphs_call(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_co
     *st = b->graph_launch(x->ops_ctx, g->dev);
     if (!*st) atomic_fetch_add_explicit(&fn->hot[sj_shard_index()].graph_calls, 1, RELAXED);
     return SJ_GRAPH_SERVED;
+}
+
+static sj_status fit(sj_fn *fn, sj_cgraph *g, sj_status st, size_t bytes, char *why, size_t wn);
+
+/* -- Bucket graphs (cfg.bucket_graphs) -------------------------------------------- */
+
+/* Why entry e cannot have a bucket graph (NULL: it can); its largest
+ * sizes in hi. Once per entry, off the call path. */
+static const char *bucket_why_not(const sj_entry *e, int64_t *hi) {
+    const sj_graph *g = e->g;
+    int n = sj_sym_count(g->ex);
+    if (!e->plan) return "no fused plan";
+    if (n > 64) return "more than 64 symbols";
+    for (int i = 0; i < n; i++) {
+        int64_t lo, h;
+        sj_sym_range(g->ex, i, &lo, &h);
+        if (i < 64 && (e->pinned_syms >> i & 1)) h = sj_sym_hint(g->ex, i); /* tied to a constant */
+        if (h == SJ_EX_INF || h < 1) return "a size without an upper bound (the open bucket, or no bucket)";
+        hi[i] = h;
+    }
+    for (int v = 0; v < g->n_vals; v++) {
+        int64_t c;
+        if (e->plan->layouts[v].store >= 0 && !sj_ex_is_const(g->ex, e->plan->layouts[v].offset, &c))
+            return "a value at an offset that depends on a size";
+    }
+    return NULL;
+}
+
+static void unreserve_bucket(sj_runtime *rt, sj_entry *e) {
+    atomic_fetch_sub(&rt->cuda_graphs, 1);
+    atomic_store(&e->bgraph_busy, false);
+}
+
+/* Count a fused call of m's entry that no graph served; at SJ_GRAPH_AFTER
+ * (force: at once) ask for the entry's bucket graph. Returns a job for the
+ * caller to run (sync mode), else NULL. */
+static void *bucket_note(sj_fn *fn, sj_memo *m, const sj_exec *x, bool force) {
+    sj_runtime *rt = fn->rt;
+    const sj_backend *b = x->ops;
+    if (!m || !rt->cfg.bucket_graphs || !b->graph_capture_bucket || !b->graph_replay) return NULL;
+    sj_entry *e = sj_memo_entry(m);
+    if (!e->symbolic || atomic_load_explicit(&e->bgraph_off, RELAXED) || atomic_load_explicit(&e->bgraph, RELAXED) ||
+        atomic_load_explicit(&e->bgraph_busy, RELAXED))
+        return NULL;
+    if (b->graph_stream(x->ops_ctx) != sj_runtime_stream(rt)) return NULL; /* sj_call's alone */
+    if (!force && atomic_fetch_add_explicit(&e->bgraph_seen, 1, RELAXED) + 1 < SJ_GRAPH_AFTER) return NULL;
+    /* the entry's code, done with its validation */
+    sj_compiled *cd = atomic_load_explicit(&e->ct.ready, memory_order_acquire);
+    if (!cd || atomic_load_explicit(&cd->checks_left, RELAXED) != 0) return NULL;
+    if (atomic_load_explicit(&rt->cuda_graphs, RELAXED) >= rt->cfg.cuda_graphs) return NULL;
+    if (atomic_exchange(&e->bgraph_busy, true)) return NULL;
+    int64_t hi[64];
+    const char *why = bucket_why_not(e, hi);
+    if (why) {
+        atomic_store(&e->bgraph_off, true);
+        atomic_store(&e->bgraph_busy, false);
+        sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d (%s): no bucket graph: %s", fn->name, e->id, e->what, why);
+        return NULL;
+    }
+    if (atomic_fetch_add(&rt->cuda_graphs, 1) >= rt->cfg.cuda_graphs) {
+        atomic_fetch_sub(&rt->cuda_graphs, 1);
+        atomic_store(&e->bgraph_busy, false);
+        return NULL;
+    }
+    sj_cgraph *g = sj_calloc(1, sizeof *g); /* once per entry */
+    if (!g) {
+        unreserve_bucket(rt, e);
+        return NULL;
+    }
+    g->bucket = true;
+    g->e = e;
+    g->m = m;
+    g->rt = rt;
+    g->cd = cd;
+    g->stream = sj_runtime_stream(rt);
+    g->n_in = e->g->n_inputs;
+    g->n_out = e->g->n_outputs;
+    memcpy(g->hi, hi, sizeof hi);
+    g->x = (sj_exec){.rt = rt, .g = e->g, .fn_name = fn->name, .inputs = g->in, .outputs = g->out,
+                     .sym_vals = g->hi, .layout_syms = g->hi, .pool = &fn->pool, .arena_hint = &e->arena_hint,
+                     .ops = rt->backend, .gemm_pick = cd->gemm_pick};
+    g->run = (capture_run){&g->x, e->plan, cd};
+    if (sj_compiler_request_capture(rt->compiler, fn, g)) return NULL; /* a worker runs it */
+    if (!sj_compiler_async(rt->compiler)) return g;                   /* the caller runs it */
+    free(g);
+    unreserve_bucket(rt, e);
+    return NULL;
+}
+
+/* A descriptor of graph value v, contiguous, at the sizes exv. */
+static size_t value_desc(const sj_graph *gr, int32_t v, const int64_t *exv, sj_device dev, sj_tensor *t) {
+    const sj_value *val = &gr->vals[v];
+    memset(t, 0, sizeof *t);
+    t->dtype = val->dtype;
+    t->rank = val->rank;
+    t->device = dev;
+    int64_t n = 1;
+    for (int i = val->rank - 1; i >= 0; i--) {
+        t->shape[i] = exv[val->shape[i]];
+        t->stride[i] = n;
+        n *= t->shape[i];
+    }
+    return (size_t)n * sj_dtype_size(val->dtype);
+}
+
+/* What a bucket graph's capture runs: the call at the bucket's largest
+ * sizes on the graph's buffers. */
+static sj_status bucket_run(void *arg, void *cc) {
+    sj_cgraph *g = arg;
+    for (int i = 0; i < g->n_in; i++) g->in[i].data = g->bufs[i];
+    for (int i = 0; i < g->n_out; i++) g->out[i].data = g->bufs[g->n_in + i];
+    sj_exec xc = g->x;
+    xc.ops_ctx = cc;
+    return sj_exec_fused(&xc, g->run.plan, g->run.cd->fns);
+}
+
+/* A bucket graph's replay: the call at its own sizes on the graph's
+ * buffers (graph_replay updates the graph's kernels with it). */
+typedef struct bucket_call {
+    const sj_exec *x;
+    const sj_cgraph *g;
+} bucket_call;
+
+static sj_status bucket_update(void *arg, void *cc) {
+    const bucket_call *bc = arg;
+    const sj_cgraph *g = bc->g;
+    sj_tensor in[SJ_MAX_INPUTS], out[SJ_MAX_OUTPUTS];
+    for (int i = 0; i < g->n_in; i++) in[i] = bc->x->inputs[i], in[i].data = g->bufs[i];
+    for (int i = 0; i < g->n_out; i++) out[i] = bc->x->outputs[i], out[i].data = g->bufs[g->n_in + i];
+    sj_exec xu = *bc->x;
+    xu.inputs = in;
+    xu.outputs = out;
+    xu.layout_syms = g->hi;
+    xu.gemm_pick = g->cd->gemm_pick;
+    xu.ops_ctx = cc;
+    return sj_exec_fused(&xu, g->run.plan, g->cd->fns);
+}
+
+static size_t bytes_of(const sj_tensor *t) {
+    size_t n = sj_dtype_size(t->dtype);
+    for (int i = 0; i < t->rank; i++) n *= (size_t)t->shape[i];
+    return n;
+}
+
+/* Serve call x with its entry's bucket graph g: true when it did (*st its
+ * status). */
+static bool bucket_serve(sj_fn *fn, sj_cgraph *g, const sj_exec *x, sj_status *st) {
+    const sj_backend *b = x->ops;
+    if (g->stream != b->graph_stream(x->ops_ctx)) return false;
+    const void *src[SJ_MAX_INPUTS];
+    void *dst[SJ_MAX_OUTPUTS];
+    size_t bytes[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS];
+    for (int i = 0; i < g->n_in; i++) {
+        const sj_tensor *t = &x->inputs[i];
+        if (t->device != b->device || !sj_tensor_is_contiguous(t)) return false;
+        src[i] = t->data;
+        bytes[i] = bytes_of(t);
+    }
+    for (int i = 0; i < g->n_out; i++) {
+        const sj_tensor *t = &x->outputs[i];
+        dst[i] = t->data;
+        bytes[g->n_in + i] = bytes_of(t);
+    }
+    bucket_call bc = {x, g};
+    bool served = false;
+    *st = b->graph_replay(x->ops_ctx, g->dev, x->sym_vals, sj_sym_count(x->g->ex), g->n_in, src, dst, bytes,
+                          bucket_update, &bc, &served);
+    if (!served) return false;
+    if (!*st) {
+        atomic_fetch_add_explicit(&fn->hot[sj_shard_index()].graph_calls, 1, RELAXED);
+        atomic_fetch_add_explicit(&fn->c.bucket_graph_calls, 1, RELAXED);
+    }
+    return true;
+}
+
+/* A bucket graph's capture job: capture at the bucket's largest sizes,
+ * fit it under graph_max_bytes, publish; a failure turns the entry's
+ * bucket graph off for good (its calls run kernel by kernel, or by
+ * graphs of their exact shapes). */
+static void bucket_capture_run(sj_fn *fn, sj_cgraph *g) {
+    sj_runtime *rt = fn->rt;
+    sj_entry *e = g->e;
+    const sj_graph *gr = e->g;
+    size_t sizes[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS];
+    int64_t t0 = sj_now_ns();
+    int64_t *exv = sj_malloc(sizeof(int64_t) * (size_t)sj_ex_count(gr->ex));
+    sj_status st = exv ? SJ_OK : sj_seterr(SJ_ENOMEM, "out of memory for a bucket graph's sizes");
+    if (!st) {
+        sj_ex_eval_all(gr->ex, g->hi, exv);
+        for (int v = 0; v < gr->n_vals; v++)
+            if (gr->vals[v].kind == SJ_VAL_INPUT && gr->vals[v].index >= 0 && gr->vals[v].index < g->n_in)
+                sizes[gr->vals[v].index] = value_desc(gr, v, exv, rt->backend->device, &g->in[gr->vals[v].index]);
+        for (int i = 0; i < g->n_out; i++)
+            sizes[g->n_in + i] = value_desc(gr, gr->outputs[i], exv, rt->backend->device, &g->out[i]);
+        free(exv);
+    }
+    size_t bytes = 0;
+    if (!st)
+        st = rt->backend->graph_capture_bucket(rt->backend, gr, g->run.plan, e->head.n_syms, g->stream,
+                                               g->n_in + g->n_out, sizes, g->bufs, bucket_run, g, &g->dev, &bytes);
+    double ms = (double)(sj_now_ns() - t0) / 1e6;
+    char why[300];
+    st = fit(fn, g, st, bytes, why, sizeof why);
+    if (st) {
+        atomic_store(&e->bgraph_off, true);
+        atomic_fetch_add_explicit(&fn->c.graph_failures, 1, RELAXED);
+        sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d (%s): no bucket graph: %s", fn->name, e->id, e->what, why);
+        sj_clearerr();
+        destroy(rt, g);
+        unreserve_bucket(rt, e);
+        return;
+    }
+    atomic_store_explicit(&e->bgraph, g, memory_order_release);
+    atomic_store(&e->bgraph_busy, false);
+    atomic_fetch_add_explicit(&fn->c.graphs, 1, RELAXED);
+    atomic_fetch_add_explicit(&fn->c.bucket_graphs, 1, RELAXED);
+    sj_logf(rt, SJ_LOG_PERF, "fn '%s': entry %d (%s): captured a bucket graph in %.2f ms, %lld bytes (%d in the runtime)",
+            fn->name, e->id, e->what, ms, (long long)g->bytes, atomic_load(&rt->cuda_graphs));
+    if (sj_log_wants_events(&rt->log))
+        sj_emit(rt, (sj_event){.kind = SJ_EVENT_GRAPH_CAPTURED, .topic = SJ_LOG_PERF, .fn = fn->name, .entry = e->id,
+                               .shape = e->what, .duration_ms = ms, .count = 1, .bytes = g->bytes});
+}
+
+void sj_graphs_free_bucket(void *graph) {
+    sj_cgraph *g = graph;
+    sj_runtime *rt = g->rt;
+    destroy(rt, g);
+    atomic_fetch_sub(&rt->cuda_graphs, 1);
 }
 
 /* A capture job for this call's plan with its buffers (graph_busy is set
@@ -268,12 +508,15 @@ static void *note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
 }
 
 void *sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
-    return note(fn, m, x, plan, cd, false);
+    void *job = bucket_note(fn, m, x, false);
+    return job ? job : note(fn, m, x, plan, cd, false);
 }
 
-void *sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
-    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture || atomic_load_explicit(&m->graph_off, RELAXED))
-        return NULL;
+void *sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd,
+                        bool buffers) {
+    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture) return NULL;
+    void *job = bucket_note(fn, m, x, true); /* (any buffers: a bucket graph has its own) */
+    if (job || !buffers || atomic_load_explicit(&m->graph_off, RELAXED)) return job;
     for (int i = 0; i < x->g->n_outputs; i++)
         if (!x->outputs[i].data) return NULL; /* the warm-up's own outputs: never seen again */
     return note(fn, m, x, plan, cd, true);
@@ -281,7 +524,8 @@ void *sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan 
 
 void sj_graphs_capture_drop(sj_fn *fn, void *arg) {
     sj_cgraph *g = arg;
-    unreserve(fn->rt, g->m);
+    if (g->bucket) unreserve_bucket(fn->rt, g->e);
+    else unreserve(fn->rt, g->m);
     free(g);
 }
 
@@ -364,6 +608,25 @@ static void evict(sj_fn *fn, sj_cgraph **victims, int n) {
     }
 }
 
+/* After graph g's capture (st, its bytes): make room for it under
+ * graph_max_bytes, evicting what must go. Returns st, or SJ_ENOMEM when it
+ * cannot fit; on a failure why says what went wrong. */
+static sj_status fit(sj_fn *fn, sj_cgraph *g, sj_status st, size_t bytes, char *why, size_t wn) {
+    g->bytes = st ? 0 : (int64_t)bytes;
+    sj_cgraph *victims[SJ_MEMO_GRAPHS * 16];
+    int n_victims = 0;
+    if (st) {
+        snprintf(why, wn, "%s", sj_last_error());
+    } else if (!admit(fn, g, victims, &n_victims)) {
+        st = SJ_ENOMEM;
+        snprintf(why, wn, "its %lld bytes do not fit in graph_max_bytes %llu", (long long)g->bytes,
+                 (unsigned long long)fn->rt->cfg.graph_max_bytes);
+        atomic_fetch_add_explicit(&fn->c.graph_over_budget, 1, RELAXED);
+    }
+    evict(fn, victims, n_victims);
+    return st;
+}
+
 /* -- Capture jobs (a compile worker, or the caller in sync mode; no lock held) -------- */
 
 static sj_status run_capture(void *arg, void *cc) {
@@ -403,6 +666,10 @@ static void failed(sj_fn *fn, sj_memo *m, const char *why) {
 
 void sj_graphs_capture_run(sj_fn *fn, void *arg) {
     sj_cgraph *g = arg;
+    if (g->bucket) {
+        bucket_capture_run(fn, g);
+        return;
+    }
     sj_runtime *rt = fn->rt;
     sj_memo *m = g->m;
     sj_entry *e = sj_memo_entry(m);
@@ -411,21 +678,10 @@ void sj_graphs_capture_run(sj_fn *fn, void *arg) {
     sj_status st = rt->backend->graph_capture(rt->backend, e->g, g->run.plan, e->head.n_syms, g->stream, run_capture,
                                               &g->run, &g->dev, &bytes);
     double ms = (double)(sj_now_ns() - t0) / 1e6;
-    g->bytes = st ? 0 : (int64_t)bytes;
-    sj_cgraph *victims[SJ_MEMO_GRAPHS * 16];
-    int n_victims = 0;
     char why[300];
-    if (st) {
-        /* The calls go on kernel by kernel. (The call the capture copies
-         * had succeeded: its arguments are not what failed.) */
-        snprintf(why, sizeof why, "%s", sj_last_error());
-    } else if (!admit(fn, g, victims, &n_victims)) {
-        st = SJ_ENOMEM;
-        snprintf(why, sizeof why, "its %lld bytes do not fit in graph_max_bytes %llu", (long long)g->bytes,
-                 (unsigned long long)rt->cfg.graph_max_bytes);
-        atomic_fetch_add_explicit(&fn->c.graph_over_budget, 1, RELAXED);
-    }
-    evict(fn, victims, n_victims);
+    /* (On a failure the calls go on kernel by kernel. The call the capture
+     * copies had succeeded: its arguments are not what failed.) */
+    st = fit(fn, g, st, bytes, why, sizeof why);
     if (st) {
         failed(fn, m, why);
         sj_clearerr();

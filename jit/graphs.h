@@ -33,10 +33,12 @@ sj_graph_use sj_graphs_call(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_co
  * sj_graphs_capture_run once its call is over (out of sj_budget_enter's
  * mark: a capture may wait for calls to leave evicted graphs). */
 void *sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fplan *plan, const sj_compiled *cd);
-/* Queue the capture of this successful call's buffers at once, whatever
- * the count (a warm-up's run with the caller's buffers); within the same
- * limits and back-off. Returns as sj_graphs_note. */
-void *sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fplan *plan, const sj_compiled *cd);
+/* A warm-up's successful run: queue its entry's bucket graph at once
+ * (cfg.bucket_graphs), and with buffers (the run was on the caller's
+ * buffers) the capture of this call's buffers, whatever the counts;
+ * within the same limits and back-off. Returns as sj_graphs_note. */
+void *sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const struct sj_fplan *plan, const sj_compiled *cd,
+                        bool buffers);
 
 /* A capture job (arg: sj_graphs_note's): capture, fit it under
  * graph_max_bytes (evicting the least recently replayed graphs of fn),
@@ -49,5 +51,7 @@ void sj_graphs_capture_drop(sj_fn *fn, void *arg);
 
 /* Free a memo item's graph (ctx: the runtime; jit/entry.c, at the table's destroy). */
 void sj_graphs_free(void *ctx, void *graph);
+/* Free an entry's bucket graph (jit/entry.c, with the entry). */
+void sj_graphs_free_bucket(void *graph);
 
 #endif

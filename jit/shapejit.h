@@ -336,6 +336,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_LEARN_EVERY=n              -> learn_every
  *   SHAPEJIT_LEARN_HALF_LIFE=n          -> learn_half_life
  *   SHAPEJIT_GRAPH_MAX_BYTES=n          -> graph_max_bytes
+ *   SHAPEJIT_BUCKET_GRAPHS=0|1          -> bucket_graphs
  *   SHAPEJIT_JOB_QUEUE_MAX=n            -> job_queue_max
  *   SHAPEJIT_JOB_RESERVE_WORKERS=n      -> job_reserve_workers
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
@@ -639,6 +640,27 @@ typedef struct sj_runtime_config {
      * per-thread counter. 0 (default): no byte limit (cuda_graphs still
      * caps their count). $SHAPEJIT_GRAPH_MAX_BYTES. */
     uint64_t graph_max_bytes;
+    /* CUDA graphs that serve a whole bucket: an entry whose every size is
+     * bounded (a bucket, sj_set_profile, learned edges; not the open
+     * bucket past the last edge) is captured once at its largest sizes,
+     * on input and output buffers of the graph's own, after
+     * SJ_GRAPH_AFTER (48) of its calls ran kernel by kernel, or at once
+     * when sj_fn_warmup prepares one of its shapes. A call of any size of
+     * the bucket then runs as one graph launch: the graph's kernels get the
+     * call's sizes (cuGraphExecKernelNodeSetParams; skipped when the sizes
+     * are the last call's), its cuBLASLt products run over the bucket's
+     * largest row count (the extra rows are never read), the inputs are
+     * copied in and the outputs out. Served: synchronous calls (sj_call)
+     * with contiguous inputs and given outputs, one at a time per graph (a
+     * call that finds it busy runs kernel by kernel); a graph for the
+     * call's exact shape comes first. A plan whose values sit at offsets
+     * that depend on a size, or a call whose products differ from the
+     * captured ones in more than their rows, runs kernel by kernel. Bucket
+     * graphs count in graph_bytes and cuda_graphs and are kept until the
+     * function is destroyed (graph_max_bytes never evicts them). sj_stats:
+     * bucket_graphs, bucket_graph_calls. Default 1; 0: graphs serve exact
+     * shapes only. $SHAPEJIT_BUCKET_GRAPHS. */
+    int bucket_graphs;
     /* The most jobs of one kind (compiles, learnings, graph captures, the
      * device's jobs) the background queue holds; one past it is refused and
      * counted (sj_runtime_job_counters). Default 4096.
@@ -1420,6 +1442,8 @@ typedef struct sj_stats {
     uint64_t graph_bytes;      /* device memory the function's graphs hold now */
     uint64_t graph_evictions;  /* graphs evicted by graph_max_bytes (least recently replayed first) */
     uint64_t graphs_over_budget; /* captured graphs not kept: no room under graph_max_bytes */
+    uint64_t bucket_graphs;    /* graphs that serve a whole bucket, captured (bucket_graphs; also in graphs) */
+    uint64_t bucket_graph_calls; /* calls served by one (also in graph_calls) */
     /* CPU backend (sj_runtime_config.prepack_max_bytes): */
     uint64_t packed_weights;   /* constant weights packed for matrix products, each once */
     uint64_t packed_bytes;     /* the memory the packed copies hold */

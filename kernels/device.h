@@ -278,6 +278,28 @@ struct sj_backend {
     /* The stream a call's graphs are kept for (a key: graphs are matched by
      * it). */
     const void *(*graph_stream)(void *c);
+    /* Graphs that serve a whole bucket (optional, both or none; CUDA's in
+     * kernels/cuda/graph_cuda.c): capture as graph_capture, with n_bufs
+     * buffers of the graph's own (sizes[i] bytes each: the call's inputs,
+     * then its outputs), which the device allocates and writes into
+     * bufs[] before run is called, and noting what the call queues so
+     * that a replay can change its sizes. */
+    sj_status (*graph_capture_bucket)(sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, int n_syms,
+                                      const void *stream, int n_bufs, const size_t *sizes, void **bufs,
+                                      sj_status (*run)(void *arg, void *cc), void *arg, void **graph,
+                                      size_t *bytes);
+    /* Replay a bucket graph for call c with symbol values syms:
+     * update(arg, cc) runs the call again on the graph's buffers at these
+     * sizes on a context that updates the graph instead of launching
+     * (skipped when the sizes are the last replay's); then src[i] (n_in of
+     * them) are copied into the graph's input buffers, the graph launched
+     * and its output buffers copied to dst[], bytes[] (inputs, then
+     * outputs) each. *served false, nothing queued, where the graph is
+     * busy with another call or this call differs from the captured one in
+     * more than its sizes: the call then runs kernel by kernel. */
+    sj_status (*graph_replay)(void *c, void *graph, const int64_t *syms, int n_syms, int n_in,
+                              const void *const *src, void *const *dst, const size_t *bytes,
+                              sj_status (*update)(void *arg, void *cc), void *arg, bool *served);
 
     /* -- Background (optional) --
      * Wait until the device's own background work for what ran so far is

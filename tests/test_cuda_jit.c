@@ -1388,6 +1388,88 @@ static void test_buckets_on_device(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* One encoder call of S tokens on buffers dx, dy made for more: x fresh
+ * random data, the result checked against float64. */
+static void bucket_call(sj_runtime *rt, sj_fn *fn, const tu_encoder *w, const dbuf *dx, const dbuf *dy, int64_t S,
+                        const char *what) {
+    dbuf x = *dx, y = *dy;
+    x.t.shape[1] = S, x.t.stride[0] = S * w->h;
+    y.t.shape[1] = S, y.t.stride[0] = S * w->h;
+    char at[128];
+    snprintf(at, sizeof at, "%s S=%lld", what, (long long)S);
+    sj_status st = graph_call(rt, fn, w, &x, &y.t, at);
+    if (st) fail_msg("%s: %s", at, sj_last_error());
+}
+
+/* Graphs that serve a whole bucket (cfg.bucket_graphs, issue 28): the
+ * encoder with S in pow2 buckets. After SJ_GRAPH_AFTER calls of a bucket
+ * ran kernel by kernel (sizes that never repeat, so no shape's own graph),
+ * the bucket's graph is captured (sync compile mode: by the call that
+ * asked), and then every call of any size in that bucket is one replay,
+ * its results equal to float64 (every size of the bucket, in random order,
+ * repeated sizes too; the update skipped for a repeat); another bucket
+ * gets its own; with bucket_graphs 0 none is captured. Also after a
+ * warm-up of the buckets: the first calls are replays. */
+static void test_bucket_graphs(void **state) {
+    (void)state;
+    for (int d = 0; d < 2; d++)
+        for (int on = 1; on >= 0; on--) {
+            sj_runtime_config cfg = tu_cuda_config();
+            cfg.compile_mode = SJ_COMPILE_SYNC;
+            cfg.bucket_graphs = on;
+            sj_runtime *rt = NULL;
+            if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+            sj_dtype dt = d ? SJ_F16 : SJ_F32;
+            tu_seed(40 + d);
+            tu_encoder w;
+            sj_fn *fn = encoder_fn(rt, &w, dt, SJ_DYNAMIC_SYMBOLIC, "bucket_graphs");
+            assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 16, 128), SJ_OK);
+            sj_tensor hx = tu_tensor(dt, 3, (int64_t[]){1, 128, w.h});
+            dbuf dx = to_dev(rt, &hx), dy = to_dev(rt, &hx);
+            char what[96];
+            snprintf(what, sizeof what, "bucket graphs %s on=%d", sj_dtype_name(dt), on);
+            /* (64, 128]: 65..112, each size once, then the bucket's graph */
+            for (int i = 0; i < SJ_GRAPH_AFTER; i++) bucket_call(rt, fn, &w, &dx, &dy, 65 + i, what);
+            assert_int_equal(stats_of(fn).graph_calls, 0);
+            assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
+            int served = 0;
+            for (int64_t S = 128; S > 64; S -= 3, served++) bucket_call(rt, fn, &w, &dx, &dy, S, what);
+            for (int i = 0; i < 3; i++, served++) bucket_call(rt, fn, &w, &dx, &dy, 99, what); /* repeats */
+            for (int i = 0; i < 12; i++, served++) bucket_call(rt, fn, &w, &dx, &dy, tu_randint(65, 128), what);
+            sj_stats s = stats_of(fn);
+            assert_int_equal(s.eager_calls, 0);
+            assert_int_equal(s.bucket_graphs, on ? 1 : 0);
+            assert_int_equal(s.bucket_graph_calls, on ? served : 0);
+            assert_int_equal(s.graph_calls, on ? served : 0);
+            /* (32, 64] runs kernel by kernel until its own bucket graph */
+            for (int i = 0; i < SJ_GRAPH_AFTER; i++) bucket_call(rt, fn, &w, &dx, &dy, 33 + (i % 32), what);
+            for (int64_t S = 33; S <= 64; S += 5) bucket_call(rt, fn, &w, &dx, &dy, S, what);
+            s = stats_of(fn);
+            assert_int_equal(s.bucket_graphs, on ? 2 : 0);
+            assert_int_equal(s.bucket_graph_calls, on ? served + 7 : 0);
+            assert_int_equal(s.graph_failures, 0);
+            sj_fn_destroy(fn);
+
+            /* a warm-up of the buckets asks for their graphs at once */
+            fn = encoder_fn(rt, &w, dt, SJ_DYNAMIC_SYMBOLIC, "bucket_graphs_warm");
+            assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 16, 128), SJ_OK);
+            sj_tensor tmpl = hx;
+            tmpl.data = NULL;
+            sj_warmup_spec spec = {.walk = &tmpl, .walk_max = 128};
+            assert_int_equal(sj_fn_warmup(fn, &spec, 0), SJ_OK);
+            for (int64_t S = 2; S <= 128; S += 9) bucket_call(rt, fn, &w, &dx, &dy, S, what);
+            s = stats_of(fn);
+            assert_int_equal(s.eager_calls, 0);
+            assert_int_equal(s.bucket_graphs, on ? 4 : 0);
+            assert_int_equal(s.bucket_graph_calls, on ? 15 : 0);
+            sj_fn_destroy(fn);
+            free_dev(rt, &dx);
+            free_dev(rt, &dy);
+            tu_free_all();
+            sj_runtime_destroy(rt);
+        }
+}
+
 /* Warm-up on the device (sj_fn_warmup, issue 28): after a blocking walk of
  * the buckets, the first call of every warmed size (and of sizes inside
  * its bucket) is fused, with no compile and no trace during the calls and
@@ -1398,7 +1480,12 @@ static void test_buckets_on_device(void **state) {
  * during a background warm-up returns. */
 static void test_warmup_on_device(void **state) {
     (void)state;
-    sj_runtime *rt = gpu_runtime(SJ_COMPILE_ASYNC);
+    /* graphs of exact shapes alone (test_bucket_graphs warms bucket graphs) */
+    sj_runtime_config cfg = tu_cuda_config();
+    cfg.compile_mode = SJ_COMPILE_ASYNC;
+    cfg.bucket_graphs = 0;
+    sj_runtime *rt = NULL;
+    if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
     tu_seed(28);
     tu_encoder w;
     sj_fn *fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_AUTO, "warm");
@@ -1584,6 +1671,7 @@ int main(void) {
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
         cmocka_unit_test(test_nvrtc_timeout),     cmocka_unit_test(test_validated_swap_on_device),
         cmocka_unit_test(test_warmup_on_device),  cmocka_unit_test(test_tf32_products),
+        cmocka_unit_test(test_bucket_graphs),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

@@ -43,9 +43,17 @@ static void advance_ms(int64_t ms) { tu_clock_advance_ms(&clk, ms); }
 /* -- The test device's graph slots ------------------------------------------------ */
 
 typedef struct fake_graph {
+    bool bucket; /* false (a fake_bgraph: true) */
     sj_status (*run)(void *arg, void *cc);
     void *arg;
 } fake_graph;
+
+typedef struct fake_bgraph {
+    bool bucket; /* true */
+    int n;
+    void *bufs[8];
+    size_t sizes[8];
+} fake_bgraph;
 
 static _Atomic int captures, capture_fails, replays, frees;
 static _Atomic int fail_captures; /* > 0: that many captures fail next */
@@ -64,7 +72,7 @@ static sj_status fake_capture(sj_backend *b, const sj_graph *g, const struct sj_
     }
     fake_graph *fg = malloc(sizeof *fg);
     if (!fg) return sj_seterr(SJ_ENOMEM, "test device: out of memory");
-    *fg = (fake_graph){run, arg};
+    *fg = (fake_graph){false, run, arg};
     *graph = fg;
     *bytes = graph_bytes;
     atomic_fetch_add(&captures, 1);
@@ -80,6 +88,9 @@ static sj_status fake_launch(void *c, void *graph) {
 static void fake_free(sj_backend *b, void *graph) {
     (void)b;
     atomic_fetch_add(&frees, 1);
+    fake_bgraph *fg = graph;
+    if (fg->bucket)
+        for (int i = 0; i < fg->n; i++) free(fg->bufs[i]);
     free(graph);
 }
 
@@ -88,11 +99,60 @@ static const void *fake_stream(void *c) {
     return NULL; /* the device's own (sj_runtime_stream is NULL on the CPU): evictable */
 }
 
+/* Bucket graphs: the test device keeps the staging buffers it is asked
+ * for (host memory) and replays a call by copying its inputs in, running
+ * the update pass for real on this call's context (the plan at the call's
+ * sizes on the staging buffers, its arena laid out for the bucket's
+ * largest: what the CUDA device records as node updates) and copying the
+ * outputs out. refuse_replays: answer "not served" (a busy graph). */
+
+static _Atomic int bucket_captures, bucket_replays, refuse_replays;
+static size_t bucket_sizes[8]; /* the last bucket capture's buffer sizes */
+
+static sj_status fake_capture_bucket(sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, int n_syms,
+                                     const void *stream, int n_bufs, const size_t *sizes, void **bufs,
+                                     sj_status (*run)(void *arg, void *cc), void *arg, void **graph, size_t *bytes) {
+    (void)b, (void)g, (void)plan, (void)n_syms, (void)stream, (void)run, (void)arg;
+    fake_bgraph *fg = calloc(1, sizeof *fg);
+    if (!fg || n_bufs > 8) return sj_seterr(SJ_ENOMEM, "test device: bucket graph");
+    fg->bucket = true;
+    fg->n = n_bufs;
+    *bytes = 0;
+    for (int i = 0; i < n_bufs; i++) {
+        fg->bufs[i] = bufs[i] = malloc(sizes[i] ? sizes[i] : 1);
+        fg->sizes[i] = bucket_sizes[i] = sizes[i];
+        *bytes += sizes[i];
+    }
+    *graph = fg;
+    atomic_fetch_add(&bucket_captures, 1);
+    return SJ_OK;
+}
+
+static sj_status fake_replay(void *c, void *graph, const int64_t *syms, int n_syms, int n_in, const void *const *src,
+                             void *const *dst, const size_t *bytes, sj_status (*update)(void *arg, void *cc),
+                             void *arg, bool *served) {
+    (void)syms, (void)n_syms;
+    fake_bgraph *fg = graph;
+    int n = fg->n;
+    *served = false;
+    if (atomic_load(&refuse_replays)) return SJ_OK;
+    for (int i = 0; i < n; i++)
+        if (bytes[i] > fg->sizes[i]) fail_msg("replay: buffer %d of %zu bytes, the graph's %zu", i, bytes[i], fg->sizes[i]);
+    for (int i = 0; i < n_in; i++) memcpy(fg->bufs[i], src[i], bytes[i]);
+    sj_status st = update(arg, c);
+    for (int i = n_in; i < n && !st; i++) memcpy(dst[i - n_in], fg->bufs[i], bytes[i]);
+    *served = true;
+    atomic_fetch_add(&bucket_replays, 1);
+    return st;
+}
+
 static void give_graph_slots(sj_runtime *rt) {
     rt->backend->graph_capture = fake_capture;
     rt->backend->graph_launch = fake_launch;
     rt->backend->graph_free = fake_free;
     rt->backend->graph_stream = fake_stream;
+    rt->backend->graph_capture_bucket = fake_capture_bucket;
+    rt->backend->graph_replay = fake_replay;
 }
 
 static void reset_counts(void) {
@@ -101,6 +161,9 @@ static void reset_counts(void) {
     atomic_store(&replays, 0);
     atomic_store(&frees, 0);
     atomic_store(&fail_captures, 0);
+    atomic_store(&bucket_captures, 0);
+    atomic_store(&bucket_replays, 0);
+    atomic_store(&refuse_replays, 0);
     graph_bytes = 1000;
 }
 
@@ -818,6 +881,110 @@ static void compiles_leave_a_worker_to_short_jobs(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* -- Bucket graphs ------------------------------------------------------------------ */
+
+/* y = t - mean(t, rows), t = tanh(x @ W): x [S, 8] with S in buckets; t an
+ * intermediate in the arena, which a bucket graph lays out for the
+ * bucket's largest S. */
+static float bw[64];
+static sj_status b_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n, (void)u;
+    sj_tensor w = sj_tensor_make(bw, SJ_F32, 2, (int64_t[]){8, 8});
+    sj_val h = sj_tanh(t, sj_matmul(t, in[0], sj_param(t, &w)));
+    return sj_output(t, sj_sub(t, h, sj_mean(t, h, 0, 1)));
+}
+
+static float bx[64 * 8 * 2], by[64 * 8 * 2];
+
+/* One call of S rows, checked against float64; true when a bucket graph
+ * served it. */
+static bool bucket_call(sj_fn *fn, int64_t S) {
+    for (int i = 0; i < S * 8; i++) bx[i] = (float)(rand() % 4000 - 2000) / 2048.0f, by[i] = NAN;
+    sj_tensor in = sj_tensor_make(bx, SJ_F32, 2, (int64_t[]){S, 8});
+    sj_tensor out = sj_tensor_make(by, SJ_F32, 2, (int64_t[]){S, 8});
+    sj_stats a = stats(fn);
+    assert_int_equal(sj_call(fn, &in, 1, &out, 1), SJ_OK);
+    sj_stats b = stats(fn);
+    static double h[128 * 8];
+    double mean[8] = {0};
+    for (int64_t r = 0; r < S; r++)
+        for (int j = 0; j < 8; j++) {
+            double acc = 0;
+            for (int k = 0; k < 8; k++) acc += (double)bx[r * 8 + k] * (double)bw[k * 8 + j];
+            h[r * 8 + j] = tanh(acc);
+            mean[j] += h[r * 8 + j] / (double)S;
+        }
+    for (int64_t r = 0; r < S; r++)
+        for (int j = 0; j < 8; j++)
+            if (!(fabs((double)by[r * 8 + j] - (h[r * 8 + j] - mean[j])) <= 1e-5))
+                fail_msg("S=%lld [%lld,%d]: %.9g, float64 %.9g", (long long)S, (long long)r, j, (double)by[r * 8 + j],
+                         h[r * 8 + j] - mean[j]);
+    assert_int_equal(b.graph_calls - a.graph_calls, b.bucket_graph_calls - a.bucket_graph_calls);
+    return b.bucket_graph_calls > a.bucket_graph_calls;
+}
+
+/* A bucketed entry's calls of changing sizes: SJ_GRAPH_AFTER of them
+ * queue its bucket graph (a JOB_CAPTURE job), captured with buffers for
+ * the bucket's largest S; then every size of the bucket is a replay, with
+ * results equal to float64 (the arena laid out for the largest S); a
+ * refused replay runs kernel by kernel; the open bucket past the last
+ * edge never gets one; bucket_graphs 0 captures none. */
+static void bucket_graph_serves_every_size(void **state) {
+    (void)state;
+    for (int i = 0; i < 64; i++) bw[i] = (float)((i * 37) % 17 - 8) / 8.0f;
+    for (int on = 1; on >= 0; on--) {
+        reset_counts();
+        sj_runtime_config cfg = tu_cpu_config();
+        cfg.compile_mode = SJ_COMPILE_ASYNC;
+        cfg.compile_threads = 0;
+        cfg.hot_threshold = 1;
+        cfg.specialize_threshold = 1000000;
+        cfg.bucket_graphs = on;
+        tu_clock_use(&cfg, &clk);
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        give_graph_slots(rt);
+        sj_fn_options o;
+        sj_fn_options_init(&o);
+        sj_fn *fn = NULL;
+        assert_int_equal(sj_fn_create(rt, "bucketq", 1, b_model, NULL, &o, &fn), SJ_OK);
+        assert_int_equal(sj_set_buckets(fn, 0, 0, (const int64_t[]){16, 32, 64}, 3), SJ_OK);
+        assert_false(bucket_call(fn, 17)); /* traced, its compile queued */
+        while (sj_runtime_run_background(rt, 8) > 0) {
+        }
+        for (int i = 0; i < SJ_GRAPH_AFTER; i++) assert_false(bucket_call(fn, 17 + i % 16));
+        assert_int_equal(sj_runtime_run_background(rt, 8), on ? 1 : 0);
+        assert_int_equal(atomic_load(&bucket_captures), on);
+        if (on) {
+            assert_int_equal(bucket_sizes[0], 32 * 8 * sizeof(float)); /* the bucket's largest */
+            assert_int_equal(bucket_sizes[1], 32 * 8 * sizeof(float));
+        }
+        int served = 0;
+        for (int64_t S = 32; S > 16; S--) served += bucket_call(fn, S);
+        assert_int_equal(served, on ? 16 : 0);
+        atomic_store(&refuse_replays, 1);
+        assert_false(bucket_call(fn, 20)); /* busy: kernel by kernel */
+        atomic_store(&refuse_replays, 0);
+        assert_int_equal(bucket_call(fn, 21), on);
+        /* the open bucket (64, inf): never a bucket graph */
+        assert_false(bucket_call(fn, 65)); /* traced, its compile queued */
+        while (sj_runtime_run_background(rt, 8) > 0) {
+        }
+        for (int i = 0; i < 2 * SJ_GRAPH_AFTER; i++) assert_false(bucket_call(fn, 65 + i % 60));
+        while (sj_runtime_run_background(rt, 8) > 0) {
+        }
+        for (int i = 0; i < 4; i++) assert_false(bucket_call(fn, 65 + i));
+        sj_stats s = stats(fn);
+        assert_int_equal(s.bucket_graphs, on);
+        assert_int_equal(s.bucket_graph_calls, on ? 17 : 0);
+        assert_int_equal(atomic_load(&bucket_replays), on ? 17 : 0);
+        assert_int_equal(atomic_load(&bucket_captures), on);
+        assert_int_equal(s.eager_calls, 2); /* each entry's first call */
+        sj_runtime_destroy(rt);
+        assert_int_equal(atomic_load(&frees), on);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(capture_is_a_queued_job),
@@ -834,6 +1001,7 @@ int main(void) {
         cmocka_unit_test(queue_limit_holds_under_concurrent_posts),
         cmocka_unit_test(kind_at_its_limit_leaves_workers_to_others),
         cmocka_unit_test(compiles_leave_a_worker_to_short_jobs),
+        cmocka_unit_test(bucket_graph_serves_every_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -150,6 +150,10 @@ sj_status sj_cuda_api_load(sj_cuda_api *api) {
 #define SJ_X(ret, field, sym, args) api->field = (ret(*) args)resolve(api->h_cuda, sym, "CUDA driver (libcuda)", &st);
     SJ_CUDA_DRIVER_FNS(SJ_X)
 #undef SJ_X
+#define SJ_X(ret, field, sym, args) api->field = (ret(*) args)dlsym(api->h_cuda, sym);
+    SJ_CUDA_DRIVER_OPT_FNS(SJ_X)
+#undef SJ_X
+    dlerror();
 #define SJ_X(ret, field, sym, args) api->field = (ret(*) args)resolve(api->h_nvrtc, sym, "NVRTC", &st);
     SJ_NVRTC_FNS(SJ_X)
 #undef SJ_X

@@ -81,6 +81,16 @@
     X(CUresult, GetErrorString, "cuGetErrorString", (CUresult, const char **))                     \
     X(CUresult, GetErrorName, "cuGetErrorName", (CUresult, const char **))
 
+/* Driver functions the library can do without (NULL when the driver
+ * lacks them): CUDA graphs that serve a whole bucket (graph_cuda.c) need
+ * both. */
+#define SJ_CUDA_DRIVER_OPT_FNS(X)                                                                  \
+    X(CUresult, StreamGetCaptureInfo, "cuStreamGetCaptureInfo_v3",                                 \
+      (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **,           \
+       const CUgraphEdgeData **, size_t *))                                                        \
+    X(CUresult, GraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2",                 \
+      (CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *))
+
 #define SJ_NVRTC_FNS(X)                                                                            \
     X(nvrtcResult, nvrtcVersion, "nvrtcVersion", (int *, int *))                                   \
     X(nvrtcResult, nvrtcCreateProgram, "nvrtcCreateProgram",                                       \
@@ -129,6 +139,7 @@ typedef struct sj_cuda_api {
     void *h_cuda, *h_nvrtc, *h_lt; /* dlopen handles */
 #define SJ_X(ret, field, sym, args) ret(*field) args;
     SJ_CUDA_DRIVER_FNS(SJ_X)
+    SJ_CUDA_DRIVER_OPT_FNS(SJ_X)
     SJ_NVRTC_FNS(SJ_X)
     SJ_CUBLASLT_FNS(SJ_X)
 #undef SJ_X

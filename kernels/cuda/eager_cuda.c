@@ -227,7 +227,7 @@ static sj_status launch(const sj_cuda_exec *e, int k, unsigned grid, unsigned bx
     if (!t)
         return sj_seterr(SJ_EBACKEND, "%s: the eager CUDA kernels are not loaded", ek_names[k]);
     void *params[1] = {args};
-    CUresult r = c->api.LaunchKernel(t->fn[k], grid, 1, 1, bx, by, 1, smem, e->stream, params, NULL);
+    CUresult r = sj_cuda_launch_kernel(e, t->fn[k], grid, 1, 1, bx, by, 1, smem, params);
     if (r != CUDA_SUCCESS) {
         char what[160];
         snprintf(what, sizeof what, "launching %s (grid %u, block %ux%u, smem %u)", ek_names[k], grid, bx, by,
@@ -385,6 +385,8 @@ sj_status sj_cuda_copy(const sj_cuda_exec *e, const sj_tensor *x, const sj_tenso
     sj_cuda *c = e->cuda;
     sj_cuda_bind(c);
     if (x->dtype == y->dtype && p.rank == 1 && (n == 1 || (p.stride[0][0] == 1 && p.stride[1][0] == 1))) {
+        const int64_t rv[3] = {(int64_t)dptr(y->data), (int64_t)dptr(x->data), n * (int64_t)sj_dtype_size(y->dtype)};
+        if (sj_cuda_rec_op(e, SJ_REC_COPY, rv, 3, 2)) return SJ_OK; /* a bucket graph's copy, not run */
         CUresult r = c->api.MemcpyDtoDAsync(dptr(y->data), dptr(x->data), (size_t)n * sj_dtype_size(y->dtype), e->stream);
         return r == CUDA_SUCCESS ? SJ_OK : sj_cuda_fail(c, r, "copy: cuMemcpyDtoDAsync");
     }
@@ -808,6 +810,12 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
     /* the workspace limit: a graph's own workspace, else the device's
      * limit for one taken from the allocator per product */
     uint64_t ws_bytes = e->ws ? e->ws_bytes : c->lt_workspace_bytes;
+    if (e->rec) { /* a bucket graph: the product as captured, n (the rows of a row-major result) may shrink */
+        const int64_t rv[18] = {dt, A->trans, B->trans, (int64_t)m, (int64_t)n, (int64_t)k, A->ld, B->ld, D->ld,
+                                batch, A->bstride, B->bstride, D->bstride, (int64_t)A->p, (int64_t)B->p,
+                                (int64_t)D->p, (int64_t)bias, (int64_t)e->ws};
+        if (sj_cuda_rec_op(e, SJ_REC_LT, rv, 18, batch == 1 ? 4 : -1)) return SJ_OK;
+    }
     cublasLtMatmulDescOpaque_t op_mem; /* descriptors in place: no allocation */
     cublasLtMatrixLayoutOpaque_t lay_mem[3];
     cublasLtMatmulDesc_t op = &op_mem;

@@ -26,6 +26,11 @@
 #include "base/ops.h"
 #include "kernels/cuda/cuda_dev.h"
 
+/* A CUDA graph that serves a whole bucket, while its call is recorded or
+ * its kernels' sizes are updated for a replay (graph_cuda.c); NULL in
+ * every other call. */
+typedef struct sj_cuda_rec sj_cuda_rec;
+
 typedef struct sj_cuda_exec {
     sj_cuda *cuda;
     CUstream stream;
@@ -36,7 +41,26 @@ typedef struct sj_cuda_exec {
      * from the allocator. */
     CUdeviceptr ws;
     size_t ws_bytes;
+    sj_cuda_rec *rec; /* recording or updating a bucket graph (graph_cuda.c), else NULL */
 } sj_cuda_exec;
+
+/* Every kernel launch of a call goes through here: on e's stream; while a
+ * bucket graph is recorded, also noting the kernel's node; while one is
+ * updated, setting the next noted node's function, grid, block, shared
+ * memory and arguments instead of launching (CUDA_ERROR_INVALID_VALUE
+ * where the call has more kernels than the graph). graph_cuda.c. */
+CUresult sj_cuda_launch_kernel(const sj_cuda_exec *e, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                               unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args);
+/* Stream work other than a kernel of ours (a cuBLASLt product, a copy, a
+ * memset), v[0..n) every value that decides what it does (pointers,
+ * sizes, layouts). Without a recorder: false (run it). Recording: noted,
+ * false (run it: it is captured). Updating: compared with the work noted
+ * at this point, which must be the same but for v[shrink] (-1: none),
+ * which may be smaller (a product over fewer rows of the same buffers,
+ * which the graph's larger one covers); true (do not run it); a
+ * difference spoils the update (the call then runs kernel by kernel). */
+enum { SJ_REC_LT = 1, SJ_REC_COPY, SJ_REC_SET };
+bool sj_cuda_rec_op(const sj_cuda_exec *e, int kind, const int64_t *v, int n, int shrink);
 
 /* The embedded fatbin (generated at build time from eager.cu). */
 extern const unsigned char sj_eager_cuda_fatbin[];

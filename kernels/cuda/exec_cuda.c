@@ -63,6 +63,8 @@ static sj_status need_flag(sj_cuda_call *cc, const char *op) {
     cc->e.error_flag = cc->graph_flag ? cc->graph_flag : sj_cuda_alloc(cc->e.cuda, sizeof(int), cc->e.stream);
     if (!cc->e.error_flag) return sj_seterr(SJ_ENOMEM, "%s: out of device memory for the error flag", op);
     cc->flag_used = true;
+    const int64_t rv[2] = {(int64_t)cc->e.error_flag, sizeof(int)};
+    if (sj_cuda_rec_op(&cc->e, SJ_REC_SET, rv, 2, -1)) return SJ_OK; /* a bucket graph's memset, not run */
     sj_status st = SJ_CU(cc->e.cuda, cc->e.cuda->api.MemsetD8Async(cc->e.error_flag, 0, sizeof(int), cc->e.stream),
                          "clearing the error flag");
     return st;
@@ -100,13 +102,19 @@ static void *buf_alloc(void *c, size_t bytes) {
         if (p) cc->graph_flag = p + ws;
         return p && bytes ? (void *)(uintptr_t)(p + ws + fl) : NULL;
     }
+    if (cc->graph_fixed) { /* updating a bucket graph: its memory again, as captured */
+        size_t ws = cc->graph_ws_bytes;
+        if (ws) cc->e.ws = cc->graph_fixed, cc->e.ws_bytes = ws;
+        cc->graph_flag = cc->graph_fixed + ws;
+        return bytes ? (void *)(uintptr_t)(cc->graph_fixed + ws + SJ_GRAPH_FLAG_BYTES) : NULL;
+    }
     if (!bytes) return NULL;
     return (void *)(uintptr_t)sj_cuda_alloc(cc->e.cuda, bytes, cc->e.stream);
 }
 
 static void buf_free(void *c, void *p) {
     sj_cuda_call *cc = c;
-    if (cc->graph_arena) return; /* kept by the graph */
+    if (cc->graph_arena || cc->graph_fixed) return; /* kept by the graph */
     sj_cuda_free(cc->e.cuda, (CUdeviceptr)(uintptr_t)p, cc->e.stream);
 }
 
@@ -132,8 +140,8 @@ static sj_status launch(void *c, const sj_dev_launch *d) {
     }
     sj_cuda_bind(cu);
     return SJ_CU(cu,
-                 cu->api.LaunchKernel((CUfunction)d->fn, d->grid[0], d->grid[1], d->grid[2], d->block[0], d->block[1],
-                                      d->block[2], d->smem, cc->e.stream, args, NULL),
+                 sj_cuda_launch_kernel(&cc->e, (CUfunction)d->fn, d->grid[0], d->grid[1], d->grid[2], d->block[0],
+                                       d->block[1], d->block[2], d->smem, args),
                  "launching a generated kernel");
 }
 
@@ -163,8 +171,8 @@ static sj_status gemm(void *c, const sj_dev_gemm *d) {
     long long m = (long long)d->M;
     void *args[] = {&a, &b, &bias, &r, &y, &m};
     return SJ_CU(cu,
-                 cu->api.LaunchKernel(f, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
-                                      dims.block[2], (unsigned)dims.smem, cc->e.stream, args, NULL),
+                 sj_cuda_launch_kernel(&cc->e, f, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0],
+                                       dims.block[1], dims.block[2], (unsigned)dims.smem, args),
                  "launching a generated product");
 }
 

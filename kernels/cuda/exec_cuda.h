@@ -32,6 +32,10 @@ typedef struct sj_cuda_call {
      * memset) before its first gather on every launch. 0 otherwise. */
     CUdeviceptr graph_flag;
     bool flag_used; /* a gather of this call used e.error_flag */
+    /* Updating a bucket graph (graph_cuda.c): the graph's memory, laid out
+     * as a capture's graph_arena ([graph_ws_bytes][flag][arena]), which
+     * the call's arena must be again; 0 otherwise. */
+    CUdeviceptr graph_fixed;
 } sj_cuda_call;
 
 #define SJ_GRAPH_FLAG_BYTES 256 /* keeps the arena after it 256-byte aligned */

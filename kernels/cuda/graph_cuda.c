@@ -20,9 +20,34 @@
  * Threads. One capture at a time per device (the capture stream is
  * shared: cu->capture_lock). A graph is launched from any thread with no
  * lock; it is freed when no call can launch it any more.
+ *
+ * Bucket graphs (graph_capture_bucket, graph_replay): one graph serves
+ * every size of a bucket. The engine captures the call at the bucket's
+ * largest sizes, with the arena laid out for them (sj_exec.layout_syms),
+ * on buffers of the graph's own for the inputs and outputs (the staging
+ * buffers: a caller's smaller buffers could not take a product over the
+ * largest sizes). While it is captured, a recorder (sj_cuda_rec) notes
+ * each kernel's node (cuStreamGetCaptureInfo after its launch) and what
+ * every other piece of stream work is (a cuBLASLt product's sizes,
+ * layouts and pointers, a copy, a memset). A replay for new sizes runs
+ * the call again on a context whose recorder updates instead of
+ * launching: each kernel of ours sets its node's function, grid and
+ * arguments (cuGraphExecKernelNodeSetParams), and each other piece must
+ * be what the graph holds but for the rows of a product or the bytes of a
+ * copy, which may be fewer (the graph's larger product over the same
+ * buffers gives the same first rows: a product's rows depend on the same
+ * rows of its input alone). Anything else (another layout, another
+ * pointer, more kernels) leaves the call to run kernel by kernel. Then the
+ * inputs are copied into the staging buffers, the graph launched, the
+ * outputs copied out. A bucket graph is replayed by one call at a time
+ * (its lock, tried: a call that finds it busy runs kernel by kernel), and
+ * a replay on another stream than the last waits for the last one's end
+ * (its event): the staging buffers are shared. A replay with the same
+ * sizes as the last one skips the update.
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -31,20 +56,136 @@
 
 #define GRAPH_WS_BYTES ((size_t)4 << 20)
 
+/* -- The recorder of a bucket graph -------------------------------------------------- */
+
+enum { REC_RECORD, REC_UPDATE };
+enum { REC_KERNEL = 0 }; /* (the other kinds: eager_cuda.h's SJ_REC_*) */
+#define REC_VALS 18
+
+typedef struct rec_op {
+    int kind, n;
+    CUgraphNode node; /* a kernel's */
+    int64_t v[REC_VALS];
+} rec_op;
+
+struct sj_cuda_rec {
+    int mode;
+    int n, cap, at; /* ops noted; the next to match while updating */
+    rec_op *ops;
+    bool bad;         /* recording: a kernel's node not found; updating: the call differs */
+    CUgraphExec exec; /* updating: whose nodes */
+    const sj_cuda_api *api;
+};
+
+static rec_op *rec_push(sj_cuda_rec *r) {
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 32;
+        rec_op *o = realloc(r->ops, sizeof *o * (size_t)cap); /* while capturing only */
+        if (!o) {
+            r->bad = true;
+            return NULL;
+        }
+        r->ops = o, r->cap = cap;
+    }
+    rec_op *o = &r->ops[r->n++];
+    memset(o, 0, sizeof *o);
+    return o;
+}
+
+CUresult sj_cuda_launch_kernel(const sj_cuda_exec *e, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                               unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args) {
+    const sj_cuda_api *a = &e->cuda->api;
+    sj_cuda_rec *r = e->rec;
+    if (!r) return a->LaunchKernel(f, gx, gy, gz, bx, by, bz, smem, e->stream, args, NULL);
+    if (r->mode == REC_UPDATE) {
+        if (r->at >= r->n || r->ops[r->at].kind != REC_KERNEL) {
+            r->bad = true;
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        CUDA_KERNEL_NODE_PARAMS p = {.func = f, .gridDimX = gx, .gridDimY = gy, .gridDimZ = gz, .blockDimX = bx,
+                                     .blockDimY = by, .blockDimZ = bz, .sharedMemBytes = smem,
+                                     .kernelParams = args};
+        CUresult res = r->api->GraphExecKernelNodeSetParams(r->exec, r->ops[r->at++].node, &p);
+        if (res != CUDA_SUCCESS) r->bad = true;
+        return res;
+    }
+    CUresult res = a->LaunchKernel(f, gx, gy, gz, bx, by, bz, smem, e->stream, args, NULL);
+    if (res != CUDA_SUCCESS) return res;
+    CUstreamCaptureStatus cs;
+    const CUgraphNode *deps = NULL;
+    size_t nd = 0;
+    res = a->StreamGetCaptureInfo(e->stream, &cs, NULL, NULL, &deps, NULL, &nd);
+    if (res != CUDA_SUCCESS) return res;
+    rec_op *o = cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && nd == 1 ? rec_push(r) : NULL;
+    if (!o) r->bad = true; /* its node not known: the graph cannot be updated */
+    else o->kind = REC_KERNEL, o->node = deps[0];
+    return CUDA_SUCCESS;
+}
+
+bool sj_cuda_rec_op(const sj_cuda_exec *e, int kind, const int64_t *v, int n, int shrink) {
+    sj_cuda_rec *r = e->rec;
+    if (!r) return false;
+    if (n > REC_VALS) {
+        r->bad = true;
+        return r->mode == REC_UPDATE;
+    }
+    if (r->mode == REC_RECORD) {
+        rec_op *o = rec_push(r);
+        if (o) {
+            o->kind = kind, o->n = n;
+            memcpy(o->v, v, sizeof(int64_t) * (size_t)n);
+        }
+        return false;
+    }
+    const rec_op *o = r->at < r->n ? &r->ops[r->at++] : NULL;
+    if (!o || o->kind != kind || o->n != n) {
+        r->bad = true;
+        return true;
+    }
+    for (int i = 0; i < n; i++)
+        if (i == shrink ? v[i] > o->v[i] || v[i] < 0 : v[i] != o->v[i]) r->bad = true;
+    return true;
+}
+
+/* -- Graphs ------------------------------------------------------------------------ */
+
+#define MAX_STAGE (2 * 64) /* staging buffers of a bucket graph: inputs, then outputs */
+
 typedef struct cuda_graph {
     CUgraphExec exec;
-    size_t bytes;     /* mem's block (the allocator's size class) */
+    size_t bytes;     /* mem's block (the allocator's size class), and a bucket graph's staging block */
     CUstream stream;  /* where it is launched: the calls' stream */
     CUdeviceptr mem;  /* the graph's own: cuBLASLt's workspace, the gather flag, the intermediates */
     CUdeviceptr flag; /* the gather error flag in mem, when the plan gathers; else 0 */
+    size_t ws_bytes;  /* of cuBLASLt workspace at mem's start */
+    /* A bucket graph's (else rec NULL): */
+    sj_cuda_rec *rec;
+    CUgraph graph;    /* kept: its nodes name the kernels to update */
+    CUdeviceptr stage;
+    int n_stage;
+    CUdeviceptr buf[MAX_STAGE];
+    size_t buf_bytes[MAX_STAGE];
+    pthread_mutex_t lock; /* one replay at a time */
+    CUevent done;         /* recorded after each replay's last copy */
+    CUstream last;        /* the last replay's stream (NULL: none yet) */
+    int n_last;           /* the last update's sizes (-1: none good) */
+    int64_t last_syms[64];
 } cuda_graph;
 
 static void destroy(sj_cuda *cu, cuda_graph *g) {
     sj_cuda_bind(cu);
     if (g->exec) cu->api.GraphExecDestroy(g->exec); /* an in-flight launch completes first */
+    if (g->graph) cu->api.GraphDestroy(g->graph);
+    if (g->done) cu->api.EventDestroy(g->done);
     /* the caller's stream is done with it (sj_call_stream's contract:
      * synchronized before sj_fn_destroy), the device's is ordered */
     sj_cuda_free(cu, g->mem, cu->stream);
+    if (g->stage) sj_cuda_free(cu, g->stage, cu->stream);
+    if (g->rec) {
+        free(g->rec->ops);
+        free(g->rec);
+        pthread_mutex_destroy(&g->lock);
+    }
     free(g);
 }
 
@@ -77,6 +218,8 @@ static sj_status capture(sj_cuda *cu, const sj_graph *gr, const sj_fplan *plan, 
         cap.graph_arena = &g->mem;
         cap.graph_stream = g->stream;
         cap.graph_ws_bytes = has_matmul(gr, plan) ? GRAPH_WS_BYTES : 0;
+        cap.e.rec = g->rec; /* a bucket graph's: notes what the call queues */
+        g->ws_bytes = cap.graph_ws_bytes;
         sj_cuda_capturing(cu->capture_stream);
         st = run(arg, &cap);
         sj_cuda_capturing(NULL);
@@ -86,6 +229,8 @@ static sj_status capture(sj_cuda *cu, const sj_graph *gr, const sj_fplan *plan, 
         if (!st) st = est;
     }
     pthread_mutex_unlock(&cu->capture_lock);
+    if (!st && g->rec && g->rec->bad)
+        st = sj_seterr(SJ_EBACKEND, "a bucket graph's kernel nodes could not be told apart in the capture");
     if (!st) st = SJ_CU(cu, a->GraphInstantiate(&g->exec, graph, 0), "instantiating a CUDA graph");
     /* its upload to the device, queued now rather than by the first call
      * that launches it; on the device's stream only (a caller's stream may
@@ -97,7 +242,8 @@ static sj_status capture(sj_cuda *cu, const sj_graph *gr, const sj_fplan *plan, 
         st = SJ_CU(cu, a->GraphUpload(g->exec, cu->stream), "uploading a CUDA graph");
         if (!st) st = SJ_CU(cu, a->StreamSynchronize(cu->stream), "waiting for a CUDA graph's upload");
     }
-    if (graph) a->GraphDestroy(graph);
+    if (graph && g->rec && !st) g->graph = graph; /* its nodes name the kernels a replay updates */
+    else if (graph) a->GraphDestroy(graph);
     return st;
 }
 
@@ -133,6 +279,123 @@ static sj_status graph_launch(void *c, void *graph) {
     return st;
 }
 
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static sj_status graph_capture_bucket(sj_backend *b, const sj_graph *gr, const sj_fplan *plan, int n_syms,
+                                      const void *stream, int n_bufs, const size_t *sizes, void **bufs,
+                                      sj_status (*run)(void *arg, void *cc), void *arg, void **out, size_t *bytes) {
+    sj_cuda *cu = sj_cuda_of(b);
+    const sj_cuda_api *a = &cu->api;
+    if (!a->StreamGetCaptureInfo || !a->GraphExecKernelNodeSetParams)
+        return sj_seterr(SJ_EBACKEND, "bucket graphs: the CUDA driver has no cuStreamGetCaptureInfo_v3 or "
+                                      "cuGraphExecKernelNodeSetParams_v2");
+    if (n_bufs < 0 || n_bufs > MAX_STAGE || n_syms > 64)
+        return sj_seterr(SJ_ELIMIT, "bucket graphs: %d buffers and %d symbols (at most %d and 64)", n_bufs, n_syms,
+                         MAX_STAGE);
+    cuda_graph *g = sj_calloc(1, sizeof *g);
+    sj_cuda_rec *r = g ? sj_calloc(1, sizeof *r) : NULL;
+    if (!r) {
+        free(g);
+        return sj_seterr(SJ_ENOMEM, "out of memory for a CUDA graph");
+    }
+    pthread_mutex_init(&g->lock, NULL);
+    r->api = a;
+    g->rec = r;
+    g->stream = (CUstream)stream;
+    g->n_last = -1;
+    size_t total = 0;
+    for (int i = 0; i < n_bufs; i++) total += align256(sizes[i] ? sizes[i] : 1);
+    sj_cuda_bind(cu);
+    g->stage = sj_cuda_alloc(cu, total, cu->stream);
+    sj_status st = g->stage ? SJ_OK : sj_seterr(SJ_ENOMEM, "out of device memory for a bucket graph's %zu bytes of "
+                                                           "inputs and outputs", total);
+    size_t off = 0;
+    for (int i = 0; i < n_bufs && !st; i++) {
+        g->buf[i] = g->stage + off;
+        g->buf_bytes[i] = sizes[i];
+        bufs[i] = (void *)(uintptr_t)g->buf[i];
+        off += align256(sizes[i] ? sizes[i] : 1);
+    }
+    g->n_stage = n_bufs;
+    /* the staging block was taken on the device's stream: ready before the capture's graph runs */
+    if (!st) st = SJ_CU(cu, a->StreamSynchronize(cu->stream), "waiting for a bucket graph's buffers");
+    if (!st) st = SJ_CU(cu, a->EventCreate(&g->done, CU_EVENT_DISABLE_TIMING), "creating a bucket graph's event");
+    if (!st) st = capture(cu, gr, plan, n_syms, run, arg, g);
+    if (st) {
+        destroy(cu, g);
+        return st;
+    }
+    *out = g;
+    *bytes = g->bytes + sj_cuda_block_bytes(total);
+    return SJ_OK;
+}
+
+static bool same_syms(const cuda_graph *g, const int64_t *syms, int n) {
+    if (g->n_last != n) return false;
+    for (int i = 0; i < n; i++)
+        if (g->last_syms[i] != syms[i]) return false;
+    return true;
+}
+
+static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_syms, int n_in,
+                              const void *const *src, void *const *dst, const size_t *nbytes,
+                              sj_status (*update)(void *arg, void *cc), void *arg, bool *served) {
+    sj_cuda_call *cc = c;
+    cuda_graph *g = graph;
+    sj_cuda *cu = cc->e.cuda;
+    const sj_cuda_api *a = &cu->api;
+    CUstream s = cc->e.stream;
+    *served = false;
+    if (!g->rec || n_in < 0 || n_in > g->n_stage || n_syms > 64) return SJ_OK;
+    for (int i = 0; i < g->n_stage; i++)
+        if (nbytes[i] > g->buf_bytes[i]) return SJ_OK;
+    if (pthread_mutex_trylock(&g->lock)) return SJ_OK; /* another call replays it: kernel by kernel */
+    sj_cuda_bind(cu);
+    if (!same_syms(g, syms, n_syms)) {
+        g->n_last = -1;
+        sj_cuda_call uc; /* the call again, on the graph's own memory, updating its kernels */
+        sj_cuda_call_init(&uc, cu, s, false, cc->n_syms);
+        uc.graph_fixed = g->mem;
+        uc.graph_ws_bytes = g->ws_bytes;
+        uc.e.rec = g->rec;
+        g->rec->mode = REC_UPDATE;
+        g->rec->at = 0;
+        g->rec->bad = false;
+        g->rec->exec = g->exec;
+        sj_status ust = update(arg, &uc);
+        bool ok = !ust && !g->rec->bad && g->rec->at == g->rec->n;
+        if (!ok) {
+            pthread_mutex_unlock(&g->lock);
+            sj_clearerr(); /* nothing queued: the call runs kernel by kernel */
+            return SJ_OK;
+        }
+        memcpy(g->last_syms, syms, sizeof(int64_t) * (size_t)n_syms);
+        g->n_last = n_syms;
+    }
+    sj_status st = SJ_OK;
+    if (g->last && g->last != s) /* the staging buffers: after the last replay on another stream */
+        st = SJ_CU(cu, a->StreamWaitEvent(s, g->done, 0), "ordering a bucket graph after its last replay");
+    for (int i = 0; i < n_in && !st; i++)
+        if (nbytes[i])
+            st = SJ_CU(cu, a->MemcpyDtoDAsync(g->buf[i], (CUdeviceptr)(uintptr_t)src[i], nbytes[i], s),
+                       "copying an input into a bucket graph");
+    if (!st) st = SJ_CU(cu, a->GraphLaunch(g->exec, s), "launching a CUDA graph");
+    for (int i = n_in; i < g->n_stage && !st; i++)
+        if (nbytes[i])
+            st = SJ_CU(cu, a->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst[i - n_in], g->buf[i], nbytes[i], s),
+                       "copying an output out of a bucket graph");
+    int flag = 0; /* read before the next replay may zero it */
+    if (!st && cc->sync && g->flag)
+        st = SJ_CU(cu, a->MemcpyDtoHAsync(&flag, g->flag, sizeof flag, s), "reading the call's error flag");
+    if (!st) st = SJ_CU(cu, a->EventRecord(g->done, s), "recording a bucket graph's end");
+    if (!st) g->last = s;
+    pthread_mutex_unlock(&g->lock);
+    *served = true; /* (an error above: reported, the call is over) */
+    if (!st && cc->sync) st = SJ_CU(cu, a->StreamSynchronize(s), "waiting for a CUDA graph");
+    if (!st && flag) st = sj_cuda_flag_status(flag);
+    return st;
+}
+
 static void graph_free(sj_backend *b, void *graph) {
     if (graph) destroy(sj_cuda_of(b), graph);
 }
@@ -152,4 +415,6 @@ void sj_cuda_fill_graph_slots(sj_backend *b) {
     b->graph_launch = graph_launch;
     b->graph_free = graph_free;
     b->graph_stream = graph_stream;
+    b->graph_capture_bucket = graph_capture_bucket;
+    b->graph_replay = graph_replay;
 }
