@@ -2,9 +2,9 @@
  * workload bench_cuda and bench_cpu both run as "w5cold" (public API only).
  *
  *   process start -> main -> sj_runtime_create -> the encoder layer's
- *   weights -> sj_fn_warmup over the declared buckets (S in pow2 16..512:
- *   edges 16, 32, ..., 512, blocking; with the request buffers, so that on
- *   the GPU each edge's graph is captured for them) -> ready -> the w5
+ *   weights -> sj_fn_warmup over the declared buckets (S in pow2 16..512,
+ *   or multiples of $SJ_W5COLD_MULT: edges 16, 32, ..., 512, blocking; on
+ *   the GPU each bucket's graph is captured) -> ready -> the w5
  *   request stream (../shared/workloads/w5_lengths.txt), one after another
  *   on the same buffers.
  *
@@ -12,7 +12,8 @@
  * /proc/self/stat, 10 ms resolution; runtime_create_s, weights_s,
  * warmup_s; to_ready_s counts all of them), then the stream's total,
  * p50/p99/max latency, and how it was served: eager, fused and graph calls
- * and their shares, compiles and traces during the stream (the default
+ * and their shares, compiles and traces during the stream, then the same
+ * stream again (warm_*: the warm process) (the default
  * policy still specializes shapes hot past specialize_threshold, in the
  * background). Run it alone, as the first thing of its process, with no
  * persistent kernel cache (cache_dir NULL here; the CUDA driver's own
@@ -119,6 +120,24 @@ static inline int w5c_read_lengths(const char *path, int64_t *lens, int cap) {
 }
 
 /* t0_main: bench_now_s() at main's start. lengths: the stream; n of them. */
+/* One pass of the request stream on buffers dx, dy (views of each
+ * request's length); each request's latency (ms) in lat; the pass's
+ * seconds. */
+static inline double w5c_pass(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, const int64_t *lens, int n,
+                              double *lat) {
+    double ts = bench_now_s();
+    for (int i = 0; i < n; i++) {
+        sj_tensor x = *dx, y = *dy;
+        x.shape[1] = y.shape[1] = lens[i];
+        x.stride[1] = y.stride[1] = BENCH_H;
+        x.stride[0] = y.stride[0] = lens[i] * BENCH_H;
+        double t = bench_now_s();
+        if (sj_call(fn, &x, 1, &y, 1)) bench_die("w5cold: request");
+        lat[i] = (bench_now_s() - t) * 1e3;
+    }
+    return bench_now_s() - ts;
+}
+
 static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_main, double exec_to_main_s,
                                 const int64_t *lens, int n) {
     uint64_t rng = 0x5DEECE66DULL;
@@ -138,30 +157,50 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
     bench_encoder_rand(rt, dt, &w, &rng);
     sj_fn *fn;
     if (sj_fn_create(rt, "w5cold", 1, bench_w4_model, &w, NULL, &fn)) bench_die("w5cold: sj_fn_create");
-    if (sj_set_buckets_pow2(fn, 0, 1, 16, 512)) bench_die("w5cold: buckets");
-    int64_t max_len = 1, cap_len = 16; /* the buffers: up to the edge of the longest request's bucket */
+    /* the declared buckets: pow2 16..512 (default), or multiples of N up to
+     * 512 ($SJ_W5COLD_MULT=N) */
+    const char *mult_env = getenv("SJ_W5COLD_MULT");
+    int64_t mult = mult_env ? atoll(mult_env) : 0;
+    enum { EDGES = 64 };
+    int64_t edges[EDGES];
+    int n_edges = 0;
+    if (mult > 0 && mult <= 512) {
+        for (int64_t S = mult; S < 512 + mult && n_edges < EDGES; S += mult) edges[n_edges++] = S;
+        if (sj_set_buckets(fn, 0, 1, edges, n_edges)) bench_die("w5cold: buckets");
+    } else {
+        mult = 0;
+        for (int64_t S = 16; S <= 512; S *= 2) edges[n_edges++] = S;
+        if (sj_set_buckets_pow2(fn, 0, 1, 16, 512)) bench_die("w5cold: buckets");
+    }
+    int64_t max_len = 1, cap_len = edges[n_edges - 1]; /* the buffers: up to the last edge, or the longest request */
     for (int i = 0; i < n; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
-    while (cap_len < max_len && cap_len < 512) cap_len *= 2;
     if (max_len > cap_len) cap_len = max_len;
     sj_tensor dx = w5c_rand(rt, dt, 3, (int64_t[]){1, cap_len, H}, -1, 1, &rng);
     sj_tensor dy = w5c_rand(rt, dt, 3, (int64_t[]){1, cap_len, H}, -1, 1, &rng);
     double t_w = bench_now_s();
 
-    /* the declared buckets' edges, on the request buffers (views of the
-     * edge's length), so that the GPU captures their graphs now */
-    enum { EDGES = 6 };
+    /* the declared buckets' edges, on inputs the runtime makes: on the GPU
+     * each bucket's graph is captured now (cfg.bucket_graphs), and serves
+     * every size of the bucket; $SJ_W5COLD_EXACT=1: on the request
+     * buffers (views of the edge's length), so that each edge's exact
+     * shape and buffers get a graph of their own too (6 more captures,
+     * for the 32 requests of an edge's length) */
+    const char *exact_env = getenv("SJ_W5COLD_EXACT");
+    int exact = exact_env && atoi(exact_env) != 0;
     sj_tensor in[EDGES], out[EDGES];
     int ne = 0;
-    for (int64_t S = 16; S <= cap_len && S <= 512 && ne < EDGES; S *= 2) {
+    for (int i = 0; i < n_edges && edges[i] <= cap_len; i++) {
+        int64_t S = edges[i];
         in[ne] = dx, out[ne] = dy;
         in[ne].shape[1] = out[ne].shape[1] = S;
         for (int k = 2; k >= 0; k--) { /* contiguous strides of the view */
             in[ne].stride[k] = k == 2 ? 1 : in[ne].stride[k + 1] * in[ne].shape[k + 1];
             out[ne].stride[k] = in[ne].stride[k];
         }
+        if (!exact) in[ne].data = NULL;
         ne++;
     }
-    sj_warmup_spec spec = {.n_shapes = ne, .shapes = in, .outputs = out, .n_outputs = 1};
+    sj_warmup_spec spec = {.n_shapes = ne, .shapes = in, .outputs = exact ? out : NULL, .n_outputs = exact ? 1 : 0};
     sj_status wst = sj_fn_warmup(fn, &spec, 0);
     if (wst) fprintf(stderr, "w5cold: warm-up: %s\n", sj_last_error());
     double t_ready = bench_now_s();
@@ -172,22 +211,18 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
 
     double *lat = malloc(sizeof *lat * (size_t)n), *sorted = malloc(sizeof *sorted * (size_t)n);
     if (!lat || !sorted) bench_die("w5cold: latencies");
-    double ts = bench_now_s();
-    for (int i = 0; i < n; i++) {
-        sj_tensor x = dx, y = dy;
-        x.shape[1] = y.shape[1] = lens[i];
-        x.stride[1] = y.stride[1] = H;
-        x.stride[0] = y.stride[0] = lens[i] * H;
-        double t = bench_now_s();
-        if (sj_call(fn, &x, 1, &y, 1)) bench_die("w5cold: request");
-        lat[i] = (bench_now_s() - t) * 1e3;
-    }
-    double total = bench_now_s() - ts;
+    double total = w5c_pass(fn, &dx, &dy, lens, n, lat);
     sj_stats s1;
     sj_fn_stats(fn, &s1);
+    /* the same stream again: the warm process */
+    double *wsorted = malloc(sizeof *wsorted * (size_t)n);
+    if (!wsorted) bench_die("w5cold: latencies");
+    double warm_total = w5c_pass(fn, &dx, &dy, lens, n, wsorted);
+    qsort(wsorted, (size_t)n, sizeof *wsorted, bench_cmp_double);
     memcpy(sorted, lat, sizeof *lat * (size_t)n);
     qsort(sorted, (size_t)n, sizeof *sorted, bench_cmp_double);
 #define Q(p) sorted[(int)((p) * n) < n - 1 ? (int)((p) * n) : n - 1]
+#define WQ(p) wsorted[(int)((p) * n) < n - 1 ? (int)((p) * n) : n - 1]
     uint64_t fused = s1.fused_symbolic_calls + s1.fused_specialized_calls;
     printf("{\"workload\": \"w5cold\", \"mode\": \"auto_warmup\", \"backend\": \"%s\", \"dtype\": \"%s\", "
            "\"requests\": %d, \"process_start_to_main_s\": %.3f, \"runtime_create_s\": %.3f, \"weights_s\": %.3f, "
@@ -195,18 +230,22 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
            "\"warmup_compiles\": %llu, \"warmup_compiler_runs\": %llu, \"warmup_graphs\": %llu, \"total_s\": %.4f, \"p50_ms\": %.4f, "
            "\"p99_ms\": %.4f, \"max_ms\": %.3f, \"max_over_p50\": %.1f, \"eager_calls\": %llu, \"fused_calls\": %llu, "
            "\"graph_calls\": %llu, \"bucket_graph_calls\": %llu, \"fused_share\": %.3f, \"graph_share\": %.3f, \"compiles_during\": %llu, "
-           "\"traces_during\": %llu}\n",
+           "\"traces_during\": %llu, \"buckets\": \"%s\", \"exact_graphs\": %d, \"warm_total_s\": %.4f, "
+           "\"warm_p50_ms\": %.4f, \"warm_p99_ms\": %.4f, \"warm_max_ms\": %.3f, \"warm_p99_over_p50\": %.2f}\n",
            backend == SJ_BACKEND_CUDA ? "cuda" : "cpu", sj_dtype_name(dt), n, exec_to_main_s, t_rt - t0, t_w - t_rt,
            t_ready - t_w, (exec_to_main_s > 0 ? exec_to_main_s : 0) + (t_ready - t0_main), ws.total, ws.failed,
            (unsigned long long)s0.compiles,
            (unsigned long long)(s0.compiles - s0.compile_cache_hits), (unsigned long long)s0.graphs, total, Q(0.5), Q(0.99), sorted[n - 1],
            sorted[n - 1] / Q(0.5), (unsigned long long)s1.eager_calls, (unsigned long long)fused,
            (unsigned long long)s1.graph_calls, (unsigned long long)s1.bucket_graph_calls, (double)fused / n, (double)s1.graph_calls / n,
-           (unsigned long long)(s1.compiles - s0.compiles), (unsigned long long)(s1.traces - s0.traces));
+           (unsigned long long)(s1.compiles - s0.compiles), (unsigned long long)(s1.traces - s0.traces),
+           mult ? (mult_env) : "pow2", exact, warm_total, WQ(0.5), WQ(0.99), wsorted[n - 1], WQ(0.99) / WQ(0.5));
 #undef Q
+#undef WQ
     fflush(stdout);
     free(lat);
     free(sorted);
+    free(wsorted);
     sj_tensor_free(rt, &dx);
     sj_tensor_free(rt, &dy);
     sj_fn_destroy(fn);

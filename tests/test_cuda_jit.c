@@ -1038,6 +1038,63 @@ static void test_cuda_graphs_threads(void **state) {
     sj_runtime_destroy(rt);
 }
 
+/* A bucket graph replayed from 8 threads at once (sj_call on lanes), each
+ * thread with its own size in the bucket and its own buffers: a replay
+ * that finds the graph busy runs kernel by kernel, one on another lane
+ * waits for the last replay (the staging buffers are shared); every
+ * result against float64. */
+static void test_bucket_graphs_threads(void **state) {
+    (void)state;
+    enum { T = 8 };
+    sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
+    tu_seed(23);
+    tu_encoder w;
+    sj_fn *fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_SYMBOLIC, "bucket_threads");
+    assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 16, 128), SJ_OK);
+    graph_job jobs[T];
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) {
+        int64_t S = 33 + 4 * t; /* (32, 64] */
+        jobs[t] = (graph_job){.rt = rt, .fn = fn};
+        for (int k = 0; k < 2; k++) {
+            jobs[t].hx[k] = tu_tensor(SJ_F32, 3, (int64_t[]){1, S, w.h});
+            tu_fill_random(&jobs[t].hx[k]);
+            jobs[t].ref[k] = malloc(sizeof(double) * (size_t)tu_numel(&jobs[t].hx[k]));
+            tu_encoder_ref(&w, &jobs[t].hx[k], NULL, jobs[t].ref[k]);
+        }
+        jobs[t].dx = to_dev(rt, &jobs[t].hx[0]);
+        jobs[t].dy = to_dev(rt, &jobs[t].hx[0]);
+    }
+    for (int i = 0; i < SJ_GRAPH_AFTER; i++) { /* the bucket's graph, from calls of every thread's size */
+        graph_job *j = &jobs[i % T];
+        sj_tensor out = j->dy.t;
+        assert_int_equal(sj_call(fn, &j->dx.t, 1, &out, 1), SJ_OK);
+    }
+    assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
+    assert_int_equal(stats_of(fn).bucket_graphs, 1);
+    for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, graph_thread, &jobs[t]), 0);
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < T; t++) {
+        assert_int_equal(jobs[t].failures, 0);
+        assert_int_equal(jobs[t].bad, 0);
+    }
+    sj_stats s = stats_of(fn);
+    assert_int_equal(s.eager_calls, 0);
+    assert_true(s.bucket_graph_calls >= 1);
+    assert_int_equal(s.graph_failures, 0);
+    print_message("8 threads x 12 calls of 8 sizes: %llu served by the bucket graph\n",
+                  (unsigned long long)s.bucket_graph_calls);
+    sj_fn_destroy(fn);
+    for (int t = 0; t < T; t++) {
+        free_dev(rt, &jobs[t].dx);
+        free_dev(rt, &jobs[t].dy);
+        free(jobs[t].ref[0]);
+        free(jobs[t].ref[1]);
+    }
+    tu_free_all();
+    sj_runtime_destroy(rt);
+}
+
 /* The graph memory budget on the device (graph_max_bytes): a real graph
  * reports its bytes (the allocator's block for its workspace, error flag
  * and arena: at least the 4 MiB cuBLASLt workspace of a plan with
@@ -1671,7 +1728,7 @@ int main(void) {
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
         cmocka_unit_test(test_nvrtc_timeout),     cmocka_unit_test(test_validated_swap_on_device),
         cmocka_unit_test(test_warmup_on_device),  cmocka_unit_test(test_tf32_products),
-        cmocka_unit_test(test_bucket_graphs),
+        cmocka_unit_test(test_bucket_graphs),     cmocka_unit_test(test_bucket_graphs_threads),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

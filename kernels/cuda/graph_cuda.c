@@ -41,8 +41,8 @@
  * inputs are copied into the staging buffers, the graph launched, the
  * outputs copied out. A bucket graph is replayed by one call at a time
  * (its lock, tried: a call that finds it busy runs kernel by kernel), and
- * a replay on another stream than the last waits for the last one's end
- * (its event): the staging buffers are shared. A replay with the same
+ * a replay on another stream than the last waits for what that stream
+ * holds (an event recorded there then): the staging buffers are shared. A replay with the same
  * sizes as the last one skips the update.
  */
 #include <pthread.h>
@@ -166,7 +166,7 @@ typedef struct cuda_graph {
     CUdeviceptr buf[MAX_STAGE];
     size_t buf_bytes[MAX_STAGE];
     pthread_mutex_t lock; /* one replay at a time */
-    CUevent done;         /* recorded after each replay's last copy */
+    CUevent done;         /* recorded on the last replay's stream when the next comes on another */
     CUstream last;        /* the last replay's stream (NULL: none yet) */
     int n_last;           /* the last update's sizes (-1: none good) */
     int64_t last_syms[64];
@@ -373,8 +373,10 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
         g->n_last = n_syms;
     }
     sj_status st = SJ_OK;
-    if (g->last && g->last != s) /* the staging buffers: after the last replay on another stream */
-        st = SJ_CU(cu, a->StreamWaitEvent(s, g->done, 0), "ordering a bucket graph after its last replay");
+    if (g->last && g->last != s) { /* the staging buffers: after the last replay, on another stream */
+        st = SJ_CU(cu, a->EventRecord(g->done, g->last), "marking a bucket graph's last replay");
+        if (!st) st = SJ_CU(cu, a->StreamWaitEvent(s, g->done, 0), "ordering a bucket graph after its last replay");
+    }
     for (int i = 0; i < n_in && !st; i++)
         if (nbytes[i])
             st = SJ_CU(cu, a->MemcpyDtoDAsync(g->buf[i], (CUdeviceptr)(uintptr_t)src[i], nbytes[i], s),
@@ -387,7 +389,6 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
     int flag = 0; /* read before the next replay may zero it */
     if (!st && cc->sync && g->flag)
         st = SJ_CU(cu, a->MemcpyDtoHAsync(&flag, g->flag, sizeof flag, s), "reading the call's error flag");
-    if (!st) st = SJ_CU(cu, a->EventRecord(g->done, s), "recording a bucket graph's end");
     if (!st) g->last = s;
     pthread_mutex_unlock(&g->lock);
     *served = true; /* (an error above: reported, the call is over) */
