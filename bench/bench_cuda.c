@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt,w5cold] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt,w5cold,bgparts] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -697,6 +697,76 @@ static void segv_trace(int sig) {
     raise(sig);
 }
 
+/* bgparts: where a bucket graph's replay spends its time (issue 28). The
+ * f16 encoder layer at S = 128 and 127, mean microseconds a call over 2000
+ * synchronous calls, one runtime:
+ *   exact:     a graph of the exact shape and buffers (S = 128);
+ *   same:      the bucket (64, 128]'s graph, every call S = 128 (the
+ *              kernels' update skipped: only the copies in and out and the
+ *              launch beside the exact graph's);
+ *   alternate: the same graph, S = 127 and 128 in turn (every call
+ *              updates the graph's kernels).
+ * same - exact: the copies and bookkeeping; alternate - same: the update
+ * (the GPU does about the same work in all three). */
+static double bg_time(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, int alternate, int n) {
+    double t0 = bench_now_s();
+    for (int i = 0; i < n; i++) {
+        sj_tensor x = *dx, y = *dy;
+        x.shape[1] = y.shape[1] = alternate && (i & 1) ? 127 : 128;
+        sj_tensor_set_contiguous(&x);
+        sj_tensor_set_contiguous(&y);
+        if (sj_call(fn, &x, 1, &y, 1)) bench_die("bgparts call");
+    }
+    return (bench_now_s() - t0) / n * 1e6;
+}
+
+static void bench_bgparts(void) {
+    sj_runtime *rt;
+    bench_encoder w;
+    sj_fn *fe = encoder_runtime("bg_exact", 0, &rt, &w), *fb;
+    if (sj_fn_create(rt, "bg_bucket", 1, bench_w4_model, &w, NULL, &fb)) bench_die("sj_fn_create");
+    if (sj_set_buckets_pow2(fb, 0, 1, 16, 512)) bench_die("buckets");
+    sj_tensor dx = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, 128, BENCH_H}, -1, 1);
+    sj_tensor dy = {.dtype = SJ_F16, .rank = 3, .shape = {1, 128, BENCH_H}, .device = SJ_CUDA};
+    if (sj_tensor_alloc(rt, &dy)) bench_die("alloc");
+    /* the exact shape's graph: its 48 calls, then the capture */
+    for (int i = 0; i < 2 * 48; i++) bg_time(fe, &dx, &dy, 0, 1);
+    sj_fn_wait_idle(fe, -1);
+    /* the bucket's graph from a warm-up on inputs the runtime makes (so no
+     * exact graph for the buffers comes first) */
+    sj_tensor tmpl = dx;
+    tmpl.data = NULL;
+    sj_warmup_spec spec = {.n_shapes = 1, .shapes = &tmpl};
+    if (sj_fn_warmup(fb, &spec, 0)) bench_die("bgparts warm-up");
+    sj_fn_wait_idle(fb, -1);
+    double r[3][3];
+    for (int round = 0; round < 3; round++) { /* interleaved */
+        r[0][round] = bg_time(fe, &dx, &dy, 0, 2000);
+        r[1][round] = bg_time(fb, &dx, &dy, 0, 2000);
+        r[2][round] = bg_time(fb, &dx, &dy, 1, 2000);
+    }
+    sj_stats se, sb;
+    sj_fn_stats(fe, &se);
+    sj_fn_stats(fb, &sb);
+    static const char *const names[] = {"exact", "same", "alternate"};
+    for (int k = 0; k < 3; k++) {
+        double m = r[k][0] < r[k][1] ? r[k][0] : r[k][1];
+        m = m < r[k][2] ? m : r[k][2];
+        printf("{\"workload\": \"bgparts\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
+               "\"S\": 128, \"us_per_call_min_of_3\": %.2f, \"rounds_us\": [%.2f, %.2f, %.2f], \"graph_calls\": %llu, "
+               "\"bucket_graph_calls\": %llu}\n",
+               names[k], m, r[k][0], r[k][1], r[k][2], (unsigned long long)(k ? sb.graph_calls : se.graph_calls),
+               (unsigned long long)(k ? sb.bucket_graph_calls : se.bucket_graph_calls));
+    }
+    fflush(stdout);
+    sj_tensor_free(rt, &dx);
+    sj_tensor_free(rt, &dy);
+    sj_fn_destroy(fe);
+    sj_fn_destroy(fb);
+    encoder_free(rt, &w);
+    sj_runtime_destroy(rt);
+}
+
 int main(int argc, char **argv) {
     double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
     if (getenv("SJ_BENCH_SEGV_TRACE")) signal(SIGSEGV, segv_trace);
@@ -737,6 +807,7 @@ int main(int argc, char **argv) {
     if (has_wl(wl, "hostparts")) bench_hostparts();
     if (has_wl(wl, "firstuse")) bench_firstuse();
     if (has_wl(wl, "w5mt")) bench_w5mt(lengths);
+    if (has_wl(wl, "bgparts")) bench_bgparts();
     if (has_wl(wl, "w4")) bench_w4();
     if (has_wl(wl, "w5")) bench_w5(lengths);
     return 0;
