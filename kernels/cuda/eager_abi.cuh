@@ -109,10 +109,26 @@
     X(attention_mma96, bf16)                                                                       \
     X(attention_mma128, f16)                                                                       \
     X(attention_mma128, bf16)                                                                      \
+    X(attention_mmam32, f16)                                                                       \
+    X(attention_mmam32, bf16)                                                                      \
+    X(attention_mmam64, f16)                                                                       \
+    X(attention_mmam64, bf16)                                                                      \
+    X(attention_mmam96, f16)                                                                       \
+    X(attention_mmam96, bf16)                                                                      \
+    X(attention_mmam128, f16)                                                                      \
+    X(attention_mmam128, bf16)                                                                     \
     SJ_EK_SIZES(X, gather)                                                                         \
     SJ_EK_NUMERIC(X, arange)                                                                       \
     SJ_EK_FLOATS(X, attention_varlen)                                                              \
-    X(varlen_check, i32)
+    X(varlen_check, i32)                                                                           \
+    X(attention_varlen_mma32, f16)                                                                 \
+    X(attention_varlen_mma32, bf16)                                                                \
+    X(attention_varlen_mma64, f16)                                                                 \
+    X(attention_varlen_mma64, bf16)                                                                \
+    X(attention_varlen_mma96, f16)                                                                 \
+    X(attention_varlen_mma96, bf16)                                                                \
+    X(attention_varlen_mma128, f16)                                                                \
+    X(attention_varlen_mma128, bf16)
 
 /* -- Elementwise ---------------------------------------------------------
  * Operand k (0 = output) is ptr[k] with element strides stride[k][0..rank)
@@ -235,6 +251,8 @@ typedef struct sj_ek_varlen {
     int64_t T, B, H, D, Dv;
     float scale;
     int32_t causal;
+    int32_t vec; /* attention_varlen_mma: q, k, v rows are read 16 bytes at a time */
+    int32_t pad_;
 } sj_ek_varlen;
 
 /* attention_mma<D> (eager_attention_tc.cuh): warps a key group (one for
@@ -257,6 +275,6 @@ SJ_EK_SIZE_CHECK(sj_ek_rows, 288);
 SJ_EK_SIZE_CHECK(sj_ek_mm, 368);
 SJ_EK_SIZE_CHECK(sj_ek_att, 288);
 SJ_EK_SIZE_CHECK(sj_ek_gather, 464);
-SJ_EK_SIZE_CHECK(sj_ek_varlen, 200);
+SJ_EK_SIZE_CHECK(sj_ek_varlen, 208);
 
 #endif /* SJ_EAGER_ABI_CUH */
