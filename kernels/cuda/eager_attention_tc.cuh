@@ -17,7 +17,8 @@
  *     and P = exp(s - m), written in the input dtype,
  *   - adds P V (wmma) into its output rows O, kept in shared memory in f32.
  * Finally y = O / l. As in the one-query kernel (eager_misc.cuh): a score
- * is dot * scale; keys past lengths[b], or after the query's position when
+ * is dot * scale, plus the mask's value if the call has one (att_mask,
+ * read only for the keys in use); keys past lengths[b], or after the query's position when
  * causal, score -inf and weigh 0; a query with no key left writes zeros.
  * Keys and values past the block's last key in use are read as zeros.
  *
@@ -279,6 +280,14 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
  * shared memory holds S, P or O, and a warp never waits for another except
  * at the tile loads. The masks, the rounding of P before P V, l in f32 and
  * the outputs of queries without keys are attention_tc's.
+ *
+ * With a mask (attention_mmam<D>: attention_mma with MASK, mma_maskbias)
+ * each lane reads its two rows' values for the tile's keys in use through
+ * the mask's strides and adds them (times log2 e) to the scaled scores
+ * before the max; a row whose every key is masked keeps l = 0 and writes
+ * zeros, as the one-query kernel does. The same function serves packed
+ * sequences (attention_varlen_mma<D>, eager_varlen.cuh): only the blocks'
+ * queries, keys and rows differ (mma_block, mma_ax).
  *
  * A block has one or two key groups (blockDim.x = 32 W KG, the host's
  * choice): with two, group g takes key tiles g, g + 2, ... for the same

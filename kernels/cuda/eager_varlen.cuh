@@ -1,5 +1,6 @@
-/* Attention over packed (ragged) sequences (included by eager.cu): the
- * kernels attention_varlen_<tag> and varlen_check_i32, see
+/* Attention over packed (ragged) sequences (included by eager.cu after
+ * eager_attention_tc.cuh): the kernels attention_varlen_<tag>,
+ * attention_varlen_mma<D>_<tag> and varlen_check_i32, see
  * sj_attention_varlen() in shapejit.h.
  */
 #ifndef SJ_EAGER_VARLEN_CUH
