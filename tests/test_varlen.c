@@ -432,7 +432,8 @@ static void test_varlen_cuda(void **state) {
  * 64, 130 and 257 tokens packed in two orders (tiles that end, start and
  * fall inside 64-token chunks; a sequence of one token), causal and not,
  * against float64; each call takes the tensor-core kernel
- * (sj_cuda_attention_tc_calls). */
+ * (sj_cuda_attention_tc_calls). Bad offsets on that path still fail the
+ * call with SJ_EINDEX and the check kernel's message. */
 
 static sj_status vl_plain(sj_tracer *t, const sj_val *in, int n, void *u) {
     const vl_spec *sp = u;
@@ -512,6 +513,34 @@ static void test_varlen_cuda_tc(void **state) {
                     vl_ref_hd(&q, &k, &v, off, 5, h, hd, &sp, r);
                     sj_tensor y = to_host(rt, &out);
                     if (!tu_check(&y, r, 2 * tu_tol(dt), what)) fail_msg("%s: mismatch against float64", what);
+                    free(r);
+                    sj_tensor_free(rt, &out);
+                    /* bad offsets (decreasing, past T, not from 0) on the tensor-core
+                     * path: the call fails with SJ_EINDEX naming the fault, the
+                     * kernel reads nothing outside [0, T) (clamped), and a good
+                     * call follows */
+                    static const int32_t bad[3][6] = {{0, 300, 200, 400, 450, 455},
+                                                      {0, 1, 4, 68, 198, 500},
+                                                      {5, 6, 9, 73, 203, 455}};
+                    static const char *const bad_msg[3] = {"decrease", "offsets[B]", "offsets[0]"};
+                    for (int c = 0; c < 3; c++) {
+                        sj_tensor bo = tu_tensor(SJ_I32, 1, (int64_t[]){6});
+                        for (int b = 0; b <= 5; b++) tu_seti(&bo, b, bad[c][b]);
+                        if (sj_tensor_copy(rt, &in[3], &bo)) fail_msg("copy: %s", sj_last_error());
+                        out = (sj_tensor){0};
+                        sj_status st = sj_call(fn, in, 4, &out, 1);
+                        if (st != SJ_EINDEX || !strstr(sj_last_error(), "attention_varlen: offsets") ||
+                            !strstr(sj_last_error(), bad_msg[c]))
+                            fail_msg("%s: bad offsets %d: %s (%s)", what, c, sj_status_name(st), sj_last_error());
+                    }
+                    if (sj_tensor_copy(rt, &in[3], &ot)) fail_msg("copy: %s", sj_last_error());
+                    out = (sj_tensor){0};
+                    if (sj_call(fn, in, 4, &out, 1)) fail_msg("%s: a good call after bad offsets: %s", what,
+                                                              sj_last_error());
+                    y = to_host(rt, &out);
+                    r = calloc((size_t)(T * h * hd), sizeof(double));
+                    vl_ref_hd(&q, &k, &v, off, 5, h, hd, &sp, r);
+                    if (!tu_check(&y, r, 2 * tu_tol(dt), what)) fail_msg("%s: after bad offsets: mismatch", what);
                     free(r);
                     sj_tensor_free(rt, &out);
                     for (int i = 0; i < 4; i++) sj_tensor_free(rt, &in[i]);
