@@ -926,14 +926,15 @@ static void ref_att_mask(const sj_tensor *q, const sj_tensor *k, const sj_tensor
 
 /* Masked attention on tensor cores (f16, bf16): additive f32 and q-dtype
  * masks, bool masks (random, and left padding [B, 1, 1, Sk]), broadcast
- * from [1, 1, Sq, Sk] and [B, 1, Sq, Sk] or full, with and without key
+ * from [1, 1, Sq, Sk] and [B, 1, Sq, Sk], full, or a transposed view, with and without key
  * lengths and causal, D = 32 / 64 / 128 (the register kernels
  * attention_mmam, one or two key groups) and 48 (the shared-memory kernel
  * attention_tc), odd Sq and Sk. Rows whose every key is masked (row 0 of
  * the random masks, a batch padded whole, a length of 0) give zeros as the
  * f32 kernel does. Against float64 and the CPU kernel; each call must have
  * taken a tensor-core kernel (sj_cuda_attention_tc_calls). */
-enum { MK_BSQ, MK_BHSQ, MK_FULL, MK_LEFTPAD }; /* mask shapes: [1,1,Sq,Sk], [B,1,Sq,Sk], [B,H,Sq,Sk], [B,1,1,Sk] */
+/* mask shapes: [1,1,Sq,Sk], [B,1,Sq,Sk], [B,H,Sq,Sk], [B,1,1,Sk], and [B,1,Sk,Sq] transposed (key stride Sq) */
+enum { MK_BSQ, MK_BHSQ, MK_FULL, MK_LEFTPAD, MK_TRANS };
 static void test_attention_mask_tc(void **state) {
     (void)state;
     static const struct {
@@ -945,6 +946,7 @@ static void test_attention_mask_tc(void **state) {
         {2, 2, 130, 257, 128, MK_FULL, 2, 1, 1}, {2, 1, 257, 130, 32, MK_BSQ, 0, 1, 0},
         {3, 2, 17, 1, 64, MK_LEFTPAD, 2, 0, 0},  {2, 2, 70, 130, 48, MK_BSQ, 1, 0, 1},
         {1, 3, 130, 257, 64, MK_LEFTPAD, 2, 0, 1}, {2, 34, 130, 130, 64, MK_BSQ, 0, 1, 1}, /* one key group */
+        {2, 2, 130, 70, 64, MK_TRANS, 1, 1, 0},   {2, 3, 17, 130, 128, MK_TRANS, 2, 0, 1},
     };
     if (dev->cc_major < 8) {
         print_message("skipped: tensor cores need compute capability 8.0 (this device %d.%d)\n", dev->cc_major,
@@ -964,6 +966,9 @@ static void test_attention_mask_tc(void **state) {
                 mask = make(SJ_BOOL, 4, S(B, 1, 1, Sk), L_CONTIG);
                 for (int64_t b = 0; b < B; b++)
                     for (int64_t j = 0; j < Sk; j++) tu_seti(&mask, b * Sk + j, j >= (b * Sk) / (B > 1 ? B - 1 : 1));
+            } else if (cs[c].shape == MK_TRANS) {
+                sj_tensor mt = tu_random_mask(mdt, 4, S(B, 1, Sk, Sq)); /* key 0 masked for every query */
+                mask = tu_transpose(&mt, 2, 3);
             } else {
                 int64_t mB = cs[c].shape == MK_BSQ ? 1 : B, mH = cs[c].shape == MK_FULL ? H : 1;
                 mask = tu_random_mask(mdt, 4, S(mB, mH, Sq, Sk)); /* row 0 (Sq > 1): every key masked */
