@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt,w5cold,bgparts] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -16,7 +16,8 @@
  * the request stream of --lengths (default: the sample's copy of
  * w5_lengths.txt) through the default policy (modes eager, auto,
  * auto_warm: see bench_w5). "attention" times the attention op alone
- * (f16 [1, 12, S, 64]), not a shared workload; "hostparts" the host time
+ * (f16 [1, 12, S, 64]), not a shared workload; "attc" the tensor-core
+ * attention with a mask and over packed sequences (bench_attc); "hostparts" the host time
  * to queue each primitive of a small encoder call; "firstuse" what the first
  * product of a new size costs (bench_firstuse); "w5mt" w5 from 8 threads at
  * once (bench_w5mt); "w5cold" w5 from a cold process with the library's
@@ -354,6 +355,116 @@ static void bench_attention(void) {
         free_case(rt, &c);
     }
     sj_fn_destroy(fn);
+    sj_runtime_destroy(rt);
+}
+
+/* "attc": the tensor-core attention kernels with a mask and over packed
+ * sequences (issue 26), called directly (no runtime around them), f16,
+ * H = 12, D = 64: per call ms, the median of 7 runs of 50 calls queued
+ * back to back. masked: q, k, v [8, 12, S, 64] with an additive f16 mask
+ * [8, 1, S, S] (broadcast over heads), against the same call without a
+ * mask; varlen: 32 sequences of random lengths in [16, 256] packed
+ * ([T, 12, 64]), against padded attention over [32, 12, 256, 64] with the
+ * lengths. Not a shared workload. */
+static double attc_time(sj_cuda *cu, sj_status (*call)(void *), void *arg) {
+    enum { RUNS = 7, CALLS = 50 };
+    double t[RUNS];
+    for (int i = 0; i < 5; i++)
+        if (call(arg)) bench_die("attc warm-up");
+    for (int r = 0; r < RUNS; r++) {
+        cu->api.StreamSynchronize(cu->stream);
+        double t0 = bench_now_s();
+        for (int i = 0; i < CALLS; i++)
+            if (call(arg)) bench_die("attc call");
+        cu->api.StreamSynchronize(cu->stream);
+        t[r] = (bench_now_s() - t0) * 1e3 / CALLS;
+    }
+    qsort(t, RUNS, sizeof t[0], bench_cmp_double);
+    return t[RUNS / 2];
+}
+
+typedef struct attc_args {
+    sj_cuda_exec e;
+    sj_tensor q, k, v, y, mask, len, off;
+    int masked;
+} attc_args;
+
+static sj_status attc_padded(void *p) {
+    attc_args *a = p;
+    return sj_cuda_attention_mask(&a->e, &a->q, &a->k, &a->v, a->len.data ? &a->len : NULL,
+                                  a->masked ? &a->mask : NULL, 0.125, 0, &a->y);
+}
+static sj_status attc_varlen(void *p) {
+    attc_args *a = p;
+    return sj_cuda_attention_varlen(&a->e, &a->q, &a->k, &a->v, &a->off, 0.125, 0, &a->y);
+}
+
+static void bench_attc(void) {
+    sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, BENCH_EAGER);
+    sj_cuda *cu = sj_cuda_of(rt->backend);
+    static const int64_t sizes[] = {128, 512};
+    for (int i = 0; i < 2; i++) {
+        const int64_t S = sizes[i], B = 8, shape[4] = {B, BENCH_NH, S, BENCH_HD}, mshape[4] = {B, 1, S, S};
+        attc_args a = {.e = {.cuda = cu, .stream = cu->stream}};
+        a.q = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1), a.k = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1);
+        a.v = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1), a.y = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1);
+        a.mask = dev_rand_dt(rt, SJ_F16, 4, mshape, -4, 0);
+        a.mask.shape[1] = BENCH_NH, a.mask.stride[1] = 0; /* [B, 1, S, S] over the heads */
+        double ms[2];
+        for (a.masked = 0; a.masked < 2; a.masked++) ms[a.masked] = attc_time(cu, attc_padded, &a);
+        printf("{\"workload\": \"attc\", \"case\": \"masked\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
+               "\"B\": %lld, \"H\": %d, \"S\": %lld, \"D\": %d, \"mask\": \"float16 [B,1,S,S]\", \"median_ms\": %.4f, "
+               "\"unmasked_ms\": %.4f, \"TFLOPs\": %.2f}\n",
+               (long long)B, BENCH_NH, (long long)S, BENCH_HD, ms[1], ms[0],
+               4.0 * B * S * S * BENCH_HD * BENCH_NH / (ms[1] * 1e-3) / 1e12);
+        fflush(stdout);
+        sj_tensor *all[] = {&a.q, &a.k, &a.v, &a.y, &a.mask};
+        a.mask.shape[1] = 1, a.mask.stride[1] = S * S;
+        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) sj_tensor_free(rt, all[j]);
+    }
+    /* packed: 32 sequences of 16..256 tokens (a fixed draw) */
+    enum { NSEQ = 32, SMAX = 256 };
+    int32_t off[NSEQ + 1] = {0}, lens[NSEQ];
+    uint64_t st = 2626;
+    double work = 0;
+    for (int b = 0; b < NSEQ; b++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        lens[b] = 16 + (int32_t)((st >> 33) % (SMAX - 16 + 1));
+        off[b + 1] = off[b] + lens[b];
+        work += (double)lens[b] * lens[b];
+    }
+    const int64_t T = off[NSEQ], pshape[3] = {T, BENCH_NH, BENCH_HD}, oshape[1] = {NSEQ + 1};
+    attc_args a = {.e = {.cuda = cu, .stream = cu->stream}};
+    a.q = dev_rand_dt(rt, SJ_F16, 3, pshape, -1, 1), a.k = dev_rand_dt(rt, SJ_F16, 3, pshape, -1, 1);
+    a.v = dev_rand_dt(rt, SJ_F16, 3, pshape, -1, 1), a.y = dev_rand_dt(rt, SJ_F16, 3, pshape, -1, 1);
+    a.off = (sj_tensor){.dtype = SJ_I32, .rank = 1, .device = SJ_CUDA, .shape = {NSEQ + 1}};
+    if (sj_tensor_alloc(rt, &a.off)) bench_die("alloc");
+    sj_tensor ho = sj_tensor_make(off, SJ_I32, 1, oshape);
+    if (sj_tensor_copy(rt, &a.off, &ho)) bench_die("copy");
+    CUdeviceptr flag = sj_cuda_alloc(cu, 4, cu->stream);
+    if (!flag || cu->api.MemsetD8Async(flag, 0, 4, cu->stream) != CUDA_SUCCESS) bench_die("flag");
+    a.e.error_flag = flag;
+    double ms = attc_time(cu, attc_varlen, &a);
+    int hflag = 0;
+    if (sj_cuda_to_host(cu, &hflag, flag, 4) || hflag) bench_die("varlen offsets flagged");
+    /* the same sequences padded to SMAX with their lengths */
+    const int64_t shape[4] = {NSEQ, BENCH_NH, SMAX, BENCH_HD}, lshape[1] = {NSEQ};
+    attc_args b = {.e = {.cuda = cu, .stream = cu->stream}};
+    b.q = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1), b.k = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1);
+    b.v = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1), b.y = dev_rand_dt(rt, SJ_F16, 4, shape, -1, 1);
+    b.len = (sj_tensor){.dtype = SJ_I32, .rank = 1, .device = SJ_CUDA, .shape = {NSEQ}};
+    if (sj_tensor_alloc(rt, &b.len)) bench_die("alloc");
+    sj_tensor hl = sj_tensor_make(lens, SJ_I32, 1, lshape);
+    if (sj_tensor_copy(rt, &b.len, &hl)) bench_die("copy");
+    double pms = attc_time(cu, attc_padded, &b);
+    printf("{\"workload\": \"attc\", \"case\": \"varlen\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
+           "\"sequences\": %d, \"T\": %lld, \"H\": %d, \"D\": %d, \"median_ms\": %.4f, \"padded_lengths_ms\": %.4f, "
+           "\"TFLOPs\": %.2f}\n",
+           NSEQ, (long long)T, BENCH_NH, BENCH_HD, ms, pms, 4.0 * work * BENCH_HD * BENCH_NH / (ms * 1e-3) / 1e12);
+    fflush(stdout);
+    sj_cuda_free(cu, flag, cu->stream);
+    sj_tensor *all[] = {&a.q, &a.k, &a.v, &a.y, &a.off, &b.q, &b.k, &b.v, &b.y, &b.len};
+    for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) sj_tensor_free(rt, all[j]);
     sj_runtime_destroy(rt);
 }
 
@@ -777,7 +888,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,hostparts,firstuse,w5mt,w5cold] [--lengths file]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -804,6 +915,7 @@ int main(int argc, char **argv) {
         if (has_wl(wl, name)) bench_w(w);
     }
     if (has_wl(wl, "attention")) bench_attention();
+    if (has_wl(wl, "attc")) bench_attc();
     if (has_wl(wl, "hostparts")) bench_hostparts();
     if (has_wl(wl, "firstuse")) bench_firstuse();
     if (has_wl(wl, "w5mt")) bench_w5mt(lengths);

@@ -5,7 +5,9 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|graphbudget|remote|cpuscale|all|asan|warmup|nvrtc|gemm] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|graphbudget|remote|cpuscale|all|asan|warmup|nvrtc|gemm|attc] (results under $OUT)
+#             attc: test_cuda_eager and test_varlen, then bench_cuda attention,attc (masked and
+#             packed attention on tensor cores: attc.jsonl);
 #             gemm: the generated tensor-core products (test_gemm_cuda, then
 #             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl;
 #             test_gemm_jit, and bench_cuda w4 with SHAPEJIT_CUDA_GEMM 0 and 1);
@@ -158,6 +160,19 @@ if [ "$what" = nvrtc ]; then # issue 28: NVRTC time per unit (compute cache off)
         2> /tmp/w4_compile.err
     echo "bench_cuda w4 with the compile log rc=$?" | tee -a "$summary"
     grep "compiled in" /tmp/w4_compile.err | head -12 | tee -a "$summary"
+fi
+
+if [ "$what" = attc ]; then # issue 26: masked and packed attention on tensor cores, their tests first
+    for t in test_cuda_eager test_varlen; do
+        timeout 600 "$B/$t" > "/tmp/$t.log" 2>&1
+        echo "$t rc=$?" | tee -a "$summary"
+        grep -E "ERROR|FAILED|Failure|mismatch|PASSED" "/tmp/$t.log" | head -20 | tee -a "$summary"
+        cat "/tmp/$t.log" >> "$OUT/tests.log"
+    done
+    timeout 300 "$B/bench_cuda" --workloads attention,attc > "$OUT/attc.jsonl" 2> /tmp/attc.err
+    echo "bench_cuda attention,attc rc=$?" | tee -a "$summary"
+    tee -a "$summary" < "$OUT/attc.jsonl"
+    tail -3 /tmp/attc.err >> "$summary"
 fi
 
 if [ "$what" = cpu ] || [ "$what" = all ]; then

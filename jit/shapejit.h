@@ -1022,8 +1022,12 @@ SJ_API sj_val sj_attention(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val le
  * mask is added (-inf masks a key out); a bool mask keeps the keys where
  * it is true and masks the others, so 0/1 masks such as left padding
  * (sj_cast to bool) work as they are. causal applies on top. A query
- * whose every key is masked gives zeros. On CUDA a masked attention runs
- * the general kernel (the tensor-core kernels take no mask yet). */
+ * whose every key is masked gives zeros. On CUDA the mask does not change
+ * the kernel: f16/bf16 with head sizes D = Dv = 32, 64, 96 or 128 run on
+ * tensor cores in registers, other head sizes that are multiples of 16
+ * (up to 128) on tensor cores through shared memory, the mask read through
+ * its strides (broadcast axes cost no memory); f32 and other head sizes
+ * take a one-query-a-block kernel in f32. */
 SJ_API sj_val sj_attention_mask(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_val mask, double scale,
                                 int causal);
 
@@ -1035,7 +1039,10 @@ SJ_API sj_val sj_attention_mask(sj_tracer *t, sj_val q, sj_val k, sj_val v, sj_v
  * offsets[b] .. offsets[b+1]-1, and each query attends only to the keys
  * of its own sequence (causal: to keys at or before its own position).
  * An empty sequence (offsets[b] == offsets[b+1]) is allowed. Float
- * dtypes, computed in f32. The trace fails with SJ_EDTYPE for offsets
+ * dtypes, softmax in f32; on CUDA, f16/bf16 with D = Dv = 32, 64, 96 or
+ * 128 run on tensor cores (tiles of up to 64 queries of one sequence; the
+ * probabilities rounded to the dtype before they weigh v, as flash
+ * attention does), other calls one query a block in f32. The trace fails with SJ_EDTYPE for offsets
  * that are not i32 and SJ_ESHAPE for a rank other than 1 or fewer than 2
  * entries. At the call, offsets must start at 0, never decrease and end
  * at T; otherwise sj_call fails with SJ_EINDEX, the message naming what

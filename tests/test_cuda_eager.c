@@ -858,8 +858,8 @@ static void test_arange(void **state) {
 }
 
 /* Additive masks (f32, q's dtype) and bool masks, broadcast over heads
- * (stride 0), with and without causal; f16/bf16 with D = 64 would take the
- * tensor-core kernels without a mask: here they take the general one.
+ * (stride 0), with and without causal; f16/bf16 (D = 64, Dv = 32) take the
+ * shared-memory tensor-core kernel with its mask, f32 the general one.
  * Against float64 and the CPU kernel. */
 static void test_attention_mask(void **state) {
     tu_seed(2609);
@@ -886,6 +886,125 @@ static void test_attention_mask(void **state) {
                 finish(sj_cuda_attention_mask(&ex, &dq, &dk, &dv, NULL, &dmb, 0.125, causal, &dy), &dy, &y, what);
                 expect(&y, &yc, r, NULL, 2 * tu_tol(dt), what);
             }
+}
+
+/* float64 attention of q, k, v [B, H, S*, D*] (contiguous) with the mask
+ * view mb [B, H, Sq, Sk] (NULL: none; bool: false masks), key lengths
+ * lens (NULL: all), causal; a query with no key left gives zeros. */
+static void ref_att_mask(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v, const sj_tensor *mb,
+                         const int64_t *lens, double scale, int causal, double *out) {
+    int64_t B = q->shape[0], H = q->shape[1], Sq = q->shape[2], D = q->shape[3], Sk = k->shape[2],
+            Dv = v->shape[3];
+    double *p = malloc(sizeof(double) * (size_t)(Sk ? Sk : 1));
+    assert_non_null(p);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Sq; i++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < Sk; j++) {
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; d++)
+                        dot += tu_get(q, ((b * H + h) * Sq + i) * D + d) * tu_get(k, ((b * H + h) * Sk + j) * D + d);
+                    double sc = dot * scale;
+                    if (mb) {
+                        double mv = tu_get(mb, ((b * H + h) * Sq + i) * Sk + j);
+                        sc = mb->dtype == SJ_BOOL ? (mv != 0 ? sc : -INFINITY) : sc + mv;
+                    }
+                    if ((lens && j >= lens[b]) || (causal && j > i + Sk - Sq)) sc = -INFINITY;
+                    p[j] = sc;
+                    if (sc > mx) mx = sc;
+                }
+                for (int64_t j = 0; j < Sk; j++) sum += p[j] = mx == -INFINITY ? 0 : exp(p[j] - mx);
+                for (int64_t e = 0; e < Dv; e++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < Sk; j++) acc += p[j] * tu_get(v, ((b * H + h) * Sk + j) * Dv + e);
+                    out[((b * H + h) * Sq + i) * Dv + e] = sum > 0 ? acc / sum : 0;
+                }
+            }
+    free(p);
+}
+
+/* Masked attention on tensor cores (f16, bf16): additive f32 and q-dtype
+ * masks, bool masks (random, and left padding [B, 1, 1, Sk]), broadcast
+ * from [1, 1, Sq, Sk] and [B, 1, Sq, Sk], full, or a transposed view, with and without key
+ * lengths and causal, D = 32 / 64 / 128 (the register kernels
+ * attention_mmam, one or two key groups) and 48 (the shared-memory kernel
+ * attention_tc), odd Sq and Sk. Rows whose every key is masked (row 0 of
+ * the random masks, a batch padded whole, a length of 0) give zeros as the
+ * f32 kernel does. Against float64 and the CPU kernel; each call must have
+ * taken a tensor-core kernel (sj_cuda_attention_tc_calls). */
+/* mask shapes: [1,1,Sq,Sk], [B,1,Sq,Sk], [B,H,Sq,Sk], [B,1,1,Sk], and [B,1,Sk,Sq] transposed (key stride Sq) */
+enum { MK_BSQ, MK_BHSQ, MK_FULL, MK_LEFTPAD, MK_TRANS };
+static void test_attention_mask_tc(void **state) {
+    (void)state;
+    static const struct {
+        int64_t B, H, Sq, Sk, D;
+        int shape, mdt, lens, causal; /* mdt: 0 f32, 1 q's dtype, 2 bool */
+    } cs[] = {
+        {2, 3, 17, 130, 64, MK_BHSQ, 0, 0, 0},  {2, 2, 130, 130, 64, MK_BSQ, 1, 1, 1},
+        {3, 2, 1, 257, 32, MK_LEFTPAD, 2, 1, 0}, {1, 2, 257, 17, 128, MK_BHSQ, 0, 0, 1},
+        {2, 2, 130, 257, 128, MK_FULL, 2, 1, 1}, {2, 1, 257, 130, 32, MK_BSQ, 0, 1, 0},
+        {3, 2, 17, 1, 64, MK_LEFTPAD, 2, 0, 0},  {2, 2, 70, 130, 48, MK_BSQ, 1, 0, 1},
+        {1, 3, 130, 257, 64, MK_LEFTPAD, 2, 0, 1}, {2, 34, 130, 130, 64, MK_BSQ, 0, 1, 1}, /* one key group */
+        {2, 2, 130, 70, 64, MK_TRANS, 1, 1, 0},   {2, 3, 17, 130, 128, MK_TRANS, 2, 0, 1},
+    };
+    if (dev->cc_major < 8) {
+        print_message("skipped: tensor cores need compute capability 8.0 (this device %d.%d)\n", dev->cc_major,
+                      dev->cc_minor);
+        return;
+    }
+    tu_seed(2650);
+    for (int d = 1; d < 3; d++)
+        for (int c = 0; c < NELEM(cs); c++) {
+            sj_dtype dt = tu_floats[d];
+            const int64_t B = cs[c].B, H = cs[c].H, Sq = cs[c].Sq, Sk = cs[c].Sk, D = cs[c].D;
+            sj_dtype mdt = cs[c].mdt == 0 ? SJ_F32 : cs[c].mdt == 1 ? dt : SJ_BOOL;
+            sj_tensor q = rnd(dt, 4, S(B, H, Sq, D), L_CONTIG), k = rnd(dt, 4, S(B, H, Sk, D), L_CONTIG);
+            sj_tensor v = rnd(dt, 4, S(B, H, Sk, D), L_CONTIG);
+            sj_tensor mask;
+            if (cs[c].shape == MK_LEFTPAD) { /* batch b: its first (b * Sk) / (B - 1) keys padded; the last whole */
+                mask = make(SJ_BOOL, 4, S(B, 1, 1, Sk), L_CONTIG);
+                for (int64_t b = 0; b < B; b++)
+                    for (int64_t j = 0; j < Sk; j++) tu_seti(&mask, b * Sk + j, j >= (b * Sk) / (B > 1 ? B - 1 : 1));
+            } else if (cs[c].shape == MK_TRANS) {
+                sj_tensor mt = tu_random_mask(mdt, 4, S(B, 1, Sk, Sq)); /* key 0 masked for every query */
+                mask = tu_transpose(&mt, 2, 3);
+            } else {
+                int64_t mB = cs[c].shape == MK_BSQ ? 1 : B, mH = cs[c].shape == MK_FULL ? H : 1;
+                mask = tu_random_mask(mdt, 4, S(mB, mH, Sq, Sk)); /* row 0 (Sq > 1): every key masked */
+            }
+            sj_tensor mb = tu_broadcast(&mask, 4, S(B, H, Sq, Sk));
+            int64_t lens[3] = {Sk, Sk, Sk};
+            sj_tensor l = make(SJ_I32, 1, S(B), L_CONTIG);
+            for (int64_t b = 0; b < B; b++) {
+                if (cs[c].lens) lens[b] = b == 0 ? Sk / 2 + 1 : b == 1 ? Sk : 0;
+                tu_seti(&l, b, lens[b]);
+            }
+            sj_tensor yc, y = out_like(dt, 4, S(B, H, Sq, D), L_CONTIG, &yc);
+            double *r = ref(tu_numel(&y));
+            ref_att_mask(&q, &k, &v, &mb, lens, 0.125, cs[c].causal, r);
+            const sj_tensor *lp = cs[c].lens ? &l : NULL;
+            assert_int_equal(sj_cpu_attention_mask(&q, &k, &v, lp, &mb, 0.125, cs[c].causal, &yc, NULL), SJ_OK);
+            sj_tensor dq = to_dev(&q), dk = to_dev(&k), dv = to_dev(&v), dm = to_dev(&mask), dy = to_dev(&y);
+            sj_tensor dl = to_dev(&l), dmb = dm;
+            dmb.rank = 4;
+            for (int i = 0; i < 4; i++) dmb.shape[i] = mb.shape[i], dmb.stride[i] = mb.stride[i];
+            settle();
+            const char *what = label("tc attention mask %s mask %s case %d (B %lld H %lld Sq %lld Sk %lld D %lld "
+                                     "lens %d causal %d)", sj_dtype_name(dt), sj_dtype_name(mdt), c, (long long)B,
+                                     (long long)H, (long long)Sq, (long long)Sk, (long long)D, cs[c].lens,
+                                     cs[c].causal);
+            /* the kernel the call takes: a register one for D = 32/64/128, the shared-memory one for 48 */
+            int kg = sj_cuda_attention_groups(dev, dt, B, H, Sq, Sk, D, D);
+            assert_true(D == 48 ? kg == 0 && sj_cuda_attention_tiles(dev, dt, B, H, Sq, D, D) > 0 : kg > 0);
+            uint64_t m0, m1, v0, v1;
+            sj_cuda_attention_tc_calls(&m0, &v0);
+            finish(sj_cuda_attention_mask(&ex, &dq, &dk, &dv, lp ? &dl : NULL, &dmb, 0.125, cs[c].causal, &dy), &dy,
+                   &y, what);
+            sj_cuda_attention_tc_calls(&m1, &v1);
+            assert_int_equal(m1, m0 + 1);
+            expect(&y, &yc, r, NULL, 2 * tu_tol(dt), what);
+        }
 }
 
 /* -- Attention -------------------------------------------------------------- */
@@ -1143,7 +1262,7 @@ int main(void) {
         T(test_unary),      T(test_unary_specials), T(test_binary),  T(test_int_semantics),
         T(test_nan_binary), T(test_where),          T(test_cast), T(test_cast_bits),    T(test_copy_transposed),
         T(test_reduce),     T(test_softmax),        T(test_norms),   T(test_matmul),
-        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention), T(test_attention_nan), T(test_arange), T(test_attention_mask),   T(test_concat),  T(test_gather),
+        T(test_matmul_stream), T(test_matmul_size_classes), T(test_matmul_class_rejected), T(test_matmul_algorithm_table), T(test_matmul_warming), T(test_matmul_bias), T(test_matmul_threads), T(test_attention), T(test_attention_nan), T(test_arange), T(test_attention_mask), T(test_attention_mask_tc),   T(test_concat),  T(test_gather),
         T(test_large),      T(test_layer_norm_offset),
     };
 #undef T

@@ -20,6 +20,9 @@
 
 #include "jit/shapejit.h"
 #include "tests/util.h"
+#ifdef SJ_WITH_CUDA
+#include "kernels/cuda/eager_cuda.h" /* sj_cuda_attention_tc_calls */
+#endif
 
 #define H 3
 #define D 8
@@ -423,12 +426,139 @@ static void test_varlen_cuda(void **state) {
     }
 }
 
+/* -- CUDA tensor cores --------------------------------------------------------
+ * f16 and bf16 with D = Dv = 64 and 128 run the register kernels over
+ * tiles of queries of one sequence (eager_varlen.cuh): sequences of 1, 3,
+ * 64, 130 and 257 tokens packed in two orders (tiles that end, start and
+ * fall inside 64-token chunks; a sequence of one token), causal and not,
+ * against float64; each call takes the tensor-core kernel
+ * (sj_cuda_attention_tc_calls). Bad offsets on that path still fail the
+ * call with SJ_EINDEX and the check kernel's message. */
+
+static sj_status vl_plain(sj_tracer *t, const sj_val *in, int n, void *u) {
+    const vl_spec *sp = u;
+    (void)n;
+    return sj_output(t, sj_attention_varlen(t, in[0], in[1], in[2], in[3], sp->scale, sp->causal));
+}
+
+/* float64 attention of q, k, v [T, h, d] (contiguous) by sequence. */
+static void vl_ref_hd(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v, const int32_t *off, int64_t B,
+                      int64_t h, int64_t d, const vl_spec *sp, double *y) {
+    for (int64_t b = 0; b < B; b++) {
+        int64_t s = off[b], e = off[b + 1];
+        double *sc = malloc(sizeof(double) * (size_t)(e - s + 1));
+        for (int64_t i = s; i < e; i++)
+            for (int64_t hh = 0; hh < h; hh++) {
+                int64_t lim = sp->causal ? i + 1 : e;
+                double m = -INFINITY, l = 0;
+                for (int64_t j = s; j < lim; j++) {
+                    double dot = 0;
+                    for (int64_t c = 0; c < d; c++) dot += tu_get(q, (i * h + hh) * d + c) * tu_get(k, (j * h + hh) * d + c);
+                    sc[j - s] = dot * sp->scale;
+                    if (sc[j - s] > m) m = sc[j - s];
+                }
+                for (int64_t j = s; j < lim; j++) l += sc[j - s] = exp(sc[j - s] - m);
+                for (int64_t c = 0; c < d; c++) {
+                    double a = 0;
+                    for (int64_t j = s; j < lim; j++) a += sc[j - s] * tu_get(v, (j * h + hh) * d + c);
+                    y[(i * h + hh) * d + c] = a / l;
+                }
+            }
+        free(sc);
+    }
+}
+
+static void test_varlen_cuda_tc(void **state) {
+    (void)state;
+    sj_runtime *rt = runtime(SJ_BACKEND_CUDA, SJ_COMPILE_OFF);
+    if (!rt) {
+        print_message("skipped: no CUDA device (%s)\n", sj_last_error());
+        return;
+    }
+#ifdef SJ_WITH_CUDA
+    static const int64_t orders[2][5] = {{1, 3, 64, 130, 257}, {257, 1, 130, 3, 64}};
+    const int64_t h = 2;
+    tu_seed(2629);
+    for (int d = 1; d < 3; d++)
+        for (int hd = 64; hd <= 128; hd += 64)
+            for (int causal = 0; causal < 2; causal++) {
+                sj_dtype dt = d == 1 ? SJ_F16 : SJ_BF16;
+                vl_spec sp = {1.0 / sqrt((double)hd), causal};
+                sj_fn_options o;
+                sj_fn_options_init(&o);
+                o.dynamic = SJ_DYNAMIC_SYMBOLIC;
+                sj_fn *fn;
+                if (sj_fn_create(rt, "varlen_tc", 4, vl_plain, &sp, &o, &fn)) fail_msg("fn: %s", sj_last_error());
+                for (int ord = 0; ord < 2; ord++) {
+                    int32_t off[6] = {0};
+                    for (int b = 0; b < 5; b++) off[b + 1] = off[b] + (int32_t)orders[ord][b];
+                    int64_t T = off[5];
+                    sj_tensor q = tu_random(dt, 3, (int64_t[]){T, h, hd}, TU_CONTIG);
+                    sj_tensor k = tu_random(dt, 3, (int64_t[]){T, h, hd}, TU_CONTIG);
+                    sj_tensor v = tu_random(dt, 3, (int64_t[]){T, h, hd}, TU_CONTIG);
+                    sj_tensor ot = tu_tensor(SJ_I32, 1, (int64_t[]){6});
+                    for (int b = 0; b <= 5; b++) tu_seti(&ot, b, off[b]);
+                    sj_tensor hin[4] = {q, k, v, ot}, in[4], out = {0};
+                    for (int i = 0; i < 4; i++) in[i] = to_device(rt, &hin[i]);
+                    char what[128];
+                    snprintf(what, sizeof what, "cuda tc varlen %s D=%d causal=%d order %d", sj_dtype_name(dt), hd,
+                             causal, ord);
+                    uint64_t m0, m1, v0, v1;
+                    sj_cuda_attention_tc_calls(&m0, &v0);
+                    if (sj_call(fn, in, 4, &out, 1)) fail_msg("%s: %s", what, sj_last_error());
+                    sj_cuda_attention_tc_calls(&m1, &v1);
+                    if (v1 != v0 + 1) fail_msg("%s: %llu tensor-core varlen launches, expected 1", what,
+                                               (unsigned long long)(v1 - v0));
+                    double *r = calloc((size_t)(T * h * hd), sizeof(double));
+                    vl_ref_hd(&q, &k, &v, off, 5, h, hd, &sp, r);
+                    sj_tensor y = to_host(rt, &out);
+                    if (!tu_check(&y, r, 2 * tu_tol(dt), what)) fail_msg("%s: mismatch against float64", what);
+                    free(r);
+                    sj_tensor_free(rt, &out);
+                    /* bad offsets (decreasing, past T, not from 0) on the tensor-core
+                     * path: the call fails with SJ_EINDEX naming the fault, the
+                     * kernel reads nothing outside [0, T) (clamped), and a good
+                     * call follows */
+                    static const int32_t bad[3][6] = {{0, 300, 200, 400, 450, 455},
+                                                      {0, 1, 4, 68, 198, 500},
+                                                      {5, 6, 9, 73, 203, 455}};
+                    static const char *const bad_msg[3] = {"decrease", "offsets[B]", "offsets[0]"};
+                    for (int c = 0; c < 3; c++) {
+                        sj_tensor bo = tu_tensor(SJ_I32, 1, (int64_t[]){6});
+                        for (int b = 0; b <= 5; b++) tu_seti(&bo, b, bad[c][b]);
+                        if (sj_tensor_copy(rt, &in[3], &bo)) fail_msg("copy: %s", sj_last_error());
+                        out = (sj_tensor){0};
+                        sj_status st = sj_call(fn, in, 4, &out, 1);
+                        if (st != SJ_EINDEX || !strstr(sj_last_error(), "attention_varlen: offsets") ||
+                            !strstr(sj_last_error(), bad_msg[c]))
+                            fail_msg("%s: bad offsets %d: %s (%s)", what, c, sj_status_name(st), sj_last_error());
+                    }
+                    if (sj_tensor_copy(rt, &in[3], &ot)) fail_msg("copy: %s", sj_last_error());
+                    out = (sj_tensor){0};
+                    if (sj_call(fn, in, 4, &out, 1)) fail_msg("%s: a good call after bad offsets: %s", what,
+                                                              sj_last_error());
+                    y = to_host(rt, &out);
+                    r = calloc((size_t)(T * h * hd), sizeof(double));
+                    vl_ref_hd(&q, &k, &v, off, 5, h, hd, &sp, r);
+                    if (!tu_check(&y, r, 2 * tu_tol(dt), what)) fail_msg("%s: after bad offsets: mismatch", what);
+                    free(r);
+                    sj_tensor_free(rt, &out);
+                    for (int i = 0; i < 4; i++) sj_tensor_free(rt, &in[i]);
+                }
+                sj_fn_destroy(fn);
+                tu_free_all();
+            }
+#endif
+    sj_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_varlen_cpu),
         cmocka_unit_test(test_varlen_bad_offsets),
         cmocka_unit_test(test_varlen_bad_trace),
         cmocka_unit_test(test_varlen_cuda),
+        cmocka_unit_test(test_varlen_cuda_tc),
     };
     return cmocka_run_group_tests_name("varlen", tests, NULL, NULL);
 }

@@ -15,7 +15,8 @@
  * eager_attention_tc.cuh, eager_varlen.cuh; each defines the
  * SJ_EK_DEF_<family>(tag) macro that the list below expands
  * (eager_att_online.cuh: the one-query attention loop that eager_misc's
- * and eager_varlen's attention kernels share).
+ * and eager_varlen's attention kernels share; eager_attention_tc.cuh's
+ * attention_mma serves the padded, masked and packed register kernels).
  */
 #include "kernels/cuda/eager_common.cuh"
 #include "kernels/cuda/eager_attention_tc.cuh"

@@ -20,13 +20,15 @@
  *   norm_row             sj_ek_rows   float dtype; op = 0 layer norm, 1 RMS
  *   matmul_int           sj_ek_mm     i32 / i64
  *   attention            sj_ek_att    float dtype
- *   attention_tc, _tc1   sj_ek_att    f16 / bf16 (tensor cores; two or one key tiles)
+ *   attention_tc, _tc1   sj_ek_att    f16 / bf16 (tensor cores; two or one key tiles; mask or not)
  *   attention_mma<D>     sj_ek_att    f16 / bf16 (tensor cores, registers; D = Dv = 32, 64,
  *                                     96, 128)
+ *   attention_mmam<D>    sj_ek_att    the same with the mask (sj_ek_att.mask)
  *   gather               sj_ek_gather element size
  *   arange               sj_ek_ew     dtype (not bool); ptr[0] = y, n, stride[0][0]
  *   attention_varlen     sj_ek_varlen float dtype
  *   varlen_check         sj_ek_varlen i32 (the offsets)
+ *   attention_varlen_mma<D> sj_ek_varlen f16 / bf16 (attention_mma over packed sequences)
  *
  * _c kernels: every operand is one contiguous run (element stride 1) or a
  * scalar (stride 0) over the flattened index [0, n); with vec set, every
@@ -45,8 +47,10 @@
  *                 dynamic shared memory (D + Dv + SJ_EK_ATT_CHUNK) floats
  *   attention_tc  block (SJ_EK_ATT_TC_THREADS), one block per (b, h, SJ_EK_ATT_TQ
  *                 queries), dynamic shared memory sj_ek_att_tc_smem(D, Dv, 2 or 1)
- *   attention_mma block (32 SJ_EK_ATT_MMA_WARPS kg, kg in {1, 2} key
- *                 groups), one block per (b, h, SJ_EK_ATT_TQ queries),
+ *   attention_mma, _mmam block (32 SJ_EK_ATT_MMA_WARPS kg, kg in {1, 2} key
+ *                 groups), one block per (b, h, SJ_EK_ATT_TQ queries)
+ *                 (attention_varlen_mma: per (tile, head), H (T / SJ_EK_ATT_TQ + B)
+ *                 blocks, grid-stride),
  *                 dynamic shared memory sj_ek_att_mma_smem(D, Dv, kg);
  *                 no __launch_bounds__: __maxnreg__ per head size, at most
  *                 255, so that 256 threads always fit an SM's registers
@@ -109,10 +113,26 @@
     X(attention_mma96, bf16)                                                                       \
     X(attention_mma128, f16)                                                                       \
     X(attention_mma128, bf16)                                                                      \
+    X(attention_mmam32, f16)                                                                       \
+    X(attention_mmam32, bf16)                                                                      \
+    X(attention_mmam64, f16)                                                                       \
+    X(attention_mmam64, bf16)                                                                      \
+    X(attention_mmam96, f16)                                                                       \
+    X(attention_mmam96, bf16)                                                                      \
+    X(attention_mmam128, f16)                                                                      \
+    X(attention_mmam128, bf16)                                                                     \
     SJ_EK_SIZES(X, gather)                                                                         \
     SJ_EK_NUMERIC(X, arange)                                                                       \
     SJ_EK_FLOATS(X, attention_varlen)                                                              \
-    X(varlen_check, i32)
+    X(varlen_check, i32)                                                                           \
+    X(attention_varlen_mma32, f16)                                                                 \
+    X(attention_varlen_mma32, bf16)                                                                \
+    X(attention_varlen_mma64, f16)                                                                 \
+    X(attention_varlen_mma64, bf16)                                                                \
+    X(attention_varlen_mma96, f16)                                                                 \
+    X(attention_varlen_mma96, bf16)                                                                \
+    X(attention_varlen_mma128, f16)                                                                \
+    X(attention_varlen_mma128, bf16)
 
 /* -- Elementwise ---------------------------------------------------------
  * Operand k (0 = output) is ptr[k] with element strides stride[k][0..rank)
@@ -172,8 +192,8 @@ typedef struct sj_ek_mm {
 /* -- Attention -------------------------------------------------------------
  * q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,Dv], y [B,H,Sq,Dv] with element
  * strides sq, sk, sv, sy; len: 0 or a [B] vector (i32 unless len_i64) at
- * stride slen; mask: 0 or [B,H,Sq,Sk] at strides smask (the attention
- * family only; the tensor-core kernels take none). */
+ * stride slen; mask: 0 or [B,H,Sq,Sk] at strides smask (attention,
+ * attention_tc/_tc1 and attention_mmam; attention_mma takes none). */
 typedef struct sj_ek_att {
     uint64_t q, k, v, y, len;
     int64_t sq[4], sk[4], sv[4], sy[4];
@@ -235,6 +255,8 @@ typedef struct sj_ek_varlen {
     int64_t T, B, H, D, Dv;
     float scale;
     int32_t causal;
+    int32_t vec; /* attention_varlen_mma: q, k, v rows are read 16 bytes at a time */
+    int32_t pad_;
 } sj_ek_varlen;
 
 /* attention_mma<D> (eager_attention_tc.cuh): warps a key group (one for
@@ -257,6 +279,6 @@ SJ_EK_SIZE_CHECK(sj_ek_rows, 288);
 SJ_EK_SIZE_CHECK(sj_ek_mm, 368);
 SJ_EK_SIZE_CHECK(sj_ek_att, 288);
 SJ_EK_SIZE_CHECK(sj_ek_gather, 464);
-SJ_EK_SIZE_CHECK(sj_ek_varlen, 200);
+SJ_EK_SIZE_CHECK(sj_ek_varlen, 208);
 
 #endif /* SJ_EAGER_ABI_CUH */

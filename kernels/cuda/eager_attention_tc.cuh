@@ -17,7 +17,8 @@
  *     and P = exp(s - m), written in the input dtype,
  *   - adds P V (wmma) into its output rows O, kept in shared memory in f32.
  * Finally y = O / l. As in the one-query kernel (eager_misc.cuh): a score
- * is dot * scale; keys past lengths[b], or after the query's position when
+ * is dot * scale, plus the mask's value if the call has one (att_mask,
+ * read only for the keys in use); keys past lengths[b], or after the query's position when
  * causal, score -inf and weigh 0; a query with no key left writes zeros.
  * Keys and values past the block's last key in use are read as zeros.
  *
@@ -110,6 +111,18 @@ SJ_DEV int64_t tc_row_keys(const sj_ek_att &p, const tc_block &b, int64_t i) {
     return rl;
 }
 
+/* The additive mask of score (b, h, i, j): f32/f16/bf16 values, or bool
+ * (false: -inf). */
+SJ_DEV float att_mask(const sj_ek_att &p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const int64_t o = b * p.smask[0] + h * p.smask[1] + i * p.smask[2] + j * p.smask[3];
+    switch (p.mask_dt) {
+    case SJ_F16: return dt_f16::ld(reinterpret_cast<const uint16_t *>(p.mask)[o]);
+    case SJ_BF16: return dt_bf16::ld(reinterpret_cast<const uint16_t *>(p.mask)[o]);
+    case SJ_BOOL: return reinterpret_cast<const uint8_t *>(p.mask)[o] ? 0.0f : -INFINITY;
+    default: return reinterpret_cast<const float *>(p.mask)[o];
+    }
+}
+
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> tc_acc;
 
 /* acc += A B over k (a multiple of 16): A 16 x k row-major at a (row stride
@@ -191,7 +204,9 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
             float *sr = Ss + row * lds;
             float cm = -INFINITY;
             for (int c = odd; c < TK; c += 2) {
-                const float s = j0 + c < rl ? sr[c] * p.scale : -INFINITY;
+                /* the mask, if any, only on the keys in use (none past Sk) */
+                const float s = j0 + c < rl ? sr[c] * p.scale + (p.mask ? att_mask(p, bb, h, i, j0 + c) : 0.0f)
+                                            : -INFINITY;
                 sr[c] = s;
                 cm = max_nan(cm, s);
             }
@@ -266,6 +281,14 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
  * at the tile loads. The masks, the rounding of P before P V, l in f32 and
  * the outputs of queries without keys are attention_tc's.
  *
+ * With a mask (attention_mmam<D>: attention_mma with MASK, mma_maskbias)
+ * each lane reads its two rows' values for the tile's keys in use through
+ * the mask's strides and adds them (times log2 e) to the scaled scores
+ * before the max; a row whose every key is masked keeps l = 0 and writes
+ * zeros, as the one-query kernel does. The same function serves packed
+ * sequences (attention_varlen_mma<D>, eager_varlen.cuh): only the blocks'
+ * queries, keys and rows differ (mma_block, mma_ax).
+ *
  * A block has one or two key groups (blockDim.x = 32 W KG, the host's
  * choice): with two, group g takes key tiles g, g + 2, ... for the same
  * queries, and at the end group 1's warps hand their rows' m, l and O to
@@ -339,11 +362,13 @@ SJ_DEV float ex2_base(float mx) { return mx == -INFINITY ? 0.0f : mx; }
  * in base 2: sl = scale log2(e) folded into one multiply of the score, m is
  * the max of score * sl, and P = 2^(score * sl - m) = exp(score * scale -
  * max): per score a multiply, a max, a subtract, an ex2 and an add (and the
- * mask's select where the tile passes a row's last key). */
-template <class T, int D, int DV>
+ * mask's select where the tile passes a row's last key). j0 and rl count
+ * keys from the block's first (mma_blk.k); bias adds a mask to the scaled
+ * scores of the keys in use (kl: the first kl[r] of the tile for row r). */
+template <class T, int D, int DV, class Bias>
 SJ_DEV void attention_mma_tile(const uint32_t (&qf)[D / 16][4], float (&o)[DV / 8][4], float (&m)[2], float (&l)[2],
                                const uint16_t *Ks, const uint16_t *Vs, const int64_t (&rl)[2], int64_t j0,
-                               float sl, int lane) {
+                               float sl, int lane, const Bias &bias) {
     constexpr int TK = SJ_EK_ATT_TK, LDQ = D + 8, LDV = DV + 8;
     const int c2 = (lane & 3) * 2;
     /* S = Q K^T: B's column n is key n, K's row; its fragments for
@@ -375,6 +400,7 @@ SJ_DEV void attention_mma_tile(const uint32_t (&qf)[D / 16][4], float (&o)[DV / 
             for (int e = 0; e < 4; e++)
                 if (n * 8 + c2 + (e & 1) >= kl[e >> 1]) s[n][e] = -INFINITY;
     }
+    bias(s, j0, kl, c2); /* a mask's values on the keys in use (mma_nobias: nothing) */
     /* fmaxf passes over a NaN score; its P, 2^NaN, makes the row's l and
      * O NaN all the same */
     float cm[2] = {-INFINITY, -INFINITY};
@@ -427,7 +453,230 @@ SJ_DEV void attention_mma_tile(const uint32_t (&qf)[D / 16][4], float (&o)[DV / 
     }
 }
 
-template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) {
+/* No mask (mma_nobias), or an additive mask read through its strides
+ * (mma_maskbias: the lane's two rows at row[0], row[1], key j at element j
+ * sj; MT its dtype), each value times log2(e) since the scores are in base
+ * 2. Only the keys in use are read (kl), so nothing past a row's last key
+ * or Sk is. */
+struct mma_nobias {
+    template <int N> __device__ __forceinline__ void operator()(float (&)[N][4], int64_t, const int (&)[2], int) const {}
+};
+template <int MT> SJ_DEV float mma_mask_ld(const unsigned char *row, int64_t o) {
+    if (MT == SJ_F16) return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t *>(row)[o]));
+    if (MT == SJ_BF16) return __uint_as_float((uint32_t) reinterpret_cast<const uint16_t *>(row)[o] << 16);
+    if (MT == SJ_BOOL) return row[o] ? 0.0f : -INFINITY;
+    return reinterpret_cast<const float *>(row)[o];
+}
+struct mma_maskbias {
+    const unsigned char *row[2];
+    int64_t sj;
+    int dt;
+    template <int MT, int N> __device__ __forceinline__ void add(float (&s)[N][4], int64_t j0, const int (&kl)[2], int c2) const {
+#pragma unroll
+        for (int n = 0; n < N; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = n * 8 + c2 + (e & 1);
+                if (col < kl[e >> 1])
+                    s[n][e] += mma_mask_ld<MT>(row[e >> 1], (j0 + col) * sj) * 1.44269504088896341f;
+            }
+    }
+    template <int N> __device__ __forceinline__ void operator()(float (&s)[N][4], int64_t j0, const int (&kl)[2], int c2) const {
+        switch (dt) { /* uniform: one loop per dtype */
+        case SJ_F16: add<SJ_F16>(s, j0, kl, c2); break;
+        case SJ_BF16: add<SJ_BF16>(s, j0, kl, c2); break;
+        case SJ_BOOL: add<SJ_BOOL>(s, j0, kl, c2); break;
+        default: add<SJ_F32>(s, j0, kl, c2); break;
+        }
+    }
+};
+
+/* One block's work in attention_mma: nq queries from query i0 of batch b
+ * (varlen: from packed token i0; b the sequence), head h; keys from ks
+ * (the first any of its queries may use), kn of them. nq = 0: nothing to
+ * do. Rows and strides are read from the kernel's parameters through
+ * mma_ax<P>: the axes of batch (-1: none), head, row and element of q, k,
+ * v and y. */
+struct mma_blk {
+    int64_t b, h, i0, ks, kn;
+    int nq;
+};
+template <class P> struct mma_ax;
+template <> struct mma_ax<sj_ek_att> {
+    static constexpr int B = 0, H = 1, R = 2, C = 3;
+};
+/* element (row r, 0) of head (b, h) of x at strides s */
+template <class P>
+SJ_DEV const uint16_t *mma_row(uint64_t x, const int64_t *s, const mma_blk &m, int64_t r) {
+    constexpr int B = mma_ax<P>::B, H = mma_ax<P>::H, R = mma_ax<P>::R;
+    return reinterpret_cast<const uint16_t *>(x) + (B >= 0 ? m.b * s[B < 0 ? 0 : B] : 0) + m.h * s[H] + r * s[R];
+}
+
+/* Padded attention: blocks over (b, h, query tile), keys from 0; rl[r]:
+ * the keys of block rows r0 and r0 + 8 (tc_row_keys). */
+SJ_DEV int64_t mma_total(const sj_ek_att &p, int tq) { return p.B * p.H * ((p.Sq + tq - 1) / tq); }
+SJ_DEV mma_blk mma_block(const sj_ek_att &p, int64_t blk, int tq, int r0, int64_t (&rl)[2]) {
+    const tc_block tb = tc_block_at(p, blk, tq);
+    mma_blk m;
+    m.b = tb.bb, m.h = tb.h, m.i0 = tb.i0, m.ks = 0, m.kn = tb.kend, m.nq = tb.nq;
+    rl[0] = tc_row_keys(p, tb, tb.i0 + r0);
+    rl[1] = tc_row_keys(p, tb, tb.i0 + r0 + 8);
+    return m;
+}
+SJ_DEV mma_maskbias mma_mask(const sj_ek_att &p, const mma_blk &m, int r0) {
+    const int es = p.mask_dt == SJ_BOOL ? 1 : p.mask_dt == SJ_F32 ? 4 : 2;
+    const unsigned char *base = reinterpret_cast<const unsigned char *>(p.mask) +
+                                (m.b * p.smask[0] + m.h * p.smask[1] + (m.i0 + r0) * p.smask[2]) * es;
+    /* rows past Sq (no key in use) are never read */
+    return mma_maskbias{{base, base + 8 * p.smask[2] * es}, p.smask[3], p.mask_dt};
+}
+
+/* The kernels: P is sj_ek_att (padded, mma_block above) or sj_ek_varlen
+ * (packed sequences, eager_varlen.cuh's mma_block and mma_ax); MASK: padded
+ * attention's additive mask (attention_mmam). */
+template <class T, int D, int DV, bool MASK, class P> SJ_DEV void attention_mma(const P &p) {
+    constexpr int TK = SJ_EK_ATT_TK, LDQ = D + 8, LDV = DV + 8, W = SJ_EK_ATT_MMA_WARPS, TQ = 16 * W;
+    static_assert(D % 32 == 0 && DV % 16 == 0 && TK % 16 == 0, "fragment sizes (K's come 32 columns at a time)");
+    extern __shared__ __align__(128) unsigned char att_tc_sm[];
+    const int KG = (int)(blockDim.x / (32 * W)); /* key groups: 1 or 2 */
+    uint16_t *Qs = reinterpret_cast<uint16_t *>(att_tc_sm);
+    const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int grp = warp / W, wq = warp % W; /* this warp's key group, and its queries' place */
+    const int g = lane >> 2, c2 = (lane & 3) * 2; /* this lane's rows g, g + 8; columns c2, c2 + 1 */
+    uint16_t *Kb = Qs + TQ * LDQ + grp * 2 * TK * (LDQ + LDV), *Vb = Kb + 2 * TK * LDQ; /* the group's two tiles */
+    const bool vec = p.vec != 0;
+    const int64_t total = mma_total(p, TQ);
+    const float sl = p.scale * 1.44269504088896341f; /* scores in base 2 (attention_mma_tile) */
+    for (int64_t blk = blockIdx.x; blk < total; blk += gridDim.x) {
+        int64_t rl[2]; /* keys of this lane's rows */
+        const mma_blk bk = mma_block(p, blk, TQ, wq * 16 + g, rl);
+        if (mma_ax<P>::B < 0 && bk.nq <= 0) /* varlen: a tile of no sequence (uniform in the block) */
+            continue;
+        mma_maskbias mb = {}; /* MASK: the lane's rows of the mask */
+        if constexpr (MASK)
+            mb = mma_mask(p, bk, wq * 16 + g);
+        const int64_t kend = bk.kn;
+        constexpr int RA = mma_ax<P>::R, CA = mma_ax<P>::C;
+        __syncthreads(); /* the previous block's readers of Q, K and V are done */
+        tc_load(Qs, LDQ, mma_row<P>(p.q, p.sq, bk, bk.i0), p.sq[RA], p.sq[CA], TQ, bk.nq, D, vec);
+        const uint16_t *kh = mma_row<P>(p.k, p.sk, bk, bk.ks), *vh = mma_row<P>(p.v, p.sv, bk, bk.ks);
+        /* group grp takes tiles grp, grp + KG, ...: its it-th in buffer it % 2,
+         * copied by its own threads */
+        auto load_kv = [&](int j0, int it) {
+            const int nk = (int)(kend - j0 < TK ? kend - j0 : TK), buf = (int)(it & 1);
+            const int gt = t - grp * 32 * W, gn = 32 * W;
+            tc_load(Kb + buf * TK * LDQ, LDQ, kh + j0 * p.sk[RA], p.sk[RA], p.sk[CA], TK, nk, D, vec, gt, gn);
+            tc_load(Vb + buf * TK * LDV, LDV, vh + j0 * p.sv[RA], p.sv[RA], p.sv[CA], TK, nk, DV, vec, gt, gn);
+        };
+        if (grp * TK < kend) load_kv(grp * TK, 0);
+        __pipeline_commit(); /* with Q */
+        uint32_t qf[D / 16][4];
+        float o[DV / 8][4];
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's part of the row's sum */
+        /* tile indices in int: kend < 2^30 (the host's rule) */
+        const int iters = (int)(((kend + TK - 1) / TK + KG - 1) / KG); /* the same for every group */
+        for (int it = 0; it < iters; it++) {
+            const int j0 = (it * KG + grp) * TK, jn = j0 + KG * TK;
+            if (jn < kend) {
+                load_kv(jn, it + 1);
+                __pipeline_commit();
+                __pipeline_wait_prior(1); /* all but the newest batch: this tile's */
+            } else {
+                __pipeline_wait_prior(0);
+            }
+            __syncthreads(); /* Q and this tile's K and V written, by every thread */
+            if (it == 0) {
+                const uint16_t *qr = Qs + (wq * 16 + g) * LDQ + c2;
+#pragma unroll
+                for (int kc = 0; kc < D / 16; kc++) {
+                    qf[kc][0] = sm_u32(qr + kc * 16);
+                    qf[kc][1] = sm_u32(qr + 8 * LDQ + kc * 16);
+                    qf[kc][2] = sm_u32(qr + kc * 16 + 8);
+                    qf[kc][3] = sm_u32(qr + 8 * LDQ + kc * 16 + 8);
+                }
+            }
+            if (j0 < kend) { /* this group's last iteration may have no tile */
+                const int buf = (int)(it & 1);
+                const uint16_t *Ks = Kb + buf * TK * LDQ, *Vs = Vb + buf * TK * LDV;
+                if constexpr (MASK)
+                    attention_mma_tile<T, D, DV>(qf, o, m, l, Ks, Vs, rl, j0, sl, lane, mb);
+                else
+                    attention_mma_tile<T, D, DV>(qf, o, m, l, Ks, Vs, rl, j0, sl, lane, mma_nobias{});
+            }
+            __syncthreads(); /* every warp is done with this tile's buffer: the next load reuses it */
+        }
+        __pipeline_wait_prior(0); /* no tile (kend = 0): Q's batch */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+        if (KG == 2) {
+            /* group 1 hands its rows' m, l and O to group 0's warp with the
+             * same queries, lane for lane (the same fragment layout), through
+             * the key buffers: float e of lane l at [wq][e][l] */
+            constexpr int NE = DV / 2 + 4;
+            float *xs = reinterpret_cast<float *>(Qs + TQ * LDQ) + wq * NE * 32 + lane;
+            __syncthreads(); /* (no tile ran: nothing else synchronised the groups) */
+            if (grp == 1) {
+#pragma unroll
+                for (int n = 0; n < DV / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) xs[(n * 4 + e) * 32] = o[n][e];
+                xs[(DV / 2) * 32] = m[0], xs[(DV / 2 + 1) * 32] = m[1];
+                xs[(DV / 2 + 2) * 32] = l[0], xs[(DV / 2 + 3) * 32] = l[1];
+            }
+            __syncthreads();
+            if (grp == 1)
+                continue;
+            float a0[2], a1[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float m1 = xs[(DV / 2 + r) * 32], l1 = xs[(DV / 2 + 2 + r) * 32];
+                const float mb = ex2_base(fmaxf(m[r], m1)); /* m in base 2 */
+                a0[r] = ex2_approx(m[r] - mb);
+                a1[r] = ex2_approx(m1 - mb);
+                l[r] = l[r] * a0[r] + l1 * a1[r];
+            }
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[n][e] = o[n][e] * a0[e >> 1] + xs[(n * 4 + e) * 32] * a1[e >> 1];
+        }
+        uint16_t *y = const_cast<uint16_t *>(mma_row<P>(p.y, p.sy, bk, bk.i0)); /* row 0 of the block */
+        /* results written two at a time where pairs are 4-byte aligned */
+        const bool ypair = p.sy[CA] == 1 && (((uint64_t)y | (uint64_t)p.sy[RA] << 1) & 3) == 0;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int ir = wq * 16 + g + 8 * r; /* the row in the block */
+            if (ir >= bk.nq)
+                continue;
+            /* l = 0: no key, or every key masked to -inf: zeros, as the
+             * one-query kernel; NaN stays NaN */
+            const float inv = l[r] != 0.0f ? 1.0f / l[r] : 0.0f;
+            uint16_t *yr = y + ir * p.sy[RA];
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++) {
+                const float v0 = o[n][2 * r] * inv, v1 = o[n][2 * r + 1] * inv;
+                const int col = n * 8 + c2;
+                if (ypair) {
+                    *reinterpret_cast<uint32_t *>(yr + col) = mma_elem<T>::pack(v0, v1);
+                } else {
+                    yr[col * p.sy[CA]] = tc_elem<T>::st(v0);
+                    yr[(col + 1) * p.sy[CA]] = tc_elem<T>::st(v1);
+                }
+            }
+        }
+    }
+}
+
+/* The unmasked padded kernels attention_mma<D>: attention_mma below with
+ * neither mask nor packed sequences, kept apart so that its registers stay
+ * as they were measured (the general form spills 8 bytes at D = 64 under
+ * the 168-register cap). */
+template <class T, int D, int DV> SJ_DEV void attention_mma_plain(const sj_ek_att &p) {
     constexpr int TK = SJ_EK_ATT_TK, LDQ = D + 8, LDV = DV + 8, W = SJ_EK_ATT_MMA_WARPS, TQ = 16 * W;
     static_assert(D % 32 == 0 && DV % 16 == 0 && TK % 16 == 0, "fragment sizes (K's come 32 columns at a time)");
     extern __shared__ __align__(128) unsigned char att_tc_sm[];
@@ -494,7 +743,7 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
             if (j0 < kend) { /* this group's last iteration may have no tile */
                 const int buf = (int)(it & 1);
                 const uint16_t *Ks = Kb + buf * TK * LDQ, *Vs = Vb + buf * TK * LDV;
-                attention_mma_tile<T, D, DV>(qf, o, m, l, Ks, Vs, rl, j0, sl, lane);
+                attention_mma_tile<T, D, DV>(qf, o, m, l, Ks, Vs, rl, j0, sl, lane, mma_nobias{});
             }
             __syncthreads(); /* every warp is done with this tile's buffer: the next load reuses it */
         }
@@ -565,9 +814,19 @@ template <class T, int D, int DV> SJ_DEV void attention_mma(const sj_ek_att &p) 
 #define SJ_EK_DEF_ATT_MMA(d, tag, regs)                                                            \
     extern "C" __global__ void __maxnreg__(regs)                                                   \
         sj_ek_attention_mma##d##_##tag(const __grid_constant__ sj_ek_att a) {                      \
-        attention_mma<dt_##tag, d, d>(a);                                                          \
+        attention_mma_plain<dt_##tag, d, d>(a);                                                    \
     }
 #define SJ_EK_DEF_attention_mma32(tag) SJ_EK_DEF_ATT_MMA(32, tag, 168)
 #define SJ_EK_DEF_attention_mma64(tag) SJ_EK_DEF_ATT_MMA(64, tag, 168)
 #define SJ_EK_DEF_attention_mma96(tag) SJ_EK_DEF_ATT_MMA(96, tag, 240)
 #define SJ_EK_DEF_attention_mma128(tag) SJ_EK_DEF_ATT_MMA(128, tag, 255)
+/* attention_mmam<D>: the same with the additive mask of sj_ek_att.mask. */
+#define SJ_EK_DEF_ATT_MMAM(d, tag, regs)                                                           \
+    extern "C" __global__ void __maxnreg__(regs)                                                   \
+        sj_ek_attention_mmam##d##_##tag(const __grid_constant__ sj_ek_att a) {                     \
+        attention_mma<dt_##tag, d, d, true>(a);                                                    \
+    }
+#define SJ_EK_DEF_attention_mmam32(tag) SJ_EK_DEF_ATT_MMAM(32, tag, 168)
+#define SJ_EK_DEF_attention_mmam64(tag) SJ_EK_DEF_ATT_MMAM(64, tag, 168)
+#define SJ_EK_DEF_attention_mmam96(tag) SJ_EK_DEF_ATT_MMAM(96, tag, 240)
+#define SJ_EK_DEF_attention_mmam128(tag) SJ_EK_DEF_ATT_MMAM(128, tag, 255)

@@ -60,6 +60,12 @@ _Static_assert(EK_attention_mma32_f16 == EK_attention_tc1_bf16 + 1 && EK_attenti
                    EK_attention_mma128_f16 == EK_attention_mma32_f16 + 6 &&
                    EK_attention_mma128_bf16 == EK_attention_mma32_f16 + 7,
                "then the register kernels: f16, bf16 for D = 32, 64, 96, 128");
+_Static_assert(EK_attention_mmam32_f16 == EK_attention_mma128_bf16 + 1 &&
+                   EK_attention_mmam128_bf16 == EK_attention_mmam32_f16 + 7 &&
+                   EK_attention_varlen_mma32_f16 == EK_varlen_check_i32 + 1 &&
+                   EK_attention_varlen_mma128_bf16 == EK_attention_varlen_mma32_f16 + 7,
+               "the masked register kernels after the others, the packed ones after varlen_check: f16, bf16 for "
+               "D = 32, 64, 96, 128");
 
 #define MM_SLOTS0 256 /* the algorithm table's first capacity (doubles when 3/4 full) */
 
@@ -143,7 +149,7 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
      * memory (the tensor-core ones always do): opted in once, up to the
      * device's limit. Per call, two threads setting different limits could
      * each launch under the other's. */
-    for (int i = EK_attention_f32; i <= EK_attention_mma128_bf16; i++) {
+    for (int i = EK_attention_f32; i <= EK_attention_mmam128_bf16; i++) {
         r = c->api.FuncSetAttribute(t->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->max_smem_optin);
         if (r != CUDA_SUCCESS) {
             sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention in to its shared memory");
@@ -152,7 +158,9 @@ sj_status sj_cuda_eager_load(sj_cuda *c) {
             return st;
         }
     }
-    for (int i = EK_attention_varlen_f32; i <= EK_attention_varlen_bf16; i++) {
+    for (int i = EK_attention_varlen_f32; i <= EK_attention_varlen_mma128_bf16; i++) {
+        if (i == EK_varlen_check_i32)
+            continue;
         r = c->api.FuncSetAttribute(t->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c->max_smem_optin);
         if (r != CUDA_SUCCESS) {
             sj_status st = sj_cuda_fail(c, r, "eager CUDA kernels: opting attention_varlen in to its shared memory");
@@ -1473,6 +1481,30 @@ int sj_cuda_attention_groups(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H
                : 1;
 }
 
+/* Launches of the tensor-core kernels with a mask and over packed
+ * sequences, in this process (sj_cuda_attention_tc_calls). */
+static _Atomic uint64_t att_tc_masked, att_tc_varlen;
+
+void sj_cuda_attention_tc_calls(uint64_t *masked, uint64_t *varlen) {
+    *masked = atomic_load_explicit(&att_tc_masked, memory_order_relaxed);
+    *varlen = atomic_load_explicit(&att_tc_varlen, memory_order_relaxed);
+}
+
+/* Packed sequences take the register kernels as padded attention does (D =
+ * Dv = 32, 64, 96 or 128, f16/bf16, compute capability 8.0 or later), with
+ * tiles of up to 64 queries of one sequence: T / 64 + B tiles a head (the
+ * kernel's count, eager_varlen.cuh). Two key groups where those blocks are
+ * at most one an SM. Fewer than 2^30 tokens (tile indices are ints). */
+int sj_cuda_attention_varlen_groups(const sj_cuda *c, sj_dtype dt, int64_t T, int64_t B, int64_t H, int64_t D,
+                                    int64_t Dv) {
+    if (!(dt == SJ_F16 || dt == SJ_BF16) || c->cc_major < 8 || D != Dv || D % 32 || D < 32 || D > 128 ||
+        T >= ATT_MMA_MAX_SK || sj_ek_att_mma_smem(D, Dv, 1) > c->max_smem_optin)
+        return 0;
+    return H * (T / SJ_EK_ATT_TQ + B) <= (int64_t)c->sm_count && sj_ek_att_mma_smem(D, Dv, 2) <= c->max_smem_optin
+               ? 2
+               : 1;
+}
+
 sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y) {
     return sj_cuda_attention_mask(e, q, k, v, lengths, NULL, scale, causal, y);
@@ -1506,15 +1538,15 @@ sj_status sj_cuda_attention_mask(const sj_cuda_exec *e, const sj_tensor *q, cons
     }
     a.scale = (float)scale;
     a.causal = causal != 0;
-    if (mask) { /* the general kernel only: the tensor-core ones take no mask */
+    if (mask) { /* every kernel takes it: attention_mmam, attention_tc/_tc1 (a.mask set), attention */
         assert(mask->rank == 4 && mask->shape[2] == a.Sq && mask->shape[3] == a.Sk);
         a.mask = dptr(mask->data);
         a.mask_dt = mask->dtype;
         for (int i = 0; i < 4; i++) a.smask[i] = mask->stride[i];
     }
     sj_cuda *c = e->cuda;
-    int kg = mask ? 0 : sj_cuda_attention_groups(c, q->dtype, a.B, a.H, a.Sq, a.Sk, a.D, a.Dv);
-    int nb = kg || mask ? 0 : sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
+    int kg = sj_cuda_attention_groups(c, q->dtype, a.B, a.H, a.Sq, a.Sk, a.D, a.Dv);
+    int nb = kg ? 0 : sj_cuda_attention_tiles(c, q->dtype, a.B, a.H, a.Sq, a.D, a.Dv);
     if (kg || nb) {
         a.vec = 1;
         const sj_tensor *qkv[3] = {q, k, v};
@@ -1527,7 +1559,10 @@ sj_status sj_cuda_attention_mask(const sj_cuda_exec *e, const sj_tensor *q, cons
     }
     if (kg) {
         int64_t blocks = tc_blocks(a.B, a.H, a.Sq);
-        int kern = EK_attention_mma32_f16 + 2 * (int)(a.D / 32 - 1) + (q->dtype == SJ_BF16);
+        int kern = (mask ? EK_attention_mmam32_f16 : EK_attention_mma32_f16) + 2 * (int)(a.D / 32 - 1) +
+                   (q->dtype == SJ_BF16);
+        if (mask)
+            atomic_fetch_add_explicit(&att_tc_masked, 1, memory_order_relaxed);
         sj_cuda_bind(c);
         return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), 32 * SJ_EK_ATT_MMA_WARPS * kg, 1,
                       (unsigned)sj_ek_att_mma_smem(a.D, a.Dv, kg), &a);
@@ -1535,6 +1570,8 @@ sj_status sj_cuda_attention_mask(const sj_cuda_exec *e, const sj_tensor *q, cons
     if (nb) {
         int64_t blocks = tc_blocks(a.B, a.H, a.Sq);
         int kern = (nb == 2 ? EK_attention_tc_f16 : EK_attention_tc1_f16) + (q->dtype == SJ_BF16);
+        if (mask)
+            atomic_fetch_add_explicit(&att_tc_masked, 1, memory_order_relaxed);
         sj_cuda_bind(c);
         return launch(e, kern, (unsigned)min64(blocks, INT32_MAX), SJ_EK_ATT_TC_THREADS, 1,
                       (unsigned)sj_ek_att_tc_smem(a.D, a.Dv, nb), &a);
@@ -1582,6 +1619,20 @@ sj_status sj_cuda_attention_varlen(const sj_cuda_exec *e, const sj_tensor *q, co
     sj_status st = launch(e, EK_varlen_check_i32, grid_for(c, a.B + 1, SJ_EK_THREADS), SJ_EK_THREADS, 1, 0, &a);
     if (st || a.T == 0 || a.H == 0 || a.Dv == 0)
         return st;
+    int kg = sj_cuda_attention_varlen_groups(c, q->dtype, a.T, a.B, a.H, a.D, a.Dv);
+    if (kg) {
+        a.vec = 1;
+        const sj_tensor *qkv[3] = {q, k, v};
+        for (int t = 0; t < 3; t++) {
+            const sj_tensor *x = qkv[t];
+            if (x->stride[2] != 1 || x->stride[0] % 8 || x->stride[1] % 8 || (uintptr_t)x->data % 16)
+                a.vec = 0;
+        }
+        int kern = EK_attention_varlen_mma32_f16 + 2 * (int)(a.D / 32 - 1) + (q->dtype == SJ_BF16);
+        atomic_fetch_add_explicit(&att_tc_varlen, 1, memory_order_relaxed);
+        return launch(e, kern, (unsigned)min64(a.H * (a.T / SJ_EK_ATT_TQ + a.B), INT32_MAX),
+                      32 * SJ_EK_ATT_MMA_WARPS * kg, 1, (unsigned)sj_ek_att_mma_smem(a.D, a.Dv, kg), &a);
+    }
     int64_t smem = (a.D + a.Dv + SJ_EK_ATT_CHUNK) * (int64_t)sizeof(float);
     if (smem > c->max_smem_optin)
         return sj_seterr(SJ_EBACKEND, "attention_varlen: head sizes D %lld + Dv %lld need %lld bytes of shared "

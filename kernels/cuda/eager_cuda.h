@@ -123,15 +123,21 @@ sj_status sj_cuda_attention(const sj_cuda_exec *e, const sj_tensor *q, const sj_
                             const sj_tensor *lengths, double scale, int causal, const sj_tensor *y);
 /* The same with an additive mask (NULL: none) of the scores' shape
  * [B, H, Sq, Sk] (stride 0 on broadcast axes): f32 / f16 / bf16 added to
- * the scaled scores, or bool (false masks the key). Runs the general
- * attention kernel: the tensor-core kernels take no mask. */
+ * the scaled scores, or bool (false masks the key); a query whose every
+ * key is masked gives zeros. The kernel is chosen as without a mask: the
+ * register kernels (attention_mmam<D>, the mask read per tile) or the
+ * shared-memory tensor-core ones where they apply, else one query a block
+ * in f32. */
 sj_status sj_cuda_attention_mask(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                                  const sj_tensor *lengths, const sj_tensor *mask, double scale, int causal,
                                  const sj_tensor *y);
 /* Attention over packed sequences (sj_attention_varlen): q, k [T,H,D],
  * v [T,H,Dv], offsets i32 [B+1] on the device, y [T,H,Dv]. A check kernel
  * ors SJ_EK_VARLEN_BAD_* into e->error_flag on bad offsets (read after the
- * call; the outputs are then unspecified, no read leaves [0, T)), then one
+ * call; the outputs are then unspecified, no read leaves [0, T)), then
+ * f16/bf16 with D = Dv = 32, 64, 96 or 128 on tensor cores (the register
+ * kernels over tiles of up to 64 queries of one sequence;
+ * sj_cuda_attention_varlen_groups: key groups, or 0), any other call one
  * block per (token, head) with an online softmax, in f32. */
 sj_status sj_cuda_attention_varlen(const sj_cuda_exec *e, const sj_tensor *q, const sj_tensor *k, const sj_tensor *v,
                                    const sj_tensor *offsets, double scale, int causal, const sj_tensor *y);
@@ -141,6 +147,11 @@ sj_status sj_cuda_flag_status(int flag);
 int sj_cuda_attention_tiles(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t D, int64_t Dv);
 int sj_cuda_attention_groups(const sj_cuda *c, sj_dtype dt, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D,
                              int64_t Dv);
+int sj_cuda_attention_varlen_groups(const sj_cuda *c, sj_dtype dt, int64_t T, int64_t B, int64_t H, int64_t D,
+                                    int64_t Dv);
+/* How many calls in this process launched a tensor-core attention kernel
+ * with a mask, and over packed sequences (tests check the path taken). */
+void sj_cuda_attention_tc_calls(uint64_t *masked, uint64_t *varlen);
 sj_status sj_cuda_concat(const sj_cuda_exec *e, const sj_tensor *xs, int n, int axis, const sj_tensor *y);
 sj_status sj_cuda_gather(const sj_cuda_exec *e, const sj_tensor *table, const sj_tensor *idx, const sj_tensor *y);
 /* y[i] = i for a rank-1 y of any stride and any dtype but bool (floats

@@ -53,17 +53,7 @@ template <class T> SJ_DEV void matmul_int(const sj_ek_mm &p) {
  * sum, as the CPU's sgemm alpha does, plus the mask.
  * Dynamic shared memory: q[D], p[CHUNK], acc[Dv] floats. */
 
-/* The additive mask of score (b, h, i, j): f32/f16/bf16 values, or bool
- * (false: -inf). */
-SJ_DEV float att_mask(const sj_ek_att &p, int64_t b, int64_t h, int64_t i, int64_t j) {
-    const int64_t o = b * p.smask[0] + h * p.smask[1] + i * p.smask[2] + j * p.smask[3];
-    switch (p.mask_dt) {
-    case SJ_F16: return dt_f16::ld(reinterpret_cast<const uint16_t *>(p.mask)[o]);
-    case SJ_BF16: return dt_bf16::ld(reinterpret_cast<const uint16_t *>(p.mask)[o]);
-    case SJ_BOOL: return reinterpret_cast<const uint8_t *>(p.mask)[o] ? 0.0f : -INFINITY;
-    default: return reinterpret_cast<const float *>(p.mask)[o];
-    }
-}
+/* att_mask: eager_attention_tc.cuh. */
 
 /* Score of key j for query (b, h, i): the dot scaled, plus the mask. */
 struct att_score {

@@ -1,5 +1,6 @@
-/* Attention over packed (ragged) sequences (included by eager.cu): the
- * kernels attention_varlen_<tag> and varlen_check_i32, see
+/* Attention over packed (ragged) sequences (included by eager.cu after
+ * eager_attention_tc.cuh): the kernels attention_varlen_<tag>,
+ * attention_varlen_mma<D>_<tag> and varlen_check_i32, see
  * sj_attention_varlen() in shapejit.h.
  */
 #ifndef SJ_EAGER_VARLEN_CUH
@@ -81,6 +82,46 @@ template <class T> SJ_DEV void attention_varlen(const sj_ek_varlen &p) {
     }
 }
 
+/* -- Attention on tensor cores ------------------------------------------------------------
+ * attention_varlen_mma<D>_<tag> (f16, bf16; D = Dv = 32, 64, 96, 128):
+ * eager_attention_tc.cuh's attention_mma over packed sequences. Its
+ * blocks are tiles of up to tq queries that never span two sequences: the
+ * packed tokens are cut into chunks of tq (chunk c: [c tq, (c + 1) tq)) and
+ * tile u is sequence b's part of chunk c = u - b, where b is the last with
+ * off[b] / tq + b <= u. Sequence b spans tiles off[b] / tq + b up to
+ * off[b + 1] / tq + b (one more than the chunks it touches, as the next
+ * sequence's first tile is that chunk's next part), so T / tq + B tiles in
+ * all, some empty (a sequence ending on a chunk's boundary) and skipped.
+ * Each tile's keys start at its sequence's first token; query i's end at
+ * the sequence's end (causal: at i). The offsets are clamped to [0, T] as
+ * in attention_varlen: bad ones give empty or wrong tiles, never a read
+ * outside [0, T) (varlen_check reports them). */
+
+template <> struct mma_ax<sj_ek_varlen> { /* [T, H, D]: no batch axis */
+    static constexpr int B = -1, H = 1, R = 0, C = 2;
+};
+SJ_DEV int64_t mma_total(const sj_ek_varlen &p, int tq) { return p.H * (p.T / tq + p.B); }
+SJ_DEV mma_blk mma_block(const sj_ek_varlen &p, int64_t blk, int tq, int r0, int64_t (&rl)[2]) {
+    const int64_t u = blk / p.H, h = blk % p.H;
+    int64_t lo = 0, hi = p.B - 1; /* the last b with off[b] / tq + b <= u (uniform in the block) */
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (varlen_off(p, mid) / tq + mid <= u) lo = mid;
+        else hi = mid - 1;
+    }
+    const int64_t s = varlen_off(p, lo), e = varlen_off(p, lo + 1), c = u - lo;
+    const int64_t t0 = s > c * tq ? s : c * tq, t1 = e < (c + 1) * tq ? e : (c + 1) * tq;
+    mma_blk m;
+    m.nq = t1 > t0 ? (int)(t1 - t0) : 0;
+    m.b = lo, m.h = h, m.i0 = t0, m.ks = s;
+    m.kn = m.nq ? (p.causal ? t1 : e) - s : 0;
+    for (int r = 0; r < 2; r++) { /* keys from s of block rows r0, r0 + 8 */
+        const int ir = r0 + 8 * r;
+        rl[r] = ir < m.nq ? (p.causal ? t0 + ir + 1 : e) - s : 0;
+    }
+    return m;
+}
+
 /* -- Kernel definitions ------------------------------------------------------------------ */
 
 #define SJ_EK_DEF_attention_varlen(tag)                                                            \
@@ -93,5 +134,16 @@ template <class T> SJ_DEV void attention_varlen(const sj_ek_varlen &p) {
         sj_ek_varlen_check_##tag(const __grid_constant__ sj_ek_varlen a) {                         \
         varlen_check(a);                                                                           \
     }
+
+/* Registers: as attention_mma<D>'s. */
+#define SJ_EK_DEF_ATT_VL_MMA(d, tag, regs)                                                         \
+    extern "C" __global__ void __maxnreg__(regs)                                                   \
+        sj_ek_attention_varlen_mma##d##_##tag(const __grid_constant__ sj_ek_varlen a) {            \
+        attention_mma<dt_##tag, d, d, false>(a);                                                   \
+    }
+#define SJ_EK_DEF_attention_varlen_mma32(tag) SJ_EK_DEF_ATT_VL_MMA(32, tag, 168)
+#define SJ_EK_DEF_attention_varlen_mma64(tag) SJ_EK_DEF_ATT_VL_MMA(64, tag, 168)
+#define SJ_EK_DEF_attention_varlen_mma96(tag) SJ_EK_DEF_ATT_VL_MMA(96, tag, 240)
+#define SJ_EK_DEF_attention_varlen_mma128(tag) SJ_EK_DEF_ATT_VL_MMA(128, tag, 255)
 
 #endif /* SJ_EAGER_VARLEN_CUH */
