@@ -2,7 +2,7 @@
  * without a GPU (NVRTC needs none), printing JSON lines:
  *
  *   bench_nvrtc [--reps N] [--arch sm_90] [--flags "..."] [--unit NAME]
- *               [--sweep] [--split] [--threads N] [--dump DIR]
+ *               [--sweep] [--split] [--threads N] [--fb] [--dump DIR]
  *
  * The units come from the real pipeline: a model function is traced
  * (jit/trace.h), fused (sj_fuse) and generated (sj_codegen_cuda), as the
@@ -35,7 +35,10 @@
  * no --extra-device-vectorization, ptxas -O2, ptxas without expensive
  * optimizations, -Ofc=min, PTX only: what ptxas costs is the
  * difference), the prelude alone ("head_only": what every program pays),
- * and the split. Without NVRTC it prints one line saying so and exits 0.
+ * and the split. --fb adds, after each unit, the same unit generated with
+ * sj_codegen_opts.fallback_kernels ("<name>+fb": a row kernel's unaligned
+ * path a kernel of its own); --unit NAME takes every unit whose name starts
+ * with NAME. Without NVRTC it prints one line saying so and exits 0.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -151,7 +154,7 @@ static int make_args(const config *cf, const char *extra, sj_nvrtc_opts *o, cons
     if (cf->ptx && !strncmp(a, "sm_", 3)) snprintf(a, sizeof a, "compute_%s", arch + 3);
     snprintf(flags, sizeof flags, "%s %s %s", user_flags ? user_flags : "", cf->add ? cf->add : "",
              extra ? extra : "");
-    if (sj_nvrtc_options(a, flags, o)) bench_die("options");
+    if (sj_nvrtc_options(a, nv.major * 100 + nv.minor, flags, o)) bench_die("options");
     int n = 0;
     for (int i = 0; i < o->argc; i++) {
         bool dropped = false;
@@ -169,7 +172,7 @@ typedef struct unit {
     int kernels;
 } unit;
 
-#define MAX_UNITS 8
+#define MAX_UNITS 16
 static unit units[MAX_UNITS];
 static int n_units;
 
@@ -186,6 +189,10 @@ static void add_unit(const char *name, char *src) {
     u->src = src;
     u->kernels = count_kernels(src);
 }
+
+/* --fb: every unit also generated with sj_codegen_opts.fallback_kernels,
+ * as "<name>+fb" (right after it) */
+static bool fallback_units;
 
 /* Dimension policy: input 0's axis 1 (the sequence) symbolic, the rest
  * literal (ctx: non-NULL for the symbolic trace). */
@@ -213,15 +220,18 @@ static void trace_units(const char *tag, sj_model_fn model, void *user, const sj
     int ns = sj_sym_count(g->ex);
     for (int s = 0; s < ns && s < 64; s++) sv[s] = ins[0].shape[1];
     char name[32];
-    sj_codegen_opts o = {.prefix = "sj_"};
-    if (!symbolic) {
-        snprintf(name, sizeof name, "%s.static", tag);
-        add_unit(name, sj_codegen_cuda(g, p, sv, &o, NULL));
-    } else {
-        snprintf(name, sizeof name, "%s.sym", tag);
-        add_unit(name, sj_codegen_cuda(g, p, NULL, &o, NULL));
-        snprintf(name, sizeof name, "%s.spec", tag);
-        add_unit(name, sj_codegen_cuda(g, p, sv, &o, NULL));
+    for (int f = 0; f < (fallback_units ? 2 : 1); f++) {
+        sj_codegen_opts o = {.prefix = "sj_", .fallback_kernels = f == 1};
+        const char *fs = f ? "+fb" : "";
+        if (!symbolic) {
+            snprintf(name, sizeof name, "%s.static%s", tag, fs);
+            add_unit(name, sj_codegen_cuda(g, p, sv, &o, NULL));
+        } else {
+            snprintf(name, sizeof name, "%s.sym%s", tag, fs);
+            add_unit(name, sj_codegen_cuda(g, p, NULL, &o, NULL));
+            snprintf(name, sizeof name, "%s.spec%s", tag, fs);
+            add_unit(name, sj_codegen_cuda(g, p, sv, &o, NULL));
+        }
     }
     sj_fplan_free(p);
     sj_graph_destroy(g);
@@ -429,10 +439,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--unit") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--sweep")) sweep = true;
         else if (!strcmp(argv[i], "--split")) only_split = true;
+        else if (!strcmp(argv[i], "--fb")) fallback_units = true;
         else {
             fprintf(stderr,
                     "usage: bench_nvrtc [--reps N] [--arch sm_90] [--flags \"...\"] [--unit NAME] [--sweep] "
-                    "[--split] [--threads N] [--dump DIR]\n");
+                    "[--split] [--threads N] [--fb] [--dump DIR]\n");
             return 2;
         }
     }
@@ -463,7 +474,7 @@ int main(int argc, char **argv) {
     };
     for (int i = 0; i < n_units; i++) {
         const unit *u = &units[i];
-        if (only && strcmp(only, u->name)) continue;
+        if (only && strncmp(only, u->name, strlen(only))) continue; /* w4.spec: and w4.spec+fb */
         if (only_split) {
             measure_split(u, &base);
             continue;

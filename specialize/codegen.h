@@ -25,6 +25,7 @@
 #ifndef SJ_CODEGEN_H
 #define SJ_CODEGEN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,6 +49,16 @@ typedef struct sj_codegen_opts {
      * between per call (sj_launch.variant for CUDA), named
      * <prefix><group name>_v0 .. _v<k-1>. NODE groups are left alone. */
     int *variants;
+    /* CUDA only: a row group of one kernel (its row length a literal) that
+     * has a vector path gets its element-by-element path, which only calls
+     * on unaligned views take, as a kernel of its own,
+     * <prefix><group name>_fb: no program then holds both (each compiles in
+     * less time; codegen_cuda.h). The main kernel does nothing for a call
+     * that sj_cuda_vec_ok refuses: whoever launches must run _fb for it.
+     * fallbacks (out, may be NULL): per plan group, 1 when it has one, else
+     * 0. */
+    bool fallback_kernels;
+    int *fallbacks;
     /* Tests only (validated swap): added to every float value a generated
      * kernel stores, so its results are wrong; 0: none. */
     float test_skew;

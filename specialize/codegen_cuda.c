@@ -257,6 +257,10 @@ typedef struct cu {
      * exists: the fallback for unaligned views, whose loops are not
      * unrolled (open_loop) */
     bool fallback;
+    /* the paths of the row kernel being generated: both (chosen inside by
+     * the vec flag), the vector path alone, or the fallback alone (a
+     * kernel of its own: sj_codegen_opts.fallback_kernels) */
+    enum { P_BOTH, P_VEC, P_FB } paths;
 } cu;
 
 static int last_axis(const sj_cg *c) { return c->G->rank - 1; }
@@ -358,9 +362,9 @@ static int vec_align(sj_dtype dt) {
     }
 }
 
-/* `const bool vec = ...;` with what generation cannot decide; false when
- * the vector path is impossible for this group (nothing emitted). */
-static bool put_vec_flag(sj_cg *c) {
+/* Can the current group take the vector path at all (what generation
+ * decides: inner strides a known 0 or 1, literal sizes that allow it)? */
+static bool vec_possible(sj_cg *c) {
     const sj_group *G = c->G;
     int L = last_axis(c);
     int64_t v;
@@ -373,6 +377,17 @@ static bool put_vec_flag(sj_cg *c) {
         for (int a = 0; a < L; a++)
             if (sj_cg_kconst(c, c->acc[k]->stride[a], &v) && v % 4) return false;
     }
+    return true;
+}
+
+/* `const bool vec = ...;` with what generation cannot decide; false when
+ * the vector path is impossible for this group (nothing emitted). The
+ * host's sj_cuda_vec_ok is the same test. */
+static bool put_vec_flag(sj_cg *c) {
+    const sj_group *G = c->G;
+    int L = last_axis(c);
+    int64_t v;
+    if (!vec_possible(c)) return false;
     put(&c->o, "const bool vec = true");
     if (!sj_cg_kconst(c, G->shape[L], &v)) put(&c->o, "\n    && (n%d & 3) == 0", L);
     for (int k = 0; k < c->n_acc; k++) {
@@ -760,18 +775,23 @@ static void gen_row(sj_cg *c) {
     if (known) put(&c->o, "const int64_t tid = threadIdx.x, nt = %u;\n", nl <= ROW_WARP_MAX ? 32u : row_threads(nl));
     else put(&c->o, "const int64_t tid = threadIdx.x, nt = %u; /* this variant's */\n", ((cu *)c->user)->nt);
     put(&c->o, "constexpr int RC = %d; (void)RC;\n", known ? row_rc_known(nl) : ROW_RC);
-    bool vec = put_vec_flag(c);
+    cu *u = c->user;
+    /* the vector kernel of a split pair keeps its flag (the same code as
+     * the pair's one kernel) and does nothing without it */
+    bool vec = u->paths != P_FB && put_vec_flag(c);
     put(&c->o, "for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows;"
                " row += (int64_t)gridDim.x * blockDim.y) {\n");
     put_row_setup(c, L);
     if (vec) {
         put(&c->o, "if (vec) {\n");
         put_row_modes(c, &R, true);
-        put(&c->o, "} else {\n");
     }
-    ((cu *)c->user)->fallback = vec;
-    put_row_modes(c, &R, false);
-    ((cu *)c->user)->fallback = false;
+    if (u->paths != P_VEC) {
+        if (vec) put(&c->o, "} else {\n");
+        u->fallback = vec || u->paths == P_FB;
+        put_row_modes(c, &R, false);
+        u->fallback = false;
+    }
     if (vec) put(&c->o, "}\n");
     put(&c->o, "}\n");
 }
@@ -870,9 +890,14 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
         int64_t nl;
         int nv = sj_cg_kconst(&c, G->shape[G->rank - 1], &nl) ? 1 : ROW_VARIANTS;
         if (o && o->variants) o->variants[gi] = nv;
-        for (int v = 0; v < nv; v++) {
+        /* one kernel with a vector path: its fallback as a kernel of its own */
+        bool fb = nv == 1 && o && o->fallback_kernels && vec_possible(&c);
+        if (o && o->fallbacks) o->fallbacks[gi] = fb;
+        for (int v = 0; v < nv + fb; v++) {
             char suffix[8] = "";
             if (nv > 1) snprintf(suffix, sizeof suffix, "_v%d", v);
+            if (v == nv) snprintf(suffix, sizeof suffix, "_fb");
+            u.paths = !fb ? P_BOTH : v < nv ? P_VEC : P_FB;
             sj_cg_group(&c, G); /* each variant from the group's start */
             u.nt = nv > 1 ? row_vs[v].nt : 0;
             u.nmin = nv > 1 ? row_nmin(v) : 0;
@@ -891,6 +916,7 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
             gen_row(&c);
             put(&c.o, "}\n");
         }
+        u.paths = P_BOTH;
     }
     return sj_cg_take(&c, len);
 }
@@ -932,6 +958,25 @@ int sj_cuda_launch(const sj_group *gr, const int64_t *exv, int sm_count, sj_laun
     }
     while (out->variant + 1 < ROW_VARIANTS && n > row_vs[out->variant].nmax) out->variant++;
     return 1;
+}
+
+/* -- The vector path's test on the host ------------------------------------------------- */
+
+bool sj_cuda_vec_ok(const sj_graph *g, const sj_group *gr, const int64_t *exv, void *const *ptrs) {
+    int L = gr->rank - 1;
+    if (exv[gr->shape[L]] & 3) return false;
+    for (int k = 0; k < gr->n_loads + gr->n_stores; k++) {
+        const sj_access *x = k < gr->n_loads ? &gr->loads[k] : &gr->stores[k - gr->n_loads];
+        int64_t in = exv[x->stride[L]];
+        if (in == 0) continue;
+        if (in != 1) return false;
+        sj_dtype dt = g->vals[x->val].dtype;
+        uintptr_t at = (uintptr_t)ptrs[k] + (uintptr_t)(exv[x->offset] * (int64_t)sj_dtype_size(dt));
+        if (at & (uintptr_t)(vec_align(dt) - 1)) return false;
+        for (int a = 0; a < L; a++)
+            if (exv[x->stride[a]] & 3) return false;
+    }
+    return true;
 }
 
 /* -- Splitting a unit --------------------------------------------------------------------- */
