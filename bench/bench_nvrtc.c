@@ -2,7 +2,8 @@
  * without a GPU (NVRTC needs none), printing JSON lines:
  *
  *   bench_nvrtc [--reps N] [--arch sm_90] [--flags "..."] [--unit NAME]
- *               [--sweep] [--split] [--threads N] [--fb] [--dump DIR]
+ *               [--sweep] [--split] [--threads N] [--fb] [--drop OPT]
+ *               [--dump DIR]
  *
  * The units come from the real pipeline: a model function is traced
  * (jit/trace.h), fused (sj_fuse) and generated (sj_codegen_cuda), as the
@@ -38,7 +39,8 @@
  * and the split. --fb adds, after each unit, the same unit generated with
  * sj_codegen_opts.fallback_kernels ("<name>+fb": a row kernel's unaligned
  * path a kernel of its own); --unit NAME takes every unit whose name starts
- * with NAME. Without NVRTC it prints one line saying so and exits 0.
+ * with NAME; --drop OPT leaves one of the backend's own options out of
+ * every compile (--drop -minimal: the options before issue 28's). Without NVRTC it prints one line saying so and exits 0.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -145,6 +147,7 @@ typedef struct config {
 
 static char arch[32] = "sm_90";
 static const char *user_flags;
+static const char *dropped_opt; /* --drop: a backend option left out of every config */
 
 /* The argument list of cf: the backend's options less cf->drop, then
  * user_flags and cf->add. */
@@ -159,6 +162,7 @@ static int make_args(const config *cf, const char *extra, sj_nvrtc_opts *o, cons
     for (int i = 0; i < o->argc; i++) {
         bool dropped = false;
         for (int d = 0; d < 4 && cf->drop[d]; d++) dropped |= !strcmp(o->argv[i], cf->drop[d]);
+        if (dropped_opt) dropped |= !strcmp(o->argv[i], dropped_opt);
         if (!dropped) argv[n++] = o->argv[i];
     }
     return n;
@@ -382,6 +386,11 @@ typedef struct split_job {
     double ms[SJ_CUDA_PIECES_MAX]; /* each piece's compile, CPU ms */
 } split_job;
 
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof v[0], bench_cmp_double);
+    return v[n / 2];
+}
+
 static void *split_worker(void *p) {
     split_job *j = p;
     for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
@@ -394,9 +403,10 @@ static void *split_worker(void *p) {
 
 /* The unit split as the CUDA backend splits it (sj_codegen_cuda_split,
  * into `threads` programs at most) and compiled on `threads` threads at
- * once: the wall time of the whole (median of reps) and each piece's CPU
- * ms in the last rep (the wall time on a machine with `threads` free
- * cores is about the most of them plus thread start). */
+ * once: the wall time of the whole (median of reps), each piece's CPU ms
+ * (median of reps) and the slowest piece's (median over reps of each rep's
+ * most: the wall time on a machine with `threads` free cores is about it
+ * plus thread start). */
 static void measure_split(const unit *u, const config *cf) {
     char *pieces[SJ_CUDA_PIECES_MAX];
     int n = sj_codegen_cuda_split(u->src, threads, pieces);
@@ -404,7 +414,7 @@ static void measure_split(const unit *u, const config *cf) {
     sj_nvrtc_opts o;
     const char *argv[64];
     int argc = make_args(cf, NULL, &o, argv);
-    double t[64];
+    double t[64], most[64], per[SJ_CUDA_PIECES_MAX][64];
     int r_n = reps < 64 ? reps : 64;
     static split_job j;
     for (int r = 0; r < r_n; r++) {
@@ -416,12 +426,17 @@ static void measure_split(const unit *u, const config *cf) {
         for (int i = 0; i < nt; i++) pthread_create(&th[i], NULL, split_worker, &j);
         for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
         t[r] = (bench_now_s() - t0) * 1e3;
+        most[r] = 0;
+        for (int i = 0; i < n; i++) {
+            per[i][r] = j.ms[i];
+            if (j.ms[i] > most[r]) most[r] = j.ms[i];
+        }
     }
     qsort(t, (size_t)r_n, sizeof t[0], bench_cmp_double);
     printf("{\"workload\": \"nvrtc\", \"unit\": \"%s\", \"config\": \"split_%s\", \"arch\": \"%s\", \"pieces\": %d, "
-           "\"threads\": %d, \"median_ms\": %.1f, \"min_ms\": %.1f, \"piece_cpu_ms\": [",
-           u->name, cf->name, arch, n, threads, t[r_n / 2], t[0]);
-    for (int i = 0; i < n; i++) printf("%s%.1f", i ? ", " : "", j.ms[i]);
+           "\"threads\": %d, \"median_ms\": %.1f, \"min_ms\": %.1f, \"slowest_cpu_ms\": %.1f, \"piece_cpu_ms\": [",
+           u->name, cf->name, arch, n, threads, t[r_n / 2], t[0], median_of(most, r_n));
+    for (int i = 0; i < n; i++) printf("%s%.1f", i ? ", " : "", median_of(per[i], r_n));
     printf("]}\n");
     fflush(stdout);
     for (int i = 0; i < n; i++) free(pieces[i]);
@@ -440,10 +455,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--sweep")) sweep = true;
         else if (!strcmp(argv[i], "--split")) only_split = true;
         else if (!strcmp(argv[i], "--fb")) fallback_units = true;
+        else if (!strcmp(argv[i], "--drop") && i + 1 < argc) dropped_opt = argv[++i];
         else {
             fprintf(stderr,
                     "usage: bench_nvrtc [--reps N] [--arch sm_90] [--flags \"...\"] [--unit NAME] [--sweep] "
-                    "[--split] [--threads N] [--fb] [--dump DIR]\n");
+                    "[--split] [--threads N] [--fb] [--drop OPT] [--dump DIR]\n");
             return 2;
         }
     }
