@@ -178,20 +178,21 @@ static const char prelude_tail[] =
     "static __device__ __forceinline__ void sj_st4(uint8_t *p, const uint8_t *d) {\n"
     "    *(uint32_t *)p = (uint32_t)d[0] | (uint32_t)d[1] << 8 | (uint32_t)d[2] << 16 | (uint32_t)d[3] << 24;\n"
     "}\n"
-    "/* The threads of a row (blockDim.x: 32, or a multiple of 32 with\n"
-    " * blockDim.y == 1) combine v: a butterfly over each warp, then over the\n"
-    " * warps' results through red (32 elements of shared memory). Every\n"
-    " * thread gets the result, in one fixed tree order. */\n"
+    "/* The nt threads of a row (blockDim.x == nt, a literal of the kernel:\n"
+    " * 32, or a multiple of 32 with blockDim.y == 1) combine v: a butterfly\n"
+    " * over each warp, then over the warps' results through red (32\n"
+    " * elements of shared memory), which a warp's row leaves out at compile\n"
+    " * time. Every thread gets the result, in one fixed tree order. */\n"
     "template <typename T, typename F>\n"
-    "static __device__ __forceinline__ T sj_cu_reduce(T v, T id, F f, T *red) {\n"
+    "static __device__ __forceinline__ T sj_cu_reduce(T v, T id, F f, T *red, const int nt) {\n"
     "#pragma unroll\n"
     "    for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
-    "    if (blockDim.x > 32) {\n"
+    "    if (nt > 32) {\n"
     "        const unsigned lane = threadIdx.x & 31u;\n"
     "        __syncthreads(); /* red's last readers are done */\n"
     "        if (lane == 0) red[threadIdx.x >> 5] = v;\n"
     "        __syncthreads();\n"
-    "        v = lane < (blockDim.x >> 5) ? red[lane] : id;\n"
+    "        v = lane < (unsigned)(nt >> 5) ? red[lane] : id;\n"
     "#pragma unroll\n"
     "        for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
     "    }\n"
@@ -199,18 +200,18 @@ static const char prelude_tail[] =
     "}\n"
     "/* Two float sums at once (layer norm's centred squares and values): one\n"
     " * tree, the pairs through red as float2 (32 of them fit). */\n"
-    "static __device__ __forceinline__ void sj_cu_sum2(float &a, float &b, float2 *red) {\n"
+    "static __device__ __forceinline__ void sj_cu_sum2(float &a, float &b, float2 *red, const int nt) {\n"
     "#pragma unroll\n"
     "    for (int o = 16; o > 0; o >>= 1) {\n"
     "        a += __shfl_xor_sync(0xffffffffu, a, o);\n"
     "        b += __shfl_xor_sync(0xffffffffu, b, o);\n"
     "    }\n"
-    "    if (blockDim.x > 32) {\n"
+    "    if (nt > 32) {\n"
     "        const unsigned lane = threadIdx.x & 31u;\n"
     "        __syncthreads(); /* red's last readers are done */\n"
     "        if (lane == 0) red[threadIdx.x >> 5] = make_float2(a, b);\n"
     "        __syncthreads();\n"
-    "        const float2 v = lane < (blockDim.x >> 5) ? red[lane] : make_float2(0.0f, 0.0f);\n"
+    "        const float2 v = lane < (unsigned)(nt >> 5) ? red[lane] : make_float2(0.0f, 0.0f);\n"
     "        a = v.x, b = v.y;\n"
     "#pragma unroll\n"
     "        for (int o = 16; o > 0; o >>= 1) {\n"
@@ -556,7 +557,7 @@ static void put_pass(sj_cg *c, const rowop *R, rmode m, bool stores, const char 
 
 /* `var = reduce(var)` over the row's threads. */
 static void put_reduce(sj_cg *c, const char *var, const char *id, const char *op, const char *t) {
-    put(&c->o, "%s = sj_cu_reduce(%s, (%s)%s, sj_cu_%s(), (%s *)sj_red);\n", var, var, t, id, op, t);
+    put(&c->o, "%s = sj_cu_reduce(%s, (%s)%s, sj_cu_%s(), (%s *)sj_red, nt);\n", var, var, t, id, op, t);
 }
 
 /* The per-element output pass of softmax and the norms: the row op's value
@@ -635,7 +636,7 @@ static void put_row_body(sj_cg *c, const rowop *R, rmode m) {
         } else {
             put_pass(c, R, m, false, "const float d = x - mean;\nq += d * d;\nsc += d;\n");
         }
-        put(&c->o, "sj_cu_sum2(q, sc, (float2 *)sj_red);\n");
+        put(&c->o, "sj_cu_sum2(q, sc, (float2 *)sj_red, nt);\n");
         put(&c->o, "const float cm = sc / (float)n%d, var = q / (float)n%d - cm * cm;\n", L, L);
         put(&c->o, "const float rstd = 1.0f / sqrtf((var < 0.0f ? 0.0f : var) + ");
         sj_cg_put_float(c, (float)R->n->a.f);
