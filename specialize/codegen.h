@@ -45,7 +45,7 @@ typedef struct sj_codegen_opts {
     int64_t stream_min_bytes;
     /* Out (may be NULL): per plan group, how many functions the generator
      * emitted for it. 1: one function, <prefix><group name>. k in
-     * 2 .. SJ_CG_VARIANTS_MAX: one per launch shape the backend chooses
+     * 2 .. SJ_CG_FALLBACK: one per launch shape the backend chooses
      * between per call (sj_launch.variant for CUDA), named
      * <prefix><group name>_v0 .. _v<k-1>. NODE groups are left alone. */
     int *variants;
@@ -64,8 +64,12 @@ typedef struct sj_codegen_opts {
     float test_skew;
 } sj_codegen_opts;
 
-/* The most functions a generator emits for one group. */
-#define SJ_CG_VARIANTS_MAX 4
+/* The functions of one group in a compiled unit's table (sj_compiled's
+ * fns: SJ_CG_VARIANTS_MAX a group): its launch variants (at most
+ * SJ_CG_FALLBACK of them), then in slot SJ_CG_FALLBACK its fallback kernel
+ * (sj_codegen_opts.fallback_kernels), NULL where it has none. */
+#define SJ_CG_VARIANTS_MAX 5
+#define SJ_CG_FALLBACK (SJ_CG_VARIANTS_MAX - 1)
 
 /* A malloc'd, NUL-terminated C translation unit (the runtime header's text,
  * then the functions), or NULL on allocation failure. *len (if not NULL)

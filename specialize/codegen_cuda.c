@@ -101,7 +101,7 @@ static const row_variant row_vs[] = {{32, 512}, {32, ROW_WARP_MAX}, {256, 2048},
 _Static_assert(PW_CHUNK == 4 * PW_VECS * PW_BLOCK, "PW_VECS chunks of 4 per thread");
 _Static_assert(128 * 8 == ROW_WARP_MAX && ROW_THREADS_MAX == 512 && ROW_WARP_MAX == 1024,
                "row_threads() of a row longer than a warp's is 256 up to 2048, else 512 (row_vs)");
-_Static_assert(4 <= SJ_CG_VARIANTS_MAX, "the row variants fit the generator's limit");
+_Static_assert(4 <= SJ_CG_FALLBACK, "the row variants fit the slots before the fallback's");
 _Static_assert(ROW_WARPS * ROW_WARP_MAX <= ROW_CACHE, "a warp-per-row block caches every row it has");
 _Static_assert(ROW_CACHE * 4 <= 48 * 1024, "the cache fits the default dynamic shared memory limit");
 _Static_assert(ROW_RC * 4 * 32 >= ROW_WARP_MAX && ROW_RC * 4 * ROW_THREADS_MAX >= ROW_CACHE,
@@ -871,7 +871,7 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
         const sj_group *G = &p->groups[gi];
         if (G->kind == SJ_G_NODE) {
             /* a generated product: a kernel per tile variant */
-            bool ok = G->gemm_tile >= 0 && G->gemm_nv >= 1 && G->gemm_nv <= SJ_CG_VARIANTS_MAX;
+            bool ok = G->gemm_tile >= 0 && G->gemm_nv >= 1 && G->gemm_nv <= SJ_CG_FALLBACK;
             for (int v = 0; ok && v < G->gemm_nv; v++) ok = put_gemm(&c, G, prefix, v);
             if (ok && o && o->variants) o->variants[gi] = G->gemm_nv;
             continue;
