@@ -912,8 +912,13 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
             bool big_rc = nv > 1 && row_rc_all(&u) > 2;
             bool known_rc = nv == 1 && sj_op_kind_of(g->nodes[G->row_node].op) != SJ_K_REDUCE &&
                             nl <= ROW_CACHE && row_rc_known(nl) > 2;
-            put_head(&c, prefix, suffix, big_rc ? (int)u.nt * (u.nt == 32 ? ROW_WARPS : 1) : max_threads,
-                     literal || big_rc || known_rc ? 0 : ROW_SYM_MIN_BLOCKS);
+            /* so is a split pair's kernel of rows a warp takes: alone, the
+             * vector kernel of MiniLM's norms over 384 (f32) got 40
+             * registers and spilled 20 bytes under the bound of 512 threads
+             * (44 and none under its block's 256; the one kernel: 52) */
+            int bound = big_rc ? (int)u.nt * (u.nt == 32 ? ROW_WARPS : 1) : max_threads;
+            if (fb && nl <= ROW_WARP_MAX) bound = 32 * ROW_WARPS;
+            put_head(&c, prefix, suffix, bound, literal || big_rc || known_rc ? 0 : ROW_SYM_MIN_BLOCKS);
             gen_row(&c);
             put(&c.o, "}\n");
         }

@@ -1067,6 +1067,12 @@ static void test_fallback_split(void **state) {
             assert_non_null(strstr(fk, "#pragma unroll 1\nfor (int64_t j = tid; j < n"));
             assert_null(strstr(fk, "sj_ld4("));
             assert_null(strstr(fk, "vec"));
+            /* a warp's rows: both bounded by their block, 32 x 8 threads */
+            char lb[96];
+            snprintf(lb, sizeof lb, "__launch_bounds__(256) sj_%s(", G->name);
+            assert_non_null(strstr(src, lb));
+            snprintf(lb, sizeof lb, "__launch_bounds__(256) sj_%s_fb(", G->name);
+            assert_non_null(strstr(src, lb));
             /* the vector kernel is the one kernel less its fallback */
             assert_true(strlen(vk) < strlen(whole));
             assert_memory_equal(vk, whole, (size_t)(strstr(vk, "if (vec) {") - vk));
