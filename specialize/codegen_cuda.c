@@ -44,7 +44,16 @@
  * every row in registers; v3: registers, shared memory or recomputed),
  * chosen at run time by n, plus the scalar ones.
  * Layer norm takes the mean, then the variance around it (two passes).
- * Reductions are one pass; thread 0 runs the epilogue.
+ * Reductions are one pass; thread 0 runs the epilogue. The row's thread
+ * count nt is a literal of every row kernel (the launch's blockDim.x), so
+ * a warp's row compiles without the block-wide part of its reductions.
+ * With sj_codegen_opts.fallback_kernels, a row kernel of one variant with a
+ * vector path is two (paths: P_VEC and P_FB): the vector path alone, its
+ * flag kept (a call it refuses does nothing: the launcher runs the other,
+ * by sj_cuda_vec_ok), and the element-by-element path alone, <name>_fb; a
+ * split of the unit puts them in different programs, so the program of the
+ * vector kernel compiles sooner (issue 28: w4's layer norm was the floor of
+ * a split unit's compile).
  */
 #include "specialize/codegen_cuda.h"
 
