@@ -40,7 +40,8 @@
  * sj_codegen_opts.fallback_kernels ("<name>+fb": a row kernel's unaligned
  * path a kernel of its own); --unit NAME takes every unit whose name starts
  * with NAME; --drop OPT leaves one of the backend's own options out of
- * every compile (--drop -minimal: the options before issue 28's). Without NVRTC it prints one line saying so and exits 0.
+ * every compile (--drop -minimal: the options before issue 28's). Without
+ * NVRTC it prints one line saying so and exits 0.
  */
 #include <dlfcn.h>
 #include <pthread.h>

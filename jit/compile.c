@@ -260,7 +260,8 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         free(variants);
         return st;
     }
-    /* every slot of a group filled: a group with one function has it in all */
+    /* every variant slot of a group filled (a group with one function has it
+     * in all), the fallback's slot where the generator made one (else NULL) */
     for (int gi = 0, k = 0; gi < plan->n_groups; gi++) {
         for (int v = 0; v < SJ_CG_FALLBACK && variants[gi]; v++)
             fns[gi * SJ_CG_VARIANTS_MAX + v] = res->fns[k + (v < variants[gi] ? v : 0)];
