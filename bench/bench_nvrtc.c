@@ -2,7 +2,8 @@
  * without a GPU (NVRTC needs none), printing JSON lines:
  *
  *   bench_nvrtc [--reps N] [--arch sm_90] [--flags "..."] [--unit NAME]
- *               [--sweep] [--split] [--threads N] [--dump DIR]
+ *               [--sweep] [--split] [--threads N] [--fb] [--drop OPT]
+ *               [--dump DIR]
  *
  * The units come from the real pipeline: a model function is traced
  * (jit/trace.h), fused (sj_fuse) and generated (sj_codegen_cuda), as the
@@ -35,7 +36,12 @@
  * no --extra-device-vectorization, ptxas -O2, ptxas without expensive
  * optimizations, -Ofc=min, PTX only: what ptxas costs is the
  * difference), the prelude alone ("head_only": what every program pays),
- * and the split. Without NVRTC it prints one line saying so and exits 0.
+ * and the split. --fb adds, after each unit, the same unit generated with
+ * sj_codegen_opts.fallback_kernels ("<name>+fb": a row kernel's unaligned
+ * path a kernel of its own); --unit NAME takes every unit whose name starts
+ * with NAME; --drop OPT leaves one of the backend's own options out of
+ * every compile (--drop -minimal: the options before issue 28's). Without
+ * NVRTC it prints one line saying so and exits 0.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -142,6 +148,7 @@ typedef struct config {
 
 static char arch[32] = "sm_90";
 static const char *user_flags;
+static const char *dropped_opt; /* --drop: a backend option left out of every config */
 
 /* The argument list of cf: the backend's options less cf->drop, then
  * user_flags and cf->add. */
@@ -151,11 +158,12 @@ static int make_args(const config *cf, const char *extra, sj_nvrtc_opts *o, cons
     if (cf->ptx && !strncmp(a, "sm_", 3)) snprintf(a, sizeof a, "compute_%s", arch + 3);
     snprintf(flags, sizeof flags, "%s %s %s", user_flags ? user_flags : "", cf->add ? cf->add : "",
              extra ? extra : "");
-    if (sj_nvrtc_options(a, flags, o)) bench_die("options");
+    if (sj_nvrtc_options(a, nv.major * 100 + nv.minor, flags, o)) bench_die("options");
     int n = 0;
     for (int i = 0; i < o->argc; i++) {
         bool dropped = false;
         for (int d = 0; d < 4 && cf->drop[d]; d++) dropped |= !strcmp(o->argv[i], cf->drop[d]);
+        if (dropped_opt) dropped |= !strcmp(o->argv[i], dropped_opt);
         if (!dropped) argv[n++] = o->argv[i];
     }
     return n;
@@ -169,7 +177,7 @@ typedef struct unit {
     int kernels;
 } unit;
 
-#define MAX_UNITS 8
+#define MAX_UNITS 16
 static unit units[MAX_UNITS];
 static int n_units;
 
@@ -186,6 +194,10 @@ static void add_unit(const char *name, char *src) {
     u->src = src;
     u->kernels = count_kernels(src);
 }
+
+/* --fb: every unit also generated with sj_codegen_opts.fallback_kernels,
+ * as "<name>+fb" (right after it) */
+static bool fallback_units;
 
 /* Dimension policy: input 0's axis 1 (the sequence) symbolic, the rest
  * literal (ctx: non-NULL for the symbolic trace). */
@@ -213,15 +225,18 @@ static void trace_units(const char *tag, sj_model_fn model, void *user, const sj
     int ns = sj_sym_count(g->ex);
     for (int s = 0; s < ns && s < 64; s++) sv[s] = ins[0].shape[1];
     char name[32];
-    sj_codegen_opts o = {.prefix = "sj_"};
-    if (!symbolic) {
-        snprintf(name, sizeof name, "%s.static", tag);
-        add_unit(name, sj_codegen_cuda(g, p, sv, &o, NULL));
-    } else {
-        snprintf(name, sizeof name, "%s.sym", tag);
-        add_unit(name, sj_codegen_cuda(g, p, NULL, &o, NULL));
-        snprintf(name, sizeof name, "%s.spec", tag);
-        add_unit(name, sj_codegen_cuda(g, p, sv, &o, NULL));
+    for (int f = 0; f < (fallback_units ? 2 : 1); f++) {
+        sj_codegen_opts o = {.prefix = "sj_", .fallback_kernels = f == 1};
+        const char *fs = f ? "+fb" : "";
+        if (!symbolic) {
+            snprintf(name, sizeof name, "%s.static%s", tag, fs);
+            add_unit(name, sj_codegen_cuda(g, p, sv, &o, NULL));
+        } else {
+            snprintf(name, sizeof name, "%s.sym%s", tag, fs);
+            add_unit(name, sj_codegen_cuda(g, p, NULL, &o, NULL));
+            snprintf(name, sizeof name, "%s.spec%s", tag, fs);
+            add_unit(name, sj_codegen_cuda(g, p, sv, &o, NULL));
+        }
     }
     sj_fplan_free(p);
     sj_graph_destroy(g);
@@ -372,6 +387,11 @@ typedef struct split_job {
     double ms[SJ_CUDA_PIECES_MAX]; /* each piece's compile, CPU ms */
 } split_job;
 
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof v[0], bench_cmp_double);
+    return v[n / 2];
+}
+
 static void *split_worker(void *p) {
     split_job *j = p;
     for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
@@ -384,9 +404,10 @@ static void *split_worker(void *p) {
 
 /* The unit split as the CUDA backend splits it (sj_codegen_cuda_split,
  * into `threads` programs at most) and compiled on `threads` threads at
- * once: the wall time of the whole (median of reps) and each piece's CPU
- * ms in the last rep (the wall time on a machine with `threads` free
- * cores is about the most of them plus thread start). */
+ * once: the wall time of the whole (median of reps), each piece's CPU ms
+ * (median of reps) and the slowest piece's (median over reps of each rep's
+ * most: the wall time on a machine with `threads` free cores is about it
+ * plus thread start). */
 static void measure_split(const unit *u, const config *cf) {
     char *pieces[SJ_CUDA_PIECES_MAX];
     int n = sj_codegen_cuda_split(u->src, threads, pieces);
@@ -394,7 +415,7 @@ static void measure_split(const unit *u, const config *cf) {
     sj_nvrtc_opts o;
     const char *argv[64];
     int argc = make_args(cf, NULL, &o, argv);
-    double t[64];
+    double t[64], most[64], per[SJ_CUDA_PIECES_MAX][64];
     int r_n = reps < 64 ? reps : 64;
     static split_job j;
     for (int r = 0; r < r_n; r++) {
@@ -406,12 +427,17 @@ static void measure_split(const unit *u, const config *cf) {
         for (int i = 0; i < nt; i++) pthread_create(&th[i], NULL, split_worker, &j);
         for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
         t[r] = (bench_now_s() - t0) * 1e3;
+        most[r] = 0;
+        for (int i = 0; i < n; i++) {
+            per[i][r] = j.ms[i];
+            if (j.ms[i] > most[r]) most[r] = j.ms[i];
+        }
     }
     qsort(t, (size_t)r_n, sizeof t[0], bench_cmp_double);
     printf("{\"workload\": \"nvrtc\", \"unit\": \"%s\", \"config\": \"split_%s\", \"arch\": \"%s\", \"pieces\": %d, "
-           "\"threads\": %d, \"median_ms\": %.1f, \"min_ms\": %.1f, \"piece_cpu_ms\": [",
-           u->name, cf->name, arch, n, threads, t[r_n / 2], t[0]);
-    for (int i = 0; i < n; i++) printf("%s%.1f", i ? ", " : "", j.ms[i]);
+           "\"threads\": %d, \"median_ms\": %.1f, \"min_ms\": %.1f, \"slowest_cpu_ms\": %.1f, \"piece_cpu_ms\": [",
+           u->name, cf->name, arch, n, threads, t[r_n / 2], t[0], median_of(most, r_n));
+    for (int i = 0; i < n; i++) printf("%s%.1f", i ? ", " : "", median_of(per[i], r_n));
     printf("]}\n");
     fflush(stdout);
     for (int i = 0; i < n; i++) free(pieces[i]);
@@ -429,10 +455,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--unit") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--sweep")) sweep = true;
         else if (!strcmp(argv[i], "--split")) only_split = true;
+        else if (!strcmp(argv[i], "--fb")) fallback_units = true;
+        else if (!strcmp(argv[i], "--drop") && i + 1 < argc) dropped_opt = argv[++i];
         else {
             fprintf(stderr,
                     "usage: bench_nvrtc [--reps N] [--arch sm_90] [--flags \"...\"] [--unit NAME] [--sweep] "
-                    "[--split] [--threads N] [--dump DIR]\n");
+                    "[--split] [--threads N] [--fb] [--drop OPT] [--dump DIR]\n");
             return 2;
         }
     }
@@ -463,7 +491,7 @@ int main(int argc, char **argv) {
     };
     for (int i = 0; i < n_units; i++) {
         const unit *u = &units[i];
-        if (only && strcmp(only, u->name)) continue;
+        if (only && strncmp(only, u->name, strlen(only))) continue; /* w4.spec: and w4.spec+fb */
         if (only_split) {
             measure_split(u, &base);
             continue;

@@ -28,7 +28,10 @@
 #             library's warm-up first (bench_cuda --workloads w5cold), with the
 #             CUDA compute cache off, then filling it, then hitting it;
 #             nvrtc: bench_nvrtc's compile times per unit (one program, then
-#             split over 8 threads) and w4's compile log
+#             split over 8 threads; each unit also with its row kernels'
+#             fallbacks as kernels of their own, "+fb"; the split also without
+#             -minimal) and w4's compile log, then a table: unit | config |
+#             wall ms | programs | slowest CPU ms
 #
 # The tests print their results; the benchmarks write ours.jsonl and
 # torch.jsonl (the PyTorch peer, same run) and compare.txt (ratios).
@@ -151,11 +154,25 @@ if [ "$what" = warmup ]; then # issue 28; each run a process of its own
 fi
 
 if [ "$what" = nvrtc ]; then # issue 28: NVRTC time per unit (compute cache off), one program, then split
-    CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_nvrtc" --reps 3 > "$OUT/nvrtc.jsonl" 2>> "$summary"
-    echo "bench_nvrtc rc=$?" | tee -a "$summary"
-    CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_nvrtc" --reps 3 --split --threads 8 >> "$OUT/nvrtc.jsonl" 2>> "$summary"
-    echo "bench_nvrtc --split --threads 8 rc=$?" | tee -a "$summary"
+    # each unit as today and with its row kernels' fallbacks split off ("+fb"); the split also
+    # without -minimal (before issue 28's options: "nomin")
+    CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_nvrtc" --reps 5 --fb > "$OUT/nvrtc.jsonl" 2>> "$summary"
+    echo "bench_nvrtc --fb rc=$?" | tee -a "$summary"
+    CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_nvrtc" --reps 5 --fb --split --threads 8 >> "$OUT/nvrtc.jsonl" 2>> "$summary"
+    echo "bench_nvrtc --fb --split --threads 8 rc=$?" | tee -a "$summary"
+    CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_nvrtc" --reps 5 --split --threads 8 --drop -minimal 2>> "$summary" |
+        sed 's/"config": "split_default"/"config": "split_nomin"/' >> "$OUT/nvrtc.jsonl"
+    echo "bench_nvrtc --split --threads 8 --drop -minimal rc=${PIPESTATUS[0]}" | tee -a "$summary"
     cat "$OUT/nvrtc.jsonl" >> "$summary"
+    # the GPU-host table of bench/RESULTS.md: unit, config, wall ms (median), programs, slowest program's CPU ms
+    echo "unit | config | wall ms | programs | slowest CPU ms" | tee -a "$summary"
+    sed -E 's/.*"unit": "([^"]*)", "config": "([^"]*)".*"median_ms": ([0-9.]*).*/\1 \2 \3 &/' "$OUT/nvrtc.jsonl" |
+        while read -r u c ms rest; do
+            pieces=$(printf '%s' "$rest" | sed -nE 's/.*"pieces": ([0-9]+).*/\1/p')
+            slow=$(printf '%s' "$rest" | sed -nE 's/.*"slowest_cpu_ms": ([0-9.]+).*/\1/p')
+            cpu=$(printf '%s' "$rest" | sed -nE 's/.*"cpu_median_ms": ([0-9.]+).*/\1/p')
+            echo "$u | $c | $ms | ${pieces:-1} | ${slow:-$cpu}"
+        done | tee -a "$summary"
     SHAPEJIT_LOG=compile CUDA_CACHE_DISABLE=1 timeout 300 "$B/bench_cuda" --workloads w4 > "$OUT/w4_compile.jsonl" \
         2> /tmp/w4_compile.err
     echo "bench_cuda w4 with the compile log rc=$?" | tee -a "$summary"

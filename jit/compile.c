@@ -174,6 +174,12 @@ void sj_ctarget_release(sj_ctarget *t) { sj_compiled_free(atomic_exchange(&t->re
 
 /* -- Compiling one target (no lock held) ------------------------------------------- */
 
+/* CUDA row kernels' fallbacks as kernels of their own (issue 28): 0 until
+ * jit/exec_fused.c launches them. */
+#ifndef SJ_COMPILE_FALLBACK_KERNELS
+#define SJ_COMPILE_FALLBACK_KERNELS 0
+#endif
+
 static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, int64_t idle_until_ns,
                                 sj_compiled **out, char *err, size_t errn, bool *hopeless) {
     const sj_fplan *plan = e->plan;
@@ -186,9 +192,15 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         return SJ_EBACKEND;
     }
     size_t len;
-    int *variants = sj_calloc((size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
+    int *variants = sj_calloc(2 * (size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
+    int *fallbacks = variants ? variants + (plan->n_groups ? plan->n_groups : 1) : NULL;
+    /* CUDA row kernels' unaligned paths as kernels of their own (slot
+     * SJ_CG_FALLBACK), once the engine's launch picks them by
+     * sj_cuda_vec_ok (jit/exec_fused.c's launch_desc; until then off: the
+     * vector kernel of a split pair does nothing for an unaligned call) */
     sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
-                         .variants = variants, .test_skew = c->rt ? c->rt->test_skew : 0};
+                         .variants = variants, .fallback_kernels = SJ_COMPILE_FALLBACK_KERNELS, .fallbacks = fallbacks,
+                         .test_skew = c->rt ? c->rt->test_skew : 0};
     char *src = variants ? c->codegen(e->g, plan, m ? m->head.syms : NULL, &o, &len) : NULL;
     if (!src) {
         free(variants);
@@ -204,7 +216,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         int nv = variants[gi];
         /* NODE groups: none, but a generated product's (fusion.h) */
         bool none = plan->groups[gi].kind == SJ_G_NODE && plan->groups[gi].gemm_tile < 0;
-        if ((nv < 1) != none || nv > SJ_CG_VARIANTS_MAX) {
+        if ((nv < 1) != none || nv > SJ_CG_FALLBACK || (fallbacks[gi] && nv != 1)) {
             *hopeless = true;
             snprintf(err, errn, "the generator reported %d functions for group %s", nv, plan->groups[gi].name);
             free(variants);
@@ -212,8 +224,9 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
             return SJ_EINTERNAL;
         }
         assert(n + nv <= SJ_COMPILE_SYMBOLS_MAX); /* (n_generated + n_gemm) * SJ_CG_VARIANTS_MAX at most, checked above */
-        for (int v = 0; v < nv; v++, n++) {
-            if (nv == 1) snprintf(names[n], sizeof names[n], "sj_%s", plan->groups[gi].name);
+        for (int v = 0; v < nv + fallbacks[gi]; v++, n++) {
+            if (v == nv) snprintf(names[n], sizeof names[n], "sj_%s_fb", plan->groups[gi].name);
+            else if (nv == 1) snprintf(names[n], sizeof names[n], "sj_%s", plan->groups[gi].name);
             else snprintf(names[n], sizeof names[n], "sj_%s_v%d", plan->groups[gi].name, v);
             syms[n] = names[n];
         }
@@ -247,11 +260,13 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
         free(variants);
         return st;
     }
-    /* every slot of a group filled: a group with one function has it in all */
+    /* every variant slot of a group filled (a group with one function has it
+     * in all), the fallback's slot where the generator made one (else NULL) */
     for (int gi = 0, k = 0; gi < plan->n_groups; gi++) {
-        for (int v = 0; v < SJ_CG_VARIANTS_MAX && variants[gi]; v++)
+        for (int v = 0; v < SJ_CG_FALLBACK && variants[gi]; v++)
             fns[gi * SJ_CG_VARIANTS_MAX + v] = res->fns[k + (v < variants[gi] ? v : 0)];
-        k += variants[gi];
+        if (fallbacks[gi]) fns[gi * SJ_CG_VARIANTS_MAX + SJ_CG_FALLBACK] = res->fns[k + variants[gi]];
+        k += variants[gi] + fallbacks[gi];
     }
     free(variants);
     if (plan->n_gemm) { /* each generated product's variant, timed here on the worker */

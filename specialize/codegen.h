@@ -25,6 +25,7 @@
 #ifndef SJ_CODEGEN_H
 #define SJ_CODEGEN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,17 +45,31 @@ typedef struct sj_codegen_opts {
     int64_t stream_min_bytes;
     /* Out (may be NULL): per plan group, how many functions the generator
      * emitted for it. 1: one function, <prefix><group name>. k in
-     * 2 .. SJ_CG_VARIANTS_MAX: one per launch shape the backend chooses
+     * 2 .. SJ_CG_FALLBACK: one per launch shape the backend chooses
      * between per call (sj_launch.variant for CUDA), named
      * <prefix><group name>_v0 .. _v<k-1>. NODE groups are left alone. */
     int *variants;
+    /* CUDA only: a row group of one kernel (its row length a literal) that
+     * has a vector path gets its element-by-element path, which only calls
+     * on unaligned views take, as a kernel of its own,
+     * <prefix><group name>_fb: no program then holds both (each compiles in
+     * less time; codegen_cuda.h). The main kernel does nothing for a call
+     * that sj_cuda_vec_ok refuses: whoever launches must run _fb for it.
+     * fallbacks (out, may be NULL): per plan group, 1 when it has one, else
+     * 0. */
+    bool fallback_kernels;
+    int *fallbacks;
     /* Tests only (validated swap): added to every float value a generated
      * kernel stores, so its results are wrong; 0: none. */
     float test_skew;
 } sj_codegen_opts;
 
-/* The most functions a generator emits for one group. */
-#define SJ_CG_VARIANTS_MAX 4
+/* The functions of one group in a compiled unit's table (sj_compiled's
+ * fns: SJ_CG_VARIANTS_MAX a group): its launch variants (at most
+ * SJ_CG_FALLBACK of them), then in slot SJ_CG_FALLBACK its fallback kernel
+ * (sj_codegen_opts.fallback_kernels), NULL where it has none. */
+#define SJ_CG_VARIANTS_MAX 5
+#define SJ_CG_FALLBACK (SJ_CG_VARIANTS_MAX - 1)
 
 /* A malloc'd, NUL-terminated C translation unit (the runtime header's text,
  * then the functions), or NULL on allocation failure. *len (if not NULL)

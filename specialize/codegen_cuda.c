@@ -44,7 +44,16 @@
  * every row in registers; v3: registers, shared memory or recomputed),
  * chosen at run time by n, plus the scalar ones.
  * Layer norm takes the mean, then the variance around it (two passes).
- * Reductions are one pass; thread 0 runs the epilogue.
+ * Reductions are one pass; thread 0 runs the epilogue. The row's thread
+ * count nt is a literal of every row kernel (the launch's blockDim.x), so
+ * a warp's row compiles without the block-wide part of its reductions.
+ * With sj_codegen_opts.fallback_kernels, a row kernel of one variant with a
+ * vector path is two (paths: P_VEC and P_FB): the vector path alone, its
+ * flag kept (a call it refuses does nothing: the launcher runs the other,
+ * by sj_cuda_vec_ok), and the element-by-element path alone, <name>_fb; a
+ * split of the unit puts them in different programs, so the program of the
+ * vector kernel compiles sooner (issue 28: w4's layer norm was the floor of
+ * a split unit's compile).
  */
 #include "specialize/codegen_cuda.h"
 
@@ -101,7 +110,7 @@ static const row_variant row_vs[] = {{32, 512}, {32, ROW_WARP_MAX}, {256, 2048},
 _Static_assert(PW_CHUNK == 4 * PW_VECS * PW_BLOCK, "PW_VECS chunks of 4 per thread");
 _Static_assert(128 * 8 == ROW_WARP_MAX && ROW_THREADS_MAX == 512 && ROW_WARP_MAX == 1024,
                "row_threads() of a row longer than a warp's is 256 up to 2048, else 512 (row_vs)");
-_Static_assert(4 <= SJ_CG_VARIANTS_MAX, "the row variants fit the generator's limit");
+_Static_assert(4 <= SJ_CG_FALLBACK, "the row variants fit the slots before the fallback's");
 _Static_assert(ROW_WARPS * ROW_WARP_MAX <= ROW_CACHE, "a warp-per-row block caches every row it has");
 _Static_assert(ROW_CACHE * 4 <= 48 * 1024, "the cache fits the default dynamic shared memory limit");
 _Static_assert(ROW_RC * 4 * 32 >= ROW_WARP_MAX && ROW_RC * 4 * ROW_THREADS_MAX >= ROW_CACHE,
@@ -178,20 +187,21 @@ static const char prelude_tail[] =
     "static __device__ __forceinline__ void sj_st4(uint8_t *p, const uint8_t *d) {\n"
     "    *(uint32_t *)p = (uint32_t)d[0] | (uint32_t)d[1] << 8 | (uint32_t)d[2] << 16 | (uint32_t)d[3] << 24;\n"
     "}\n"
-    "/* The threads of a row (blockDim.x: 32, or a multiple of 32 with\n"
-    " * blockDim.y == 1) combine v: a butterfly over each warp, then over the\n"
-    " * warps' results through red (32 elements of shared memory). Every\n"
-    " * thread gets the result, in one fixed tree order. */\n"
+    "/* The nt threads of a row (blockDim.x == nt, a literal of the kernel:\n"
+    " * 32, or a multiple of 32 with blockDim.y == 1) combine v: a butterfly\n"
+    " * over each warp, then over the warps' results through red (32\n"
+    " * elements of shared memory), which a warp's row leaves out at compile\n"
+    " * time. Every thread gets the result, in one fixed tree order. */\n"
     "template <typename T, typename F>\n"
-    "static __device__ __forceinline__ T sj_cu_reduce(T v, T id, F f, T *red) {\n"
+    "static __device__ __forceinline__ T sj_cu_reduce(T v, T id, F f, T *red, const int nt) {\n"
     "#pragma unroll\n"
     "    for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
-    "    if (blockDim.x > 32) {\n"
+    "    if (nt > 32) {\n"
     "        const unsigned lane = threadIdx.x & 31u;\n"
     "        __syncthreads(); /* red's last readers are done */\n"
     "        if (lane == 0) red[threadIdx.x >> 5] = v;\n"
     "        __syncthreads();\n"
-    "        v = lane < (blockDim.x >> 5) ? red[lane] : id;\n"
+    "        v = lane < (unsigned)(nt >> 5) ? red[lane] : id;\n"
     "#pragma unroll\n"
     "        for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
     "    }\n"
@@ -199,18 +209,18 @@ static const char prelude_tail[] =
     "}\n"
     "/* Two float sums at once (layer norm's centred squares and values): one\n"
     " * tree, the pairs through red as float2 (32 of them fit). */\n"
-    "static __device__ __forceinline__ void sj_cu_sum2(float &a, float &b, float2 *red) {\n"
+    "static __device__ __forceinline__ void sj_cu_sum2(float &a, float &b, float2 *red, const int nt) {\n"
     "#pragma unroll\n"
     "    for (int o = 16; o > 0; o >>= 1) {\n"
     "        a += __shfl_xor_sync(0xffffffffu, a, o);\n"
     "        b += __shfl_xor_sync(0xffffffffu, b, o);\n"
     "    }\n"
-    "    if (blockDim.x > 32) {\n"
+    "    if (nt > 32) {\n"
     "        const unsigned lane = threadIdx.x & 31u;\n"
     "        __syncthreads(); /* red's last readers are done */\n"
     "        if (lane == 0) red[threadIdx.x >> 5] = make_float2(a, b);\n"
     "        __syncthreads();\n"
-    "        const float2 v = lane < (blockDim.x >> 5) ? red[lane] : make_float2(0.0f, 0.0f);\n"
+    "        const float2 v = lane < (unsigned)(nt >> 5) ? red[lane] : make_float2(0.0f, 0.0f);\n"
     "        a = v.x, b = v.y;\n"
     "#pragma unroll\n"
     "        for (int o = 16; o > 0; o >>= 1) {\n"
@@ -257,6 +267,10 @@ typedef struct cu {
      * exists: the fallback for unaligned views, whose loops are not
      * unrolled (open_loop) */
     bool fallback;
+    /* the paths of the row kernel being generated: both (chosen inside by
+     * the vec flag), the vector path alone, or the fallback alone (a
+     * kernel of its own: sj_codegen_opts.fallback_kernels) */
+    enum { P_BOTH, P_VEC, P_FB } paths;
 } cu;
 
 static int last_axis(const sj_cg *c) { return c->G->rank - 1; }
@@ -358,9 +372,9 @@ static int vec_align(sj_dtype dt) {
     }
 }
 
-/* `const bool vec = ...;` with what generation cannot decide; false when
- * the vector path is impossible for this group (nothing emitted). */
-static bool put_vec_flag(sj_cg *c) {
+/* Can the current group take the vector path at all (what generation
+ * decides: inner strides a known 0 or 1, literal sizes that allow it)? */
+static bool vec_possible(sj_cg *c) {
     const sj_group *G = c->G;
     int L = last_axis(c);
     int64_t v;
@@ -373,6 +387,17 @@ static bool put_vec_flag(sj_cg *c) {
         for (int a = 0; a < L; a++)
             if (sj_cg_kconst(c, c->acc[k]->stride[a], &v) && v % 4) return false;
     }
+    return true;
+}
+
+/* `const bool vec = ...;` with what generation cannot decide; false when
+ * the vector path is impossible for this group (nothing emitted). The
+ * host's sj_cuda_vec_ok is the same test. */
+static bool put_vec_flag(sj_cg *c) {
+    const sj_group *G = c->G;
+    int L = last_axis(c);
+    int64_t v;
+    if (!vec_possible(c)) return false;
     put(&c->o, "const bool vec = true");
     if (!sj_cg_kconst(c, G->shape[L], &v)) put(&c->o, "\n    && (n%d & 3) == 0", L);
     for (int k = 0; k < c->n_acc; k++) {
@@ -541,7 +566,7 @@ static void put_pass(sj_cg *c, const rowop *R, rmode m, bool stores, const char 
 
 /* `var = reduce(var)` over the row's threads. */
 static void put_reduce(sj_cg *c, const char *var, const char *id, const char *op, const char *t) {
-    put(&c->o, "%s = sj_cu_reduce(%s, (%s)%s, sj_cu_%s(), (%s *)sj_red);\n", var, var, t, id, op, t);
+    put(&c->o, "%s = sj_cu_reduce(%s, (%s)%s, sj_cu_%s(), (%s *)sj_red, nt);\n", var, var, t, id, op, t);
 }
 
 /* The per-element output pass of softmax and the norms: the row op's value
@@ -620,7 +645,7 @@ static void put_row_body(sj_cg *c, const rowop *R, rmode m) {
         } else {
             put_pass(c, R, m, false, "const float d = x - mean;\nq += d * d;\nsc += d;\n");
         }
-        put(&c->o, "sj_cu_sum2(q, sc, (float2 *)sj_red);\n");
+        put(&c->o, "sj_cu_sum2(q, sc, (float2 *)sj_red, nt);\n");
         put(&c->o, "const float cm = sc / (float)n%d, var = q / (float)n%d - cm * cm;\n", L, L);
         put(&c->o, "const float rstd = 1.0f / sqrtf((var < 0.0f ? 0.0f : var) + ");
         sj_cg_put_float(c, (float)R->n->a.f);
@@ -760,18 +785,23 @@ static void gen_row(sj_cg *c) {
     if (known) put(&c->o, "const int64_t tid = threadIdx.x, nt = %u;\n", nl <= ROW_WARP_MAX ? 32u : row_threads(nl));
     else put(&c->o, "const int64_t tid = threadIdx.x, nt = %u; /* this variant's */\n", ((cu *)c->user)->nt);
     put(&c->o, "constexpr int RC = %d; (void)RC;\n", known ? row_rc_known(nl) : ROW_RC);
-    bool vec = put_vec_flag(c);
+    cu *u = c->user;
+    /* the vector kernel of a split pair keeps its flag (the same code as
+     * the pair's one kernel) and does nothing without it */
+    bool vec = u->paths != P_FB && put_vec_flag(c);
     put(&c->o, "for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows;"
                " row += (int64_t)gridDim.x * blockDim.y) {\n");
     put_row_setup(c, L);
     if (vec) {
         put(&c->o, "if (vec) {\n");
         put_row_modes(c, &R, true);
-        put(&c->o, "} else {\n");
     }
-    ((cu *)c->user)->fallback = vec;
-    put_row_modes(c, &R, false);
-    ((cu *)c->user)->fallback = false;
+    if (u->paths != P_VEC) {
+        if (vec) put(&c->o, "} else {\n");
+        u->fallback = vec || u->paths == P_FB;
+        put_row_modes(c, &R, false);
+        u->fallback = false;
+    }
     if (vec) put(&c->o, "}\n");
     put(&c->o, "}\n");
 }
@@ -850,7 +880,7 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
         const sj_group *G = &p->groups[gi];
         if (G->kind == SJ_G_NODE) {
             /* a generated product: a kernel per tile variant */
-            bool ok = G->gemm_tile >= 0 && G->gemm_nv >= 1 && G->gemm_nv <= SJ_CG_VARIANTS_MAX;
+            bool ok = G->gemm_tile >= 0 && G->gemm_nv >= 1 && G->gemm_nv <= SJ_CG_FALLBACK;
             for (int v = 0; ok && v < G->gemm_nv; v++) ok = put_gemm(&c, G, prefix, v);
             if (ok && o && o->variants) o->variants[gi] = G->gemm_nv;
             continue;
@@ -870,9 +900,14 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
         int64_t nl;
         int nv = sj_cg_kconst(&c, G->shape[G->rank - 1], &nl) ? 1 : ROW_VARIANTS;
         if (o && o->variants) o->variants[gi] = nv;
-        for (int v = 0; v < nv; v++) {
+        /* one kernel with a vector path: its fallback as a kernel of its own */
+        bool fb = nv == 1 && o && o->fallback_kernels && vec_possible(&c);
+        if (o && o->fallbacks) o->fallbacks[gi] = fb;
+        for (int v = 0; v < nv + fb; v++) {
             char suffix[8] = "";
             if (nv > 1) snprintf(suffix, sizeof suffix, "_v%d", v);
+            if (v == nv) snprintf(suffix, sizeof suffix, "_fb");
+            u.paths = !fb ? P_BOTH : v < nv ? P_VEC : P_FB;
             sj_cg_group(&c, G); /* each variant from the group's start */
             u.nt = nv > 1 ? row_vs[v].nt : 0;
             u.nmin = nv > 1 ? row_nmin(v) : 0;
@@ -886,11 +921,17 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
             bool big_rc = nv > 1 && row_rc_all(&u) > 2;
             bool known_rc = nv == 1 && sj_op_kind_of(g->nodes[G->row_node].op) != SJ_K_REDUCE &&
                             nl <= ROW_CACHE && row_rc_known(nl) > 2;
-            put_head(&c, prefix, suffix, big_rc ? (int)u.nt * (u.nt == 32 ? ROW_WARPS : 1) : max_threads,
-                     literal || big_rc || known_rc ? 0 : ROW_SYM_MIN_BLOCKS);
+            /* so is a split pair's kernel of rows a warp takes: alone, the
+             * vector kernel of MiniLM's norms over 384 (f32) got 40
+             * registers and spilled 20 bytes under the bound of 512 threads
+             * (44 and none under its block's 256; the one kernel: 52) */
+            int bound = big_rc ? (int)u.nt * (u.nt == 32 ? ROW_WARPS : 1) : max_threads;
+            if (fb && nl <= ROW_WARP_MAX) bound = 32 * ROW_WARPS;
+            put_head(&c, prefix, suffix, bound, literal || big_rc || known_rc ? 0 : ROW_SYM_MIN_BLOCKS);
             gen_row(&c);
             put(&c.o, "}\n");
         }
+        u.paths = P_BOTH;
     }
     return sj_cg_take(&c, len);
 }
@@ -932,6 +973,25 @@ int sj_cuda_launch(const sj_group *gr, const int64_t *exv, int sm_count, sj_laun
     }
     while (out->variant + 1 < ROW_VARIANTS && n > row_vs[out->variant].nmax) out->variant++;
     return 1;
+}
+
+/* -- The vector path's test on the host ------------------------------------------------- */
+
+bool sj_cuda_vec_ok(const sj_graph *g, const sj_group *gr, const int64_t *exv, void *const *ptrs) {
+    int L = gr->rank - 1;
+    if (exv[gr->shape[L]] & 3) return false;
+    for (int k = 0; k < gr->n_loads + gr->n_stores; k++) {
+        const sj_access *x = k < gr->n_loads ? &gr->loads[k] : &gr->stores[k - gr->n_loads];
+        int64_t in = exv[x->stride[L]];
+        if (in == 0) continue;
+        if (in != 1) return false;
+        sj_dtype dt = g->vals[x->val].dtype;
+        uintptr_t at = (uintptr_t)ptrs[k] + (uintptr_t)(exv[x->offset] * (int64_t)sj_dtype_size(dt));
+        if (at & (uintptr_t)(vec_align(dt) - 1)) return false;
+        for (int a = 0; a < L; a++)
+            if (exv[x->stride[a]] & 3) return false;
+    }
+    return true;
 }
 
 /* -- Splitting a unit --------------------------------------------------------------------- */

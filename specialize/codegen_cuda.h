@@ -4,7 +4,10 @@
  * Every POINTWISE and ROW group becomes (a symbolic ROW group whose row
  * length is unknown: four of them, <prefix><group name>_v0 .. _v3, one
  * per row thread count and length class, sj_launch.variant saying which
- * to launch)
+ * to launch; with sj_codegen_opts.fallback_kernels, a ROW group of one
+ * kernel with a vector path: two, <prefix><group name> for the calls
+ * sj_cuda_vec_ok accepts and <prefix><group name>_fb, element by element,
+ * for the others)
  *
  *   extern "C" __global__ void <prefix><group name>(
  *       <T> *__restrict__ p0, ..., <T> *__restrict__ pN,   // accesses: loads, then stores
@@ -88,6 +91,18 @@ typedef struct sj_launch {
  * exv (sj_ex_eval_all of the graph's pool). sm_count may guide grid sizes.
  * Returns 0 when there is nothing to do (an empty iteration space). */
 int sj_cuda_launch(const sj_group *gr, const int64_t *exv, int sm_count, sj_launch *out);
+
+/* Would group gr's kernel take its vector path for a call whose
+ * expressions evaluate to exv and whose accesses' base pointers are ptrs
+ * (loads, then stores: the kernel's pointer arguments)? The kernel's own
+ * flag, computed on the host: the row length a multiple of 4, every access
+ * contiguous along the row (or broadcast), the contiguous ones aligned at
+ * every row (base plus offset to 16 bytes, 8 for halves, 4 for bools; the
+ * other axes' strides multiples of 4). A row group generated with
+ * sj_codegen_opts.fallback_kernels into <name> and <name>_fb is launched as
+ * <name> when it is true, else as <name>_fb (same dimensions: sj_cuda_launch
+ * with variant 0). g: the plan's graph (the accesses' dtypes). */
+bool sj_cuda_vec_ok(const sj_graph *g, const sj_group *gr, const int64_t *exv, void *const *ptrs);
 
 /* The generator's spec (specialize/codegen_gemm_cuda.h) of a plan's
  * generated product G (gemm_tile >= 0; specialize/fusion.h): N, K, the

@@ -65,6 +65,7 @@ static tu_cuda cu;
 
 static struct {
     int units;
+    int vector_runs, fallback_runs; /* launches of split pairs' kernels (gpu_run) */
     double total_s, max_s;
     size_t bytes;
     char slowest[96];
@@ -76,7 +77,9 @@ static struct {
 static void nvrtc_compile(const char *src, const char *arch, const char *what, char **out, size_t *out_len) {
     nvrtc_prog prog;
     sj_nvrtc_opts o;
-    assert_int_equal(sj_nvrtc_options(arch, NULL, &o), SJ_OK);
+    int maj = 0, min = 0;
+    cu.nv.Version(&maj, &min);
+    assert_int_equal(sj_nvrtc_options(arch, maj * 100 + min, NULL, &o), SJ_OK);
     assert_int_equal(cu.nv.CreateProgram(&prog, src, "unit.cu", 0, NULL, NULL), 0);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -124,7 +127,9 @@ static int teardown_all(void **state) {
 typedef struct unit {
     void *mod;                           /* CUmodule */
     int variants[256];                   /* functions per group (sj_codegen_opts.variants) */
+    int fallbacks[256];                  /* a fallback kernel <name>_fb (sj_codegen_opts.fallbacks) */
     void *fns[256][SJ_CG_VARIANTS_MAX];  /* CUfunction per group and launch variant */
+    void *fb[256];                       /* CUfunction of the fallback kernel, where there is one */
 } unit;
 
 #ifdef SJ_WITH_CUDA
@@ -150,6 +155,14 @@ static void unit_load(const sj_fplan *p, const char *cubin, const char *prefix, 
             else snprintf(name, sizeof name, "%s%s_v%d", prefix, p->groups[gi].name, v);
             cu_ok(cu.dev->api.ModuleGetFunction(&f, mod, name), name);
             u->fns[gi][v] = f;
+        }
+        if (u->fallbacks[gi]) {
+            char name[64];
+            CUfunction f;
+            assert_int_equal(nv, 1);
+            snprintf(name, sizeof name, "%s%s_fb", prefix, p->groups[gi].name);
+            cu_ok(cu.dev->api.ModuleGetFunction(&f, mod, name), name);
+            u->fb[gi] = f;
         }
     }
 }
@@ -289,7 +302,14 @@ static void gpu_run(const sj_graph *g, const sj_fplan *p, const unit *u, const s
         /* a group of one function has it for every launch (as sj_compiled's slots) */
         int v = u->variants[gi] == 1 ? 0 : L.variant;
         assert_true(v >= 0 && v < u->variants[gi]);
-        cu_ok(cu.dev->api.LaunchKernel((CUfunction)u->fns[gi][v], L.grid[0], L.grid[1], L.grid[2], L.block[0],
+        void *fn = u->fns[gi][v];
+        /* a split pair: the fallback for calls the vector kernel refuses
+         * (the shifted inputs of run_and_compare) */
+        void *vp[2 * SJ_MAX_INPUTS + 64];
+        for (int k = 0; k < gr->n_loads + gr->n_stores; k++) vp[k] = (void *)(uintptr_t)ptrs[k];
+        if (u->fallbacks[gi] && !sj_cuda_vec_ok(g, gr, exv, vp)) fn = u->fb[gi], stats.fallback_runs++;
+        else if (u->fallbacks[gi]) stats.vector_runs++;
+        cu_ok(cu.dev->api.LaunchKernel((CUfunction)fn, L.grid[0], L.grid[1], L.grid[2], L.block[0],
                                        L.block[1], L.block[2], L.smem, cu.dev->stream, args, NULL),
               tu_label("%s: launch %s", what, gr->name));
         cu_ok(cu.dev->api.StreamSynchronize(cu.dev->stream), tu_label("%s: run %s", what, gr->name));
@@ -348,7 +368,12 @@ static void build(const sj_graph *g, const sj_fplan *p, const int64_t *sv, int f
     size_t len;
     memset(u, 0, sizeof *u);
     assert_true(p->n_groups <= 256);
-    char *src = sj_codegen_cuda(g, p, sv, &(sj_codegen_opts){.prefix = prefix, .variants = u->variants}, &len);
+    /* the specialized form with its row kernels' fallbacks as kernels of
+     * their own (launched for unaligned calls: sj_cuda_vec_ok), the
+     * symbolic one without (one kernel holding both paths) */
+    const sj_codegen_opts o = {.prefix = prefix, .variants = u->variants, .fallbacks = u->fallbacks,
+                               .fallback_kernels = form == 0};
+    char *src = sj_codegen_cuda(g, p, sv, &o, &len);
     assert_non_null(src);
     assert_int_equal(strlen(src), len);
     char *cubin = NULL;
@@ -389,17 +414,26 @@ static void run_both(const tu_pattern *pt, sj_dtype dt) {
 static void test_nvrtc_options(void **state) {
     (void)state;
     sj_nvrtc_opts o;
-    assert_int_equal(sj_nvrtc_options("sm_90", NULL, &o), SJ_OK);
-    assert_int_equal(o.argc, 4);
+    assert_int_equal(sj_nvrtc_options("sm_90", 1300, NULL, &o), SJ_OK);
+    assert_int_equal(o.argc, 5);
     assert_string_equal(o.argv[0], "--gpu-architecture=sm_90");
     assert_string_equal(o.argv[1], "--std=c++17");
     assert_string_equal(o.argv[2], "-default-device");
     assert_string_equal(o.argv[3], "--extra-device-vectorization"); /* no -lineinfo: the same code, 2.7x the bytes */
+    assert_string_equal(o.argv[4], "-minimal"); /* NVRTC 12.4 on */
+    /* an NVRTC before 12.4 (or unknown) has no -minimal */
+    assert_int_equal(sj_nvrtc_options("sm_90", 1203, NULL, &o), SJ_OK);
+    assert_int_equal(o.argc, 4);
+    assert_int_equal(sj_nvrtc_options("sm_90", 0, NULL, &o), SJ_OK);
+    assert_int_equal(o.argc, 4);
+    assert_int_equal(sj_nvrtc_options("sm_90", 1204, NULL, &o), SJ_OK);
+    assert_int_equal(o.argc, 5);
+    assert_int_equal(sj_nvrtc_options("sm_90", 1300, NULL, &o), SJ_OK);
     const int own = o.argc;
-    assert_int_equal(sj_nvrtc_options("compute_80", "", &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("compute_80", 1300, "", &o), SJ_OK);
     assert_int_equal(o.argc, own);
     assert_string_equal(o.argv[0], "--gpu-architecture=compute_80");
-    assert_int_equal(sj_nvrtc_options("sm_90", "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("sm_90", 1300, "\t -DA=1   -Xptxas=-O1\t--use_fast_math ", &o), SJ_OK);
     assert_int_equal(o.argc, own + 3);
     assert_string_equal(o.argv[own], "-DA=1");
     assert_string_equal(o.argv[own + 1], "-Xptxas=-O1");
@@ -408,19 +442,19 @@ static void test_nvrtc_options(void **state) {
     /* 16 words fit, 17 do not; 511 characters fit, 512 do not */
     char flags[SJ_NVRTC_FLAGS_LEN + 2] = "";
     for (int i = 0; i < SJ_NVRTC_MAX_FLAGS; i++) snprintf(flags + strlen(flags), 8, "-DX%d ", i);
-    assert_int_equal(sj_nvrtc_options("sm_90", flags, &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("sm_90", 1300, flags, &o), SJ_OK);
     assert_int_equal(o.argc, own + SJ_NVRTC_MAX_FLAGS);
     assert_string_equal(o.argv[o.argc - 1], "-DX15");
     strcat(flags, "-DX16");
-    assert_int_equal(sj_nvrtc_options("sm_90", flags, &o), SJ_EINVAL);
+    assert_int_equal(sj_nvrtc_options("sm_90", 1300, flags, &o), SJ_EINVAL);
     assert_non_null(strstr(sj_last_error(), "nvrtc_flags: more than 16 options"));
     memset(flags, 0, sizeof flags);
     memcpy(flags, "-DLONG=", 7);
     memset(flags + 7, 'x', SJ_NVRTC_FLAGS_LEN - 7);
-    assert_int_equal(sj_nvrtc_options("sm_90", flags, &o), SJ_OK);
+    assert_int_equal(sj_nvrtc_options("sm_90", 1300, flags, &o), SJ_OK);
     assert_int_equal((int)strlen(o.argv[own]), SJ_NVRTC_FLAGS_LEN);
     flags[SJ_NVRTC_FLAGS_LEN] = 'x';
-    assert_int_equal(sj_nvrtc_options("sm_90", flags, &o), SJ_EINVAL);
+    assert_int_equal(sj_nvrtc_options("sm_90", 1300, flags, &o), SJ_EINVAL);
     assert_non_null(strstr(sj_last_error(), "nvrtc_flags: 512 characters, more than the 511 allowed"));
 }
 
@@ -965,6 +999,153 @@ static void test_split_encoder(void **state) {
     }
 }
 
+/* The text of kernel `name` (from its signature to the next kernel), or
+ * NULL; malloc'd. */
+static char *kernel_text(const char *src, const char *name) {
+    char sig[80];
+    snprintf(sig, sizeof sig, ") %s(", name);
+    const char *at = strstr(src, sig);
+    if (!at) return NULL;
+    const char *end = strstr(at, SJ_CUDA_KERNEL_MARK);
+    return strndup(at, end ? (size_t)(end - at) : strlen(at));
+}
+
+/* sj_codegen_opts.fallback_kernels: the f16 encoder's layer norms (rows of
+ * 768, one kernel each, with a vector path) become a vector kernel and an
+ * element-by-element one, <name>_fb; the vector kernel holds no
+ * element-by-element pass (merged back, this fails), the fallback no
+ * vector access, and no program of the split unit holds both; they compile
+ * without a warning. sj_cuda_vec_ok, the launch's choice between them, is
+ * the kernel's flag: aligned bases take the vector kernel, a base one
+ * element off, a row length not a multiple of 4 or a row stride not a
+ * multiple of 4 the fallback. (On a device, every pattern's specialized
+ * form runs split, shifted inputs through the fallback: build, gpu_run.) */
+static void test_fallback_split(void **state) {
+    (void)state;
+    bench_encoder w;
+    sj_tensor x;
+    encoder_f16(&w, &x);
+    for (int form = 0; form < 2; form++) {
+        sj_trace_result res;
+        trace_encoder(&w, &x, form, &res);
+        sj_graph *g = res.graph;
+        sj_fplan *p = sj_fuse(g, &x);
+        assert_non_null(p);
+        int nv[64] = {0}, fb[64] = {0}, fb_off[64] = {0};
+        assert_true(p->n_groups <= 64);
+        char *src = sj_codegen_cuda(g, p, NULL,
+                                    &(sj_codegen_opts){.prefix = "sj_", .variants = nv, .fallbacks = fb,
+                                                       .fallback_kernels = true},
+                                    NULL);
+        char *one = sj_codegen_cuda(g, p, NULL, &(sj_codegen_opts){.prefix = "sj_", .fallbacks = fb_off}, NULL);
+        assert_non_null(src);
+        assert_non_null(one);
+        int n_fb = 0;
+        for (int gi = 0; gi < p->n_groups; gi++) {
+            const sj_group *G = &p->groups[gi];
+            assert_int_equal(fb_off[gi], 0); /* off by default */
+            assert_true(!fb[gi] || (G->kind == SJ_G_ROW && nv[gi] == 1));
+            if (!fb[gi]) continue;
+            n_fb++;
+            char name[64];
+            snprintf(name, sizeof name, "sj_%s", G->name);
+            char *vk = kernel_text(src, name), *whole = kernel_text(one, name);
+            snprintf(name, sizeof name, "sj_%s_fb", G->name);
+            char *fk = kernel_text(src, name);
+            assert_non_null(vk);
+            assert_non_null(fk);
+            assert_non_null(whole);
+            assert_null(kernel_text(one, name));
+            /* the one kernel has both paths; the pair one each */
+            assert_non_null(strstr(whole, "sj_ld4(p0 + o0 + j0, x0);"));
+            assert_non_null(strstr(whole, "p0[o0 + j]"));
+            assert_non_null(strstr(vk, "sj_ld4(p0 + o0 + j0, x0);"));
+            assert_non_null(strstr(vk, "if (vec) {"));
+            assert_null(strstr(vk, "p0[o0 + j]"));
+            assert_null(strstr(vk, "} else {"));
+            assert_non_null(strstr(fk, "p0[o0 + j]"));
+            assert_non_null(strstr(fk, "#pragma unroll 1\nfor (int64_t j = tid; j < n"));
+            assert_null(strstr(fk, "sj_ld4("));
+            assert_null(strstr(fk, "vec"));
+            /* a warp's rows: both bounded by their block, 32 x 8 threads */
+            char lb[96];
+            snprintf(lb, sizeof lb, "__launch_bounds__(256) sj_%s(", G->name);
+            assert_non_null(strstr(src, lb));
+            snprintf(lb, sizeof lb, "__launch_bounds__(256) sj_%s_fb(", G->name);
+            assert_non_null(strstr(src, lb));
+            /* the vector kernel is the one kernel less its fallback */
+            assert_true(strlen(vk) < strlen(whole));
+            assert_memory_equal(vk, whole, (size_t)(strstr(vk, "if (vec) {") - vk));
+            /* no program of the split holds both */
+            char *pieces[SJ_CUDA_PIECES_MAX];
+            int n = sj_codegen_cuda_split(src, SJ_CUDA_PIECES_MAX, pieces);
+            assert_true(n >= 2);
+            char vsig[80], fsig[80];
+            snprintf(vsig, sizeof vsig, ") sj_%s(", G->name);
+            snprintf(fsig, sizeof fsig, ") sj_%s_fb(", G->name);
+            int with_v = 0, with_f = 0;
+            for (int i = 0; i < n; i++) {
+                bool hv = strstr(pieces[i], vsig) != NULL, hf = strstr(pieces[i], fsig) != NULL;
+                assert_false(hv && hf);
+                with_v += hv, with_f += hf;
+                free(pieces[i]);
+            }
+            assert_int_equal(with_v, 1);
+            assert_int_equal(with_f, 1);
+
+            /* the launch's choice */
+            int n_ex = sj_ex_count(g->ex);
+            int64_t *exv = calloc((size_t)n_ex, sizeof *exv), sv[8] = {128, 128, 128, 128, 128, 128, 128, 128};
+            assert_non_null(exv);
+            sj_ex_eval_all(g->ex, sv, exv);
+            void *ptrs[64];
+            assert_true(G->n_loads + G->n_stores <= 64);
+            for (int k = 0; k < G->n_loads + G->n_stores; k++) ptrs[k] = (void *)(uintptr_t)(0x10000 * (k + 1));
+            assert_true(sj_cuda_vec_ok(g, G, exv, ptrs));
+            for (int k = 0; k < G->n_loads + G->n_stores; k++) {
+                const sj_access *a = k < G->n_loads ? &G->loads[k] : &G->stores[k - G->n_loads];
+                if (exv[a->stride[G->rank - 1]] == 0) continue; /* broadcast: any address */
+                void *was = ptrs[k];
+                ptrs[k] = (char *)was + 2; /* one f16 element */
+                assert_false(sj_cuda_vec_ok(g, G, exv, ptrs));
+                ptrs[k] = (char *)was + 8; /* four */
+                assert_true(sj_cuda_vec_ok(g, G, exv, ptrs));
+                ptrs[k] = was;
+                if (G->rank > 1) { /* a row stride not a multiple of 4 */
+                    int64_t st = exv[a->stride[0]];
+                    exv[a->stride[0]] = st + 2;
+                    assert_false(sj_cuda_vec_ok(g, G, exv, ptrs));
+                    exv[a->stride[0]] = st;
+                }
+            }
+            int64_t len = exv[G->shape[G->rank - 1]];
+            exv[G->shape[G->rank - 1]] = len - 2;
+            assert_false(sj_cuda_vec_ok(g, G, exv, ptrs));
+            exv[G->shape[G->rank - 1]] = len;
+            free(exv);
+            free(vk);
+            free(fk);
+            free(whole);
+        }
+        assert_int_equal(n_fb, 2); /* the two layer norms */
+        if (cu.have_nvrtc) {
+            char *pieces[SJ_CUDA_PIECES_MAX];
+            int n = sj_codegen_cuda_split(src, SJ_CUDA_PIECES_MAX, pieces);
+            for (int i = 0; i < n; i++) {
+                char what[64];
+                snprintf(what, sizeof what, "encoder f16 %s split pair (piece %d of %d)", form ? "sym" : "static",
+                         i + 1, n);
+                nvrtc_compile(pieces[i], "sm_90", what, NULL, NULL);
+                free(pieces[i]);
+            }
+        }
+        free(src);
+        free(one);
+        sj_fplan_free(p);
+        sj_graph_destroy(g);
+    }
+}
+
 /* The encoder layer with its products generated (sj_fuse_opts.gemm: the
  * CUDA device with cuda_gemm on), static and symbolic: the four products
  * marked (query-key-value, output, and the feed-forward pair, the first
@@ -1026,9 +1207,14 @@ static void test_summary(void **state) {
            stats.units ? stats.total_s / stats.units : 0.0, stats.max_s, stats.slowest, stats.bytes / 1024);
     if (!cu.have_gpu) printf("skipped: no CUDA device (%s)\n", cu.no_gpu_why);
 #ifdef SJ_WITH_CUDA
-    else
-        printf("ran on the device: %s, sm_%d%d, %d SMs\n", cu.dev->name, cu.dev->cc_major, cu.dev->cc_minor,
-               cu.dev->sm_count);
+    else {
+        printf("ran on the device: %s, sm_%d%d, %d SMs; split row kernels: %d vector, %d fallback launches\n",
+               cu.dev->name, cu.dev->cc_major, cu.dev->cc_minor, cu.dev->sm_count, stats.vector_runs,
+               stats.fallback_runs);
+        /* both kernels of split pairs ran: aligned calls and shifted ones */
+        assert_true(stats.vector_runs > 0);
+        assert_true(stats.fallback_runs > 0);
+    }
 #endif
 }
 
@@ -1039,7 +1225,7 @@ int main(void) {
         T(test_w3),          T(test_matmul_gelu),  T(test_views),    T(test_reduce), T(test_rows),
         T(test_casts_where), T(test_ints),         T(test_shared_outputs), T(test_half), T(test_edges),
         T(test_many_rows),   T(test_row_variants), T(test_known_row_bounds), T(test_ln_offset), T(test_cuda_target),
-        T(test_split_encoder), T(test_gemm_encoder), T(test_summary),
+        T(test_split_encoder), T(test_fallback_split), T(test_gemm_encoder), T(test_summary),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

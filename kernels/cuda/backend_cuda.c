@@ -451,7 +451,7 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
                      "cuda: NVRTC %d.%d cannot generate code for sm_%d%d: kernels are compiled to %s PTX, which the "
                      "driver compiles at load (a newer NVRTC avoids it: SHAPEJIT_CUDA_LIBS)",
                      c->nvrtc_major, c->nvrtc_minor, c->cc_major, c->cc_minor, b->arch);
-    sj_status st = sj_nvrtc_options(b->arch, cfg->nvrtc_flags, &b->opts);
+    sj_status st = sj_nvrtc_options(b->arch, c->nvrtc_major * 100 + c->nvrtc_minor, cfg->nvrtc_flags, &b->opts);
     if (st) {
         cuda_destroy(&b->base);
         sj_err_prefix("sj_cuda_backend_create: ");

@@ -20,16 +20,16 @@ static bool opt_add(sj_nvrtc_opts *o, size_t *used, const char *w, size_t n) {
     return true;
 }
 
-sj_status sj_nvrtc_options(const char *arch, const char *flags, sj_nvrtc_opts *o) {
+sj_status sj_nvrtc_options(const char *arch, int nvrtc_version, const char *flags, sj_nvrtc_opts *o) {
     memset(o, 0, sizeof *o);
     if (flags && strlen(flags) > SJ_NVRTC_FLAGS_LEN)
         return sj_seterr(SJ_EINVAL, "nvrtc_flags: %zu characters, more than the %d allowed", strlen(flags),
                          SJ_NVRTC_FLAGS_LEN);
     char archopt[64];
     snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
-    const char *own[] = {archopt, "--std=c++17", "-default-device", "--extra-device-vectorization"};
-    size_t used = 0;
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) opt_add(o, &used, own[i], strlen(own[i]));
+    const char *own[] = {archopt, "--std=c++17", "-default-device", "--extra-device-vectorization", "-minimal"};
+    size_t used = 0, n_own = sizeof own / sizeof own[0] - (nvrtc_version < SJ_NVRTC_MINIMAL_SINCE);
+    for (size_t i = 0; i < n_own; i++) opt_add(o, &used, own[i], strlen(own[i]));
     int words = 0;
     for (const char *p = flags ? flags : ""; *p;) {
         p += strspn(p, " \t");
@@ -63,5 +63,5 @@ bool sj_nvrtc_target(int cc_major, int cc_minor, const int *supported, int n, ch
 
 sj_status sj_device_cuda_check_flags(const char *flags) {
     sj_nvrtc_opts o;
-    return sj_nvrtc_options("sm_90", flags, &o);
+    return sj_nvrtc_options("sm_90", 0, flags, &o);
 }

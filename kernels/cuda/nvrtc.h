@@ -16,22 +16,27 @@
 
 /* The NVRTC options a unit is compiled with: the architecture (arch:
  * "sm_90", or a virtual "compute_90" for PTX), --std=c++17 and
- * -default-device (the unit's C++ and its undecorated device helpers) and
- * --extra-device-vectorization, then the words of flags (NULL or "":
- * none; separated by spaces or tabs): the runtime's nvrtc_flags. No
+ * -default-device (the unit's C++ and its undecorated device helpers),
+ * --extra-device-vectorization and, where NVRTC has it (nvrtc_version,
+ * major * 100 + minor, at least SJ_NVRTC_MINIMAL_SINCE; 0: unknown, left
+ * out), -minimal (no texture, device-runtime or runtime-API declarations,
+ * which no unit uses: NVRTC 13.0 compiles w4's units into the same CUBIN,
+ * byte for byte, about 3 ms sooner per program), then the words of flags
+ * (NULL or "": none; separated by spaces or tabs): the runtime's
+ * nvrtc_flags. No
  * -lineinfo: it leaves the machine code as it is but makes the CUBIN 2.7
  * times larger (w4's unit: 206 KB against 77 KB); a profiling run adds it
  * through nvrtc_flags. No fast math: erf, exp and division keep their IEEE
  * behaviour, as the eager kernels do. SJ_EINVAL naming the limit when
  * flags has more than SJ_NVRTC_MAX_FLAGS words or SJ_NVRTC_FLAGS_LEN
  * characters. */
-enum { SJ_NVRTC_MAX_FLAGS = 16, SJ_NVRTC_FLAGS_LEN = 511 };
+enum { SJ_NVRTC_MAX_FLAGS = 16, SJ_NVRTC_FLAGS_LEN = 511, SJ_NVRTC_MINIMAL_SINCE = 1204 };
 typedef struct sj_nvrtc_opts {
     const char *argv[8 + SJ_NVRTC_MAX_FLAGS];
     int argc;
     char text[640]; /* the strings argv points into */
 } sj_nvrtc_opts;
-sj_status sj_nvrtc_options(const char *arch, const char *flags, sj_nvrtc_opts *o);
+sj_status sj_nvrtc_options(const char *arch, int nvrtc_version, const char *flags, sj_nvrtc_opts *o);
 
 /* The architecture to compile for on a device of compute capability
  * cc_major.cc_minor, given the real architectures NVRTC can generate code
