@@ -174,10 +174,11 @@ void sj_ctarget_release(sj_ctarget *t) { sj_compiled_free(atomic_exchange(&t->re
 
 /* -- Compiling one target (no lock held) ------------------------------------------- */
 
-/* CUDA row kernels' fallbacks as kernels of their own (issue 28): 0 until
- * jit/exec_fused.c launches them. */
+/* CUDA row kernels' fallbacks as kernels of their own (issue 28), which
+ * jit/exec_fused.c's launch_desc picks where sj_cuda_vec_ok fails; 0: one
+ * kernel holding both paths. */
 #ifndef SJ_COMPILE_FALLBACK_KERNELS
-#define SJ_COMPILE_FALLBACK_KERNELS 0
+#define SJ_COMPILE_FALLBACK_KERNELS 1
 #endif
 
 static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, int64_t idle_until_ns,
@@ -195,9 +196,8 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     int *variants = sj_calloc(2 * (size_t)(plan->n_groups ? plan->n_groups : 1), sizeof *variants);
     int *fallbacks = variants ? variants + (plan->n_groups ? plan->n_groups : 1) : NULL;
     /* CUDA row kernels' unaligned paths as kernels of their own (slot
-     * SJ_CG_FALLBACK), once the engine's launch picks them by
-     * sj_cuda_vec_ok (jit/exec_fused.c's launch_desc; until then off: the
-     * vector kernel of a split pair does nothing for an unaligned call) */
+     * SJ_CG_FALLBACK), which the engine's launch picks by sj_cuda_vec_ok
+     * (jit/exec_fused.c's launch_desc) */
     sj_codegen_opts o = {.prefix = "sj_", .stream_min_bytes = c->rt ? c->rt->cfg.stream_min_bytes : 0,
                          .variants = variants, .fallback_kernels = SJ_COMPILE_FALLBACK_KERNELS, .fallbacks = fallbacks,
                          .test_skew = c->rt ? c->rt->test_skew : 0};

@@ -88,6 +88,9 @@ static bool launch_desc(const sj_exec *x, const sj_group *gr, const int64_t *exv
         sj_launch L;
         if (!sj_cuda_launch(gr, exv, x->ops->units, &L)) return false;
         d->fn = fn[L.variant];
+        /* a row kernel split from its unaligned path (sj_codegen_opts
+         * .fallback_kernels): the fallback where the vector path's test fails */
+        if (fn[SJ_CG_FALLBACK] && !sj_cuda_vec_ok(x->g, gr, exv, d->ptrs)) d->fn = fn[SJ_CG_FALLBACK];
         memcpy(d->grid, L.grid, sizeof d->grid);
         memcpy(d->block, L.block, sizeof d->block);
         d->smem = L.smem;
