@@ -892,7 +892,7 @@ static void test_attention_mask(void **state) {
  * view mb [B, H, Sq, Sk] (NULL: none; bool: false masks), key lengths
  * lens (NULL: all), causal; a query with no key left gives zeros. */
 static void ref_att_mask(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v, const sj_tensor *mb,
-                         const int64_t *lens, double scale, int causal, double *out) {
+                         const int64_t *lens, double scale, int causal, double *out, double *mag) {
     int64_t B = q->shape[0], H = q->shape[1], Sq = q->shape[2], D = q->shape[3], Sk = k->shape[2],
             Dv = v->shape[3];
     double *p = malloc(sizeof(double) * (size_t)(Sk ? Sk : 1));
@@ -916,9 +916,13 @@ static void ref_att_mask(const sj_tensor *q, const sj_tensor *k, const sj_tensor
                 }
                 for (int64_t j = 0; j < Sk; j++) sum += p[j] = mx == -INFINITY ? 0 : exp(p[j] - mx);
                 for (int64_t e = 0; e < Dv; e++) {
-                    double acc = 0;
-                    for (int64_t j = 0; j < Sk; j++) acc += p[j] * tu_get(v, ((b * H + h) * Sk + j) * Dv + e);
+                    double acc = 0, am = 0;
+                    for (int64_t j = 0; j < Sk; j++) {
+                        double t = p[j] * tu_get(v, ((b * H + h) * Sk + j) * Dv + e);
+                        acc += t, am += fabs(t);
+                    }
                     out[((b * H + h) * Sq + i) * Dv + e] = sum > 0 ? acc / sum : 0;
+                    if (mag) mag[((b * H + h) * Sq + i) * Dv + e] = sum > 0 ? am / sum : 0;
                 }
             }
     free(p);
@@ -981,8 +985,8 @@ static void test_attention_mask_tc(void **state) {
                 tu_seti(&l, b, lens[b]);
             }
             sj_tensor yc, y = out_like(dt, 4, S(B, H, Sq, D), L_CONTIG, &yc);
-            double *r = ref(tu_numel(&y));
-            ref_att_mask(&q, &k, &v, &mb, lens, 0.125, cs[c].causal, r);
+            double *r = ref(tu_numel(&y)), *mg = mag(tu_numel(&y));
+            ref_att_mask(&q, &k, &v, &mb, lens, 0.125, cs[c].causal, r, mg);
             const sj_tensor *lp = cs[c].lens ? &l : NULL;
             assert_int_equal(sj_cpu_attention_mask(&q, &k, &v, lp, &mb, 0.125, cs[c].causal, &yc, NULL), SJ_OK);
             sj_tensor dq = to_dev(&q), dk = to_dev(&k), dv = to_dev(&v), dm = to_dev(&mask), dy = to_dev(&y);
@@ -1003,7 +1007,7 @@ static void test_attention_mask_tc(void **state) {
                    &y, what);
             sj_cuda_attention_tc_calls(&m1, &v1);
             assert_int_equal(m1, m0 + 1);
-            expect(&y, &yc, r, NULL, 2 * tu_tol(dt), what);
+            expect(&y, &yc, r, mg, 2 * tu_tol(dt), what); /* (relative to sum |p v|: the kernel's p are halves) */
         }
 }
 

@@ -442,8 +442,11 @@ static sj_status vl_plain(sj_tracer *t, const sj_val *in, int n, void *u) {
 }
 
 /* float64 attention of q, k, v [T, h, d] (contiguous) by sequence. */
+/* (mag NULL, or each output's sum of |p v| over its keys: the scale of a
+ * tensor-core kernel's rounding, whose probabilities are halves before
+ * they meet v, as tu_ref_attention's) */
 static void vl_ref_hd(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v, const int32_t *off, int64_t B,
-                      int64_t h, int64_t d, const vl_spec *sp, double *y) {
+                      int64_t h, int64_t d, const vl_spec *sp, double *y, double *mag) {
     for (int64_t b = 0; b < B; b++) {
         int64_t s = off[b], e = off[b + 1];
         double *sc = malloc(sizeof(double) * (size_t)(e - s + 1));
@@ -459,9 +462,13 @@ static void vl_ref_hd(const sj_tensor *q, const sj_tensor *k, const sj_tensor *v
                 }
                 for (int64_t j = s; j < lim; j++) l += sc[j - s] = exp(sc[j - s] - m);
                 for (int64_t c = 0; c < d; c++) {
-                    double a = 0;
-                    for (int64_t j = s; j < lim; j++) a += sc[j - s] * tu_get(v, (j * h + hh) * d + c);
+                    double a = 0, am = 0;
+                    for (int64_t j = s; j < lim; j++) {
+                        double t = sc[j - s] * tu_get(v, (j * h + hh) * d + c);
+                        a += t, am += fabs(t);
+                    }
                     y[(i * h + hh) * d + c] = a / l;
+                    if (mag) mag[(i * h + hh) * d + c] = am / l;
                 }
             }
         free(sc);
@@ -509,10 +516,11 @@ static void test_varlen_cuda_tc(void **state) {
                     sj_cuda_attention_tc_calls(&m1, &v1);
                     if (v1 != v0 + 1) fail_msg("%s: %llu tensor-core varlen launches, expected 1", what,
                                                (unsigned long long)(v1 - v0));
-                    double *r = calloc((size_t)(T * h * hd), sizeof(double));
-                    vl_ref_hd(&q, &k, &v, off, 5, h, hd, &sp, r);
+                    double *r = calloc((size_t)(T * h * hd), sizeof(double)), *mg = calloc((size_t)(T * h * hd), sizeof(double));
+                    vl_ref_hd(&q, &k, &v, off, 5, h, hd, &sp, r, mg);
                     sj_tensor y = to_host(rt, &out);
-                    if (!tu_check(&y, r, 2 * tu_tol(dt), what)) fail_msg("%s: mismatch against float64", what);
+                    if (!tu_check_mag(&y, r, mg, 2 * tu_tol(dt), what)) fail_msg("%s: mismatch against float64", what);
+                    free(mg);
                     free(r);
                     sj_tensor_free(rt, &out);
                     /* bad offsets (decreasing, past T, not from 0) on the tensor-core
@@ -539,9 +547,12 @@ static void test_varlen_cuda_tc(void **state) {
                                                               sj_last_error());
                     y = to_host(rt, &out);
                     r = calloc((size_t)(T * h * hd), sizeof(double));
-                    vl_ref_hd(&q, &k, &v, off, 5, h, hd, &sp, r);
-                    if (!tu_check(&y, r, 2 * tu_tol(dt), what)) fail_msg("%s: after bad offsets: mismatch", what);
+                    double *mg2 = calloc((size_t)(T * h * hd), sizeof(double));
+                    vl_ref_hd(&q, &k, &v, off, 5, h, hd, &sp, r, mg2);
+                    if (!tu_check_mag(&y, r, mg2, 2 * tu_tol(dt), what))
+                        fail_msg("%s: after bad offsets: mismatch", what);
                     free(r);
+                    free(mg2);
                     sj_tensor_free(rt, &out);
                     for (int i = 0; i < 4; i++) sj_tensor_free(rt, &in[i]);
                 }
