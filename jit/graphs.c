@@ -117,6 +117,7 @@ typedef struct sj_cgraph {
     sj_runtime *rt;
     int64_t hi[64];                /* the bucket's largest sizes: captured and laid out for them */
     void *bufs[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS]; /* the graph's input, then output buffers (the device's) */
+    unsigned char direct[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS]; /* a replay passes the caller's buffer instead */
 } sj_cgraph;
 
 static bool same_output(const sj_tensor *a, const sj_tensor *b) {
@@ -332,7 +333,8 @@ static sj_status bucket_run(void *arg, void *cc) {
 }
 
 /* A bucket graph's replay: the call at its own sizes on the graph's
- * buffers (graph_replay updates the graph's kernels with it). */
+ * buffers, or the caller's where they are direct (graph_replay updates
+ * the graph's kernels with it). */
 typedef struct bucket_call {
     const sj_exec *x;
     const sj_cgraph *g;
@@ -342,8 +344,14 @@ static sj_status bucket_update(void *arg, void *cc) {
     const bucket_call *bc = arg;
     const sj_cgraph *g = bc->g;
     sj_tensor in[SJ_MAX_INPUTS], out[SJ_MAX_OUTPUTS];
-    for (int i = 0; i < g->n_in; i++) in[i] = bc->x->inputs[i], in[i].data = g->bufs[i];
-    for (int i = 0; i < g->n_out; i++) out[i] = bc->x->outputs[i], out[i].data = g->bufs[g->n_in + i];
+    for (int i = 0; i < g->n_in; i++) {
+        in[i] = bc->x->inputs[i];
+        if (!g->direct[i]) in[i].data = g->bufs[i];
+    }
+    for (int i = 0; i < g->n_out; i++) {
+        out[i] = bc->x->outputs[i];
+        if (!g->direct[g->n_in + i]) out[i].data = g->bufs[g->n_in + i];
+    }
     sj_exec xu = *bc->x;
     xu.inputs = in;
     xu.outputs = out;
@@ -414,7 +422,8 @@ static void bucket_capture_run(sj_fn *fn, sj_cgraph *g) {
     size_t bytes = 0;
     if (!st)
         st = rt->backend->graph_capture_bucket(rt->backend, gr, g->run.plan, e->head.n_syms, g->stream,
-                                               g->n_in + g->n_out, sizes, g->bufs, bucket_run, g, &g->dev, &bytes);
+                                               g->n_in + g->n_out, sizes, g->bufs, bucket_run, g, &g->dev, &bytes,
+                                               g->direct);
     double ms = (double)(sj_now_ns() - t0) / 1e6;
     char why[300];
     st = fit(fn, g, st, bytes, why, sizeof why);

@@ -39,7 +39,10 @@
  * rows of its input alone). Anything else (another layout, another
  * pointer, more kernels) leaves the call to run kernel by kernel. Then the
  * inputs are copied into the staging buffers, the graph launched, the
- * outputs copied out. A bucket graph is replayed by one call at a time
+ * outputs copied out; but a staging buffer that no library op, copy or
+ * memset touched in the capture is direct: a replay gives the graph's
+ * kernels the caller's buffer instead (the encoder layer's output, which
+ * a layer norm of ours writes), with no copy. A bucket graph is replayed by one call at a time
  * (its lock, tried: a call that finds it busy runs kernel by kernel), and
  * a replay on another stream than the last waits for what that stream
  * holds (an event recorded there then): the staging buffers are shared. A replay with the same
@@ -165,6 +168,8 @@ typedef struct cuda_graph {
     int n_stage;
     CUdeviceptr buf[MAX_STAGE];
     size_t buf_bytes[MAX_STAGE];
+    unsigned char direct[MAX_STAGE]; /* no library op touches it: the caller's buffer, no copy */
+    CUdeviceptr last_ptr[MAX_STAGE]; /* the last update's pointers of the direct buffers */
     pthread_mutex_t lock; /* one replay at a time */
     CUevent done;         /* recorded on the last replay's stream when the next comes on another */
     CUstream last;        /* the last replay's stream (NULL: none yet) */
@@ -281,9 +286,33 @@ static sj_status graph_launch(void *c, void *graph) {
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Staging buffers that no recorded library op, copy or memset touches
+ * (a pointer of one inside the buffer): only the graph's kernels, whose
+ * arguments a replay sets, read or write them, so a replay may hand those
+ * kernels the caller's buffer instead. */
+static void find_direct(cuda_graph *g) {
+    for (int i = 0; i < g->n_stage; i++) {
+        CUdeviceptr lo = g->buf[i], hi = lo + (g->buf_bytes[i] ? g->buf_bytes[i] : 1);
+        bool touched = false;
+        for (int k = 0; k < g->rec->n && !touched; k++) {
+            const rec_op *o = &g->rec->ops[k];
+            int at[4], np = 0;
+            if (o->kind == SJ_REC_LT) at[0] = 13, at[1] = 14, at[2] = 15, at[3] = 16, np = 4;
+            else if (o->kind == SJ_REC_COPY) at[0] = 0, at[1] = 1, np = 2;
+            else if (o->kind == SJ_REC_SET) at[0] = 0, np = 1;
+            for (int j = 0; j < np; j++) {
+                CUdeviceptr p = (CUdeviceptr)o->v[at[j]];
+                touched |= p >= lo && p < hi;
+            }
+        }
+        g->direct[i] = !touched;
+    }
+}
+
 static sj_status graph_capture_bucket(sj_backend *b, const sj_graph *gr, const sj_fplan *plan, int n_syms,
                                       const void *stream, int n_bufs, const size_t *sizes, void **bufs,
-                                      sj_status (*run)(void *arg, void *cc), void *arg, void **out, size_t *bytes) {
+                                      sj_status (*run)(void *arg, void *cc), void *arg, void **out, size_t *bytes,
+                                      unsigned char *direct) {
     sj_cuda *cu = sj_cuda_of(b);
     const sj_cuda_api *a = &cu->api;
     if (!a->StreamGetCaptureInfo || !a->GraphExecKernelNodeSetParams)
@@ -325,15 +354,28 @@ static sj_status graph_capture_bucket(sj_backend *b, const sj_graph *gr, const s
         destroy(cu, g);
         return st;
     }
+    find_direct(g);
+    memcpy(direct, g->direct, (size_t)n_bufs);
     *out = g;
     *bytes = g->bytes + sj_cuda_block_bytes(total);
     return SJ_OK;
 }
 
-static bool same_syms(const cuda_graph *g, const int64_t *syms, int n) {
+/* The buffer a replay's call gives for staging buffer i: src[i] for an
+ * input, dst[i - n_in] for an output. */
+static CUdeviceptr call_ptr(int i, int n_in, const void *const *src, void *const *dst) {
+    return (CUdeviceptr)(uintptr_t)(i < n_in ? src[i] : dst[i - n_in]);
+}
+
+/* Would the last update serve this call as it is: the same sizes, the same
+ * caller buffers where they are direct? */
+static bool same_call(const cuda_graph *g, const int64_t *syms, int n, int n_in, const void *const *src,
+                      void *const *dst) {
     if (g->n_last != n) return false;
     for (int i = 0; i < n; i++)
         if (g->last_syms[i] != syms[i]) return false;
+    for (int i = 0; i < g->n_stage; i++)
+        if (g->direct[i] && g->last_ptr[i] != call_ptr(i, n_in, src, dst)) return false;
     return true;
 }
 
@@ -351,7 +393,7 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
         if (nbytes[i] > g->buf_bytes[i]) return SJ_OK;
     if (pthread_mutex_trylock(&g->lock)) return SJ_OK; /* another call replays it: kernel by kernel */
     sj_cuda_bind(cu);
-    if (!same_syms(g, syms, n_syms)) {
+    if (!same_call(g, syms, n_syms, n_in, src, dst)) {
         g->n_last = -1;
         sj_cuda_call uc; /* the call again, on the graph's own memory, updating its kernels */
         sj_cuda_call_init(&uc, cu, s, false, cc->n_syms);
@@ -370,6 +412,7 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
             return SJ_OK;
         }
         memcpy(g->last_syms, syms, sizeof(int64_t) * (size_t)n_syms);
+        for (int i = 0; i < g->n_stage; i++) g->last_ptr[i] = g->direct[i] ? call_ptr(i, n_in, src, dst) : 0;
         g->n_last = n_syms;
     }
     sj_status st = SJ_OK;
@@ -378,12 +421,12 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
         if (!st) st = SJ_CU(cu, a->StreamWaitEvent(s, g->done, 0), "ordering a bucket graph after its last replay");
     }
     for (int i = 0; i < n_in && !st; i++)
-        if (nbytes[i])
+        if (nbytes[i] && !g->direct[i])
             st = SJ_CU(cu, a->MemcpyDtoDAsync(g->buf[i], (CUdeviceptr)(uintptr_t)src[i], nbytes[i], s),
                        "copying an input into a bucket graph");
     if (!st) st = SJ_CU(cu, a->GraphLaunch(g->exec, s), "launching a CUDA graph");
     for (int i = n_in; i < g->n_stage && !st; i++)
-        if (nbytes[i])
+        if (nbytes[i] && !g->direct[i])
             st = SJ_CU(cu, a->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst[i - n_in], g->buf[i], nbytes[i], s),
                        "copying an output out of a bucket graph");
     int flag = 0; /* read before the next replay may zero it */
