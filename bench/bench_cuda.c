@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -878,6 +878,67 @@ static void bench_bgparts(void) {
     sj_runtime_destroy(rt);
 }
 
+/* newshape: from the first sight of a new shape to its first fused call
+ * (issue 28's "under 200 ms"), the default background compiles: the
+ * encoder layer with every size a constant (each new S traces and compiles
+ * a unit of its own), S = 64, then 100 and 200 in the same runtime (NVRTC
+ * and the driver loaded by then); the calls meanwhile run eagerly, one
+ * after another. Per S: ms from the first call to the start of the first
+ * fused one, the eager calls meanwhile, the compile's own ms. Run it with
+ * CUDA_CACHE_DISABLE=1 for a cold figure. */
+static void bench_newshape(void) {
+    sj_runtime_config cfg;
+    sj_runtime_config_init(&cfg);
+    cfg.backend = SJ_BACKEND_CUDA;
+    cfg.cache_dir = NULL;
+    sj_runtime *rt;
+    if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
+    bench_encoder w;
+    encoder_init(rt, &w);
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    o.hot_threshold = 1;
+    sj_fn *fn;
+    if (sj_fn_create(rt, "newshape", 1, bench_w4_model, &w, &o, &fn)) bench_die("sj_fn_create");
+    static const int64_t sizes[] = {64, 100, 200};
+    for (int i = 0; i < 3; i++) {
+        int64_t S = sizes[i];
+        sj_tensor x = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, S, BENCH_H}, -1, 1);
+        sj_tensor y = {.dtype = SJ_F16, .rank = 3, .shape = {1, S, BENCH_H}, .device = SJ_CUDA};
+        if (sj_tensor_alloc(rt, &y)) bench_die("alloc");
+        sj_stats s0;
+        sj_fn_stats(fn, &s0);
+        double t0 = bench_now_s(), t_fused = -1;
+        int eager = 0;
+        while (bench_now_s() - t0 < 30) {
+            sj_stats a, b;
+            sj_fn_stats(fn, &a);
+            double tc = bench_now_s();
+            if (sj_call(fn, &x, 1, &y, 1)) bench_die("newshape call");
+            sj_fn_stats(fn, &b);
+            if (b.eager_calls == a.eager_calls) {
+                t_fused = tc - t0;
+                break;
+            }
+            eager++;
+        }
+        sj_stats s1;
+        sj_fn_stats(fn, &s1);
+        printf("{\"workload\": \"newshape\", \"backend\": \"cuda\", \"dtype\": \"float16\", \"S\": %lld, "
+               "\"first_fused_after_ms\": %.1f, \"eager_calls_meanwhile\": %d, \"compiles\": %llu, "
+               "\"compile_ms\": %.1f}\n",
+               (long long)S, t_fused * 1e3, eager, (unsigned long long)(s1.compiles - s0.compiles),
+               s1.compile_ms - s0.compile_ms);
+        fflush(stdout);
+        sj_tensor_free(rt, &x);
+        sj_tensor_free(rt, &y);
+    }
+    sj_fn_destroy(fn);
+    encoder_free(rt, &w);
+    sj_runtime_destroy(rt);
+}
+
 int main(int argc, char **argv) {
     double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
     if (getenv("SJ_BENCH_SEGV_TRACE")) signal(SIGSEGV, segv_trace);
@@ -888,7 +949,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts] [--lengths file]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -920,6 +981,7 @@ int main(int argc, char **argv) {
     if (has_wl(wl, "firstuse")) bench_firstuse();
     if (has_wl(wl, "w5mt")) bench_w5mt(lengths);
     if (has_wl(wl, "bgparts")) bench_bgparts();
+    if (has_wl(wl, "newshape")) bench_newshape();
     if (has_wl(wl, "w4")) bench_w4();
     if (has_wl(wl, "w5")) bench_w5(lengths);
     return 0;
