@@ -118,6 +118,7 @@ typedef struct sj_cgraph {
     int64_t hi[64];                /* the bucket's largest sizes: captured and laid out for them */
     void *bufs[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS]; /* the graph's input, then output buffers (the device's) */
     unsigned char direct[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS]; /* a replay passes the caller's buffer instead */
+    size_t in_bytes;               /* the inputs' bytes at the bucket's largest sizes */
 } sj_cgraph;
 
 static bool same_output(const sj_tensor *a, const sj_tensor *b) {
@@ -222,9 +223,27 @@ static sj_status fit(sj_fn *fn, sj_cgraph *g, sj_status st, size_t bytes, char *
 
 /* -- Bucket graphs (cfg.bucket_graphs) -------------------------------------------- */
 
-/* Why entry e cannot have a bucket graph (NULL: it can); its largest
- * sizes in hi. Once per entry, off the call path. */
-static const char *bucket_why_not(const sj_entry *e, int64_t *hi) {
+/* The most device memory a bucket graph may hold (its intermediates and
+ * input and output buffers at the bucket's largest sizes) where
+ * graph_max_bytes sets no budget. */
+#define SJ_BUCKET_GRAPH_MAX_BYTES ((int64_t)256 << 20)
+/* Inputs at the bucket's largest sizes up to this many bytes: every call of
+ * the bucket is served, however small (above it, only calls with at least
+ * a quarter of those bytes). */
+#define SJ_BUCKET_GRAPH_SMALL_BYTES ((size_t)1 << 20)
+
+/* The bytes of graph value v, contiguous, at the sizes exv. */
+static int64_t value_bytes(const sj_graph *gr, int32_t v, const int64_t *exv) {
+    const sj_value *val = &gr->vals[v];
+    int64_t n = (int64_t)sj_dtype_size(val->dtype);
+    for (int i = 0; i < val->rank; i++) n *= exv[val->shape[i]];
+    return n;
+}
+
+/* Why entry e cannot have a bucket graph (NULL: it can; why[] holds the
+ * message otherwise); its largest sizes in hi. Once per entry, off the
+ * call path. */
+static const char *bucket_why_not(const sj_runtime *rt, const sj_entry *e, int64_t *hi, char *why, size_t wn) {
     const sj_graph *g = e->g;
     int n = sj_sym_count(g->ex);
     if (!e->plan) return "no fused plan";
@@ -240,6 +259,22 @@ static const char *bucket_why_not(const sj_entry *e, int64_t *hi) {
         int64_t c;
         if (e->plan->layouts[v].store >= 0 && !sj_ex_is_const(g->ex, e->plan->layouts[v].offset, &c))
             return "a value at an offset that depends on a size";
+    }
+    /* its memory at the bucket's largest sizes */
+    int64_t *exv = sj_malloc(sizeof(int64_t) * (size_t)sj_ex_count(g->ex));
+    if (!exv) return "out of memory";
+    sj_ex_eval_all(g->ex, hi, exv);
+    int64_t bytes = exv[e->plan->arena_bytes];
+    for (int v = 0; v < g->n_vals; v++)
+        if (g->vals[v].kind == SJ_VAL_INPUT) bytes += value_bytes(g, v, exv);
+    for (int i = 0; i < g->n_outputs; i++) bytes += value_bytes(g, g->outputs[i], exv);
+    free(exv);
+    int64_t max = rt->cfg.graph_max_bytes ? (int64_t)rt->cfg.graph_max_bytes : SJ_BUCKET_GRAPH_MAX_BYTES;
+    if (bytes > max) {
+        snprintf(why, wn, "its buffers at the bucket's largest sizes would take %lld bytes, more than %s %lld",
+                 (long long)bytes, rt->cfg.graph_max_bytes ? "graph_max_bytes" : "the default bound of",
+                 (long long)max);
+        return why;
     }
     return NULL;
 }
@@ -268,7 +303,8 @@ static void *bucket_note(sj_fn *fn, sj_memo *m, const sj_exec *x, bool force) {
     if (atomic_load_explicit(&rt->cuda_graphs, RELAXED) >= rt->cfg.cuda_graphs) return NULL;
     if (atomic_exchange(&e->bgraph_busy, true)) return NULL;
     int64_t hi[64];
-    const char *why = bucket_why_not(e, hi);
+    char whybuf[200];
+    const char *why = bucket_why_not(rt, e, hi, whybuf, sizeof whybuf);
     if (why) {
         atomic_store(&e->bgraph_off, true);
         atomic_store(&e->bgraph_busy, false);
@@ -375,12 +411,18 @@ static bool bucket_serve(sj_fn *fn, sj_cgraph *g, const sj_exec *x, sj_status *s
     const void *src[SJ_MAX_INPUTS];
     void *dst[SJ_MAX_OUTPUTS];
     size_t bytes[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS];
+    size_t in_bytes = 0;
     for (int i = 0; i < g->n_in; i++) {
         const sj_tensor *t = &x->inputs[i];
         if (t->device != b->device || !sj_tensor_is_contiguous(t)) return false;
         src[i] = t->data;
-        bytes[i] = bytes_of(t);
+        in_bytes += bytes[i] = bytes_of(t);
     }
+    /* a call under a quarter of a large bucket's largest (a wide
+     * profile's short ones): its products would run over 4 times its rows
+     * (where the largest inputs are small, the call is bound by launches,
+     * not by its rows: served) */
+    if (in_bytes * 4 < g->in_bytes && g->in_bytes > SJ_BUCKET_GRAPH_SMALL_BYTES) return false;
     for (int i = 0; i < g->n_out; i++) {
         const sj_tensor *t = &x->outputs[i];
         dst[i] = t->data;
@@ -417,6 +459,7 @@ static void bucket_capture_run(sj_fn *fn, sj_cgraph *g) {
                 sizes[gr->vals[v].index] = value_desc(gr, v, exv, rt->backend->device, &g->in[gr->vals[v].index]);
         for (int i = 0; i < g->n_out; i++)
             sizes[g->n_in + i] = value_desc(gr, gr->outputs[i], exv, rt->backend->device, &g->out[i]);
+        for (int i = 0; i < g->n_in; i++) g->in_bytes += sizes[i];
         free(exv);
     }
     size_t bytes = 0;

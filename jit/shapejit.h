@@ -650,14 +650,20 @@ typedef struct sj_runtime_config {
      * call's sizes (cuGraphExecKernelNodeSetParams; skipped when the sizes
      * are the last call's), its cuBLASLt products run over the bucket's
      * largest row count (the extra rows are never read), the inputs are
-     * copied in and the outputs out. Served: synchronous calls (sj_call)
+     * copied in and the outputs out (but those only the graph's own kernels
+     * touch, which get the caller's buffers). Served: synchronous calls (sj_call)
      * with contiguous inputs and given outputs, one at a time per graph (a
      * call that finds it busy runs kernel by kernel); a graph for the
      * call's exact shape comes first. A plan whose values sit at offsets
      * that depend on a size, or a call whose products differ from the
      * captured ones in more than their rows, runs kernel by kernel. Bucket
      * graphs count in graph_bytes and cuda_graphs and are kept until the
-     * function is destroyed (graph_max_bytes never evicts them). sj_stats:
+     * function is destroyed (graph_max_bytes never evicts them). None for
+     * a bucket whose graph would hold more than 256 MiB (or
+     * graph_max_bytes, where set); in a bucket whose largest inputs pass
+     * 1 MiB, a call with under a quarter of those bytes runs kernel by
+     * kernel; a graph whose calls mostly differ from the captured one
+     * (after 16 such calls) stops trying. sj_stats:
      * bucket_graphs, bucket_graph_calls. Default 1; 0: graphs serve exact
      * shapes only. $SHAPEJIT_BUCKET_GRAPHS. */
     int bucket_graphs;

@@ -49,6 +49,7 @@
  * sizes as the last one skips the update.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,6 +175,7 @@ typedef struct cuda_graph {
     CUevent done;         /* recorded on the last replay's stream when the next comes on another */
     CUstream last;        /* the last replay's stream (NULL: none yet) */
     int n_last;           /* the last update's sizes (-1: none good) */
+    _Atomic uint64_t updates, mismatches; /* updates that served their call, and that did not */
     int64_t last_syms[64];
 } cuda_graph;
 
@@ -391,6 +393,9 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
     if (!g->rec || n_in < 0 || n_in > g->n_stage || n_syms > 64) return SJ_OK;
     for (int i = 0; i < g->n_stage; i++)
         if (nbytes[i] > g->buf_bytes[i]) return SJ_OK;
+    /* calls that differ from the captured one more often than not (after
+     * 16 of them): not worth an update's host time any more */
+    if (g->mismatches >= 16 && g->mismatches > g->updates) return SJ_OK;
     if (pthread_mutex_trylock(&g->lock)) return SJ_OK; /* another call replays it: kernel by kernel */
     sj_cuda_bind(cu);
     if (!same_call(g, syms, n_syms, n_in, src, dst)) {
@@ -407,10 +412,12 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
         sj_status ust = update(arg, &uc);
         bool ok = !ust && !g->rec->bad && g->rec->at == g->rec->n;
         if (!ok) {
+            g->mismatches++;
             pthread_mutex_unlock(&g->lock);
             sj_clearerr(); /* nothing queued: the call runs kernel by kernel */
             return SJ_OK;
         }
+        g->updates++;
         memcpy(g->last_syms, syms, sizeof(int64_t) * (size_t)n_syms);
         for (int i = 0; i < g->n_stage; i++) g->last_ptr[i] = g->direct[i] ? call_ptr(i, n_in, src, dst) : 0;
         g->n_last = n_syms;
