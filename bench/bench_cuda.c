@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape,w4kernels] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -878,6 +879,49 @@ static void bench_bgparts(void) {
     sj_runtime_destroy(rt);
 }
 
+/* w4kernels: what one fused call of the encoder layer launches (issue 29's
+ * "count them"): kernels of ours (generated, eager, attention) and cuBLASLt
+ * products (each one or two kernels of its own), per call, kernel by
+ * kernel (counted before any graph is captured), static and symbolic, S =
+ * 16 and 512; SHAPEJIT_CUDA_GEMM says whether products are generated. */
+static void bench_w4kernels(void) {
+    for (int mode = BENCH_STATIC; mode <= BENCH_SYMBOLIC; mode++) {
+        sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, (bench_mode)mode);
+        bench_encoder w;
+        encoder_init(rt, &w);
+        sj_fn *fn = bench_fn_user(rt, "w4k", 1, bench_w4_model, &w, (bench_mode)mode);
+        sj_cuda *cu = sj_cuda_of(rt->backend);
+        static const int64_t sizes[] = {16, 512};
+        for (int i = 0; i < 2; i++) {
+            sj_tensor x = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, sizes[i], BENCH_H}, -1, 1);
+            sj_tensor y = {.dtype = SJ_F16, .rank = 3, .shape = {1, sizes[i], BENCH_H}, .device = SJ_CUDA};
+            if (sj_tensor_alloc(rt, &y)) bench_die("alloc");
+            for (int k = 0; k < 3; k++) /* compiled (sync mode) and warm */
+                if (sj_call(fn, &x, 1, &y, 1)) bench_die("w4kernels call");
+            cu->count_launches = true;
+            uint64_t k0 = atomic_load(&cu->n_kernels), p0 = atomic_load(&cu->n_products);
+            enum { N = 10 };
+            for (int k = 0; k < N; k++)
+                if (sj_call(fn, &x, 1, &y, 1)) bench_die("w4kernels call");
+            cu->count_launches = false;
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            printf("{\"workload\": \"w4kernels\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
+                   "\"S\": %lld, \"our_kernels_per_call\": %.1f, \"cublaslt_products_per_call\": %.1f, "
+                   "\"eager_calls\": %llu, \"graph_calls\": %llu}\n",
+                   bench_mode_names[mode], (long long)sizes[i], (double)(atomic_load(&cu->n_kernels) - k0) / N,
+                   (double)(atomic_load(&cu->n_products) - p0) / N, (unsigned long long)st.eager_calls,
+                   (unsigned long long)st.graph_calls);
+            fflush(stdout);
+            sj_tensor_free(rt, &x);
+            sj_tensor_free(rt, &y);
+        }
+        sj_fn_destroy(fn);
+        encoder_free(rt, &w);
+        sj_runtime_destroy(rt);
+    }
+}
+
 /* newshape: from the first sight of a new shape to its first fused call
  * (issue 28's "under 200 ms"), the default background compiles: the
  * encoder layer with every size a constant (each new S traces and compiles
@@ -949,7 +993,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape] [--lengths file]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape,w4kernels] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -982,6 +1026,7 @@ int main(int argc, char **argv) {
     if (has_wl(wl, "w5mt")) bench_w5mt(lengths);
     if (has_wl(wl, "bgparts")) bench_bgparts();
     if (has_wl(wl, "newshape")) bench_newshape();
+    if (has_wl(wl, "w4kernels")) bench_w4kernels();
     if (has_wl(wl, "w4")) bench_w4();
     if (has_wl(wl, "w5")) bench_w5(lengths);
     return 0;

@@ -54,6 +54,12 @@ typedef struct sj_cuda {
     uint64_t allocs, cache_hits;
     uint64_t alloc_ns, alloc_ns_max;       /* time spent getting fresh blocks: total, longest call */
     uint64_t events_created, event_ns_max; /* events made by frees (the pool was empty), longest */
+
+    /* Benchmarks: with count_launches set (before the calls to count),
+     * kernels of ours launched (sj_cuda_launch_kernel) and cuBLASLt
+     * products run; off, nothing is counted (no shared write per launch). */
+    bool count_launches;
+    _Atomic uint64_t n_kernels, n_products;
 } sj_cuda;
 
 /* Load the API, pick device `ordinal`, retain its primary context, create

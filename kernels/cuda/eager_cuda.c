@@ -824,6 +824,7 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
                                 (int64_t)D->p, (int64_t)bias, (int64_t)e->ws};
         if (sj_cuda_rec_op(e, SJ_REC_LT, rv, 18, batch == 1 ? 4 : -1)) return SJ_OK;
     }
+    if (c->count_launches) atomic_fetch_add_explicit(&c->n_products, 1, memory_order_relaxed);
     cublasLtMatmulDescOpaque_t op_mem; /* descriptors in place: no allocation */
     cublasLtMatrixLayoutOpaque_t lay_mem[3];
     cublasLtMatmulDesc_t op = &op_mem;

@@ -100,6 +100,8 @@ CUresult sj_cuda_launch_kernel(const sj_cuda_exec *e, CUfunction f, unsigned gx,
                                unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args) {
     const sj_cuda_api *a = &e->cuda->api;
     sj_cuda_rec *r = e->rec;
+    if (e->cuda->count_launches && (!r || r->mode == REC_RECORD))
+        atomic_fetch_add_explicit(&e->cuda->n_kernels, 1, memory_order_relaxed);
     if (!r) return a->LaunchKernel(f, gx, gy, gz, bx, by, bz, smem, e->stream, args, NULL);
     if (r->mode == REC_UPDATE) {
         if (r->at >= r->n || r->ops[r->at].kind != REC_KERNEL) {
