@@ -1,8 +1,12 @@
 /* CPU benchmarks for the shared workloads (../shared/workloads/README.md).
  *
- *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded,w5cold,epilogue,smallmm]
+ *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded,w5cold,epilogue,smallmm,dtypes,evmem]
  *             [--lengths file]
  *
+ * dtypes (not in the default set): the w4 encoder layer fused in f32, f16
+ * and bf16, S = 16, 128, 512, 1 and 2 threads (bench_dtypes). evmem (not
+ * in the default set): the eager executor's peak memory against the fused
+ * plan's arena, w4 at 32 x 254 tokens (bench_evmem).
  * epilogue (not in the default set): the feed-forward block with its
  * products' epilogues inside them against apart (cfg.fuse_epilogue), calls
  * interleaved in one process (bench_epilogue).
@@ -801,6 +805,192 @@ static void bench_smallmm(void) {
     for (int i = 0; i < n_pools; i++) sj_threads_destroy(pools[i]);
 }
 
+
+/* -- The encoder layer in f32, f16 and bf16 (issue 26) ----------------------------- *
+ * w4 (one BERT-base encoder layer, hidden 768, 12 heads, FFN 3072; weights,
+ * input and output all in the dtype), fused (static entries, compiled
+ * first), batch 1, S = 16, 128, 512, on 1 and 2 kernel threads
+ * (exec_threads). The three dtypes' functions live in three runtimes of
+ * the same thread count; calls go round them in turn (the first of each
+ * round rotating), so that load from other processes falls on all alike.
+ * Reports each dtype's median ms and the median of its per-round ratio to
+ * f32 (target: f16/bf16 no slower, ratio <= 1), and the calls served
+ * fused. The weights are the same draws rounded to each dtype. */
+static void bench_dtypes(void) {
+    static const sj_dtype dts[3] = {SJ_F32, SJ_F16, SJ_BF16};
+    static const int64_t Ss[3] = {16, 128, 512};
+    static const int threads[2] = {1, 2};
+    for (int ti = 0; ti < 2; ti++) {
+        sj_runtime *rts[3];
+        sj_fn *fns[3];
+        bench_encoder w[3];
+        for (int d = 0; d < 3; d++) {
+            sj_runtime_config cfg;
+            sj_runtime_config_init(&cfg);
+            cfg.backend = SJ_BACKEND_CPU;
+            cfg.compile_mode = SJ_COMPILE_SYNC;
+            cfg.cache_dir = NULL;
+            cfg.exec_threads = threads[ti];
+            if (sj_runtime_create(&cfg, &rts[d])) bench_die("sj_runtime_create");
+            uint64_t wrng = 0x5DEECE66Dull; /* the same draws for every dtype */
+            bench_encoder_rand(rts[d], dts[d], &w[d], &wrng);
+            fns[d] = bench_fn_user(rts[d], "w4", 1, bench_w4_model, &w[d], BENCH_STATIC);
+        }
+        for (int si = 0; si < (quick ? 2 : 3); si++) {
+            int64_t S = Ss[si], shape[3] = {1, S, BENCH_H};
+            sj_tensor x[3], y[3];
+            call_ctx cc[3];
+            uint64_t xrng = 0x2545F4914F6CDD1Dull + (uint64_t)S;
+            for (int d = 0; d < 3; d++) {
+                uint64_t r = xrng;
+                x[d] = w5c_rand(rts[d], dts[d], 3, shape, -1, 1, &r);
+                y[d] = sj_tensor_make(NULL, dts[d], 3, shape);
+                if (sj_tensor_alloc(rts[d], &y[d])) bench_die("dtypes: alloc");
+                cc[d] = (call_ctx){fns[d], &x[d], &y[d], 1, 1};
+                for (int i = 0; i < 3; i++) time_call_ms(&cc[d]); /* trace, compile, warm */
+            }
+            double one = time_call_ms(&cc[0]);
+            int reps = reps_for(one * 1e-3, quick ? 0.5 : 2.0, 7, 300);
+            double *t[3], *ratio[3];
+            sj_stats s0[3], s1[3];
+            for (int d = 0; d < 3; d++) {
+                t[d] = malloc((size_t)reps * sizeof(double));
+                ratio[d] = malloc((size_t)reps * sizeof(double));
+                sj_fn_stats(fns[d], &s0[d]);
+            }
+            for (int i = 0; i < reps; i++) {
+                for (int k = 0; k < 3; k++) {
+                    int d = (i + k) % 3;
+                    t[d][i] = time_call_ms(&cc[d]);
+                }
+                for (int d = 0; d < 3; d++) ratio[d][i] = t[d][i] / t[0][i];
+            }
+            for (int d = 0; d < 3; d++) {
+                sj_fn_stats(fns[d], &s1[d]);
+                qsort(t[d], (size_t)reps, sizeof(double), bench_cmp_double);
+                qsort(ratio[d], (size_t)reps, sizeof(double), bench_cmp_double);
+            }
+            for (int d = 0; d < 3; d++) {
+                uint64_t calls = s1[d].calls - s0[d].calls, eager = s1[d].eager_calls - s0[d].eager_calls;
+                printf("{\"workload\": \"dtypes\", \"model\": \"w4\", \"mode\": \"fused_static\", \"backend\": \"cpu\", "
+                       "\"dtype\": \"%s\", \"B\": 1, \"S\": %lld, \"threads\": %d, \"reps\": %d, \"median_ms\": %.3f, "
+                       "\"p25_ms\": %.3f, \"p75_ms\": %.3f, \"over_f32\": %.3f, \"over_f32_p25\": %.3f, "
+                       "\"over_f32_p75\": %.3f, \"calls\": %llu, \"eager_calls\": %llu, \"packed_bytes\": %llu}\n",
+                       sj_dtype_name(dts[d]), (long long)S, threads[ti], reps, t[d][reps / 2], t[d][reps / 4],
+                       t[d][3 * reps / 4], ratio[d][reps / 2], ratio[d][reps / 4], ratio[d][3 * reps / 4],
+                       (unsigned long long)calls, (unsigned long long)eager, (unsigned long long)s1[d].packed_bytes);
+                free(t[d]), free(ratio[d]);
+                sj_tensor_free(rts[d], &x[d]);
+                sj_tensor_free(rts[d], &y[d]);
+            }
+            fflush(stdout);
+        }
+        for (int d = 0; d < 3; d++) {
+            sj_fn_destroy(fns[d]);
+            bench_encoder_free(rts[d], &w[d]);
+            sj_runtime_destroy(rts[d]);
+        }
+    }
+}
+
+/* -- Eager memory against the fused plan's (issue 26) ------------------------------ *
+ * w4 in f32 at batch 32 x 254 tokens, eager (SJ_COMPILE_OFF) and fused (a
+ * static entry, compiled first), each runtime with allocator hooks that
+ * count the bytes outstanding and their peak (as tests/test_graphapi.c's
+ * eager planning test does). The hooks see what the runtime allocates for
+ * a call: the eager executor's intermediates, the fused plan's arena; the
+ * weights, input and output are allocated before the count starts. Kernel
+ * scratch (per-thread buffers of the product and attention kernels) and
+ * the packed weight copies come from the library's own allocator and are
+ * reported apart (packed_bytes from sj_fn_stats). One JSON line: each
+ * executor's hook peak over a call (first and later calls), the fused
+ * entry's planned arena (sj_entry_info.planned_bytes) and unshared total
+ * (naive_bytes), and eager over fused (target: within 1.5x). */
+typedef struct evm_count {
+    size_t now, peak;
+} evm_count;
+
+static void *evm_alloc(void *user, size_t bytes, size_t align) {
+    evm_count *c = user;
+    if (align < 16) align = 16;
+    size_t head = align; /* the size and the offset live just before the block */
+    char *p = aligned_alloc(align, (head + bytes + align - 1) / align * align);
+    if (!p) return NULL;
+    *(size_t *)(p + head - sizeof(size_t)) = bytes;
+    *(size_t *)(p + head - 2 * sizeof(size_t)) = head;
+    c->now += bytes;
+    if (c->now > c->peak) c->peak = c->now;
+    return p + head;
+}
+
+static void evm_free(void *user, void *ptr) {
+    if (!ptr) return;
+    evm_count *c = user;
+    char *q = ptr;
+    c->now -= *(size_t *)(q - sizeof(size_t));
+    free(q - *(size_t *)(q - 2 * sizeof(size_t)));
+}
+
+static void bench_evmem(void) {
+    enum { B = 32, S = 254 };
+    int64_t shape[3] = {B, S, BENCH_H};
+    size_t peak[2][2] = {{0}}, held[2] = {0};
+    sj_entry_info info = {0};
+    uint64_t packed = 0;
+    double ms[2] = {0};
+    for (int fused = 0; fused < 2; fused++) {
+        evm_count cnt = {0};
+        sj_runtime_config cfg;
+        sj_runtime_config_init(&cfg);
+        cfg.backend = SJ_BACKEND_CPU;
+        cfg.compile_mode = fused ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF;
+        cfg.cache_dir = NULL;
+        cfg.allocator = (sj_allocator){evm_alloc, evm_free, &cnt};
+        sj_runtime *rt;
+        if (sj_runtime_create(&cfg, &rt)) bench_die("sj_runtime_create");
+        uint64_t wrng = 0x5DEECE66Dull, xrng = 0x2545F4914F6CDD1Dull;
+        bench_encoder w;
+        bench_encoder_rand(rt, SJ_F32, &w, &wrng);
+        sj_tensor x = w5c_rand(rt, SJ_F32, 3, shape, -1, 1, &xrng), y = sj_tensor_make(NULL, SJ_F32, 3, shape);
+        if (sj_tensor_alloc(rt, &y)) bench_die("evmem: alloc");
+        sj_fn *fn = bench_fn_user(rt, "w4", 1, bench_w4_model, &w, fused ? BENCH_STATIC : BENCH_EAGER);
+        for (int k = 0; k < 2; k++) { /* the first call (traces; fused: compiles), then a later one */
+            size_t base = cnt.now;
+            cnt.peak = base;
+            double t0 = bench_now_s();
+            if (sj_call(fn, &x, 1, &y, 1)) bench_die("evmem: sj_call");
+            ms[fused] = (bench_now_s() - t0) * 1e3;
+            peak[fused][k] = cnt.peak - base;
+        }
+        sj_stats st;
+        sj_fn_stats(fn, &st);
+        if (fused) {
+            if (st.eager_calls) fprintf(stderr, "evmem: %llu eager calls in the fused run\n", (unsigned long long)st.eager_calls);
+            sj_fn_entries(fn, &info, 1);
+            packed = st.packed_bytes;
+        } else if (st.eager_calls != st.calls) {
+            fprintf(stderr, "evmem: fused calls in the eager run\n");
+        }
+        sj_fn_destroy(fn);
+        sj_tensor_free(rt, &x);
+        sj_tensor_free(rt, &y);
+        bench_encoder_free(rt, &w);
+        held[fused] = cnt.now; /* what the runtime still holds once all is freed */
+        sj_runtime_destroy(rt);
+    }
+    size_t e = peak[0][1] > peak[0][0] ? peak[0][1] : peak[0][0];
+    size_t f = peak[1][1] > (size_t)info.planned_bytes ? peak[1][1] : (size_t)info.planned_bytes;
+    printf("{\"workload\": \"evmem\", \"model\": \"w4\", \"backend\": \"cpu\", \"dtype\": \"float32\", \"B\": %d, "
+           "\"S\": %d, \"eager_peak_first_call_bytes\": %zu, \"eager_peak_bytes\": %zu, "
+           "\"fused_peak_first_call_bytes\": %zu, \"fused_peak_bytes\": %zu, \"fused_planned_bytes\": %lld, "
+           "\"fused_naive_bytes\": %lld, \"packed_bytes\": %llu, \"eager_over_fused\": %.3f, \"io_bytes\": %zu, "
+           "\"eager_ms\": %.1f, \"fused_ms\": %.1f, \"held_after_free\": [%zu, %zu]}\n",
+           B, S, peak[0][0], peak[0][1], peak[1][0], peak[1][1], (long long)info.planned_bytes,
+           (long long)info.naive_bytes, (unsigned long long)packed, f ? (double)e / (double)f : -1.0,
+           (size_t)B * S * BENCH_H * sizeof(float), ms[0], ms[1], held[0], held[1]);
+    fflush(stdout);
+}
+
 int main(int argc, char **argv) {
     double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
     const char *wl = "ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start";
@@ -812,7 +1002,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--child-warm") && i + 1 < argc) return child_warm(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,"
-                            "warm_start,loaded,w5cold,epilogue,smallmm] [--lengths file]\n", argv[0]);
+                            "warm_start,loaded,w5cold,epilogue,smallmm,dtypes,evmem] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -837,7 +1027,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strstr(wl, "smallmm")) bench_smallmm();
-    if (strcmp(wl, "loaded") && strcmp(wl, "epilogue")) bench_ceiling(); /* every bandwidth figure is read against it */
+    if (strcmp(wl, "loaded") && strcmp(wl, "epilogue") && strcmp(wl, "dtypes") && strcmp(wl, "evmem") &&
+        strcmp(wl, "dtypes,evmem") && strcmp(wl, "evmem,dtypes"))
+        bench_ceiling(); /* every bandwidth figure is read against it */
     if (strstr(wl, "w0")) bench_w0(rt);
     if (strstr(wl, "dispatch")) bench_dispatch();
     for (size_t k = 0; k < sizeof workloads / sizeof workloads[0]; k++)
@@ -846,6 +1038,8 @@ int main(int argc, char **argv) {
     if (strstr(wl, "time_to_fused")) bench_time_to_fused();
     if (strstr(wl, "loaded")) bench_loaded();
     if (strstr(wl, "epilogue")) bench_epilogue();
+    if (strstr(wl, "dtypes")) bench_dtypes();
+    if (strstr(wl, "evmem")) bench_evmem();
     if (strstr(wl, "warm_start")) {
         char self[4096];
         ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);

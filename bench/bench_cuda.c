@@ -2,7 +2,7 @@
  * printing JSON lines joinable with the PyTorch peer's
  * (../shared/peers/compare.py):
  *
- *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape,w4kernels] [--lengths file]
+ *   bench_cuda [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape,w4kernels,gathergraph] [--lengths file]
  *
  * Modes: eager (no compiling), fused_static (an entry per size, every size a
  * constant), fused_symbolic (one entry; sizes passed at run time). Kernels
@@ -983,6 +983,129 @@ static void bench_newshape(void) {
     sj_runtime_destroy(rt);
 }
 
+/* gathergraph: the share of calls CUDA graphs serve on a stream of
+ * repeated shapes, a model with an embedding gather against the same model
+ * with a plain input (issue 26; target: the same share). Model: e =
+ * gather(table [8192, 384] f32, ids [B, S] i32) (gather) or e = x [B, S,
+ * 384] (plain); y = softmax(gelu(LN(e)) + e) over the last axis. Each on a
+ * stream of 2000 synchronous calls cycling over 4 shapes (B x S = 1 x 16,
+ * 1 x 64, 4 x 32, 8 x 128), fixed input and output buffers per shape, in
+ * two modes (fused_static, fused_symbolic: bench_fn_user). One JSON line
+ * per model and mode: calls, graph_calls and their share, and the largest
+ * difference between the two models' outputs for the last shape (plain
+ * fed the gathered rows: 0 expected). */
+enum { GG_V = 8192, GG_H = 384, GG_SHAPES = 4, GG_CALLS = 2000 };
+typedef struct gg_weights {
+    sj_tensor table, g, b;
+} gg_weights;
+
+static sj_status gg_tail(sj_tracer *t, sj_val e, const gg_weights *w) {
+    sj_val h = sj_gelu(t, sj_layer_norm(t, e, sj_param(t, &w->g), sj_param(t, &w->b), 1e-5));
+    return sj_output(t, sj_softmax(t, sj_add(t, h, e), -1));
+}
+static sj_status gg_gather_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n;
+    const gg_weights *w = u;
+    return gg_tail(t, sj_gather(t, sj_param(t, &w->table), in[0]), w);
+}
+static sj_status gg_plain_model(sj_tracer *t, const sj_val *in, int n, void *u) {
+    (void)n;
+    return gg_tail(t, in[0], u);
+}
+
+static void bench_gathergraph(void) {
+    static const int64_t shapes[GG_SHAPES][2] = {{1, 16}, {1, 64}, {4, 32}, {8, 128}};
+    uint64_t r = 0x853C49E6748FEA9Bull;
+    float *htab = malloc(sizeof(float) * GG_V * GG_H);
+    if (!htab) bench_die("gathergraph: host table");
+    bench_fill_rand(htab, (size_t)GG_V * GG_H, -1, 1, &r);
+    for (int mode = BENCH_STATIC; mode <= BENCH_SYMBOLIC; mode++) {
+        sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, (bench_mode)mode);
+        gg_weights w;
+        w.table = sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){GG_V, GG_H});
+        w.table.device = SJ_CUDA;
+        if (sj_tensor_alloc(rt, &w.table)) bench_die("gathergraph: alloc");
+        sj_tensor ht = sj_tensor_make(htab, SJ_F32, 2, (int64_t[]){GG_V, GG_H});
+        if (sj_tensor_copy(rt, &w.table, &ht)) bench_die("gathergraph: copy");
+        w.g = dev_rand(rt, 1, (int64_t[]){GG_H}, 0.9f, 1.1f);
+        w.b = dev_rand(rt, 1, (int64_t[]){GG_H}, -0.1f, 0.1f);
+        float *last[2] = {NULL, NULL};
+        for (int model = 0; model < 2; model++) { /* 0 gather, 1 plain */
+            sj_fn *fn = bench_fn_user(rt, model ? "gg_plain" : "gg_gather", 1, model ? gg_plain_model : gg_gather_model,
+                                      &w, (bench_mode)mode);
+            sj_tensor in[GG_SHAPES], out[GG_SHAPES];
+            for (int k = 0; k < GG_SHAPES; k++) {
+                int64_t B = shapes[k][0], S = shapes[k][1], n = B * S;
+                int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+                uint64_t ir = 0x9E3779B97F4A7C15ull + (uint64_t)k; /* the same ids for both models */
+                for (int64_t i = 0; i < n; i++) {
+                    ir ^= ir << 13, ir ^= ir >> 7, ir ^= ir << 17;
+                    ids[i] = (int32_t)(ir % GG_V);
+                }
+                if (model == 0) {
+                    in[k] = sj_tensor_make(NULL, SJ_I32, 2, (int64_t[]){B, S});
+                    in[k].device = SJ_CUDA;
+                    if (sj_tensor_alloc(rt, &in[k])) bench_die("gathergraph: alloc");
+                    sj_tensor h = sj_tensor_make(ids, SJ_I32, 2, (int64_t[]){B, S});
+                    if (sj_tensor_copy(rt, &in[k], &h)) bench_die("gathergraph: copy");
+                } else { /* the rows the gather picks, gathered on the host */
+                    float *rows = malloc(sizeof(float) * (size_t)(n * GG_H));
+                    for (int64_t i = 0; i < n; i++) memcpy(rows + i * GG_H, htab + (int64_t)ids[i] * GG_H, sizeof(float) * GG_H);
+                    in[k] = sj_tensor_make(NULL, SJ_F32, 3, (int64_t[]){B, S, GG_H});
+                    in[k].device = SJ_CUDA;
+                    if (sj_tensor_alloc(rt, &in[k])) bench_die("gathergraph: alloc");
+                    sj_tensor h = sj_tensor_make(rows, SJ_F32, 3, (int64_t[]){B, S, GG_H});
+                    if (sj_tensor_copy(rt, &in[k], &h)) bench_die("gathergraph: copy");
+                    free(rows);
+                }
+                free(ids);
+                out[k] = sj_tensor_make(NULL, SJ_F32, 3, (int64_t[]){B, S, GG_H});
+                out[k].device = SJ_CUDA;
+                if (sj_tensor_alloc(rt, &out[k])) bench_die("gathergraph: alloc");
+            }
+            double t0 = bench_now_s();
+            for (int i = 0; i < GG_CALLS; i++)
+                if (sj_call(fn, &in[i % GG_SHAPES], 1, &out[i % GG_SHAPES], 1)) bench_die("gathergraph: sj_call");
+            double secs = bench_now_s() - t0;
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            /* the last shape's output, for the two models' comparison */
+            int64_t nl = shapes[GG_SHAPES - 1][0] * shapes[GG_SHAPES - 1][1] * GG_H;
+            last[model] = malloc(sizeof(float) * (size_t)nl);
+            sj_tensor hl = sj_tensor_make(last[model], SJ_F32, 3,
+                                          (int64_t[]){shapes[GG_SHAPES - 1][0], shapes[GG_SHAPES - 1][1], GG_H});
+            if (sj_tensor_copy(rt, &hl, &out[GG_SHAPES - 1])) bench_die("gathergraph: copy back");
+            double diff = 0;
+            if (model == 1)
+                for (int64_t i = 0; i < nl; i++) {
+                    double d = fabs((double)last[0][i] - (double)last[1][i]);
+                    diff = d > diff ? d : diff;
+                }
+            printf("{\"workload\": \"gathergraph\", \"model\": \"%s\", \"mode\": \"%s\", \"backend\": \"cuda\", "
+                   "\"shapes\": %d, \"calls\": %llu, \"graph_calls\": %llu, \"graph_share\": %.4f, "
+                   "\"bucket_graph_calls\": %llu, \"eager_calls\": %llu, \"graphs\": %llu, \"graph_failures\": %llu, \"us_per_call\": %.2f",
+                   model ? "plain" : "gather", bench_mode_names[mode], GG_SHAPES, (unsigned long long)st.calls,
+                   (unsigned long long)st.graph_calls, st.calls ? (double)st.graph_calls / (double)st.calls : 0.0,
+                   (unsigned long long)st.bucket_graph_calls, (unsigned long long)st.eager_calls,
+                   (unsigned long long)st.graphs, (unsigned long long)st.graph_failures, secs / GG_CALLS * 1e6);
+            if (model == 1) printf(", \"max_abs_diff_vs_gather\": %.3g", diff);
+            printf("}\n");
+            fflush(stdout);
+            for (int k = 0; k < GG_SHAPES; k++) {
+                sj_tensor_free(rt, &in[k]);
+                sj_tensor_free(rt, &out[k]);
+            }
+            sj_fn_destroy(fn);
+        }
+        free(last[0]), free(last[1]);
+        sj_tensor_free(rt, &w.table);
+        sj_tensor_free(rt, &w.g);
+        sj_tensor_free(rt, &w.b);
+        sj_runtime_destroy(rt);
+    }
+    free(htab);
+}
+
 int main(int argc, char **argv) {
     double t0_main = bench_now_s(), exec_to_main = w5c_since_exec_s();
     if (getenv("SJ_BENCH_SEGV_TRACE")) signal(SIGSEGV, segv_trace);
@@ -993,7 +1116,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) wl = argv[++i];
         else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) lengths = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape,w4kernels] [--lengths file]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,w1,w2,w3,w4,w5,attention,attc,hostparts,firstuse,w5mt,w5cold,bgparts,newshape,w4kernels,gathergraph] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -1027,6 +1150,7 @@ int main(int argc, char **argv) {
     if (has_wl(wl, "bgparts")) bench_bgparts();
     if (has_wl(wl, "newshape")) bench_newshape();
     if (has_wl(wl, "w4kernels")) bench_w4kernels();
+    if (has_wl(wl, "gathergraph")) bench_gathergraph();
     if (has_wl(wl, "w4")) bench_w4();
     if (has_wl(wl, "w5")) bench_w5(lengths);
     return 0;

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/half.h"
 #include "kernels/cpu/eager.h"
 #include "kernels/cpu/prepack.h"
 #include "kernels/cpu/threads.h"
@@ -369,6 +370,56 @@ static int teardown_each(void **state) {
     return tu_teardown(state);
 }
 
+/* f16 products over packed weights: a read and y written through f32
+ * scratch, 8 elements at a time in hardware where the CPU has F16C (the
+ * tails one at a time). The f16 result must be bit for bit the f32
+ * product of a's exact values over the same packed b, rounded by
+ * sj_f32_to_f16 (nearest even), and within the f16 tolerance of float64;
+ * a holds large (the product overflows f16: inf) and tiny (subnormal
+ * results) rows beside ordinary ones. */
+static void test_f16_rows(void **state) {
+    static const int64_t Ms16[] = {1, 3, 9, 30}, Ks16[] = {1, 7, 8, 9, 37}, Ns16[] = {1, 5, 8, 15, 17, 33};
+    for (int mi = 0; mi < NELEM(Ms16); mi++)
+        for (int ki = 0; ki < NELEM(Ks16); ki++)
+            for (int ni = 0; ni < NELEM(Ns16); ni++) {
+                int64_t M = Ms16[mi], K = Ks16[ki], N = Ns16[ni];
+                sj_tensor a = tu_random(SJ_F16, 2, S(M, K), TU_CONTIG), b = weight(SJ_F16, K, N, ni & 1);
+                for (int64_t r = 0; r < M; r++) /* row 1: large; row 2: tiny (r % 4 == 1, 2) */
+                    for (int64_t k = 0; k < K; k++)
+                        if (r % 4 == 1) tu_set(&a, r * K + k, tu_get(&a, r * K + k) * 30000.0);
+                        else if (r % 4 == 2) tu_set(&a, r * K + k, tu_get(&a, r * K + k) * 1e-4);
+                sj_tensor a32 = tu_tensor(SJ_F32, 2, S(M, K));
+                sj_tensor b32 = tu_tensor(SJ_F32, 2, S(K, N)); /* b's values; its packed copy is p */
+                for (int64_t i = 0; i < M * K; i++) tu_set(&a32, i, tu_get(&a, i)); /* exact */
+                for (int64_t i = 0; i < K * N; i++) tu_set(&b32, i, tu_get(&b, i));
+                sj_tensor y = tu_tensor(SJ_F16, 2, S(M, N)), y32 = tu_tensor(SJ_F32, 2, S(M, N));
+                sj_cpu_packed *p = NULL;
+                assert_int_equal(sj_cpu_pack(&b, &p), SJ_OK);
+                assert_int_equal(sj_cpu_matmul_packed(&a, &b, p, NULL, &y, NULL), SJ_OK);
+                assert_int_equal(sj_cpu_matmul_packed(&a32, &b32, p, NULL, &y32, NULL), SJ_OK);
+                const uint16_t *yh = y.data;
+                const float *yf = y32.data;
+                for (int64_t i = 0; i < M * N; i++)
+                    if (yh[i] != sj_f32_to_f16(yf[i]))
+                        fail_msg("f16 M %lld K %lld N %lld: element %lld is 0x%04x, f32 %g rounds to 0x%04x",
+                                 (long long)M, (long long)K, (long long)N, (long long)i, yh[i], (double)yf[i],
+                                 sj_f32_to_f16(yf[i]));
+                /* against float64, the rows whose results stay finite in f16 */
+                double *rf = tu_refbuf(0, M * N), *mg = tu_refbuf(1, M * N);
+                tu_ref_matmul(&a, &b, rf, mg);
+                for (int64_t r = 0; r < M; r++)
+                    for (int64_t c = 0; c < N; c++) {
+                        double v = tu_get(&y, r * N + c), ref = rf[r * N + c];
+                        if (fabs(ref) > 65000) continue; /* near or past f16's largest */
+                        if (fabs(v - ref) > tu_tol(SJ_F16) * (mg[r * N + c] + 1e-6) + 1e-7)
+                            fail_msg("f16 M %lld K %lld N %lld: [%lld, %lld] is %g, float64 %g", (long long)M,
+                                     (long long)K, (long long)N, (long long)r, (long long)c, v, ref);
+                    }
+                sj_cpu_packed_free(p);
+                tu_free_all();
+            }
+}
+
 static int setup(void **state) {
     tu_seed(26);
     pool2 = sj_threads_create(2);
@@ -385,7 +436,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_products, teardown_each), cmocka_unit_test_teardown(test_edges, teardown_each),
         cmocka_unit_test_teardown(test_batches, teardown_each),  cmocka_unit_test_teardown(test_cache, teardown_each),
         cmocka_unit_test_teardown(test_fn, teardown_each),       cmocka_unit_test_teardown(test_fn_bound, teardown_each),
-        cmocka_unit_test_teardown(test_small_split, teardown_each),
+        cmocka_unit_test_teardown(test_small_split, teardown_each), cmocka_unit_test_teardown(test_f16_rows, teardown_each),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -89,6 +89,59 @@ static int layout(int64_t R, int64_t C, int64_t sr, int64_t sc, int64_t *ld) {
     return *ld <= INT_MAX ? LAY_ROW : LAY_NONE;
 }
 
+/* -- f16 rows to and from f32 ---------------------------------------------- *
+ * The products read an f16 a (and b, where it is not packed) and write an
+ * f16 y through f32 scratch, a row at a time, and so does attention (q, k,
+ * v and its output). Where the CPU has F16C the contiguous rows convert 8
+ * at a time in hardware (vcvtph2ps exact,
+ * vcvtps2ph with round to nearest even: the same values as sj_f16_to_f32
+ * and sj_f32_to_f16, NaNs aside, whose payload the hardware keeps the same
+ * way); otherwise, and for strided rows, cpu_load_f32 / cpu_store_f32. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx,f16c"))) static void f16_load_f16c(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = sj_f16_to_f32(src[i]);
+}
+__attribute__((target("avx,f16c"))) static void f16_store_f16c(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) dst[i] = sj_f32_to_f16(src[i]);
+}
+static int have_f16c(void) {
+    static _Atomic int have = -1; /* -1: not asked yet */
+    int h = atomic_load_explicit(&have, memory_order_relaxed);
+    if (h < 0) {
+        h = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+        atomic_store_explicit(&have, h, memory_order_relaxed);
+    }
+    return h;
+}
+#endif
+
+static void mm_load_row(float *dst, const char *src, sj_dtype dt, int64_t s, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (dt == SJ_F16 && s == 1 && have_f16c()) {
+        f16_load_f16c(dst, (const uint16_t *)src, n);
+        return;
+    }
+#endif
+    cpu_load_f32(dst, src, dt, s, n);
+}
+
+static void mm_store_row(char *dst, sj_dtype dt, int64_t s, const float *src, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (dt == SJ_F16 && s == 1 && have_f16c()) {
+        f16_store_f16c((uint16_t *)dst, src, n);
+        return;
+    }
+#endif
+    cpu_store_f32(dst, dt, s, src, n);
+}
+
 /* The R x C matrix at src as a mat: in place when BLAS can read it, else
  * packed row-major into scratch `slot`. *packed remembers the last source
  * packed into the slot, so a batch-broadcast operand is packed once. */
@@ -106,7 +159,7 @@ static sj_status mat_prep(mat *m, const char *src, sj_dtype dt, int64_t R, int64
                          (long long)R, (long long)C);
     if (*packed != src) {
         int64_t es = (int64_t)cpu_dtype_size(dt);
-        for (int64_t r = 0; r < R; r++) cpu_load_f32(buf + r * C, src + r * sr * es, dt, sc, C);
+        for (int64_t r = 0; r < R; r++) mm_load_row(buf + r * C, src + r * sr * es, dt, sc, C);
         *packed = src;
     }
     *m = (mat){buf, LAY_ROW, max1(C)};
@@ -272,7 +325,7 @@ static sj_status mm_packed(mm *m, const char *a, char *y) {
             return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand", (long long)m->M,
                              (long long)m->K);
         if (m->apacked != a) {
-            for (int64_t r = 0; r < m->M; r++) cpu_load_f32(buf + r * m->K, a + r * m->sam * m->es, m->dt, m->sak, m->K);
+            for (int64_t r = 0; r < m->M; r++) mm_load_row(buf + r * m->K, a + r * m->sam * m->es, m->dt, m->sak, m->K);
             m->apacked = a;
         }
         af = buf, lda = max1(m->K);
@@ -292,7 +345,7 @@ static sj_status mm_packed(mm *m, const char *a, char *y) {
                          (long long)m->N);
     sj_status st = sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, yb, m->N, m->pool);
     if (st) return st;
-    for (int64_t i = 0; i < m->M; i++) cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
+    for (int64_t i = 0; i < m->M; i++) mm_store_row(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
     return SJ_OK;
 }
 
@@ -322,7 +375,7 @@ static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
                          (long long)m->M, (long long)m->N);
     gemm(m->pool, m->M, m->N, m->K, 1.0f, &ma, &mb, yb, LAY_ROW, m->N, bias, NULL);
     for (int64_t i = 0; i < m->M; i++)
-        cpu_store_f32(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
+        mm_store_row(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
     return SJ_OK;
 }
 
@@ -550,8 +603,8 @@ static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int
             gemm1(rows, t->Dv, kmax, 1.0f, &pm, v, t->o, LAY_ROW, t->Dv, NULL);
         }
         for (int64_t r = 0; r < rows; r++)
-            cpu_store_f32(ybase + (i0 + r) * y->stride[2] * t->es, t->dt, y->stride[3],
-                          t->o + r * t->Dv, t->Dv);
+            mm_store_row(ybase + (i0 + r) * y->stride[2] * t->es, t->dt, y->stride[3],
+                         t->o + r * t->Dv, t->Dv);
     }
 }
 
