@@ -983,6 +983,50 @@ static void *graph_thread(void *p) {
     return NULL;
 }
 
+/* Each of T jobs of fn: two random inputs of [1, S0 + dS * t, h] with their
+ * float64 results, device input and output buffers. */
+static void graph_jobs_make(sj_runtime *rt, sj_fn *fn, const tu_encoder *w, graph_job *jobs, int T, int64_t S0,
+                            int64_t dS) {
+    for (int t = 0; t < T; t++) {
+        int64_t S = S0 + dS * t;
+        jobs[t] = (graph_job){.rt = rt, .fn = fn};
+        for (int k = 0; k < 2; k++) {
+            jobs[t].hx[k] = tu_tensor(SJ_F32, 3, (int64_t[]){1, S, w->h});
+            tu_fill_random(&jobs[t].hx[k]);
+            jobs[t].ref[k] = malloc(sizeof(double) * (size_t)tu_numel(&jobs[t].hx[k]));
+            tu_encoder_ref(w, &jobs[t].hx[k], NULL, jobs[t].ref[k]);
+        }
+        jobs[t].dx = to_dev(rt, &jobs[t].hx[0]);
+        jobs[t].dy = to_dev(rt, &jobs[t].hx[0]);
+    }
+}
+
+/* Run the T jobs on threads of their own, all joined before any assertion;
+ * every call served and right. */
+static void graph_jobs_run(graph_job *jobs, int T) {
+    pthread_t th[16];
+    assert_true(T <= 16);
+    for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, graph_thread, &jobs[t]), 0);
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < T; t++) {
+        assert_int_equal(jobs[t].failures, 0);
+        assert_int_equal(jobs[t].bad, 0);
+    }
+}
+
+/* fn, the jobs' buffers and references, the test tensors, and rt. */
+static void graph_jobs_end(sj_runtime *rt, sj_fn *fn, graph_job *jobs, int T) {
+    sj_fn_destroy(fn);
+    for (int t = 0; t < T; t++) {
+        free_dev(rt, &jobs[t].dx);
+        free_dev(rt, &jobs[t].dy);
+        free(jobs[t].ref[0]);
+        free(jobs[t].ref[1]);
+    }
+    tu_free_all();
+    sj_runtime_destroy(rt);
+}
+
 static void test_cuda_graphs_threads(void **state) {
     enum { T = 8 };
     sj_runtime *rt = gpu_runtime(SJ_COMPILE_SYNC);
@@ -990,19 +1034,7 @@ static void test_cuda_graphs_threads(void **state) {
     tu_encoder w;
     sj_fn *fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_STATIC, "graph_threads");
     graph_job jobs[T];
-    pthread_t th[T];
-    int64_t S = 21;
-    for (int t = 0; t < T; t++) {
-        jobs[t] = (graph_job){.rt = rt, .fn = fn};
-        for (int k = 0; k < 2; k++) {
-            jobs[t].hx[k] = tu_tensor(SJ_F32, 3, (int64_t[]){1, S, w.h});
-            tu_fill_random(&jobs[t].hx[k]);
-            jobs[t].ref[k] = malloc(sizeof(double) * (size_t)tu_numel(&jobs[t].hx[k]));
-            tu_encoder_ref(&w, &jobs[t].hx[k], NULL, jobs[t].ref[k]);
-        }
-        jobs[t].dx = to_dev(rt, &jobs[t].hx[0]);
-        jobs[t].dy = to_dev(rt, &jobs[t].hx[0]);
-    }
+    graph_jobs_make(rt, fn, &w, jobs, T, 21, 0);
     /* compiled before the threads start, and graphs for the buffers of
      * threads 0 and 1 (asked for by the SJ_GRAPH_AFTER-th call); the
      * others make too few calls to be captured */
@@ -1014,12 +1046,7 @@ static void test_cuda_graphs_threads(void **state) {
         assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK); /* one capture at a time per shape */
     }
     assert_int_equal(stats_of(fn).graphs, 2);
-    for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, graph_thread, &jobs[t]), 0);
-    for (int t = 0; t < T; t++) pthread_join(th[t], NULL); /* all of them before any assertion */
-    for (int t = 0; t < T; t++) {
-        assert_int_equal(jobs[t].failures, 0);
-        assert_int_equal(jobs[t].bad, 0);
-    }
+    graph_jobs_run(jobs, T);
     sj_stats s = stats_of(fn);
     assert_int_equal(s.eager_calls, 0);
     assert_int_equal(s.graphs, 2);
@@ -1027,15 +1054,7 @@ static void test_cuda_graphs_threads(void **state) {
     assert_int_equal(s.graph_failures, 0);
     print_message("8 threads x 12 calls: %llu graphs, %llu graph calls\n", (unsigned long long)s.graphs,
                   (unsigned long long)s.graph_calls);
-    sj_fn_destroy(fn);
-    for (int t = 0; t < T; t++) {
-        free_dev(rt, &jobs[t].dx);
-        free_dev(rt, &jobs[t].dy);
-        free(jobs[t].ref[0]);
-        free(jobs[t].ref[1]);
-    }
-    tu_free_all();
-    sj_runtime_destroy(rt);
+    graph_jobs_end(rt, fn, jobs, T);
 }
 
 /* A bucket graph replayed from 8 threads at once (sj_call on lanes), each
@@ -1052,19 +1071,7 @@ static void test_bucket_graphs_threads(void **state) {
     sj_fn *fn = encoder_fn(rt, &w, SJ_F32, SJ_DYNAMIC_SYMBOLIC, "bucket_threads");
     assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 16, 128), SJ_OK);
     graph_job jobs[T];
-    pthread_t th[T];
-    for (int t = 0; t < T; t++) {
-        int64_t S = 33 + 4 * t; /* (32, 64] */
-        jobs[t] = (graph_job){.rt = rt, .fn = fn};
-        for (int k = 0; k < 2; k++) {
-            jobs[t].hx[k] = tu_tensor(SJ_F32, 3, (int64_t[]){1, S, w.h});
-            tu_fill_random(&jobs[t].hx[k]);
-            jobs[t].ref[k] = malloc(sizeof(double) * (size_t)tu_numel(&jobs[t].hx[k]));
-            tu_encoder_ref(&w, &jobs[t].hx[k], NULL, jobs[t].ref[k]);
-        }
-        jobs[t].dx = to_dev(rt, &jobs[t].hx[0]);
-        jobs[t].dy = to_dev(rt, &jobs[t].hx[0]);
-    }
+    graph_jobs_make(rt, fn, &w, jobs, T, 33, 4); /* S 33, 37, ..., 61: (32, 64] */
     for (int i = 0; i < SJ_GRAPH_AFTER; i++) { /* the bucket's graph, from calls of every thread's size */
         graph_job *j = &jobs[i % T];
         sj_tensor out = j->dy.t;
@@ -1072,27 +1079,14 @@ static void test_bucket_graphs_threads(void **state) {
     }
     assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
     assert_int_equal(stats_of(fn).bucket_graphs, 1);
-    for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, graph_thread, &jobs[t]), 0);
-    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
-    for (int t = 0; t < T; t++) {
-        assert_int_equal(jobs[t].failures, 0);
-        assert_int_equal(jobs[t].bad, 0);
-    }
+    graph_jobs_run(jobs, T);
     sj_stats s = stats_of(fn);
     assert_int_equal(s.eager_calls, 0);
     assert_true(s.bucket_graph_calls >= 1);
     assert_int_equal(s.graph_failures, 0);
     print_message("8 threads x 12 calls of 8 sizes: %llu served by the bucket graph\n",
                   (unsigned long long)s.bucket_graph_calls);
-    sj_fn_destroy(fn);
-    for (int t = 0; t < T; t++) {
-        free_dev(rt, &jobs[t].dx);
-        free_dev(rt, &jobs[t].dy);
-        free(jobs[t].ref[0]);
-        free(jobs[t].ref[1]);
-    }
-    tu_free_all();
-    sj_runtime_destroy(rt);
+    graph_jobs_end(rt, fn, jobs, T);
 }
 
 /* The graph memory budget on the device (graph_max_bytes): a real graph
