@@ -10,7 +10,14 @@
  * The fastest wins; cuBLASLt (-1) unless a variant beats it. Operands are
  * scratch buffers of the product's sizes, zeroed, on a stream of the
  * tuner's own; each candidate runs twice untimed (cuBLASLt chooses its
- * algorithm then), then TUNE_REPS times between two events.
+ * algorithm then), then TUNE_REPS times captured into a CUDA graph, whose
+ * launch is timed between two events: the kernels' time on the device, as
+ * a fused call replayed from a graph spends it. (Timed as launches from
+ * the host, a small product measured the host's launch cost instead:
+ * cuBLASLt's 8 us a call against a generated kernel's 3, which chose
+ * generated tiles that lose inside the layer's graph.) Where the capture
+ * fails, the launches themselves are timed. cuBLASLt runs with a
+ * workspace of its own, as in a graph.
  *
  * The choice is kept in the kernel cache beside the unit's CUBIN (key,
  * extension "gemmpick"; sj_gemm_picks_format), so a process that loads
@@ -44,13 +51,16 @@ typedef struct tuner {
     CUdeviceptr a, b, bias, r, c, c2;
     bool epi;              /* the plan runs the epilogue inside: cuBLASLt pays a pass more */
     bool has_bias;
+    CUdeviceptr ws;        /* cuBLASLt's workspace (none may be allocated in a capture) */
 } tuner;
+
+#define TUNE_WS_BYTES ((size_t)4 << 20) /* as a CUDA graph's (graph_cuda.c) */
 
 /* One run of candidate v (-1: cuBLASLt and the pass) at M rows. */
 static sj_status run_one(const tuner *t, int v, const sj_gemm_tile *tile, CUfunction f, int64_t M) {
     sj_cuda *cu = t->cu;
     if (v < 0) {
-        sj_cuda_exec e = {.cuda = cu, .stream = t->s};
+        sj_cuda_exec e = {.cuda = cu, .stream = t->s, .ws = t->ws, .ws_bytes = t->ws ? TUNE_WS_BYTES : 0};
         sj_tensor a = {.data = (void *)(uintptr_t)t->a, .dtype = SJ_F16, .rank = 2, .device = SJ_CUDA,
                        .shape = {M, t->sp->K}, .stride = {t->sp->K, 1}};
         sj_tensor b = {.data = (void *)(uintptr_t)t->b, .dtype = SJ_F16, .rank = 2, .device = SJ_CUDA,
@@ -100,6 +110,31 @@ static double time_one(const tuner *t, int v, const sj_gemm_tile *tile, CUfuncti
     }
     for (int i = 0; i < 2; i++)
         if (run_one(t, v, tile, f, M)) return INFINITY;
+    /* TUNE_REPS runs in a graph, its launch timed */
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    bool captured = cu->api.StreamBeginCapture(t->s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS;
+    if (captured) {
+        sj_cuda_capturing(t->s);
+        bool ran = true;
+        for (int i = 0; i < TUNE_REPS && ran; i++) ran = run_one(t, v, tile, f, M) == SJ_OK;
+        sj_cuda_capturing(NULL);
+        captured = cu->api.StreamEndCapture(t->s, &graph) == CUDA_SUCCESS && ran && graph &&
+                   cu->api.GraphInstantiate(&exec, graph, 0) == CUDA_SUCCESS;
+        sj_clearerr();
+    }
+    if (graph) cu->api.GraphDestroy(graph);
+    if (captured) {
+        float gms = 0;
+        bool timed = cu->api.GraphLaunch(exec, t->s) == CUDA_SUCCESS && /* (its upload, untimed) */
+                     cu->api.EventRecord(t->e0, t->s) == CUDA_SUCCESS &&
+                     cu->api.GraphLaunch(exec, t->s) == CUDA_SUCCESS &&
+                     cu->api.EventRecord(t->e1, t->s) == CUDA_SUCCESS &&
+                     cu->api.EventSynchronize(t->e1) == CUDA_SUCCESS &&
+                     cu->api.EventElapsedTime(&gms, t->e0, t->e1) == CUDA_SUCCESS;
+        cu->api.GraphExecDestroy(exec);
+        if (timed) return (double)gms / TUNE_REPS;
+    }
     if (cu->api.EventRecord(t->e0, t->s) != CUDA_SUCCESS) return INFINITY;
     for (int i = 0; i < TUNE_REPS; i++)
         if (run_one(t, v, tile, f, M)) return INFINITY;
@@ -144,9 +179,10 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
     t.r = sj_cuda_alloc(cu, bytes_c, s);
     t.c = sj_cuda_alloc(cu, bytes_c, s);
     t.c2 = sj_cuda_alloc(cu, bytes_c, s);
-    bool ok = t.a && t.b && t.bias && t.r && t.c && t.c2;
-    const CUdeviceptr bufs[] = {t.a, t.b, t.bias, t.r, t.c, t.c2};
-    const size_t sizes[] = {bytes_a, bytes_b, bytes_bias, bytes_c, bytes_c, bytes_c};
+    t.ws = sj_cuda_alloc(cu, TUNE_WS_BYTES, s);
+    bool ok = t.a && t.b && t.bias && t.r && t.c && t.c2 && t.ws;
+    const CUdeviceptr bufs[] = {t.a, t.b, t.bias, t.r, t.c, t.c2, t.ws};
+    const size_t sizes[] = {bytes_a, bytes_b, bytes_bias, bytes_c, bytes_c, bytes_c, TUNE_WS_BYTES};
     for (int i = 0; i < 6 && ok; i++)
         ok = cu->api.MemsetD8Async(bufs[i], 0, sizes[i], s) == CUDA_SUCCESS;
     int nt;
@@ -161,7 +197,7 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
         if (!f) ms[v] = INFINITY;
         if (ms[v] < best_ms) best_ms = ms[v], best = v;
     }
-    for (int i = 0; i < 6; i++) sj_cuda_free(cu, bufs[i], s);
+    for (int i = 0; i < 7; i++) sj_cuda_free(cu, bufs[i], s);
     pick[gi] = (int8_t)best;
     if (!ok) {
         sj_log_write(log, SJ_LOG_PERF, "cuda: %.12s: product %s: not timed (%s): cuBLASLt", key, G->name,
