@@ -296,6 +296,7 @@ static void *bucket_note(sj_fn *fn, sj_memo *m, const sj_exec *x, bool force) {
         atomic_load_explicit(&e->bgraph_busy, RELAXED))
         return NULL;
     if (b->graph_stream(x->ops_ctx) != sj_runtime_stream(rt)) return NULL; /* sj_call's alone */
+    if (atomic_load_explicit(&rt->cuda_graphs, RELAXED) >= rt->cfg.cuda_graphs) return NULL; /* (no count then) */
     if (!force && atomic_fetch_add_explicit(&e->bgraph_seen, 1, RELAXED) + 1 < SJ_GRAPH_AFTER) return NULL;
     /* the entry's code, done with its validation */
     sj_compiled *cd = atomic_load_explicit(&e->ct.ready, memory_order_acquire);
