@@ -425,7 +425,8 @@ static void test_f16_rows(void **state) {
  * the product stores its f32 result into the 16-bit y block by block and
  * runs the epilogue (here y = 2 y + 1 in y's dtype, every item counted)
  * over each block right after, when y is one contiguous matrix; against
- * float64 with odd M, K, N, a bias, one thread or two; a column-major y
+ * float64 with odd M, K, N (K past the 256-element chunk a row is
+ * converted in as it is packed), a bias, one thread or two; a column-major y
  * (column-major, padded) is stored the same way without the epilogue (not fused). */
 static _Atomic int64_t epi_items;
 
@@ -439,7 +440,7 @@ static void epi_affine(void *const *p, const int64_t *s, int64_t begin, int64_t 
 }
 
 static void test_epi_16(void **state) {
-    static const int64_t Me[] = {1, 7, 13, 173}, Ke[] = {17, 129}, Ne[] = {5, 33, 100};
+    static const int64_t Me[] = {1, 7, 13, 173}, Ke[] = {17, 129, 300}, Ne[] = {5, 33, 100};
     static const sj_dtype dts[] = {SJ_F16, SJ_BF16};
     for (int di = 0; di < 2; di++)
         for (int mi = 0; mi < NELEM(Me); mi++)

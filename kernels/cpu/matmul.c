@@ -11,7 +11,8 @@
  * A product given b packed (sj_cpu_matmul_packed: b a constant, packed once
  * when its entry was made; kernels/cpu/prepack.c) runs over the packed
  * panels instead of through sgemm: a in place when it is f32 row-major
- * (else converted into scratch), the bias added as the tiles are stored.
+ * (else converted as it is packed into tiles), the bias added as the tiles
+ * are stored.
  *
  * An epilogue (sj_cpu_matmul_epi: a generated elementwise group over the
  * product's result) runs inside a product whose result is one contiguous
@@ -340,22 +341,12 @@ static void mm_store_items(void *const *p, const int64_t *s, int64_t begin, int6
 }
 
 /* The product over b's packed copy: a read in place when it is f32
- * row-major, else converted into scratch slot 0; y written in place when
- * it is f32 row-major, else through scratch slot 2 (mm_store_items). */
+ * row-major, else converted row by row as the product packs it into tiles
+ * (sj_cpu_packed_gemm_rows); y written in place when it is f32 row-major,
+ * else through scratch slot 2 (mm_store_items). */
 static sj_status mm_packed(mm *m, const char *a, char *y) {
     int64_t lda, ldy;
-    const float *af = (const float *)a;
-    if (m->dt != SJ_F32 || layout(m->M, m->K, m->sam, m->sak, &lda) != LAY_ROW) {
-        float *buf = sj_cpu_scratch(0, (size_t)(m->M * m->K) * sizeof(float));
-        if (!buf)
-            return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand", (long long)m->M,
-                             (long long)m->K);
-        if (m->apacked != a) {
-            for (int64_t r = 0; r < m->M; r++) mm_load_row(buf + r * m->K, a + r * m->sam * m->es, m->dt, m->sak, m->K);
-            m->apacked = a;
-        }
-        af = buf, lda = max1(m->K);
-    }
+    int arow = m->dt == SJ_F32 && layout(m->M, m->K, m->sam, m->sak, &lda) == LAY_ROW;
     int oom = 0;
     const float *bias = bias_f32(m, &oom);
     if (oom)
@@ -364,7 +355,9 @@ static sj_status mm_packed(mm *m, const char *a, char *y) {
     if (m->dt == SJ_F32 && ylay == LAY_ROW) {
         const sj_cpu_epilogue *epi = m->epi && ldy == m->N ? m->epi : NULL;
         m->fused = epi != NULL;
-        return sj_cpu_packed_gemm_epi(m->M, af, lda, m->pb, bias, (float *)y, ldy, m->pool, epi);
+        return arow ? sj_cpu_packed_gemm_epi(m->M, (const float *)a, lda, m->pb, bias, (float *)y, ldy, m->pool, epi)
+                    : sj_cpu_packed_gemm_rows(m->M, a, m->dt, m->sam, m->sak, mm_load_row, m->pb, bias, (float *)y,
+                                              ldy, m->pool, epi);
     }
     float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
     if (!yb)
@@ -374,7 +367,9 @@ static sj_status mm_packed(mm *m, const char *a, char *y) {
                        .then = m->dt != SJ_F32 && m->epi && ylay == LAY_ROW && ldy == m->N ? m->epi : NULL};
     sj_cpu_epilogue store = {mm_store_items, (void *const *)(void *)&se, NULL};
     m->fused = se.then != NULL;
-    return sj_cpu_packed_gemm_epi(m->M, af, lda, m->pb, bias, yb, m->N, m->pool, &store);
+    return arow ? sj_cpu_packed_gemm_epi(m->M, (const float *)a, lda, m->pb, bias, yb, m->N, m->pool, &store)
+                : sj_cpu_packed_gemm_rows(m->M, a, m->dt, m->sam, m->sak, mm_load_row, m->pb, bias, yb, m->N,
+                                          m->pool, &store);
 }
 
 static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {
