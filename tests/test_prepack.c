@@ -16,6 +16,7 @@
 /* clang-format on */
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -420,6 +421,66 @@ static void test_f16_rows(void **state) {
             }
 }
 
+/* An f16/bf16 product over packed b with an epilogue (sj_cpu_matmul_epi):
+ * the product stores its f32 result into the 16-bit y block by block and
+ * runs the epilogue (here y = 2 y + 1 in y's dtype, every item counted)
+ * over each block right after, when y is one contiguous matrix; against
+ * float64 with odd M, K, N (K past the 256-element chunk a row is
+ * converted in as it is packed), a bias, one thread or two; a column-major y
+ * (column-major, padded) is stored the same way without the epilogue (not fused). */
+static _Atomic int64_t epi_items;
+
+static void epi_affine(void *const *p, const int64_t *s, int64_t begin, int64_t end) {
+    uint16_t *y = p[0];
+    for (int64_t i = begin; i < end; i++) {
+        float v = s[0] == SJ_F16 ? sj_f16_to_f32(y[i]) : sj_bf16_to_f32(y[i]);
+        y[i] = s[0] == SJ_F16 ? sj_f32_to_f16(2 * v + 1) : sj_f32_to_bf16(2 * v + 1);
+    }
+    atomic_fetch_add(&epi_items, end - begin);
+}
+
+static void test_epi_16(void **state) {
+    static const int64_t Me[] = {1, 7, 13, 173}, Ke[] = {17, 129, 300}, Ne[] = {5, 33, 100};
+    static const sj_dtype dts[] = {SJ_F16, SJ_BF16};
+    for (int di = 0; di < 2; di++)
+        for (int mi = 0; mi < NELEM(Me); mi++)
+            for (int ki = 0; ki < NELEM(Ke); ki++)
+                for (int ni = 0; ni < NELEM(Ne); ni++)
+                    for (int th = 1; th <= 2; th++)
+                        for (int ly = 0; ly < 2; ly++) {
+                            sj_dtype dt = dts[di];
+                            int64_t M = Me[mi], K = Ke[ki], N = Ne[ni];
+                            sj_tensor a = tu_random(dt, 2, S(M, K), TU_CONTIG), b = weight(dt, K, N, ni & 1);
+                            sj_tensor bias = tu_random(dt, 1, S(N), TU_CONTIG);
+                            sj_tensor y = tu_tensor_layout(dt, 2, S(M, N), ly ? TU_REVGAP : TU_CONTIG);
+                            double *rf = tu_refbuf(0, M * N), *mg = tu_refbuf(1, M * N);
+                            tu_ref_matmul(&a, &b, rf, mg);
+                            for (int64_t i = 0; i < M * N; i++) {
+                                rf[i] += tu_get(&bias, i % N), mg[i] += fabs(tu_get(&bias, i % N));
+                                if (!ly) rf[i] = 2 * rf[i] + 1, mg[i] = 2 * mg[i] + 1;
+                            }
+                            sj_cpu_packed *p = NULL;
+                            assert_int_equal(sj_cpu_pack(&b, &p), SJ_OK);
+                            void *ps[1] = {y.data};
+                            int64_t ss[1] = {dt};
+                            sj_cpu_epilogue e = {epi_affine, ps, ss};
+                            int fused = -1;
+                            atomic_store(&epi_items, 0);
+                            uint64_t before = sj_cpu_fused_epilogues();
+                            assert_int_equal(sj_cpu_matmul_epi(&a, &b, p, &bias, &y, th > 1 ? pool2 : NULL, &e, &fused),
+                                             SJ_OK);
+                            const char *what = tu_label("epi dtype %d M %lld K %lld N %lld threads %d ly %d", dt,
+                                                        (long long)M, (long long)K, (long long)N, th, ly);
+                            assert_int_equal(fused, !ly);
+                            assert_int_equal(atomic_load(&epi_items), ly ? 0 : M * N);
+                            assert_true(sj_cpu_fused_epilogues() == before + (uint64_t)!ly);
+                            assert_true(tu_check_mag(&y, rf, mg, tu_tol(dt), what));
+                            assert_true(tu_check_gaps(&y, what));
+                            sj_cpu_packed_free(p);
+                            tu_free_all();
+                        }
+}
+
 static int setup(void **state) {
     tu_seed(26);
     pool2 = sj_threads_create(2);
@@ -437,6 +498,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_batches, teardown_each),  cmocka_unit_test_teardown(test_cache, teardown_each),
         cmocka_unit_test_teardown(test_fn, teardown_each),       cmocka_unit_test_teardown(test_fn_bound, teardown_each),
         cmocka_unit_test_teardown(test_small_split, teardown_each), cmocka_unit_test_teardown(test_f16_rows, teardown_each),
+        cmocka_unit_test_teardown(test_epi_16, teardown_each),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

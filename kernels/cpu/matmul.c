@@ -11,14 +11,16 @@
  * A product given b packed (sj_cpu_matmul_packed: b a constant, packed once
  * when its entry was made; kernels/cpu/prepack.c) runs over the packed
  * panels instead of through sgemm: a in place when it is f32 row-major
- * (else converted into scratch), the bias added as the tiles are stored.
+ * (else converted as it is packed into tiles), the bias added as the tiles
+ * are stored.
  *
  * An epilogue (sj_cpu_matmul_epi: a generated elementwise group over the
- * product's result) runs inside an f32 product written in place as one
- * contiguous M x N matrix: over packed b, per block of rows and panels
- * (prepack.c); through sgemm, per part of a split product right after
- * its sgemm. Any other product (batches of their own, f16/bf16 results
- * through scratch) runs without it, and says so.
+ * product's result) runs inside a product whose result is one contiguous
+ * M x N matrix: over packed b, per block of rows and panels (prepack.c),
+ * in f32 in place, in f16/bf16 right after the block's store from f32
+ * scratch (mm_store_items); through sgemm, f32 only, per part of a split
+ * product right after its sgemm. Any other product (batches of their own,
+ * f16/bf16 results through sgemm) runs without it, and says so.
  *
  * Integers are exact: int64 products and sums, wrapping, narrowed on store.
  *
@@ -313,40 +315,61 @@ static const float *bias_f32(const mm *m, int *oom) {
     return f;
 }
 
+/* An f16/bf16 result over packed b is stored by the product itself, as
+ * an epilogue over its f32 scratch: each block of rows and panels is
+ * converted into y by the thread that finished it, while the block is in
+ * cache (no pass of its own on the calling thread), and the caller's
+ * epilogue, when y is one contiguous M x N matrix, runs right after over
+ * the same block of y. */
+typedef struct mm_store_epi {
+    const float *yb; /* M x N, row stride N */
+    char *y;
+    sj_dtype dt;
+    int64_t N, sym, syn, es;
+    const sj_cpu_epilogue *then; /* NULL, or over y */
+} mm_store_epi;
+
+static void mm_store_items(void *const *p, const int64_t *s, int64_t begin, int64_t end) {
+    (void)s;
+    const mm_store_epi *e = (const mm_store_epi *)(const void *)p;
+    for (int64_t i = begin; i < end;) {
+        int64_t r = i / e->N, c = i % e->N, n = e->N - c < end - i ? e->N - c : end - i;
+        mm_store_row(e->y + (r * e->sym + c * e->syn) * e->es, e->dt, e->syn, e->yb + i, n);
+        i += n;
+    }
+    if (e->then) e->then->fn(e->then->p, e->then->s, begin, end);
+}
+
 /* The product over b's packed copy: a read in place when it is f32
- * row-major, else converted into scratch slot 0; y written in place when
- * it is f32 row-major, else through scratch slot 2. */
+ * row-major, else converted row by row as the product packs it into tiles
+ * (sj_cpu_packed_gemm_rows); y written in place when it is f32 row-major,
+ * else through scratch slot 2 (mm_store_items). */
 static sj_status mm_packed(mm *m, const char *a, char *y) {
     int64_t lda, ldy;
-    const float *af = (const float *)a;
-    if (m->dt != SJ_F32 || layout(m->M, m->K, m->sam, m->sak, &lda) != LAY_ROW) {
-        float *buf = sj_cpu_scratch(0, (size_t)(m->M * m->K) * sizeof(float));
-        if (!buf)
-            return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand", (long long)m->M,
-                             (long long)m->K);
-        if (m->apacked != a) {
-            for (int64_t r = 0; r < m->M; r++) mm_load_row(buf + r * m->K, a + r * m->sam * m->es, m->dt, m->sak, m->K);
-            m->apacked = a;
-        }
-        af = buf, lda = max1(m->K);
-    }
+    int arow = m->dt == SJ_F32 && layout(m->M, m->K, m->sam, m->sak, &lda) == LAY_ROW;
     int oom = 0;
     const float *bias = bias_f32(m, &oom);
     if (oom)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld-element bias", (long long)m->N);
-    if (m->dt == SJ_F32 && layout(m->M, m->N, m->sym, m->syn, &ldy) == LAY_ROW) {
+    int ylay = layout(m->M, m->N, m->sym, m->syn, &ldy);
+    if (m->dt == SJ_F32 && ylay == LAY_ROW) {
         const sj_cpu_epilogue *epi = m->epi && ldy == m->N ? m->epi : NULL;
         m->fused = epi != NULL;
-        return sj_cpu_packed_gemm_epi(m->M, af, lda, m->pb, bias, (float *)y, ldy, m->pool, epi);
+        return arow ? sj_cpu_packed_gemm_epi(m->M, (const float *)a, lda, m->pb, bias, (float *)y, ldy, m->pool, epi)
+                    : sj_cpu_packed_gemm_rows(m->M, a, m->dt, m->sam, m->sak, mm_load_row, m->pb, bias, (float *)y,
+                                              ldy, m->pool, epi);
     }
     float *yb = sj_cpu_scratch(2, (size_t)(m->M * m->N) * sizeof(float));
     if (!yb)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld x %lld result", (long long)m->M,
                          (long long)m->N);
-    sj_status st = sj_cpu_packed_gemm(m->M, af, lda, m->pb, bias, yb, m->N, m->pool);
-    if (st) return st;
-    for (int64_t i = 0; i < m->M; i++) mm_store_row(y + i * m->sym * m->es, m->dt, m->syn, yb + i * m->N, m->N);
-    return SJ_OK;
+    mm_store_epi se = {.yb = yb, .y = y, .dt = m->dt, .N = m->N, .sym = m->sym, .syn = m->syn, .es = m->es,
+                       .then = m->dt != SJ_F32 && m->epi && ylay == LAY_ROW && ldy == m->N ? m->epi : NULL};
+    sj_cpu_epilogue store = {mm_store_items, (void *const *)(void *)&se, NULL};
+    m->fused = se.then != NULL;
+    return arow ? sj_cpu_packed_gemm_epi(m->M, (const float *)a, lda, m->pb, bias, yb, m->N, m->pool, &store)
+                : sj_cpu_packed_gemm_rows(m->M, a, m->dt, m->sam, m->sak, mm_load_row, m->pb, bias, yb, m->N,
+                                          m->pool, &store);
 }
 
 static sj_status mm_float(mm *m, const char *a, const char *b, char *y) {

@@ -392,22 +392,39 @@ static int64_t tile_row(int64_t M, int64_t tiles, int64_t t, int64_t *rows) {
     return t * q + (t < r ? t : r);
 }
 
-/* a (M x K, row stride lda) into ap, tile by tile, each k-major: tile t's
- * rows r0 .. r0+rows at ap + r0 * K, element (r0 + r, k) at [k * rows + r]. */
+/* a (M x K) into ap, tile by tile, each k-major: tile t's rows r0 ..
+ * r0+rows at ap + r0 * K, element (r0 + r, k) at [k * rows + r]. a is f32
+ * with row stride lda (load NULL), or rows of any float dtype (strides sam,
+ * sak in elements of es bytes) that load converts PACK_ROW_CHUNK elements
+ * at a time on the packing thread (no f32 copy of the whole of a). */
+#define PACK_ROW_CHUNK 256
 typedef struct pack_job {
     const float *a;
     int64_t lda, M, K, tiles;
     float *ap;
+    sj_cpu_row_load load; /* NULL: a is f32 */
+    const char *a16;
+    sj_dtype dt;
+    int64_t sam, sak, es;
 } pack_job;
 
 static void pack_tiles(void *ctx, int64_t begin, int64_t end) {
     const pack_job *j = ctx;
+    float buf[PACK_ROW_CHUNK];
     for (int64_t t = begin; t < end; t++) {
         int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
         float *dst = j->ap + r0 * j->K;
         for (int64_t r = 0; r < rows; r++) {
-            const float *src = j->a + (r0 + r) * j->lda;
-            for (int64_t k = 0; k < j->K; k++) dst[k * rows + r] = src[k];
+            if (!j->load) {
+                const float *src = j->a + (r0 + r) * j->lda;
+                for (int64_t k = 0; k < j->K; k++) dst[k * rows + r] = src[k];
+                continue;
+            }
+            for (int64_t k0 = 0; k0 < j->K; k0 += PACK_ROW_CHUNK) {
+                int64_t n = j->K - k0 < PACK_ROW_CHUNK ? j->K - k0 : PACK_ROW_CHUNK;
+                j->load(buf, j->a16 + ((r0 + r) * j->sam + k0 * j->sak) * j->es, j->dt, j->sak, n);
+                for (int64_t k = 0; k < n; k++) dst[(k0 + k) * rows + r] = buf[k];
+            }
         }
     }
 }
@@ -465,8 +482,10 @@ sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cp
     return sj_cpu_packed_gemm_epi(M, a, lda, p, bias, y, ldy, pool, NULL);
 }
 
-sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
-                                 float *y, int64_t ldy, sj_threads *pool, const sj_cpu_epilogue *epi) {
+/* The product over a packed by pj (its a, M and K filled in). */
+static sj_status packed_gemm(pack_job *pj, const sj_cpu_packed *p, const float *bias, float *y, int64_t ldy,
+                             sj_threads *pool, const sj_cpu_epilogue *epi) {
+    int64_t M = pj->M;
     assert(!epi || ldy == p->N);
     if (M <= 0 || p->N <= 0) return SJ_OK;
     atomic_fetch_add_explicit(&products, 1, memory_order_relaxed);
@@ -485,12 +504,12 @@ sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const s
     pk_job j = {.fn = kn->fn, .M = M, .tiles = (M + kn->mr - 1) / kn->mr, .ap = ap, .p = p, .bias = bias, .y = y,
                 .ldy = ldy, .epi = epi};
     bool split = pool && sj_threads_count(pool) > 1;
-    pack_job pj = {a, lda, M, p->K, j.tiles, ap};
+    pj->tiles = j.tiles, pj->ap = ap;
     int64_t tile_elems = kn->mr * p->K;
     if (split)
-        sj_threads_parallel_for(pool, j.tiles, (PACK_MIN_ELEMS + tile_elems - 1) / tile_elems, pack_tiles, &pj);
+        sj_threads_parallel_for(pool, j.tiles, (PACK_MIN_ELEMS + tile_elems - 1) / tile_elems, pack_tiles, pj);
     else
-        pack_tiles(&pj, 0, j.tiles);
+        pack_tiles(pj, 0, j.tiles);
     j.tb = A_BLOCK_BYTES / (kn->mr * p->K * (int64_t)sizeof(float));
     if (j.tb < 1) j.tb = 1;
     int64_t blocks = (j.tiles + j.tb - 1) / j.tb, items = blocks * p->panels;
@@ -501,6 +520,20 @@ sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const s
     else
         pk_items(&j, 0, items);
     return SJ_OK;
+}
+
+sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
+                                 float *y, int64_t ldy, sj_threads *pool, const sj_cpu_epilogue *epi) {
+    pack_job pj = {.a = a, .lda = lda, .M = M, .K = p->K};
+    return packed_gemm(&pj, p, bias, y, ldy, pool, epi);
+}
+
+sj_status sj_cpu_packed_gemm_rows(int64_t M, const void *a, sj_dtype dt, int64_t sam, int64_t sak,
+                                  sj_cpu_row_load load, const sj_cpu_packed *p, const float *bias, float *y,
+                                  int64_t ldy, sj_threads *pool, const sj_cpu_epilogue *epi) {
+    pack_job pj = {.M = M, .K = p->K, .load = load, .a16 = a, .dt = dt, .sam = sam, .sak = sak,
+                   .es = (int64_t)cpu_dtype_size(dt)};
+    return packed_gemm(&pj, p, bias, y, ldy, pool, epi);
 }
 
 /* -- The per-function cache ------------------------------------------------- */

@@ -92,6 +92,15 @@ typedef struct sj_cpu_epilogue {
 sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
                                  float *y, int64_t ldy, struct sj_threads *pool, const sj_cpu_epilogue *epi);
 
+/* sj_cpu_packed_gemm_epi with a given as rows of any float dtype dt
+ * (element (i, k) at a + (i * sam + k * sak) elements), converted to f32
+ * by load (n elements of stride s from src into dst; as cpu_load_f32) as
+ * they are packed into tiles, on the packing threads. */
+typedef void (*sj_cpu_row_load)(float *dst, const char *src, sj_dtype dt, int64_t s, int64_t n);
+sj_status sj_cpu_packed_gemm_rows(int64_t M, const void *a, sj_dtype dt, int64_t sam, int64_t sak,
+                                  sj_cpu_row_load load, const sj_cpu_packed *p, const float *bias, float *y,
+                                  int64_t ldy, struct sj_threads *pool, const sj_cpu_epilogue *epi);
+
 /* -- The per-function cache --------------------------------------------- */
 
 typedef struct sj_cpu_pack_cache sj_cpu_pack_cache;
