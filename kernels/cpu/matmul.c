@@ -100,6 +100,7 @@ static int layout(int64_t R, int64_t C, int64_t sr, int64_t sc, int64_t *ld) {
  * and sj_f32_to_f16, NaNs aside, whose payload the hardware keeps the same
  * way); otherwise, and for strided rows, cpu_load_f32 / cpu_store_f32. */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 __attribute__((target("avx,f16c"))) static void f16_load_f16c(float *dst, const uint16_t *src, int64_t n) {
     int64_t i = 0;
@@ -117,7 +118,10 @@ static int have_f16c(void) {
     static _Atomic int have = -1; /* -1: not asked yet */
     int h = atomic_load_explicit(&have, memory_order_relaxed);
     if (h < 0) {
-        h = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+        /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+         * does not know "f16c"; "avx" says the OS saves the YMM state */
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        h = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
         atomic_store_explicit(&have, h, memory_order_relaxed);
     }
     return h;
