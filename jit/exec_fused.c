@@ -190,6 +190,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for a %zu-byte arena", x->fn_name, head + arena);
         exv = sj_block_data(b);
         sj_ex_eval_all(g->ex, x->sym_vals, exv);
+        lexv = exv; /* (the old block is gone) */
         if (lay) {
             int64_t *l = (int64_t *)((char *)exv + head - lay);
             sj_ex_eval_all(g->ex, x->layout_syms, l);
