@@ -163,6 +163,21 @@ void sj_exec_gemm_picks(sj_backend *b, const sj_graph *g, const sj_fplan *p, con
     if (mode == 1 && b->gemm_tune) b->gemm_tune(b, g, p, syms, fns, key, pick);
 }
 
+/* The call's expression values at the start of block b, and (lay bytes at
+ * head - lay, with x->layout_syms) the layout's; *lexv the ones the
+ * arena is laid out by. */
+static int64_t *eval_values(const sj_exec *x, sj_block *b, size_t head, size_t lay, const int64_t **lexv) {
+    int64_t *exv = sj_block_data(b);
+    sj_ex_eval_all(x->g->ex, x->sym_vals, exv);
+    *lexv = exv;
+    if (lay) {
+        int64_t *l = (int64_t *)((char *)exv + head - lay);
+        sj_ex_eval_all(x->g->ex, x->layout_syms, l);
+        *lexv = l;
+    }
+    return exv;
+}
+
 sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     const sj_graph *g = x->g;
     const sj_backend *ops = x->ops;
@@ -174,28 +189,15 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     size_t hint = device_arena ? 0 : atomic_load_explicit(x->arena_hint, memory_order_relaxed);
     sj_block *b = sj_pool_get(x->pool, head + hint);
     if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for the execution arena", x->fn_name);
-    int64_t *exv = sj_block_data(b);
-    sj_ex_eval_all(g->ex, x->sym_vals, exv);
-    const int64_t *lexv = exv; /* where the arena's stores are */
-    if (lay) {
-        int64_t *l = (int64_t *)((char *)exv + head - lay);
-        sj_ex_eval_all(g->ex, x->layout_syms, l);
-        lexv = l;
-    }
+    const int64_t *lexv; /* where the arena's stores are (the layout's values, or exv) */
+    int64_t *exv = eval_values(x, b, head, lay, &lexv);
     size_t arena = (size_t)lexv[p->arena_bytes];
     if (!device_arena && head + arena > b->cap) {
         sj_pool_put(x->pool, b);
         atomic_store_explicit(x->arena_hint, arena, memory_order_relaxed);
         b = sj_pool_get(x->pool, head + arena);
         if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for a %zu-byte arena", x->fn_name, head + arena);
-        exv = sj_block_data(b);
-        sj_ex_eval_all(g->ex, x->sym_vals, exv);
-        lexv = exv; /* (the old block is gone) */
-        if (lay) {
-            int64_t *l = (int64_t *)((char *)exv + head - lay);
-            sj_ex_eval_all(g->ex, x->layout_syms, l);
-            lexv = l;
-        }
+        exv = eval_values(x, b, head, lay, &lexv); /* (the old block is gone) */
     }
     char *at = (char *)exv + align_up(n_ex * sizeof(int64_t));
     void **bases = (void **)at;

@@ -349,13 +349,9 @@ static size_t value_desc(const sj_graph *gr, int32_t v, const int64_t *exv, sj_d
     t->dtype = val->dtype;
     t->rank = val->rank;
     t->device = dev;
-    int64_t n = 1;
-    for (int i = val->rank - 1; i >= 0; i--) {
-        t->shape[i] = exv[val->shape[i]];
-        t->stride[i] = n;
-        n *= t->shape[i];
-    }
-    return (size_t)n * sj_dtype_size(val->dtype);
+    for (int i = 0; i < val->rank; i++) t->shape[i] = exv[val->shape[i]];
+    sj_tensor_set_contiguous(t);
+    return (size_t)value_bytes(gr, v, exv);
 }
 
 /* What a bucket graph's capture runs: the call at the bucket's largest
@@ -398,12 +394,6 @@ static sj_status bucket_update(void *arg, void *cc) {
     return sj_exec_fused(&xu, g->run.plan, g->cd->fns);
 }
 
-static size_t bytes_of(const sj_tensor *t) {
-    size_t n = sj_dtype_size(t->dtype);
-    for (int i = 0; i < t->rank; i++) n *= (size_t)t->shape[i];
-    return n;
-}
-
 /* Serve call x with its entry's bucket graph g: true when it did (*st its
  * status). */
 static bool bucket_serve(sj_fn *fn, sj_cgraph *g, const sj_exec *x, sj_status *st) {
@@ -417,7 +407,7 @@ static bool bucket_serve(sj_fn *fn, sj_cgraph *g, const sj_exec *x, sj_status *s
         const sj_tensor *t = &x->inputs[i];
         if (t->device != b->device || !sj_tensor_is_contiguous(t)) return false;
         src[i] = t->data;
-        in_bytes += bytes[i] = bytes_of(t);
+        in_bytes += bytes[i] = sj_tensor_nbytes(t);
     }
     /* a call under a quarter of a large bucket's largest (a wide
      * profile's short ones): its products would run over 4 times its rows
@@ -427,7 +417,7 @@ static bool bucket_serve(sj_fn *fn, sj_cgraph *g, const sj_exec *x, sj_status *s
     for (int i = 0; i < g->n_out; i++) {
         const sj_tensor *t = &x->outputs[i];
         dst[i] = t->data;
-        bytes[g->n_in + i] = bytes_of(t);
+        bytes[g->n_in + i] = sj_tensor_nbytes(t);
     }
     bucket_call bc = {x, g};
     bool served = false;

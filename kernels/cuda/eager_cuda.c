@@ -819,10 +819,11 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
      * limit for one taken from the allocator per product */
     uint64_t ws_bytes = e->ws ? e->ws_bytes : c->lt_workspace_bytes;
     if (e->rec) { /* a bucket graph: the product as captured, n (the rows of a row-major result) may shrink */
-        const int64_t rv[18] = {dt, A->trans, B->trans, (int64_t)m, (int64_t)n, (int64_t)k, A->ld, B->ld, D->ld,
+        const int64_t rv[SJ_REC_LT_VALS] = {dt, A->trans, B->trans, (int64_t)m, (int64_t)n, (int64_t)k, A->ld, B->ld, D->ld,
                                 batch, A->bstride, B->bstride, D->bstride, (int64_t)A->p, (int64_t)B->p,
                                 (int64_t)D->p, (int64_t)bias, (int64_t)e->ws};
-        if (sj_cuda_rec_op(e, SJ_REC_LT, rv, 18, batch == 1 ? 4 : -1)) return SJ_OK;
+        _Static_assert(SJ_REC_LT_PTRS == 13 && SJ_REC_LT_ROWS == 4, "rv's layout: n at 4, A B D bias at 13..16");
+        if (sj_cuda_rec_op(e, SJ_REC_LT, rv, SJ_REC_LT_VALS, batch == 1 ? SJ_REC_LT_ROWS : -1)) return SJ_OK;
     }
     if (c->count_launches) atomic_fetch_add_explicit(&c->n_products, 1, memory_order_relaxed);
     cublasLtMatmulDescOpaque_t op_mem; /* descriptors in place: no allocation */

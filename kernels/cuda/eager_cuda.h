@@ -60,6 +60,11 @@ CUresult sj_cuda_launch_kernel(const sj_cuda_exec *e, CUfunction f, unsigned gx,
  * which the graph's larger one covers); true (do not run it); a
  * difference spoils the update (the call then runs kernel by kernel). */
 enum { SJ_REC_LT = 1, SJ_REC_COPY, SJ_REC_SET };
+/* Where an op's pointers sit in its values (graph_cuda.c's find_direct
+ * looks for them): a product's A, B, D and bias at SJ_REC_LT_PTRS..+3
+ * (then its workspace), its rows at SJ_REC_LT_ROWS; a copy's dst, src at
+ * 0, 1 (its bytes at 2); a memset's pointer at 0. */
+enum { SJ_REC_LT_ROWS = 4, SJ_REC_LT_PTRS = 13, SJ_REC_LT_VALS = 18 };
 bool sj_cuda_rec_op(const sj_cuda_exec *e, int kind, const int64_t *v, int n, int shrink);
 
 /* The embedded fatbin (generated at build time from eager.cu). */

@@ -64,7 +64,7 @@
 
 enum { REC_RECORD, REC_UPDATE };
 enum { REC_KERNEL = 0 }; /* (the other kinds: eager_cuda.h's SJ_REC_*) */
-#define REC_VALS 18
+#define REC_VALS SJ_REC_LT_VALS
 
 typedef struct rec_op {
     int kind, n;
@@ -301,7 +301,8 @@ static void find_direct(cuda_graph *g) {
         for (int k = 0; k < g->rec->n && !touched; k++) {
             const rec_op *o = &g->rec->ops[k];
             int at[4], np = 0;
-            if (o->kind == SJ_REC_LT) at[0] = 13, at[1] = 14, at[2] = 15, at[3] = 16, np = 4;
+            if (o->kind == SJ_REC_LT)
+                for (np = 0; np < 4; np++) at[np] = SJ_REC_LT_PTRS + np;
             else if (o->kind == SJ_REC_COPY) at[0] = 0, at[1] = 1, np = 2;
             else if (o->kind == SJ_REC_SET) at[0] = 0, np = 1;
             for (int j = 0; j < np; j++) {
