@@ -84,6 +84,10 @@
       "CUDA: `1`: a bucketed entry's calls of every size are replayed by one graph captured at the " \
       "bucket's largest sizes, its kernels' sizes updated per call; `0`: graphs serve exact shapes " \
       "only")                                                                                       \
+    X(bucket_graph_execs, int, 64, 1, 4096, "SHAPEJIT_BUCKET_GRAPH_EXECS",                         \
+      "CUDA: instantiated copies of one bucket graph, each kept updated for the sizes of the last "  \
+      "call it served, so a size seen before replays with no update (`1`: one copy, updated "       \
+      "whenever the sizes change)")                                                                 \
     X(compile_ahead, int, 0, 0, 1, "SHAPEJIT_COMPILE_AHEAD",                                      \
       "`1`: when a bucketed entry gets hot, the next bucket up is traced on that call's thread and " \
       "its compile queued behind the others (`0`: off)")                                          \

@@ -811,15 +811,17 @@ static void segv_trace(int sig) {
 
 /* bgparts: where a bucket graph's replay spends its time (issue 28). The
  * f16 encoder layer at S = 128 and 127, mean microseconds a call over 2000
- * synchronous calls, one runtime:
+ * synchronous calls, three interleaved rounds:
  *   exact:     a graph of the exact shape and buffers (S = 128);
- *   same:      the bucket (64, 128]'s graph, every call S = 128 (the
- *              kernels' update skipped: only the copies in and out and the
- *              launch beside the exact graph's);
- *   alternate: the same graph, S = 127 and 128 in turn (every call
- *              updates the graph's kernels).
- * same - exact: the copies and bookkeeping; alternate - same: the update
- * (the GPU does about the same work in all three). */
+ *   same:      the bucket (64, 128]'s graph, every call S = 128 (no
+ *              update: the copies in and out and the launch beside the
+ *              exact graph's);
+ *   alternate: the same graph, S = 127 and 128 in turn: each size's copy
+ *              (cfg.bucket_graph_execs) already holds it, no update;
+ *   alternate_1copy: the same in a runtime with bucket_graph_execs 1
+ *              (every call updates the graph's kernels).
+ * same - exact: the copies and bookkeeping; alternate_1copy - same: an
+ * update (the GPU does about the same work in all). */
 static double bg_time(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, int alternate, int n) {
     double t0 = bench_now_s();
     for (int i = 0; i < n; i++) {
@@ -832,12 +834,36 @@ static double bg_time(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, int a
     return (bench_now_s() - t0) / n * 1e6;
 }
 
+static uint64_t bg_updates(sj_runtime *rt) {
+    const sj_cuda *cu = sj_cuda_of(rt->backend);
+    return cu ? atomic_load(&cu->bg_updates) : 0;
+}
+
+static uint64_t bg_copies(sj_runtime *rt, uint64_t *ns) {
+    const sj_cuda *cu = sj_cuda_of(rt->backend);
+    *ns = cu ? atomic_load(&cu->bg_inst_ns) : 0;
+    return cu ? atomic_load(&cu->bg_instantiated) : 0;
+}
+
+static uint64_t bg_declined(sj_runtime *rt, const char **why) {
+    const sj_cuda *cu = sj_cuda_of(rt->backend);
+    *why = cu ? cu->bg_why : "";
+    return cu ? atomic_load(&cu->bg_declined) : 0;
+}
+
 static void bench_bgparts(void) {
-    sj_runtime *rt;
-    bench_encoder w;
+    sj_runtime *rt, *rt1;
+    bench_encoder w, w1;
     sj_fn *fe = encoder_runtime("bg_exact", 0, &rt, &w), *fb;
     if (sj_fn_create(rt, "bg_bucket", 1, bench_w4_model, &w, NULL, &fb)) bench_die("sj_fn_create");
     if (sj_set_buckets_pow2(fb, 0, 1, 16, 512)) bench_die("buckets");
+    setenv("SHAPEJIT_BUCKET_GRAPH_EXECS", "1", 1); /* (read by the runtime's config) */
+    sj_fn *f1 = encoder_runtime("bg_bucket_1copy", 0, &rt1, &w1);
+    unsetenv("SHAPEJIT_BUCKET_GRAPH_EXECS");
+    if (sj_set_buckets_pow2(f1, 0, 1, 16, 512)) bench_die("buckets");
+    sj_tensor dx1 = dev_rand_dt(rt1, SJ_F16, 3, (int64_t[]){1, 128, BENCH_H}, -1, 1);
+    sj_tensor dy1 = {.dtype = SJ_F16, .rank = 3, .shape = {1, 128, BENCH_H}, .device = SJ_CUDA};
+    if (sj_tensor_alloc(rt1, &dy1)) bench_die("alloc");
     sj_tensor dx = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, 128, BENCH_H}, -1, 1);
     sj_tensor dy = {.dtype = SJ_F16, .rank = 3, .shape = {1, 128, BENCH_H}, .device = SJ_CUDA};
     if (sj_tensor_alloc(rt, &dy)) bench_die("alloc");
@@ -849,34 +875,46 @@ static void bench_bgparts(void) {
     sj_tensor tmpl = dx;
     tmpl.data = NULL;
     sj_warmup_spec spec = {.n_shapes = 1, .shapes = &tmpl};
-    if (sj_fn_warmup(fb, &spec, 0)) bench_die("bgparts warm-up");
+    if (sj_fn_warmup(fb, &spec, 0) || sj_fn_warmup(f1, &spec, 0)) bench_die("bgparts warm-up");
     sj_fn_wait_idle(fb, -1);
-    double r[3][3];
+    sj_fn_wait_idle(f1, -1);
+    double r[4][3];
+    uint64_t upd[4] = {0};
     for (int round = 0; round < 3; round++) { /* interleaved */
-        r[0][round] = bg_time(fe, &dx, &dy, 0, 2000);
-        r[1][round] = bg_time(fb, &dx, &dy, 0, 2000);
-        r[2][round] = bg_time(fb, &dx, &dy, 1, 2000);
+        for (int k = 0; k < 4; k++) {
+            sj_runtime *kr = k == 3 ? rt1 : rt;
+            uint64_t u0 = bg_updates(kr);
+            r[k][round] = k == 3 ? bg_time(f1, &dx1, &dy1, 1, 2000) : bg_time(k ? fb : fe, &dx, &dy, k == 2, 2000);
+            upd[k] += bg_updates(kr) - u0;
+        }
     }
-    sj_stats se, sb;
-    sj_fn_stats(fe, &se);
-    sj_fn_stats(fb, &sb);
-    static const char *const names[] = {"exact", "same", "alternate"};
-    for (int k = 0; k < 3; k++) {
+    sj_stats st[4];
+    sj_fn_stats(fe, &st[0]);
+    sj_fn_stats(fb, &st[1]);
+    st[2] = st[1];
+    sj_fn_stats(f1, &st[3]);
+    static const char *const names[] = {"exact", "same", "alternate", "alternate_1copy"};
+    for (int k = 0; k < 4; k++) {
         double m = r[k][0] < r[k][1] ? r[k][0] : r[k][1];
         m = m < r[k][2] ? m : r[k][2];
         printf("{\"workload\": \"bgparts\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", "
                "\"S\": 128, \"us_per_call_min_of_3\": %.2f, \"rounds_us\": [%.2f, %.2f, %.2f], \"graph_calls\": %llu, "
-               "\"bucket_graph_calls\": %llu}\n",
-               names[k], m, r[k][0], r[k][1], r[k][2], (unsigned long long)(k ? sb.graph_calls : se.graph_calls),
-               (unsigned long long)(k ? sb.bucket_graph_calls : se.bucket_graph_calls));
+               "\"bucket_graph_calls\": %llu, \"updates\": %llu}\n",
+               names[k], m, r[k][0], r[k][1], r[k][2], (unsigned long long)st[k].graph_calls,
+               (unsigned long long)st[k].bucket_graph_calls, (unsigned long long)upd[k]);
     }
     fflush(stdout);
     sj_tensor_free(rt, &dx);
     sj_tensor_free(rt, &dy);
+    sj_tensor_free(rt1, &dx1);
+    sj_tensor_free(rt1, &dy1);
     sj_fn_destroy(fe);
     sj_fn_destroy(fb);
+    sj_fn_destroy(f1);
     encoder_free(rt, &w);
+    encoder_free(rt1, &w1);
     sj_runtime_destroy(rt);
+    sj_runtime_destroy(rt1);
 }
 
 /* w4kernels: what one fused call of the encoder layer launches (issue 29's
@@ -1120,6 +1158,9 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    w5c_bg_updates = bg_updates;
+    w5c_bg_copies = bg_copies;
+    w5c_bg_declined = bg_declined;
     if (has_wl(wl, "w5cold")) { /* first: the process is cold only once */
         static int64_t lens[4096];
         int n = w5c_read_lengths(lengths, lens, quick ? 200 : 4096);

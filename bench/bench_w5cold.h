@@ -138,6 +138,14 @@ static inline double w5c_pass(sj_fn *fn, const sj_tensor *dx, const sj_tensor *d
     return bench_now_s() - ts;
 }
 
+/* The device's count of bucket graph updates so far (bench_cuda sets it:
+ * the CUDA backend's bg_updates; NULL: none). */
+static uint64_t (*w5c_bg_updates)(sj_runtime *rt);
+/* ... and its bucket graph copies made so far, *ns the time they took. */
+static uint64_t (*w5c_bg_copies)(sj_runtime *rt, uint64_t *ns);
+/* ... and its replays that declined (their update failed), *why the last reason. */
+static uint64_t (*w5c_bg_declined)(sj_runtime *rt, const char **why);
+
 static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_main, double exec_to_main_s,
                                 const int64_t *lens, int n) {
     uint64_t rng = 0x5DEECE66DULL;
@@ -201,6 +209,7 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
         ne++;
     }
     sj_warmup_spec spec = {.n_shapes = ne, .shapes = in, .outputs = exact ? out : NULL, .n_outputs = exact ? 1 : 0};
+    uint64_t copies_ns = 0;
     sj_status wst = sj_fn_warmup(fn, &spec, 0);
     if (wst) fprintf(stderr, "w5cold: warm-up: %s\n", sj_last_error());
     double t_ready = bench_now_s();
@@ -208,16 +217,27 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
     sj_fn_warmup_status(fn, &ws);
     sj_stats s0;
     sj_fn_stats(fn, &s0);
+    uint64_t copies = w5c_bg_copies ? w5c_bg_copies(rt, &copies_ns) : 0;
 
     double *lat = malloc(sizeof *lat * (size_t)n), *sorted = malloc(sizeof *sorted * (size_t)n);
     if (!lat || !sorted) bench_die("w5cold: latencies");
+    uint64_t u0 = w5c_bg_updates ? w5c_bg_updates(rt) : 0;
     double total = w5c_pass(fn, &dx, &dy, lens, n, lat);
     sj_stats s1;
     sj_fn_stats(fn, &s1);
+    uint64_t u1 = w5c_bg_updates ? w5c_bg_updates(rt) : 0;
     /* the same stream again: the warm process */
     double *wsorted = malloc(sizeof *wsorted * (size_t)n);
     if (!wsorted) bench_die("w5cold: latencies");
     double warm_total = w5c_pass(fn, &dx, &dy, lens, n, wsorted);
+    sj_stats s2;
+    sj_fn_stats(fn, &s2);
+    uint64_t u2 = w5c_bg_updates ? w5c_bg_updates(rt) : 0;
+    const char *why = "";
+    uint64_t declined = w5c_bg_declined ? w5c_bg_declined(rt, &why) : 0;
+    int slow = 0; /* the first pass's slowest request */
+    for (int i = 0; i < n; i++)
+        if (lat[i] > lat[slow]) slow = i;
     qsort(wsorted, (size_t)n, sizeof *wsorted, bench_cmp_double);
     memcpy(sorted, lat, sizeof *lat * (size_t)n);
     qsort(sorted, (size_t)n, sizeof *sorted, bench_cmp_double);
@@ -231,7 +251,11 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
            "\"p99_ms\": %.4f, \"max_ms\": %.3f, \"max_over_p50\": %.1f, \"eager_calls\": %llu, \"fused_calls\": %llu, "
            "\"graph_calls\": %llu, \"bucket_graph_calls\": %llu, \"fused_share\": %.3f, \"graph_share\": %.3f, \"compiles_during\": %llu, "
            "\"traces_during\": %llu, \"buckets\": \"%s\", \"exact_graphs\": %d, \"warm_total_s\": %.4f, "
-           "\"warm_p50_ms\": %.4f, \"warm_p99_ms\": %.4f, \"warm_max_ms\": %.3f, \"warm_p99_over_p50\": %.2f}\n",
+           "\"warm_p50_ms\": %.4f, \"warm_p99_ms\": %.4f, \"warm_max_ms\": %.3f, \"warm_p99_over_p50\": %.2f, "
+           "\"bucket_graph_updates\": %llu, \"warm_bucket_graph_calls\": %llu, \"warm_graph_calls\": %llu, "
+           "\"warm_eager_calls\": %llu, \"warm_compiles_during\": %llu, \"warm_bucket_graph_updates\": %llu, "
+           "\"warmup_graph_copies\": %llu, \"warmup_graph_copies_ms\": %.1f, \"slowest_len\": %lld, "
+           "\"bucket_graph_declined\": %llu, \"declined_why\": \"%s\"}\n",
            backend == SJ_BACKEND_CUDA ? "cuda" : "cpu", sj_dtype_name(dt), n, exec_to_main_s, t_rt - t0, t_w - t_rt,
            t_ready - t_w, (exec_to_main_s > 0 ? exec_to_main_s : 0) + (t_ready - t0_main), ws.total, ws.failed,
            (unsigned long long)s0.compiles,
@@ -239,7 +263,11 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
            sorted[n - 1] / Q(0.5), (unsigned long long)s1.eager_calls, (unsigned long long)fused,
            (unsigned long long)s1.graph_calls, (unsigned long long)s1.bucket_graph_calls, (double)fused / n, (double)s1.graph_calls / n,
            (unsigned long long)(s1.compiles - s0.compiles), (unsigned long long)(s1.traces - s0.traces),
-           mult ? (mult_env) : "pow2", exact, warm_total, WQ(0.5), WQ(0.99), wsorted[n - 1], WQ(0.99) / WQ(0.5));
+           mult ? (mult_env) : "pow2", exact, warm_total, WQ(0.5), WQ(0.99), wsorted[n - 1], WQ(0.99) / WQ(0.5),
+           (unsigned long long)(u1 - u0), (unsigned long long)(s2.bucket_graph_calls - s1.bucket_graph_calls),
+           (unsigned long long)(s2.graph_calls - s1.graph_calls), (unsigned long long)(s2.eager_calls - s1.eager_calls),
+           (unsigned long long)(s2.compiles - s1.compiles), (unsigned long long)(u2 - u1),
+           (unsigned long long)copies, (double)copies_ns / 1e6, (long long)lens[slow], (unsigned long long)declined, why);
 #undef Q
 #undef WQ
     fflush(stdout);

@@ -435,6 +435,21 @@ static bool bucket_serve(sj_fn *fn, sj_cgraph *g, const sj_exec *x, sj_status *s
  * fit it under graph_max_bytes, publish; a failure turns the entry's
  * bucket graph off for good (its calls run kernel by kernel, or by
  * graphs of their exact shapes). */
+/* How many copies entry e's bucket graph keeps (cfg.bucket_graph_execs, or
+ * fewer where the bucket holds fewer sizes: its symbols' ranges, those
+ * tied to a constant counting one). */
+static int bucket_copies(const sj_runtime *rt, const sj_entry *e) {
+    const sj_graph *g = e->g;
+    int64_t want = rt->cfg.bucket_graph_execs > 0 ? rt->cfg.bucket_graph_execs : 1, sizes = 1;
+    for (int i = 0; i < sj_sym_count(g->ex) && sizes < want; i++) {
+        int64_t lo, hi;
+        sj_sym_range(g->ex, i, &lo, &hi);
+        if ((i < 64 && (e->pinned_syms >> i & 1)) || hi == SJ_EX_INF || hi < lo) continue;
+        sizes *= hi - (lo > 0 ? lo : 0) + 1;
+    }
+    return (int)(sizes < want ? sizes : want);
+}
+
 static void bucket_capture_run(sj_fn *fn, sj_cgraph *g) {
     sj_runtime *rt = fn->rt;
     sj_entry *e = g->e;
@@ -455,9 +470,9 @@ static void bucket_capture_run(sj_fn *fn, sj_cgraph *g) {
     }
     size_t bytes = 0;
     if (!st)
-        st = rt->backend->graph_capture_bucket(rt->backend, gr, g->run.plan, e->head.n_syms, g->stream,
-                                               g->n_in + g->n_out, sizes, g->bufs, bucket_run, g, &g->dev, &bytes,
-                                               g->direct);
+        st = rt->backend->graph_capture_bucket(rt->backend, gr, g->run.plan, e->head.n_syms, g->stream, g->n_in,
+                                               g->n_in + g->n_out, sizes, g->bufs, bucket_copies(rt, e), bucket_run, g,
+                                               &g->dev, &bytes, g->direct);
     double ms = (double)(sj_now_ns() - t0) / 1e6;
     char why[300];
     st = fit(fn, g, st, bytes, why, sizeof why);

@@ -337,6 +337,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_LEARN_HALF_LIFE=n          -> learn_half_life
  *   SHAPEJIT_GRAPH_MAX_BYTES=n          -> graph_max_bytes
  *   SHAPEJIT_BUCKET_GRAPHS=0|1          -> bucket_graphs
+ *   SHAPEJIT_BUCKET_GRAPH_EXECS=n       -> bucket_graph_execs
  *   SHAPEJIT_JOB_QUEUE_MAX=n            -> job_queue_max
  *   SHAPEJIT_JOB_RESERVE_WORKERS=n      -> job_reserve_workers
  *   SHAPEJIT_TOTAL_RECOMPILE_LIMIT, SHAPEJIT_HOT_THRESHOLD,
@@ -647,8 +648,8 @@ typedef struct sj_runtime_config {
      * SJ_GRAPH_AFTER (48) of its calls ran kernel by kernel, or at once
      * when sj_fn_warmup prepares one of its shapes. A call of any size of
      * the bucket then runs as one graph launch: the graph's kernels get the
-     * call's sizes (cuGraphExecKernelNodeSetParams; skipped when the sizes
-     * are the last call's), its cuBLASLt products run over the bucket's
+     * call's sizes (cuGraphExecKernelNodeSetParams; skipped when one of its
+     * copies already holds them: bucket_graph_execs), its cuBLASLt products run over the bucket's
      * largest row count (the extra rows are never read), the inputs are
      * copied in and the outputs out (but those only the graph's own kernels
      * touch, which get the caller's buffers). Served: synchronous calls (sj_call)
@@ -678,6 +679,16 @@ typedef struct sj_runtime_config {
      * (sj_runtime_job_counters). Default 1; 0: compiles may take every
      * worker. $SHAPEJIT_JOB_RESERVE_WORKERS. */
     int job_reserve_workers;
+    /* CUDA: how many times a bucket graph is instantiated (its copies, one
+     * captured graph): each copy keeps the sizes and caller buffers of the
+     * last call it served, so a call whose sizes came before replays with
+     * no update of the kernels (the copies share the graph's intermediates
+     * and buffers: a copy holds only its nodes). A call of new sizes updates the
+     * copy made ahead by the call before it (while the device ran that
+     * call: no instantiation waits in a call) or, with every copy made, the
+     * least recently replayed. Default 64; 1: one copy, updated whenever
+     * the sizes change. $SHAPEJIT_BUCKET_GRAPH_EXECS. */
+    int bucket_graph_execs;
 } sj_runtime_config;
 
 /* Defaults, then the environment. Never fails; cfg must not be NULL. */

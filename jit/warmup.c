@@ -474,10 +474,14 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
     for (int i = 0; i < n_in; i++)
         if (made[i]) sj_tensor_free(rt, &in[i]);
     *graph = false;
-    if (!st && capture) { /* the capture was queued: wait for it */
+    /* the capture queued for the caller's buffers, or for the entry's
+     * bucket (cfg.bucket_graphs: asked by any warm run): waited for, so
+     * that the first request of the bucket finds its graph */
+    if (!st && (capture || (rt->backend->graph_capture_bucket && rt->cfg.bucket_graphs && rt->cfg.cuda_graphs > 0 &&
+                            !(w->flags & SJ_WARMUP_NO_GRAPHS))))
         sj_compiler_wait_captures(rt->compiler, fn, -1);
+    if (!st && capture)
         for (int k = 0; k < SJ_MEMO_GRAPHS; k++) *graph |= atomic_load(&s->m->graphs[k]) != NULL;
-    }
     return st;
 }
 

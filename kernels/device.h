@@ -280,25 +280,29 @@ struct sj_backend {
     const void *(*graph_stream)(void *c);
     /* Graphs that serve a whole bucket (optional, both or none; CUDA's in
      * kernels/cuda/graph_cuda.c): capture as graph_capture, with n_bufs
-     * buffers of the graph's own (sizes[i] bytes each: the call's inputs,
-     * then its outputs), which the device allocates and writes into
-     * bufs[] before run is called, and noting what the call queues so
+     * buffers of the graph's own (sizes[i] bytes each: the call's n_in
+     * inputs, then its outputs), which the device allocates and writes
+     * into bufs[] before run is called, and noting what the call queues so
      * that a replay can change its sizes. direct[i] (n_bufs of them) says
      * whether buffer i may be the caller's own on a replay: only the
      * graph's updatable kernels touch it (a replay then passes the
-     * caller's pointer to them, with no copy). */
+     * caller's pointer to them, with no copy). copies: how many replays
+     * of different sizes the graph may keep ready at once (CUDA: its
+     * instantiations, each holding the sizes of the last call it served;
+     * at least 1). */
     sj_status (*graph_capture_bucket)(sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, int n_syms,
-                                      const void *stream, int n_bufs, const size_t *sizes, void **bufs,
-                                      sj_status (*run)(void *arg, void *cc), void *arg, void **graph,
+                                      const void *stream, int n_in, int n_bufs, const size_t *sizes, void **bufs,
+                                      int copies, sj_status (*run)(void *arg, void *cc), void *arg, void **graph,
                                       size_t *bytes, unsigned char *direct);
     /* Replay a bucket graph for call c with symbol values syms:
      * update(arg, cc) runs the call again on the graph's buffers at these
      * sizes on a context that updates the graph instead of launching
-     * (skipped when the sizes and the direct buffers' pointers are the
-     * last replay's); then src[i] (n_in of them) are copied into the
-     * graph's input buffers, the graph launched and its output buffers
-     * copied to dst[], bytes[] (inputs, then outputs) each, but for the
-     * direct ones, which update gave the graph's kernels as they are. *served false, nothing queued, where the graph is
+     * (skipped when a copy of the graph holds these sizes and pointers);
+     * src[i] (n_in of them) are copied into the graph's input buffers
+     * (CUDA: by the graph's first kernels, updated with the pointers), the
+     * graph launched and its output buffers copied to dst[], bytes[]
+     * (inputs, then outputs) each, but for the direct ones, which update
+     * gave the graph's kernels as they are. *served false, nothing queued, where the graph is
      * busy with another call or this call differs from the captured one in
      * more than its sizes: the call then runs kernel by kernel. */
     sj_status (*graph_replay)(void *c, void *graph, const int64_t *syms, int n_syms, int n_in,

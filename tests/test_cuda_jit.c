@@ -1521,6 +1521,53 @@ static void test_bucket_graphs(void **state) {
         }
 }
 
+/* A bucket graph's copies (cfg.bucket_graph_execs, issue 28): with 3
+ * copies (2 instantiated beside the captured one, at the capture), the
+ * sizes A B C update one copy each, A B C again replay with no update, D
+ * updates the least recently replayed (A's), A then updates B's, C is
+ * still held, B updates D's: 6 updates. With 1 copy every change of size
+ * updates (10). Every call has fresh random inputs (the graph's input
+ * copy kernels must read the caller's buffer on a replay with no update)
+ * and is checked against float64, so a copy replayed with another size's
+ * kernels fails. */
+static void test_bucket_graph_copies(void **state) {
+    (void)state;
+    const int64_t seq[] = {70, 99, 128, 70, 99, 128, 81, 70, 128, 99};
+    const int n = (int)(sizeof seq / sizeof seq[0]);
+    for (int copies = 3; copies >= 1; copies -= 2) {
+        sj_runtime_config cfg = tu_cuda_config();
+        cfg.compile_mode = SJ_COMPILE_SYNC;
+        cfg.bucket_graph_execs = copies;
+        sj_runtime *rt = NULL;
+        if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+        sj_cuda *cu = sj_cuda_of(rt->backend);
+        tu_seed(43);
+        tu_encoder w;
+        sj_fn *fn = encoder_fn(rt, &w, SJ_F16, SJ_DYNAMIC_SYMBOLIC, "bucket_graph_copies");
+        assert_int_equal(sj_set_buckets_pow2(fn, 0, 1, 16, 128), SJ_OK);
+        sj_tensor hx = tu_tensor(SJ_F16, 3, (int64_t[]){1, 128, w.h});
+        dbuf dx = to_dev(rt, &hx), dy = to_dev(rt, &hx);
+        const char *what = tu_label("bucket graph copies %d", copies);
+        uint64_t i0 = atomic_load(&cu->bg_instantiated);
+        for (int i = 0; i < SJ_GRAPH_AFTER; i++) bucket_call(rt, fn, &w, &dx, &dy, 65 + i, what);
+        assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
+        assert_int_equal(stats_of(fn).bucket_graphs, 1);
+        assert_int_equal(atomic_load(&cu->bg_instantiated) - i0, copies - 1);
+        uint64_t u0 = atomic_load(&cu->bg_updates);
+        for (int i = 0; i < n; i++) bucket_call(rt, fn, &w, &dx, &dy, seq[i], what);
+        sj_stats s = stats_of(fn);
+        assert_int_equal(s.bucket_graph_calls, n);
+        assert_int_equal(s.eager_calls, 0);
+        assert_int_equal(atomic_load(&cu->bg_updates) - u0, copies == 3 ? 6 : n);
+        assert_int_equal(atomic_load(&cu->bg_instantiated) - i0, copies - 1);
+        sj_fn_destroy(fn);
+        free_dev(rt, &dx);
+        free_dev(rt, &dy);
+        tu_free_all();
+        sj_runtime_destroy(rt);
+    }
+}
+
 /* Warm-up on the device (sj_fn_warmup, issue 28): after a blocking walk of
  * the buckets, the first call of every warmed size (and of sizes inside
  * its bucket) is fused, with no compile and no trace during the calls and
@@ -1722,7 +1769,9 @@ int main(void) {
         cmocka_unit_test(test_tensor_copy_convert_on_device), cmocka_unit_test(test_gather_graph_captured),
         cmocka_unit_test(test_nvrtc_timeout),     cmocka_unit_test(test_validated_swap_on_device),
         cmocka_unit_test(test_warmup_on_device),  cmocka_unit_test(test_tf32_products),
-        cmocka_unit_test(test_bucket_graphs),     cmocka_unit_test(test_bucket_graphs_threads),
+        cmocka_unit_test(test_bucket_graphs),
+        cmocka_unit_test(test_bucket_graph_copies),
+        cmocka_unit_test(test_bucket_graphs_threads),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

@@ -112,10 +112,12 @@ static bool direct_outputs; /* bucket captures say the outputs are direct */
 static size_t bucket_sizes[8]; /* the last bucket capture's buffer sizes */
 
 static sj_status fake_capture_bucket(sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, int n_syms,
-                                     const void *stream, int n_bufs, const size_t *sizes, void **bufs,
-                                     sj_status (*run)(void *arg, void *cc), void *arg, void **graph, size_t *bytes,
-                                     unsigned char *direct) {
-    (void)b, (void)g, (void)plan, (void)n_syms, (void)stream, (void)run, (void)arg;
+                                     const void *stream, int n_in, int n_bufs, const size_t *sizes, void **bufs,
+                                     int copies, sj_status (*run)(void *arg, void *cc), void *arg, void **graph,
+                                     size_t *bytes, unsigned char *direct) {
+    (void)b, (void)plan, (void)n_syms, (void)stream, (void)run, (void)arg;
+    assert_int_equal(n_in, g->n_inputs);
+    assert_true(copies >= 1);
     fake_bgraph *fg = calloc(1, sizeof *fg);
     if (!fg || n_bufs > 8) return sj_seterr(SJ_ENOMEM, "test device: bucket graph");
     fg->bucket = true;

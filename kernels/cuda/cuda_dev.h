@@ -46,6 +46,12 @@ typedef struct sj_cuda {
      * of its own (made on first use) */
     pthread_mutex_t capture_lock;
     CUstream capture_stream;
+    /* Bucket graphs (statistics, counted off the replays' common path):
+     * replays that updated a copy's kernels; copies instantiated and the
+     * nanoseconds that took (with their upload) */
+    _Atomic uint64_t bg_updates, bg_instantiated, bg_inst_ns;
+    _Atomic uint64_t bg_declined; /* replays whose update failed (the call ran kernel by kernel) */
+    char bg_why[200];             /* the last one's reason (diagnostics; racy) */
 
     pthread_mutex_t alloc_lock;
     CUmemoryPool pool;      /* where fresh blocks come from (NULL: cuMemAlloc) */

@@ -412,6 +412,25 @@ sj_status sj_cuda_copy(const sj_cuda_exec *e, const sj_tensor *x, const sj_tenso
     return launch(e, k, grid_for(c, n, SJ_EK_THREADS * (contig ? 4 : 1)), SJ_EK_THREADS, 1, 0, &a);
 }
 
+sj_status sj_cuda_copy_by_kernel(const sj_cuda_exec *e, CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+    if (bytes == 0) return sj_seterr(SJ_EINVAL, "copy by kernel: no bytes");
+    static const sj_dtype by_size[4] = {SJ_BOOL, SJ_F16, SJ_I32, SJ_I64};
+    int k = 3; /* the widest element both pointers and the count are aligned to */
+    while (k > 0 && ((dst | src | (CUdeviceptr)bytes) & (((CUdeviceptr)1 << k) - 1))) k--;
+    sj_tensor x = {.dtype = by_size[k], .rank = 1, .shape = {(int64_t)(bytes >> k)}, .stride = {1},
+                   .data = (void *)(uintptr_t)src, .device = SJ_CUDA};
+    sj_tensor y = x;
+    y.data = (void *)(uintptr_t)dst;
+    const sj_tensor *ts[2] = {&y, &x};
+    plan p;
+    int64_t n = plan_init(&p, 2, ts);
+    sj_ek_ew a;
+    int contig;
+    ew_args(&a, &p, ts, n, &contig);
+    sj_cuda_bind(e->cuda);
+    return launch(e, EK_copy_s_e1 + k, grid_for(e->cuda, n, SJ_EK_THREADS), SJ_EK_THREADS, 1, 0, &a);
+}
+
 /* y = 0 (zero bits, every dtype). */
 static sj_status fill_zero(const sj_cuda_exec *e, const sj_tensor *y) {
     const sj_tensor *ts[1] = {y};

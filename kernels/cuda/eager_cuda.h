@@ -81,6 +81,11 @@ sj_status sj_cuda_binary(const sj_cuda_exec *e, sj_op op, const sj_tensor *a, co
 sj_status sj_cuda_where(const sj_cuda_exec *e, const sj_tensor *c, const sj_tensor *a, const sj_tensor *b,
                         const sj_tensor *y);
 sj_status sj_cuda_copy(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *y);
+/* bytes (> 0) from src to dst by a kernel of ours (the strided copy over
+ * 8-, 4-, 2- or 1-byte elements, as the pointers and the count allow),
+ * never a cuMemcpy: a bucket graph's input copy, a kernel node its replays
+ * update (sj_cuda_launch_kernel). */
+sj_status sj_cuda_copy_by_kernel(const sj_cuda_exec *e, CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 sj_status sj_cuda_reduce(const sj_cuda_exec *e, sj_op op, const sj_tensor *x, int axis, const sj_tensor *y);
 sj_status sj_cuda_softmax(const sj_cuda_exec *e, const sj_tensor *x, int axis, const sj_tensor *y);
 sj_status sj_cuda_layer_norm(const sj_cuda_exec *e, const sj_tensor *x, const sj_tensor *g, const sj_tensor *b,

@@ -37,23 +37,37 @@
  * copy, which may be fewer (the graph's larger product over the same
  * buffers gives the same first rows: a product's rows depend on the same
  * rows of its input alone). Anything else (another layout, another
- * pointer, more kernels) leaves the call to run kernel by kernel. Then the
- * inputs are copied into the staging buffers, the graph launched, the
- * outputs copied out; but a staging buffer that no library op, copy or
- * memset touched in the capture is direct: a replay gives the graph's
+ * pointer, more kernels) leaves the call to run kernel by kernel. The
+ * graph's first kernels copy the inputs into the staging buffers (a copy
+ * kernel of ours per input, captured copying each buffer onto itself; a
+ * replay sets their source to the caller's buffers and their size), so a
+ * replay queues no copy of its own before the launch; after it the
+ * outputs are copied out; but an output buffer that no library op, copy
+ * or memset touched in the capture is direct: a replay gives the graph's
  * kernels the caller's buffer instead (the encoder layer's output, which
- * a layer norm of ours writes), with no copy. A bucket graph is replayed by one call at a time
- * (its lock, tried: a call that finds it busy runs kernel by kernel), and
- * a replay on another stream than the last waits for what that stream
- * holds (an event recorded there then): the staging buffers are shared. A replay with the same
- * sizes as the last one skips the update.
+ * a layer norm of ours writes), with no copy. A bucket graph is replayed
+ * by one call at a time (its lock, tried: a call that finds it busy runs
+ * kernel by kernel), and a replay on another stream than the last waits
+ * for what that stream holds (an event recorded there then): the staging
+ * buffers are shared.
+ *
+ * Copies. A bucket graph is instantiated several times (its copies, of
+ * one CUgraph: as many as the engine asks, cfg.bucket_graph_execs or the
+ * bucket's count of sizes if fewer), all at the capture and uploaded then,
+ * so no call waits for an instantiation. Each copy keeps the sizes and the
+ * input and direct buffers of the last call it served, and a call whose
+ * sizes and buffers a copy holds replays it with no update: a stream of
+ * lengths that come back updates once per length. A call of new sizes
+ * updates a copy holding none yet, else the least recently replayed.
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "kernels/cuda/exec_cuda.h"
 #include "specialize/fusion.h"
@@ -157,6 +171,13 @@ bool sj_cuda_rec_op(const sj_cuda_exec *e, int kind, const int64_t *v, int n, in
 
 #define MAX_STAGE (2 * 64) /* staging buffers of a bucket graph: inputs, then outputs */
 
+/* One instantiation of a bucket graph. */
+typedef struct bg_copy {
+    CUgraphExec exec;
+    bool good;     /* its kernels hold the sizes and buffers noted for it */
+    uint32_t used; /* the graph's tick at its last replay */
+} bg_copy;
+
 typedef struct cuda_graph {
     CUgraphExec exec;
     size_t bytes;     /* mem's block (the allocator's size class), and a bucket graph's staging block */
@@ -168,22 +189,29 @@ typedef struct cuda_graph {
     sj_cuda_rec *rec;
     CUgraph graph;    /* kept: its nodes name the kernels to update */
     CUdeviceptr stage;
-    int n_stage;
+    int n_stage, n_in; /* staging buffers; the first n_in the inputs */
     CUdeviceptr buf[MAX_STAGE];
     size_t buf_bytes[MAX_STAGE];
     unsigned char direct[MAX_STAGE]; /* no library op touches it: the caller's buffer, no copy */
-    CUdeviceptr last_ptr[MAX_STAGE]; /* the last update's pointers of the direct buffers */
     pthread_mutex_t lock; /* one replay at a time */
     CUevent done;         /* recorded on the last replay's stream when the next comes on another */
     CUstream last;        /* the last replay's stream (NULL: none yet) */
-    int n_last;           /* the last update's sizes (-1: none good) */
     _Atomic uint64_t updates, mismatches; /* updates that served their call, and that did not */
-    int64_t last_syms[64];
+    /* Its copies (instantiations of graph), each updated for the sizes and
+     * direct buffers of the last call it served: ex[0] is exec. */
+    bg_copy *ex;
+    int n_ex, max_ex;
+    int n_syms;            /* the call's symbols, as captured */
+    int64_t *ex_syms;      /* [max_ex][n_syms]: copy k's sizes */
+    CUdeviceptr *ex_ptr;   /* [max_ex][n_stage]: copy k's inputs and direct buffers */
+    uint32_t tick;         /* replays, for the copies' least recent use */
 } cuda_graph;
 
 static void destroy(sj_cuda *cu, cuda_graph *g) {
     sj_cuda_bind(cu);
-    if (g->exec) cu->api.GraphExecDestroy(g->exec); /* an in-flight launch completes first */
+    if (g->ex) /* a bucket graph's copies, g->exec the first */
+        for (int k = 0; k < g->n_ex; k++) cu->api.GraphExecDestroy(g->ex[k].exec);
+    else if (g->exec) cu->api.GraphExecDestroy(g->exec); /* an in-flight launch completes first */
     if (g->graph) cu->api.GraphDestroy(g->graph);
     if (g->done) cu->api.EventDestroy(g->done);
     /* the caller's stream is done with it (sj_call_stream's contract:
@@ -195,6 +223,9 @@ static void destroy(sj_cuda *cu, cuda_graph *g) {
         free(g->rec);
         pthread_mutex_destroy(&g->lock);
     }
+    free(g->ex);
+    free(g->ex_syms);
+    free(g->ex_ptr);
     free(g);
 }
 
@@ -230,7 +261,11 @@ static sj_status capture(sj_cuda *cu, const sj_graph *gr, const sj_fplan *plan, 
         cap.e.rec = g->rec; /* a bucket graph's: notes what the call queues */
         g->ws_bytes = cap.graph_ws_bytes;
         sj_cuda_capturing(cu->capture_stream);
-        st = run(arg, &cap);
+        /* a bucket graph's first kernels: its inputs copied in (here onto
+         * themselves; a replay gives them the caller's buffers) */
+        for (int i = 0; g->rec && i < g->n_in && !st; i++)
+            if (g->buf_bytes[i]) st = sj_cuda_copy_by_kernel(&cap.e, g->buf[i], g->buf[i], g->buf_bytes[i]);
+        if (!st) st = run(arg, &cap);
         sj_cuda_capturing(NULL);
         g->flag = cap.flag_used ? cap.graph_flag : 0;
         g->bytes = cap.graph_bytes;
@@ -310,22 +345,48 @@ static void find_direct(cuda_graph *g) {
                 touched |= p >= lo && p < hi;
             }
         }
-        g->direct[i] = !touched;
+        g->direct[i] = i >= g->n_in && !touched; /* (an input: copied in by the graph's first kernels) */
     }
 }
 
+/* Make copies 1.. of bucket graph g (copy 0 is its capture's), each
+ * uploaded: at the capture, so that no call waits for an instantiation.
+ * Fewer where the driver refuses one (the graph serves with those it
+ * has). */
+static void make_copies(sj_cuda *cu, cuda_graph *g, int copies) {
+    const sj_cuda_api *a = &cu->api;
+    int64_t t0 = sj_now_ns();
+    int made = 0;
+    while (g->n_ex < copies) {
+        CUgraphExec x = NULL;
+        if (a->GraphInstantiate(&x, g->graph, 0) != CUDA_SUCCESS) break;
+        if (a->GraphUpload(x, cu->stream) != CUDA_SUCCESS) {
+            a->GraphExecDestroy(x);
+            break;
+        }
+        g->ex[g->n_ex++] = (bg_copy){.exec = x};
+        made++;
+    }
+    if (made && a->StreamSynchronize(cu->stream) != CUDA_SUCCESS) { /* (the copies' uploads) */
+        while (g->n_ex > 1) a->GraphExecDestroy(g->ex[--g->n_ex].exec);
+        made = 0;
+    }
+    atomic_fetch_add_explicit(&cu->bg_instantiated, (uint64_t)made, memory_order_relaxed);
+    atomic_fetch_add_explicit(&cu->bg_inst_ns, (uint64_t)(sj_now_ns() - t0), memory_order_relaxed);
+}
+
 static sj_status graph_capture_bucket(sj_backend *b, const sj_graph *gr, const sj_fplan *plan, int n_syms,
-                                      const void *stream, int n_bufs, const size_t *sizes, void **bufs,
-                                      sj_status (*run)(void *arg, void *cc), void *arg, void **out, size_t *bytes,
-                                      unsigned char *direct) {
+                                      const void *stream, int n_in, int n_bufs, const size_t *sizes, void **bufs,
+                                      int copies, sj_status (*run)(void *arg, void *cc), void *arg, void **out,
+                                      size_t *bytes, unsigned char *direct) {
     sj_cuda *cu = sj_cuda_of(b);
     const sj_cuda_api *a = &cu->api;
     if (!a->StreamGetCaptureInfo || !a->GraphExecKernelNodeSetParams)
         return sj_seterr(SJ_EBACKEND, "bucket graphs: the CUDA driver has no cuStreamGetCaptureInfo_v3 or "
                                       "cuGraphExecKernelNodeSetParams_v2");
-    if (n_bufs < 0 || n_bufs > MAX_STAGE || n_syms > 64)
-        return sj_seterr(SJ_ELIMIT, "bucket graphs: %d buffers and %d symbols (at most %d and 64)", n_bufs, n_syms,
-                         MAX_STAGE);
+    if (n_bufs < 0 || n_bufs > MAX_STAGE || n_syms > 64 || n_in < 0 || n_in > n_bufs)
+        return sj_seterr(SJ_ELIMIT, "bucket graphs: %d buffers (%d inputs) and %d symbols (at most %d and 64)", n_bufs,
+                         n_in, n_syms, MAX_STAGE);
     cuda_graph *g = sj_calloc(1, sizeof *g);
     sj_cuda_rec *r = g ? sj_calloc(1, sizeof *r) : NULL;
     if (!r) {
@@ -336,7 +397,9 @@ static sj_status graph_capture_bucket(sj_backend *b, const sj_graph *gr, const s
     r->api = a;
     g->rec = r;
     g->stream = (CUstream)stream;
-    g->n_last = -1;
+    g->n_syms = n_syms;
+    g->n_in = n_in;
+    g->max_ex = copies > 0 ? copies : 1;
     size_t total = 0;
     for (int i = 0; i < n_bufs; i++) total += align256(sizes[i] ? sizes[i] : 1);
     sj_cuda_bind(cu);
@@ -359,6 +422,16 @@ static sj_status graph_capture_bucket(sj_backend *b, const sj_graph *gr, const s
         destroy(cu, g);
         return st;
     }
+    g->ex = sj_calloc((size_t)g->max_ex, sizeof *g->ex);
+    g->ex_syms = sj_calloc((size_t)g->max_ex * (size_t)(n_syms > 0 ? n_syms : 1), sizeof *g->ex_syms);
+    g->ex_ptr = sj_calloc((size_t)g->max_ex * (size_t)(n_bufs > 0 ? n_bufs : 1), sizeof *g->ex_ptr);
+    if (!g->ex || !g->ex_syms || !g->ex_ptr) {
+        destroy(cu, g);
+        return sj_seterr(SJ_ENOMEM, "out of memory for a bucket graph's copies");
+    }
+    g->ex[0].exec = g->exec; /* the captured copy: holds no call's sizes yet */
+    g->n_ex = 1;
+    make_copies(cu, g, g->max_ex);
     find_direct(g);
     memcpy(direct, g->direct, (size_t)n_bufs);
     *out = g;
@@ -372,16 +445,30 @@ static CUdeviceptr call_ptr(int i, int n_in, const void *const *src, void *const
     return (CUdeviceptr)(uintptr_t)(i < n_in ? src[i] : dst[i - n_in]);
 }
 
-/* Would the last update serve this call as it is: the same sizes, the same
- * caller buffers where they are direct? */
-static bool same_call(const cuda_graph *g, const int64_t *syms, int n, int n_in, const void *const *src,
-                      void *const *dst) {
-    if (g->n_last != n) return false;
-    for (int i = 0; i < n; i++)
-        if (g->last_syms[i] != syms[i]) return false;
-    for (int i = 0; i < g->n_stage; i++)
-        if (g->direct[i] && g->last_ptr[i] != call_ptr(i, n_in, src, dst)) return false;
-    return true;
+/* The copy of g whose kernels already hold this call's sizes and direct
+ * buffers, or -1. */
+static int find_copy(const cuda_graph *g, const int64_t *syms, int n_in, const void *const *src, void *const *dst) {
+    for (int k = 0; k < g->n_ex; k++) {
+        if (!g->ex[k].good) continue;
+        const int64_t *ks = g->ex_syms + (size_t)k * (size_t)g->n_syms;
+        int i = 0;
+        while (i < g->n_syms && ks[i] == syms[i]) i++;
+        if (i < g->n_syms) continue;
+        const CUdeviceptr *kp = g->ex_ptr + (size_t)k * (size_t)g->n_stage;
+        for (i = 0; i < g->n_stage; i++)
+            if ((i < g->n_in || g->direct[i]) && kp[i] != call_ptr(i, n_in, src, dst)) break;
+        if (i == g->n_stage) return k;
+    }
+    return -1;
+}
+
+/* The copy a call of new sizes updates: one holding no sizes, else the
+ * least recently replayed. */
+static int copy_to_update(const cuda_graph *g) {
+    int k = 0; /* one holding no sizes first, then the least recently replayed */
+    for (int i = 1; i < g->n_ex; i++)
+        if (g->ex[i].good != g->ex[k].good ? !g->ex[i].good : g->ex[i].used < g->ex[k].used) k = i;
+    return k;
 }
 
 static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_syms, int n_in,
@@ -393,7 +480,7 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
     const sj_cuda_api *a = &cu->api;
     CUstream s = cc->e.stream;
     *served = false;
-    if (!g->rec || n_in < 0 || n_in > g->n_stage || n_syms > 64) return SJ_OK;
+    if (!g->rec || n_in != g->n_in || n_syms != g->n_syms) return SJ_OK;
     for (int i = 0; i < g->n_stage; i++)
         if (nbytes[i] > g->buf_bytes[i]) return SJ_OK;
     /* calls that differ from the captured one more often than not (after
@@ -401,9 +488,11 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
     if (g->mismatches >= 16 && g->mismatches > g->updates) return SJ_OK;
     if (pthread_mutex_trylock(&g->lock)) return SJ_OK; /* another call replays it: kernel by kernel */
     sj_cuda_bind(cu);
-    if (!same_call(g, syms, n_syms, n_in, src, dst)) {
-        g->n_last = -1;
-        sj_cuda_call uc; /* the call again, on the graph's own memory, updating its kernels */
+    int k = find_copy(g, syms, n_in, src, dst);
+    if (k < 0) {
+        k = copy_to_update(g);
+        g->ex[k].good = false; /* until its update is whole */
+        sj_cuda_call uc; /* the call again, on the graph's own memory, updating the copy's kernels */
         sj_cuda_call_init(&uc, cu, s, false, cc->n_syms);
         uc.graph_fixed = g->mem;
         uc.graph_ws_bytes = g->ws_bytes;
@@ -411,30 +500,38 @@ static sj_status graph_replay(void *c, void *graph, const int64_t *syms, int n_s
         g->rec->mode = REC_UPDATE;
         g->rec->at = 0;
         g->rec->bad = false;
-        g->rec->exec = g->exec;
-        sj_status ust = update(arg, &uc);
+        g->rec->exec = g->ex[k].exec;
+        sj_status ust = SJ_OK;
+        for (int i = 0; i < n_in && !ust; i++) /* the input copies, from the caller's buffers */
+            if (g->buf_bytes[i])
+                ust = nbytes[i] ? sj_cuda_copy_by_kernel(&uc.e, g->buf[i], (CUdeviceptr)(uintptr_t)src[i], nbytes[i])
+                                : sj_seterr(SJ_EINVAL, "an empty input"); /* (its copy kernel has no size 0) */
+        if (!ust) ust = update(arg, &uc);
         bool ok = !ust && !g->rec->bad && g->rec->at == g->rec->n;
         if (!ok) {
             g->mismatches++;
+            if (ust) snprintf(cu->bg_why, sizeof cu->bg_why, "%s", sj_last_error());
+            else snprintf(cu->bg_why, sizeof cu->bg_why, "the call differs from the capture at its op %d of %d",
+                          g->rec->at, g->rec->n);
+            atomic_fetch_add_explicit(&cu->bg_declined, 1, memory_order_relaxed);
             pthread_mutex_unlock(&g->lock);
             sj_clearerr(); /* nothing queued: the call runs kernel by kernel */
             return SJ_OK;
         }
         g->updates++;
-        memcpy(g->last_syms, syms, sizeof(int64_t) * (size_t)n_syms);
-        for (int i = 0; i < g->n_stage; i++) g->last_ptr[i] = g->direct[i] ? call_ptr(i, n_in, src, dst) : 0;
-        g->n_last = n_syms;
+        atomic_fetch_add_explicit(&cu->bg_updates, 1, memory_order_relaxed);
+        memcpy(g->ex_syms + (size_t)k * (size_t)g->n_syms, syms, sizeof(int64_t) * (size_t)n_syms);
+        CUdeviceptr *kp = g->ex_ptr + (size_t)k * (size_t)g->n_stage;
+        for (int i = 0; i < g->n_stage; i++) kp[i] = i < n_in || g->direct[i] ? call_ptr(i, n_in, src, dst) : 0;
+        g->ex[k].good = true;
     }
+    g->ex[k].used = ++g->tick;
     sj_status st = SJ_OK;
     if (g->last && g->last != s) { /* the staging buffers: after the last replay, on another stream */
         st = SJ_CU(cu, a->EventRecord(g->done, g->last), "marking a bucket graph's last replay");
         if (!st) st = SJ_CU(cu, a->StreamWaitEvent(s, g->done, 0), "ordering a bucket graph after its last replay");
     }
-    for (int i = 0; i < n_in && !st; i++)
-        if (nbytes[i] && !g->direct[i])
-            st = SJ_CU(cu, a->MemcpyDtoDAsync(g->buf[i], (CUdeviceptr)(uintptr_t)src[i], nbytes[i], s),
-                       "copying an input into a bucket graph");
-    if (!st) st = SJ_CU(cu, a->GraphLaunch(g->exec, s), "launching a CUDA graph");
+    if (!st) st = SJ_CU(cu, a->GraphLaunch(g->ex[k].exec, s), "launching a CUDA graph");
     for (int i = n_in; i < g->n_stage && !st; i++)
         if (nbytes[i] && !g->direct[i])
             st = SJ_CU(cu, a->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst[i - n_in], g->buf[i], nbytes[i], s),
