@@ -111,6 +111,8 @@ static _Atomic int bucket_captures, bucket_replays, refuse_replays;
 static bool direct_outputs; /* bucket captures say the outputs are direct */
 static size_t bucket_sizes[8]; /* the last bucket capture's buffer sizes */
 
+static int capture_delay_ms; /* fake_capture_bucket's */
+
 static sj_status fake_capture_bucket(sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, int n_syms,
                                      const void *stream, int n_in, int n_bufs, const size_t *sizes, void **bufs,
                                      int copies, sj_status (*run)(void *arg, void *cc), void *arg, void **graph,
@@ -118,6 +120,7 @@ static sj_status fake_capture_bucket(sj_backend *b, const sj_graph *g, const str
     (void)b, (void)plan, (void)n_syms, (void)stream, (void)run, (void)arg;
     assert_int_equal(n_in, g->n_inputs);
     assert_true(copies >= 1);
+    if (capture_delay_ms) usleep((useconds_t)capture_delay_ms * 1000); /* a slow capture */
     fake_bgraph *fg = calloc(1, sizeof *fg);
     if (!fg || n_bufs > 8) return sj_seterr(SJ_ENOMEM, "test device: bucket graph");
     fg->bucket = true;
@@ -1000,6 +1003,40 @@ static void bucket_graph_serves_every_size(void **state) {
     }
 }
 
+/* A warm-up on inputs the runtime makes asks for each warmed bucket's graph
+ * and waits for it (compile workers and a slow capture, or none: the
+ * warm-up thread runs the queue), so the first call of every warmed bucket
+ * is a replay. */
+static void bucket_warmup_waits_for_its_graphs(void **state) {
+    (void)state;
+    for (int workers = 0; workers <= 1; workers++) {
+        reset_counts();
+        capture_delay_ms = workers ? 30 : 0;
+        sj_runtime_config cfg = tu_cpu_config();
+        cfg.compile_mode = SJ_COMPILE_ASYNC;
+        cfg.compile_threads = workers;
+        cfg.hot_threshold = 1;
+        cfg.specialize_threshold = 1000000;
+        tu_clock_use(&cfg, &clk);
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        give_graph_slots(rt);
+        sj_fn *fn = NULL;
+        assert_int_equal(sj_fn_create(rt, "bucketw", 1, b_model, NULL, NULL, &fn), SJ_OK);
+        assert_int_equal(sj_set_buckets(fn, 0, 0, (const int64_t[]){16, 32, 64}, 3), SJ_OK);
+        sj_tensor shapes[2] = {sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){32, 8}),
+                               sj_tensor_make(NULL, SJ_F32, 2, (int64_t[]){64, 8})};
+        sj_warmup_spec spec = {.n_shapes = 2, .shapes = shapes};
+        assert_int_equal(sj_fn_warmup(fn, &spec, 0), SJ_OK);
+        assert_int_equal(atomic_load(&bucket_captures), 2);
+        assert_int_equal(stats(fn).bucket_graphs, 2);
+        assert_true(bucket_call(fn, 20)); /* (16, 32] */
+        assert_true(bucket_call(fn, 50)); /* (32, 64] */
+        sj_runtime_destroy(rt);
+        capture_delay_ms = 0;
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(capture_is_a_queued_job),
@@ -1010,6 +1047,7 @@ int main(void) {
         cmocka_unit_test(graph_over_the_budget_not_kept),
         cmocka_unit_test(sync_mode_captures_on_the_calling_thread),
         cmocka_unit_test(warmup_captures_and_waits),
+        cmocka_unit_test(bucket_warmup_waits_for_its_graphs),
         cmocka_unit_test(device_jobs_on_the_queue),
         cmocka_unit_test(threads_with_a_worker),
         cmocka_unit_test(limits_follow_the_rule),
