@@ -88,6 +88,10 @@
       "CUDA: instantiated copies of one bucket graph, each kept updated for the sizes of the last "  \
       "call it served, so a size seen before replays with no update (`1`: one copy, updated "       \
       "whenever the sizes change)")                                                                 \
+    X(compile_quick, int, 1, 0, 1, "SHAPEJIT_COMPILE_QUICK",                                       \
+      "`1`: an entry whose calls run eagerly gets a quick compile first where the device has one "  \
+      "(CUDA: NVRTC's fast compile), then its full compile in the background, swapped in when "     \
+      "ready (no CUDA graph of the quick code); `0`: the full compile only")                        \
     X(compile_ahead, int, 0, 0, 1, "SHAPEJIT_COMPILE_AHEAD",                                      \
       "`1`: when a bucketed entry gets hot, the next bucket up is traced on that call's thread and " \
       "its compile queued behind the others (`0`: off)")                                          \

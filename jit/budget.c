@@ -78,6 +78,13 @@ void sj_budget_reap(sj_fn *fn, sj_compiled *list) {
     }
 }
 
+void sj_budget_park(sj_fn *fn, sj_compiled *cd) {
+    pthread_mutex_lock(&fn->retire_lock);
+    cd->retired_next = fn->parked;
+    fn->parked = cd;
+    pthread_mutex_unlock(&fn->retire_lock);
+}
+
 void sj_budget_free_parked(sj_fn *fn) {
     sj_compiled *list = fn->parked;
     fn->parked = NULL;

@@ -97,6 +97,11 @@ void sj_budget_reap(sj_fn *fn, sj_compiled *list);
  * as sj_budget_reap. */
 void sj_budget_wait_calls(sj_fn *fn);
 
+/* Keep cd, unpublished, until the function is destroyed (a quick unit
+ * the full one replaced: no grace period covers calls that run without a
+ * budget's marks). */
+void sj_budget_park(sj_fn *fn, sj_compiled *cd);
+
 /* Free the parked units (sj_fn_destroy, after the table). */
 void sj_budget_free_parked(sj_fn *fn);
 

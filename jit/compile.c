@@ -88,6 +88,7 @@ typedef struct job {
     int64_t queued_ns;  /* monotonic: the idle-class deadline */
     int64_t queued_vns; /* the runtime's clock: the cold drop */
     bool warm;          /* asked for by a warm-up: never dropped as cold */
+    bool full;          /* JOB_COMPILE: the full compile of a target a quick unit serves */
     job_kind kind;
     void *arg;          /* JOB_CAPTURE: sj_graphs_capture_run's; JOB_DEVICE: run's and drop's */
     void (*run)(void *arg), (*drop)(void *arg); /* JOB_DEVICE */
@@ -182,7 +183,7 @@ void sj_ctarget_release(sj_ctarget *t) { sj_compiled_free(atomic_exchange(&t->re
 #endif
 
 static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, int64_t idle_until_ns,
-                                sj_compiled **out, char *err, size_t errn, bool *hopeless) {
+                                bool quick, sj_compiled **out, char *err, size_t errn, bool *hopeless) {
     const sj_fplan *plan = e->plan;
     *out = NULL;
     *hopeless = false;
@@ -244,7 +245,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     for (char *p = tag; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == '/') *p = '_';
     sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag,
-                          .cancel = &fn->cancel_compiles, .idle_until_ns = idle_until_ns};
+                          .cancel = &fn->cancel_compiles, .idle_until_ns = idle_until_ns, .quick = quick};
     sj_compile_result *res = sj_calloc(1, sizeof *res);
     sj_compiled *cd = sj_calloc(1, sizeof *cd);
     /* the functions, then (in the same block) the products' picks */
@@ -280,6 +281,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     cd->specialized = m != NULL || e->head.n_syms == 0;
     cd->from_cache = res->from_cache;
     cd->from_remote = res->from_remote;
+    cd->quick = res->quick || (quick && c->rt && c->rt->test_quick);
     cd->compile_ms = res->compile_ms;
     memcpy(cd->key, res->key, sizeof cd->key);
     /* the backend's size of the unit, else its source's as an estimate */
@@ -423,11 +425,12 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         atomic_store_explicit(&t->ready_ns, sj_now_ns(), RELAXED);
         target_transition(t, SJ_CS_READY);
         atomic_fetch_add_explicit(&fn->c.compiles, 1, RELAXED);
+        if (cd->quick) atomic_fetch_add_explicit(&fn->c.quick_compiles, 1, RELAXED);
         if (cd->from_cache) atomic_fetch_add_explicit(&fn->c.compile_cache_hits, 1, RELAXED);
         if (cd->from_remote) atomic_fetch_add_explicit(&fn->c.compile_remote_hits, 1, RELAXED);
         atomic_fetch_add_explicit(&fn->c.compile_us, (uint64_t)(cd->compile_ms * 1000), RELAXED);
-        sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s, %.1f ms)", fn->name, e->id,
-                m ? " shape" : "",
+        sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s%s, %.1f ms)", fn->name, e->id,
+                m ? " shape" : "", cd->quick ? "quick, ": "",
                 cd->from_remote ? "from the remote cache" : cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
         emit(c, SJ_EVENT_COMPILE_FINISHED, SJ_LOG_COMPILE, fn, e, m, "", cd->compile_ms, held_by(cd), 0, 0);
     } else {
@@ -612,6 +615,52 @@ void sj_compiler_set_fifo(sj_compiler *c, bool fifo) {
  * would never finish (16 threads calling: nothing fused in 180 s), so once
  * its job is idle_ns old the backend reruns it at normal priority; a job
  * that waited in the queue that long starts there. */
+/* -- Quick units, then the full compile --------------------------------------------
+ * A quick unit (cd->quick) serves an entry that ran eagerly; the full
+ * compile of the same target is queued behind it as a job of its own
+ * (job.full), which leaves the target's state as it is (READY: the quick
+ * unit serves meanwhile), swaps its unit in when done and parks the quick
+ * one until the function is destroyed; if it fails, the quick unit stays
+ * (logged). */
+
+/* Queue target j's full compile (compiler lock held). */
+static void queue_full(sj_compiler *c, job j) {
+    if (c->stop || j.fn->cancelled) return;
+    j.full = true;
+    j.warm = true; /* never dropped as cold: it replaces code that serves */
+    j.queued_ns = sj_now_ns();
+    j.queued_vns = sj_runtime_now_ns(c->rt);
+    if (push(c, j)) j.fn->compiles_pending++;
+}
+
+static void run_full(sj_compiler *c, job j) {
+    sj_ctarget *t = target_of(j.entry, j.memo);
+    pthread_mutex_unlock(&c->lock);
+    char err[256] = "";
+    bool hopeless = false;
+    sj_compiled *cd = NULL;
+    sj_status st = compile_target(c, j.fn, j.entry, j.memo, 0, false, &cd, err, sizeof err, &hopeless);
+    if (!st && cd->quick) { /* (the test hook's quick units: never from a full compile) */
+        st = SJ_EINTERNAL;
+        snprintf(err, sizeof err, "the full compile gave quick code");
+        sj_compiled_free(cd);
+    }
+    if (!st) {
+        sj_compiled *old = atomic_exchange(&t->ready, cd); /* the swap: calls take the new unit from now on */
+        atomic_store_explicit(&t->ready_ns, sj_now_ns(), RELAXED);
+        atomic_fetch_add_explicit(&j.fn->c.quick_replaced, 1, RELAXED);
+        atomic_fetch_add_explicit(&j.fn->c.compile_us, (uint64_t)(cd->compile_ms * 1000), RELAXED);
+        if (old) sj_budget_park(j.fn, old);
+        sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d's quick unit replaced by its full compile (%s, %.1f ms)",
+                j.fn->name, j.entry->id, cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
+    } else {
+        sj_logf(c->rt, SJ_LOG_WARN, "fn '%s': entry %d's full compile failed; its quick unit stays: %s", j.fn->name,
+                j.entry->id, err);
+    }
+    pthread_mutex_lock(&c->lock);
+    job_done(c, j.fn, NULL);
+}
+
 static void run_job(sj_compiler *c, job j) {
     if (j.kind == JOB_LEARN) {
         pthread_mutex_unlock(&c->lock);
@@ -636,6 +685,10 @@ static void run_job(sj_compiler *c, job j) {
         return;
     }
     sj_ctarget *t = target_of(j.entry, j.memo);
+    if (j.full) {
+        run_full(c, j);
+        return;
+    }
     uint64_t calls = target_calls(j.entry, j.memo);
     if (!j.warm && sj_runtime_now_ns(c->rt) - j.queued_vns > c->cold_ns && calls == t->queued_calls) {
         target_transition(t, SJ_CS_NONE); /* cold: a later hot call queues it again */
@@ -653,10 +706,16 @@ static void run_job(sj_compiler *c, job j) {
     char err[256] = "";
     bool hopeless = false;
     sj_compiled *cd = NULL;
-    sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, &cd, err, sizeof err, &hopeless);
+    /* a unit's first code for calls that run eagerly meanwhile: quick
+     * (cfg.compile_quick), then in full (not for a warm-up, which prepares
+     * what serves, nor for a shape's specialization, whose entry's code
+     * serves meanwhile) */
+    bool quick = c->rt && c->rt->cfg.compile_quick && !j.warm && !j.memo && !atomic_load(&t->ready);
+    sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, quick, &cd, err, sizeof err, &hopeless);
     pthread_mutex_lock(&c->lock);
     sj_compiled *retired = NULL;
     finish(c, j.fn, j.entry, j.memo, st, cd, err, hopeless, &retired);
+    if (!st && cd->quick) queue_full(c, j);
     job_done(c, j.fn, retired);
 }
 
@@ -785,7 +844,8 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
             /* refused (past job_queue_max, or out of memory): the entry
              * stays on its tier until a later request */
             uint64_t calls = target_calls(e, m);
-            if (push(c, (job){fn, e, m, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, JOB_COMPILE, NULL, NULL, NULL})) {
+            if (push(c, (job){fn, e, m, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), warm, false, JOB_COMPILE, NULL, NULL,
+                              NULL})) {
                 t->queued_calls = calls;
                 target_transition(t, SJ_CS_QUEUED);
                 fn->compiles_pending++;
@@ -803,7 +863,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
         char err[256] = "";
         bool hopeless = false;
         sj_compiled *cd = NULL;
-        sj_status st = compile_target(c, fn, e, m, 0, &cd, err, sizeof err, &hopeless); /* a caller waits: normal priority */
+        sj_status st = compile_target(c, fn, e, m, 0, false, &cd, err, sizeof err, &hopeless); /* a caller waits: normal priority */
         pthread_mutex_lock(&c->lock);
         sj_compiled *retired = NULL;
         finish(c, fn, e, m, st, cd, err, hopeless, &retired);
@@ -826,7 +886,7 @@ void sj_compiler_request_learn(sj_compiler *c, struct sj_fn *fn) {
     pthread_mutex_lock(&c->lock);
     bool queued = false;
     if (!c->stop && !fn->cancelled &&
-        push(c, (job){fn, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, JOB_LEARN, NULL, NULL, NULL})) {
+        push(c, (job){fn, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, false, JOB_LEARN, NULL, NULL, NULL})) {
         fn->compiles_pending++;
         queued = true;
     }
@@ -866,7 +926,7 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
             i++;
             continue;
         }
-        if (c->jobs[i].kind == JOB_COMPILE) {
+        if (c->jobs[i].kind == JOB_COMPILE && !c->jobs[i].full) { /* (a full compile's target keeps its quick unit) */
             target_transition(target_of(c->jobs[i].entry, c->jobs[i].memo), SJ_CS_NONE);
             emit(c, SJ_EVENT_COMPILE_DROPPED, SJ_LOG_COMPILE, fn, c->jobs[i].entry, c->jobs[i].memo,
                  "its function is being destroyed", 0, 0, 0, 0);
@@ -929,7 +989,7 @@ bool sj_compiler_post(void *ctx, void (*run)(void *arg), void (*drop)(void *arg)
     pthread_mutex_lock(&c->lock);
     bool queued = false;
     if (!c->stop)
-        queued = push(c, (job){NULL, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, JOB_DEVICE, arg, run, drop});
+        queued = push(c, (job){NULL, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, false, JOB_DEVICE, arg, run, drop});
     pthread_mutex_unlock(&c->lock);
     return queued;
 }
@@ -939,7 +999,7 @@ bool sj_compiler_request_capture(sj_compiler *c, struct sj_fn *fn, void *arg) {
     pthread_mutex_lock(&c->lock);
     bool queued = false;
     if (!c->stop && !fn->cancelled &&
-        push(c, (job){fn, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, JOB_CAPTURE, arg, NULL, NULL})) {
+        push(c, (job){fn, NULL, NULL, 0, sj_now_ns(), sj_runtime_now_ns(c->rt), true, false, JOB_CAPTURE, arg, NULL, NULL})) {
         fn->captures_pending++;
         queued = true;
     }

@@ -80,6 +80,10 @@ typedef struct sj_compiled {
     bool specialized;    /* every size a constant */
     bool from_cache;
     bool from_remote; /* of which from the remote cache */
+    /* A quick compile's code (cfg.compile_quick, sj_compile_req.quick):
+     * serves until the full compile queued after it swaps in; no CUDA graph
+     * is captured of it */
+    bool quick;
     double compile_ms;
     char key[65];        /* the kernel cache's key of the unit */
     /* What it holds, for the memory budget: the loaded unit's size, and

@@ -325,6 +325,8 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     out->graphs_over_budget = atomic_load_explicit(&c->graph_over_budget, RELAXED);
     out->bucket_graphs = atomic_load_explicit(&c->bucket_graphs, RELAXED);
     out->bucket_graph_calls = atomic_load_explicit(&c->bucket_graph_calls, RELAXED);
+    out->quick_compiles = atomic_load_explicit(&c->quick_compiles, RELAXED);
+    out->quick_replaced = atomic_load_explicit(&c->quick_replaced, RELAXED);
     int64_t gb = atomic_load_explicit(&fn->graph_bytes, RELAXED);
     out->graph_bytes = gb > 0 ? (uint64_t)gb : 0;
     sj_cpu_pack_cache_stats(fn->packs, &out->packed_weights, &out->packed_bytes);
@@ -499,10 +501,11 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             (unsigned long long)s.fused_specialized_calls, (unsigned long long)s.memo_hits,
             (unsigned long long)s.guard_evals, (unsigned long long)s.traces, (unsigned long long)s.trace_errors,
             (unsigned long long)s.errors, (unsigned long long)s.limit_hits);
-    fprintf(out, "  compiles: %llu ready (%llu from the cache, %llu of them remote), %llu failed (%llu blacklisted), "
-                 "%llu dropped, %.1f ms compiling; backend %s\n",
+    fprintf(out, "  compiles: %llu ready (%llu from the cache, %llu of them remote; %llu quick, %llu of them replaced "
+                 "by their full compile), %llu failed (%llu blacklisted), %llu dropped, %.1f ms compiling; backend %s\n",
             (unsigned long long)s.compiles, (unsigned long long)s.compile_cache_hits,
-            (unsigned long long)s.compile_remote_hits, (unsigned long long)s.compile_failures,
+            (unsigned long long)s.compile_remote_hits, (unsigned long long)s.quick_compiles,
+            (unsigned long long)s.quick_replaced, (unsigned long long)s.compile_failures,
             (unsigned long long)s.compiles_blacklisted, (unsigned long long)s.compiles_dropped, s.compile_ms,
             fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
     sj_job_counters jc;

@@ -35,6 +35,7 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;
     _Atomic uint64_t demoted, over_budget;
     _Atomic uint64_t buckets_learned, learn_failures, learn_kept;
+    _Atomic uint64_t quick_compiles, quick_replaced;
 } sj_fn_counters;
 
 /* One dimension learned while serving (jit/learn.h), under trace_lock.

@@ -566,13 +566,14 @@ static void *note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan,
 }
 
 void *sj_graphs_note(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd) {
+    if (cd->quick) return NULL; /* its full compile replaces it soon: no graph of it */
     void *job = bucket_note(fn, m, x, false);
     return job ? job : note(fn, m, x, plan, cd, false);
 }
 
 void *sj_graphs_request(sj_fn *fn, sj_memo *m, const sj_exec *x, const sj_fplan *plan, const sj_compiled *cd,
                         bool buffers) {
-    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture) return NULL;
+    if (fn->rt->cfg.cuda_graphs <= 0 || !x->ops->graph_capture || cd->quick) return NULL;
     void *job = bucket_note(fn, m, x, true); /* (any buffers: a bucket graph has its own) */
     if (job || !buffers || atomic_load_explicit(&m->graph_off, RELAXED)) return job;
     for (int i = 0; i < x->g->n_outputs; i++)

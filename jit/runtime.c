@@ -212,6 +212,8 @@ int64_t sj_runtime_now_ns(const sj_runtime *rt) {
 
 void sj_runtime_test_wrong_kernels(sj_runtime *rt, float skew) { rt->test_skew = skew; }
 
+void sj_runtime_test_quick(sj_runtime *rt, bool on) { rt->test_quick = on; }
+
 int sj_runtime_run_background(sj_runtime *rt, int max_jobs) {
     sj_clearerr();
     if (!rt || max_jobs <= 0) return 0;

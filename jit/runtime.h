@@ -33,6 +33,7 @@ struct sj_runtime {
     struct sj_compiler *compiler; /* the background job queue and its workers: compiles, learnings, graph captures */
     char cache_error[256];        /* why the cache could not be opened ("" if fine) */
     float test_skew;              /* sj_runtime_test_wrong_kernels */
+    bool test_quick;              /* sj_runtime_test_quick */
 };
 
 /* Test hooks (tests only): make every compile sleep delay_ms first, or fail
@@ -48,6 +49,10 @@ int64_t sj_runtime_now_ns(const sj_runtime *rt);
  * each float value it stores, so its results are wrong (the validated
  * swap must catch it). 0: off. */
 void sj_runtime_test_wrong_kernels(sj_runtime *rt, float skew);
+/* Tests: with on, a compile asked to be quick yields a unit marked quick
+ * whatever the device gives (the CPU, which has no quick compile), so the
+ * engine's quick-then-full path runs on it. */
+void sj_runtime_test_quick(sj_runtime *rt, bool on);
 
 /* Log a line under `topic` if the runtime's mask enables it (rt may be
  * NULL: nothing). */

@@ -334,6 +334,9 @@ sj_status sj_backend_compile(const sj_backend_driver *d, const sj_compile_req *r
         out->log[0] = '\0';
         sj_log_write(d->log, SJ_LOG_COMPILE, "%s: %s: remote cache hit (key %.16s)", d->who, tag, out->key);
         st = SJ_OK;
+    } else if (d->lookup_only) {
+        snprintf(out->log, sizeof out->log, "not loaded or cached");
+        st = SJ_OK; /* (no module: a miss) */
     } else if (d->refuse && (refused = d->refuse(d->self, why, sizeof why))) {
         snprintf(out->log, sizeof out->log, "%s", refused);
         st = sj_backend_fail(d->log, d->who, out, tag, out->log);

@@ -35,6 +35,12 @@ typedef struct sj_compile_req {
      * has made no progress to lose). 0: normal priority from the start.
      * Backends without a compiler process ignore it. */
     int64_t idle_until_ns;
+    /* Asks for a quick compile: the unit at a lower optimization that
+     * takes less compile time (CUDA: SJ_NVRTC_QUICK_FLAG), under a cache
+     * key of its own; a device without one compiles in full. The result
+     * says which it got (sj_compile_result.quick); the engine compiles a
+     * quick unit again in full and swaps that in. */
+    bool quick;
 } sj_compile_req;
 
 typedef struct sj_compile_result {
@@ -43,6 +49,7 @@ typedef struct sj_compile_result {
     bool from_cache;      /* no compiler run: the persistent cache, or shared */
     bool shared;          /* the same unit was already loaded by this backend: module is that one */
     bool from_remote;     /* from_cache, fetched from the remote cache (kernels/remote.h) */
+    bool quick;           /* a quick compile's code (sj_compile_req.quick), from the compiler or the cache */
     double compile_ms;    /* wall time of the compiler run (0 on a cache hit) */
     size_t code_bytes;    /* the loaded unit's size (its artifact's bytes); 0: unknown */
     char key[65];         /* the cache key (hex) */
@@ -126,6 +133,9 @@ typedef struct sj_backend_driver {
     const char *dump_dir;         /* NULL: no dumps */
     int test_delay_ms;            /* sleep first (tests: a slow compile) */
     int test_fail;                /* fail every compile (tests) */
+    /* Find the unit (loaded already, or cached on disk or remotely) but
+     * never compile it: a miss is SJ_OK with out->module NULL. */
+    bool lookup_only;
     void *self;                   /* the backend, passed to the steps */
     /* Load the artifact cached under key (out->key) and resolve req's
      * symbols into out: 1 loaded, 0 nothing cached, -1 cached but unusable

@@ -53,6 +53,7 @@ int main(void) {
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/eager_cuda.h"
+#include "kernels/cuda/nvrtc.h"
 #include "specialize/codegen_cuda.h" /* SJ_CUDA_KERNEL_MARK: the units split */
 
 /* sj_cuda_close calls this when the eager module is loaded (never here).
@@ -691,7 +692,7 @@ static const char SRC[] =
 static const char *const SYMS[] = {"k_axpb", "k_exp"};
 
 static sj_compile_req req_of(const char *src, const char *tag) {
-    return (sj_compile_req){src, strlen(src), SYMS, 2, tag, NULL, 0};
+    return (sj_compile_req){src, strlen(src), SYMS, 2, tag, NULL, 0, false};
 }
 
 static sj_backend *make(fixture *f, sj_cache *cache) {
@@ -766,7 +767,7 @@ static void test_backend_compile_error(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL);
     const char *bad = "extern \"C\" __global__ void k_axpb(float *y) { y[0] = undeclared_thing; }\n";
-    sj_compile_req req = {bad, strlen(bad), SYMS, 1, "broken", NULL, 0};
+    sj_compile_req req = {bad, strlen(bad), SYMS, 1, "broken", NULL, 0, false};
     sj_compile_result r;
     assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
     assert_null(r.module);
@@ -784,7 +785,7 @@ static void test_backend_missing_symbol(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL);
     const char *const syms[] = {"k_axpb", "k_missing"};
-    sj_compile_req req = {SRC, strlen(SRC), syms, 2, "nosym", NULL, 0};
+    sj_compile_req req = {SRC, strlen(SRC), syms, 2, "nosym", NULL, 0, false};
     sj_compile_result r;
     assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
     assert_null(r.module);
@@ -960,7 +961,7 @@ static void test_backend_nvrtc_flags(void **state) {
                       "    if (i < n) y[i] = SJ_TEST_K * (float)i;\n"
                       "}\n";
     const char *const syms[] = {"k_flag"};
-    sj_compile_req req = {src, strlen(src), syms, 1, "flags", NULL, 0};
+    sj_compile_req req = {src, strlen(src), syms, 1, "flags", NULL, 0, false};
     sj_compile_result r;
     const char *const ks[] = {"3", "5"};
     char key0[65] = "";
@@ -1019,6 +1020,46 @@ static void test_backend_nvrtc_flags(void **state) {
     sj_cache_close(cache);
 }
 
+/* Quick compiles (sj_compile_req.quick, issue 28): where NVRTC has its fast
+ * compile (12.8 on), a quick request gives a unit marked quick, under a key
+ * of its own, that runs right, and is not stored in the cache; once the
+ * full unit is compiled (and cached), a quick request takes it (marked
+ * full), from a new backend too. An NVRTC without it compiles in full. */
+static void test_backend_quick(void **state) {
+    fixture *f = *state;
+    sj_cache *cache = tu_open_cache(f->dir, NULL);
+    bool has = dev->nvrtc_major * 100 + dev->nvrtc_minor >= SJ_NVRTC_QUICK_SINCE;
+    sj_backend *b = make(f, cache);
+    static char src[sizeof SRC + 64]; /* a source no other test cached */
+    snprintf(src, sizeof src, "%s// test_backend_quick\n", SRC);
+    sj_compile_req q = req_of(src, "quick");
+    q.quick = true;
+    sj_compile_result r;
+    tu_compile_fresh(b, &q, &r);
+    assert_int_equal(r.quick, has);
+    assert_int_equal(run_kernels(&r), 0);
+    char quick_key[65];
+    snprintf(quick_key, sizeof quick_key, "%s", r.key);
+    b->unload(b, r.module);
+    sj_compile_req full = req_of(src, "full");
+    tu_compile_fresh(b, &full, &r); /* (the quick unit was not cached: a fresh compile) */
+    assert_false(r.quick);
+    if (has) assert_string_not_equal(r.key, quick_key);
+    char full_key[65];
+    snprintf(full_key, sizeof full_key, "%s", r.key);
+    b->unload(b, r.module);
+    b->destroy(b);
+    b = make(f, cache); /* a new process's: the full unit from the cache */
+    assert_int_equal(b->compile(b, &q, &r), SJ_OK);
+    assert_false(r.quick);
+    assert_true(r.from_cache);
+    assert_string_equal(r.key, full_key);
+    assert_int_equal(run_kernels(&r), 0);
+    b->unload(b, r.module);
+    b->destroy(b);
+    sj_cache_close(cache);
+}
+
 static void *compile_thread(void *p) {
     tu_compile_job *j = p;
     char src[1024], tag[32], s0[32], s1[32];
@@ -1036,7 +1077,7 @@ static void *compile_thread(void *p) {
              s0, j->id, s1, j->id + 2);
     snprintf(tag, sizeof tag, "thread%d", j->id);
     const char *const syms[] = {s0, s1};
-    sj_compile_req req = {src, strlen(src), syms, 2, tag, NULL, 0};
+    sj_compile_req req = {src, strlen(src), syms, 2, tag, NULL, 0, false};
     sj_compile_result r;
     j->st = j->b->compile(j->b, &req, &r);
     if (j->st) return NULL;
@@ -1118,6 +1159,7 @@ int main(void) {
         T(test_backend_hooks_and_dump),
         T(test_backend_concurrent),
         T(test_backend_nvrtc_flags),
+        T(test_backend_quick),
     };
     int failed = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
     sj_cuda_close(dev);

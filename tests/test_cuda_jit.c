@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
@@ -1568,6 +1569,54 @@ static void test_bucket_graph_copies(void **state) {
     }
 }
 
+/* Quick compiles on the device (cfg.compile_quick, issue 28): the
+ * encoder's entry, whose first call ran eagerly, gets a quick NVRTC unit
+ * first (where NVRTC has its fast compile) whose fused results equal
+ * float64; its full unit replaces it by the end of sj_fn_wait_idle, and
+ * the results equal float64 again; then its calls get a graph as usual.
+ * compile_quick 0: the full unit only. */
+static void test_quick_then_full_on_device(void **state) {
+    (void)state;
+    sj_cuda *probe = NULL;
+    for (int on = 1; on >= 0; on--) {
+        sj_runtime_config cfg = tu_cuda_config();
+        cfg.compile_mode = SJ_COMPILE_ASYNC;
+        cfg.compile_quick = on;
+        sj_runtime *rt = NULL;
+        if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+        probe = sj_cuda_of(rt->backend);
+        bool has = on && probe->nvrtc_major * 100 + probe->nvrtc_minor >= 1208;
+        tu_seed(44 + on);
+        tu_encoder w;
+        sj_fn *fn = encoder_fn(rt, &w, SJ_F16, SJ_DYNAMIC_SYMBOLIC, "quick");
+        sj_tensor hx = tu_tensor(SJ_F16, 3, (int64_t[]){1, 40, w.h});
+        dbuf dx = to_dev(rt, &hx), dy = to_dev(rt, &hx);
+        const char *what = tu_label("quick %d", on);
+        assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK); /* eager: the compile queued */
+        for (int i = 0; i < 30000 && stats_of(fn).compiles == 0; i++) usleep(1000);
+        sj_stats s = stats_of(fn);
+        assert_int_equal(s.compiles, 1);
+        assert_int_equal(s.quick_compiles, has);
+        assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK); /* fused: the quick unit, or the full */
+        assert_int_equal(sj_fn_wait_idle(fn, 60000), SJ_OK);
+        s = stats_of(fn);
+        assert_int_equal(s.quick_replaced, has);
+        assert_int_equal(s.eager_calls, 1);
+        for (int i = 0; i < SJ_GRAPH_AFTER + 2; i++) assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
+        assert_int_equal(sj_fn_wait_idle(fn, 60000), SJ_OK);
+        assert_int_equal(graph_call(rt, fn, &w, &dx, &dy.t, what), SJ_OK);
+        s = stats_of(fn);
+        assert_true(s.graphs >= 1);
+        assert_true(s.graph_calls >= 1);
+        assert_int_equal(s.eager_calls, 1);
+        sj_fn_destroy(fn);
+        free_dev(rt, &dx);
+        free_dev(rt, &dy);
+        tu_free_all();
+        sj_runtime_destroy(rt);
+    }
+}
+
 /* Warm-up on the device (sj_fn_warmup, issue 28): after a blocking walk of
  * the buckets, the first call of every warmed size (and of sizes inside
  * its bucket) is fused, with no compile and no trace during the calls and
@@ -1771,6 +1820,7 @@ int main(void) {
         cmocka_unit_test(test_warmup_on_device),  cmocka_unit_test(test_tf32_products),
         cmocka_unit_test(test_bucket_graphs),
         cmocka_unit_test(test_bucket_graph_copies),
+        cmocka_unit_test(test_quick_then_full_on_device),
         cmocka_unit_test(test_bucket_graphs_threads),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);

@@ -1037,6 +1037,58 @@ static void bucket_warmup_waits_for_its_graphs(void **state) {
     }
 }
 
+/* Quick compiles (cfg.compile_quick, issue 28): an entry's first unit,
+ * while its calls ran eagerly, is a quick one (the test hook marks the
+ * CPU's unit quick); it serves fused calls at once with right results, but
+ * no call of it asks for a graph; the full compile queued behind it swaps
+ * in (quick_replaced), and then the calls' graph is captured as usual.
+ * compile_quick 0: the first unit is full, and its 48th call asks for the
+ * graph. */
+static void quick_unit_then_full(void **state) {
+    (void)state;
+    for (int on = 1; on >= 0; on--) {
+        reset_counts();
+        sj_runtime_config cfg = tu_cpu_config();
+        cfg.compile_mode = SJ_COMPILE_ASYNC;
+        cfg.compile_threads = 0;
+        cfg.hot_threshold = 1;
+        cfg.specialize_threshold = 1000000;
+        cfg.compile_quick = on;
+        tu_clock_use(&cfg, &clk);
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        give_graph_slots(rt);
+        sj_runtime_test_quick(rt, true);
+        sj_fn *fn = function(rt);
+        assert_false(call_checked(fn, 0));                       /* eager: its compile queued */
+        assert_int_equal(sj_runtime_run_background(rt, 1), 1); /* the first unit */
+        sj_stats s = stats(fn);
+        assert_int_equal(s.compiles, 1);
+        assert_int_equal(s.quick_compiles, on);
+        assert_int_equal(s.quick_replaced, 0);
+        for (int i = 0; i < 2 * SJ_GRAPH_AFTER; i++) assert_false(call_checked(fn, 0));
+        s = stats(fn);
+        assert_int_equal(s.eager_calls, 1);
+        assert_int_equal(s.fused_symbolic_calls, 2 * SJ_GRAPH_AFTER);
+        assert_int_equal(pending_captures(rt, fn), on ? 0 : 1); /* no graph of quick code */
+        while (sj_runtime_run_background(rt, 8) > 0) { /* on: the full compile; off: the capture */
+        }
+        s = stats(fn);
+        assert_int_equal(s.quick_replaced, on);
+        assert_int_equal(s.compiles, 1);
+        if (on) {
+            calls_to_capture(fn, 0); /* the full unit's calls ask for the graph */
+            assert_int_equal(pending_captures(rt, fn), 1);
+            while (sj_runtime_run_background(rt, 8) > 0) {
+            }
+        }
+        assert_int_equal(atomic_load(&captures), 1);
+        assert_true(call_checked(fn, 0));
+        sj_fn_destroy(fn);
+        sj_runtime_destroy(rt);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(capture_is_a_queued_job),
@@ -1048,6 +1100,7 @@ int main(void) {
         cmocka_unit_test(sync_mode_captures_on_the_calling_thread),
         cmocka_unit_test(warmup_captures_and_waits),
         cmocka_unit_test(bucket_warmup_waits_for_its_graphs),
+        cmocka_unit_test(quick_unit_then_full),
         cmocka_unit_test(device_jobs_on_the_queue),
         cmocka_unit_test(threads_with_a_worker),
         cmocka_unit_test(limits_follow_the_rule),

@@ -51,6 +51,10 @@ typedef struct cuda_backend {
     char nvrtc_id[32];   /* "nvrtc 13.0" */
     sj_nvrtc_opts opts;  /* every compile's NVRTC options */
     char opt_line[704];  /* the same, joined by spaces (in the cache key) */
+    /* A quick compile's (sj_compile_req.quick): opts with NVRTC's fast
+     * compile (SJ_NVRTC_QUICK_FLAG) after them; argc 0: NVRTC has none */
+    sj_nvrtc_opts opts_quick;
+    char opt_line_quick[720];
     char identity[1024];
 } cuda_backend;
 
@@ -210,18 +214,19 @@ static void nvrtc_job_free(void *p) {
     free(j);
 }
 
-static nvrtc_job *nvrtc_job_new(const cuda_backend *b) {
+static nvrtc_job *nvrtc_job_new(const cuda_backend *b, bool quick) {
+    const sj_nvrtc_opts *o = quick && b->opts_quick.argc ? &b->opts_quick : &b->opts;
     size_t n = 0;
-    for (int i = 0; i < b->opts.argc; i++) n += strlen(b->opts.argv[i]) + 1;
+    for (int i = 0; i < o->argc; i++) n += strlen(o->argv[i]) + 1;
     nvrtc_job *j = sj_calloc(1, sizeof *j + n);
     if (!j) return NULL;
     j->compile = b->cuda->api.nvrtcCompileProgram;
     j->destroy = b->cuda->api.nvrtcDestroyProgram;
-    j->argc = b->opts.argc;
+    j->argc = o->argc;
     char *t = j->text;
-    for (int i = 0; i < b->opts.argc; i++) {
-        size_t len = strlen(b->opts.argv[i]) + 1;
-        memcpy(t, b->opts.argv[i], len);
+    for (int i = 0; i < o->argc; i++) {
+        size_t len = strlen(o->argv[i]) + 1;
+        memcpy(t, o->argv[i], len);
         j->argv[i] = t;
         t += len;
     }
@@ -255,14 +260,14 @@ static bool take_image(const cuda_backend *b, nvrtcProgram prog, sj_img *im, sj_
 /* Runs NVRTC on src, split into up to b->pieces programs compiled at
  * once; on success *art (malloc'd: a CUBIN or an image set), *len and
  * *n_progs. Bounded by timeout_ms and *cancel (see above). */
-static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag, const atomic_int *cancel,
+static sj_status nvrtc_compile(cuda_backend *b, const char *src, const char *tag, bool quick, const atomic_int *cancel,
                                sj_compile_result *out, char **art, size_t *len, int *n_progs) {
     const sj_cuda_api *a = &b->cuda->api;
     char name[256], msg[sizeof out->log + 128];
     snprintf(name, sizeof name, "%s.cu", tag);
     char *pieces[SJ_CUDA_PIECES_MAX];
     int n = sj_codegen_cuda_split(src, b->pieces, pieces);
-    nvrtc_job *job = n > 0 ? nvrtc_job_new(b) : NULL;
+    nvrtc_job *job = n > 0 ? nvrtc_job_new(b, quick) : NULL;
     if (!job) {
         for (int i = 0; i < n; i++) free(pieces[i]);
         snprintf(out->log, sizeof out->log, "out of memory");
@@ -333,14 +338,15 @@ static sj_status compile_fresh(void *self, const sj_compile_req *req, const char
     char *cubin = NULL;
     size_t len = 0;
     int progs = 1;
-    sj_status st = nvrtc_compile(b, src, tag, req->cancel, out, &cubin, &len, &progs);
+    sj_status st = nvrtc_compile(b, src, tag, req->quick, req->cancel, out, &cubin, &len, &progs);
     if (st) return st;
     if (!load(b, cubin, len, req, out)) {
         free(cubin);
         return fail(b, out, tag, out->log);
     }
     out->log[0] = '\0';
-    if (b->cache && sj_cache_store(b->cache, out->key, "cubin", cubin, len))
+    if (b->cache && !(req->quick && b->opts_quick.argc) && /* (a quick unit is not kept) */
+        sj_cache_store(b->cache, out->key, "cubin", cubin, len))
         sj_log_write(b->log, SJ_LOG_WARN, "cuda: %s: not cached: %s", tag, sj_last_error());
     free(cubin);
     sj_log_write(b->log, SJ_LOG_COMPILE,
@@ -389,13 +395,25 @@ static int default_pieces(void) {
 
 static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
     cuda_backend *b = (cuda_backend *)base;
+    bool quick = req->quick && b->opts_quick.argc;
     const char *key[] = {"cuda", b->arch, b->nvrtc_id, b->opt_line};
     sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 4, .log = b->log,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
                            .self = b, .load_cached = cuda_load_cached, .compile_fresh = compile_fresh,
                            .share = b->share, .cache = b->cache, .cache_ext = "cubin",
                            .remote = b->remote, .load_bytes = cuda_load_bytes, .resolve = cuda_resolve, .drop = cuda_drop};
-    return sj_backend_compile(&d, req, out);
+    if (quick) { /* the full unit where it is loaded or cached already; else a quick one, under its own key */
+        d.lookup_only = true;
+        d.test_delay_ms = 0;
+        sj_status st = sj_backend_compile(&d, req, out);
+        if (st || out->module) return st;
+        d.lookup_only = false;
+        d.test_delay_ms = b->test_delay_ms;
+        key[3] = b->opt_line_quick;
+    }
+    sj_status st = sj_backend_compile(&d, req, out);
+    out->quick = !st && quick;
+    return st;
 }
 
 /* -- Table and lifecycle ------------------------------------------------------- */
@@ -459,6 +477,21 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     }
     for (int i = 0, len = 0; i < b->opts.argc; i++) /* fits: text's strings and a space each */
         len += snprintf(b->opt_line + len, sizeof b->opt_line - (size_t)len, "%s%s", i ? " " : "", b->opts.argv[i]);
+    /* quick compiles: the same options and NVRTC's fast compile (which
+     * nvrtc_flags may also name: the last one counts) */
+    if (c->nvrtc_major * 100 + c->nvrtc_minor >= SJ_NVRTC_QUICK_SINCE) {
+        char flags[SJ_NVRTC_FLAGS_LEN + 32];
+        snprintf(flags, sizeof flags, "%s%s%s", cfg->nvrtc_flags ? cfg->nvrtc_flags : "",
+                 cfg->nvrtc_flags && cfg->nvrtc_flags[0] ? " " : "", SJ_NVRTC_QUICK_FLAG);
+        if (sj_nvrtc_options(b->arch, c->nvrtc_major * 100 + c->nvrtc_minor, flags, &b->opts_quick)) {
+            sj_clearerr(); /* (nvrtc_flags at their limit: no quick compiles) */
+            b->opts_quick.argc = 0;
+        }
+        for (int i = 0, len = 0; i < b->opts_quick.argc; i++)
+            len += snprintf(b->opt_line_quick + len, sizeof b->opt_line_quick - (size_t)len, "%s%s", i ? " " : "",
+                            b->opts_quick.argv[i]);
+    }
+
     snprintf(b->identity, sizeof b->identity, "cuda %s %s %s driver %d, %s", b->arch, c->name, b->nvrtc_id,
              c->driver_version, b->opt_line);
     b->base.name = "cuda";

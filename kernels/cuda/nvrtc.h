@@ -31,6 +31,13 @@
  * flags has more than SJ_NVRTC_MAX_FLAGS words or SJ_NVRTC_FLAGS_LEN
  * characters. */
 enum { SJ_NVRTC_MAX_FLAGS = 16, SJ_NVRTC_FLAGS_LEN = 511, SJ_NVRTC_MINIMAL_SINCE = 1204 };
+/* A quick compile (sj_compile_req.quick): NVRTC's fast compile at its
+ * middle level (NVRTC 12.8 on), after the other options. On an H100 host
+ * it took w4's slowest program from 170-237 to 120-126 ms of CPU and made
+ * w4's fused layer 30-35% slower: a unit's first code, which the full
+ * compile replaces. */
+#define SJ_NVRTC_QUICK_FLAG "-Ofc=mid"
+enum { SJ_NVRTC_QUICK_SINCE = 1208 };
 typedef struct sj_nvrtc_opts {
     const char *argv[8 + SJ_NVRTC_MAX_FLAGS];
     int argc;
