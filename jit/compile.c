@@ -115,6 +115,8 @@ struct sj_compiler {
     uint64_t rng;       /* jitter (xorshift64) */
     pthread_t *workers;
     int n_workers;
+    int n_full; /* full compiles running on threads of their own (start_full) */
+    int64_t compile_end_ns; /* when the queue's last compile job ended (sj_now_ns) */
     /* per kind (job_kind): the limits and the counts (see the comment at
      * job_kind). workers_max 0: no limit. */
     int queue_max[JOB_KINDS], workers_max[JOB_KINDS];
@@ -530,17 +532,34 @@ static double job_value(const job *j, int64_t now) {
     return calls / (age / 1e9) * cost;
 }
 
+/* A job's class, compared before its value: a learning, a capture, an
+ * entry's first compile (its calls run eagerly until it is done), the
+ * device's work (cuBLASLt algorithms for new product sizes: 3-5 ms each,
+ * but a new shape's sizes post many: on one worker they kept a new
+ * shape's quick compile waiting about 100 ms on an H100 host), then the
+ * other compiles (a shape's specialization, a full compile queued behind
+ * a quick unit). */
+static int job_rank(const job *j) {
+    switch (j->kind) {
+    case JOB_LEARN: return 4;
+    case JOB_CAPTURE: return 3;
+    case JOB_DEVICE: return 1;
+    default: return !j->memo && !j->full && !atomic_load_explicit(&j->entry->ct.ready, RELAXED) ? 2 : 0;
+    }
+}
+
 /* Whether a worker may start a job of kind k now (its workers_max). */
 static bool may_run(const sj_compiler *c, job_kind k) {
     return c->workers_max[k] <= 0 || c->n_running[k] < c->workers_max[k];
 }
 
-/* Take the job to run next into *out: the most valuable (ties: the
- * older), or the oldest when c->fifo, among the kinds below their running
+/* Take the job to run next into *out: the highest class (job_rank), then
+ * the most valuable (ties: the older), or the oldest when c->fifo, among
+ * the kinds below their running
  * limit. False: none may start now (none queued, or only kinds at their
  * limit). O(n): the queue holds at most a few hundred. */
 static bool pop(sj_compiler *c, job *out) {
-    int best = -1;
+    int best = -1, br = 0;
     double bv = 0;
     int64_t now = c->fifo ? 0 : sj_now_ns();
     bool allowed[JOB_KINDS];
@@ -551,8 +570,10 @@ static bool pop(sj_compiler *c, job *out) {
             if (best < 0 || c->jobs[i].seq < c->jobs[best].seq) best = i;
             continue;
         }
+        int r = job_rank(&c->jobs[i]);
         double v = job_value(&c->jobs[i], now);
-        if (best < 0 || v > bv || (v == bv && c->jobs[i].seq < c->jobs[best].seq)) best = i, bv = v;
+        if (best < 0 || r > br || (r == br && (v > bv || (v == bv && c->jobs[i].seq < c->jobs[best].seq))))
+            best = i, br = r, bv = v;
     }
     if (best < 0) return false;
     *out = c->jobs[best];
@@ -617,11 +638,15 @@ void sj_compiler_set_fifo(sj_compiler *c, bool fifo) {
  * that waited in the queue that long starts there. */
 /* -- Quick units, then the full compile --------------------------------------------
  * A quick unit (cd->quick) serves an entry that ran eagerly; the full
- * compile of the same target is queued behind it as a job of its own
- * (job.full), which leaves the target's state as it is (READY: the quick
- * unit serves meanwhile), swaps its unit in when done and parks the quick
- * one until the function is destroyed; if it fails, the quick unit stays
- * (logged). */
+ * compile of the same target follows (job.full), on a thread of its own at
+ * the lowest nice level (start_full: the queue's workers stay free for
+ * the next shapes' first compiles, which a full compile on the one worker
+ * delayed by its whole length), or as a queued job where the program
+ * steps the queue (compile_threads 0). It leaves the target's state as it
+ * is (READY: the quick unit serves meanwhile), swaps its unit in when done
+ * and parks the quick one until the function is destroyed; if it fails,
+ * the quick unit stays (logged). Counted in the function's
+ * compiles_pending until it ends. */
 
 /* Queue target j's full compile (compiler lock held). */
 static void queue_full(sj_compiler *c, job j) {
@@ -659,6 +684,73 @@ static void run_full(sj_compiler *c, job j) {
     }
     pthread_mutex_lock(&c->lock);
     job_done(c, j.fn, NULL);
+}
+
+#define FULL_QUIET_NS ((int64_t)50 * 1000000)
+
+typedef struct full_arg {
+    sj_compiler *c;
+    job j;
+} full_arg;
+
+static void *full_main(void *p) {
+    full_arg *a = p;
+    sj_compiler *c = a->c;
+    job j = a->j;
+    free(a);
+    /* the serving threads first (nice is per thread on Linux, and NVRTC's
+     * program threads started here inherit it); refused: as it is */
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19)) {
+    }
+    pthread_mutex_lock(&c->lock);
+    /* after the queue's compiles, and FULL_QUIET_NS after the last of them
+     * ended: a stream of new shapes gets their quick units first (a full
+     * compile beside a quick one made that one's first fused call 40-50%
+     * later on an H100 host) */
+    for (;;) {
+        if (c->stop || j.fn->cancelled) break;
+        int64_t now = sj_now_ns(), wait_ns = c->compile_end_ns + FULL_QUIET_NS - now;
+        bool busy = c->n_running[JOB_COMPILE] > 0 || c->n_queued[JOB_COMPILE] > 0;
+        if (!busy && wait_ns <= 0) break;
+        if (busy || wait_ns > FULL_QUIET_NS) wait_ns = FULL_QUIET_NS;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += wait_ns;
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        pthread_cond_timedwait(&c->done, &c->lock, &ts);
+    }
+    if (c->stop || j.fn->cancelled) job_done(c, j.fn, NULL); /* (its function is going: no compile) */
+    else run_full(c, j);
+    c->n_full--;
+    pthread_cond_broadcast(&c->done);
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+/* Start target j's full compile (compiler lock held). */
+static void start_full(sj_compiler *c, job j) {
+    if (c->stop || j.fn->cancelled) return;
+    full_arg *a = c->n_workers > 0 ? malloc(sizeof *a) : NULL;
+    if (!a) {
+        queue_full(c, j); /* stepped by the program (or out of memory): a queued job */
+        return;
+    }
+    a->c = c;
+    a->j = j;
+    a->j.full = true;
+    pthread_attr_t at;
+    pthread_t th;
+    bool ok = !pthread_attr_init(&at);
+    ok = ok && !pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) && !pthread_create(&th, &at, full_main, a);
+    if (ok) {
+        j.fn->compiles_pending++;
+        c->n_full++;
+    } else {
+        free(a);
+        queue_full(c, j);
+    }
+    pthread_attr_destroy(&at);
 }
 
 static void run_job(sj_compiler *c, job j) {
@@ -715,7 +807,7 @@ static void run_job(sj_compiler *c, job j) {
     pthread_mutex_lock(&c->lock);
     sj_compiled *retired = NULL;
     finish(c, j.fn, j.entry, j.memo, st, cd, err, hopeless, &retired);
-    if (!st && cd->quick) queue_full(c, j);
+    if (!st && cd->quick) start_full(c, j);
     job_done(c, j.fn, retired);
 }
 
@@ -729,6 +821,7 @@ static bool run_one(sj_compiler *c) {
     c->n_running[k]++;
     run_job(c, j);
     c->n_running[k]--;
+    if (k == JOB_COMPILE) c->compile_end_ns = sj_now_ns();
     c->n_ran[k]++;
     if (c->n_jobs > 0) pthread_cond_broadcast(&c->work);
     return true;
@@ -800,6 +893,7 @@ void sj_compiler_destroy(sj_compiler *c) {
     pthread_mutex_lock(&c->lock);
     c->stop = true;
     pthread_cond_broadcast(&c->work);
+    while (c->n_full > 0) pthread_cond_wait(&c->done, &c->lock); /* (their functions' destroys waited for them) */
     pthread_mutex_unlock(&c->lock);
     for (int i = 0; i < c->n_workers; i++) pthread_join(c->workers[i], NULL);
     for (int i = 0; i < c->n_jobs; i++) /* the device's own jobs: given back (functions left none) */

@@ -1087,6 +1087,30 @@ static void quick_unit_then_full(void **state) {
         sj_fn_destroy(fn);
         sj_runtime_destroy(rt);
     }
+    /* a compile worker: the full compile on a thread of its own, which
+     * sj_fn_wait_idle waits for; destroying the function meanwhile waits
+     * for it too */
+    for (int wait = 1; wait >= 0; wait--) {
+        sj_runtime_config cfg = tu_cpu_config();
+        cfg.compile_mode = SJ_COMPILE_ASYNC;
+        cfg.compile_threads = 1;
+        cfg.hot_threshold = 1;
+        sj_runtime *rt = NULL;
+        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_runtime_test_quick(rt, true);
+        sj_fn *fn = function(rt);
+        call_checked(fn, 0);
+        if (wait) {
+            assert_int_equal(sj_fn_wait_idle(fn, 60000), SJ_OK);
+            sj_stats s = stats(fn);
+            assert_int_equal(s.quick_compiles, 1);
+            assert_int_equal(s.quick_replaced, 1);
+            call_checked(fn, 0);
+            assert_int_equal(stats(fn).fused_symbolic_calls, 1);
+        }
+        sj_fn_destroy(fn);
+        sj_runtime_destroy(rt);
+    }
 }
 
 int main(void) {

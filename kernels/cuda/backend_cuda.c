@@ -395,7 +395,7 @@ static int default_pieces(void) {
 
 static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_compile_result *out) {
     cuda_backend *b = (cuda_backend *)base;
-    bool quick = req->quick && b->opts_quick.argc;
+    bool quick = req && out && req->quick && b->opts_quick.argc; /* (a bad request: the driver says what is wrong) */
     const char *key[] = {"cuda", b->arch, b->nvrtc_id, b->opt_line};
     sj_backend_driver d = {.who = "cuda", .ext = ".cu", .key_parts = key, .n_key_parts = 4, .log = b->log,
                            .dump_dir = b->dump_dir, .test_delay_ms = b->test_delay_ms, .test_fail = b->test_fail,
@@ -412,7 +412,7 @@ static sj_status cuda_compile(sj_backend *base, const sj_compile_req *req, sj_co
         key[3] = b->opt_line_quick;
     }
     sj_status st = sj_backend_compile(&d, req, out);
-    out->quick = !st && quick;
+    if (!st) out->quick = quick;
     return st;
 }
 
