@@ -60,6 +60,7 @@
 #define SCHUNK 256  /* elements a streaming loop computes between two streamed chunks */
 _Static_assert(CHUNK % SJ_RT_LANES == 0 && RCHUNK % SJ_RT_LANES == 0, "chunks keep sums bit-identical");
 _Static_assert(CHUNK <= SBUF && RCHUNK <= SBUF && SCHUNK <= SBUF, "a chunk fits a stream buffer");
+_Static_assert(RCHUNK <= SCHUNK && SCHUNK <= CHUNK, "an f16 chunk H<k> holds its group's longest chunk");
 
 /* The C generator's own state (sj_cg.user). */
 typedef struct cstate {
@@ -71,6 +72,7 @@ typedef struct cstate {
     bool any16;                     /* the group has one: its loops run in chunks, H<k> declared */
     bool on16;                      /* a chunk's body: h16 accesses are H<k>[jj] */
     bool used16[SJ_CG_MAX_ACC];     /* the h16 accesses the chunk's body read or wrote */
+    int hlen;                       /* floats in each H<k>: the group's longest chunk */
 } cstate;
 
 /* -- Output buffer ----------------------------------------------------------- */
@@ -518,6 +520,15 @@ static void stream_setup(cg *c) {
         cs->h16[k] = sj_cg_acc_dtype(c, k) == SJ_F16 && sj_cg_inner(c, k) == 1;
         cs->any16 |= cs->h16[k];
     }
+    /* loops run in chunks of SCHUNK (RCHUNK in a reduction), but a norm's or
+     * softmax's row that is not buffered (longer than ROWBUF, or of a
+     * symbolic length) recomputes its prologue in chunks of CHUNK */
+    cs->hlen = SCHUNK;
+    if (c->G->kind == SJ_G_ROW) {
+        int64_t nl;
+        bool reduce = sj_op_kind_of(c->g->nodes[c->G->row_node].op) == SJ_K_REDUCE;
+        if (!reduce && !(sj_cg_kconst(c, c->G->shape[last_axis(c)], &nl) && nl <= ROWBUF)) cs->hlen = CHUNK;
+    }
 }
 
 /* An access's bytes per element of the iteration space: 0 when it is
@@ -534,7 +545,7 @@ static int access_bytes(cg *c, int k) {
 static void put_stream_head(cg *c) {
     const cstate *cs = c->user;
     for (int k = 0; k < c->n_acc; k++)
-        if (cs->h16[k]) put(&c->o, "_Alignas(64) float H%d[%d];\n", k, SBUF);
+        if (cs->h16[k]) put(&c->o, "_Alignas(64) float H%d[%d];\n", k, cs->hlen);
     if (!cs->any) return;
     int bytes = 0;
     for (int k = 0; k < c->n_acc; k++) bytes += access_bytes(c, k);

@@ -398,11 +398,13 @@ static void test_f16_rows(void **state) {
                                                 sj_cpu_isa_name((sj_cpu_isa)isa), (long long)M, (long long)K,
                                                 (long long)N, th, ly);
                     sj_tensor a = tu_random(dt, 2, S(M, K), TU_CONTIG), b = weight(dt, K, N, ni & 1);
-                    for (int64_t r = 0; r < M; r++) /* row 1: large; row 2: tiny; row 7: a NaN */
+                    for (int64_t r = 0; r < M; r++) /* row 1: large; row 2: tiny */
                         for (int64_t k = 0; k < K; k++)
                             if (r % 4 == 1) tu_set(&a, r * K + k, tu_get(&a, r * K + k) * 30000.0);
                             else if (r % 4 == 2) tu_set(&a, r * K + k, tu_get(&a, r * K + k) * 1e-4);
-                            else if (r == 7 && k == K / 2) tu_set(&a, r * K + k, NAN);
+                    double *rf = tu_refbuf(0, M * N), *mg = tu_refbuf(1, M * N);
+                    tu_ref_matmul(&a, &b, rf, mg); /* before row 7 gets its NaN */
+                    if (M > 7) tu_set(&a, 7 * K + K / 2, NAN);
                     sj_tensor a32 = tu_tensor(SJ_F32, 2, S(M, K));
                     sj_tensor b32 = tu_tensor(SJ_F32, 2, S(K, N)); /* b's values; its packed copy is p */
                     for (int64_t i = 0; i < M * K; i++) tu_set(&a32, i, tu_get(&a, i)); /* exact */
@@ -429,12 +431,10 @@ static void test_f16_rows(void **state) {
                         for (int64_t q = N; q < N + 3; q++)
                             if (yh[r * (N + 3) + q] != 0xA5A5) fail_msg("%s: padding written at [%lld, %lld]", what, (long long)r, (long long)q);
                     /* against float64, the rows whose results stay finite in f16 */
-                    double *rf = tu_refbuf(0, M * N), *mg = tu_refbuf(1, M * N);
-                    tu_ref_matmul(&a, &b, rf, mg);
                     for (int64_t r = 0; r < M; r++)
-                        for (int64_t q = 0; q < N; q++) {
+                        for (int64_t q = 0; q < N && r != 7; q++) {
                             double v = tu_get(&y, r * N + q), ref = rf[r * N + q];
-                            if (fabs(ref) > 65000 || ref != ref) continue; /* near or past f16's largest */
+                            if (fabs(ref) > 65000) continue; /* near or past f16's largest */
                             if (fabs(v - ref) > tu_tol(dt) * (mg[r * N + q] + 1e-6) + 1e-7)
                                 fail_msg("%s: [%lld, %lld] is %g, float64 %g", what, (long long)r, (long long)q, v,
                                          ref);
