@@ -527,6 +527,62 @@ SJ_RT_FN void sj_rt_sfence(void) {}
 #endif
 #endif /* !__CUDACC__ */
 
+/* -- f16 chunks -------------------------------------------------------------------
+ *
+ * n contiguous f16 to f32 (sj_rt_f16_load) and back (sj_rt_f16_store), the
+ * same bits as sj_f16_to_f32 / sj_f32_to_f16 element by element. Generated
+ * kernels convert their unit-stride f16 accesses a chunk at a time with
+ * these (specialize/codegen_c.c). Where the unit is built for a CPU with
+ * F16C (the generated kernels' -march=native on x86-64) 8 at a time in
+ * hardware: vcvtps2ph rounds to nearest even as sj_f32_to_f16 does (NaNs
+ * quiet, top payload bits kept, the same way); vcvtph2ps quiets a
+ * signalling NaN, which sj_f16_to_f32 keeps signalling, so a chunk that
+ * holds one converts those again in software. Elsewhere, the scalar
+ * functions. Not in CUDA units.
+ */
+#if !defined(__CUDACC__)
+#if defined(__F16C__) && defined(__AVX__) && defined(__GNUC__)
+typedef short sj_rt_v8h __attribute__((vector_size(16)));
+
+SJ_RT_FN void sj_rt_f16_load(float *restrict dst, const uint16_t *restrict src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        sj_rt_v8h h;
+        memcpy(&h, src + i, sizeof h);
+        sj_rt_v8f f = __builtin_ia32_vcvtph2ps256(h);
+        memcpy(dst + i, &f, sizeof f);
+    }
+    for (; i < n; i++) dst[i] = sj_f16_to_f32(src[i]);
+    /* exponent 31, quiet bit clear (infinities too): rare, so a vectorized
+     * scan, then the scalar conversion where one is */
+    int odd = 0;
+    for (i = 0; i < n; i++) odd |= (src[i] & 0x7e00u) == 0x7c00u;
+    if (odd)
+        for (i = 0; i < n; i++)
+            if ((src[i] & 0x7e00u) == 0x7c00u) dst[i] = sj_f16_to_f32(src[i]);
+}
+
+SJ_RT_FN void sj_rt_f16_store(uint16_t *restrict dst, const float *restrict src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        sj_rt_v8f f;
+        memcpy(&f, src + i, sizeof f);
+        sj_rt_v8h h = __builtin_ia32_vcvtps2ph256(f, 8); /* round to nearest even, no exceptions */
+        memcpy(dst + i, &h, sizeof h);
+    }
+    for (; i < n; i++) dst[i] = sj_f32_to_f16(src[i]);
+}
+#else
+SJ_RT_FN void sj_rt_f16_load(float *restrict dst, const uint16_t *restrict src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = sj_f16_to_f32(src[i]);
+}
+
+SJ_RT_FN void sj_rt_f16_store(uint16_t *restrict dst, const float *restrict src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = sj_f32_to_f16(src[i]);
+}
+#endif
+#endif /* !__CUDACC__ */
+
 /* -- Row reductions -------------------------------------------------------------
  *
  * Sums of floats accumulate in double in SJ_RT_LANES partial sums (one per

@@ -60,6 +60,7 @@
 #define SCHUNK 256  /* elements a streaming loop computes between two streamed chunks */
 _Static_assert(CHUNK % SJ_RT_LANES == 0 && RCHUNK % SJ_RT_LANES == 0, "chunks keep sums bit-identical");
 _Static_assert(CHUNK <= SBUF && RCHUNK <= SBUF && SCHUNK <= SBUF, "a chunk fits a stream buffer");
+_Static_assert(RCHUNK <= SCHUNK && SCHUNK <= CHUNK, "an f16 chunk H<k> holds its group's longest chunk");
 
 /* The C generator's own state (sj_cg.user). */
 typedef struct cstate {
@@ -67,6 +68,11 @@ typedef struct cstate {
     bool staged[SJ_CG_MAX_ACC];     /* per access of the group: an f32 unit-stride store */
     bool any;                       /* the group has one: it declares nt and SB<k> */
     bool on;                        /* stores of staged accesses go to SB<k>[jj] */
+    bool h16[SJ_CG_MAX_ACC];        /* per access: f16 with unit inner stride, converted by chunk */
+    bool any16;                     /* the group has one: its loops run in chunks, H<k> declared */
+    bool on16;                      /* a chunk's body: h16 accesses are H<k>[jj] */
+    bool used16[SJ_CG_MAX_ACC];     /* the h16 accesses the chunk's body read or wrote */
+    int hlen;                       /* floats in each H<k>: the group's longest chunk */
 } cstate;
 
 /* -- Output buffer ----------------------------------------------------------- */
@@ -166,7 +172,12 @@ int sj_cg_inner(const cg *c, int k) {
 
 /* Element `ix` of access k: "P3[i]", "P3[i * st3_1]", "P3[0]". */
 static void put_elem(cg *c, int k, const char *ix) {
-    const cstate *cs = c->user;
+    cstate *cs = c->user;
+    if (cs->on16 && ix && cs->h16[k]) {
+        cs->used16[k] = true;
+        put(&c->o, "H%d[jj]", k);
+        return;
+    }
     if (cs->on && cs->staged[k]) {
         put(&c->o, "SB%d[jj]", k);
         return;
@@ -177,8 +188,15 @@ static void put_elem(cg *c, int k, const char *ix) {
     else put(&c->o, "P%d[%s * st%d_%d]", k, ix, k, last_axis(c));
 }
 
+/* c->f32_elem: an h16 access inside a chunk's body is its f32 chunk. */
+static bool f32_elem(cg *c, int k, const char *ix) {
+    const cstate *cs = c->user;
+    return cs->on16 && ix && cs->h16[k];
+}
+
 void sj_cg_put_load(cg *c, int k, const char *ix) {
     sj_dtype dt = sj_cg_acc_dtype(c, k);
+    if (c->f32_elem && c->f32_elem(c, k, ix)) dt = SJ_F32;
     put(&c->o, "const %s L%d = ", sj_cg_ctype(dt), k);
     switch (dt) {
     case SJ_F32: c->elem(c, k, ix); break;
@@ -195,6 +213,7 @@ void sj_cg_put_store(cg *c, int k, const char *ix) {
     int32_t v = c->acc[k]->val;
     char skew[40] = ""; /* tests only: sj_codegen_opts.test_skew */
     if (c->test_skew != 0) snprintf(skew, sizeof skew, " + %.9ef", (double)c->test_skew);
+    if (c->f32_elem && c->f32_elem(c, k, ix)) dt = SJ_F32;
     c->elem(c, k, ix);
     switch (dt) {
     case SJ_F32: put(&c->o, " = v%d%s;\n", v, skew); break;
@@ -493,11 +512,22 @@ static void put_carry(cg *c, int top) {
 /* Which of G's stores are staged, from the threshold and their types. */
 static void stream_setup(cg *c) {
     cstate *cs = c->user;
-    cs->any = cs->on = false;
+    cs->any = cs->on = cs->any16 = cs->on16 = false;
     for (int k = 0; k < c->n_acc; k++) {
         cs->staged[k] = cs->stream_min >= 0 && k >= c->G->n_loads && sj_cg_acc_dtype(c, k) == SJ_F32 &&
                         sj_cg_inner(c, k) == 1;
         cs->any |= cs->staged[k];
+        cs->h16[k] = sj_cg_acc_dtype(c, k) == SJ_F16 && sj_cg_inner(c, k) == 1;
+        cs->any16 |= cs->h16[k];
+    }
+    /* loops run in chunks of SCHUNK (RCHUNK in a reduction), but a norm's or
+     * softmax's row that is not buffered (longer than ROWBUF, or of a
+     * symbolic length) recomputes its prologue in chunks of CHUNK */
+    cs->hlen = SCHUNK;
+    if (c->G->kind == SJ_G_ROW) {
+        int64_t nl;
+        bool reduce = sj_op_kind_of(c->g->nodes[c->G->row_node].op) == SJ_K_REDUCE;
+        if (!reduce && !(sj_cg_kconst(c, c->G->shape[last_axis(c)], &nl) && nl <= ROWBUF)) cs->hlen = CHUNK;
     }
 }
 
@@ -514,6 +544,8 @@ static int access_bytes(cg *c, int k) {
 /* `nt` (does this call stream?) and the stack chunks, after put_head. */
 static void put_stream_head(cg *c) {
     const cstate *cs = c->user;
+    for (int k = 0; k < c->n_acc; k++)
+        if (cs->h16[k]) put(&c->o, "_Alignas(64) float H%d[%d];\n", k, cs->hlen);
     if (!cs->any) return;
     int bytes = 0;
     for (int k = 0; k < c->n_acc; k++) bytes += access_bytes(c, k);
@@ -551,10 +583,40 @@ static void put_chunk_head(cg *c, const char *len, int n) {
 /* A loop body: emitted once per variant of its loop. */
 typedef void (*body_fn)(cg *c, const void *ctx);
 
-static void put_jj_loop(cg *c, const char *ix, body_fn body, const void *ctx) {
+static void put_jj_body(cg *c, const char *ix, body_fn body, const void *ctx) {
     put(&c->o, "for (int64_t jj = 0; jj < k; jj++) {\nconst int64_t %s = c0 + jj;\n", ix);
     body(c, ctx);
     put(&c->o, "}\n");
+}
+
+/* The loop over a chunk. In a group with f16 unit-stride accesses the body
+ * reads and writes them as f32 chunks H<k>[jj]: the loads it reads are
+ * converted into theirs before the loop, the stores it writes out of theirs
+ * after it (sj_rt_f16_load / sj_rt_f16_store, 8 at a time where the target
+ * has F16C; an element-by-element sj_f16_to_f32 costs a dozen vector
+ * instructions per vector, which made f16 norms and GELU 2-4x slower than
+ * f32's). The body is generated first, so only what it touches converts. */
+static void put_jj_loop(cg *c, const char *ix, body_fn body, const void *ctx) {
+    cstate *cs = c->user;
+    if (!cs->any16) {
+        put_jj_body(c, ix, body, ctx);
+        return;
+    }
+    sj_sbuf outer = c->o;
+    c->o = (sj_sbuf){0};
+    memset(cs->used16, 0, sizeof cs->used16);
+    cs->on16 = true;
+    put_jj_body(c, ix, body, ctx);
+    cs->on16 = false;
+    sj_sbuf loop = c->o;
+    c->o = outer;
+    c->o.oom |= loop.oom;
+    for (int k = 0; k < c->G->n_loads; k++)
+        if (cs->used16[k]) put(&c->o, "sj_rt_f16_load(H%d, P%d + c0, k);\n", k, k);
+    if (loop.s) put(&c->o, "%s", loop.s);
+    free(loop.s);
+    for (int k = c->G->n_loads; k < c->n_acc; k++)
+        if (cs->used16[k]) put(&c->o, "sj_rt_f16_store(P%d + c0, H%d, k);\n", k, k);
 }
 
 /* The streaming variant of a chunk's loop: the staged stores go to
@@ -618,7 +680,7 @@ static void put_prefetch_next(cg *c) {
  * variant runs in chunks of SCHUNK. pf: prefetch the next row after each
  * chunk (both variants then run in chunks). */
 static void put_loop(cg *c, const char *len, const char *ix, int lo, int hi, body_fn body, const void *ctx, bool pf) {
-    bool st = stages(c, lo, hi);
+    bool st = stages(c, lo, hi), chunked = ((const cstate *)c->user)->any16;
     pf = pf && any_row_prefetched(c);
     if (st) {
         /* whole chunks (a constant trip count, as a specialized kernel's
@@ -632,10 +694,10 @@ static void put_loop(cg *c, const char *len, const char *ix, int lo, int hi, bod
         if (pf) put_prefetch_next(c);
         put(&c->o, "}\n} else {\n");
     }
-    if (pf) {
+    if (pf || chunked) {
         put_chunk_head(c, len, SCHUNK);
         put_jj_loop(c, ix, body, ctx);
-        put_prefetch_next(c);
+        if (pf) put_prefetch_next(c);
         put(&c->o, "}\n");
     } else {
         put(&c->o, "for (int64_t %s = 0; %s < %s; %s++) {\n", ix, ix, len, ix);
@@ -993,6 +1055,7 @@ char *sj_codegen_c(const sj_graph *g, const sj_fplan *p, const int64_t *sym_vals
     cstate cs = {0};
     sj_cg_init(&c, g, p, sym_vals);
     c.elem = put_elem;
+    c.f32_elem = f32_elem;
     c.user = &cs;
     c.test_skew = o ? o->test_skew : 0;
     const char *prefix = o && o->prefix ? o->prefix : "";

@@ -63,6 +63,10 @@ struct sj_cg {
     bool *want, *avail;    /* per position */
     bool lw[SJ_CG_MAX_ACC]; /* loads a block reads */
     sj_cg_elem_fn elem;
+    /* NULL, or: does elem write access k at ix as a float (a 16-bit access
+     * the generator converts a chunk at a time)? Then its loads and stores
+     * convert nothing. */
+    bool (*f32_elem)(sj_cg *c, int k, const char *ix);
     void *user;            /* the generator's own state */
 };
 

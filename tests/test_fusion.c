@@ -26,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/sj_kernel_rt.h"
 #include "jit/exec.h"
 #include "jit/runtime.h"
 #include "kernels/cpu/threads.h"
@@ -290,7 +291,162 @@ static void test_half(void **state) {
     run_both(&tu_pat_reduce, SJ_BF16);
     run_both(&tu_pat_rows, SJ_F16);
     run_both(&tu_pat_rows_long, SJ_BF16);
+    /* f16 unit-stride accesses convert by chunk (test_half_bits): long rows
+     * (chunked passes), reductions, the norm with GELU, strided views */
+    run_both(&tu_pat_rows_long, SJ_F16);
+    run_both(&tu_pat_reduce, SJ_F16);
+    run_both(&tu_pat_w2, SJ_F16);
+    run_both(&tu_pat_strided, SJ_F16);
 }
+/* f16 accesses with unit inner stride are converted a chunk at a time
+ * (sj_rt_f16_load / sj_rt_f16_store: F16C where the kernels' -march=native
+ * has it): every f16 bit pattern, signalling NaNs included, widened by a
+ * generated kernel must be sj_f16_to_f32's, and f32 results narrowed
+ * sj_f32_to_f16's, bit for bit, in rows whose length is no multiple of a
+ * vector or of the 256-element chunk (and, symbolic, at other lengths too).
+ * y0 = f32(x); y1 = x * w in f16 (the f32 product of two f16 is exact, so
+ * its rounding is the store's: ties, subnormals, overflow, NaN payloads;
+ * w is never NaN, whose operand order would decide the payload); y2 = -x
+ * in f16; y3 = the row's layer norm of x + f16(z) in f16 (a ROW group's
+ * passes) against float64. */
+static sj_status m_h16bits(sj_tracer *t, const sj_val *in, int n, void *u) {
+    sj_val x = in[0], z = in[1], w = in[2];
+    sj_output(t, sj_cast(t, x, SJ_F32));
+    sj_output(t, sj_mul(t, x, w));
+    sj_output(t, sj_neg(t, x));
+    return sj_output(t, sj_layer_norm(t, sj_add(t, x, sj_cast(t, z, SJ_F16)), SJ_NONE, SJ_NONE, 1e-5));
+}
+static uint64_t h16_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t h16_next(void) {
+    h16_rng = h16_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(h16_rng >> 32);
+}
+/* Even rows: x every f16 pattern in turn (from a random start; then
+ * random ones), z f32 halfway cases, subnormal and overflow edges, NaNs
+ * and random bits. Odd rows, finite for the norm: x in (-4, 4), z halfway
+ * between two f16 in +-[0.5, 2). */
+static void mk_h16bits(const int64_t *d, sj_dtype dt, sj_tensor *in) {
+    (void)dt;
+    in[0] = tu_tensor(SJ_F16, 2, S(d[0], d[1]));
+    in[1] = tu_tensor(SJ_F32, 2, S(d[0], d[1]));
+    in[2] = tu_tensor(SJ_F16, 2, S(d[0], d[1]));
+    uint16_t *x = in[0].data, *w = in[2].data;
+    float *z = in[1].data;
+    uint32_t h = h16_next(), seen = 0;
+    for (int64_t i = 0; i < d[0] * d[1]; i++) {
+        uint32_t r = h16_next(), b;
+        w[i] = (uint16_t)h16_next();
+        if ((w[i] & 0x7c00u) == 0x7c00u && (w[i] & 0x3ffu)) w[i] = (uint16_t)(w[i] & 0xfc00u); /* NaN: inf */
+        if ((i / d[1]) % 2) {
+            x[i] = sj_f32_to_f16((float)((int32_t)(r >> 8) - (1 << 23)) * 0x1p-21f);
+            b = (r & 0x80000000u) | (0x3f000000u + (r & 0x00ffe000u)) | 0x00001000u;
+        } else {
+            x[i] = (uint16_t)(seen++ < 65536 ? h++ : h16_next());
+            switch (r % 6) {
+            case 0: b = (r & 0x8fffe000u) | 0x00001000u; break; /* halfway between two f16 */
+            case 1: b = 0x33000000u + (r >> 20); break;           /* around half the smallest subnormal */
+            case 2: b = 0x477fe000u + (r >> 19); break;           /* around 65504 and 65520 */
+            case 3: b = 0x7f800001u + (r >> 9); break;            /* NaNs, both kinds */
+            default: b = r; break;
+            }
+        }
+        memcpy(&z[i], &b, sizeof b);
+    }
+}
+static const tu_pattern P_H16BITS = {"f16 bits", m_h16bits, 3, mk_h16bits, 2, {2, 9}, {40, 700}, true, NULL, {0}};
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static void h16_check(const sj_tensor *ins, const sj_tensor *fo, const char *what) {
+    int64_t R = ins[0].shape[0], C = ins[0].shape[1], n = R * C;
+    const uint16_t *x = ins[0].data, *w = ins[2].data, *y1 = fo[1].data, *y2 = fo[2].data;
+    const float *z = ins[1].data, *y0 = fo[0].data;
+    for (int64_t i = 0; i < n; i++) {
+        if (f32_bits(y0[i]) != f32_bits(sj_f16_to_f32(x[i])))
+            fail_msg("%s: f32(f16 %04x) at %lld: %08x, not %08x", what, x[i], (long long)i, f32_bits(y0[i]),
+                     f32_bits(sj_f16_to_f32(x[i])));
+        uint16_t p = sj_f32_to_f16(sj_f16_to_f32(x[i]) * sj_f16_to_f32(w[i]));
+        if (y1[i] != p)
+            fail_msg("%s: f16 %04x * %04x at %lld: %04x, not %04x", what, x[i], w[i], (long long)i, y1[i], p);
+        if (y2[i] != sj_f32_to_f16(-sj_f16_to_f32(x[i])))
+            fail_msg("%s: -(f16 %04x) at %lld: %04x", what, x[i], (long long)i, y2[i]);
+    }
+    /* the norm against float64 over the rows without inf or NaN */
+    double *r = tu_refbuf(0, C);
+    const uint16_t *y3 = fo[3].data;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < R; i++) {
+        double s = 0, ss = 0;
+        bool ok = true;
+        for (int64_t j = 0; j < C; j++) {
+            r[j] = (double)sj_f16_to_f32(x[i * C + j]) + (double)sj_f16_to_f32(sj_f32_to_f16(z[i * C + j]));
+            ok &= isfinite(r[j]) && fabs(r[j]) < 1e4;
+            s += r[j];
+        }
+        if (!ok) continue;
+        rows++;
+        double mean = s / (double)C;
+        for (int64_t j = 0; j < C; j++) ss += (r[j] - mean) * (r[j] - mean);
+        double rs = 1.0 / sqrt(ss / (double)C + 1e-5);
+        for (int64_t j = 0; j < C; j++) {
+            double want = (r[j] - mean) * rs, got = sj_f16_to_f32(y3[i * C + j]);
+            if (!(fabs(got - want) <= 4e-3 * (1 + fabs(want))))
+                fail_msg("%s: layer norm row %lld col %lld: %g, float64 %g", what, (long long)i, (long long)j, got, want);
+        }
+    }
+    assert_true(rows >= R / 2); /* the odd rows at least */
+}
+
+static void h16_run(const sj_graph *g, const sj_fplan *p, int form, const sj_tensor *ins, const int64_t *sv,
+                    const char *what) {
+    sj_tensor eo[16], fo[16];
+    sj_exec x;
+    tu_pattern_eager(rt, &arena_pool, g, ins, sv, what, &x, eo, fo);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < g->n_outputs; i++) tu_poison(&fo[i]);
+        x.outputs = fo;
+        x.ops_ctx = pass ? pool4 : NULL;
+        assert_int_equal(sj_exec_fused(&x, p, units[form].fns), SJ_OK);
+        h16_check(ins, fo, tu_label("%s%s", what, pass ? " threads" : ""));
+    }
+}
+
+static void test_half_bits(void **state) {
+    for (int symbolic = 0; symbolic < 2; symbolic++) {
+        int64_t d[2] = {0, 0};
+        sj_tensor tin[3], rin[3];
+        tu_random_dims(&P_H16BITS, d);
+        if (!symbolic) d[0] = 2 * (65536 / 331 + 1), d[1] = 331; /* every f16 pattern */
+        mk_h16bits(d, SJ_F16, tin);
+        tu_pol pl = {.sym = symbolic, .fixed = P_H16BITS.fixed};
+        sj_graph *g;
+        int64_t sv[64] = {0};
+        sj_fplan *p = tu_pattern_plan(&P_H16BITS, tin, &pl, &g, sv);
+        size_t len;
+        char *src = sj_codegen_c(g, p, symbolic ? NULL : sv, &(sj_codegen_opts){.prefix = "h_"}, &len);
+        assert_non_null(src); /* the chunked conversions are what is under test */
+        assert_non_null(strstr(src, "sj_rt_f16_load(H"));
+        assert_non_null(strstr(src, "sj_rt_f16_store(P"));
+        free(src);
+        build_c(g, p, symbolic ? NULL : sv, symbolic, "f16 bits");
+        h16_run(g, p, symbolic, tin, sv, symbolic ? "f16 bits sym" : "f16 bits static");
+        for (int rep = 0; symbolic && rep < 3; rep++) {
+            int64_t e[2];
+            tu_random_dims(&P_H16BITS, e);
+            mk_h16bits(e, SJ_F16, rin);
+            for (int s = 0; s < pl.n; s++) sv[s] = rin[pl.in[s]].shape[pl.ax[s]];
+            h16_run(g, p, 1, rin, sv, tu_label("f16 bits sym %lld x %lld", (long long)e[0], (long long)e[1]));
+        }
+        unload_c(symbolic);
+        sj_fplan_free(p);
+        sj_graph_destroy(g);
+    }
+}
+
 static void test_shared_value(void **state) { run_both(&tu_pat_shared, SJ_F32); }
 static void test_outputs(void **state) {
     run_both(&tu_pat_outs, SJ_F32);
@@ -514,6 +670,7 @@ static void test_streamed(void **state) {
     run_both(&tu_pat_shared, SJ_F32);
     run_both(&tu_pat_outs, SJ_F32);
     run_both(&tu_pat_w2, SJ_BF16); /* nothing staged: the plain loops */
+    test_half_bits(state); /* f16 loads by chunk, the f32 store streamed */
 }
 
 static void test_cycle(void **state) {
@@ -1104,7 +1261,7 @@ int main(void) {
         T(test_plan_benchmarks), T(test_plan_bias), T(test_plan_arena), T(test_plan_overlap), T(test_long_chain), T(test_fuse_oom),
         T(test_codegen_text),
         T(test_w1), T(test_w2), T(test_w3), T(test_matmul_gelu), T(test_matmul_bias), T(test_views), T(test_softmax_axis0),
-        T(test_reduce), T(test_rows), T(test_casts_where), T(test_ints), T(test_half), T(test_shared_value),
+        T(test_reduce), T(test_rows), T(test_casts_where), T(test_ints), T(test_half), T(test_half_bits), T(test_shared_value),
         T(test_outputs), T(test_empty), T(test_launch_desc), T(test_cycle), T(test_encoder), T(test_epilogue),
         cmocka_unit_test_setup_teardown(test_streamed, stream_all, stream_default),
     };

@@ -371,54 +371,130 @@ static int teardown_each(void **state) {
     return tu_teardown(state);
 }
 
-/* f16 products over packed weights: a read and y written through f32
- * scratch, 8 elements at a time in hardware where the CPU has F16C (the
- * tails one at a time). The f16 result must be bit for bit the f32
- * product of a's exact values over the same packed b, rounded by
- * sj_f32_to_f16 (nearest even), and within the f16 tolerance of float64;
- * a holds large (the product overflows f16: inf) and tiny (subnormal
- * results) rows beside ordinary ones. */
+/* f16/bf16 products over packed b: a converted row by row as it is packed
+ * (F16C / AVX2 where the CPU has them, else cpu_load_f32), the result
+ * stored tile by tile from an f32 block on the stack (sj_cpu_store_row's
+ * conversions), for every kernel this CPU has, on one thread or two, into
+ * a contiguous or a padded y (odd M, K, N: short tiles and panels). The
+ * result must be bit for bit the f32 product of a's exact values over the
+ * same packed b, rounded by sj_f32_to_f16 / sj_f32_to_bf16 (nearest even;
+ * NaN stays NaN), and within the dtype's tolerance of float64; a holds
+ * large (the f16 product overflows: inf) and tiny (subnormal results) rows
+ * beside ordinary ones, and a row with a NaN. */
 static void test_f16_rows(void **state) {
     static const int64_t Ms16[] = {1, 3, 9, 30}, Ks16[] = {1, 7, 8, 9, 37}, Ns16[] = {1, 5, 8, 15, 17, 33};
-    for (int mi = 0; mi < NELEM(Ms16); mi++)
-        for (int ki = 0; ki < NELEM(Ks16); ki++)
-            for (int ni = 0; ni < NELEM(Ns16); ni++) {
-                int64_t M = Ms16[mi], K = Ks16[ki], N = Ns16[ni];
-                sj_tensor a = tu_random(SJ_F16, 2, S(M, K), TU_CONTIG), b = weight(SJ_F16, K, N, ni & 1);
-                for (int64_t r = 0; r < M; r++) /* row 1: large; row 2: tiny (r % 4 == 1, 2) */
-                    for (int64_t k = 0; k < K; k++)
-                        if (r % 4 == 1) tu_set(&a, r * K + k, tu_get(&a, r * K + k) * 30000.0);
-                        else if (r % 4 == 2) tu_set(&a, r * K + k, tu_get(&a, r * K + k) * 1e-4);
-                sj_tensor a32 = tu_tensor(SJ_F32, 2, S(M, K));
-                sj_tensor b32 = tu_tensor(SJ_F32, 2, S(K, N)); /* b's values; its packed copy is p */
-                for (int64_t i = 0; i < M * K; i++) tu_set(&a32, i, tu_get(&a, i)); /* exact */
-                for (int64_t i = 0; i < K * N; i++) tu_set(&b32, i, tu_get(&b, i));
-                sj_tensor y = tu_tensor(SJ_F16, 2, S(M, N)), y32 = tu_tensor(SJ_F32, 2, S(M, N));
-                sj_cpu_packed *p = NULL;
-                assert_int_equal(sj_cpu_pack(&b, &p), SJ_OK);
-                assert_int_equal(sj_cpu_matmul_packed(&a, &b, p, NULL, &y, NULL), SJ_OK);
-                assert_int_equal(sj_cpu_matmul_packed(&a32, &b32, p, NULL, &y32, NULL), SJ_OK);
-                const uint16_t *yh = y.data;
-                const float *yf = y32.data;
-                for (int64_t i = 0; i < M * N; i++)
-                    if (yh[i] != sj_f32_to_f16(yf[i]))
-                        fail_msg("f16 M %lld K %lld N %lld: element %lld is 0x%04x, f32 %g rounds to 0x%04x",
-                                 (long long)M, (long long)K, (long long)N, (long long)i, yh[i], (double)yf[i],
-                                 sj_f32_to_f16(yf[i]));
-                /* against float64, the rows whose results stay finite in f16 */
-                double *rf = tu_refbuf(0, M * N), *mg = tu_refbuf(1, M * N);
-                tu_ref_matmul(&a, &b, rf, mg);
-                for (int64_t r = 0; r < M; r++)
-                    for (int64_t c = 0; c < N; c++) {
-                        double v = tu_get(&y, r * N + c), ref = rf[r * N + c];
-                        if (fabs(ref) > 65000) continue; /* near or past f16's largest */
-                        if (fabs(v - ref) > tu_tol(SJ_F16) * (mg[r * N + c] + 1e-6) + 1e-7)
-                            fail_msg("f16 M %lld K %lld N %lld: [%lld, %lld] is %g, float64 %g", (long long)M,
-                                     (long long)K, (long long)N, (long long)r, (long long)c, v, ref);
-                    }
-                sj_cpu_packed_free(p);
-                tu_free_all();
+    static const sj_dtype dts[] = {SJ_F16, SJ_BF16};
+    sj_cpu_isa best = sj_cpu_packed_isa_cap(-1);
+    int c = 0;
+    for (int isa = SJ_CPU_ISA_C; isa <= (int)best; isa++) {
+        assert_int_equal(sj_cpu_packed_isa_cap(isa), isa);
+        for (int mi = 0; mi < NELEM(Ms16); mi++)
+            for (int ki = 0; ki < NELEM(Ks16); ki++)
+                for (int ni = 0; ni < NELEM(Ns16); ni++, c++) {
+                    int64_t M = Ms16[mi], K = Ks16[ki], N = Ns16[ni];
+                    sj_dtype dt = dts[c % 2];
+                    int th = 1 + (c / 2) % 2, ly = (c / 4) % 3 == 2; /* ly 1: rows padded by 3 */
+                    const char *what = tu_label("%s %s M %lld K %lld N %lld threads %d ly %d", sj_dtype_name(dt),
+                                                sj_cpu_isa_name((sj_cpu_isa)isa), (long long)M, (long long)K,
+                                                (long long)N, th, ly);
+                    sj_tensor a = tu_random(dt, 2, S(M, K), TU_CONTIG), b = weight(dt, K, N, ni & 1);
+                    for (int64_t r = 0; r < M; r++) /* row 1: large; row 2: tiny */
+                        for (int64_t k = 0; k < K; k++)
+                            if (r % 4 == 1) tu_set(&a, r * K + k, tu_get(&a, r * K + k) * 30000.0);
+                            else if (r % 4 == 2) tu_set(&a, r * K + k, tu_get(&a, r * K + k) * 1e-4);
+                    double *rf = tu_refbuf(0, M * N), *mg = tu_refbuf(1, M * N);
+                    tu_ref_matmul(&a, &b, rf, mg); /* before row 7 gets its NaN */
+                    if (M > 7) tu_set(&a, 7 * K + K / 2, NAN);
+                    sj_tensor a32 = tu_tensor(SJ_F32, 2, S(M, K));
+                    sj_tensor b32 = tu_tensor(SJ_F32, 2, S(K, N)); /* b's values; its packed copy is p */
+                    for (int64_t i = 0; i < M * K; i++) tu_set(&a32, i, tu_get(&a, i)); /* exact */
+                    for (int64_t i = 0; i < K * N; i++) tu_set(&b32, i, tu_get(&b, i));
+                    sj_tensor y = tu_tensor(dt, 2, S(M, N + 3 * ly)), y32 = tu_tensor(SJ_F32, 2, S(M, N));
+                    memset(y.data, 0xA5, (size_t)(M * (N + 3 * ly)) * 2);
+                    y.shape[1] = N; /* a view of the first N columns: row stride N + 3 */
+                    sj_cpu_packed *p = NULL;
+                    assert_int_equal(sj_cpu_pack(&b, &p), SJ_OK);
+                    assert_int_equal(sj_cpu_matmul_packed(&a, &b, p, NULL, &y, th > 1 ? pool2 : NULL), SJ_OK);
+                    assert_int_equal(sj_cpu_matmul_packed(&a32, &b32, p, NULL, &y32, NULL), SJ_OK);
+                    const uint16_t *yh = y.data;
+                    const float *yf = y32.data;
+                    for (int64_t r = 0; r < M; r++)
+                        for (int64_t q = 0; q < N; q++) {
+                            uint16_t got = yh[r * y.stride[0] + q * y.stride[1]];
+                            float f = yf[r * N + q];
+                            uint16_t want = dt == SJ_F16 ? sj_f32_to_f16(f) : sj_f32_to_bf16(f);
+                            if (f != f ? (got & 0x7fffu) <= (dt == SJ_F16 ? 0x7c00u : 0x7f80u) : got != want)
+                                fail_msg("%s: [%lld, %lld] is 0x%04x, f32 %g rounds to 0x%04x", what, (long long)r,
+                                         (long long)q, got, (double)f, want);
+                        }
+                    for (int64_t r = 0; ly && r < M; r++)
+                        for (int64_t q = N; q < N + 3; q++)
+                            if (yh[r * (N + 3) + q] != 0xA5A5) fail_msg("%s: padding written at [%lld, %lld]", what, (long long)r, (long long)q);
+                    /* against float64, the rows whose results stay finite in f16 */
+                    for (int64_t r = 0; r < M; r++)
+                        for (int64_t q = 0; q < N && r != 7; q++) {
+                            double v = tu_get(&y, r * N + q), ref = rf[r * N + q];
+                            if (fabs(ref) > 65000) continue; /* near or past f16's largest */
+                            if (fabs(v - ref) > tu_tol(dt) * (mg[r * N + q] + 1e-6) + 1e-7)
+                                fail_msg("%s: [%lld, %lld] is %g, float64 %g", what, (long long)r, (long long)q, v,
+                                         ref);
+                        }
+                    sj_cpu_packed_free(p);
+                    tu_free_all();
+                }
+    }
+    sj_cpu_packed_isa_cap(-1);
+}
+
+/* The row conversions the products and attention use (sj_cpu_load_row /
+ * sj_cpu_store_row; F16C for f16 and AVX2 for bf16 where the CPU has
+ * them) against the scalar ones, bit for bit, over an odd length from an
+ * odd offset: every f16 and bf16 pattern widened (a signalling f16 NaN
+ * comes back a NaN, made quiet by the hardware), and f32 values narrowed:
+ * halfway cases, the largest finite and overflow edges, subnormal
+ * results, NaNs of both kinds and signs, random bits. */
+static void test_row_conversions(void **state) {
+    enum { N = 65536 + 13 };
+    uint16_t *h = malloc((N + 1) * sizeof *h), *h2 = malloc((N + 1) * sizeof *h2);
+    float *f = malloc((N + 1) * sizeof *f);
+    assert_true(h && h2 && f);
+    uint64_t rng = 0x243F6A8885A308D3ull;
+    for (int di = 0; di < 2; di++) {
+        sj_dtype dt = di ? SJ_BF16 : SJ_F16;
+        for (int i = 0; i <= N; i++) h[i] = (uint16_t)(i * 40503u + 7u); /* every pattern, scrambled */
+        sj_cpu_load_row(f + 1, h + 1, dt, N);
+        for (int i = 1; i <= N; i++) {
+            float want = dt == SJ_F16 ? sj_f16_to_f32(h[i]) : sj_bf16_to_f32(h[i]);
+            uint32_t wb, gb;
+            memcpy(&wb, &want, 4), memcpy(&gb, &f[i], 4);
+            bool snan16 = dt == SJ_F16 && (h[i] & 0x7e00u) == 0x7c00u && (h[i] & 0x3ffu);
+            if (snan16 ? (gb & 0x7fffffffu) <= 0x7f800000u : gb != wb)
+                fail_msg("%s load 0x%04x: 0x%08x, not 0x%08x", sj_dtype_name(dt), h[i], gb, wb);
+        }
+        for (int i = 0; i <= N; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t r = (uint32_t)(rng >> 32), b, lo = dt == SJ_F16 ? 0x00001000u : 0x00008000u;
+            switch (i % 7) {
+            case 0: b = (r & (dt == SJ_F16 ? 0x8fffe000u : 0xffff0000u)) | lo; break; /* halfway */
+            case 1: b = (r & 0x80000000u) | (0x477fe000u + (r >> 19)); break;     /* f16's largest, overflow */
+            case 2: b = (r & 0x80000000u) | (0x7f7f0000u + (r >> 16)); break;     /* f32's largest */
+            case 3: b = (r & 0x80000000u) | (0x33000000u + (r >> 8)); break;      /* f16 subnormal results */
+            case 4: b = (r & 0x80000000u) | (0x7f800000u + (r >> 9)); break;      /* inf and NaNs */
+            default: b = r; break;
             }
+            memcpy(&f[i], &b, 4);
+        }
+        memset(h2, 0, (N + 1) * sizeof *h2);
+        sj_cpu_store_row(h2 + 1, dt, f + 1, N);
+        for (int i = 1; i <= N; i++) {
+            uint16_t want = dt == SJ_F16 ? sj_f32_to_f16(f[i]) : sj_f32_to_bf16(f[i]);
+            uint32_t fb;
+            memcpy(&fb, &f[i], 4);
+            if (h2[i] != want) fail_msg("%s store 0x%08x: 0x%04x, not 0x%04x", sj_dtype_name(dt), fb, h2[i], want);
+        }
+        assert_int_equal(h2[0], 0); /* nothing before the row */
+    }
+    free(h), free(h2), free(f);
 }
 
 /* An f16/bf16 product over packed b with an epilogue (sj_cpu_matmul_epi):
@@ -498,6 +574,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_batches, teardown_each),  cmocka_unit_test_teardown(test_cache, teardown_each),
         cmocka_unit_test_teardown(test_fn, teardown_each),       cmocka_unit_test_teardown(test_fn_bound, teardown_each),
         cmocka_unit_test_teardown(test_small_split, teardown_each), cmocka_unit_test_teardown(test_f16_rows, teardown_each),
+        cmocka_unit_test_teardown(test_row_conversions, teardown_each),
         cmocka_unit_test_teardown(test_epi_16, teardown_each),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

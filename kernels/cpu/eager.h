@@ -70,7 +70,9 @@ sj_status sj_cpu_matmul_bias(const sj_tensor *a, const sj_tensor *b, const sj_te
  * sj_cpu_matmul_bias), for a float product whose b is one matrix shared
  * by every batch (a constant): b's data is not read, the product runs
  * over the packed panels (rows of every batch at once where a's and y's
- * batch axes collapse). f16/bf16 a and y go through f32 scratch. */
+ * batch axes collapse). An f16/bf16 a is converted as it is packed into
+ * tiles, a row-major f16/bf16 y tile by tile as it is stored (other
+ * layouts through f32 scratch). */
 struct sj_cpu_packed;
 sj_status sj_cpu_matmul_packed(const sj_tensor *a, const sj_tensor *b, const struct sj_cpu_packed *pb,
                                const sj_tensor *bias, const sj_tensor *y, struct sj_threads *pool);
@@ -85,6 +87,13 @@ sj_status sj_cpu_matmul_epi(const sj_tensor *a, const sj_tensor *b, const struct
                             const struct sj_cpu_epilogue *epi, int *fused);
 /* Products that ran an epilogue inside them so far in this process (tests). */
 uint64_t sj_cpu_fused_epilogues(void);
+/* n contiguous elements of a float dtype to and from f32, as the products
+ * and attention convert their f16/bf16 rows (F16C for f16, AVX2 for bf16
+ * where the CPU has them): the same bits as sj_f16_to_f32 / sj_f32_to_f16
+ * and the bf16 ones, but that a signalling f16 NaN is widened quiet
+ * (tests). */
+void sj_cpu_load_row(float *dst, const void *src, sj_dtype dt, int64_t n);
+void sj_cpu_store_row(void *dst, sj_dtype dt, const float *src, int64_t n);
 
 /* Attention, see sj_attention() in shapejit.h. q [B,H,Sq,D], k [B,H,Sk,D],
  * v [B,H,Sk,Dv], lengths NULL or i32/i64 [B], y [B,H,Sq,Dv]. Lengths are

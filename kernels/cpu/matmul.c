@@ -12,13 +12,15 @@
  * when its entry was made; kernels/cpu/prepack.c) runs over the packed
  * panels instead of through sgemm: a in place when it is f32 row-major
  * (else converted as it is packed into tiles), the bias added as the tiles
- * are stored.
+ * are stored; a row-major f16/bf16 y is written tile by tile from a small
+ * f32 block in L1 (mm_store_block), any other non-f32 layout through f32
+ * scratch.
  *
  * An epilogue (sj_cpu_matmul_epi: a generated elementwise group over the
  * product's result) runs inside a product whose result is one contiguous
  * M x N matrix: over packed b, per block of rows and panels (prepack.c),
- * in f32 in place, in f16/bf16 right after the block's store from f32
- * scratch (mm_store_items); through sgemm, f32 only, per part of a split
+ * over the block of y in place (f32, or f16/bf16 once its tiles are
+ * stored); through sgemm, f32 only, per part of a split
  * product right after its sgemm. Any other product (batches of their own,
  * f16/bf16 results through sgemm) runs without it, and says so.
  *
@@ -91,14 +93,16 @@ static int layout(int64_t R, int64_t C, int64_t sr, int64_t sc, int64_t *ld) {
     return *ld <= INT_MAX ? LAY_ROW : LAY_NONE;
 }
 
-/* -- f16 rows to and from f32 ---------------------------------------------- *
- * The products read an f16 a (and b, where it is not packed) and write an
- * f16 y through f32 scratch, a row at a time, and so does attention (q, k,
- * v and its output). Where the CPU has F16C the contiguous rows convert 8
- * at a time in hardware (vcvtph2ps exact,
- * vcvtps2ph with round to nearest even: the same values as sj_f16_to_f32
- * and sj_f32_to_f16, NaNs aside, whose payload the hardware keeps the same
- * way); otherwise, and for strided rows, cpu_load_f32 / cpu_store_f32. */
+/* -- f16 and bf16 rows to and from f32 -------------------------------------- *
+ * The products read a 16-bit a (and b, where it is not packed) and write a
+ * 16-bit y a row at a time, and so does attention (q, k, v and its
+ * output). Where the CPU has F16C the contiguous f16 rows convert 8 at a
+ * time in hardware (vcvtph2ps exact, vcvtps2ph with round to nearest even:
+ * the same values as sj_f16_to_f32 and sj_f32_to_f16; a NaN keeps its
+ * payload the same way, a signalling f16 NaN is widened quiet), and with
+ * AVX2 the bf16 ones (the same bits as sj_bf16_to_f32 / sj_f32_to_bf16);
+ * otherwise, and for strided rows, cpu_load_f32 / cpu_store_f32
+ * (test_prepack's test_row_conversions). */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -113,6 +117,42 @@ __attribute__((target("avx,f16c"))) static void f16_store_f16c(uint16_t *dst, co
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     for (; i < n; i++) dst[i] = sj_f32_to_f16(src[i]);
+}
+/* bf16 8 at a time with AVX2: widening is a shift; narrowing rounds to
+ * nearest even by adding 0x7fff plus the kept lowest bit, and a NaN keeps
+ * its top bits made quiet, as sj_f32_to_bf16 does (the compiler does not
+ * vectorize that one at the library's baseline -O2). */
+__attribute__((target("avx2"))) static void bf16_load_avx2(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(h, 16));
+    }
+    for (; i < n; i++) dst[i] = sj_bf16_to_f32(src[i]);
+}
+__attribute__((target("avx2"))) static void bf16_store_avx2(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    for (; i + 8 <= n; i += 8) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(src + i)), hi = _mm256_srli_epi32(x, 16);
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, half), _mm256_and_si256(hi, one)), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+        __m128i lo16 = _mm256_castsi256_si128(r), hi16 = _mm256_extracti128_si256(r, 1);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm_packus_epi32(lo16, hi16)); /* each <= 0xffff */
+    }
+    for (; i < n; i++) dst[i] = sj_f32_to_bf16(src[i]);
+}
+static int have_avx2(void) {
+    static _Atomic int have = -1;
+    int h = atomic_load_explicit(&have, memory_order_relaxed);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx2");
+        atomic_store_explicit(&have, h, memory_order_relaxed);
+    }
+    return h;
 }
 static int have_f16c(void) {
     static _Atomic int have = -1; /* -1: not asked yet */
@@ -134,6 +174,10 @@ static void mm_load_row(float *dst, const char *src, sj_dtype dt, int64_t s, int
         f16_load_f16c(dst, (const uint16_t *)src, n);
         return;
     }
+    if (dt == SJ_BF16 && s == 1 && have_avx2()) {
+        bf16_load_avx2(dst, (const uint16_t *)src, n);
+        return;
+    }
 #endif
     cpu_load_f32(dst, src, dt, s, n);
 }
@@ -144,9 +188,24 @@ static void mm_store_row(char *dst, sj_dtype dt, int64_t s, const float *src, in
         f16_store_f16c((uint16_t *)dst, src, n);
         return;
     }
+    if (dt == SJ_BF16 && s == 1 && have_avx2()) {
+        bf16_store_avx2((uint16_t *)dst, src, n);
+        return;
+    }
 #endif
     cpu_store_f32(dst, dt, s, src, n);
 }
+
+/* A product's tile (rows x n sums, row stride lds) into y's rows
+ * (sj_cpu_block_store). */
+static void mm_store_block(char *dst, int64_t ldd, sj_dtype dt, const float *src, int64_t lds, int64_t rows,
+                           int64_t n) {
+    int64_t es = (int64_t)cpu_dtype_size(dt);
+    for (int64_t r = 0; r < rows; r++) mm_store_row(dst + r * ldd * es, dt, 1, src + r * lds, n);
+}
+
+void sj_cpu_load_row(float *dst, const void *src, sj_dtype dt, int64_t n) { mm_load_row(dst, src, dt, 1, n); }
+void sj_cpu_store_row(void *dst, sj_dtype dt, const float *src, int64_t n) { mm_store_row(dst, dt, 1, src, n); }
 
 /* The R x C matrix at src as a mat: in place when BLAS can read it, else
  * packed row-major into scratch `slot`. *packed remembers the last source
@@ -319,8 +378,10 @@ static const float *bias_f32(const mm *m, int *oom) {
     return f;
 }
 
-/* An f16/bf16 result over packed b is stored by the product itself, as
- * an epilogue over its f32 scratch: each block of rows and panels is
+/* A result over packed b that is not row-major (f32 or f16/bf16: a
+ * row-major f16/bf16 one is stored tile by tile, mm_store_block) is stored
+ * by the product itself, as an epilogue over its f32 scratch: each block of
+ * rows and panels is
  * converted into y by the thread that finished it, while the block is in
  * cache (no pass of its own on the calling thread), and the caller's
  * epilogue, when y is one contiguous M x N matrix, runs right after over
@@ -347,6 +408,7 @@ static void mm_store_items(void *const *p, const int64_t *s, int64_t begin, int6
 /* The product over b's packed copy: a read in place when it is f32
  * row-major, else converted row by row as the product packs it into tiles
  * (sj_cpu_packed_gemm_rows); y written in place when it is f32 row-major,
+ * tile by tile when it is f16/bf16 row-major (sj_cpu_packed_gemm_rows_to),
  * else through scratch slot 2 (mm_store_items). */
 static sj_status mm_packed(mm *m, const char *a, char *y) {
     int64_t lda, ldy;
@@ -356,9 +418,12 @@ static sj_status mm_packed(mm *m, const char *a, char *y) {
     if (oom)
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory for a %lld-element bias", (long long)m->N);
     int ylay = layout(m->M, m->N, m->sym, m->syn, &ldy);
-    if (m->dt == SJ_F32 && ylay == LAY_ROW) {
+    if (ylay == LAY_ROW) {
         const sj_cpu_epilogue *epi = m->epi && ldy == m->N ? m->epi : NULL;
         m->fused = epi != NULL;
+        if (m->dt != SJ_F32) /* a converted as it is packed, y tile by tile from L1 */
+            return sj_cpu_packed_gemm_rows_to(m->M, a, m->dt, m->sam, m->sak, mm_load_row, m->pb, bias, y, ldy,
+                                              mm_store_block, m->pool, epi);
         return arow ? sj_cpu_packed_gemm_epi(m->M, (const float *)a, lda, m->pb, bias, (float *)y, ldy, m->pool, epi)
                     : sj_cpu_packed_gemm_rows(m->M, a, m->dt, m->sam, m->sak, mm_load_row, m->pb, bias, (float *)y,
                                               ldy, m->pool, epi);

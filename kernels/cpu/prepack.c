@@ -20,6 +20,10 @@
  * a multiply then an add in plain C), so a product's result does not
  * depend on the thread count or the split.
  *
+ * An f16/bf16 result (sj_cpu_packed_gemm_rows_to) is stored tile by tile:
+ * the kernel writes the tile's sums into an f32 block on the stack, which
+ * the caller's store converts into y at once, while it is in L1.
+ *
  * An epilogue (sj_cpu_epilogue) runs per block of tiles over EPI_PANELS
  * panels at a time: the block's rows x those columns (at most about 100
  * KiB) are still in L2 when the generated function reads them back.
@@ -382,7 +386,19 @@ typedef struct pk_job {
     float *y;
     int64_t ldy;
     const sj_cpu_epilogue *epi; /* NULL: none */
+    sj_cpu_block_store store;   /* NULL: y is f32; else y16 of dt is written through it */
+    char *y16;
+    sj_dtype dt;
+    int64_t es;
 } pk_job;
+
+/* Most rows of any kernel's tile (the f32 block a 16-bit result is stored
+ * from). */
+#define MR_MAX 28
+_Static_assert(MR_C <= MR_MAX, "a tile fits the store block");
+#ifdef PK_X86
+_Static_assert(MR_AVX2 <= MR_MAX && MR_512 <= MR_MAX, "a tile fits the store block");
+#endif
 
 /* Tile t of M rows in `tiles` tiles as even as can be: its first row and
  * its row count. */
@@ -462,7 +478,13 @@ static void pk_items(void *ctx, int64_t begin, int64_t end) {
             const float *b = p->data + q * p->K * NR, *bias = j->bias ? j->bias + q * NR : NULL;
             for (int64_t t = t0; t < t1; t++) {
                 int64_t rows, r0 = tile_row(j->M, j->tiles, t, &rows);
-                j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
+                if (!j->store) {
+                    j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, j->y + r0 * j->ldy + q * NR, j->ldy);
+                    continue;
+                }
+                _Alignas(64) float cb[MR_MAX * NR];
+                j->fn((int)rows, p->K, j->ap + r0 * p->K, b, nc, bias, cb, NR);
+                j->store(j->y16 + (r0 * j->ldy + q * NR) * j->es, j->ldy, j->dt, cb, NR, rows, nc);
             }
         }
         if (j->epi) {
@@ -482,16 +504,23 @@ sj_status sj_cpu_packed_gemm(int64_t M, const float *a, int64_t lda, const sj_cp
     return sj_cpu_packed_gemm_epi(M, a, lda, p, bias, y, ldy, pool, NULL);
 }
 
-/* The product over a packed by pj (its a, M and K filled in). */
+/* The product over a packed by pj (its a, M and K filled in), into y (f32)
+ * or, with store, into y16 (pj->dt). */
 static sj_status packed_gemm(pack_job *pj, const sj_cpu_packed *p, const float *bias, float *y, int64_t ldy,
-                             sj_threads *pool, const sj_cpu_epilogue *epi) {
+                             sj_threads *pool, const sj_cpu_epilogue *epi, sj_cpu_block_store store, char *y16) {
     int64_t M = pj->M;
     assert(!epi || ldy == p->N);
     if (M <= 0 || p->N <= 0) return SJ_OK;
     atomic_fetch_add_explicit(&products, 1, memory_order_relaxed);
     if (p->K == 0) { /* an empty sum: the bias alone */
         for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < p->N; j++) y[i * ldy + j] = bias ? bias[j] : 0.0f;
+            for (int64_t j = 0; j < p->N; j += NR) {
+                float cb[NR];
+                int64_t nc = p->N - j < NR ? p->N - j : NR;
+                for (int64_t c = 0; c < nc; c++) cb[c] = bias ? bias[j + c] : 0.0f;
+                if (store) store(y16 + (i * ldy + j) * pj->es, ldy, pj->dt, cb, NR, 1, nc);
+                else memcpy(y + i * ldy + j, cb, (size_t)nc * sizeof(float));
+            }
         if (epi) epi->fn(epi->p, epi->s, 0, M * p->N);
         return SJ_OK;
     }
@@ -502,7 +531,7 @@ static sj_status packed_gemm(pack_job *pj, const sj_cpu_packed *p, const float *
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand", (long long)M,
                          (long long)p->K);
     pk_job j = {.fn = kn->fn, .M = M, .tiles = (M + kn->mr - 1) / kn->mr, .ap = ap, .p = p, .bias = bias, .y = y,
-                .ldy = ldy, .epi = epi};
+                .ldy = ldy, .epi = epi, .store = store, .y16 = y16, .dt = pj->dt, .es = pj->es};
     bool split = pool && sj_threads_count(pool) > 1;
     pj->tiles = j.tiles, pj->ap = ap;
     int64_t tile_elems = kn->mr * p->K;
@@ -525,7 +554,7 @@ static sj_status packed_gemm(pack_job *pj, const sj_cpu_packed *p, const float *
 sj_status sj_cpu_packed_gemm_epi(int64_t M, const float *a, int64_t lda, const sj_cpu_packed *p, const float *bias,
                                  float *y, int64_t ldy, sj_threads *pool, const sj_cpu_epilogue *epi) {
     pack_job pj = {.a = a, .lda = lda, .M = M, .K = p->K};
-    return packed_gemm(&pj, p, bias, y, ldy, pool, epi);
+    return packed_gemm(&pj, p, bias, y, ldy, pool, epi, NULL, NULL);
 }
 
 sj_status sj_cpu_packed_gemm_rows(int64_t M, const void *a, sj_dtype dt, int64_t sam, int64_t sak,
@@ -533,7 +562,16 @@ sj_status sj_cpu_packed_gemm_rows(int64_t M, const void *a, sj_dtype dt, int64_t
                                   int64_t ldy, sj_threads *pool, const sj_cpu_epilogue *epi) {
     pack_job pj = {.M = M, .K = p->K, .load = load, .a16 = a, .dt = dt, .sam = sam, .sak = sak,
                    .es = (int64_t)cpu_dtype_size(dt)};
-    return packed_gemm(&pj, p, bias, y, ldy, pool, epi);
+    return packed_gemm(&pj, p, bias, y, ldy, pool, epi, NULL, NULL);
+}
+
+sj_status sj_cpu_packed_gemm_rows_to(int64_t M, const void *a, sj_dtype dt, int64_t sam, int64_t sak,
+                                     sj_cpu_row_load load, const sj_cpu_packed *p, const float *bias, void *y,
+                                     int64_t ldy, sj_cpu_block_store store, sj_threads *pool,
+                                     const sj_cpu_epilogue *epi) {
+    pack_job pj = {.M = M, .K = p->K, .load = load, .a16 = a, .dt = dt, .sam = sam, .sak = sak,
+                   .es = (int64_t)cpu_dtype_size(dt)};
+    return packed_gemm(&pj, p, bias, NULL, ldy, pool, epi, store, y);
 }
 
 /* -- The per-function cache ------------------------------------------------- */

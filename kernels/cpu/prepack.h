@@ -101,6 +101,21 @@ sj_status sj_cpu_packed_gemm_rows(int64_t M, const void *a, sj_dtype dt, int64_t
                                   sj_cpu_row_load load, const sj_cpu_packed *p, const float *bias, float *y,
                                   int64_t ldy, struct sj_threads *pool, const sj_cpu_epilogue *epi);
 
+/* Stores a block of rows x n f32 sums (row stride lds) into rows of dtype
+ * dt at dst (row stride ldd elements, unit column stride), rounding as
+ * sj_f32_to_f16 / sj_f32_to_bf16 do. */
+typedef void (*sj_cpu_block_store)(char *dst, int64_t ldd, sj_dtype dt, const float *src, int64_t lds,
+                                   int64_t rows, int64_t n);
+/* sj_cpu_packed_gemm_rows with y of a's dtype dt (f16/bf16), row-major with
+ * row stride ldy elements: each tile's sums go from a small f32 block on
+ * the stack (in L1) through store into y, on the thread that computed them
+ * (no f32 copy of the whole result); epi (ldy == N) then runs over the
+ * 16-bit y, block by block as in sj_cpu_packed_gemm_epi. */
+sj_status sj_cpu_packed_gemm_rows_to(int64_t M, const void *a, sj_dtype dt, int64_t sam, int64_t sak,
+                                     sj_cpu_row_load load, const sj_cpu_packed *p, const float *bias, void *y,
+                                     int64_t ldy, sj_cpu_block_store store, struct sj_threads *pool,
+                                     const sj_cpu_epilogue *epi);
+
 /* -- The per-function cache --------------------------------------------- */
 
 typedef struct sj_cpu_pack_cache sj_cpu_pack_cache;
