@@ -117,6 +117,7 @@ struct sj_compiler {
     int n_workers;
     int n_full; /* full compiles running on threads of their own (start_full) */
     int64_t compile_end_ns; /* when the queue's last compile job ended (sj_now_ns) */
+    bool full_running;      /* a full compile's thread is compiling (one at a time) */
     /* per kind (job_kind): the limits and the counts (see the comment at
      * job_kind). workers_max 0: no limit. */
     int queue_max[JOB_KINDS], workers_max[JOB_KINDS];
@@ -185,7 +186,8 @@ void sj_ctarget_release(sj_ctarget *t) { sj_compiled_free(atomic_exchange(&t->re
 #endif
 
 static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, int64_t idle_until_ns,
-                                bool quick, sj_compiled **out, char *err, size_t errn, bool *hopeless) {
+                                bool quick, bool background, sj_compiled **out, char *err, size_t errn,
+                                bool *hopeless) {
     const sj_fplan *plan = e->plan;
     *out = NULL;
     *hopeless = false;
@@ -247,7 +249,8 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     for (char *p = tag; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == '/') *p = '_';
     sj_compile_req req = {.source = src, .source_len = len, .symbols = syms, .n_symbols = n, .tag = tag,
-                          .cancel = &fn->cancel_compiles, .idle_until_ns = idle_until_ns, .quick = quick};
+                          .cancel = &fn->cancel_compiles, .idle_until_ns = idle_until_ns, .quick = quick,
+                          .background = background};
     sj_compile_result *res = sj_calloc(1, sizeof *res);
     sj_compiled *cd = sj_calloc(1, sizeof *cd);
     /* the functions, then (in the same block) the products' picks */
@@ -664,7 +667,7 @@ static void run_full(sj_compiler *c, job j) {
     char err[256] = "";
     bool hopeless = false;
     sj_compiled *cd = NULL;
-    sj_status st = compile_target(c, j.fn, j.entry, j.memo, 0, false, &cd, err, sizeof err, &hopeless);
+    sj_status st = compile_target(c, j.fn, j.entry, j.memo, 0, false, true, &cd, err, sizeof err, &hopeless);
     if (!st && cd->quick) { /* (the test hook's quick units: never from a full compile) */
         st = SJ_EINTERNAL;
         snprintf(err, sizeof err, "the full compile gave quick code");
@@ -710,7 +713,7 @@ static void *full_main(void *p) {
     for (;;) {
         if (c->stop || j.fn->cancelled) break;
         int64_t now = sj_now_ns(), wait_ns = c->compile_end_ns + FULL_QUIET_NS - now;
-        bool busy = c->n_running[JOB_COMPILE] > 0 || c->n_queued[JOB_COMPILE] > 0;
+        bool busy = c->n_running[JOB_COMPILE] > 0 || c->n_queued[JOB_COMPILE] > 0 || c->full_running;
         if (!busy && wait_ns <= 0) break;
         if (busy || wait_ns > FULL_QUIET_NS) wait_ns = FULL_QUIET_NS;
         struct timespec ts;
@@ -720,8 +723,13 @@ static void *full_main(void *p) {
         ts.tv_nsec %= 1000000000;
         pthread_cond_timedwait(&c->done, &c->lock, &ts);
     }
-    if (c->stop || j.fn->cancelled) job_done(c, j.fn, NULL); /* (its function is going: no compile) */
-    else run_full(c, j);
+    if (c->stop || j.fn->cancelled) {
+        job_done(c, j.fn, NULL); /* (its function is going: no compile) */
+    } else {
+        c->full_running = true; /* one at a time */
+        run_full(c, j);
+        c->full_running = false;
+    }
     c->n_full--;
     pthread_cond_broadcast(&c->done);
     pthread_mutex_unlock(&c->lock);
@@ -803,7 +811,7 @@ static void run_job(sj_compiler *c, job j) {
      * what serves, nor for a shape's specialization, whose entry's code
      * serves meanwhile) */
     bool quick = c->rt && c->rt->cfg.compile_quick && !j.warm && !j.memo && !atomic_load(&t->ready);
-    sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, quick, &cd, err, sizeof err, &hopeless);
+    sj_status st = compile_target(c, j.fn, j.entry, j.memo, idle_until, quick, false, &cd, err, sizeof err, &hopeless);
     pthread_mutex_lock(&c->lock);
     sj_compiled *retired = NULL;
     finish(c, j.fn, j.entry, j.memo, st, cd, err, hopeless, &retired);
@@ -957,7 +965,7 @@ static void request(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, b
         char err[256] = "";
         bool hopeless = false;
         sj_compiled *cd = NULL;
-        sj_status st = compile_target(c, fn, e, m, 0, false, &cd, err, sizeof err, &hopeless); /* a caller waits: normal priority */
+        sj_status st = compile_target(c, fn, e, m, 0, false, false, &cd, err, sizeof err, &hopeless); /* a caller waits */
         pthread_mutex_lock(&c->lock);
         sj_compiled *retired = NULL;
         finish(c, fn, e, m, st, cd, err, hopeless, &retired);

@@ -41,6 +41,10 @@ typedef struct sj_compile_req {
      * says which it got (sj_compile_result.quick); the engine compiles a
      * quick unit again in full and swaps that in. */
     bool quick;
+    /* No call waits for this compile (a full compile behind a quick
+     * unit): the device may take longer for fewer cores at once (CUDA: one
+     * NVRTC program, not split). */
+    bool background;
 } sj_compile_req;
 
 typedef struct sj_compile_result {

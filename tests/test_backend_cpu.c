@@ -60,7 +60,7 @@ static const char *const SYMS[] = {"k0", "k1"};
 typedef void (*kernel)(float *, const float *, long);
 
 static sj_compile_req req_of(const char *src, const char *tag) {
-    return (sj_compile_req){src, strlen(src), SYMS, 2, tag, NULL, 0, false};
+    return (sj_compile_req){src, strlen(src), SYMS, 2, tag, NULL, 0, false, false};
 }
 
 /* Calls k0 and k1 of a result built from SRC and checks them. */
@@ -135,7 +135,7 @@ static void test_compile_error(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL, NULL);
     const char *bad = "void k0(float *y) { y[0] = undeclared_thing; }\n";
-    sj_compile_req req = {bad, strlen(bad), SYMS, 1, "broken", NULL, 0, false};
+    sj_compile_req req = {bad, strlen(bad), SYMS, 1, "broken", NULL, 0, false, false};
     sj_compile_result r;
     assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
     assert_null(r.module);
@@ -172,7 +172,7 @@ static void test_missing_symbol(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL, NULL);
     const char *const syms[] = {"k0", "k_missing"};
-    sj_compile_req req = {SRC, strlen(SRC), syms, 2, "nosym", NULL, 0, false};
+    sj_compile_req req = {SRC, strlen(SRC), syms, 2, "nosym", NULL, 0, false, false};
     sj_compile_result r;
     assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
     assert_null(r.module);
@@ -479,7 +479,7 @@ static void test_shared_units(void **state) {
     assert_true(tu_logged(&f->log, "cpu: second: shares the unit loaded already"));
 
     const char *const syms[] = {"k1", "k_missing"};
-    sj_compile_req bad = {SRC, strlen(SRC), syms, 2, "third", NULL, 0, false};
+    sj_compile_req bad = {SRC, strlen(SRC), syms, 2, "third", NULL, 0, false, false};
     assert_int_equal(b->compile(b, &bad, &rc), SJ_EBACKEND);
     assert_null(rc.module);
     assert_non_null(strstr(rc.log, "k_missing"));
@@ -604,7 +604,7 @@ static void test_no_leaks(void **state) {
     int fds = count_entries("/proc/self/fd", "");
     const char *bad = "int k0(void) { return nope; }\n";
     const char *const syms[] = {"k0", "k_missing"};
-    sj_compile_req reqs[] = {req_of(SRC, "ok"), {bad, strlen(bad), SYMS, 1, "err", NULL, 0, false}, {SRC, strlen(SRC), syms, 2, "sym", NULL, 0, false}};
+    sj_compile_req reqs[] = {req_of(SRC, "ok"), {bad, strlen(bad), SYMS, 1, "err", NULL, 0, false, false}, {SRC, strlen(SRC), syms, 2, "sym", NULL, 0, false, false}};
     for (int rep = 0; rep < 3; rep++) {
         for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) {
             sj_compile_result r;

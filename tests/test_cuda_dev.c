@@ -692,7 +692,7 @@ static const char SRC[] =
 static const char *const SYMS[] = {"k_axpb", "k_exp"};
 
 static sj_compile_req req_of(const char *src, const char *tag) {
-    return (sj_compile_req){src, strlen(src), SYMS, 2, tag, NULL, 0, false};
+    return (sj_compile_req){src, strlen(src), SYMS, 2, tag, NULL, 0, false, false};
 }
 
 static sj_backend *make(fixture *f, sj_cache *cache) {
@@ -767,7 +767,7 @@ static void test_backend_compile_error(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL);
     const char *bad = "extern \"C\" __global__ void k_axpb(float *y) { y[0] = undeclared_thing; }\n";
-    sj_compile_req req = {bad, strlen(bad), SYMS, 1, "broken", NULL, 0, false};
+    sj_compile_req req = {bad, strlen(bad), SYMS, 1, "broken", NULL, 0, false, false};
     sj_compile_result r;
     assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
     assert_null(r.module);
@@ -785,7 +785,7 @@ static void test_backend_missing_symbol(void **state) {
     fixture *f = *state;
     sj_backend *b = make(f, NULL);
     const char *const syms[] = {"k_axpb", "k_missing"};
-    sj_compile_req req = {SRC, strlen(SRC), syms, 2, "nosym", NULL, 0, false};
+    sj_compile_req req = {SRC, strlen(SRC), syms, 2, "nosym", NULL, 0, false, false};
     sj_compile_result r;
     assert_int_equal(b->compile(b, &req, &r), SJ_EBACKEND);
     assert_null(r.module);
@@ -961,7 +961,7 @@ static void test_backend_nvrtc_flags(void **state) {
                       "    if (i < n) y[i] = SJ_TEST_K * (float)i;\n"
                       "}\n";
     const char *const syms[] = {"k_flag"};
-    sj_compile_req req = {src, strlen(src), syms, 1, "flags", NULL, 0, false};
+    sj_compile_req req = {src, strlen(src), syms, 1, "flags", NULL, 0, false, false};
     sj_compile_result r;
     const char *const ks[] = {"3", "5"};
     char key0[65] = "";
@@ -1077,7 +1077,7 @@ static void *compile_thread(void *p) {
              s0, j->id, s1, j->id + 2);
     snprintf(tag, sizeof tag, "thread%d", j->id);
     const char *const syms[] = {s0, s1};
-    sj_compile_req req = {src, strlen(src), syms, 2, tag, NULL, 0, false};
+    sj_compile_req req = {src, strlen(src), syms, 2, tag, NULL, 0, false, false};
     sj_compile_result r;
     j->st = j->b->compile(j->b, &req, &r);
     if (j->st) return NULL;
