@@ -628,17 +628,6 @@ void sj_compiler_set_fifo(sj_compiler *c, bool fifo) {
     pthread_mutex_unlock(&c->lock);
 }
 
-/* -- Workers -------------------------------------------------------------------------- */
-
-/* Priority that rises with age. A compile worker thread keeps its normal
- * priority (it mostly sleeps in poll while the compiler runs; an
- * unprivileged thread that enters the idle class can never leave it), and
- * starts each compiler process in the idle scheduling class (Linux
- * SCHED_IDLE): a request thread that wants a core takes it at once, so no
- * request waits on a compile. Starved on a loaded machine, an idle compile
- * would never finish (16 threads calling: nothing fused in 180 s), so once
- * its job is idle_ns old the backend reruns it at normal priority; a job
- * that waited in the queue that long starts there. */
 /* -- Quick units, then the full compile --------------------------------------------
  * A quick unit (cd->quick) serves an entry that ran eagerly; the full
  * compile of the same target follows (job.full), on a thread of its own at
@@ -749,8 +738,11 @@ static void start_full(sj_compiler *c, job j) {
     a->j.full = true;
     pthread_attr_t at;
     pthread_t th;
-    bool ok = !pthread_attr_init(&at);
-    ok = ok && !pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) && !pthread_create(&th, &at, full_main, a);
+    bool ok = false;
+    if (!pthread_attr_init(&at)) {
+        ok = !pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) && !pthread_create(&th, &at, full_main, a);
+        pthread_attr_destroy(&at);
+    }
     if (ok) {
         j.fn->compiles_pending++;
         c->n_full++;
@@ -758,9 +750,19 @@ static void start_full(sj_compiler *c, job j) {
         free(a);
         queue_full(c, j);
     }
-    pthread_attr_destroy(&at);
 }
 
+/* -- Workers -------------------------------------------------------------------------- */
+
+/* Priority that rises with age. A compile worker thread keeps its normal
+ * priority (it mostly sleeps in poll while the compiler runs; an
+ * unprivileged thread that enters the idle class can never leave it), and
+ * starts each compiler process in the idle scheduling class (Linux
+ * SCHED_IDLE): a request thread that wants a core takes it at once, so no
+ * request waits on a compile. Starved on a loaded machine, an idle compile
+ * would never finish (16 threads calling: nothing fused in 180 s), so once
+ * its job is idle_ns old the backend reruns it at normal priority; a job
+ * that waited in the queue that long starts there. */
 static void run_job(sj_compiler *c, job j) {
     if (j.kind == JOB_LEARN) {
         pthread_mutex_unlock(&c->lock);
