@@ -834,21 +834,13 @@ static double bg_time(sj_fn *fn, const sj_tensor *dx, const sj_tensor *dy, int a
     return (bench_now_s() - t0) / n * 1e6;
 }
 
-static uint64_t bg_updates(sj_runtime *rt) {
+/* The CUDA backend's bucket graph counts (bench_w5cold.h's w5c_bg_read). */
+static void bg_read(sj_runtime *rt, w5c_bg *out) {
     const sj_cuda *cu = sj_cuda_of(rt->backend);
-    return cu ? atomic_load(&cu->bg_updates) : 0;
-}
-
-static uint64_t bg_copies(sj_runtime *rt, uint64_t *ns) {
-    const sj_cuda *cu = sj_cuda_of(rt->backend);
-    *ns = cu ? atomic_load(&cu->bg_inst_ns) : 0;
-    return cu ? atomic_load(&cu->bg_instantiated) : 0;
-}
-
-static uint64_t bg_declined(sj_runtime *rt, const char **why) {
-    const sj_cuda *cu = sj_cuda_of(rt->backend);
-    *why = cu ? cu->bg_why : "";
-    return cu ? atomic_load(&cu->bg_declined) : 0;
+    if (!cu) return;
+    *out = (w5c_bg){.updates = atomic_load(&cu->bg_updates), .copies = atomic_load(&cu->bg_instantiated),
+                    .copies_ns = atomic_load(&cu->bg_inst_ns), .declined = atomic_load(&cu->bg_declined),
+                    .why = cu->bg_why};
 }
 
 static void bench_bgparts(void) {
@@ -883,9 +875,9 @@ static void bench_bgparts(void) {
     for (int round = 0; round < 3; round++) { /* interleaved */
         for (int k = 0; k < 4; k++) {
             sj_runtime *kr = k == 3 ? rt1 : rt;
-            uint64_t u0 = bg_updates(kr);
+            uint64_t u0 = w5c_bg_now(kr).updates;
             r[k][round] = k == 3 ? bg_time(f1, &dx1, &dy1, 1, 2000) : bg_time(k ? fb : fe, &dx, &dy, k == 2, 2000);
-            upd[k] += bg_updates(kr) - u0;
+            upd[k] += w5c_bg_now(kr).updates - u0;
         }
     }
     sj_stats st[4];
@@ -1158,9 +1150,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    w5c_bg_updates = bg_updates;
-    w5c_bg_copies = bg_copies;
-    w5c_bg_declined = bg_declined;
+    w5c_bg_read = bg_read;
     if (has_wl(wl, "w5cold")) { /* first: the process is cold only once */
         static int64_t lens[4096];
         int n = w5c_read_lengths(lengths, lens, quick ? 200 : 4096);

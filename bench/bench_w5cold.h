@@ -138,13 +138,21 @@ static inline double w5c_pass(sj_fn *fn, const sj_tensor *dx, const sj_tensor *d
     return bench_now_s() - ts;
 }
 
-/* The device's count of bucket graph updates so far (bench_cuda sets it:
- * the CUDA backend's bg_updates; NULL: none). */
-static uint64_t (*w5c_bg_updates)(sj_runtime *rt);
-/* ... and its bucket graph copies made so far, *ns the time they took. */
-static uint64_t (*w5c_bg_copies)(sj_runtime *rt, uint64_t *ns);
-/* ... and its replays that declined (their update failed), *why the last reason. */
-static uint64_t (*w5c_bg_declined)(sj_runtime *rt, const char **why);
+/* The device's bucket graph counts so far: updates, copies made and the
+ * ns they took, replays declined (their update failed) and the last one's
+ * reason (zeros and "" without it). */
+typedef struct w5c_bg {
+    uint64_t updates, copies, copies_ns, declined;
+    const char *why;
+} w5c_bg;
+/* Fills them (bench_cuda sets it: the CUDA backend's; NULL: none). */
+static void (*w5c_bg_read)(sj_runtime *rt, w5c_bg *out);
+
+static inline w5c_bg w5c_bg_now(sj_runtime *rt) {
+    w5c_bg b = {.why = ""};
+    if (w5c_bg_read) w5c_bg_read(rt, &b);
+    return b;
+}
 
 static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_main, double exec_to_main_s,
                                 const int64_t *lens, int n) {
@@ -209,7 +217,6 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
         ne++;
     }
     sj_warmup_spec spec = {.n_shapes = ne, .shapes = in, .outputs = exact ? out : NULL, .n_outputs = exact ? 1 : 0};
-    uint64_t copies_ns = 0;
     sj_status wst = sj_fn_warmup(fn, &spec, 0);
     if (wst) fprintf(stderr, "w5cold: warm-up: %s\n", sj_last_error());
     double t_ready = bench_now_s();
@@ -217,24 +224,21 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
     sj_fn_warmup_status(fn, &ws);
     sj_stats s0;
     sj_fn_stats(fn, &s0);
-    uint64_t copies = w5c_bg_copies ? w5c_bg_copies(rt, &copies_ns) : 0;
+    w5c_bg b0 = w5c_bg_now(rt); /* the warm-up's copies */
 
     double *lat = malloc(sizeof *lat * (size_t)n), *sorted = malloc(sizeof *sorted * (size_t)n);
     if (!lat || !sorted) bench_die("w5cold: latencies");
-    uint64_t u0 = w5c_bg_updates ? w5c_bg_updates(rt) : 0;
     double total = w5c_pass(fn, &dx, &dy, lens, n, lat);
     sj_stats s1;
     sj_fn_stats(fn, &s1);
-    uint64_t u1 = w5c_bg_updates ? w5c_bg_updates(rt) : 0;
+    w5c_bg b1 = w5c_bg_now(rt);
     /* the same stream again: the warm process */
     double *wsorted = malloc(sizeof *wsorted * (size_t)n);
     if (!wsorted) bench_die("w5cold: latencies");
     double warm_total = w5c_pass(fn, &dx, &dy, lens, n, wsorted);
     sj_stats s2;
     sj_fn_stats(fn, &s2);
-    uint64_t u2 = w5c_bg_updates ? w5c_bg_updates(rt) : 0;
-    const char *why = "";
-    uint64_t declined = w5c_bg_declined ? w5c_bg_declined(rt, &why) : 0;
+    w5c_bg b2 = w5c_bg_now(rt);
     int slow = 0; /* the first pass's slowest request */
     for (int i = 0; i < n; i++)
         if (lat[i] > lat[slow]) slow = i;
@@ -264,10 +268,11 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
            (unsigned long long)s1.graph_calls, (unsigned long long)s1.bucket_graph_calls, (double)fused / n, (double)s1.graph_calls / n,
            (unsigned long long)(s1.compiles - s0.compiles), (unsigned long long)(s1.traces - s0.traces),
            mult ? (mult_env) : "pow2", exact, warm_total, WQ(0.5), WQ(0.99), wsorted[n - 1], WQ(0.99) / WQ(0.5),
-           (unsigned long long)(u1 - u0), (unsigned long long)(s2.bucket_graph_calls - s1.bucket_graph_calls),
+           (unsigned long long)(b1.updates - b0.updates), (unsigned long long)(s2.bucket_graph_calls - s1.bucket_graph_calls),
            (unsigned long long)(s2.graph_calls - s1.graph_calls), (unsigned long long)(s2.eager_calls - s1.eager_calls),
-           (unsigned long long)(s2.compiles - s1.compiles), (unsigned long long)(u2 - u1),
-           (unsigned long long)copies, (double)copies_ns / 1e6, (long long)lens[slow], (unsigned long long)declined, why);
+           (unsigned long long)(s2.compiles - s1.compiles), (unsigned long long)(b2.updates - b1.updates),
+           (unsigned long long)b0.copies, (double)b0.copies_ns / 1e6, (long long)lens[slow], (unsigned long long)b2.declined,
+           b2.why);
 #undef Q
 #undef WQ
     fflush(stdout);

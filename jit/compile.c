@@ -705,11 +705,7 @@ static void *full_main(void *p) {
         bool busy = c->n_running[JOB_COMPILE] > 0 || c->n_queued[JOB_COMPILE] > 0 || c->full_running;
         if (!busy && wait_ns <= 0) break;
         if (busy || wait_ns > FULL_QUIET_NS) wait_ns = FULL_QUIET_NS;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += wait_ns;
-        ts.tv_sec += ts.tv_nsec / 1000000000;
-        ts.tv_nsec %= 1000000000;
+        struct timespec ts = sj_realtime_after(wait_ns);
         pthread_cond_timedwait(&c->done, &c->lock, &ts);
     }
     if (c->stop || j.fn->cancelled) {
@@ -1009,11 +1005,7 @@ sj_cstate sj_compiler_wait_target(sj_compiler *c, sj_ctarget *t, int64_t deadlin
             continue; /* no workers: this thread is one (as in sj_compiler_wait_fn) */
         int64_t slice = now + WAIT_SLICE_NS;
         if (deadline_ns && deadline_ns < slice) slice = deadline_ns;
-        struct timespec ts; /* the condition variable's clock is CLOCK_REALTIME */
-        clock_gettime(CLOCK_REALTIME, &ts);
-        int64_t at = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (slice - now);
-        ts.tv_sec = (time_t)(at / 1000000000);
-        ts.tv_nsec = (long)(at % 1000000000);
+        struct timespec ts = sj_realtime_after(slice - now);
         pthread_cond_timedwait(&c->done, &c->lock, &ts);
     }
     pthread_mutex_unlock(&c->lock);
@@ -1052,13 +1044,7 @@ void sj_compiler_cancel_fn(sj_compiler *c, struct sj_fn *fn) {
  * sj_compiler_wait_fn. */
 static sj_status wait_pending(sj_compiler *c, struct sj_fn *fn, int *pending, const char *what, int timeout_ms) {
     if (!c) return SJ_OK;
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    if (timeout_ms >= 0) {
-        deadline.tv_sec += timeout_ms / 1000;
-        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-        if (deadline.tv_nsec >= 1000000000) deadline.tv_sec++, deadline.tv_nsec -= 1000000000;
-    }
+    struct timespec deadline = sj_realtime_after(timeout_ms >= 0 ? (int64_t)timeout_ms * 1000000 : 0);
     sj_status st = SJ_OK;
     pthread_mutex_lock(&c->lock);
     while (*pending > 0) {

@@ -116,6 +116,7 @@ typedef struct sj_cgraph {
     sj_entry *e;                   /* whose bucket */
     sj_runtime *rt;
     int64_t hi[64];                /* the bucket's largest sizes: captured and laid out for them */
+    int copies;                    /* the device's copies of it to keep (bucket_why_not) */
     void *bufs[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS]; /* the graph's input, then output buffers (the device's) */
     unsigned char direct[SJ_MAX_INPUTS + SJ_MAX_OUTPUTS]; /* a replay passes the caller's buffer instead */
     size_t in_bytes;               /* the inputs' bytes at the bucket's largest sizes */
@@ -241,20 +242,28 @@ static int64_t value_bytes(const sj_graph *gr, int32_t v, const int64_t *exv) {
 }
 
 /* Why entry e cannot have a bucket graph (NULL: it can; why[] holds the
- * message otherwise); its largest sizes in hi. Once per entry, off the
- * call path. */
-static const char *bucket_why_not(const sj_runtime *rt, const sj_entry *e, int64_t *hi, char *why, size_t wn) {
+ * message otherwise); its largest sizes in hi, and in *copies how many
+ * copies of its graph the device keeps (cfg.bucket_graph_execs, or the
+ * bucket's count of sizes if fewer: a size tied to a constant counts
+ * one). Once per entry, off the call path. */
+static const char *bucket_why_not(const sj_runtime *rt, const sj_entry *e, int64_t *hi, int *copies, char *why,
+                                  size_t wn) {
     const sj_graph *g = e->g;
     int n = sj_sym_count(g->ex);
     if (!e->plan) return "no fused plan";
     if (n > 64) return "more than 64 symbols";
+    int64_t want = rt->cfg.bucket_graph_execs > 0 ? rt->cfg.bucket_graph_execs : 1, sizes = 1;
     for (int i = 0; i < n; i++) {
         int64_t lo, h;
         sj_sym_range(g->ex, i, &lo, &h);
-        if (i < 64 && (e->pinned_syms >> i & 1)) h = sj_sym_hint(g->ex, i); /* tied to a constant */
+        bool pinned = i < 64 && (e->pinned_syms >> i & 1);
+        if (pinned) h = sj_sym_hint(g->ex, i); /* tied to a constant */
         if (h == SJ_EX_INF || h < 1) return "a size without an upper bound (the open bucket, or no bucket)";
         hi[i] = h;
+        int64_t r = h - (lo > 0 ? lo : 0) + 1; /* (sizes < want <= 4096, r < want: no overflow) */
+        if (!pinned && sizes < want) sizes = r >= want ? want : sizes * r;
     }
+    *copies = (int)(sizes < want ? sizes : want);
     for (int v = 0; v < g->n_vals; v++) {
         int64_t c;
         if (e->plan->layouts[v].store >= 0 && !sj_ex_is_const(g->ex, e->plan->layouts[v].offset, &c))
@@ -304,8 +313,9 @@ static void *bucket_note(sj_fn *fn, sj_memo *m, const sj_exec *x, bool force) {
     if (atomic_load_explicit(&rt->cuda_graphs, RELAXED) >= rt->cfg.cuda_graphs) return NULL;
     if (atomic_exchange(&e->bgraph_busy, true)) return NULL;
     int64_t hi[64];
+    int copies = 1;
     char whybuf[200];
-    const char *why = bucket_why_not(rt, e, hi, whybuf, sizeof whybuf);
+    const char *why = bucket_why_not(rt, e, hi, &copies, whybuf, sizeof whybuf);
     if (why) {
         atomic_store(&e->bgraph_off, true);
         atomic_store(&e->bgraph_busy, false);
@@ -331,6 +341,7 @@ static void *bucket_note(sj_fn *fn, sj_memo *m, const sj_exec *x, bool force) {
     g->n_in = e->g->n_inputs;
     g->n_out = e->g->n_outputs;
     memcpy(g->hi, hi, sizeof hi);
+    g->copies = copies;
     g->x = (sj_exec){.rt = rt, .g = e->g, .fn_name = fn->name, .inputs = g->in, .outputs = g->out,
                      .sym_vals = g->hi, .layout_syms = g->hi, .pool = &fn->pool, .arena_hint = &e->arena_hint,
                      .ops = rt->backend, .gemm_pick = cd->gemm_pick};
@@ -435,21 +446,6 @@ static bool bucket_serve(sj_fn *fn, sj_cgraph *g, const sj_exec *x, sj_status *s
  * fit it under graph_max_bytes, publish; a failure turns the entry's
  * bucket graph off for good (its calls run kernel by kernel, or by
  * graphs of their exact shapes). */
-/* How many copies entry e's bucket graph keeps (cfg.bucket_graph_execs, or
- * fewer where the bucket holds fewer sizes: its symbols' ranges, those
- * tied to a constant counting one). */
-static int bucket_copies(const sj_runtime *rt, const sj_entry *e) {
-    const sj_graph *g = e->g;
-    int64_t want = rt->cfg.bucket_graph_execs > 0 ? rt->cfg.bucket_graph_execs : 1, sizes = 1;
-    for (int i = 0; i < sj_sym_count(g->ex) && sizes < want; i++) {
-        int64_t lo, hi;
-        sj_sym_range(g->ex, i, &lo, &hi);
-        if ((i < 64 && (e->pinned_syms >> i & 1)) || hi == SJ_EX_INF || hi < lo) continue;
-        sizes *= hi - (lo > 0 ? lo : 0) + 1;
-    }
-    return (int)(sizes < want ? sizes : want);
-}
-
 static void bucket_capture_run(sj_fn *fn, sj_cgraph *g) {
     sj_runtime *rt = fn->rt;
     sj_entry *e = g->e;
@@ -471,7 +467,7 @@ static void bucket_capture_run(sj_fn *fn, sj_cgraph *g) {
     size_t bytes = 0;
     if (!st)
         st = rt->backend->graph_capture_bucket(rt->backend, gr, g->run.plan, e->head.n_syms, g->stream, g->n_in,
-                                               g->n_in + g->n_out, sizes, g->bufs, bucket_copies(rt, e), bucket_run, g,
+                                               g->n_in + g->n_out, sizes, g->bufs, g->copies, bucket_run, g,
                                                &g->dev, &bytes, g->direct);
     double ms = (double)(sj_now_ns() - t0) / 1e6;
     char why[300];

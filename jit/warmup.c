@@ -476,10 +476,9 @@ static sj_status run_shape(sj_warmup *w, warm_shape *s, const char **tier, bool 
     *graph = false;
     /* the capture queued for the caller's buffers, or for the entry's
      * bucket (cfg.bucket_graphs: asked by any warm run): waited for, so
-     * that the first request of the bucket finds its graph */
-    if (!st && (capture || (rt->backend->graph_capture_bucket && rt->cfg.bucket_graphs && rt->cfg.cuda_graphs > 0 &&
-                            !(w->flags & SJ_WARMUP_NO_GRAPHS))))
-        sj_compiler_wait_captures(rt->compiler, fn, -1);
+     * that the first request of the bucket finds its graph (none queued:
+     * no wait) */
+    if (!st) sj_compiler_wait_captures(rt->compiler, fn, -1);
     if (!st && capture)
         for (int k = 0; k < SJ_MEMO_GRAPHS; k++) *graph |= atomic_load(&s->m->graphs[k]) != NULL;
     return st;
@@ -607,11 +606,7 @@ static sj_status wait_over(sj_fn *fn, sj_warmup *w, int64_t deadline_ns) {
         }
         int64_t left = deadline_ns - sj_now_ns();
         if (left <= 0) return SJ_ETIMEOUT;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        int64_t at = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + left;
-        ts.tv_sec = (time_t)(at / 1000000000);
-        ts.tv_nsec = (long)(at % 1000000000);
+        struct timespec ts = sj_realtime_after(left);
         pthread_cond_timedwait(&fn->warm_cond, &fn->warm_lock, &ts);
     }
     return SJ_OK;

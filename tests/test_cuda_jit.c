@@ -29,6 +29,7 @@
 #include "jit/graphs.h"
 #include "kernels/cuda/exec_cuda.h"
 #include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/nvrtc.h"
 
 static sj_runtime *cpu;  /* the reference */
 
@@ -1577,15 +1578,14 @@ static void test_bucket_graph_copies(void **state) {
  * compile_quick 0: the full unit only. */
 static void test_quick_then_full_on_device(void **state) {
     (void)state;
-    sj_cuda *probe = NULL;
     for (int on = 1; on >= 0; on--) {
         sj_runtime_config cfg = tu_cuda_config();
         cfg.compile_mode = SJ_COMPILE_ASYNC;
         cfg.compile_quick = on;
         sj_runtime *rt = NULL;
         if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
-        probe = sj_cuda_of(rt->backend);
-        bool has = on && probe->nvrtc_major * 100 + probe->nvrtc_minor >= 1208;
+        const sj_cuda *cu = sj_cuda_of(rt->backend);
+        bool has = on && cu->nvrtc_major * 100 + cu->nvrtc_minor >= SJ_NVRTC_QUICK_SINCE;
         tu_seed(44 + on);
         tu_encoder w;
         sj_fn *fn = encoder_fn(rt, &w, SJ_F16, SJ_DYNAMIC_SYMBOLIC, "quick");

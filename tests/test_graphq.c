@@ -208,7 +208,9 @@ static sj_status m_model(sj_tracer *t, const sj_val *in, int n, void *u) {
     return sj_output(t, sj_sub(t, a, sj_div(t, in[0], sj_scalar(t, 4.0))));
 }
 
-static sj_runtime *runtime(sj_compile_mode mode, int workers, uint64_t graph_max) {
+/* The tests' configuration: a CPU runtime in compile mode `mode` with
+ * `workers` compile workers, hot at its first call, on the virtual clock. */
+static sj_runtime_config config(sj_compile_mode mode, int workers, uint64_t graph_max) {
     sj_runtime_config cfg = tu_cpu_config();
     cfg.compile_mode = mode;
     cfg.compile_threads = workers;
@@ -219,13 +221,23 @@ static sj_runtime *runtime(sj_compile_mode mode, int workers, uint64_t graph_max
     cfg.graph_max_bytes = graph_max;
     cfg.event_fn = on_event;
     tu_clock_use(&cfg, &clk);
+    return cfg;
+}
+
+/* A runtime of cfg with the test device's graph slots. */
+static sj_runtime *runtime_of(const sj_runtime_config *cfg) {
     sj_runtime *rt = NULL;
-    assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+    assert_int_equal(sj_runtime_create(cfg, &rt), SJ_OK);
     give_graph_slots(rt);
     atomic_store(&ev_failed, 0);
     atomic_store(&ev_evicted, 0);
     atomic_store(&ev_captured, 0);
     return rt;
+}
+
+static sj_runtime *runtime(sj_compile_mode mode, int workers, uint64_t graph_max) {
+    sj_runtime_config cfg = config(mode, workers, graph_max);
+    return runtime_of(&cfg);
 }
 
 static sj_fn *function(sj_runtime *rt) {
@@ -952,16 +964,9 @@ static void bucket_graph_serves_every_size(void **state) {
     for (int on = 2; on >= 0; on--) { /* 2: with the outputs direct */
         reset_counts();
         direct_outputs = on == 2;
-        sj_runtime_config cfg = tu_cpu_config();
-        cfg.compile_mode = SJ_COMPILE_ASYNC;
-        cfg.compile_threads = 0;
-        cfg.hot_threshold = 1;
-        cfg.specialize_threshold = 1000000;
+        sj_runtime_config cfg = config(SJ_COMPILE_ASYNC, 0, 0);
         cfg.bucket_graphs = on > 0;
-        tu_clock_use(&cfg, &clk);
-        sj_runtime *rt = NULL;
-        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
-        give_graph_slots(rt);
+        sj_runtime *rt = runtime_of(&cfg);
         sj_fn_options o;
         sj_fn_options_init(&o);
         sj_fn *fn = NULL;
@@ -1012,15 +1017,7 @@ static void bucket_warmup_waits_for_its_graphs(void **state) {
     for (int workers = 0; workers <= 1; workers++) {
         reset_counts();
         capture_delay_ms = workers ? 30 : 0;
-        sj_runtime_config cfg = tu_cpu_config();
-        cfg.compile_mode = SJ_COMPILE_ASYNC;
-        cfg.compile_threads = workers;
-        cfg.hot_threshold = 1;
-        cfg.specialize_threshold = 1000000;
-        tu_clock_use(&cfg, &clk);
-        sj_runtime *rt = NULL;
-        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
-        give_graph_slots(rt);
+        sj_runtime *rt = runtime(SJ_COMPILE_ASYNC, workers, 0);
         sj_fn *fn = NULL;
         assert_int_equal(sj_fn_create(rt, "bucketw", 1, b_model, NULL, NULL, &fn), SJ_OK);
         assert_int_equal(sj_set_buckets(fn, 0, 0, (const int64_t[]){16, 32, 64}, 3), SJ_OK);
@@ -1048,16 +1045,9 @@ static void quick_unit_then_full(void **state) {
     (void)state;
     for (int on = 1; on >= 0; on--) {
         reset_counts();
-        sj_runtime_config cfg = tu_cpu_config();
-        cfg.compile_mode = SJ_COMPILE_ASYNC;
-        cfg.compile_threads = 0;
-        cfg.hot_threshold = 1;
-        cfg.specialize_threshold = 1000000;
+        sj_runtime_config cfg = config(SJ_COMPILE_ASYNC, 0, 0);
         cfg.compile_quick = on;
-        tu_clock_use(&cfg, &clk);
-        sj_runtime *rt = NULL;
-        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
-        give_graph_slots(rt);
+        sj_runtime *rt = runtime_of(&cfg);
         sj_runtime_test_quick(rt, true);
         sj_fn *fn = function(rt);
         assert_false(call_checked(fn, 0));                       /* eager: its compile queued */
@@ -1091,12 +1081,7 @@ static void quick_unit_then_full(void **state) {
      * sj_fn_wait_idle waits for; destroying the function meanwhile waits
      * for it too */
     for (int wait = 1; wait >= 0; wait--) {
-        sj_runtime_config cfg = tu_cpu_config();
-        cfg.compile_mode = SJ_COMPILE_ASYNC;
-        cfg.compile_threads = 1;
-        cfg.hot_threshold = 1;
-        sj_runtime *rt = NULL;
-        assert_int_equal(sj_runtime_create(&cfg, &rt), SJ_OK);
+        sj_runtime *rt = runtime(SJ_COMPILE_ASYNC, 1, 0);
         sj_runtime_test_quick(rt, true);
         sj_fn *fn = function(rt);
         call_checked(fn, 0);

@@ -456,6 +456,14 @@ static void cuda_destroy(sj_backend *base) {
     free(b);
 }
 
+/* o's options joined by spaces into line (the cache key's part; fits: o's
+ * text and a space each). */
+static void join_opts(const sj_nvrtc_opts *o, char *line, size_t n) {
+    line[0] = '\0';
+    for (int i = 0, len = 0; i < o->argc; i++)
+        len += snprintf(line + len, n - (size_t)len, "%s%s", i ? " " : "", o->argv[i]);
+}
+
 sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend **out) {
     if (!out) return sj_seterr(SJ_EINVAL, "sj_cuda_backend_create: out is NULL");
     *out = NULL;
@@ -498,8 +506,7 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
         sj_err_prefix("sj_cuda_backend_create: ");
         return st;
     }
-    for (int i = 0, len = 0; i < b->opts.argc; i++) /* fits: text's strings and a space each */
-        len += snprintf(b->opt_line + len, sizeof b->opt_line - (size_t)len, "%s%s", i ? " " : "", b->opts.argv[i]);
+    join_opts(&b->opts, b->opt_line, sizeof b->opt_line);
     /* quick compiles: the same options and NVRTC's fast compile (which
      * nvrtc_flags may also name: the last one counts) */
     if (c->nvrtc_major * 100 + c->nvrtc_minor >= SJ_NVRTC_QUICK_SINCE) {
@@ -510,9 +517,7 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
             sj_clearerr(); /* (nvrtc_flags at their limit: no quick compiles) */
             b->opts_quick.argc = 0;
         }
-        for (int i = 0, len = 0; i < b->opts_quick.argc; i++)
-            len += snprintf(b->opt_line_quick + len, sizeof b->opt_line_quick - (size_t)len, "%s%s", i ? " " : "",
-                            b->opts_quick.argv[i]);
+        join_opts(&b->opts_quick, b->opt_line_quick, sizeof b->opt_line_quick);
     }
 
     snprintf(b->identity, sizeof b->identity, "cuda %s %s %s driver %d, %s", b->arch, c->name, b->nvrtc_id,
