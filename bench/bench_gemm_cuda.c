@@ -1,18 +1,22 @@
 /* bench_gemm_cuda: the generated tensor-core products with fused epilogues
- * (specialize/codegen_gemm_cuda.h) against cuBLASLt, on the MiniLM encoder
- * layer's products (hidden 384, FFN 1536), f16 in and out:
+ * (specialize/codegen_gemm_cuda.h) against cuBLASLt, on the encoder
+ * layer's products, f16 in and out, for BERT-base (w4: hidden H 768, FFN F
+ * 3072) and MiniLM (384, 1536):
  *
- *   qkv    [M, 384] @ [384, 1152] + bias
- *   out    [M, 384] @ [384, 384] + bias + residual
- *   ffn1   [M, 384] @ [384, 1536] + bias, GELU
- *   ffn2   [M, 1536] @ [1536, 384] + bias + residual
+ *   qkv    [M, H] @ [H, 3H] + bias
+ *   out    [M, H] @ [H, H] + bias + residual
+ *   ffn1   [M, H] @ [H, F] + bias, GELU
+ *   ffn2   [M, F] @ [F, H] + bias + residual
  *
- *   bench_gemm_cuda [--quick] [--m 16,64,128,256,512]
+ *   bench_gemm_cuda [--quick] [--m 16,64,128,256,512] [--model bert|minilm|both]
  *
  * For every M (tokens) and every candidate tile configuration the product
- * can take: the generated kernel (symbolic M, compiled once per tile with
- * NVRTC) timed over batches of launches between two events, median of 7
- * batches; cuBLASLt through the library's eager product (its bias
+ * can take (split-K clusters included where the device has them): the
+ * generated kernel (symbolic M, compiled once per tile with NVRTC), a batch
+ * of launches captured into a CUDA graph and the graph's launch timed
+ * between two events (device time, as a fused call replayed from a graph
+ * spends it; launches from the host would time cuBLASLt's 8 us of host
+ * work), median of 7 batches; cuBLASLt through the library's eager product (its bias
  * epilogue), alone (`lt_ms`) and followed by the eager kernels that finish
  * the same epilogue (GELU, the residual add: `lt_epi_ms`, what the fused
  * plan runs today). One JSON line per (product, M, tile), then one per
@@ -51,10 +55,10 @@ typedef struct product {
 } product;
 
 static const product products[] = {
-    {"qkv", 1152, 384, false, false},
-    {"out", 384, 384, false, true},
-    {"ffn1", 1536, 384, true, false},
-    {"ffn2", 384, 1536, false, true},
+    {"bert.qkv", 2304, 768, false, false},   {"bert.out", 768, 768, false, true},
+    {"bert.ffn1", 3072, 768, true, false},   {"bert.ffn2", 768, 3072, false, true},
+    {"minilm.qkv", 1152, 384, false, false}, {"minilm.out", 384, 384, false, true},
+    {"minilm.ffn1", 1536, 384, true, false}, {"minilm.ffn2", 384, 1536, false, true},
 };
 
 static void die(const char *what) {
@@ -107,23 +111,37 @@ static char *nvrtc(const char *src) {
 
 typedef void (*launch_fn)(void *ctx);
 
-/* Median over 7 batches of the mean time of one launch, ms. */
+#define WS_BYTES ((size_t)4 << 20) /* cuBLASLt's workspace, as a CUDA graph's (graph_cuda.c) */
+
+/* Median over 7 batches of the mean time of one launch, ms: each batch
+ * one launch of a graph that holds `reps` launches. */
 static double time_ms(launch_fn f, void *ctx) {
     CUevent e0, e1;
     cu(dev->api.EventCreate(&e0, 0), "event");
     cu(dev->api.EventCreate(&e1, 0), "event");
     for (int i = 0; i < 10; i++) f(ctx);
     int reps = quick ? 20 : 100;
+    CUgraph graph;
+    CUgraphExec exec;
+    cu(dev->api.StreamBeginCapture(dev->stream, CU_STREAM_CAPTURE_MODE_RELAXED), "begin capture");
+    sj_cuda_capturing(dev->stream);
+    for (int i = 0; i < reps; i++) f(ctx);
+    sj_cuda_capturing(NULL);
+    cu(dev->api.StreamEndCapture(dev->stream, &graph), "end capture");
+    cu(dev->api.GraphInstantiate(&exec, graph, 0), "instantiate");
+    cu(dev->api.GraphLaunch(exec, dev->stream), "graph launch"); /* its upload */
     double t[7];
     for (int b = 0; b < 7; b++) {
         cu(dev->api.EventRecord(e0, dev->stream), "record");
-        for (int i = 0; i < reps; i++) f(ctx);
+        cu(dev->api.GraphLaunch(exec, dev->stream), "graph launch");
         cu(dev->api.EventRecord(e1, dev->stream), "record");
         cu(dev->api.EventSynchronize(e1), "sync");
         float ms = 0;
         cu(dev->api.EventElapsedTime(&ms, e0, e1), "elapsed");
         t[b] = ms / reps;
     }
+    dev->api.GraphExecDestroy(exec);
+    dev->api.GraphDestroy(graph);
     dev->api.EventDestroy(e0);
     dev->api.EventDestroy(e1);
     qsort(t, 7, sizeof t[0], bench_cmp_double);
@@ -138,7 +156,7 @@ typedef struct gen_ctx {
 
 static void launch_gen(void *c) {
     gen_ctx *g = c;
-    cu(dev->api.LaunchKernel(g->fn, g->d.grid[0], g->d.grid[1], 1, g->d.block[0], 1, 1, (unsigned)g->d.smem,
+    cu(dev->api.LaunchKernel(g->fn, g->d.grid[0], g->d.grid[1], g->d.grid[2], g->d.block[0], 1, 1, (unsigned)g->d.smem,
                              dev->stream, g->args, NULL),
        "launch");
 }
@@ -167,6 +185,7 @@ static sj_tensor dtensor(CUdeviceptr p, int rank, int64_t r0, int64_t r1) {
 int main(int argc, char **argv) {
     int64_t Ms[16] = {16, 64, 128, 256, 512};
     int nM = 5;
+    const char *model = "both";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--m") && i + 1 < argc) {
@@ -175,8 +194,10 @@ int main(int argc, char **argv) {
                 Ms[nM++] = strtoll(s, &s, 10);
                 if (!*s) break;
             }
+        } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
+            model = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--m 16,64,...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--m 16,64,...] [--model bert|minilm|both]\n", argv[0]);
             return 2;
         }
     }
@@ -185,11 +206,14 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (sj_cuda_eager_load(dev)) die("eager kernels");
+    CUdeviceptr ws = sj_cuda_alloc(dev, WS_BYTES, dev->stream); /* cuBLASLt's, as in a graph */
+    if (!ws) die("device memory");
     int n_tiles;
     const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&n_tiles);
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     for (size_t pi = 0; pi < sizeof products / sizeof products[0]; pi++) {
         const product *P = &products[pi];
+        if (strcmp(model, "both") && strncmp(P->name, model, strlen(model))) continue;
         CUmodule mods[16] = {0};
         CUfunction fns[16] = {0};
         sj_gemm_spec specs[16];
@@ -197,7 +221,7 @@ int main(int argc, char **argv) {
             specs[t] = (sj_gemm_spec){.M = 0, .N = P->N, .K = P->K, .bias = true, .gelu = P->gelu,
                                       .residual = P->residual, .bias_dtype = SJ_F16, .res_dtype = SJ_F16,
                                       .out_dtype = SJ_F16, .tile = tiles[t]};
-            if (sj_gemm_cuda_check(&specs[t])) continue;
+            if (sj_gemm_cuda_check(&specs[t]) || (tiles[t].splitk > 1 && dev->cc_major < 9)) continue;
             char *src = sj_codegen_gemm_cuda(&specs[t], "sj_gemm", NULL);
             if (!src) die("generate");
             double t0 = bench_now_s();
@@ -211,9 +235,10 @@ int main(int argc, char **argv) {
             sj_gemm_cuda_dims(&specs[t], 1, &d);
             cu(dev->api.FuncSetAttribute(fns[t], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)d.smem),
                "smem attribute");
-            printf("{\"bench\": \"gemm_cuda\", \"product\": \"%s\", \"tile\": \"%dx%dx%d/%dx%d/%d\", "
+            printf("{\"bench\": \"gemm_cuda\", \"product\": \"%s\", \"tile\": \"%dx%dx%d/%dx%d/%d/k%d\", "
                    "\"nvrtc_s\": %.3f}\n",
-                   P->name, tiles[t].bm, tiles[t].bn, tiles[t].bk, tiles[t].wm, tiles[t].wn, tiles[t].stages, cs);
+                   P->name, tiles[t].bm, tiles[t].bn, tiles[t].bk, tiles[t].wm, tiles[t].wn, tiles[t].stages,
+                   tiles[t].splitk > 1 ? tiles[t].splitk : 1, cs);
         }
         for (int mi = 0; mi < nM; mi++) {
             int64_t M = Ms[mi], N = P->N, K = P->K;
@@ -231,11 +256,13 @@ int main(int argc, char **argv) {
                 double ms = time_ms(launch_gen, &g);
                 if (ms < best) best = ms, best_t = t;
                 printf("{\"bench\": \"gemm_cuda\", \"product\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": %lld, "
-                       "\"tile\": \"%dx%dx%d/%dx%d/%d\", \"ms\": %.5f, \"tflops\": %.1f}\n",
+                       "\"tile\": \"%dx%dx%d/%dx%d/%d/k%d\", \"ms\": %.5f, \"tflops\": %.1f}\n",
                        P->name, (long long)M, (long long)N, (long long)K, tiles[t].bm, tiles[t].bn, tiles[t].bk,
-                       tiles[t].wm, tiles[t].wn, tiles[t].stages, ms, flop / ms * 1e-9);
+                       tiles[t].wm, tiles[t].wn, tiles[t].stages, tiles[t].splitk > 1 ? tiles[t].splitk : 1, ms,
+                       flop / ms * 1e-9);
             }
-            lt_ctx l = {.e = {.cuda = dev, .stream = dev->stream}, .gelu = P->gelu, .residual = P->residual};
+            lt_ctx l = {.e = {.cuda = dev, .stream = dev->stream, .ws = ws, .ws_bytes = WS_BYTES},
+                        .gelu = P->gelu, .residual = P->residual};
             l.a = dtensor(A, 2, M, K), l.b = dtensor(B, 2, K, N), l.bias = dtensor(bias, 1, N, 0);
             l.r = dtensor(R, 2, M, N), l.y = dtensor(C, 2, M, N);
             launch_lt(&l);
@@ -244,10 +271,11 @@ int main(int argc, char **argv) {
             l.epi = true;
             double lt_epi = P->gelu || P->residual ? time_ms(launch_lt, &l) : lt;
             printf("{\"bench\": \"gemm_cuda\", \"product\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": %lld, "
-                   "\"best_tile\": \"%dx%dx%d/%dx%d/%d\", \"best_ms\": %.5f, \"lt_ms\": %.5f, \"lt_epi_ms\": %.5f, "
+                   "\"best_tile\": \"%dx%dx%d/%dx%d/%d/k%d\", \"best_ms\": %.5f, \"lt_ms\": %.5f, \"lt_epi_ms\": %.5f, "
                    "\"vs_lt\": %.2f, \"vs_lt_epi\": %.2f, \"tflops\": %.1f, \"lt_tflops\": %.1f}\n",
                    P->name, (long long)M, (long long)N, (long long)K, tiles[best_t].bm, tiles[best_t].bn,
-                   tiles[best_t].bk, tiles[best_t].wm, tiles[best_t].wn, tiles[best_t].stages, best, lt, lt_epi,
+                   tiles[best_t].bk, tiles[best_t].wm, tiles[best_t].wn, tiles[best_t].stages,
+                   tiles[best_t].splitk > 1 ? tiles[best_t].splitk : 1, best, lt, lt_epi,
                    lt / best, lt_epi / best, flop / best * 1e-9, flop / lt * 1e-9);
             fflush(stdout);
             sj_cuda_free(dev, A, dev->stream), sj_cuda_free(dev, B, dev->stream);
@@ -257,6 +285,7 @@ int main(int argc, char **argv) {
         for (int t = 0; t < n_tiles; t++)
             if (mods[t]) dev->api.ModuleUnload(mods[t]);
     }
+    sj_cuda_free(dev, ws, dev->stream);
     sj_cuda_eager_unload(dev);
     sj_cuda_close(dev);
     return 0;

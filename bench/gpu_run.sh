@@ -78,9 +78,11 @@ if [ "$what" = gemm ]; then
     grep -E "ERROR|Failure|differs|model " /tmp/test_gemm_jit.log | head -30 | tee -a "$summary"
     for round in 1 2; do
         for on in 0 1; do
-            SHAPEJIT_CUDA_GEMM=$on timeout 300 "$B/bench_cuda" --workloads w4 > "$OUT/w4_gemm$on.r$round.jsonl" 2> /tmp/bench_w4g.err
+            SHAPEJIT_LOG=perf SHAPEJIT_CUDA_GEMM=$on timeout 300 "$B/bench_cuda" --workloads w4 > "$OUT/w4_gemm$on.r$round.jsonl" 2> /tmp/bench_w4g.err
             echo "bench_cuda w4 SHAPEJIT_CUDA_GEMM=$on round $round rc=$?" | tee -a "$summary"
             grep -E '"mode": ?"fused' "$OUT/w4_gemm$on.r$round.jsonl" | head -12 | tee -a "$summary"
+            # the tuner's times and choices (first round)
+            [ "$on" = 1 ] && [ "$round" = 1 ] && grep -E "product .*cuBLASLt" /tmp/bench_w4g.err | sed 's/^.*cuda: //' | head -48 >> "$summary"
         done
     done
 fi

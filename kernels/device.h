@@ -178,6 +178,10 @@ struct sj_backend {
      * sizes grids by (CUDA: the multiprocessors; sj_dev_launch); 0: none
      * (the host, whose launches are split over work items). */
     int units;
+    /* The device's compute capability, major x 10 + minor (CUDA; 0 on the
+     * host): which generated products it can run (split-K clusters from
+     * 90; sj_gemm_cuda_candidates). */
+    int arch;
 
     /* -- Compiling (required) --
      * Compile (or load from the cache) and resolve req->symbols. SJ_OK, or

@@ -39,8 +39,15 @@
 
 static int threads_of(const sj_gemm_tile *t) { return t->wm * t->wn * 32; }
 
+static int splitk_of(const sj_gemm_tile *t) { return t->splitk > 1 ? t->splitk : 1; }
+
+/* The f32 partial tile of a split-K block: BM rows of BN + 4 floats (the
+ * pad spreads a fragment store's rows over the banks). */
+static size_t red_bytes_of(const sj_gemm_tile *t) { return (size_t)t->bm * (size_t)(t->bn + 4) * 4; }
+
 static size_t smem_of(const sj_gemm_tile *t) {
-    return (size_t)t->stages * ((size_t)t->bm * (size_t)(t->bk + 8) + (size_t)t->bk * (size_t)(t->bn + 8)) * 2;
+    size_t pipe = (size_t)t->stages * ((size_t)t->bm * (size_t)(t->bk + 8) + (size_t)t->bk * (size_t)(t->bn + 8)) * 2;
+    return splitk_of(t) > 1 && red_bytes_of(t) > pipe ? red_bytes_of(t) : pipe;
 }
 
 static bool half_or_float(sj_dtype dt) { return dt == SJ_F16 || dt == SJ_F32; }
@@ -58,9 +65,14 @@ sj_status sj_gemm_cuda_check(const sj_gemm_spec *s) {
     if (threads_of(t) > 1024) return sj_seterr(SJ_EINVAL, "gemm: %d threads a block (1024 at most)", threads_of(t));
     if (smem_of(t) > 227 * 1024)
         return sj_seterr(SJ_EINVAL, "gemm: %zu bytes of shared memory (227 KiB at most)", smem_of(t));
-    if (s->N <= 0 || s->K <= 0 || s->N % t->bn || s->K % t->bk)
-        return sj_seterr(SJ_EINVAL, "gemm: N %" PRId64 " must be a multiple of BN %d, K %" PRId64 " of BK %d", s->N,
-                         t->bn, s->K, t->bk);
+    int sk = splitk_of(t);
+    if (sk != 1 && sk != 2 && sk != 4 && sk != 8) return sj_seterr(SJ_EINVAL, "gemm: split-K %d (1, 2, 4 or 8)", sk);
+    if (s->N <= 0 || s->K <= 0 || s->N % t->bn || s->K % ((int64_t)t->bk * sk))
+        return sj_seterr(SJ_EINVAL,
+                         "gemm: N %" PRId64 " must be a multiple of BN %d, K %" PRId64 " of BK %d x split-K %d", s->N,
+                         t->bn, s->K, t->bk, sk);
+    if ((t->bm * t->bn / 2) % sk)
+        return sj_seterr(SJ_EINVAL, "gemm: a %dx%d tile's pairs do not split %d ways", t->bm, t->bn, sk);
     if (s->M < 0) return sj_seterr(SJ_EINVAL, "gemm: M %" PRId64 " < 0", s->M);
     if (!half_or_float(s->out_dtype) || (s->bias && !half_or_float(s->bias_dtype)) ||
         (s->residual && !half_or_float(s->res_dtype)))
@@ -72,22 +84,78 @@ void sj_gemm_cuda_dims(const sj_gemm_spec *s, int64_t M, sj_gemm_dims *d) {
     const sj_gemm_tile *t = &s->tile;
     d->grid[0] = (unsigned)(s->N / t->bn);
     d->grid[1] = (unsigned)((M + t->bm - 1) / t->bm);
-    d->grid[2] = 1;
+    d->grid[2] = (unsigned)splitk_of(t); /* a cluster's blocks along z */
     d->block[0] = (unsigned)threads_of(t);
     d->block[1] = d->block[2] = 1;
     d->smem = smem_of(t);
 }
 
+/* Split-K tiles come after every tile of one block, so that a device
+ * before sm_90 takes the first ones (sj_gemm_cuda_candidates). */
+#define FIRST_SPLIT 5
+
 const sj_gemm_tile *sj_gemm_cuda_tiles(int *n) {
     static const sj_gemm_tile tiles[] = {
-        {64, 64, 32, 2, 2, 3},   /* small M: many blocks */
-        {64, 128, 32, 2, 2, 3},
-        {128, 64, 32, 2, 2, 3},
-        {128, 128, 32, 2, 4, 3}, /* large M: reuse */
-        {64, 64, 64, 2, 2, 2},
+        {64, 64, 32, 2, 2, 3, 1},   /* small M: many blocks */
+        {64, 128, 32, 2, 2, 3, 1},
+        {128, 64, 32, 2, 2, 3, 1},
+        {128, 128, 32, 2, 4, 3, 1}, /* large M: reuse */
+        {64, 64, 64, 2, 2, 2, 1},
+        /* FIRST_SPLIT: split-K clusters (sm_90), for products of few rows */
+        {16, 64, 32, 1, 4, 4, 2},
+        {16, 64, 32, 1, 4, 4, 4},
+        {16, 64, 32, 1, 4, 4, 8},
+        {16, 32, 32, 1, 2, 4, 4},
+        {16, 32, 32, 1, 2, 4, 8},
+        {32, 64, 32, 2, 2, 4, 2},
+        {32, 64, 32, 2, 2, 4, 4},
+        {64, 64, 32, 2, 2, 3, 2},
+        {64, 64, 32, 2, 2, 3, 4},
     };
     *n = (int)(sizeof tiles / sizeof tiles[0]);
     return tiles;
+}
+
+/* How far a grid of `blocks` is from one or two blocks a multiprocessor
+ * (1: in that range; larger: further), with the rows a block wastes past
+ * M counted as idle blocks. */
+static double grid_cost(int64_t blocks, int64_t M, int bm, int units) {
+    double used = (double)M / (double)(((M + bm - 1) / bm) * bm); /* a tile's rows that are real */
+    double eff = (double)blocks * used;
+    if (eff < units) return (double)units / (eff > 0 ? eff : 1);
+    if (blocks > 2 * (int64_t)units) return (double)blocks / (2.0 * units);
+    return 1.0;
+}
+
+int sj_gemm_cuda_candidates(int64_t M, int64_t N, int64_t K, int arch, int units, int8_t *out, int max) {
+    int nt, n = 0;
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+    if (arch >= 90 && max >= 3) { /* the two best split-K tiles at M */
+        int64_t m = M > 0 ? M : 16;
+        int best[2] = {-1, -1};
+        double cost[2] = {0, 0};
+        for (int t = FIRST_SPLIT; t < nt; t++) {
+            sj_gemm_spec sp = {.N = N, .K = K, .out_dtype = SJ_F16, .tile = tiles[t]};
+            if (sj_gemm_cuda_check(&sp) != SJ_OK) continue;
+            int64_t blocks = (N / tiles[t].bn) * ((m + tiles[t].bm - 1) / tiles[t].bm) * tiles[t].splitk;
+            /* fewer rows wasted first, then the grid, then fewer splits */
+            double c = grid_cost(blocks, m, tiles[t].bm, units > 0 ? units : 132) +
+                       (double)((tiles[t].bm - m % tiles[t].bm) % tiles[t].bm) / 64.0;
+            for (int k = 0; k < 2; k++)
+                if (best[k] < 0 || c < cost[k]) {
+                    if (k == 0) best[1] = best[0], cost[1] = cost[0];
+                    best[k] = t, cost[k] = c;
+                    break;
+                }
+        }
+        for (int k = 0; k < 2; k++)
+            if (best[k] >= 0) out[n++] = (int8_t)best[k];
+    }
+    for (int t = 0; t < FIRST_SPLIT && n < max; t++) {
+        sj_gemm_spec sp = {.N = N, .K = K, .out_dtype = SJ_F16, .tile = tiles[t]};
+        if (sj_gemm_cuda_check(&sp) == SJ_OK) out[n++] = (int8_t)t;
+    }
+    return n;
 }
 
 /* -- Source -------------------------------------------------------------------- */
@@ -187,10 +255,11 @@ static const char body_main[] =
     "    for (int i = 0; i < MT; i++)\n"
     "#pragma unroll\n"
     "        for (int j = 0; j < NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;\n"
-    "    enum { KT = KK / BK };\n"
+    "    enum { KT = KK / BK / SK }; /* this block's K tiles: the z-th SK-th of K */\n"
+    "    const int kb = blockIdx.z * (KT * BK);\n"
     "#pragma unroll\n"
     "    for (int s = 0; s < STAGES - 1; s++) {\n"
-    "        if (s < KT) load_tile(As + s * A_STAGE, Bs + s * B_STAGE, A, B, M, m0, n0, s * BK, tid);\n"
+    "        if (s < KT) load_tile(As + s * A_STAGE, Bs + s * B_STAGE, A, B, M, m0, n0, kb + s * BK, tid);\n"
     "        cp_commit();\n"
     "    }\n"
     "#pragma unroll 1\n"
@@ -199,7 +268,7 @@ static const char body_main[] =
     "        __syncthreads();\n"
     "        const int nk = kt + STAGES - 1;\n"
     "        if (nk < KT) load_tile(As + (nk % STAGES) * A_STAGE, Bs + (nk % STAGES) * B_STAGE, A, B, M, m0, n0,\n"
-    "                               nk * BK, tid);\n"
+    "                               kb + nk * BK, tid);\n"
     "        cp_commit();\n"
     "        const unsigned short *as = As + (kt % STAGES) * A_STAGE, *bs = Bs + (kt % STAGES) * B_STAGE;\n"
     "#pragma unroll\n"
@@ -223,7 +292,10 @@ static const char body_main[] =
     "        }\n"
     "    }\n"
     "    cp_wait<0>();\n"
-    "    const int g = lane >> 2, t4 = lane & 3;\n"
+    "    const int g = lane >> 2, t4 = lane & 3;\n";
+
+/* One block a tile: the epilogue on the accumulators, pair by pair. */
+static const char epi_direct[] =
     "#pragma unroll\n"
     "    for (int mt = 0; mt < MT; mt++)\n"
     "#pragma unroll\n"
@@ -234,6 +306,58 @@ static const char body_main[] =
     "            for (int nt = 0; nt < NT; nt++) {\n"
     "                const int col = n0 + wn * TN + nt * 8 + 2 * t4;\n"
     "                float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];\n";
+
+/* Split-K: the partial tile to shared memory (the pipeline's buffers, all
+ * read), the cluster's barrier, then this block's SK-th of the pairs summed
+ * over the cluster's blocks in rank order, and the epilogue on them. */
+static const char epi_split[] =
+    "    __syncthreads();\n"
+    "    float *red = (float *)smem;\n"
+    "#pragma unroll\n"
+    "    for (int mt = 0; mt < MT; mt++)\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 2; h++)\n"
+    "#pragma unroll\n"
+    "            for (int nt = 0; nt < NT; nt++)\n"
+    "                *(float2 *)(red + (wm * TM + mt * 16 + g + h * 8) * RS + wn * TN + nt * 8 + 2 * t4) =\n"
+    "                    make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);\n"
+    "    cluster_sync();\n"
+    "    {\n"
+    "        enum { PAIRS = BM * BN / 2, PER = PAIRS / SK };\n"
+    "        const unsigned rank = cluster_rank(), base = smem_u32(red);\n"
+    "#pragma unroll 1\n"
+    "        for (int p = (int)rank * PER + tid; p < ((int)rank + 1) * PER; p += THREADS) {\n"
+    "            const int r = (2 * p) / BN, c = (2 * p) % BN;\n"
+    "            const long long row = m0 + r;\n"
+    "            if (row >= M) continue;\n"
+    "            const int col = n0 + c;\n"
+    "            float v0 = 0.0f, v1 = 0.0f;\n"
+    "#pragma unroll\n"
+    "            for (int q = 0; q < SK; q++) {\n"
+    "                const float2 x = ld_peer2(base + (unsigned)(r * RS + c) * 4u, (unsigned)q);\n"
+    "                v0 += x.x;\n"
+    "                v1 += x.y;\n"
+    "            }\n";
+
+/* Distributed shared memory (sm_90): a cluster's barrier, this block's
+ * rank, a pair of floats from a peer's shared memory. */
+static const char cluster_helpers[] =
+    "__device__ __forceinline__ void cluster_sync() {\n"
+    "    asm volatile(\"barrier.cluster.arrive.release.aligned;\\n\"\n"
+    "                 \"barrier.cluster.wait.acquire.aligned;\\n\" ::: \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned cluster_rank() {\n"
+    "    unsigned r;\n"
+    "    asm volatile(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(r));\n"
+    "    return r;\n"
+    "}\n"
+    "__device__ __forceinline__ float2 ld_peer2(unsigned addr, unsigned rank) {\n"
+    "    unsigned a;\n"
+    "    float2 v;\n"
+    "    asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(a) : \"r\"(addr), \"r\"(rank));\n"
+    "    asm volatile(\"ld.shared::cluster.v2.f32 {%0, %1}, [%2];\" : \"=f\"(v.x), \"=f\"(v.y) : \"r\"(a) : \"memory\");\n"
+    "    return v;\n"
+    "}\n";
 
 static const char *ld2(sj_dtype dt) { return dt == SJ_F16 ? "ld2_h" : "ld2_f"; }
 
@@ -250,17 +374,19 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     put(&o, "#define BM %d\n#define BN %d\n#define BK %d\n#define WM %d\n#define WN %d\n#define STAGES %d\n", t->bm,
         t->bn, t->bk, t->wm, t->wn, t->stages);
     put(&o, "#define NN %" PRId64 "LL\n#define KK %" PRId64 "LL\n", s->N, s->K);
+    const int sk = splitk_of(t);
+    put(&o, "#define SK %d\n#define RS (BN + 4)\n", sk);
     put(&o, "#define THREADS (WM * WN * 32)\n#define TM (BM / WM)\n#define TN (BN / WN)\n#define MT (TM / 16)\n"
             "#define NT (TN / 8)\n#define AS (BK + 8)\n#define BS (BN + 8)\n#define A_STAGE (BM * AS)\n"
             "#define B_STAGE (BK * BS)\n\n");
-    put(&o, "%s\n%s", helpers, body_head);
-    put(&o, "extern \"C\" __global__ void __launch_bounds__(THREADS)\n");
+    put(&o, "%s\n%s%s", helpers, sk > 1 ? cluster_helpers : "", body_head);
+    put(&o, "extern \"C\" __global__ void __launch_bounds__(THREADS)%s\n", sk > 1 ? " __cluster_dims__(1, 1, SK)" : "");
     put(&o, "%s(const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n", name);
     put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg) {\n");
     if (s->M > 0) put(&o, "    const long long M = %" PRId64 "LL;\n    (void)M_arg;\n", s->M);
     else put(&o, "    const long long M = M_arg;\n");
     put(&o, "    (void)bias;\n    (void)R;\n");
-    put(&o, "%s", body_main);
+    put(&o, "%s%s", body_main, sk > 1 ? epi_split : epi_direct);
     if (s->bias) {
         put(&o, "                { float b0, b1; %s(bias, col, b0, b1); v0 += b0; v1 += b1; }\n", ld2(s->bias_dtype));
     }
@@ -274,7 +400,9 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
             ld2(s->res_dtype));
     if (s->residual && s->round_res) put(&o, "%s", rnd);
     put(&o, "                %s(C, row * NN + col, v0, v1);\n", s->out_dtype == SJ_F16 ? "st2_h" : "st2_f");
-    put(&o, "            }\n        }\n}\n");
+    put(&o, "            }\n        }\n");
+    if (sk > 1) put(&o, "    cluster_sync(); /* the peers have read this block's partial */\n");
+    put(&o, "}\n");
     if (o.oom) {
         free(o.s);
         sj_seterr(SJ_ENOMEM, "gemm: out of memory generating %s", name);

@@ -34,9 +34,21 @@
  * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES set on the function
  * first). M = 0 needs no launch.
  *
+ * Split-K (tile.splitk SK of 2, 4 or 8; sm_90 and later: thread block
+ * clusters): the grid's z is SK and the kernel is compiled with cluster
+ * dims (1, 1, SK), so the SK blocks of one C tile form a cluster, each
+ * multiplying one SK-th of K. Each leaves its f32 partial tile in its own
+ * shared memory; after a cluster barrier, block z sums the SK partials of
+ * its SK-th of the tile's elements (read from the peers' shared memory,
+ * distributed shared memory, in rank order: the sum is deterministic),
+ * runs the epilogue on them and stores; a second barrier keeps every
+ * block's partial alive until its peers have read it. No global workspace,
+ * no second kernel: short products (a few rows, long K) fill the device
+ * with SK times the blocks.
+ *
  * Constraints (sj_gemm_cuda_check): BM a multiple of 16 WM, BN of 16 WN,
- * BK of 16; N a multiple of BN, K of BK; 2 <= STAGES <= 4; at most 1024
- * threads and 227 KiB of shared memory.
+ * BK of 16; N a multiple of BN, K of BK x SK; 2 <= STAGES <= 4; at most
+ * 1024 threads and 227 KiB of shared memory; SK 1, 2, 4 or 8.
  */
 #ifndef SJ_CODEGEN_GEMM_CUDA_H
 #define SJ_CODEGEN_GEMM_CUDA_H
@@ -52,6 +64,7 @@ typedef struct sj_gemm_tile {
     int bm, bn, bk; /* block tile */
     int wm, wn;     /* warps along M and N */
     int stages;     /* shared-memory buffers in the K pipeline */
+    int splitk;     /* 0 or 1: one block a tile; 2, 4, 8: a cluster of that many blocks splits K (sm_90) */
 } sj_gemm_tile;
 
 typedef struct sj_gemm_spec {
@@ -90,9 +103,20 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
 void sj_gemm_cuda_dims(const sj_gemm_spec *s, int64_t M, sj_gemm_dims *d);
 
 /* A few tile configurations worth trying on sm_80/sm_90 for f16 products
- * (the autotuner's candidates, small tiles first); *n receives the count.
- * Each still needs sj_gemm_cuda_check against the product's N and K. */
+ * (the autotuner's candidates: one block a tile first, then split-K);
+ * *n receives the count. Each still needs sj_gemm_cuda_check against the
+ * product's N and K, and a split-K tile a device of compute capability
+ * 9.0 or later. */
 const sj_gemm_tile *sj_gemm_cuda_tiles(int *n);
+
+/* The candidates worth compiling for an N x K product on a device of
+ * compute capability arch (major x 10 + minor) with `units`
+ * multiprocessors, M rows (0: unknown, every M): up to max indexes into
+ * sj_gemm_cuda_tiles() written to out, their count returned (0: no tile
+ * fits). From sm_90, the two split-K tiles whose grids at M (16 where
+ * unknown) come closest to one or two blocks a multiprocessor, then the
+ * first tiles of one block a tile that fit; before sm_90 only those. */
+int sj_gemm_cuda_candidates(int64_t M, int64_t N, int64_t K, int arch, int units, int8_t *out, int max);
 
 /* The autotuner's choice for a compiled unit, as the kernel cache keeps it
  * beside the unit's CUBIN: one line, "sjgp1 <groups> <pick> ...", a pick

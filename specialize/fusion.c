@@ -556,6 +556,7 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced) { return sj_fuse_ex(g, t
 
 sj_fplan *sj_fuse_ex(sj_graph *g, const sj_tensor *traced, const sj_fuse_opts *o) {
     sj_fuse_st b = {.g = g, .ex = g->ex, .traced = traced, .gemm = o && o->gemm,
+                    .gemm_arch = o ? o->gemm_arch : 0, .gemm_units = o ? o->gemm_units : 0,
                     .pinned = o ? o->pinned : 0};
     size_t nv = (size_t)g->n_vals + 1, nn = (size_t)g->n_nodes + 1;
     b.words = (int)((nn + 63) / 64);

@@ -120,8 +120,8 @@ typedef struct sj_group {
      * result. */
     int32_t gemm_tile;
     int8_t gemm_tiles[4]; /* the kernel's variants (the autotuner's candidates):
-                             the first gemm_nv tiles of sj_gemm_cuda_tiles() that
-                             fit, gemm_tiles[0] == gemm_tile */
+                             gemm_nv tiles of sj_gemm_cuda_tiles() chosen by
+                             sj_gemm_cuda_candidates, gemm_tiles[0] == gemm_tile */
     int gemm_nv;
     uint32_t gemm_epi;
     int32_t gemm_res;
@@ -188,7 +188,9 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced);
  *   folded or not) whose A is contiguous from element 0, whose B is a
  *   parameter contiguous [K, N] from element 0 (N and K constants that a
  *   tile of sj_gemm_cuda_tiles() divides: up to 4 such tiles, the
- *   kernel's variants, which the device times once compiled),
+ *   kernel's variants, which the device times once compiled: from sm_90
+ *   two split-K clusters for the rows a fixed M gives, or 16, then tiles
+ *   of one block; sj_gemm_cuda_candidates),
  *   whose bias (if any) is f16 or f32 with unit stride over N, and whose
  *   result is contiguous from element 0, is a generated product
  *   (gemm_tile >= 0): the CUDA code generator emits a kernel for it
@@ -204,6 +206,10 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced);
  *   not such a chain is no epilogue (it runs after, as before). */
 typedef struct sj_fuse_opts {
     bool gemm; /* mark generated products */
+    /* The device's compute capability (major x 10 + minor; 0: unknown)
+     * and multiprocessors: which tiles a generated product's variants are
+     * (sj_gemm_cuda_candidates; split-K clusters from 90) */
+    int gemm_arch, gemm_units;
     /* Symbols the trace's facts pin to a constant (bit s: symbol s equals
      * its hint on every call the entry serves; the guards check it, e.g.
      * an input's inner size pinned by a product with a constant weight):

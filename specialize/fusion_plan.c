@@ -282,12 +282,11 @@ static void find_gemms(plan_ctx *c) {
             for (int a = 0; a + 1 < bb->rank && ok; a++) ok = sj_fuse_is_one(b, bb->shape[a]);
             if (!ok) continue;
         }
-        int nt;
-        const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
-        for (int t = 0; t < nt && c->gm[k].gemm_nv < 4; t++) {
-            sj_gemm_spec sp = {.M = 0, .N = N, .K = K, .out_dtype = SJ_F16, .tile = tiles[t]};
-            if (sj_gemm_cuda_check(&sp) == SJ_OK) c->gm[k].gemm_tiles[c->gm[k].gemm_nv++] = (int8_t)t;
-        }
+        /* the rows where every size before the last is fixed (a static or
+         * specialized entry), else 0: the candidates for every M */
+        int64_t M = 1, d;
+        for (int a = 0; a + 1 < Y->rank && M > 0; a++) M = fixed_of(b, Y->shape[a], &d) ? M * d : 0;
+        c->gm[k].gemm_nv = sj_gemm_cuda_candidates(M, N, K, b->gemm_arch, b->gemm_units, c->gm[k].gemm_tiles, 4);
         if (c->gm[k].gemm_nv) {
             c->gm[k].gemm_tile = c->gm[k].gemm_tiles[0];
             c->gm[k].gemm_out = v;
@@ -660,8 +659,10 @@ void sj_fplan_print(const sj_graph *g, const sj_fplan *p, const int64_t *sym_val
         if (G->gemm_tile >= 0) {
             int nt;
             const sj_gemm_tile *t = &sj_gemm_cuda_tiles(&nt)[G->gemm_tile];
-            fprintf(out, "; generated product, tile %dx%dx%d%s (%d variant%s)", t->bm, t->bn, t->bk,
-                    G->gemm_epi & SJ_GEMM_EPI ? ", epilogue inside" : "", G->gemm_nv, G->gemm_nv > 1 ? "s" : "");
+            fprintf(out, "; generated product, tile %dx%dx%d", t->bm, t->bn, t->bk);
+            if (t->splitk > 1) fprintf(out, " split-K %d", t->splitk);
+            fprintf(out, "%s (%d variant%s)", G->gemm_epi & SJ_GEMM_EPI ? ", epilogue inside" : "", G->gemm_nv,
+                    G->gemm_nv > 1 ? "s" : "");
         }
         if (G->kind != SJ_G_NODE) {
             fprintf(out, "; loads");

@@ -1,6 +1,8 @@
 /* Generated tensor-core matrix products (specialize/codegen_gemm_cuda.h).
  *
- * Everywhere (no GPU needed): every candidate tile configuration, with the
+ * Everywhere (no GPU needed): every candidate tile configuration (split-K
+ * clusters included: their PTX has the cluster's barrier and distributed
+ * shared-memory loads), with the
  * fullest epilogue (bias, GELU, residual, f16 out) and with none (f32
  * out), symbolic and specialized M, compiles with NVRTC for sm_90 without
  * errors or warnings, and its PTX holds the tensor-core, ldmatrix and
@@ -115,7 +117,7 @@ static int teardown_all(void **state) {
 
 static void test_check(void **state) {
     (void)state;
-    const sj_gemm_tile ok = {64, 64, 32, 2, 2, 3};
+    const sj_gemm_tile ok = {64, 64, 32, 2, 2, 3, 1};
     sj_gemm_spec s = spec_of(&ok, 0, 384, 384, &epis[FULL]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
     s.N = 400; /* not a multiple of BN */
@@ -123,13 +125,13 @@ static void test_check(void **state) {
     assert_null(sj_codegen_gemm_cuda(&s, "x", NULL));
     s = spec_of(&ok, 0, 384, 392, &epis[FULL]); /* K not a multiple of BK */
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
-    sj_gemm_tile bad = {64, 64, 32, 8, 2, 3}; /* BM 64 < 16 x 8 warps */
+    sj_gemm_tile bad = {64, 64, 32, 8, 2, 3, 1}; /* BM 64 < 16 x 8 warps */
     s = spec_of(&bad, 0, 384, 384, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
-    bad = (sj_gemm_tile){64, 64, 24, 2, 2, 3}; /* BK not a multiple of 16 */
+    bad = (sj_gemm_tile){64, 64, 24, 2, 2, 3, 1}; /* BK not a multiple of 16 */
     s = spec_of(&bad, 0, 384, 384, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
-    bad = (sj_gemm_tile){256, 256, 128, 4, 4, 4}; /* shared memory */
+    bad = (sj_gemm_tile){256, 256, 128, 4, 4, 4, 1}; /* shared memory */
     s = spec_of(&bad, 0, 1024, 1024, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
     s = spec_of(&ok, 0, 384, 384, &epis[0]);
@@ -143,8 +145,42 @@ static void test_check(void **state) {
     assert_int_equal(d.grid[1], (333 + 63) / 64);
     assert_int_equal(d.block[0], 128);
     assert_int_equal(d.smem, (size_t)3 * (64 * 40 + 32 * 72) * 2);
+    assert_int_equal(d.grid[2], 1);
     sj_gemm_cuda_dims(&s, 0, &d);
     assert_int_equal(d.grid[1], 0);
+    /* split-K: K a multiple of BK x SK; SK 1, 2, 4 or 8; a cluster's
+     * blocks along z */
+    const sj_gemm_tile sk4 = {16, 64, 32, 1, 4, 4, 4};
+    s = spec_of(&sk4, 0, 768, 3072, &epis[FULL]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
+    sj_gemm_cuda_dims(&s, 16, &d);
+    assert_int_equal(d.grid[0], 768 / 64);
+    assert_int_equal(d.grid[1], 1);
+    assert_int_equal(d.grid[2], 4);
+    assert_int_equal(d.block[0], 128);
+    s = spec_of(&sk4, 0, 768, 32 * 6, &epis[FULL]); /* 6 K tiles do not split 4 ways */
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    bad = (sj_gemm_tile){16, 64, 32, 1, 4, 4, 3};
+    s = spec_of(&bad, 0, 768, 3072, &epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    /* the candidates: split-K first from sm_90, none before; every one fits */
+    int8_t c[4];
+    int nt, n90 = sj_gemm_cuda_candidates(16, 768, 3072, 90, 132, c, 4);
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+    assert_int_equal(n90, 4);
+    assert_true(tiles[c[0]].splitk > 1 && tiles[c[1]].splitk > 1);
+    assert_true(tiles[c[2]].splitk <= 1 && tiles[c[3]].splitk <= 1);
+    for (int i = 0; i < n90; i++) {
+        s = spec_of(&tiles[c[i]], 0, 768, 3072, &epis[0]);
+        assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
+    }
+    /* at M 16 the best split fills the device: 12 column tiles x 8 */
+    sj_gemm_cuda_dims(&(sj_gemm_spec){.N = 768, .K = 3072, .tile = tiles[c[0]]}, 16, &d);
+    assert_true(d.grid[0] * d.grid[1] * d.grid[2] >= 96);
+    int n80 = sj_gemm_cuda_candidates(16, 768, 3072, 80, 108, c, 4);
+    assert_int_equal(n80, 4);
+    for (int i = 0; i < n80; i++) assert_true(tiles[c[i]].splitk <= 1);
+    assert_int_equal(sj_gemm_cuda_candidates(16, 100, 3072, 90, 132, c, 4), 0); /* N fits no tile */
 }
 
 /* Every candidate tile compiles for sm_90 (and the device's), fullest
@@ -162,19 +198,26 @@ static void test_compile(void **state) {
     for (int i = 0; i < n; i++)
         for (int e = 0; e < 2; e++) {
             const epi *ep = e ? &epis[FULL] : &epis[0];
-            sj_gemm_spec s = spec_of(&tiles[i], i == 1 ? 333 : 0, 1536, 384, ep);
+            /* split-K tiles need K a multiple of BK x SK */
+            sj_gemm_spec s = spec_of(&tiles[i], i == 1 ? 333 : 0, 1536, tiles[i].splitk > 1 ? 1536 : 384, ep);
             assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
             char *src = gen(&s), what[96];
             if (getenv("SJ_SHOW_CODE") && i == 0 && e) printf("%s\n", src);
             snprintf(what, sizeof what, "tile %d %s", i, ep->name);
             compile(src, "sm_90", what, NULL, NULL);
-            if (i == 0) {
+            if (i == 0 || (tiles[i].splitk > 1 && tiles[i - 1].splitk <= 1)) {
                 char *ptx;
                 size_t len;
                 compile(src, "compute_90", what, &ptx, &len);
                 assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"));
                 assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
                 assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
+                if (tiles[i].splitk > 1) { /* the cluster's reduction */
+                    assert_non_null(strstr(ptx, "barrier.cluster.arrive"));
+                    assert_non_null(strstr(ptx, "mapa.shared::cluster"));
+                    assert_non_null(strstr(ptx, "ld.shared::cluster.v2.f32"));
+                    assert_non_null(strstr(ptx, ".reqnctapercluster 1, 1, "));
+                }
                 free(ptx);
             }
             if (strcmp(cu.arch, "sm_90") != 0) compile(src, cu.arch, what, NULL, NULL);
@@ -412,15 +455,21 @@ static void test_device(void **state) {
                              (long long)K, t, ue[t][k]->name);
                     run_check(&units[t][k], &q, ue[t][k], what);
                 }
-            /* specialized to this M: the fullest epilogue, the first tile */
-            unit us;
-            sj_gemm_spec s = spec_of(&tiles[0], q.M, N, K, &epis[FULL]);
-            char what[160];
-            snprintf(what, sizeof what, "M %lld N %lld K %lld specialized", (long long)q.M, (long long)N,
-                     (long long)K);
-            unit_load(&us, &s, what);
-            run_check(&us, &q, &epis[FULL], what);
-            unit_unload(&us);
+            /* specialized to this M: the fullest epilogue, the first tile
+             * and the first split-K tile that fits */
+            for (int t = 0, split_done = 0; t < n_tiles && split_done < 2; t++) {
+                if (t > 0 && tiles[t].splitk <= 1) continue;
+                unit us;
+                sj_gemm_spec s = spec_of(&tiles[t], q.M, N, K, &epis[FULL]);
+                if (sj_gemm_cuda_check(&s)) continue;
+                char what[160];
+                snprintf(what, sizeof what, "M %lld N %lld K %lld specialized, tile %d", (long long)q.M,
+                         (long long)N, (long long)K, t);
+                unit_load(&us, &s, what);
+                run_check(&us, &q, &epis[FULL], what);
+                unit_unload(&us);
+                split_done++;
+            }
             prob_free(&q);
         }
         for (int t = 0; t < n_tiles; t++)

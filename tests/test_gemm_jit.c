@@ -201,6 +201,10 @@ typedef struct traced {
     sj_tensor in[2];
 } traced;
 
+/* The device's compute capability the plans are made for (0: unknown, no
+ * split-K tiles; test_plan_split sets 90). */
+static int plan_arch;
+
 /* symbolic: 0 static; 1 the sequence axis a symbol; 2 every size a
  * symbol (the runtime's default), the plan told which the trace's facts
  * pin (as jit/call.c does) unless unpinned */
@@ -219,7 +223,8 @@ static void trace_gm_ex(gm *m, int64_t S_, int symbolic, bool gemm, bool unpinne
         if (sj_plan_sym_pinned(res.graph->ex, res.facts, res.n_facts, s)) pinned |= UINT64_C(1) << s;
     free(res.facts);
     tr->g = res.graph;
-    tr->p = sj_fuse_ex(tr->g, tr->in, &(sj_fuse_opts){.gemm = gemm, .pinned = pinned});
+    tr->p = sj_fuse_ex(tr->g, tr->in,
+                       &(sj_fuse_opts){.gemm = gemm, .gemm_arch = plan_arch, .gemm_units = 132, .pinned = pinned});
     assert_non_null(tr->p);
 }
 
@@ -400,6 +405,46 @@ static void test_plan_marks(void **state) {
             untrace(&off);
             tu_free_all();
         }
+    }
+}
+
+/* For sm_90 the plan's first variants are split-K clusters (static: at
+ * the entry's rows; symbolic: at 16), each fitting N and K, named by
+ * explain, compiled with their cluster dims; the tiles of one block follow. */
+static void test_plan_split(void **state) {
+    (void)state;
+    int nt;
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+    for (int symbolic = 0; symbolic < 2; symbolic++) {
+        gm m;
+        gm_init(&m, M_GELU_RES, SJ_F16, 384, 1536);
+        traced tr;
+        plan_arch = 90;
+        trace_gm(&m, 9, symbolic, true, &tr);
+        plan_arch = 0;
+        const sj_group *G;
+        assert_int_equal(gemms(tr.p, &G), 1);
+        assert_int_equal(G->gemm_nv, 4);
+        for (int v = 0; v < 4; v++) {
+            const sj_gemm_tile *t = &tiles[G->gemm_tiles[v]];
+            assert_true(v < 2 ? t->splitk > 1 : t->splitk <= 1);
+            sj_gemm_spec sp = {.N = 1536, .K = 384, .out_dtype = SJ_F16, .tile = *t};
+            assert_int_equal(sj_gemm_cuda_check(&sp), SJ_OK);
+        }
+        assert_int_equal(G->gemm_tile, G->gemm_tiles[0]);
+        char *text = plan_text(&tr);
+        assert_non_null(strstr(text, "split-K"));
+        free(text);
+        char *src = sj_codegen_cuda(tr.g, tr.p, NULL, &(sj_codegen_opts){.prefix = "sj_"}, NULL);
+        assert_non_null(src);
+        assert_non_null(strstr(src, "__cluster_dims__(1, 1, SK)"));
+        free(src);
+        untrace(&tr);
+        /* unknown arch: no split-K */
+        trace_gm(&m, 9, symbolic, true, &tr);
+        assert_int_equal(gemms(tr.p, &G), 1);
+        for (int v = 0; v < G->gemm_nv; v++) assert_true(tiles[G->gemm_tiles[v]].splitk <= 1);
+        untrace(&tr);
     }
 }
 
@@ -649,7 +694,7 @@ static void run_gm(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, i
     sj_stats st;
     sj_fn_stats(fn, &st);
     if (st.fused_symbolic_calls + st.fused_specialized_calls == 0) fail_msg("model %d: no fused call", m->kind);
-    bool named = explains(fn, "generated product, tile 64x64x32");
+    bool named = explains(fn, "generated product, tile ");
     if (named != want_gemm) fail_msg("model %d: explain %s the generated product", m->kind, named ? "names" : "lacks");
     if (want_gemm && m->kind != M_SIGMOID && !explains(fn, "epilogue inside"))
         fail_msg("model %d: the epilogue is not inside", m->kind);
@@ -692,7 +737,8 @@ static void test_gemm_on_device(void **state) {
 int main(void) {
     const char *seed = getenv("SJ_TEST_SEED");
     tu_seed(seed ? strtoull(seed, NULL, 0) : 0x9e33);
-    const struct CMUnitTest cpu_tests[] = {cmocka_unit_test(test_plan_marks), cmocka_unit_test(test_exec_wiring)};
+    const struct CMUnitTest cpu_tests[] = {cmocka_unit_test(test_plan_marks), cmocka_unit_test(test_plan_split),
+                                           cmocka_unit_test(test_exec_wiring)};
     int r = cmocka_run_group_tests_name("gemm_jit (plan)", cpu_tests, NULL, NULL);
 #ifdef SJ_WITH_CUDA
     if (!tu_cuda_present()) return r;

@@ -213,6 +213,7 @@ sj_status sj_cuda_device_create(const sj_dev_config *c, sj_backend **out) {
     b->name = "cuda";
     b->late_launch = true; /* streams and graphs launch code after its call returned */
     b->units = cu->sm_count; /* the generated kernels' grids are sized by them (the engine's sj_cuda_launch) */
+    b->arch = cu->cc_major * 10 + cu->cc_minor;
     sj_device_forward_compile(b);
     b->destroy = destroy;
     b->recompiler = recompiler;

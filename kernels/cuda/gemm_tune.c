@@ -204,17 +204,19 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
                      sj_last_error());
         return;
     }
-    char line[256];
+    char line[384];
     size_t n = (size_t)snprintf(line, sizeof line, "cuda: %.12s: product %s (N %lld, K %lld, M %s): cuBLASLt %.4f ms",
                                 key, G->name, (long long)sp.N, (long long)sp.K, n_rows > 1 ? "16+128+512" : "its own",
                                 base_ms);
     for (int v = 0; v < G->gemm_nv && n < sizeof line; v++) {
         const sj_gemm_tile *tl = &tiles[G->gemm_tiles[v]];
-        n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d %.4f ms", tl->bm, tl->bn, tl->bk, ms[v]);
+        n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d/k%d %.4f ms", tl->bm, tl->bn, tl->bk,
+                              tl->splitk > 1 ? tl->splitk : 1, ms[v]);
     }
     if (best >= 0) {
         const sj_gemm_tile *tl = &tiles[G->gemm_tiles[best]];
-        sj_log_write(log, SJ_LOG_PERF, "%s: tile %dx%dx%d", line, tl->bm, tl->bn, tl->bk);
+        sj_log_write(log, SJ_LOG_PERF, "%s: tile %dx%dx%d/k%d", line, tl->bm, tl->bn, tl->bk,
+                     tl->splitk > 1 ? tl->splitk : 1);
     } else {
         sj_log_write(log, SJ_LOG_PERF, "%s: cuBLASLt", line);
     }
