@@ -88,7 +88,8 @@ static CUdeviceptr dalloc_rand(size_t n, double scale, uint64_t *rng) {
 /* A CUBIN for src with NVRTC (the device's architecture). */
 static char *nvrtc(const char *src) {
     char arch[48];
-    snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", dev->cc_major, dev->cc_minor);
+    snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d%s", dev->cc_major, dev->cc_minor,
+             dev->cc_major == 9 && dev->cc_minor == 0 ? "a" : ""); /* Hopper's own: warpgroup tiles */
     const char *opts[] = {arch, "--std=c++17", "-default-device"};
     nvrtcProgram prog;
     if (dev->api.nvrtcCreateProgram(&prog, src, "gemm.cu", 0, NULL, NULL) != NVRTC_SUCCESS) die("nvrtc create");
@@ -214,14 +215,17 @@ int main(int argc, char **argv) {
     for (size_t pi = 0; pi < sizeof products / sizeof products[0]; pi++) {
         const product *P = &products[pi];
         if (strcmp(model, "both") && strncmp(P->name, model, strlen(model))) continue;
-        CUmodule mods[16] = {0};
-        CUfunction fns[16] = {0};
-        sj_gemm_spec specs[16];
+        CUmodule mods[32] = {0};
+        CUfunction fns[32] = {0};
+        sj_gemm_spec specs[32];
+        if (n_tiles > 32) die("more tiles than the benchmark holds");
         for (int t = 0; t < n_tiles; t++) {
             specs[t] = (sj_gemm_spec){.M = 0, .N = P->N, .K = P->K, .bias = true, .gelu = P->gelu,
                                       .residual = P->residual, .bias_dtype = SJ_F16, .res_dtype = SJ_F16,
                                       .out_dtype = SJ_F16, .tile = tiles[t]};
-            if (sj_gemm_cuda_check(&specs[t]) || (tiles[t].splitk > 1 && dev->cc_major < 9)) continue;
+            if (sj_gemm_cuda_check(&specs[t]) || (tiles[t].splitk > 1 && dev->cc_major < 9) ||
+                (tiles[t].wg && !(dev->cc_major == 9 && dev->cc_minor == 0)))
+                continue;
             char *src = sj_codegen_gemm_cuda(&specs[t], "sj_gemm", NULL);
             if (!src) die("generate");
             double t0 = bench_now_s();
@@ -256,9 +260,10 @@ int main(int argc, char **argv) {
                 double ms = time_ms(launch_gen, &g);
                 if (ms < best) best = ms, best_t = t;
                 printf("{\"bench\": \"gemm_cuda\", \"product\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": %lld, "
-                       "\"tile\": \"%dx%dx%d/%dx%d/%d/k%d\", \"ms\": %.5f, \"tflops\": %.1f}\n",
+                       "\"tile\": \"%dx%dx%d/%dx%d/%d/k%d%s\", \"ms\": %.5f, \"tflops\": %.1f}\n",
                        P->name, (long long)M, (long long)N, (long long)K, tiles[t].bm, tiles[t].bn, tiles[t].bk,
-                       tiles[t].wm, tiles[t].wn, tiles[t].stages, tiles[t].splitk > 1 ? tiles[t].splitk : 1, ms,
+                       tiles[t].wm, tiles[t].wn, tiles[t].stages, tiles[t].splitk > 1 ? tiles[t].splitk : 1,
+                       tiles[t].wg ? "/wg" : "", ms,
                        flop / ms * 1e-9);
             }
             lt_ctx l = {.e = {.cuda = dev, .stream = dev->stream, .ws = ws, .ws_bytes = WS_BYTES},
@@ -271,11 +276,12 @@ int main(int argc, char **argv) {
             l.epi = true;
             double lt_epi = P->gelu || P->residual ? time_ms(launch_lt, &l) : lt;
             printf("{\"bench\": \"gemm_cuda\", \"product\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": %lld, "
-                   "\"best_tile\": \"%dx%dx%d/%dx%d/%d/k%d\", \"best_ms\": %.5f, \"lt_ms\": %.5f, \"lt_epi_ms\": %.5f, "
+                   "\"best_tile\": \"%dx%dx%d/%dx%d/%d/k%d%s\", \"best_ms\": %.5f, \"lt_ms\": %.5f, \"lt_epi_ms\": %.5f, "
                    "\"vs_lt\": %.2f, \"vs_lt_epi\": %.2f, \"tflops\": %.1f, \"lt_tflops\": %.1f}\n",
                    P->name, (long long)M, (long long)N, (long long)K, tiles[best_t].bm, tiles[best_t].bn,
                    tiles[best_t].bk, tiles[best_t].wm, tiles[best_t].wn, tiles[best_t].stages,
-                   tiles[best_t].splitk > 1 ? tiles[best_t].splitk : 1, best, lt, lt_epi,
+                   tiles[best_t].splitk > 1 ? tiles[best_t].splitk : 1, tiles[best_t].wg ? "/wg" : "", best, lt,
+                   lt_epi,
                    lt / best, lt_epi / best, flop / best * 1e-9, flop / lt * 1e-9);
             fflush(stdout);
             sj_cuda_free(dev, A, dev->stream), sj_cuda_free(dev, B, dev->stream);

@@ -37,7 +37,7 @@
 
 /* -- Checks ------------------------------------------------------------------ */
 
-static int threads_of(const sj_gemm_tile *t) { return t->wm * t->wn * 32; }
+static int threads_of(const sj_gemm_tile *t) { return t->wg ? t->wm * 128 : t->wm * t->wn * 32; }
 
 static int splitk_of(const sj_gemm_tile *t) { return t->splitk > 1 ? t->splitk : 1; }
 
@@ -46,7 +46,10 @@ static int splitk_of(const sj_gemm_tile *t) { return t->splitk > 1 ? t->splitk :
 static size_t red_bytes_of(const sj_gemm_tile *t) { return (size_t)t->bm * (size_t)(t->bn + 4) * 4; }
 
 static size_t smem_of(const sj_gemm_tile *t) {
-    size_t pipe = (size_t)t->stages * ((size_t)t->bm * (size_t)(t->bk + 8) + (size_t)t->bk * (size_t)(t->bn + 8)) * 2;
+    /* a warpgroup tile's stages: BM and BN rows of 128 bytes, each stage
+     * 1024-byte aligned (the swizzle's atom), the base rounded up to it */
+    size_t pipe = t->wg ? (size_t)t->stages * (size_t)(t->bm + t->bn) * 128 + 1024
+                        : (size_t)t->stages * ((size_t)t->bm * (size_t)(t->bk + 8) + (size_t)t->bk * (size_t)(t->bn + 8)) * 2;
     return splitk_of(t) > 1 && red_bytes_of(t) > pipe ? red_bytes_of(t) : pipe;
 }
 
@@ -61,7 +64,14 @@ sj_status sj_gemm_cuda_check(const sj_gemm_spec *s) {
         return sj_seterr(SJ_EINVAL,
                          "gemm: BM %d must be a multiple of 16 x %d warps, BN %d of 16 x %d warps, BK %d of 16",
                          t->bm, t->wm, t->bn, t->wn, t->bk);
-    if (t->stages < 2 || t->stages > 4) return sj_seterr(SJ_EINVAL, "gemm: %d stages (2 .. 4)", t->stages);
+    if (t->wg ? t->stages < 3 || t->stages > 6 : t->stages < 2 || t->stages > 4)
+        return sj_seterr(SJ_EINVAL, "gemm: %d stages (%s)", t->stages, t->wg ? "3 .. 6 a warpgroup tile" : "2 .. 4");
+    if (t->wg && (t->wn != 1 || (t->wm != 1 && t->wm != 2) || t->bm != 64 * t->wm || t->bk != 64 || t->bn % 64 ||
+                  t->bn > 256))
+        return sj_seterr(SJ_EINVAL,
+                         "gemm: a warpgroup tile is 64 rows a warpgroup (1 or 2, wn 1), BN a multiple of 64 up to 256, "
+                         "BK 64; not %dx%dx%d with %dx%d",
+                         t->bm, t->bn, t->bk, t->wm, t->wn);
     if (threads_of(t) > 1024) return sj_seterr(SJ_EINVAL, "gemm: %d threads a block (1024 at most)", threads_of(t));
     if (smem_of(t) > 227 * 1024)
         return sj_seterr(SJ_EINVAL, "gemm: %zu bytes of shared memory (227 KiB at most)", smem_of(t));
@@ -90,27 +100,37 @@ void sj_gemm_cuda_dims(const sj_gemm_spec *s, int64_t M, sj_gemm_dims *d) {
     d->smem = smem_of(t);
 }
 
-/* Split-K tiles come after every tile of one block, so that a device
- * before sm_90 takes the first ones (sj_gemm_cuda_candidates). */
+/* The table: tiles of one block first (any sm_80 device takes them), then
+ * split-K clusters (sm_90), then warpgroup tiles (sm_90a). */
 #define FIRST_SPLIT 5
+#define FIRST_WG 14
 
 const sj_gemm_tile *sj_gemm_cuda_tiles(int *n) {
     static const sj_gemm_tile tiles[] = {
-        {64, 64, 32, 2, 2, 3, 1},   /* small M: many blocks */
-        {64, 128, 32, 2, 2, 3, 1},
-        {128, 64, 32, 2, 2, 3, 1},
-        {128, 128, 32, 2, 4, 3, 1}, /* large M: reuse */
-        {64, 64, 64, 2, 2, 2, 1},
+        {64, 64, 32, 2, 2, 3, 1, 0},   /* small M: many blocks */
+        {64, 128, 32, 2, 2, 3, 1, 0},
+        {128, 64, 32, 2, 2, 3, 1, 0},
+        {128, 128, 32, 2, 4, 3, 1, 0}, /* large M: reuse */
+        {64, 64, 64, 2, 2, 2, 1, 0},
         /* FIRST_SPLIT: split-K clusters (sm_90), for products of few rows */
-        {16, 64, 32, 1, 4, 4, 2},
-        {16, 64, 32, 1, 4, 4, 4},
-        {16, 64, 32, 1, 4, 4, 8},
-        {16, 32, 32, 1, 2, 4, 4},
-        {16, 32, 32, 1, 2, 4, 8},
-        {32, 64, 32, 2, 2, 4, 2},
-        {32, 64, 32, 2, 2, 4, 4},
-        {64, 64, 32, 2, 2, 3, 2},
-        {64, 64, 32, 2, 2, 3, 4},
+        {16, 64, 32, 1, 4, 4, 2, 0},
+        {16, 64, 32, 1, 4, 4, 4, 0},
+        {16, 64, 32, 1, 4, 4, 8, 0},
+        {16, 32, 32, 1, 2, 4, 4, 0},
+        {16, 32, 32, 1, 2, 4, 8, 0},
+        {32, 64, 32, 2, 2, 4, 2, 0},
+        {32, 64, 32, 2, 2, 4, 4, 0},
+        {64, 64, 32, 2, 2, 3, 2, 0},
+        {64, 64, 32, 2, 2, 3, 4, 0},
+        /* FIRST_WG: warpgroup products (sm_90a) */
+        {64, 64, 64, 1, 1, 5, 1, 1},
+        {64, 128, 64, 1, 1, 4, 1, 1},
+        {128, 128, 64, 2, 1, 4, 1, 1},
+        {64, 256, 64, 1, 1, 4, 1, 1},
+        {128, 256, 64, 2, 1, 3, 1, 1},
+        {64, 64, 64, 1, 1, 5, 2, 1},
+        {64, 64, 64, 1, 1, 5, 4, 1},
+        {64, 128, 64, 1, 1, 4, 2, 1},
     };
     *n = (int)(sizeof tiles / sizeof tiles[0]);
     return tiles;
@@ -127,32 +147,42 @@ static double grid_cost(int64_t blocks, int64_t M, int bm, int units) {
     return 1.0;
 }
 
+/* The k best tiles of [from, to) for an N x K product at m rows, by
+ * grid_cost (then fewer rows wasted, then the table's order), appended to
+ * out[*n]. */
+static void best_tiles(int from, int to, int64_t m, int64_t N, int64_t K, int units, int k, int8_t *out, int *n) {
+    int nt;
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+    int best[4] = {-1, -1, -1, -1};
+    double cost[4] = {0};
+    if (k > 4) k = 4;
+    for (int t = from; t < to && t < nt; t++) {
+        sj_gemm_spec sp = {.N = N, .K = K, .out_dtype = SJ_F16, .tile = tiles[t]};
+        if (sj_gemm_cuda_check(&sp) != SJ_OK) continue;
+        int64_t blocks = (N / tiles[t].bn) * ((m + tiles[t].bm - 1) / tiles[t].bm) * splitk_of(&tiles[t]);
+        double c = grid_cost(blocks, m, tiles[t].bm, units > 0 ? units : 132) +
+                   (double)((tiles[t].bm - m % tiles[t].bm) % tiles[t].bm) / 64.0;
+        for (int j = 0; j < k; j++)
+            if (best[j] < 0 || c < cost[j]) {
+                for (int i = k - 1; i > j; i--) best[i] = best[i - 1], cost[i] = cost[i - 1];
+                best[j] = t, cost[j] = c;
+                break;
+            }
+    }
+    for (int j = 0; j < k; j++)
+        if (best[j] >= 0) out[(*n)++] = (int8_t)best[j];
+}
+
 int sj_gemm_cuda_candidates(int64_t M, int64_t N, int64_t K, int arch, int units, int8_t *out, int max) {
     int nt, n = 0;
-    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
-    if (arch >= 90 && max >= 3) { /* the two best split-K tiles at M */
-        int64_t m = M > 0 ? M : 16;
-        int best[2] = {-1, -1};
-        double cost[2] = {0, 0};
-        for (int t = FIRST_SPLIT; t < nt; t++) {
-            sj_gemm_spec sp = {.N = N, .K = K, .out_dtype = SJ_F16, .tile = tiles[t]};
-            if (sj_gemm_cuda_check(&sp) != SJ_OK) continue;
-            int64_t blocks = (N / tiles[t].bn) * ((m + tiles[t].bm - 1) / tiles[t].bm) * tiles[t].splitk;
-            /* fewer rows wasted first, then the grid, then fewer splits */
-            double c = grid_cost(blocks, m, tiles[t].bm, units > 0 ? units : 132) +
-                       (double)((tiles[t].bm - m % tiles[t].bm) % tiles[t].bm) / 64.0;
-            for (int k = 0; k < 2; k++)
-                if (best[k] < 0 || c < cost[k]) {
-                    if (k == 0) best[1] = best[0], cost[1] = cost[0];
-                    best[k] = t, cost[k] = c;
-                    break;
-                }
-        }
-        for (int k = 0; k < 2; k++)
-            if (best[k] >= 0) out[n++] = (int8_t)best[k];
-    }
+    sj_gemm_cuda_tiles(&nt);
+    bool wg = arch == 90 && max >= 4; /* sm_90a: Hopper itself */
+    if (arch >= 90 && max >= 3) /* split-K for few rows (16 where M is unknown) */
+        best_tiles(FIRST_SPLIT, FIRST_WG, M > 0 ? M : 16, N, K, units, wg ? 1 : 2, out, &n);
+    if (wg) /* warpgroup tiles at M (256 where unknown) */
+        best_tiles(FIRST_WG, nt, M > 0 ? M : 256, N, K, units, 2, out, &n);
     for (int t = 0; t < FIRST_SPLIT && n < max; t++) {
-        sj_gemm_spec sp = {.N = N, .K = K, .out_dtype = SJ_F16, .tile = tiles[t]};
+        sj_gemm_spec sp = {.N = N, .K = K, .out_dtype = SJ_F16, .tile = sj_gemm_cuda_tiles(&nt)[t]};
         if (sj_gemm_cuda_check(&sp) == SJ_OK) out[n++] = (int8_t)t;
     }
     return n;
@@ -359,34 +389,147 @@ static const char cluster_helpers[] =
     "    return v;\n"
     "}\n";
 
+/* Warpgroup products (sm_90a): the proxy fence that makes cp.async's
+ * writes visible to wgmma, wgmma's own fence, commit and wait, and a
+ * shared-memory matrix descriptor in the 128-byte swizzle mode (address,
+ * leading and stride byte offsets, each in 16-byte units). */
+static const char wg_helpers[] =
+    "__device__ __forceinline__ void wg_proxy_fence() { asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\"); }\n"
+    "__device__ __forceinline__ void wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
+    "__device__ __forceinline__ void wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n"
+    "__device__ __forceinline__ void wg_wait0() { asm volatile(\"wgmma.wait_group.sync.aligned 0;\\n\" ::: \"memory\"); }\n"
+    "__device__ __forceinline__ void wg_wait1() { asm volatile(\"wgmma.wait_group.sync.aligned 1;\\n\" ::: \"memory\"); }\n"
+    "__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {\n"
+    "    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |\n"
+    "           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);\n"
+    "}\n";
+
+/* A stage of a warpgroup tile at shared address st (1024-aligned): A's BM
+ * rows of 64 halves (128 bytes, K-major), then B's BN / 64 blocks of 64
+ * k-rows of 64 columns (N-major), each 128-byte row's 16-byte chunks
+ * swizzled (chunk c of row r at c ^ (r % 8)), as the descriptors' 128-byte
+ * mode reads them. Rows of A past M are zero-filled. */
+static const char wg_load[] =
+    "__device__ __forceinline__ void load_tile_wg(unsigned st, const unsigned short *A, const unsigned short *B,\n"
+    "                                             long long M, long long m0, int n0, int k0, int tid) {\n"
+    "    enum { AC = BM * 8, BC = BK * (BN / 8) };\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < (AC + THREADS - 1) / THREADS; j++) {\n"
+    "        const int i = tid + j * THREADS;\n"
+    "        if (AC % THREADS == 0 || i < AC) {\n"
+    "            const int r = i >> 3, c = i & 7;\n"
+    "            const long long gm = m0 + r;\n"
+    "            cp16(st + r * 128 + ((c ^ (r & 7)) << 4), A + (gm < M ? gm : 0) * KK + k0 + c * 8, gm < M ? 16 : 0);\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < (BC + THREADS - 1) / THREADS; j++) {\n"
+    "        const int i = tid + j * THREADS;\n"
+    "        if (BC % THREADS == 0 || i < BC) {\n"
+    "            const int kr = i / (BN / 8), jj = i % (BN / 8), c = jj & 7;\n"
+    "            cp16(st + A_BYTES + (jj >> 3) * (BK * 128) + kr * 128 + ((c ^ (kr & 7)) << 4),\n"
+    "                 B + (long long)(k0 + kr) * NN + n0 + jj * 8, 16);\n"
+    "        }\n"
+    "    }\n"
+    "}\n\n";
+
+/* The warpgroup tile's main loop: each iteration waits for its stage,
+ * fences it for the async proxy, queues the copy of the stage STAGES - 2
+ * ahead (into the buffer of kt - 2, whose products every warpgroup has
+ * waited for before the barrier), then four m64nBNk16 steps (A's
+ * descriptor advances 32 bytes a step within the swizzled row, B's 16
+ * k-rows = 2048 bytes; A: stride 1024 between 8-row groups; B transposed:
+ * 8192 = BK x 128 between 64-column blocks, 1024 between 8-row groups of
+ * k), and leaves them running while it waits for the previous
+ * iteration's: one group of products in flight across the barrier. */
+static const char wg_main[] =
+    "    extern __shared__ __align__(16) unsigned short smem[];\n"
+    "    const unsigned sbase = (smem_u32(smem) + 1023u) & ~1023u;\n"
+    "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n"
+    "    const int wm = warp, wn = 0; /* a warp's 16 rows of its warpgroup's 64 */\n"
+    "    const long long m0 = (long long)blockIdx.y * BM;\n"
+    "    const int n0 = blockIdx.x * BN;\n"
+    "    if (m0 >= M) return;\n"
+    "    float acc[MT][NT][4];\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < NT; j++) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;\n"
+    "    enum { KT = KK / BK / SK }; /* this block's K tiles: the z-th SK-th of K */\n"
+    "    const int kb = blockIdx.z * (KT * BK);\n"
+    "#pragma unroll\n"
+    "    for (int s = 0; s < STAGES - 2; s++) {\n"
+    "        if (s < KT) load_tile_wg(sbase + s * STAGE_BYTES, A, B, M, m0, n0, kb + s * BK, tid);\n"
+    "        cp_commit();\n"
+    "    }\n"
+    "#pragma unroll 1\n"
+    "    for (int kt = 0; kt < KT; kt++) {\n"
+    "        cp_wait<STAGES - 3>(); /* stage kt has landed */\n"
+    "        wg_proxy_fence();\n"
+    "        __syncthreads(); /* every warpgroup past its wait for kt - 2's products: that buffer is free */\n"
+    "        const int nk = kt + STAGES - 2;\n"
+    "        if (nk < KT) load_tile_wg(sbase + (nk % STAGES) * STAGE_BYTES, A, B, M, m0, n0, kb + nk * BK, tid);\n"
+    "        cp_commit();\n"
+    "        const unsigned as = sbase + (kt % STAGES) * STAGE_BYTES + (warp >> 2) * (64 * 128);\n"
+    "        const unsigned bs = sbase + (kt % STAGES) * STAGE_BYTES + A_BYTES;\n"
+    "        wg_fence();\n"
+    "#pragma unroll\n"
+    "        for (int kk = 0; kk < BK / 16; kk++)\n"
+    "            wg_mma(acc[0], wg_desc(as + kk * 32, 16, 1024), wg_desc(bs + kk * 2048, BK * 128, 1024));\n"
+    "        wg_commit();\n"
+    "        wg_wait1(); /* kt's products may run on; kt - 1's are done */\n"
+    "    }\n"
+    "    wg_wait0();\n"
+    "    cp_wait<0>();\n"
+    "    const int g = lane >> 2, t4 = lane & 3;\n";
+
+/* wg_mma: one wgmma.mma_async.m64n<bn>k16 (f32 += f16 x f16, B
+ * transposed: N-major) on a warp's NT x 4 accumulators. */
+static void put_wg_mma(sj_sbuf *o, int bn) {
+    int n = bn / 2;
+    put(o, "__device__ __forceinline__ void wg_mma(float (&d)[NT][4], unsigned long long da, unsigned long long db) {\n");
+    put(o, "    asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"\n", n + 2);
+    put(o, "                 \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.f16.f16 {", bn);
+    for (int i = 0; i < n; i++) put(o, "%s%%%d", i ? ", " : "", i);
+    put(o, "}, %%%d, %%%d, p, 1, 1, 0, 1;\\n}\\n\"\n                 : ", n, n + 1);
+    for (int i = 0; i < n; i++) put(o, "%s\"+f\"(d[%d][%d])", i ? ", " : "", i / 4, i % 4);
+    put(o, "\n                 : \"l\"(da), \"l\"(db), \"r\"(1));\n}\n\n");
+}
+
 static const char *ld2(sj_dtype dt) { return dt == SJ_F16 ? "ld2_h" : "ld2_f"; }
 
 char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len) {
     if (sj_gemm_cuda_check(s)) return NULL;
     const sj_gemm_tile *t = &s->tile;
     sj_sbuf o = {0};
-    put(&o, "/* generated by shapejit: %s = epilogue(A @ B), f16 x f16 -> f32 on mma.sync m16n8k16;\n", name);
+    put(&o, "/* generated by shapejit: %s = epilogue(A @ B), f16 x f16 -> f32 on %s;\n", name,
+        t->wg ? "wgmma.mma_async (sm_90a)" : "mma.sync m16n8k16");
     put(&o, " * M %s, N %" PRId64 ", K %" PRId64 "; tile %dx%dx%d, %dx%d warps, %d stages; epilogue:%s%s%s -> %s */\n",
         s->M > 0 ? "specialized" : "symbolic", s->N, s->K, t->bm, t->bn, t->bk, t->wm, t->wn, t->stages,
         s->bias ? (s->bias_dtype == SJ_F16 ? " bias f16" : " bias f32") : "", s->gelu ? " gelu" : s->relu ? " relu" : "",
         s->residual ? (s->res_dtype == SJ_F16 ? " residual f16" : " residual f32") : "",
         s->out_dtype == SJ_F16 ? "f16" : "f32");
+    /* a warpgroup tile: WM counts warps (16 rows each), as the epilogue reads it */
     put(&o, "#define BM %d\n#define BN %d\n#define BK %d\n#define WM %d\n#define WN %d\n#define STAGES %d\n", t->bm,
-        t->bn, t->bk, t->wm, t->wn, t->stages);
+        t->bn, t->bk, t->wg ? 4 * t->wm : t->wm, t->wg ? 1 : t->wn, t->stages);
     put(&o, "#define NN %" PRId64 "LL\n#define KK %" PRId64 "LL\n", s->N, s->K);
     const int sk = splitk_of(t);
     put(&o, "#define SK %d\n#define RS (BN + 4)\n", sk);
     put(&o, "#define THREADS (WM * WN * 32)\n#define TM (BM / WM)\n#define TN (BN / WN)\n#define MT (TM / 16)\n"
             "#define NT (TN / 8)\n#define AS (BK + 8)\n#define BS (BN + 8)\n#define A_STAGE (BM * AS)\n"
-            "#define B_STAGE (BK * BS)\n\n");
-    put(&o, "%s\n%s%s", helpers, sk > 1 ? cluster_helpers : "", body_head);
+            "#define B_STAGE (BK * BS)\n#define A_BYTES (BM * 128)\n#define STAGE_BYTES ((BM + BN) * 128)\n\n");
+    put(&o, "%s\n%s", helpers, sk > 1 ? cluster_helpers : "");
+    if (t->wg) {
+        put(&o, "%s%s", wg_helpers, wg_load);
+        put_wg_mma(&o, t->bn);
+    } else {
+        put(&o, "%s", body_head);
+    }
     put(&o, "extern \"C\" __global__ void __launch_bounds__(THREADS)%s\n", sk > 1 ? " __cluster_dims__(1, 1, SK)" : "");
     put(&o, "%s(const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n", name);
     put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg) {\n");
     if (s->M > 0) put(&o, "    const long long M = %" PRId64 "LL;\n    (void)M_arg;\n", s->M);
     else put(&o, "    const long long M = M_arg;\n");
     put(&o, "    (void)bias;\n    (void)R;\n");
-    put(&o, "%s%s", body_main, sk > 1 ? epi_split : epi_direct);
+    put(&o, "%s%s", t->wg ? wg_main : body_main, sk > 1 ? epi_split : epi_direct);
     if (s->bias) {
         put(&o, "                { float b0, b1; %s(bias, col, b0, b1); v0 += b0; v1 += b1; }\n", ld2(s->bias_dtype));
     }

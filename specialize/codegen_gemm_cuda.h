@@ -46,9 +46,22 @@
  * no second kernel: short products (a few rows, long K) fill the device
  * with SK times the blocks.
  *
+ * Warpgroup products (tile.wg; sm_90a, Hopper only): each of the block's
+ * WM warpgroups (128 threads) computes 64 rows x BN with
+ * wgmma.mma_async.m64nBNk16 from shared memory, A and B read through
+ * matrix descriptors in the 128-byte swizzled layout (A K-major, B [K, N]
+ * N-major: the instruction's transposed B), 64 of K a stage (one
+ * 128-byte row), the stages filled with cp.async at the swizzled
+ * addresses, each stage 1024-byte aligned. The accumulators of a warp are
+ * the mma.sync tile's (16 rows, pairs of columns), so the epilogue and
+ * split-K are the same code. BM = 64 WM (WM 1 or 2), BN a multiple of 64
+ * up to 256, BK 64.
+ *
  * Constraints (sj_gemm_cuda_check): BM a multiple of 16 WM, BN of 16 WN,
- * BK of 16; N a multiple of BN, K of BK x SK; 2 <= STAGES <= 4; at most
- * 1024 threads and 227 KiB of shared memory; SK 1, 2, 4 or 8.
+ * BK of 16; N a multiple of BN, K of BK x SK; 2 <= STAGES <= 4 (3 .. 6 a
+ * warpgroup tile, which keeps STAGES - 2 copies ahead and one group of
+ * products in flight); at most 1024 threads and 227 KiB of shared memory;
+ * SK 1, 2, 4 or 8.
  */
 #ifndef SJ_CODEGEN_GEMM_CUDA_H
 #define SJ_CODEGEN_GEMM_CUDA_H
@@ -65,6 +78,7 @@ typedef struct sj_gemm_tile {
     int wm, wn;     /* warps along M and N */
     int stages;     /* shared-memory buffers in the K pipeline */
     int splitk;     /* 0 or 1: one block a tile; 2, 4, 8: a cluster of that many blocks splits K (sm_90) */
+    int wg;         /* 1: Hopper's warpgroup products (wgmma, sm_90a): wm warpgroups of 64 rows, wn 1, bk 64 */
 } sj_gemm_tile;
 
 typedef struct sj_gemm_spec {
@@ -103,19 +117,23 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
 void sj_gemm_cuda_dims(const sj_gemm_spec *s, int64_t M, sj_gemm_dims *d);
 
 /* A few tile configurations worth trying on sm_80/sm_90 for f16 products
- * (the autotuner's candidates: one block a tile first, then split-K);
- * *n receives the count. Each still needs sj_gemm_cuda_check against the
- * product's N and K, and a split-K tile a device of compute capability
- * 9.0 or later. */
+ * (the autotuner's candidates: one block a tile first, then split-K, then
+ * warpgroup tiles); *n receives the count. Each still needs
+ * sj_gemm_cuda_check against the product's N and K; a split-K tile a
+ * device of compute capability 9.0 or later, a warpgroup tile code for
+ * sm_90a. */
 const sj_gemm_tile *sj_gemm_cuda_tiles(int *n);
 
 /* The candidates worth compiling for an N x K product on a device of
  * compute capability arch (major x 10 + minor) with `units`
  * multiprocessors, M rows (0: unknown, every M): up to max indexes into
  * sj_gemm_cuda_tiles() written to out, their count returned (0: no tile
- * fits). From sm_90, the two split-K tiles whose grids at M (16 where
- * unknown) come closest to one or two blocks a multiprocessor, then the
- * first tiles of one block a tile that fit; before sm_90 only those. */
+ * fits). Tiles are ranked by how close their grid at M comes to one or two
+ * blocks a multiprocessor. On sm_90 (Hopper, whose units are compiled for
+ * sm_90a): the best split-K tile at M (16 where unknown), the two best
+ * warpgroup tiles at M (256 where unknown), then the first tile of one
+ * block that fits; on later devices the two best split-K tiles, then tiles
+ * of one block; before sm_90 only those. */
 int sj_gemm_cuda_candidates(int64_t M, int64_t N, int64_t K, int arch, int units, int8_t *out, int max);
 
 /* The autotuner's choice for a compiled unit, as the kernel cache keeps it

@@ -660,6 +660,7 @@ void sj_fplan_print(const sj_graph *g, const sj_fplan *p, const int64_t *sym_val
             int nt;
             const sj_gemm_tile *t = &sj_gemm_cuda_tiles(&nt)[G->gemm_tile];
             fprintf(out, "; generated product, tile %dx%dx%d", t->bm, t->bn, t->bk);
+            if (t->wg) fprintf(out, " wgmma");
             if (t->splitk > 1) fprintf(out, " split-K %d", t->splitk);
             fprintf(out, "%s (%d variant%s)", G->gemm_epi & SJ_GEMM_EPI ? ", epilogue inside" : "", G->gemm_nv,
                     G->gemm_nv > 1 ? "s" : "");

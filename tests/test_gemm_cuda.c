@@ -117,7 +117,7 @@ static int teardown_all(void **state) {
 
 static void test_check(void **state) {
     (void)state;
-    const sj_gemm_tile ok = {64, 64, 32, 2, 2, 3, 1};
+    const sj_gemm_tile ok = {64, 64, 32, 2, 2, 3, 1, 0};
     sj_gemm_spec s = spec_of(&ok, 0, 384, 384, &epis[FULL]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
     s.N = 400; /* not a multiple of BN */
@@ -125,13 +125,13 @@ static void test_check(void **state) {
     assert_null(sj_codegen_gemm_cuda(&s, "x", NULL));
     s = spec_of(&ok, 0, 384, 392, &epis[FULL]); /* K not a multiple of BK */
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
-    sj_gemm_tile bad = {64, 64, 32, 8, 2, 3, 1}; /* BM 64 < 16 x 8 warps */
+    sj_gemm_tile bad = {64, 64, 32, 8, 2, 3, 1, 0}; /* BM 64 < 16 x 8 warps */
     s = spec_of(&bad, 0, 384, 384, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
-    bad = (sj_gemm_tile){64, 64, 24, 2, 2, 3, 1}; /* BK not a multiple of 16 */
+    bad = (sj_gemm_tile){64, 64, 24, 2, 2, 3, 1, 0}; /* BK not a multiple of 16 */
     s = spec_of(&bad, 0, 384, 384, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
-    bad = (sj_gemm_tile){256, 256, 128, 4, 4, 4, 1}; /* shared memory */
+    bad = (sj_gemm_tile){256, 256, 128, 4, 4, 4, 1, 0}; /* shared memory */
     s = spec_of(&bad, 0, 1024, 1024, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
     s = spec_of(&ok, 0, 384, 384, &epis[0]);
@@ -150,7 +150,7 @@ static void test_check(void **state) {
     assert_int_equal(d.grid[1], 0);
     /* split-K: K a multiple of BK x SK; SK 1, 2, 4 or 8; a cluster's
      * blocks along z */
-    const sj_gemm_tile sk4 = {16, 64, 32, 1, 4, 4, 4};
+    const sj_gemm_tile sk4 = {16, 64, 32, 1, 4, 4, 4, 0};
     s = spec_of(&sk4, 0, 768, 3072, &epis[FULL]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
     sj_gemm_cuda_dims(&s, 16, &d);
@@ -160,20 +160,46 @@ static void test_check(void **state) {
     assert_int_equal(d.block[0], 128);
     s = spec_of(&sk4, 0, 768, 32 * 6, &epis[FULL]); /* 6 K tiles do not split 4 ways */
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
-    bad = (sj_gemm_tile){16, 64, 32, 1, 4, 4, 3};
+    bad = (sj_gemm_tile){16, 64, 32, 1, 4, 4, 3, 0};
     s = spec_of(&bad, 0, 768, 3072, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
-    /* the candidates: split-K first from sm_90, none before; every one fits */
+    /* warpgroup tiles: 64 rows a warpgroup, BK 64, BN a multiple of 64 */
+    const sj_gemm_tile wg = {128, 128, 64, 2, 1, 3, 1, 1};
+    s = spec_of(&wg, 0, 768, 3072, &epis[FULL]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
+    sj_gemm_cuda_dims(&s, 300, &d);
+    assert_int_equal(d.block[0], 256);
+    assert_int_equal(d.grid[0], 768 / 128);
+    assert_int_equal(d.grid[1], 3);
+    assert_int_equal(d.smem, (size_t)3 * (128 + 128) * 128 + 1024);
+    bad = (sj_gemm_tile){128, 128, 64, 2, 1, 2, 1, 1}; /* 2 stages: one copy ahead needs 3 */
+    s = spec_of(&bad, 0, 768, 3072, &epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    bad = (sj_gemm_tile){128, 128, 32, 2, 1, 3, 1, 1}; /* BK 32 */
+    s = spec_of(&bad, 0, 768, 3072, &epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    bad = (sj_gemm_tile){64, 96, 64, 1, 1, 3, 1, 1}; /* BN 96 */
+    s = spec_of(&bad, 0, 768, 3072, &epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    /* the candidates: on sm_90 a split-K tile, two warpgroup tiles, one of
+     * one block; on later devices two split-K tiles, two of one block; none
+     * of either before; every one fits */
     int8_t c[4];
     int nt, n90 = sj_gemm_cuda_candidates(16, 768, 3072, 90, 132, c, 4);
     const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
     assert_int_equal(n90, 4);
-    assert_true(tiles[c[0]].splitk > 1 && tiles[c[1]].splitk > 1);
-    assert_true(tiles[c[2]].splitk <= 1 && tiles[c[3]].splitk <= 1);
+    assert_true(tiles[c[0]].splitk > 1 && !tiles[c[0]].wg);
+    assert_true(tiles[c[1]].wg && tiles[c[2]].wg && c[1] != c[2]);
+    assert_true(tiles[c[3]].splitk <= 1 && !tiles[c[3]].wg);
     for (int i = 0; i < n90; i++) {
         s = spec_of(&tiles[c[i]], 0, 768, 3072, &epis[0]);
         assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
     }
+    int n100 = sj_gemm_cuda_candidates(16, 768, 3072, 100, 148, c, 4);
+    assert_int_equal(n100, 4);
+    assert_true(tiles[c[0]].splitk > 1 && tiles[c[1]].splitk > 1 && !tiles[c[0]].wg && !tiles[c[1]].wg);
+    assert_true(tiles[c[2]].splitk <= 1 && tiles[c[3]].splitk <= 1 && !tiles[c[2]].wg && !tiles[c[3]].wg);
+    n90 = sj_gemm_cuda_candidates(16, 768, 3072, 90, 132, c, 4);
     /* at M 16 the best split fills the device: 12 column tiles x 8 */
     sj_gemm_cuda_dims(&(sj_gemm_spec){.N = 768, .K = 3072, .tile = tiles[c[0]]}, 16, &d);
     assert_true(d.grid[0] * d.grid[1] * d.grid[2] >= 96);
@@ -204,13 +230,22 @@ static void test_compile(void **state) {
             char *src = gen(&s), what[96];
             if (getenv("SJ_SHOW_CODE") && i == 0 && e) printf("%s\n", src);
             snprintf(what, sizeof what, "tile %d %s", i, ep->name);
-            compile(src, "sm_90", what, NULL, NULL);
-            if (i == 0 || (tiles[i].splitk > 1 && tiles[i - 1].splitk <= 1)) {
+            /* warpgroup tiles: Hopper's own architecture (sm_90a) */
+            compile(src, tiles[i].wg ? "sm_90a" : "sm_90", what, NULL, NULL);
+            bool first_of_kind = i == 0 || (tiles[i].splitk > 1) != (tiles[i - 1].splitk > 1) ||
+                                 tiles[i].wg != tiles[i - 1].wg;
+            if (first_of_kind) {
                 char *ptx;
                 size_t len;
-                compile(src, "compute_90", what, &ptx, &len);
-                assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"));
-                assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
+                compile(src, tiles[i].wg ? "compute_90a" : "compute_90", what, &ptx, &len);
+                if (tiles[i].wg) {
+                    assert_non_null(strstr(ptx, "wgmma.mma_async.sync.aligned.m64n"));
+                    assert_non_null(strstr(ptx, "wgmma.wait_group.sync.aligned"));
+                    assert_non_null(strstr(ptx, "fence.proxy.async.shared::cta"));
+                } else {
+                    assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"));
+                    assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
+                }
                 assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
                 if (tiles[i].splitk > 1) { /* the cluster's reduction */
                     assert_non_null(strstr(ptx, "barrier.cluster.arrive"));
@@ -220,7 +255,7 @@ static void test_compile(void **state) {
                 }
                 free(ptx);
             }
-            if (strcmp(cu.arch, "sm_90") != 0) compile(src, cu.arch, what, NULL, NULL);
+            if (strcmp(cu.arch, "sm_90") != 0 && !tiles[i].wg) compile(src, cu.arch, what, NULL, NULL);
             free(src);
         }
 }
@@ -326,7 +361,7 @@ typedef struct unit {
 static void unit_load(unit *u, const sj_gemm_spec *s, const char *what) {
     char *src = gen(s), *cubin;
     size_t len;
-    compile(src, cu.arch, what, &cubin, &len);
+    compile(src, s->tile.wg ? "sm_90a" : cu.arch, what, &cubin, &len);
     free(src);
     u->s = *s;
     cu_ok(cu.dev->api.ModuleLoadData(&u->mod, cubin), "cuModuleLoadData");
@@ -344,6 +379,13 @@ static void unit_unload(unit *u) {
 }
 
 static int runs, checked_elems;
+
+/* Can this device run tile t? Split-K needs clusters (9.0 and later),
+ * warpgroup tiles Hopper itself (sm_90a). */
+static bool runs_here(const sj_gemm_tile *t) {
+    int cc = cu.dev->cc_major * 10 + cu.dev->cc_minor;
+    return !(t->splitk > 1 && cc < 90) && !(t->wg && cc != 90);
+}
 
 /* Run u on q; compare with the reference. */
 static void run_check(const unit *u, const prob *q, const epi *e, const char *what) {
@@ -426,21 +468,22 @@ static void test_device(void **state) {
         int64_t N = NK[sh][0], K = NK[sh][1];
         /* per tile: the fullest epilogue, none, and one more in turn; all
          * symbolic (one unit for every M) */
-        unit units[16][3];
-        const epi *ue[16][3];
-        int nu[16];
-        assert_true(n_tiles <= 16);
+        unit units[32][3];
+        const epi *ue[32][3];
+        int nu[32];
+        assert_true(n_tiles <= 32);
         for (int t = 0; t < n_tiles; t++) {
             int pick[3] = {FULL, 0, 1 + (t + sh) % (N_EPI - 1)};
             if (pick[2] == FULL) pick[2] = N_EPI - 1;
             nu[t] = 0;
+            if (!runs_here(&tiles[t])) continue;
             for (int k = 0; k < 3; k++) {
                 sj_gemm_spec s = spec_of(&tiles[t], 0, N, K, &epis[pick[k]]);
                 if (sj_gemm_cuda_check(&s)) continue;
                 char what[128];
-                snprintf(what, sizeof what, "N %lld K %lld tile %dx%dx%d/%dx%d/%d %s", (long long)N, (long long)K,
-                         tiles[t].bm, tiles[t].bn, tiles[t].bk, tiles[t].wm, tiles[t].wn, tiles[t].stages,
-                         epis[pick[k]].name);
+                snprintf(what, sizeof what, "N %lld K %lld tile %dx%dx%d/%dx%d/%d/k%d%s %s", (long long)N,
+                         (long long)K, tiles[t].bm, tiles[t].bn, tiles[t].bk, tiles[t].wm, tiles[t].wn, tiles[t].stages,
+                         tiles[t].splitk, tiles[t].wg ? "/wg" : "", epis[pick[k]].name);
                 unit_load(&units[t][nu[t]], &s, what);
                 ue[t][nu[t]++] = &epis[pick[k]];
             }
@@ -457,8 +500,10 @@ static void test_device(void **state) {
                 }
             /* specialized to this M: the fullest epilogue, the first tile
              * and the first split-K tile that fits */
-            for (int t = 0, split_done = 0; t < n_tiles && split_done < 2; t++) {
-                if (t > 0 && tiles[t].splitk <= 1) continue;
+            for (int t = 0, kinds = 0; t < n_tiles; t++) {
+                /* one of each kind: one block, split-K, warpgroup */
+                int kind = tiles[t].wg ? 4 : tiles[t].splitk > 1 ? 2 : 1;
+                if ((kinds & kind) || !runs_here(&tiles[t])) continue;
                 unit us;
                 sj_gemm_spec s = spec_of(&tiles[t], q.M, N, K, &epis[FULL]);
                 if (sj_gemm_cuda_check(&s)) continue;
@@ -468,7 +513,7 @@ static void test_device(void **state) {
                 unit_load(&us, &s, what);
                 run_check(&us, &q, &epis[FULL], what);
                 unit_unload(&us);
-                split_done++;
+                kinds |= kind;
             }
             prob_free(&q);
         }

@@ -408,9 +408,10 @@ static void test_plan_marks(void **state) {
     }
 }
 
-/* For sm_90 the plan's first variants are split-K clusters (static: at
- * the entry's rows; symbolic: at 16), each fitting N and K, named by
- * explain, compiled with their cluster dims; the tiles of one block follow. */
+/* For sm_90 the plan's variants are a split-K cluster (static: at the
+ * entry's rows; symbolic: at 16), two warpgroup tiles and a tile of one
+ * block, each fitting N and K, named by explain, compiled with their
+ * cluster dims and wgmma; without the arch, tiles of one block only. */
 static void test_plan_split(void **state) {
     (void)state;
     int nt;
@@ -425,9 +426,9 @@ static void test_plan_split(void **state) {
         const sj_group *G;
         assert_int_equal(gemms(tr.p, &G), 1);
         assert_int_equal(G->gemm_nv, 4);
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < 4; v++) { /* split-K, two warpgroup tiles, one of one block */
             const sj_gemm_tile *t = &tiles[G->gemm_tiles[v]];
-            assert_true(v < 2 ? t->splitk > 1 : t->splitk <= 1);
+            assert_true(v == 0 ? t->splitk > 1 && !t->wg : v < 3 ? t->wg : t->splitk <= 1 && !t->wg);
             sj_gemm_spec sp = {.N = 1536, .K = 384, .out_dtype = SJ_F16, .tile = *t};
             assert_int_equal(sj_gemm_cuda_check(&sp), SJ_OK);
         }
@@ -438,12 +439,14 @@ static void test_plan_split(void **state) {
         char *src = sj_codegen_cuda(tr.g, tr.p, NULL, &(sj_codegen_opts){.prefix = "sj_"}, NULL);
         assert_non_null(src);
         assert_non_null(strstr(src, "__cluster_dims__(1, 1, SK)"));
+        assert_non_null(strstr(src, "wgmma.mma_async.sync.aligned.m64n"));
         free(src);
         untrace(&tr);
-        /* unknown arch: no split-K */
+        /* unknown arch: no split-K, no warpgroup tile */
         trace_gm(&m, 9, symbolic, true, &tr);
         assert_int_equal(gemms(tr.p, &G), 1);
-        for (int v = 0; v < G->gemm_nv; v++) assert_true(tiles[G->gemm_tiles[v]].splitk <= 1);
+        for (int v = 0; v < G->gemm_nv; v++)
+            assert_true(tiles[G->gemm_tiles[v]].splitk <= 1 && !tiles[G->gemm_tiles[v]].wg);
         untrace(&tr);
     }
 }

@@ -210,13 +210,13 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
                                 base_ms);
     for (int v = 0; v < G->gemm_nv && n < sizeof line; v++) {
         const sj_gemm_tile *tl = &tiles[G->gemm_tiles[v]];
-        n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d/k%d %.4f ms", tl->bm, tl->bn, tl->bk,
-                              tl->splitk > 1 ? tl->splitk : 1, ms[v]);
+        n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d/k%d%s %.4f ms", tl->bm, tl->bn, tl->bk,
+                              tl->splitk > 1 ? tl->splitk : 1, tl->wg ? "/wg" : "", ms[v]);
     }
     if (best >= 0) {
         const sj_gemm_tile *tl = &tiles[G->gemm_tiles[best]];
-        sj_log_write(log, SJ_LOG_PERF, "%s: tile %dx%dx%d/k%d", line, tl->bm, tl->bn, tl->bk,
-                     tl->splitk > 1 ? tl->splitk : 1);
+        sj_log_write(log, SJ_LOG_PERF, "%s: tile %dx%dx%d/k%d%s", line, tl->bm, tl->bn, tl->bk,
+                     tl->splitk > 1 ? tl->splitk : 1, tl->wg ? "/wg" : "");
     } else {
         sj_log_write(log, SJ_LOG_PERF, "%s: cuBLASLt", line);
     }

@@ -54,7 +54,9 @@ bool sj_nvrtc_target(int cc_major, int cc_minor, const int *supported, int n, ch
     /* known, no list, or older than every one (NVRTC then says why) */
     bool known = n <= 0 || below < 0;
     for (int i = 0; i < n && !known; i++) known = supported[i] == want;
-    if (known) snprintf(arch, size, "sm_%d", want);
+    /* Hopper (9.0): its own architecture, sm_90a, whose code runs on 9.0
+     * devices only and holds the warpgroup products (wgmma) */
+    if (known) snprintf(arch, size, "sm_%d%s", want, want == 90 ? "a" : "");
     else snprintf(arch, size, "compute_%d", below); /* newer than NVRTC: PTX the driver compiles */
     return known;
 }

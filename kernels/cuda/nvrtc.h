@@ -48,8 +48,9 @@ sj_status sj_nvrtc_options(const char *arch, int nvrtc_version, const char *flag
 /* The architecture to compile for on a device of compute capability
  * cc_major.cc_minor, given the real architectures NVRTC can generate code
  * for (nvrtcGetSupportedArchs: 90 for sm_90; n of them). true and "sm_XY"
- * (a CUBIN, nothing left for the driver to compile at load) when NVRTC
- * knows the device's; else false and "compute_XY", the newest virtual
+ * (a CUBIN, nothing left for the driver to compile at load; "sm_90a" on
+ * Hopper, for its warpgroup products) when NVRTC knows the device's; else
+ * false and "compute_XY", the newest virtual
  * architecture below it, as PTX that the driver compiles at load (and
  * keeps in its compute cache): a device newer than this NVRTC. With no
  * list (n == 0) the device's own, true. */
