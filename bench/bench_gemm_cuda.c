@@ -36,6 +36,7 @@
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/eager_cuda.h"
+#include "kernels/cuda/exec_cuda.h"
 #endif
 
 #ifndef SJ_WITH_CUDA
@@ -151,15 +152,17 @@ static double time_ms(launch_fn f, void *ctx) {
 
 typedef struct gen_ctx {
     CUfunction fn;
-    sj_gemm_dims d;
-    void *args[6];
+    const sj_gemm_spec *sp;
+    int64_t M;
+    CUdeviceptr a, b, bias, r, c;
 } gen_ctx;
 
 static void launch_gen(void *c) {
     gen_ctx *g = c;
-    cu(dev->api.LaunchKernel(g->fn, g->d.grid[0], g->d.grid[1], g->d.grid[2], g->d.block[0], 1, 1, (unsigned)g->d.smem,
-                             dev->stream, g->args, NULL),
-       "launch");
+    sj_cuda_exec e = {.cuda = dev, .stream = dev->stream};
+    if (sj_cuda_gemm_launch(&e, g->fn, g->sp, g->M, (const void *)(uintptr_t)g->a, (const void *)(uintptr_t)g->b,
+                            (const void *)(uintptr_t)g->bias, (const void *)(uintptr_t)g->r, (void *)(uintptr_t)g->c))
+        die("launch");
 }
 
 typedef struct lt_ctx {
@@ -254,9 +257,7 @@ int main(int argc, char **argv) {
             int best_t = -1;
             for (int t = 0; t < n_tiles; t++) {
                 if (!fns[t]) continue;
-                long long m = M;
-                gen_ctx g = {.fn = fns[t], .args = {&A, &B, &bias, &R, &C, &m}};
-                sj_gemm_cuda_dims(&specs[t], M, &g.d);
+                gen_ctx g = {.fn = fns[t], .sp = &specs[t], .M = M, .a = A, .b = B, .bias = bias, .r = R, .c = C};
                 double ms = time_ms(launch_gen, &g);
                 if (ms < best) best = ms, best_t = t;
                 printf("{\"bench\": \"gemm_cuda\", \"product\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": %lld, "

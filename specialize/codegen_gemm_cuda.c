@@ -47,8 +47,9 @@ static size_t red_bytes_of(const sj_gemm_tile *t) { return (size_t)t->bm * (size
 
 static size_t smem_of(const sj_gemm_tile *t) {
     /* a warpgroup tile's stages: BM and BN rows of 128 bytes, each stage
-     * 1024-byte aligned (the swizzle's atom), the base rounded up to it */
-    size_t pipe = t->wg ? (size_t)t->stages * (size_t)(t->bm + t->bn) * 128 + 1024
+     * 1024-byte aligned (the swizzle's atom), the base rounded up to it,
+     * then a stage's mbarrier each */
+    size_t pipe = t->wg ? (size_t)t->stages * (size_t)(t->bm + t->bn) * 128 + 1024 + 8 * (size_t)t->stages
                         : (size_t)t->stages * ((size_t)t->bm * (size_t)(t->bk + 8) + (size_t)t->bk * (size_t)(t->bn + 8)) * 2;
     return splitk_of(t) > 1 && red_bytes_of(t) > pipe ? red_bytes_of(t) : pipe;
 }
@@ -394,7 +395,6 @@ static const char cluster_helpers[] =
  * shared-memory matrix descriptor in the 128-byte swizzle mode (address,
  * leading and stride byte offsets, each in 16-byte units). */
 static const char wg_helpers[] =
-    "__device__ __forceinline__ void wg_proxy_fence() { asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\"); }\n"
     "__device__ __forceinline__ void wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
     "__device__ __forceinline__ void wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n"
     "__device__ __forceinline__ void wg_wait0() { asm volatile(\"wgmma.wait_group.sync.aligned 0;\\n\" ::: \"memory\"); }\n"
@@ -404,72 +404,83 @@ static const char wg_helpers[] =
     "           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);\n"
     "}\n";
 
-/* A stage of a warpgroup tile at shared address st (1024-aligned): A's BM
- * rows of 64 halves (128 bytes, K-major), then B's BN / 64 blocks of 64
- * k-rows of 64 columns (N-major), each 128-byte row's 16-byte chunks
- * swizzled (chunk c of row r at c ^ (r % 8)), as the descriptors' 128-byte
- * mode reads them. Rows of A past M are zero-filled. */
-static const char wg_load[] =
-    "__device__ __forceinline__ void load_tile_wg(unsigned st, const unsigned short *A, const unsigned short *B,\n"
-    "                                             long long M, long long m0, int n0, int k0, int tid) {\n"
-    "    enum { AC = BM * 8, BC = BK * (BN / 8) };\n"
+/* The tensor memory accelerator (TMA) that fills a warpgroup tile's
+ * stages: sj_tmap is a CUtensorMap (128 bytes, passed by value as a
+ * __grid_constant__ parameter); a stage's mbarrier (one arrival, the
+ * stage's bytes expected) completes when its copies have landed. */
+static const char wg_tma[] =
+    "struct __align__(64) sj_tmap { unsigned long long v[16]; };\n"
+    "__device__ __forceinline__ void mbar_init(unsigned bar) {\n"
+    "    asm volatile(\"mbarrier.init.shared::cta.b64 [%0], 1;\\n\" ::\"r\"(bar) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {\n"
+    "    asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n\" ::\"r\"(bar), \"r\"(bytes) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ bool mbar_try(unsigned bar, unsigned phase) {\n"
+    "    unsigned ok;\n"
+    "    asm volatile(\"{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n\"\n"
+    "                 \"selp.u32 %0, 1, 0, p;\\n}\\n\" : \"=r\"(ok) : \"r\"(bar), \"r\"(phase) : \"memory\");\n"
+    "    return ok != 0;\n"
+    "}\n"
+    "__device__ __forceinline__ void tma_load(unsigned dst, const sj_tmap *map, int x, int y, unsigned bar) {\n"
+    "    asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\\n\"\n"
+    "                 ::\"r\"(dst), \"l\"((unsigned long long)map), \"r\"(x), \"r\"(y), \"r\"(bar) : \"memory\");\n"
+    "}\n\n"
+    /* stage kt of this block into buffer st, by one thread: A's BM x 64 box at
+     * (k, m0), B's BN / 64 boxes of 64 x 64 at (n0 + 64 j, k), each landing as
+     * 128-byte rows in the 128-byte swizzle (chunk c of row r at c ^ (r % 8)),
+     * A rows past M zero-filled by the TMA */
+    "__device__ __forceinline__ void issue_stage(unsigned st, unsigned bar, const sj_tmap *ta, const sj_tmap *tb,\n"
+    "                                            int m0, int n0, int k) {\n"
+    "    mbar_expect(bar, STAGE_BYTES);\n"
+    "    tma_load(st, ta, k, m0, bar);\n"
     "#pragma unroll\n"
-    "    for (int j = 0; j < (AC + THREADS - 1) / THREADS; j++) {\n"
-    "        const int i = tid + j * THREADS;\n"
-    "        if (AC % THREADS == 0 || i < AC) {\n"
-    "            const int r = i >> 3, c = i & 7;\n"
-    "            const long long gm = m0 + r;\n"
-    "            cp16(st + r * 128 + ((c ^ (r & 7)) << 4), A + (gm < M ? gm : 0) * KK + k0 + c * 8, gm < M ? 16 : 0);\n"
-    "        }\n"
-    "    }\n"
-    "#pragma unroll\n"
-    "    for (int j = 0; j < (BC + THREADS - 1) / THREADS; j++) {\n"
-    "        const int i = tid + j * THREADS;\n"
-    "        if (BC % THREADS == 0 || i < BC) {\n"
-    "            const int kr = i / (BN / 8), jj = i % (BN / 8), c = jj & 7;\n"
-    "            cp16(st + A_BYTES + (jj >> 3) * (BK * 128) + kr * 128 + ((c ^ (kr & 7)) << 4),\n"
-    "                 B + (long long)(k0 + kr) * NN + n0 + jj * 8, 16);\n"
-    "        }\n"
-    "    }\n"
+    "    for (int j = 0; j < BN / 64; j++) tma_load(st + A_BYTES + j * (BK * 128), tb, n0 + 64 * j, k, bar);\n"
     "}\n\n";
 
-/* The warpgroup tile's main loop: each iteration waits for its stage,
- * fences it for the async proxy, queues the copy of the stage STAGES - 2
- * ahead (into the buffer of kt - 2, whose products every warpgroup has
- * waited for before the barrier), then four m64nBNk16 steps (A's
- * descriptor advances 32 bytes a step within the swizzled row, B's 16
- * k-rows = 2048 bytes; A: stride 1024 between 8-row groups; B transposed:
- * 8192 = BK x 128 between 64-column blocks, 1024 between 8-row groups of
- * k), and leaves them running while it waits for the previous
- * iteration's: one group of products in flight across the barrier. */
+/* The warpgroup tile's main loop: thread 0 keeps the stages STAGES - 2
+ * ahead with the TMA; each iteration waits for its stage's mbarrier, then
+ * a barrier (every warpgroup has waited for the products of kt - 2, so
+ * their buffer is free for the copy thread 0 queues next), then four
+ * m64nBNk16 steps (A's descriptor advances 32 bytes a step within the
+ * swizzled row, B's 16 k-rows = 2048 bytes; A: stride 1024 between 8-row
+ * groups; B transposed: 8192 = BK x 128 between 64-column blocks, 1024
+ * between 8-row groups of k), left running while it waits for the
+ * previous iteration's: one group of products in flight across the
+ * barrier. */
 static const char wg_main[] =
     "    extern __shared__ __align__(16) unsigned short smem[];\n"
-    "    const unsigned sbase = (smem_u32(smem) + 1023u) & ~1023u;\n"
+    "    const unsigned sbase = (smem_u32(smem) + 1023u) & ~1023u, bars = sbase + STAGES * STAGE_BYTES;\n"
     "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n"
     "    const int wm = warp, wn = 0; /* a warp's 16 rows of its warpgroup's 64 */\n"
     "    const long long m0 = (long long)blockIdx.y * BM;\n"
     "    const int n0 = blockIdx.x * BN;\n"
     "    if (m0 >= M) return;\n"
+    "    enum { KT = KK / BK / SK }; /* this block's K tiles: the z-th SK-th of K */\n"
+    "    const int kb = blockIdx.z * (KT * BK);\n"
+    "    if (tid == 0) {\n"
+    "#pragma unroll\n"
+    "        for (int s = 0; s < STAGES; s++) mbar_init(bars + 8 * s);\n"
+    "        asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
+    "#pragma unroll\n"
+    "        for (int s = 0; s < STAGES - 2; s++)\n"
+    "            if (s < KT) issue_stage(sbase + s * STAGE_BYTES, bars + 8 * s, &tmA, &tmB, (int)m0, n0, kb + s * BK);\n"
+    "    }\n"
+    "    __syncthreads();\n"
     "    float acc[MT][NT][4];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < NT; j++) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;\n"
-    "    enum { KT = KK / BK / SK }; /* this block's K tiles: the z-th SK-th of K */\n"
-    "    const int kb = blockIdx.z * (KT * BK);\n"
-    "#pragma unroll\n"
-    "    for (int s = 0; s < STAGES - 2; s++) {\n"
-    "        if (s < KT) load_tile_wg(sbase + s * STAGE_BYTES, A, B, M, m0, n0, kb + s * BK, tid);\n"
-    "        cp_commit();\n"
-    "    }\n"
     "#pragma unroll 1\n"
     "    for (int kt = 0; kt < KT; kt++) {\n"
-    "        cp_wait<STAGES - 3>(); /* stage kt has landed */\n"
-    "        wg_proxy_fence();\n"
+    "        const int b = kt % STAGES;\n"
+    "        while (!mbar_try(bars + 8 * b, (unsigned)(kt / STAGES) & 1u)) {\n"
+    "        }\n"
     "        __syncthreads(); /* every warpgroup past its wait for kt - 2's products: that buffer is free */\n"
     "        const int nk = kt + STAGES - 2;\n"
-    "        if (nk < KT) load_tile_wg(sbase + (nk % STAGES) * STAGE_BYTES, A, B, M, m0, n0, kb + nk * BK, tid);\n"
-    "        cp_commit();\n"
-    "        const unsigned as = sbase + (kt % STAGES) * STAGE_BYTES + (warp >> 2) * (64 * 128);\n"
-    "        const unsigned bs = sbase + (kt % STAGES) * STAGE_BYTES + A_BYTES;\n"
+    "        if (tid == 0 && nk < KT)\n"
+    "            issue_stage(sbase + (nk % STAGES) * STAGE_BYTES, bars + 8 * (nk % STAGES), &tmA, &tmB, (int)m0, n0,\n"
+    "                        kb + nk * BK);\n"
+    "        const unsigned as = sbase + b * STAGE_BYTES + (warp >> 2) * (64 * 128), bs = sbase + b * STAGE_BYTES + A_BYTES;\n"
     "        wg_fence();\n"
     "#pragma unroll\n"
     "        for (int kk = 0; kk < BK / 16; kk++)\n"
@@ -478,7 +489,6 @@ static const char wg_main[] =
     "        wg_wait1(); /* kt's products may run on; kt - 1's are done */\n"
     "    }\n"
     "    wg_wait0();\n"
-    "    cp_wait<0>();\n"
     "    const int g = lane >> 2, t4 = lane & 3;\n";
 
 /* wg_mma: one wgmma.mma_async.m64n<bn>k16 (f32 += f16 x f16, B
@@ -518,14 +528,15 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
             "#define B_STAGE (BK * BS)\n#define A_BYTES (BM * 128)\n#define STAGE_BYTES ((BM + BN) * 128)\n\n");
     put(&o, "%s\n%s", helpers, sk > 1 ? cluster_helpers : "");
     if (t->wg) {
-        put(&o, "%s%s", wg_helpers, wg_load);
+        put(&o, "%s%s", wg_helpers, wg_tma);
         put_wg_mma(&o, t->bn);
     } else {
         put(&o, "%s", body_head);
     }
     put(&o, "extern \"C\" __global__ void __launch_bounds__(THREADS)%s\n", sk > 1 ? " __cluster_dims__(1, 1, SK)" : "");
     put(&o, "%s(const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n", name);
-    put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg) {\n");
+    put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg%s) {\n",
+        t->wg ? ",\n    const __grid_constant__ sj_tmap tmA, const __grid_constant__ sj_tmap tmB" : "");
     if (s->M > 0) put(&o, "    const long long M = %" PRId64 "LL;\n    (void)M_arg;\n", s->M);
     else put(&o, "    const long long M = M_arg;\n");
     put(&o, "    (void)bias;\n    (void)R;\n");

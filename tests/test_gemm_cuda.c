@@ -44,6 +44,7 @@
 #include "tests/util_cuda.h"
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/exec_cuda.h"
 #endif
 
 /* -- NVRTC and the device (tests/util_cuda.h) -------------------------------- */
@@ -171,7 +172,7 @@ static void test_check(void **state) {
     assert_int_equal(d.block[0], 256);
     assert_int_equal(d.grid[0], 768 / 128);
     assert_int_equal(d.grid[1], 3);
-    assert_int_equal(d.smem, (size_t)3 * (128 + 128) * 128 + 1024);
+    assert_int_equal(d.smem, (size_t)3 * (128 + 128) * 128 + 1024 + 3 * 8); /* stages, alignment, mbarriers */
     bad = (sj_gemm_tile){128, 128, 64, 2, 1, 2, 1, 1}; /* 2 stages: one copy ahead needs 3 */
     s = spec_of(&bad, 0, 768, 3072, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
@@ -241,12 +242,13 @@ static void test_compile(void **state) {
                 if (tiles[i].wg) {
                     assert_non_null(strstr(ptx, "wgmma.mma_async.sync.aligned.m64n"));
                     assert_non_null(strstr(ptx, "wgmma.wait_group.sync.aligned"));
-                    assert_non_null(strstr(ptx, "fence.proxy.async.shared::cta"));
+                    assert_non_null(strstr(ptx, "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier"));
+                    assert_non_null(strstr(ptx, "mbarrier.try_wait.parity"));
                 } else {
                     assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"));
                     assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
+                    assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
                 }
-                assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
                 if (tiles[i].splitk > 1) { /* the cluster's reduction */
                     assert_non_null(strstr(ptx, "barrier.cluster.arrive"));
                     assert_non_null(strstr(ptx, "mapa.shared::cluster"));
@@ -397,14 +399,11 @@ static void run_check(const unit *u, const prob *q, const epi *e, const char *wh
     dbuf dc = dput(host, bytes);
     CUdeviceptr A = q->da.p, B = q->db.p, bias = e->bias_dt == SJ_F16 ? q->dbh.p : q->dbf.p,
                 R = e->res_dt == SJ_F16 ? q->drh.p : q->drf.p, C = dc.p;
-    long long m = M;
-    void *args[] = {&A, &B, &bias, &R, &C, &m};
-    sj_gemm_dims d;
-    sj_gemm_cuda_dims(&u->s, M, &d);
-    if (M > 0)
-        cu_ok(cu.dev->api.LaunchKernel(u->fn, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.block[1], d.block[2],
-                                    (unsigned)d.smem, cu.dev->stream, args, NULL),
-              "cuLaunchKernel");
+    /* the library's launch: dims, shared memory, a warpgroup tile's tensor maps */
+    sj_cuda_exec ex = {.cuda = cu.dev, .stream = cu.dev->stream};
+    if (sj_cuda_gemm_launch(&ex, u->fn, &u->s, M, (const void *)(uintptr_t)A, (const void *)(uintptr_t)B,
+                            (const void *)(uintptr_t)bias, (const void *)(uintptr_t)R, (void *)(uintptr_t)C))
+        fail_msg("%s: %s", what, sj_last_error());
     cu_ok(cu.dev->api.StreamSynchronize(cu.dev->stream), "cuStreamSynchronize");
     assert_int_equal(sj_cuda_to_host(cu.dev, host, C, bytes), SJ_OK);
     dfree(&dc);

@@ -83,13 +83,18 @@
 
 /* Driver functions the library can do without (NULL when the driver
  * lacks them): CUDA graphs that serve a whole bucket (graph_cuda.c) need
- * both. */
+ * the first two; generated warpgroup products (exec_cuda.c's
+ * sj_cuda_gemm_tmaps) the tensor maps of the last. */
 #define SJ_CUDA_DRIVER_OPT_FNS(X)                                                                  \
     X(CUresult, StreamGetCaptureInfo, "cuStreamGetCaptureInfo_v3",                                 \
       (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **,           \
        const CUgraphEdgeData **, size_t *))                                                        \
     X(CUresult, GraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2",                 \
-      (CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *))
+      (CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *))                                 \
+    X(CUresult, TensorMapEncodeTiled, "cuTensorMapEncodeTiled",                                    \
+      (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *, \
+       const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,           \
+       CUtensorMapL2promotion, CUtensorMapFloatOOBfill))
 
 #define SJ_NVRTC_FNS(X)                                                                            \
     X(nvrtcResult, nvrtcVersion, "nvrtcVersion", (int *, int *))                                   \

@@ -145,35 +145,58 @@ static sj_status launch(void *c, const sj_dev_launch *d) {
                  "launching a generated kernel");
 }
 
-/* A generated product (specialize/codegen_gemm_cuda.h): grid and shared
- * memory from its tile, M the kernel's last argument (ignored by a
- * specialized kernel). */
-static sj_status gemm(void *c, const sj_dev_gemm *d) {
-    sj_cuda_call *cc = c;
-    sj_cuda *cu = cc->e.cuda;
-    int nt;
-    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
-    if (d->tile < 0 || d->tile >= nt) return sj_seterr(SJ_EINTERNAL, "gemm: tile %d of %d", d->tile, nt);
-    sj_gemm_spec sp = {.N = d->N, .K = d->K, .tile = tiles[d->tile]};
+/* One TMA tensor map of a 2-D f16 row-major matrix: rows x cols, boxes
+ * of box_rows x 64 columns (128 bytes: the swizzle's row). */
+static sj_status tmap(sj_cuda *cu, CUtensorMap *m, const void *p, int64_t rows, int64_t cols, int box_rows) {
+    const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)cols * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estride[2] = {1, 1};
+    return SJ_CU(cu,
+                 cu->api.TensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)(uintptr_t)p, dim, stride,
+                                              box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                 "encoding a generated product's tensor map");
+}
+
+sj_status sj_cuda_gemm_launch(const sj_cuda_exec *e, CUfunction f, const sj_gemm_spec *sp, int64_t M,
+                              const void *A, const void *B, const void *bias, const void *R, void *C) {
+    sj_cuda *cu = e->cuda;
     sj_gemm_dims dims;
-    sj_gemm_cuda_dims(&sp, d->M, &dims);
-    if (!d->M || !d->N) return SJ_OK;
+    sj_gemm_cuda_dims(sp, M, &dims);
+    if (!M) return SJ_OK;
     sj_cuda_bind(cu);
-    CUfunction f = (CUfunction)d->fn;
     if (dims.smem > 48 * 1024) {
         sj_status st = SJ_CU(cu, cu->api.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                           (int)dims.smem),
                              "allowing a generated product its shared memory");
         if (st) return st;
     }
-    const void *a = d->a, *b = d->b, *bias = d->bias, *r = d->r;
-    void *y = d->c;
-    long long m = (long long)d->M;
-    void *args[] = {&a, &b, &bias, &r, &y, &m};
+    long long m = (long long)M;
+    CUtensorMap ta, tb;
+    void *args[] = {&A, &B, &bias, &R, &C, &m, &ta, &tb};
+    if (sp->tile.wg) {
+        if (!cu->api.TensorMapEncodeTiled)
+            return sj_seterr(SJ_EBACKEND, "cuda: the driver has no cuTensorMapEncodeTiled for a warpgroup product");
+        sj_status st = tmap(cu, &ta, A, M, sp->K, sp->tile.bm);
+        if (!st) st = tmap(cu, &tb, B, sp->K, sp->N, 64);
+        if (st) return st;
+    }
     return SJ_CU(cu,
-                 sj_cuda_launch_kernel(&cc->e, f, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0],
-                                       dims.block[1], dims.block[2], (unsigned)dims.smem, args),
+                 sj_cuda_launch_kernel(e, f, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
+                                       dims.block[2], (unsigned)dims.smem, args),
                  "launching a generated product");
+}
+
+/* A generated product (specialize/codegen_gemm_cuda.h): M the kernel's
+ * argument (ignored by a specialized kernel). */
+static sj_status gemm(void *c, const sj_dev_gemm *d) {
+    sj_cuda_call *cc = c;
+    int nt;
+    const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
+    if (d->tile < 0 || d->tile >= nt) return sj_seterr(SJ_EINTERNAL, "gemm: tile %d of %d", d->tile, nt);
+    if (!d->N) return SJ_OK;
+    sj_gemm_spec sp = {.N = d->N, .K = d->K, .tile = tiles[d->tile]};
+    return sj_cuda_gemm_launch(&cc->e, (CUfunction)d->fn, &sp, d->M, d->a, d->b, d->bias, d->r, d->c);
 }
 
 static sj_status finish(void *c) {

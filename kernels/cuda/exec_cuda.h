@@ -47,6 +47,19 @@ void sj_cuda_fill_call_slots(sj_backend *b);
 /* Device copies of g's constants and host parameters (freed with g). */
 sj_status sj_cuda_upload_graph(sj_cuda *cuda, sj_graph *g);
 
+/* Launch a generated product (specialize/codegen_gemm_cuda.h) of spec sp
+ * (its tile) at M rows on e's stream (through sj_cuda_launch_kernel: a
+ * capture's recorder sees it): grid and block from sj_gemm_cuda_dims, the
+ * function allowed its shared memory, and for a warpgroup tile the two
+ * TMA tensor maps its kernel takes after M (A [M, K] in boxes of 64 x BM,
+ * B [K, N] in boxes of 64 x 64, f16, 128-byte swizzle, rows past M read
+ * as zeros), encoded for these operands. M = 0 launches nothing.
+ * SJ_EBACKEND naming what failed (a driver without
+ * cuTensorMapEncodeTiled cannot run a warpgroup tile). */
+struct sj_gemm_spec;
+sj_status sj_cuda_gemm_launch(const sj_cuda_exec *e, CUfunction f, const struct sj_gemm_spec *sp, int64_t M,
+                              const void *A, const void *B, const void *bias, const void *R, void *C);
+
 /* The device's gemm_tune slot (kernels/device.h; gemm_tune.c): cache and
  * log may be NULL. */
 struct sj_cache;

@@ -81,17 +81,10 @@ static sj_status run_one(const tuner *t, int v, const sj_gemm_tile *tile, CUfunc
     }
     sj_gemm_spec sp = *t->sp;
     sp.tile = *tile;
-    sj_gemm_dims d;
-    sj_gemm_cuda_dims(&sp, M, &d);
-    const void *a = (const void *)(uintptr_t)t->a, *b = (const void *)(uintptr_t)t->b,
-               *bias = (const void *)(uintptr_t)t->bias, *r = (const void *)(uintptr_t)t->r;
-    void *c = (void *)(uintptr_t)t->c;
-    long long m = (long long)M;
-    void *args[] = {&a, &b, &bias, &r, &c, &m};
-    return SJ_CU(cu,
-                 cu->api.LaunchKernel(f, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.block[1], d.block[2],
-                                      (unsigned)d.smem, t->s, args, NULL),
-                 "launching a generated product (tuning)");
+    sj_cuda_exec e = {.cuda = cu, .stream = t->s};
+    return sj_cuda_gemm_launch(&e, f, &sp, M, (const void *)(uintptr_t)t->a, (const void *)(uintptr_t)t->b,
+                               (const void *)(uintptr_t)t->bias, (const void *)(uintptr_t)t->r,
+                               (void *)(uintptr_t)t->c);
 }
 
 /* Milliseconds a run of candidate v takes at M rows; INFINITY when it
@@ -101,13 +94,6 @@ static double time_one(const tuner *t, int v, const sj_gemm_tile *tile, CUfuncti
     if (v >= 0 && sj_gemm_cuda_check(&(sj_gemm_spec){.N = t->sp->N, .K = t->sp->K, .out_dtype = SJ_F16,
                                                       .tile = *tile}) != SJ_OK)
         return INFINITY;
-    if (v >= 0) {
-        sj_gemm_dims d;
-        sj_gemm_cuda_dims(&(sj_gemm_spec){.N = t->sp->N, .K = t->sp->K, .tile = *tile}, M, &d);
-        if (d.smem > 48 * 1024 &&
-            cu->api.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)d.smem) != CUDA_SUCCESS)
-            return INFINITY;
-    }
     for (int i = 0; i < 2; i++)
         if (run_one(t, v, tile, f, M)) return INFINITY;
     /* TUNE_REPS runs in a graph, its launch timed */
