@@ -497,6 +497,51 @@ static void test_row_conversions(void **state) {
     free(h), free(h2), free(f);
 }
 
+/* f16/bf16 attention converts each head's q, k, v into f32 a block of
+ * rows at a time and stores its output rows the same way (F16C / AVX2
+ * where the CPU has them): the result must be bit for bit the f32
+ * attention over q, k, v's exact values, rounded by sj_f32_to_f16 /
+ * sj_f32_to_bf16, and within the dtype's tolerance of float64. Odd head
+ * sizes (tails past the 8-lane conversions), more queries than a block of
+ * 64, lengths and causal masks, one thread and two. */
+static void test_attention_16(void **state) {
+    static const int64_t Ds[][2] = {{13, 11}, {64, 64}, {9, 67}};
+    static const sj_dtype dts[] = {SJ_F16, SJ_BF16};
+    for (int c = 0; c < 12; c++) {
+        sj_dtype dt = dts[c % 2];
+        int64_t D = Ds[c / 2 % 3][0], Dv = Ds[c / 2 % 3][1], B = 2, H = 3, Sq = 70, Sk = 45 + c;
+        int causal = c / 6, th = 1 + c % 2;
+        const char *what = tu_label("%s D %lld Dv %lld Sk %lld causal %d threads %d", sj_dtype_name(dt),
+                                    (long long)D, (long long)Dv, (long long)Sk, causal, th);
+        sj_tensor q = tu_random(dt, 4, S(B, H, Sq, D), TU_CONTIG), k = tu_random(dt, 4, S(B, H, Sk, D), TU_CONTIG);
+        sj_tensor v = tu_random(dt, 4, S(B, H, Sk, Dv), TU_CONTIG), l = tu_tensor(SJ_I32, 1, S(B));
+        ((int32_t *)l.data)[0] = (int32_t)Sk, ((int32_t *)l.data)[1] = (int32_t)(Sk - 7);
+        sj_tensor q32 = tu_tensor(SJ_F32, 4, S(B, H, Sq, D)), k32 = tu_tensor(SJ_F32, 4, S(B, H, Sk, D));
+        sj_tensor v32 = tu_tensor(SJ_F32, 4, S(B, H, Sk, Dv));
+        for (int64_t i = 0; i < B * H * Sq * D; i++) tu_set(&q32, i, tu_get(&q, i)); /* exact */
+        for (int64_t i = 0; i < B * H * Sk * D; i++) tu_set(&k32, i, tu_get(&k, i));
+        for (int64_t i = 0; i < B * H * Sk * Dv; i++) tu_set(&v32, i, tu_get(&v, i));
+        sj_tensor y = tu_tensor(dt, 4, S(B, H, Sq, Dv)), y32 = tu_tensor(SJ_F32, 4, S(B, H, Sq, Dv));
+        double scale = 1.0 / sqrt((double)D), *rf = tu_refbuf(0, B * H * Sq * Dv), *mg = tu_refbuf(1, B * H * Sq * Dv);
+        tu_ref_attention(&q, &k, &v, &l, scale, causal, rf, mg);
+        sj_threads *pool = th > 1 ? pool2 : NULL;
+        assert_int_equal(sj_cpu_attention(&q, &k, &v, &l, scale, causal, &y, pool), SJ_OK);
+        assert_int_equal(sj_cpu_attention(&q32, &k32, &v32, &l, scale, causal, &y32, NULL), SJ_OK);
+        const uint16_t *yh = y.data;
+        const float *yf = y32.data;
+        for (int64_t i = 0; i < B * H * Sq * Dv; i++) {
+            uint16_t want = dt == SJ_F16 ? sj_f32_to_f16(yf[i]) : sj_f32_to_bf16(yf[i]);
+            if (yh[i] != want)
+                fail_msg("%s: y[%lld] is 0x%04x, f32 %g rounds to 0x%04x", what, (long long)i, yh[i], (double)yf[i],
+                         want);
+            double got = tu_get(&y, i);
+            if (fabs(got - rf[i]) > tu_tol(dt) * (mg[i] + 1e-6) + 1e-7)
+                fail_msg("%s: y[%lld] is %g, float64 %g", what, (long long)i, got, rf[i]);
+        }
+        tu_free_all();
+    }
+}
+
 /* An f16/bf16 product over packed b with an epilogue (sj_cpu_matmul_epi):
  * the product stores its f32 result into the 16-bit y block by block and
  * runs the epilogue (here y = 2 y + 1 in y's dtype, every item counted)
@@ -576,6 +621,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_small_split, teardown_each), cmocka_unit_test_teardown(test_f16_rows, teardown_each),
         cmocka_unit_test_teardown(test_row_conversions, teardown_each),
         cmocka_unit_test_teardown(test_epi_16, teardown_each),
+        cmocka_unit_test_teardown(test_attention_16, teardown_each),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -102,16 +102,21 @@ static int layout(int64_t R, int64_t C, int64_t sr, int64_t sc, int64_t *ld) {
  * payload the same way, a signalling f16 NaN is widened quiet), and with
  * AVX2 the bf16 ones (the same bits as sj_bf16_to_f32 / sj_f32_to_bf16);
  * otherwise, and for strided rows, cpu_load_f32 / cpu_store_f32
- * (test_prepack's test_row_conversions). */
+ * (test_prepack's test_row_conversions). A block of rows (a product's
+ * tile, 16 columns wide; attention's q, k, v and output rows of a head)
+ * converts in one call that asks for the CPU's features once: per row,
+ * the dispatch cost as much as converting 16 elements, and f16's 2-thread
+ * profile of the encoder layer put a third of its products' store time
+ * there. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
-__attribute__((target("avx,f16c"))) static void f16_load_f16c(float *dst, const uint16_t *src, int64_t n) {
+__attribute__((target("avx,f16c"))) static inline void f16_load_f16c(float *dst, const uint16_t *src, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     for (; i < n; i++) dst[i] = sj_f16_to_f32(src[i]);
 }
-__attribute__((target("avx,f16c"))) static void f16_store_f16c(uint16_t *dst, const float *src, int64_t n) {
+__attribute__((target("avx,f16c"))) static inline void f16_store_f16c(uint16_t *dst, const float *src, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
@@ -122,7 +127,7 @@ __attribute__((target("avx,f16c"))) static void f16_store_f16c(uint16_t *dst, co
  * nearest even by adding 0x7fff plus the kept lowest bit, and a NaN keeps
  * its top bits made quiet, as sj_f32_to_bf16 does (the compiler does not
  * vectorize that one at the library's baseline -O2). */
-__attribute__((target("avx2"))) static void bf16_load_avx2(float *dst, const uint16_t *src, int64_t n) {
+__attribute__((target("avx2"))) static inline void bf16_load_avx2(float *dst, const uint16_t *src, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
@@ -130,7 +135,7 @@ __attribute__((target("avx2"))) static void bf16_load_avx2(float *dst, const uin
     }
     for (; i < n; i++) dst[i] = sj_bf16_to_f32(src[i]);
 }
-__attribute__((target("avx2"))) static void bf16_store_avx2(uint16_t *dst, const float *src, int64_t n) {
+__attribute__((target("avx2"))) static inline void bf16_store_avx2(uint16_t *dst, const float *src, int64_t n) {
     int64_t i = 0;
     const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
     const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
@@ -144,27 +149,47 @@ __attribute__((target("avx2"))) static void bf16_store_avx2(uint16_t *dst, const
     }
     for (; i < n; i++) dst[i] = sj_f32_to_bf16(src[i]);
 }
-static int have_avx2(void) {
-    static _Atomic int have = -1;
-    int h = atomic_load_explicit(&have, memory_order_relaxed);
-    if (h < 0) {
-        __builtin_cpu_init();
-        h = __builtin_cpu_supports("avx2");
-        atomic_store_explicit(&have, h, memory_order_relaxed);
-    }
+/* rows x n, row strides ldd and lds in elements */
+__attribute__((target("avx,f16c"))) static void f16_load_block_f16c(float *dst, int64_t ldd, const uint16_t *src,
+                                                                   int64_t lds, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) f16_load_f16c(dst + r * ldd, src + r * lds, n);
+}
+__attribute__((target("avx,f16c"))) static void f16_store_block_f16c(uint16_t *dst, int64_t ldd, const float *src,
+                                                                    int64_t lds, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) f16_store_f16c(dst + r * ldd, src + r * lds, n);
+}
+__attribute__((target("avx2"))) static void bf16_load_block_avx2(float *dst, int64_t ldd, const uint16_t *src,
+                                                                 int64_t lds, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) bf16_load_avx2(dst + r * ldd, src + r * lds, n);
+}
+__attribute__((target("avx2"))) static void bf16_store_block_avx2(uint16_t *dst, int64_t ldd, const float *src,
+                                                                  int64_t lds, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) bf16_store_avx2(dst + r * ldd, src + r * lds, n);
+}
+/* The features, asked once (-1: not yet); the check inline, the asking
+ * out of line. */
+static _Atomic int avx2_state = -1, f16c_state = -1;
+static __attribute__((noinline)) int ask_avx2(void) {
+    __builtin_cpu_init();
+    int h = __builtin_cpu_supports("avx2");
+    atomic_store_explicit(&avx2_state, h, memory_order_relaxed);
     return h;
 }
-static int have_f16c(void) {
-    static _Atomic int have = -1; /* -1: not asked yet */
-    int h = atomic_load_explicit(&have, memory_order_relaxed);
-    if (h < 0) {
-        /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
-         * does not know "f16c"; "avx" says the OS saves the YMM state */
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        h = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
-        atomic_store_explicit(&have, h, memory_order_relaxed);
-    }
+static __attribute__((noinline)) int ask_f16c(void) {
+    /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+     * does not know "f16c"; "avx" says the OS saves the YMM state */
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    int h = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    atomic_store_explicit(&f16c_state, h, memory_order_relaxed);
     return h;
+}
+static inline int have_avx2(void) {
+    int h = atomic_load_explicit(&avx2_state, memory_order_relaxed);
+    return h >= 0 ? h : ask_avx2();
+}
+static inline int have_f16c(void) {
+    int h = atomic_load_explicit(&f16c_state, memory_order_relaxed);
+    return h >= 0 ? h : ask_f16c();
 }
 #endif
 
@@ -197,11 +222,39 @@ static void mm_store_row(char *dst, sj_dtype dt, int64_t s, const float *src, in
 }
 
 /* A product's tile (rows x n sums, row stride lds) into y's rows
- * (sj_cpu_block_store). */
+ * (sj_cpu_block_store; ldd in elements of dt). */
 static void mm_store_block(char *dst, int64_t ldd, sj_dtype dt, const float *src, int64_t lds, int64_t rows,
                            int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (dt == SJ_F16 && have_f16c()) {
+        f16_store_block_f16c((uint16_t *)dst, ldd, src, lds, rows, n);
+        return;
+    }
+    if (dt == SJ_BF16 && have_avx2()) {
+        bf16_store_block_avx2((uint16_t *)dst, ldd, src, lds, rows, n);
+        return;
+    }
+#endif
     int64_t es = (int64_t)cpu_dtype_size(dt);
-    for (int64_t r = 0; r < rows; r++) mm_store_row(dst + r * ldd * es, dt, 1, src + r * lds, n);
+    for (int64_t r = 0; r < rows; r++) cpu_store_f32(dst + r * ldd * es, dt, 1, src + r * lds, n);
+}
+
+/* rows x n elements of dt (row stride lds, element stride s, in elements)
+ * into f32 rows of stride ldd. */
+static void mm_load_block(float *dst, int64_t ldd, const char *src, sj_dtype dt, int64_t lds, int64_t s,
+                          int64_t rows, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (dt == SJ_F16 && s == 1 && have_f16c()) {
+        f16_load_block_f16c(dst, ldd, (const uint16_t *)src, lds, rows, n);
+        return;
+    }
+    if (dt == SJ_BF16 && s == 1 && have_avx2()) {
+        bf16_load_block_avx2(dst, ldd, (const uint16_t *)src, lds, rows, n);
+        return;
+    }
+#endif
+    int64_t es = (int64_t)cpu_dtype_size(dt);
+    for (int64_t r = 0; r < rows; r++) cpu_load_f32(dst + r * ldd, src + r * lds * es, dt, s, n);
 }
 
 void sj_cpu_load_row(float *dst, const void *src, sj_dtype dt, int64_t n) { mm_load_row(dst, src, dt, 1, n); }
@@ -223,8 +276,7 @@ static sj_status mat_prep(mat *m, const char *src, sj_dtype dt, int64_t R, int64
         return sj_seterr(SJ_ENOMEM, "matmul: out of memory packing a %lld x %lld operand",
                          (long long)R, (long long)C);
     if (*packed != src) {
-        int64_t es = (int64_t)cpu_dtype_size(dt);
-        for (int64_t r = 0; r < R; r++) mm_load_row(buf + r * C, src + r * sr * es, dt, sc, C);
+        mm_load_block(buf, C, src, dt, sr, sc, R, C);
         *packed = src;
     }
     *m = (mat){buf, LAY_ROW, max1(C)};
@@ -694,9 +746,12 @@ static void att_head(const att *t, const mat *q, const mat *k, const mat *v, int
             mat pm = {t->s, LAY_ROW, kmax};
             gemm1(rows, t->Dv, kmax, 1.0f, &pm, v, t->o, LAY_ROW, t->Dv, NULL);
         }
-        for (int64_t r = 0; r < rows; r++)
-            mm_store_row(ybase + (i0 + r) * y->stride[2] * t->es, t->dt, y->stride[3],
-                         t->o + r * t->Dv, t->Dv);
+        if (y->stride[3] == 1 || t->Dv <= 1)
+            mm_store_block(ybase + i0 * y->stride[2] * t->es, y->stride[2], t->dt, t->o, t->Dv, rows, t->Dv);
+        else
+            for (int64_t r = 0; r < rows; r++)
+                mm_store_row(ybase + (i0 + r) * y->stride[2] * t->es, t->dt, y->stride[3],
+                             t->o + r * t->Dv, t->Dv);
     }
 }
 
