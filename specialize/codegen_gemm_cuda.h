@@ -51,8 +51,12 @@
  * wgmma.mma_async.m64nBNk16 from shared memory, A and B read through
  * matrix descriptors in the 128-byte swizzled layout (A K-major, B [K, N]
  * N-major: the instruction's transposed B), 64 of K a stage (one
- * 128-byte row), the stages filled with cp.async at the swizzled
- * addresses, each stage 1024-byte aligned. The accumulators of a warp are
+ * 128-byte row), the stages filled by the TMA (one thread queues them;
+ * a stage's mbarrier completes when its bytes have landed), each stage
+ * 1024-byte aligned. Such a kernel takes two more parameters after M, the
+ * tensor maps of A and B (sj_cuda_gemm_launch in kernels/cuda/exec_cuda.h
+ * encodes them): `const __grid_constant__ sj_tmap tmA, tmB` (a CUtensorMap
+ * each). The accumulators of a warp are
  * the mma.sync tile's (16 rows, pairs of columns), so the epilogue and
  * split-K are the same code. BM = 64 WM (WM 1 or 2), BN a multiple of 64
  * up to 256, BK 64.
