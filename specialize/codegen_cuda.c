@@ -856,7 +856,7 @@ static bool put_gemm(sj_cg *c, const sj_group *G, const char *prefix, int v) {
     put(o, "%snamespace %s {\n%s} /* namespace %s */\n", SJ_CUDA_KERNEL_MARK, ns, src, ns);
     put(o, "#undef BM\n#undef BN\n#undef BK\n#undef WM\n#undef WN\n#undef STAGES\n#undef NN\n#undef KK\n"
            "#undef THREADS\n#undef TM\n#undef TN\n#undef MT\n#undef NT\n#undef AS\n#undef BS\n#undef A_STAGE\n"
-           "#undef B_STAGE\n#undef SK\n#undef RS\n#undef A_BYTES\n#undef STAGE_BYTES\n");
+           "#undef B_STAGE\n#undef SK\n#undef RS\n#undef A_BYTES\n#undef STAGE_BYTES\n#undef CWARPS\n");
     free(src);
     return true;
 }

@@ -37,7 +37,8 @@
 
 /* -- Checks ------------------------------------------------------------------ */
 
-static int threads_of(const sj_gemm_tile *t) { return t->wg ? t->wm * 128 : t->wm * t->wn * 32; }
+/* a warpgroup tile: its warpgroups and one producer warp */
+static int threads_of(const sj_gemm_tile *t) { return t->wg ? t->wm * 128 + 32 : t->wm * t->wn * 32; }
 
 static int splitk_of(const sj_gemm_tile *t) { return t->splitk > 1 ? t->splitk : 1; }
 
@@ -49,7 +50,7 @@ static size_t smem_of(const sj_gemm_tile *t) {
     /* a warpgroup tile's stages: BM and BN rows of 128 bytes, each stage
      * 1024-byte aligned (the swizzle's atom), the base rounded up to it,
      * then a stage's mbarrier each */
-    size_t pipe = t->wg ? (size_t)t->stages * (size_t)(t->bm + t->bn) * 128 + 1024 + 8 * (size_t)t->stages
+    size_t pipe = t->wg ? (size_t)t->stages * (size_t)(t->bm + t->bn) * 128 + 1024 + 16 * (size_t)t->stages
                         : (size_t)t->stages * ((size_t)t->bm * (size_t)(t->bk + 8) + (size_t)t->bk * (size_t)(t->bn + 8)) * 2;
     return splitk_of(t) > 1 && red_bytes_of(t) > pipe ? red_bytes_of(t) : pipe;
 }
@@ -327,6 +328,7 @@ static const char body_main[] =
 
 /* One block a tile: the epilogue on the accumulators, pair by pair. */
 static const char epi_direct[] =
+    "    if (warp >= CWARPS) return; /* a warpgroup tile's producer warp */\n"
     "#pragma unroll\n"
     "    for (int mt = 0; mt < MT; mt++)\n"
     "#pragma unroll\n"
@@ -345,7 +347,7 @@ static const char epi_split[] =
     "    __syncthreads();\n"
     "    float *red = (float *)smem;\n"
     "#pragma unroll\n"
-    "    for (int mt = 0; mt < MT; mt++)\n"
+    "    for (int mt = 0; mt < MT && warp < CWARPS; mt++)\n"
     "#pragma unroll\n"
     "        for (int h = 0; h < 2; h++)\n"
     "#pragma unroll\n"
@@ -410,8 +412,11 @@ static const char wg_helpers[] =
  * stage's bytes expected) completes when its copies have landed. */
 static const char wg_tma[] =
     "struct __align__(64) sj_tmap { unsigned long long v[16]; };\n"
-    "__device__ __forceinline__ void mbar_init(unsigned bar) {\n"
-    "    asm volatile(\"mbarrier.init.shared::cta.b64 [%0], 1;\\n\" ::\"r\"(bar) : \"memory\");\n"
+    "__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {\n"
+    "    asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\\n\" ::\"r\"(bar), \"r\"(count) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void mbar_arrive(unsigned bar) {\n"
+    "    asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" ::\"r\"(bar) : \"memory\");\n"
     "}\n"
     "__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {\n"
     "    asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n\" ::\"r\"(bar), \"r\"(bytes) : \"memory\");\n"
@@ -438,21 +443,24 @@ static const char wg_tma[] =
     "    for (int j = 0; j < BN / 64; j++) tma_load(st + A_BYTES + j * (BK * 128), tb, n0 + 64 * j, k, bar);\n"
     "}\n\n";
 
-/* The warpgroup tile's main loop: thread 0 keeps the stages STAGES - 2
- * ahead with the TMA; each iteration waits for its stage's mbarrier, then
- * a barrier (every warpgroup has waited for the products of kt - 2, so
- * their buffer is free for the copy thread 0 queues next), then four
+/* The warpgroup tile's main loop, warp-specialized. The block's last warp
+ * is the producer: its lane 0 queues every stage's copies with the TMA,
+ * each into its buffer once that buffer's `empty` mbarrier says every
+ * consumer warp is done with it. The consumer warps (the warpgroups) wait
+ * for a stage's `full` mbarrier (the TMA's bytes landed), run four
  * m64nBNk16 steps (A's descriptor advances 32 bytes a step within the
  * swizzled row, B's 16 k-rows = 2048 bytes; A: stride 1024 between 8-row
  * groups; B transposed: 8192 = BK x 128 between 64-column blocks, 1024
- * between 8-row groups of k), left running while it waits for the
- * previous iteration's: one group of products in flight across the
- * barrier. */
+ * between 8-row groups of k), leave them running while they wait for the
+ * previous iteration's, then free that one's buffer. No block barrier in
+ * the loop, and no consumer ever waits for the copies' issue. A buffer's
+ * u-th completion of either barrier has parity u & 1. */
 static const char wg_main[] =
     "    extern __shared__ __align__(16) unsigned short smem[];\n"
-    "    const unsigned sbase = (smem_u32(smem) + 1023u) & ~1023u, bars = sbase + STAGES * STAGE_BYTES;\n"
+    "    const unsigned sbase = (smem_u32(smem) + 1023u) & ~1023u, full = sbase + STAGES * STAGE_BYTES,\n"
+    "                   empty = full + 8 * STAGES;\n"
     "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n"
-    "    const int wm = warp, wn = 0; /* a warp's 16 rows of its warpgroup's 64 */\n"
+    "    const int wm = warp, wn = 0; /* a consumer warp's 16 rows of its warpgroup's 64 */\n"
     "    const long long m0 = (long long)blockIdx.y * BM;\n"
     "    const int n0 = blockIdx.x * BN;\n"
     "    if (m0 >= M) return;\n"
@@ -460,35 +468,44 @@ static const char wg_main[] =
     "    const int kb = blockIdx.z * (KT * BK);\n"
     "    if (tid == 0) {\n"
     "#pragma unroll\n"
-    "        for (int s = 0; s < STAGES; s++) mbar_init(bars + 8 * s);\n"
+    "        for (int s = 0; s < STAGES; s++) {\n"
+    "            mbar_init(full + 8 * s, 1);\n"
+    "            mbar_init(empty + 8 * s, CWARPS);\n"
+    "        }\n"
     "        asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
-    "#pragma unroll\n"
-    "        for (int s = 0; s < STAGES - 2; s++)\n"
-    "            if (s < KT) issue_stage(sbase + s * STAGE_BYTES, bars + 8 * s, &tmA, &tmB, (int)m0, n0, kb + s * BK);\n"
     "    }\n"
     "    __syncthreads();\n"
     "    float acc[MT][NT][4];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < NT; j++) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;\n"
+    "    if (warp == CWARPS) { /* the producer */\n"
+    "        if (lane == 0)\n"
     "#pragma unroll 1\n"
-    "    for (int kt = 0; kt < KT; kt++) {\n"
-    "        const int b = kt % STAGES;\n"
-    "        while (!mbar_try(bars + 8 * b, (unsigned)(kt / STAGES) & 1u)) {\n"
-    "        }\n"
-    "        __syncthreads(); /* every warpgroup past its wait for kt - 2's products: that buffer is free */\n"
-    "        const int nk = kt + STAGES - 2;\n"
-    "        if (tid == 0 && nk < KT)\n"
-    "            issue_stage(sbase + (nk % STAGES) * STAGE_BYTES, bars + 8 * (nk % STAGES), &tmA, &tmB, (int)m0, n0,\n"
-    "                        kb + nk * BK);\n"
-    "        const unsigned as = sbase + b * STAGE_BYTES + (warp >> 2) * (64 * 128), bs = sbase + b * STAGE_BYTES + A_BYTES;\n"
-    "        wg_fence();\n"
+    "            for (int k = 0; k < KT; k++) {\n"
+    "                const int b = k % STAGES;\n"
+    "                if (k >= STAGES)\n"
+    "                    while (!mbar_try(empty + 8 * b, (unsigned)(k / STAGES - 1) & 1u)) {\n"
+    "                    }\n"
+    "                issue_stage(sbase + b * STAGE_BYTES, full + 8 * b, &tmA, &tmB, (int)m0, n0, kb + k * BK);\n"
+    "            }\n"
+    "    } else {\n"
+    "#pragma unroll 1\n"
+    "        for (int kt = 0; kt < KT; kt++) {\n"
+    "            const int b = kt % STAGES;\n"
+    "            while (!mbar_try(full + 8 * b, (unsigned)(kt / STAGES) & 1u)) {\n"
+    "            }\n"
+    "            const unsigned as = sbase + b * STAGE_BYTES + (warp >> 2) * (64 * 128),\n"
+    "                           bs = sbase + b * STAGE_BYTES + A_BYTES;\n"
+    "            wg_fence();\n"
     "#pragma unroll\n"
-    "        for (int kk = 0; kk < BK / 16; kk++)\n"
-    "            wg_mma(acc[0], wg_desc(as + kk * 32, 16, 1024), wg_desc(bs + kk * 2048, BK * 128, 1024));\n"
-    "        wg_commit();\n"
-    "        wg_wait1(); /* kt's products may run on; kt - 1's are done */\n"
+    "            for (int kk = 0; kk < BK / 16; kk++)\n"
+    "                wg_mma(acc[0], wg_desc(as + kk * 32, 16, 1024), wg_desc(bs + kk * 2048, BK * 128, 1024));\n"
+    "            wg_commit();\n"
+    "            wg_wait1(); /* kt's products may run on; kt - 1's are done */\n"
+    "            if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((kt - 1) % STAGES));\n"
+    "        }\n"
+    "        wg_wait0();\n"
     "    }\n"
-    "    wg_wait0();\n"
     "    const int g = lane >> 2, t4 = lane & 3;\n";
 
 /* wg_mma: one wgmma.mma_async.m64n<bn>k16 (f32 += f16 x f16, B
@@ -523,7 +540,8 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     put(&o, "#define NN %" PRId64 "LL\n#define KK %" PRId64 "LL\n", s->N, s->K);
     const int sk = splitk_of(t);
     put(&o, "#define SK %d\n#define RS (BN + 4)\n", sk);
-    put(&o, "#define THREADS (WM * WN * 32)\n#define TM (BM / WM)\n#define TN (BN / WN)\n#define MT (TM / 16)\n"
+    put(&o, "#define CWARPS (WM * WN)\n#define THREADS (CWARPS * 32%s)\n", t->wg ? " + 32" : "");
+    put(&o, "#define TM (BM / WM)\n#define TN (BN / WN)\n#define MT (TM / 16)\n"
             "#define NT (TN / 8)\n#define AS (BK + 8)\n#define BS (BN + 8)\n#define A_STAGE (BM * AS)\n"
             "#define B_STAGE (BK * BS)\n#define A_BYTES (BM * 128)\n#define STAGE_BYTES ((BM + BN) * 128)\n\n");
     put(&o, "%s\n%s", helpers, sk > 1 ? cluster_helpers : "");

@@ -46,14 +46,16 @@
  * no second kernel: short products (a few rows, long K) fill the device
  * with SK times the blocks.
  *
- * Warpgroup products (tile.wg; sm_90a, Hopper only): each of the block's
- * WM warpgroups (128 threads) computes 64 rows x BN with
+ * Warpgroup products (tile.wg; sm_90a, Hopper only): WM warpgroups (128
+ * threads each) and one producer warp a block (WM x 128 + 32 threads);
+ * each warpgroup computes 64 rows x BN with
  * wgmma.mma_async.m64nBNk16 from shared memory, A and B read through
  * matrix descriptors in the 128-byte swizzled layout (A K-major, B [K, N]
  * N-major: the instruction's transposed B), 64 of K a stage (one
- * 128-byte row), the stages filled by the TMA (one thread queues them;
- * a stage's mbarrier completes when its bytes have landed), each stage
- * 1024-byte aligned. Such a kernel takes two more parameters after M, the
+ * 128-byte row), the stages filled by the TMA (the producer warp queues
+ * them; two mbarriers a stage: its bytes landed, every consumer warp done
+ * reading it; no block barrier in the loop), each stage 1024-byte
+ * aligned. Such a kernel takes two more parameters after M, the
  * tensor maps of A and B (sj_cuda_gemm_launch in kernels/cuda/exec_cuda.h
  * encodes them): `const __grid_constant__ sj_tmap tmA, tmB` (a CUtensorMap
  * each). The accumulators of a warp are
@@ -63,8 +65,8 @@
  *
  * Constraints (sj_gemm_cuda_check): BM a multiple of 16 WM, BN of 16 WN,
  * BK of 16; N a multiple of BN, K of BK x SK; 2 <= STAGES <= 4 (3 .. 6 a
- * warpgroup tile, which keeps STAGES - 2 copies ahead and one group of
- * products in flight); at most 1024 threads and 227 KiB of shared memory;
+ * warpgroup tile, whose producer keeps every free buffer filled and whose
+ * consumers keep one group of products in flight); at most 1024 threads and 227 KiB of shared memory;
  * SK 1, 2, 4 or 8.
  */
 #ifndef SJ_CODEGEN_GEMM_CUDA_H

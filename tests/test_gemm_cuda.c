@@ -169,10 +169,10 @@ static void test_check(void **state) {
     s = spec_of(&wg, 0, 768, 3072, &epis[FULL]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
     sj_gemm_cuda_dims(&s, 300, &d);
-    assert_int_equal(d.block[0], 256);
+    assert_int_equal(d.block[0], 256 + 32); /* two warpgroups and the producer warp */
     assert_int_equal(d.grid[0], 768 / 128);
     assert_int_equal(d.grid[1], 3);
-    assert_int_equal(d.smem, (size_t)3 * (128 + 128) * 128 + 1024 + 3 * 8); /* stages, alignment, mbarriers */
+    assert_int_equal(d.smem, (size_t)3 * (128 + 128) * 128 + 1024 + 3 * 16); /* stages, alignment, mbarriers */
     bad = (sj_gemm_tile){128, 128, 64, 2, 1, 2, 1, 1}; /* 2 stages: one copy ahead needs 3 */
     s = spec_of(&bad, 0, 768, 3072, &epis[0]);
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
