@@ -369,10 +369,7 @@ static void unit_load(unit *u, const sj_gemm_spec *s, const char *what) {
     cu_ok(cu.dev->api.ModuleLoadData(&u->mod, cubin), "cuModuleLoadData");
     free(cubin);
     cu_ok(cu.dev->api.ModuleGetFunction(&u->fn, u->mod, "sj_gemm"), "cuModuleGetFunction");
-    sj_gemm_dims d;
-    sj_gemm_cuda_dims(s, 1, &d);
-    cu_ok(cu.dev->api.FuncSetAttribute(u->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)d.smem),
-          "cuFuncSetAttribute");
+    /* (its shared memory allowed by sj_cuda_gemm_launch, as the runtime launches it) */
 }
 
 static void unit_unload(unit *u) {
