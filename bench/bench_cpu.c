@@ -1,6 +1,6 @@
 /* CPU benchmarks for the shared workloads (../shared/workloads/README.md).
  *
- *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded,w5cold,epilogue,smallmm,dtypes,evmem]
+ *   bench_cpu [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,warm_start,loaded,w5cold,epilogue,smallmm,pool,dtypes,evmem]
  *             [--lengths file]
  *
  * dtypes (not in the default set): the w4 encoder layer fused in f32, f16
@@ -722,32 +722,106 @@ static void bench_epilogue(void) {
     free(ep_w1.data), free(ep_b1.data), free(ep_w2.data), free(ep_b2.data);
 }
 
+/* -- The kernel pool's hand-off (issue 27) --------------------------------------- *
+ * A job of one chunk a thread, each chunk busy for POOL_WORK_US, on pools of
+ * 2, 4, 8, ... and all CPUs, with spin times (sj_threads_set_spin_ns) of
+ * 0, 50 us (the default) and 1 ms, calls back to back and a caller busy
+ * for 20, 200 or 2000 us between calls (the other kernels of a request).
+ * Ideal: POOL_WORK_US a call. Reports per (threads, spin, gap): median and
+ * p90 us a call, the threads that ran a chunk (median), and the median of
+ * the last helper's start after the job was handed off: a worker's join
+ * latency (tens of us when it slept: an interrupt to an idle virtual CPU). */
+#define POOL_WORK_US 10
+#define POOL_MAX 64
+static _Thread_local int pool_me = -1;
+static _Atomic int pool_ids;
+typedef struct pool_ctx {
+    int64_t t0;                      /* the hand-off */
+    _Atomic int64_t first[POOL_MAX]; /* each thread's first start after it, 0: none */
+} pool_ctx;
+
+static int64_t pool_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void pool_chunk(void *ctx, int64_t b, int64_t e) {
+    pool_ctx *c = ctx;
+    if (pool_me < 0) pool_me = atomic_fetch_add(&pool_ids, 1) % POOL_MAX;
+    int64_t now = pool_now(), zero = 0;
+    atomic_compare_exchange_strong(&c->first[pool_me], &zero, now);
+    for (int64_t end = now + (e - b) * POOL_WORK_US * 1000; pool_now() < end;) {
+    }
+}
+
+static void bench_pool(void) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    static const int64_t spins[] = {0, 50000, 1000000}, gaps[] = {0, 20, 200, 2000};
+    for (int n = 2; n <= cpus && n <= POOL_MAX; n = n * 2 > cpus && n < cpus ? (int)cpus : n * 2) {
+        sj_threads *t = sj_threads_create(n);
+        if (!t) exit(1);
+        for (size_t si = 0; si < sizeof spins / sizeof spins[0]; si++)
+            for (size_t gi = 0; gi < sizeof gaps / sizeof gaps[0]; gi++) {
+                sj_threads_set_spin_ns(t, spins[si]);
+                int reps = quick ? 100 : gaps[gi] >= 2000 ? 300 : 1000;
+                double *us = malloc(sizeof(double) * (size_t)reps), *join = malloc(sizeof(double) * (size_t)reps);
+                double *took = malloc(sizeof(double) * (size_t)reps);
+                pool_ctx *c = calloc(1, sizeof *c);
+                for (int r = -10; r < reps; r++) {
+                    for (int64_t end = pool_now() + gaps[gi] * 1000; pool_now() < end;) {
+                    }
+                    for (int i = 0; i < POOL_MAX; i++) atomic_store(&c->first[i], 0);
+                    c->t0 = pool_now();
+                    sj_threads_split(t, n, 1, 1, pool_chunk, c);
+                    int64_t t1 = pool_now(), last = 0;
+                    int ran = 0;
+                    for (int i = 0; i < POOL_MAX; i++) {
+                        int64_t f = atomic_load(&c->first[i]);
+                        if (!f) continue;
+                        ran++;
+                        if (f - c->t0 > last) last = f - c->t0;
+                    }
+                    if (r < 0) continue;
+                    us[r] = (double)(t1 - c->t0) / 1e3, join[r] = (double)last / 1e3, took[r] = ran;
+                }
+                qsort(us, (size_t)reps, sizeof(double), bench_cmp_double);
+                qsort(join, (size_t)reps, sizeof(double), bench_cmp_double);
+                qsort(took, (size_t)reps, sizeof(double), bench_cmp_double);
+                printf("{\"workload\": \"pool\", \"threads\": %d, \"spin_us\": %lld, \"gap_us\": %lld, "
+                       "\"work_us\": %d, \"median_us\": %.1f, \"p90_us\": %.1f, \"threads_ran\": %.0f, "
+                       "\"last_join_us\": %.1f, \"last_join_p90_us\": %.1f}\n",
+                       n, (long long)(spins[si] / 1000), (long long)gaps[gi], POOL_WORK_US, us[reps / 2],
+                       us[reps * 9 / 10], took[reps / 2], join[reps / 2], join[reps * 9 / 10]);
+                fflush(stdout);
+                free(us), free(join), free(took), free(c);
+            }
+        sj_threads_destroy(t);
+    }
+}
+
 /* -- Small products over the kernel pool (issue 27) -------------------------------- *
  * One sentence's products in all-MiniLM-L6-v2 (M 25 rows; K x N 384 x 384,
  * 384 x 1152, 384 x 1536, 1536 x 384), f32 over packed weights, with the
- * bias, on pools of 1 and 2 threads and all CPUs, and all CPUs with a
- * minimum per thread (exec_min_work) of 2^20 and 2^22 multiply-adds where
- * the build has one: rounds interleave the pools (a block of calls each,
- * in turn) so that load from other processes falls on all alike; the median
- * microseconds per product of each, and the pool's hand-offs per product
- * (a product below twice the minimum runs on the caller). */
+ * bias, on pools of 1, 2, 4, 8, ... threads and all CPUs: rounds interleave
+ * the pools (a block of calls each, in turn) so that load from other
+ * processes falls on all alike; the median microseconds per product of
+ * each, and the pool's hand-offs per product (a product below twice the
+ * minimum runs on the caller). */
 static void bench_smallmm(void) {
     static const int64_t shapes[][3] = {{25, 384, 384}, {25, 384, 1152}, {25, 384, 1536}, {25, 1536, 384}};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int counts[5] = {1, 2}, n_pools = 2;
-    int64_t works[5] = {0, 0}; /* 0: the default */
-    if (cpus > 2) counts[n_pools++] = (int)cpus;
-#ifdef SJ_THREADS_MIN_WORK
-    for (int e = 20; e <= 22; e += 2) counts[n_pools] = (int)cpus, works[n_pools++] = INT64_C(1) << e;
-#endif
-    (void)works;
-    sj_threads *pools[5];
-    for (int i = 0; i < n_pools; i++) {
-        if (!(pools[i] = sj_threads_create(counts[i]))) exit(1);
-#ifdef SJ_THREADS_MIN_WORK
-        if (works[i]) sj_threads_set_min_work(pools[i], works[i]);
-#endif
+    int counts[8], n_pools = 0;
+    for (int n = 1; n_pools < 8; n *= 2) {
+        if (n >= cpus) {
+            counts[n_pools++] = (int)(cpus < 1 ? 1 : cpus);
+            break;
+        }
+        counts[n_pools++] = n;
     }
+    sj_threads *pools[8];
+    for (int i = 0; i < n_pools; i++)
+        if (!(pools[i] = sj_threads_create(counts[i]))) exit(1);
     sj_cpu_blas_threads(1);
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         int64_t M = shapes[c][0], K = shapes[c][1], N = shapes[c][2];
@@ -757,14 +831,12 @@ static void bench_smallmm(void) {
         sj_cpu_packed *p = NULL;
         if (sj_cpu_pack(&tw, &p)) exit(1);
         int reps = quick ? 200 : 2000;
-        double *t[5];
-        uint64_t h0[5] = {0}, h1[5] = {0};
+        double *t[8];
+        uint64_t h0[8] = {0}, h1[8] = {0};
         for (int i = 0; i < n_pools; i++) {
             t[i] = malloc((size_t)reps * sizeof(double));
             for (int r = 0; r < 20; r++) sj_cpu_packed_gemm(M, a, K, p, bias, y, N, pools[i]); /* warm */
-#ifdef SJ_THREADS_MIN_WORK
             h0[i] = sj_threads_handoffs(pools[i]);
-#endif
         }
         enum { BLOCK = 20, SKIP = 4 };
         int calls = (reps + BLOCK - SKIP - 1) / (BLOCK - SKIP) * BLOCK; /* a pool's, timed or not */
@@ -781,19 +853,13 @@ static void bench_smallmm(void) {
                 }
             }
         for (int i = 0; i < n_pools; i++) {
-#ifdef SJ_THREADS_MIN_WORK
             h1[i] = sj_threads_handoffs(pools[i]);
-#endif
             qsort(t[i], (size_t)reps, sizeof(double), bench_cmp_double);
             printf("{\"workload\": \"smallmm\", \"backend\": \"cpu\", \"dtype\": \"float32\", \"M\": %lld, "
                    "\"K\": %lld, \"N\": %lld, \"threads\": %d, \"min_work\": %lld, \"reps\": %d, "
                    "\"median_us\": %.2f, \"p90_us\": %.2f, \"GFLOPs\": %.1f, \"handoffs_per_call\": %.2f}\n",
                    (long long)M, (long long)K, (long long)N, counts[i],
-#ifdef SJ_THREADS_MIN_WORK
-                   (long long)(works[i] ? works[i] : SJ_THREADS_MIN_WORK),
-#else
-                   (long long)(INT64_C(1) << 18),
-#endif
+                   (long long)sj_threads_min_work(pools[i]),
                    reps, t[i][reps / 2], t[i][reps * 9 / 10],
                    2.0 * M * K * N / t[i][reps / 2] / 1e3, (double)(h1[i] - h0[i]) / calls);
             free(t[i]);
@@ -1002,7 +1068,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--child-warm") && i + 1 < argc) return child_warm(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--quick] [--workloads ceiling,w0,dispatch,w1,w2,w3,kernels,time_to_fused,"
-                            "warm_start,loaded,w5cold,epilogue,smallmm,dtypes,evmem] [--lengths file]\n", argv[0]);
+                            "warm_start,loaded,w5cold,epilogue,smallmm,pool,dtypes,evmem] [--lengths file]\n", argv[0]);
             return 2;
         }
     }
@@ -1020,6 +1086,11 @@ int main(int argc, char **argv) {
     if (sj_runtime_create(&cfg, &rt)) {
         fprintf(stderr, "%s\n", sj_last_error());
         return 1;
+    }
+    if (!strcmp(wl, "pool")) { /* alone: no runtime needed */
+        bench_pool();
+        sj_runtime_destroy(rt);
+        return 0;
     }
     if (!strcmp(wl, "smallmm")) { /* alone: no ceiling needed */
         bench_smallmm();

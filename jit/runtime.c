@@ -128,6 +128,7 @@ static sj_dev_config dev_config(const sj_runtime *rt) {
                            .test_delay_ms = test_delay_ms, .test_fail = test_fail,
                            .timeout_ms = c->compile_timeout_ms, .no_probe = c->compile_mode == SJ_COMPILE_OFF,
                            .exec_threads = c->exec_threads, .exec_min_work = c->exec_min_work,
+                           .exec_spin_us = c->exec_spin_us,
                            .blas_threads = c->blas_threads};
 }
 

@@ -312,6 +312,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_COMPILE_THREADS=n          -> compile_threads
  *   SHAPEJIT_THREADS=n                  -> exec_threads
  *   SHAPEJIT_EXEC_MIN_WORK=n            -> exec_min_work
+ *   SHAPEJIT_EXEC_SPIN_US=n             -> exec_spin_us
  *   SHAPEJIT_BLAS_THREADS=n             -> blas_threads
  *   SHAPEJIT_CACHE_DIR=path             -> cache_dir ("" for no cache)
  *   SHAPEJIT_CACHE_KEY=secret           -> cache_key
@@ -384,6 +385,14 @@ typedef struct sj_runtime_config {
      * on one or a few threads, where waking many costs more than it saves;
      * raise it where hand-offs are dear (many cores, several sockets). */
     int64_t exec_min_work;
+    /* How long, in microseconds, a kernel thread keeps polling for the next
+     * kernel after one ends before it sleeps (and a calling thread for its
+     * kernel's last chunk); default 50, 0: sleep at once. A sleeping
+     * thread costs a wake-up when the next kernel comes: a few microseconds
+     * on bare metal, tens of them on a virtual machine. Raise it where a
+     * request's kernels come farther apart than this (a server on many
+     * cores); lower it where the cores are shared with other work. */
+    int exec_spin_us;
     /* Who runs matrix products in parallel on the CPU backend.
      *  0 (default): shapejit, on its exec_threads; the runtime sets OpenBLAS
      *     to one thread of its own (openblas_set_num_threads(1)) when it is

@@ -157,6 +157,7 @@ typedef struct sj_dev_config {
     bool no_probe;              /* CPU: compiles are off, skip the compiler probe */
     int exec_threads;           /* CPU: kernel threads */
     int64_t exec_min_work;      /* CPU: least multiply-adds per kernel thread (sj_threads_set_min_work) */
+    int exec_spin_us;           /* CPU: kernel threads' polling before they sleep (sj_threads_set_spin_ns) */
     int blas_threads;           /* CPU: OpenBLAS threads (-1: leave; 0: 1) */
 } sj_dev_config;
 

@@ -5,7 +5,8 @@
  * without jobs, idle workers that sleep, and the lock-free hand-off of the
  * job slot between owners under many tiny jobs from several submitters, and
  * splits bounded by a minimum per thread (too little runs inline, with no
- * hand-off; more uses at most as many threads as have the minimum).
+ * hand-off; more uses at most as many threads as have the minimum), and the
+ * wake-up tree reaching every worker a job wants when all of them sleep.
  * Clean under ThreadSanitizer. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -456,6 +457,60 @@ static void test_idle_workers_sleep(void **state) {
     if (used > 0.05) fail_msg("idle pool used %.3f s of CPU in 0.3 s", used);
 }
 
+/* A job whose chunks each wait until `want` threads have entered one: it
+ * finishes only if every worker it wants joins it, so with sleeping
+ * workers (spin 0) only if the wake-up tree reaches each of them. A chunk
+ * gives up after 5 s (counted as a failure) rather than hang. */
+typedef struct rendezvous {
+    int want;
+    _Atomic int in, timeouts;
+} rendezvous;
+
+static void rendezvous_fn(void *ctx, int64_t b, int64_t e) {
+    rendezvous *r = ctx;
+    for (int64_t i = b; i < e; i++) {
+        atomic_fetch_add(&r->in, 1);
+        struct timespec t0, now;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        while (atomic_load(&r->in) < r->want) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec - t0.tv_sec > 5) {
+                atomic_fetch_add(&r->timeouts, 1);
+                return;
+            }
+            sched_yield();
+        }
+    }
+}
+
+static void test_wake_tree(void **state) {
+    (void)state;
+    sj_threads *t = sj_threads_create(11); /* a tree of 10 workers: 3 levels and a lone leaf */
+    assert_non_null(t);
+    assert_int_equal(sj_threads_spin_ns(t), SJ_THREADS_SPIN_NS);
+    assert_int_equal(sj_threads_spin_ns(NULL), SJ_THREADS_SPIN_NS);
+    sj_threads_set_spin_ns(t, -5);
+    assert_int_equal(sj_threads_spin_ns(t), 0);
+    for (int want = 2; want <= 11; want++)
+        for (int round = 0; round < 3; round++) {
+            usleep(2000); /* every worker asleep (spin 0) */
+            rendezvous r = {.want = want};
+            /* want chunks of one item, on want threads (thread_min 1) */
+            sj_threads_split(t, want, 1, 1, rendezvous_fn, &r);
+            if (atomic_load(&r.timeouts) || atomic_load(&r.in) != want)
+                fail_msg("a job for %d threads: %d entered, %d timed out", want, atomic_load(&r.in),
+                         atomic_load(&r.timeouts));
+        }
+    /* and spinning again: the same jobs back to back */
+    sj_threads_set_spin_ns(t, 1000000);
+    for (int want = 11; want >= 2; want--) {
+        rendezvous r = {.want = want};
+        sj_threads_split(t, want, 1, 1, rendezvous_fn, &r);
+        assert_int_equal(atomic_load(&r.timeouts), 0);
+    }
+    sj_threads_destroy(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cover_pools),
@@ -470,6 +525,7 @@ int main(void) {
         cmocka_unit_test(test_handoff_stress),
         cmocka_unit_test(test_idle_workers_sleep),
         cmocka_unit_test(test_split_participants),
+        cmocka_unit_test(test_wake_tree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -156,6 +156,7 @@ sj_status sj_cpu_device_create(const sj_dev_config *c, sj_backend **out) {
     if (!st && !(d->threads = sj_threads_create(c->exec_threads)))
         st = sj_seterr(SJ_ENOMEM, "cannot start %d kernel threads", c->exec_threads);
     if (!st) sj_threads_set_min_work(d->threads, c->exec_min_work > 0 ? c->exec_min_work : SJ_THREADS_MIN_WORK);
+    if (!st) sj_threads_set_spin_ns(d->threads, (int64_t)c->exec_spin_us * 1000);
     if (st) {
         destroy(b);
         return st;

@@ -16,22 +16,31 @@
  * twice per job (to join and to leave), and the next job waited for all of
  * them, so 31 spinning workers serialised every kernel of a request.
  *
- * Workers spin for SJ_WORKER_SPIN_NS after a job (a burst of kernels is
- * common), then sleep on `wake`; each one's `asleep` flag tells an owner
- * whether a worker it wants needs a wake-up (the mutex is taken only then,
- * and when the owner itself must sleep for a straggling chunk). No user
- * code runs under any lock.
+ * Workers spin for the pool's spin time after a job (a burst of kernels is
+ * common; sj_threads_set_spin_ns), then sleep, each on a condition
+ * variable of its own; its `asleep` flag tells whoever would wake it
+ * whether it needs a wake-up (its mutex is taken only then). Waking is a
+ * tree: the owner wakes worker 0 only, and worker i, once it joins a job,
+ * wakes workers 2i + 1 and 2i + 2 if the job wants them. A wake-up costs
+ * the waker a system call and, on a virtual machine, an interrupt to an
+ * idle virtual CPU (10-20 us each, seen on a 2-vCPU VM): a broadcast made
+ * the owner pay that for every sleeper before it ran a chunk, the tree
+ * makes it pay once and spreads the rest over the woken. The owner that
+ * must sleep for a straggling chunk takes `lock`. No user code runs under
+ * any lock.
  *
  * A job wants only as many helpers as it has work for (sj_threads_split:
  * a minimum of work per participating thread). The count rides in the low
  * bits of `generation`, and worker i joins only when i is below it: the
  * others note the generation and go on waiting without touching the job's
  * lines, so a small product on a 32-core pool costs the hand-off to the
- * few threads it uses, not 31 announcements and failed claims. A worker
- * woken from its sleep for a job that does not want it goes back to sleep
- * at once (the owner broadcasts on the one condition variable).
+ * few threads it uses, not 31 announcements and failed claims; workers a
+ * job does not want are not woken for it (their parents in the tree are
+ * not wanted either). A worker that never joins a job costs nothing: the
+ * owner and whoever did join run every chunk.
  *
- * Lock order: busy -> lock. `lock` is never held while running fn.
+ * Lock order: busy -> lock, and a sleeper's mutex alone. No lock is held
+ * while running fn.
  */
 #include "base/alloc.h"
 #include "kernels/cpu/threads.h"
@@ -48,15 +57,7 @@
 #include <unistd.h>
 
 #define MAX_THREADS 1024
-/* How long a worker polls for the next job before it sleeps. The kernels
- * of one request follow each other with gaps of microseconds to tens of
- * microseconds (eager ops on the calling thread in between); a worker that
- * slept in such a gap must be woken, and when a compiler process holds its
- * core (idle priority) that wake-up is what the request waits on. */
-#ifndef SJ_WORKER_SPIN_NS
-#define SJ_WORKER_SPIN_NS 50000
-#endif
-#define CALLER_SPIN 1024 /* polls of the done count before waiting */
+#define CALLER_SPIN_POLLS 64 /* polls of the done count between two clock reads */
 /* generation: a counter above WANT_BITS, the helpers wanted below them */
 #define WANT_BITS 16
 #define WANT_MASK ((UINT64_C(1) << WANT_BITS) - 1)
@@ -74,18 +75,18 @@ struct sj_threads {
     int n_workers;       /* n - 1 started workers */
     pthread_t *workers;
     pthread_mutex_t busy; /* held by the caller that owns the job slot */
-    pthread_mutex_t lock; /* sleeping and waking only */
-    pthread_cond_t wake;  /* workers: a new generation or stop */
+    pthread_mutex_t lock; /* the owner's sleep for its last chunk only */
     pthread_cond_t done_cv; /* the owner: all chunks done */
+    struct sleeper *sleepers; /* per worker */
     job job;              /* the slot; rewritten only when active == 0 and cur == NULL */
     _Atomic(job *) cur;   /* the job open to workers (NULL: none) */
     _Atomic int active;   /* workers between their join and their last claim */
-    _Atomic unsigned char *asleep; /* per worker: asleep on wake, or about to be */
     _Atomic bool owner_waits; /* the owner sleeps on done_cv */
     _Atomic bool stop;
     _Atomic uint64_t generation; /* counter << WANT_BITS | helpers wanted */
     _Atomic int next_index;      /* workers number themselves 0, 1, ... */
     _Atomic int64_t min_work;    /* sj_threads_set_min_work */
+    _Atomic int64_t spin_ns;     /* sj_threads_set_spin_ns */
     _Atomic uint64_t handoffs;   /* jobs handed to workers (written by owners only) */
 };
 
@@ -95,6 +96,24 @@ static inline void cpu_relax(void) {
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+
+/* A worker's bed: it sleeps on cv under m, having raised asleep first. */
+typedef struct sleeper {
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    _Atomic unsigned char asleep; /* asleep on cv, or about to be */
+    char pad[64];                 /* the next worker's on another line */
+} sleeper;
+
+/* Wakes worker i if it sleeps (seq_cst: it either sees the generation its
+ * waker saw or is seen asleep; Dekker with worker_main). */
+static void wake_one(sj_threads *t, int64_t i) {
+    sleeper *s = &t->sleepers[i];
+    if (!atomic_load(&s->asleep)) return;
+    pthread_mutex_lock(&s->m);
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->m);
 }
 
 /* -- Running chunks ------------------------------------------------------ */
@@ -125,19 +144,20 @@ static void *worker_main(void *arg) {
     const uint64_t me = (uint64_t)atomic_fetch_add(&t->next_index, 1);
     bool spin = true; /* false: woken for a job that did not want this worker */
     for (;;) {
+        const int64_t spin_ns = atomic_load_explicit(&t->spin_ns, memory_order_relaxed);
         for (int64_t i = 0, t0 = sj_now_ns(); spin; i++) {
             if (atomic_load_explicit(&t->generation, memory_order_relaxed) != seen) break;
-            if (i % 32 == 31 && sj_now_ns() - t0 > SJ_WORKER_SPIN_NS) break;
+            if (i % 32 == 31 && sj_now_ns() - t0 > spin_ns) break;
             cpu_relax();
         }
         bool slept = false;
         if (atomic_load(&t->generation) == seen) { /* sleep until the next job */
-            pthread_mutex_lock(&t->lock);
-            atomic_store(&t->asleep[me], 1); /* before generation is read (Dekker with the owner) */
-            while (!atomic_load(&t->stop) && atomic_load(&t->generation) == seen)
-                pthread_cond_wait(&t->wake, &t->lock);
-            atomic_store(&t->asleep[me], 0);
-            pthread_mutex_unlock(&t->lock);
+            sleeper *s = &t->sleepers[me];
+            pthread_mutex_lock(&s->m);
+            atomic_store(&s->asleep, 1); /* before generation is read (Dekker with wake_one) */
+            while (!atomic_load(&t->stop) && atomic_load(&t->generation) == seen) pthread_cond_wait(&s->cv, &s->m);
+            atomic_store(&s->asleep, 0);
+            pthread_mutex_unlock(&s->m);
             slept = true;
         }
         if (atomic_load(&t->stop)) return NULL;
@@ -147,6 +167,7 @@ static void *worker_main(void *arg) {
             continue;
         }
         spin = true;
+        for (uint64_t c = 2 * me + 1; c <= 2 * me + 2 && c < (seen & WANT_MASK); c++) wake_one(t, (int64_t)c);
         atomic_fetch_add(&t->active, 1); /* announced before cur is read */
         job *j = atomic_load(&t->cur);
         if (j) run_chunks(t, j);
@@ -157,19 +178,26 @@ static void *worker_main(void *arg) {
 /* -- Lifecycle ----------------------------------------------------------- */
 
 static void stop_workers(sj_threads *t, int started) {
-    pthread_mutex_lock(&t->lock);
     atomic_store(&t->stop, true);
-    pthread_cond_broadcast(&t->wake);
-    pthread_mutex_unlock(&t->lock);
+    for (int i = 0; i < started; i++) {
+        pthread_mutex_lock(&t->sleepers[i].m);
+        pthread_cond_signal(&t->sleepers[i].cv);
+        pthread_mutex_unlock(&t->sleepers[i].m);
+    }
     for (int i = 0; i < started; i++) pthread_join(t->workers[i], NULL);
 }
 
-static void free_pool(sj_threads *t) {
-    pthread_cond_destroy(&t->done_cv);
-    pthread_cond_destroy(&t->wake);
-    pthread_mutex_destroy(&t->lock);
-    pthread_mutex_destroy(&t->busy);
-    free((void *)t->asleep);
+/* Frees the pool whose first n_sync sync objects (busy, lock, done_cv,
+ * then each sleeper's mutex and condition variable) were initialised. */
+static void free_pool(sj_threads *t, int n_sync) {
+    for (int i = 0; i < t->n_workers; i++) {
+        if (n_sync > 3 + 2 * i + 1) pthread_cond_destroy(&t->sleepers[i].cv);
+        if (n_sync > 3 + 2 * i) pthread_mutex_destroy(&t->sleepers[i].m);
+    }
+    if (n_sync > 2) pthread_cond_destroy(&t->done_cv);
+    if (n_sync > 1) pthread_mutex_destroy(&t->lock);
+    if (n_sync > 0) pthread_mutex_destroy(&t->busy);
+    free(t->sleepers);
     free(t->workers);
     free(t);
 }
@@ -185,24 +213,22 @@ sj_threads *sj_threads_create(int n_threads) {
     t->n = n_threads;
     t->n_workers = n_threads - 1;
     if (t->n_workers > 0 && (!(t->workers = sj_calloc((size_t)t->n_workers, sizeof *t->workers)) ||
-                             !(t->asleep = sj_calloc((size_t)t->n_workers, sizeof *t->asleep)))) {
-        free(t->workers);
-        free(t);
+                             !(t->sleepers = sj_calloc((size_t)t->n_workers, sizeof *t->sleepers)))) {
+        free_pool(t, 0);
         return NULL;
     }
     /* Initialise the sync objects one by one so a failure unwinds exactly. */
-    int inited = 0;
+    int inited = 0, want = 3 + 2 * t->n_workers;
     if (!pthread_mutex_init(&t->busy, NULL)) inited++;
     if (inited == 1 && !pthread_mutex_init(&t->lock, NULL)) inited++;
-    if (inited == 2 && !pthread_cond_init(&t->wake, NULL)) inited++;
-    if (inited == 3 && !pthread_cond_init(&t->done_cv, NULL)) inited++;
-    if (inited < 4) {
-        if (inited > 2) pthread_cond_destroy(&t->wake);
-        if (inited > 1) pthread_mutex_destroy(&t->lock);
-        if (inited > 0) pthread_mutex_destroy(&t->busy);
-        free((void *)t->asleep);
-        free(t->workers);
-        free(t);
+    if (inited == 2 && !pthread_cond_init(&t->done_cv, NULL)) inited++;
+    for (int i = 0; inited == 3 + 2 * i && i < t->n_workers; i++) {
+        if (!pthread_mutex_init(&t->sleepers[i].m, NULL)) inited++;
+        if (inited == 3 + 2 * i + 1 && !pthread_cond_init(&t->sleepers[i].cv, NULL)) inited++;
+        atomic_init(&t->sleepers[i].asleep, 0);
+    }
+    if (inited < want) {
+        free_pool(t, inited);
         return NULL;
     }
     atomic_init(&t->generation, 0);
@@ -212,6 +238,7 @@ sj_threads *sj_threads_create(int n_threads) {
     atomic_init(&t->stop, false);
     atomic_init(&t->next_index, 0);
     atomic_init(&t->min_work, SJ_THREADS_MIN_WORK);
+    atomic_init(&t->spin_ns, SJ_THREADS_SPIN_NS);
     atomic_init(&t->handoffs, 0);
     atomic_init(&t->job.next, 0);
     atomic_init(&t->job.done, 0);
@@ -225,7 +252,7 @@ sj_threads *sj_threads_create(int n_threads) {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (started < t->n_workers) {
         stop_workers(t, started);
-        free_pool(t);
+        free_pool(t, want);
         return NULL;
     }
     return t;
@@ -234,13 +261,21 @@ sj_threads *sj_threads_create(int n_threads) {
 void sj_threads_destroy(sj_threads *t) {
     if (!t) return;
     stop_workers(t, t->n_workers);
-    free_pool(t);
+    free_pool(t, 3 + 2 * t->n_workers);
 }
 
 int sj_threads_count(const sj_threads *t) { return t ? t->n : 1; }
 
 void sj_threads_set_min_work(sj_threads *t, int64_t work) {
     if (t) atomic_store_explicit(&t->min_work, work > 0 ? work : 1, memory_order_relaxed);
+}
+
+void sj_threads_set_spin_ns(sj_threads *t, int64_t ns) {
+    if (t) atomic_store_explicit(&t->spin_ns, ns > 0 ? ns : 0, memory_order_relaxed);
+}
+
+int64_t sj_threads_spin_ns(const sj_threads *t) {
+    return t ? atomic_load_explicit(&((sj_threads *)t)->spin_ns, memory_order_relaxed) : SJ_THREADS_SPIN_NS;
 }
 
 int64_t sj_threads_min_work(const sj_threads *t) {
@@ -270,11 +305,16 @@ static void wait_inactive(sj_threads *t) {
     }
 }
 
-/* The owner's wait for the last chunk, run elsewhere. */
+/* The owner's wait for the last chunk, run elsewhere: polls for as long
+ * as a worker spins between jobs, then sleeps. */
 static void wait_done(sj_threads *t, job *j) {
-    for (int i = 0; i < CALLER_SPIN; i++) {
-        if (atomic_load_explicit(&j->done, memory_order_acquire) == j->n_chunks) return;
-        cpu_relax();
+    const int64_t spin_ns = atomic_load_explicit(&t->spin_ns, memory_order_relaxed);
+    for (int64_t t0 = sj_now_ns();;) {
+        for (int i = 0; i < CALLER_SPIN_POLLS; i++) {
+            if (atomic_load_explicit(&j->done, memory_order_acquire) == j->n_chunks) return;
+            cpu_relax();
+        }
+        if (sj_now_ns() - t0 > spin_ns) break;
     }
     pthread_mutex_lock(&t->lock);
     atomic_store(&t->owner_waits, true);
@@ -314,16 +354,8 @@ void sj_threads_split(sj_threads *t, int64_t n, int64_t min_chunk, int64_t threa
     atomic_store(&t->generation, ((gen >> WANT_BITS) + 1) << WANT_BITS | (uint64_t)helpers);
     atomic_store_explicit(&t->handoffs, atomic_load_explicit(&t->handoffs, memory_order_relaxed) + 1,
                           memory_order_relaxed);
-    /* Wake the sleepers only when a wanted worker is among them (seq_cst:
-     * it either sees the new generation or is seen asleep); the unwanted
-     * ones a broadcast wakes go back to sleep. */
-    for (int64_t i = 0; i < helpers; i++)
-        if (atomic_load(&t->asleep[i])) {
-            pthread_mutex_lock(&t->lock);
-            pthread_cond_broadcast(&t->wake);
-            pthread_mutex_unlock(&t->lock);
-            break;
-        }
+    /* The root of the wake-up tree; the workers it wants wake each other. */
+    wake_one(t, 0);
 
     run_chunks(t, j);
     wait_done(t, j);

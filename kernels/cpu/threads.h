@@ -44,6 +44,18 @@ int64_t sj_threads_min_work(const sj_threads *t);
  * thread_min for sj_threads_split. */
 int64_t sj_threads_items(const sj_threads *t, int64_t item_work);
 
+/* How long a worker polls for the next job before it sleeps, and an owner
+ * for its job's last chunk, in nanoseconds (0: sleep at once): the
+ * runtime's exec_spin_us. The kernels of one request follow each other
+ * with gaps of microseconds to tens of microseconds (eager ops on the
+ * calling thread in between); a worker that slept in such a gap must be
+ * woken, and a wake-up costs tens of microseconds on a virtual machine
+ * (an interrupt to an idle virtual CPU). Spinning burns the core for that
+ * long after each job. */
+#define SJ_THREADS_SPIN_NS INT64_C(50000)
+void sj_threads_set_spin_ns(sj_threads *t, int64_t ns);
+int64_t sj_threads_spin_ns(const sj_threads *t);
+
 /* Jobs handed to workers so far (inline runs are not counted; tests). */
 uint64_t sj_threads_handoffs(const sj_threads *t);
 
