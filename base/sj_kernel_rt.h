@@ -749,4 +749,22 @@ SJ_RT_FN float sj_rt_max_f32(const float *x, int64_t n) {
 /* Combine two maxima, keeping a NaN. */
 SJ_RT_FN float sj_rt_max_combine(float m, float v) { return (v > m || v != v) ? v : m; }
 
+/* -- Programmatic dependent launch -------------------------------------------
+ *
+ * Every CUDA kernel of shapejit calls this first, before it touches global
+ * memory. On compute capability 9.0 and later the runtime launches its
+ * kernels with programmatic stream serialization (kernels/cuda/graph_cuda.c,
+ * sj_cuda_launch_kernel), so a kernel's blocks may start while the kernel
+ * before it in the stream still runs: this lets the next kernel launch in
+ * turn, then waits until the kernels before this one have finished and
+ * their writes are visible. Launch latency and block scheduling overlap the
+ * previous kernel's tail; nothing else changes. Before 9.0, nothing. */
+#if defined(__CUDACC__)
+static __device__ __forceinline__ __attribute__((unused)) void sj_rt_grid_dep(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+#endif
+}
+#endif
+
 #endif /* SJ_KERNEL_RT_H */

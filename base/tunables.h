@@ -107,6 +107,10 @@
     X(cuda_tf32, int, 0, 0, 1, "SHAPEJIT_CUDA_TF32",                                              \
       "CUDA: `1`: f32 matrix products run on tensor cores in TF32 (10-bit mantissa inputs, f32 "    \
       "sums: about 1e-3 relative error, 3-5x faster on large products); `0`: full f32")           \
+    X(cuda_pdl, int, 1, 0, 1, "SHAPEJIT_CUDA_PDL",                                                \
+      "CUDA, compute capability 9.0 and later: `1`: shapejit's kernels are launched with "         \
+      "programmatic dependent launch (each may start while the one before it finishes, and "       \
+      "waits for its results on the device); `0`: each starts after the one before it ends")      \
     X(learn_every, int, 0, 0, 1000000, "SHAPEJIT_LEARN_EVERY",                                    \
       "every function re-learns the edges of its bucketed dimensions after every this many new "   \
       "exact shapes, on the background compile worker, and swaps them in while serving "          \

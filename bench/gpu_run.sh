@@ -5,7 +5,7 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|graphbudget|remote|cpuscale|all|asan|warmup|nvrtc|gemm|attc] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|graphbudget|remote|cpuscale|pdl|all|asan|warmup|nvrtc|gemm|attc] (results under $OUT)
 #             attc: test_cuda_eager and test_varlen, then bench_cuda attention,attc (masked and
 #             packed attention on tensor cores: attc.jsonl);
 #             gemm: the generated tensor-core products (test_gemm_cuda, then
@@ -15,9 +15,13 @@
 #             sidebyside: bench_cuda --quick (w0-w2) of this build and of bench_cuda_base, interleaved
 #             cpuscale: bench_bert on the host's CPUs at 1 and nproc threads, this build against
 #             bench_bert_pool and bench_bert_base (other commits' builds, SJ_PACK_EXTRA), interleaved,
-#             this build at nproc threads with SHAPEJIT_EXEC_MIN_WORK 2^20 and 2^22 (impl
-#             bench_bert_mw20, _mw22; the default is 2^18), bench_cpu's smallmm (one sentence's
-#             products on 1, 2 and nproc threads: smallmm.jsonl), and ONNX Runtime
+#             this build at nproc threads with SHAPEJIT_EXEC_SPIN_US of $SJ_SPINS (default
+#             "1000 5000"; impl bench_bert_spin<us>; the default is 50), bench_cpu's pool (the
+#             hand-off: pool.jsonl) and smallmm (one sentence's products on 1, 2, 4, ... and
+#             nproc threads: smallmm.jsonl), and ONNX Runtime
+#             pdl: bench_cuda w4 with SHAPEJIT_CUDA_PDL 1 and 0 interleaved (two rounds), the
+#             same with SHAPEJIT_CUDA_GEMM=1, and torch_bucket_graphs.py (w4: PyTorch's
+#             layer in a CUDA graph per shape);
 #             realmodel: the server's HTTP answers against the reference on CUDA, and
 #             the BERT encoder on the host's CPU against ONNX Runtime and PyTorch (needs
 #             .gpu-model: the model directory with reference.jsonl);
@@ -85,6 +89,25 @@ if [ "$what" = gemm ]; then
             [ "$on" = 1 ] && [ "$round" = 1 ] && grep -E "product .*cuBLASLt" /tmp/bench_w4g.err | sed 's/^.*cuda: //' | head -48 >> "$summary"
         done
     done
+fi
+
+if [ "$what" = pdl ]; then # programmatic dependent launch: w4 with it on and off, interleaved, and PyTorch's per-shape graphs
+    for round in 1 2; do
+        for on in 1 0; do
+            SHAPEJIT_CUDA_PDL=$on timeout 200 "$B/bench_cuda" --workloads w4 > "$OUT/w4_pdl$on.r$round.jsonl" 2> /tmp/bench_w4p.err
+            echo "bench_cuda w4 SHAPEJIT_CUDA_PDL=$on round $round rc=$?" | tee -a "$summary"
+            grep -E '"mode": ?"fused' "$OUT/w4_pdl$on.r$round.jsonl" | head -12 | tee -a "$summary"
+        done
+    done
+    for on in 1 0; do # with the generated products (S 16: split-K), which wait on the device too
+        SHAPEJIT_CUDA_GEMM=1 SHAPEJIT_CUDA_PDL=$on timeout 200 "$B/bench_cuda" --workloads w4 > "$OUT/w4_gemm_pdl$on.jsonl" 2> /dev/null
+        echo "bench_cuda w4 SHAPEJIT_CUDA_GEMM=1 SHAPEJIT_CUDA_PDL=$on rc=$?" | tee -a "$summary"
+        grep -E '"mode": ?"fused' "$OUT/w4_gemm_pdl$on.jsonl" | head -12 | tee -a "$summary"
+    done
+    PYTHONUNBUFFERED=1 timeout ${SJ_PEER_TIMEOUT:-150} python3 .peer/peers/torch_bucket_graphs.py samples/varlen_encoder/lengths.txt \
+        > "$OUT/torch_bucket.jsonl" 2> /tmp/torch_bucket.err
+    echo "torch_bucket_graphs rc=$?" | tee -a "$summary"
+    grep -E '"w4"' "$OUT/torch_bucket.jsonl" | tee -a "$summary"
 fi
 
 if [ "$what" = asan ]; then # needs a package made with ASAN=1 bash bench/gpu_pack.sh
@@ -237,13 +260,16 @@ if [ "$what" = cpuscale ]; then # the BERT encoder on the host's CPUs: this buil
             echo "$bin round $round rc=$?" | tee -a "$summary"
         done
     done
-    for mw in 20 22; do # the least work a kernel gives each thread (exec_min_work), swept
-        SHAPEJIT_EXEC_MIN_WORK=$((1 << mw)) SHAPEJIT_BACKEND=cpu timeout 150 "$B/bench_bert" --model $M --threads "$n" \
-            --batches 1,8,32 --seconds 2 2>> "$summary" | sed "s/\"impl\": \"shapejit\"/\"impl\": \"bench_bert_mw$mw\"/" \
+    for spin in ${SJ_SPINS:-1000 5000}; do # how long kernel threads poll before they sleep (exec_spin_us), swept
+        SHAPEJIT_EXEC_SPIN_US=$spin SHAPEJIT_BACKEND=cpu timeout 150 "$B/bench_bert" --model $M --threads "$n" \
+            --batches 1,8,32 --seconds 2 2>> "$summary" | sed "s/\"impl\": \"shapejit\"/\"impl\": \"bench_bert_spin$spin\"/" \
             >> "$OUT/bert_scale.jsonl"
-        echo "bench_bert_mw$mw rc=$?" | tee -a "$summary"
+        echo "bench_bert_spin$spin rc=$?" | tee -a "$summary"
     done
+    [ -x "$B/bench_cpu" ] && timeout 100 "$B/bench_cpu" --workloads pool > "$OUT/pool.jsonl" 2>> "$summary"
+    [ -x "$B/bench_cpu" ] && grep -E '"threads": '"$n"',' "$OUT/pool.jsonl" | tee -a "$summary"
     [ -x "$B/bench_cpu" ] && timeout 200 "$B/bench_cpu" --workloads smallmm > "$OUT/smallmm.jsonl" 2>> "$summary"
+    [ -x "$B/bench_cpu" ] && cat "$OUT/smallmm.jsonl" >> "$summary"
     SHAPEJIT_BACKEND=cpu timeout 100 "$B/bench_bert" --model $M --threads "$n" --batches 8,32 --seconds 2 --packed \
         2>> "$summary" >> "$OUT/bert_scale.jsonl"
     timeout 200 python3 bench/ort_bert_peer.py $M samples/bert/sentences.txt --threads "1,$n" --batches 1,8,32 --seconds 2 --optimize \

@@ -122,7 +122,8 @@ static int test_delay_ms, test_fail; /* sj_runtime_test_hooks, read by start_ser
 /* What the device is made from: the runtime's configuration. */
 static sj_dev_config dev_config(const sj_runtime *rt) {
     const sj_runtime_config *c = &rt->cfg;
-    return (sj_dev_config){.cuda_device = c->cuda_device, .cuda_tf32 = c->cuda_tf32 != 0, .cc = c->cc, .cflags = c->cflags,
+    return (sj_dev_config){.cuda_device = c->cuda_device, .cuda_tf32 = c->cuda_tf32 != 0,
+                           .cuda_pdl = c->cuda_pdl != 0, .cc = c->cc, .cflags = c->cflags,
                            .cc_version = c->cc_version, .nvrtc_flags = c->nvrtc_flags, .dump_dir = c->dump_dir,
                            .cache = rt->cache, .remote = rt->remote, .log = &rt->log, .host = &c->allocator,
                            .test_delay_ms = test_delay_ms, .test_fail = test_fail,

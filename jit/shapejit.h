@@ -334,6 +334,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_COMPILE_AHEAD=0|1          -> compile_ahead
  *   SHAPEJIT_CUDA_GEMM=0..5             -> cuda_gemm
  *   SHAPEJIT_CUDA_TF32=0|1              -> cuda_tf32
+ *   SHAPEJIT_CUDA_PDL=0|1               -> cuda_pdl
  *   SHAPEJIT_LEARN_EVERY=n              -> learn_every
  *   SHAPEJIT_LEARN_HALF_LIFE=n          -> learn_half_life
  *   SHAPEJIT_GRAPH_MAX_BYTES=n          -> graph_max_bytes
@@ -617,6 +618,14 @@ typedef struct sj_runtime_config {
      * speed of a large product (PyTorch's allow_tf32). 0 (default): full
      * f32. f16 and bf16 products are unaffected. $SHAPEJIT_CUDA_TF32. */
     int cuda_tf32;
+    /* CUDA, compute capability 9.0 and later: 1 (default): shapejit's own
+     * kernels are launched with programmatic dependent launch (Hopper's
+     * programmatic stream serialization), so each one's blocks are
+     * scheduled while the kernel before it finishes and wait for its
+     * results on the device: the launch gap between two kernels of a
+     * call, or of a CUDA graph, shrinks. Results are the same. 0: every
+     * kernel starts after the one before it has ended. $SHAPEJIT_CUDA_PDL. */
+    int cuda_pdl;
     /* Buckets learned while serving: n > 0: every function re-learns the
      * edges of each of its bucketed dimensions (a bucket rule: sj_set_buckets
      * and its kin, SHAPEJIT_BUCKETS, or edges learned before) after every n

@@ -145,6 +145,7 @@ typedef union sj_dev_call {
 typedef struct sj_dev_config {
     int cuda_device;            /* CUDA: the device ordinal */
     bool cuda_tf32;             /* CUDA: f32 products in TF32 (cuda_tf32) */
+    bool cuda_pdl;              /* CUDA: programmatic dependent launch where the device has it (cuda_pdl) */
     const char *cc, *cflags, *cc_version; /* CPU: the compiler (kernels/cpu/backend_cpu.h) */
     const char *nvrtc_flags;    /* CUDA: extra NVRTC options */
     const char *dump_dir;       /* NULL: no dumps */

@@ -303,7 +303,7 @@ static void put_head(sj_cg *c, const char *prefix, const char *suffix, int max_t
         put(&c->o, "%s%s%s *__restrict__ p%d", k ? ", " : "", k < G->n_loads ? "const " : "", t, k);
     }
     for (int i = 0; i < ns; i++) put(&c->o, ", long long s%d", i);
-    put(&c->o, ") {\n");
+    put(&c->o, ") {\nsj_rt_grid_dep();\n"); /* before any access (base/sj_kernel_rt.h) */
     for (int a = 0; a < G->rank; a++) {
         put(&c->o, "const int64_t n%d = ", a);
         sj_cg_put_ex(c, G->shape[a]);

@@ -193,6 +193,13 @@ int sj_gemm_cuda_candidates(int64_t M, int64_t N, int64_t K, int arch, int units
 /* -- Source -------------------------------------------------------------------- */
 
 static const char helpers[] =
+    /* sj_rt_grid_dep of base/sj_kernel_rt.h (a product's unit is standalone):
+     * first in the kernel, before any access */
+    "__device__ __forceinline__ void grid_dep() {\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "    asm volatile(\"griddepcontrol.launch_dependents;\\n\\tgriddepcontrol.wait;\" ::: \"memory\");\n"
+    "#endif\n"
+    "}\n"
     "__device__ __forceinline__ unsigned smem_u32(const void *p) {\n"
     "    unsigned r;\n"
     "    asm(\"{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\" : \"=r\"(r) : \"l\"(p));\n"
@@ -555,6 +562,7 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     put(&o, "%s(const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n", name);
     put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg%s) {\n",
         t->wg ? ",\n    const __grid_constant__ sj_tmap tmA, const __grid_constant__ sj_tmap tmB" : "");
+    put(&o, "    grid_dep();\n");
     if (s->M > 0) put(&o, "    const long long M = %" PRId64 "LL;\n    (void)M_arg;\n", s->M);
     else put(&o, "    const long long M = M_arg;\n");
     put(&o, "    (void)bias;\n    (void)R;\n");

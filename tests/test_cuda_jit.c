@@ -563,6 +563,80 @@ static sj_stats stats_of(const sj_fn *fn) {
     return s;
 }
 
+/* -- Programmatic dependent launch (cuda_pdl) ---------------------------------------- */
+
+/* The encoder with and without programmatic dependent launch, on the same
+ * weights and the same random inputs of four lengths: eagerly (compiles
+ * off: one kernel an op, cuBLASLt's products between ours), then fused and
+ * replayed from CUDA graphs (compiled sync, SJ_GRAPH_AFTER + 8 calls a
+ * length into fixed buffers, so the last ones are graph replays): every
+ * output bit-identical between the two runtimes and within the dtype's
+ * tolerance of float64. A kernel that read its predecessor's output before
+ * that was written would differ. On a 9.0+ device whose driver has
+ * cuLaunchKernelEx the runtime asked for it really launches that way. */
+static void test_pdl_same_results(void **state) {
+    tu_seed(29);
+    for (int mode = 0; mode < 2; mode++)
+        for (int d = 0; d < 2; d++) {
+            sj_dtype dt = d ? SJ_F16 : SJ_F32;
+            sj_runtime *rt[2];
+            sj_fn *fn[2];
+            tu_encoder w;
+            tu_encoder_init(&w, dt, 64, 4, 128);
+            for (int k = 0; k < 2; k++) {
+                sj_runtime_config cfg = tu_cuda_config();
+                cfg.compile_mode = mode ? SJ_COMPILE_SYNC : SJ_COMPILE_OFF;
+                cfg.cuda_pdl = k == 0;
+                if (sj_runtime_create(&cfg, &rt[k])) fail_msg("CUDA runtime: %s", sj_last_error());
+                const sj_cuda *cu = sj_cuda_of(rt[k]->backend);
+                assert_int_equal(cu->pdl, k == 0 && cu->cc_major >= 9 && cu->api.LaunchKernelEx != NULL);
+                sj_fn_options o;
+                sj_fn_options_init(&o);
+                o.dynamic = SJ_DYNAMIC_SYMBOLIC;
+                o.hot_threshold = 1;
+                o.specialize_threshold = 1000;
+                assert_int_equal(sj_fn_create(rt[k], "pdl", 1, tu_encoder_model, &w, &o, &fn[k]), SJ_OK);
+            }
+            if (!d && !mode) print_message("  programmatic dependent launch: %s\n", sj_cuda_of(rt[0]->backend)->pdl ? "on" : "not on this device");
+            int calls = mode ? SJ_GRAPH_AFTER + 8 : 6;
+            for (int64_t S = 5; S <= 200; S += 65) {
+                sj_tensor hx = tu_tensor(dt, 3, (int64_t[]){1, S, w.h});
+                dbuf dx[2], dy[2];
+                for (int k = 0; k < 2; k++) dx[k] = to_dev(rt[k], &hx), dy[k] = to_dev(rt[k], &hx);
+                double *ref = malloc(sizeof(double) * (size_t)tu_numel(&hx));
+                for (int i = 0; i < calls; i++) {
+                    tu_fill_random(&hx);
+                    sj_tensor h[2];
+                    for (int k = 0; k < 2; k++) {
+                        sj_cuda *cu = sj_cuda_of(rt[k]->backend);
+                        size_t bytes = (size_t)tu_numel(&hx) * sj_dtype_size(dt);
+                        assert_int_equal(sj_cuda_to_device(cu, dx[k].base, hx.data, bytes), SJ_OK);
+                        sj_tensor out = dy[k].t;
+                        if (sj_call(fn[k], &dx[k].t, 1, &out, 1)) fail_msg("pdl %d: %s", k == 0, sj_last_error());
+                        h[k] = to_host(rt[k], &dy[k].t);
+                    }
+                    char what[96];
+                    snprintf(what, sizeof what, "pdl %s %s S=%lld call %d", mode ? "fused" : "eager",
+                             sj_dtype_name(dt), (long long)S, i);
+                    if (memcmp(h[0].data, h[1].data, (size_t)tu_numel(&hx) * sj_dtype_size(dt)))
+                        fail_msg("%s: differs from the same call without programmatic dependent launch", what);
+                    tu_encoder_ref(&w, &hx, NULL, ref);
+                    if (!tu_check(&h[0], ref, dt == SJ_F32 ? 1e-4 : 2e-2, what)) fail_msg("%s: differs from float64", what);
+                }
+                free(ref);
+                for (int k = 0; k < 2; k++) free_dev(rt[k], &dx[k]), free_dev(rt[k], &dy[k]);
+            }
+            for (int k = 0; k < 2; k++) {
+                sj_stats st = stats_of(fn[k]);
+                if (mode) assert_true(st.graph_calls > 0);
+                else assert_int_equal(st.eager_calls, st.calls);
+                sj_fn_destroy(fn[k]);
+                sj_runtime_destroy(rt[k]);
+            }
+            tu_free_all();
+        }
+}
+
 static sj_status gather2_model(sj_tracer *t, const sj_val *in, int n, void *u) {
     return sj_output(t, sj_add(t, sj_mul(t, sj_gather(t, in[0], in[1]), sj_scalar(t, 2)), sj_scalar(t, 1)));
 }
@@ -1822,6 +1896,7 @@ int main(void) {
         cmocka_unit_test(test_bucket_graph_copies),
         cmocka_unit_test(test_quick_then_full_on_device),
         cmocka_unit_test(test_bucket_graphs_threads),
+        cmocka_unit_test(test_pdl_same_results),
     };
     int r = cmocka_run_group_tests_name("cuda_jit", tests, NULL, NULL);
     sj_runtime_destroy(cpu);

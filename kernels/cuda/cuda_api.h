@@ -83,14 +83,16 @@
 
 /* Driver functions the library can do without (NULL when the driver
  * lacks them): CUDA graphs that serve a whole bucket (graph_cuda.c) need
- * the first two; generated warpgroup products (exec_cuda.c's
- * sj_cuda_gemm_tmaps) the tensor maps of the last. */
+ * the first two; programmatic dependent launch (sj_cuda_launch_kernel)
+ * cuLaunchKernelEx; generated warpgroup products (exec_cuda.c's
+ * sj_cuda_gemm_launch) the tensor maps of the last. */
 #define SJ_CUDA_DRIVER_OPT_FNS(X)                                                                  \
     X(CUresult, StreamGetCaptureInfo, "cuStreamGetCaptureInfo_v3",                                 \
       (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **,           \
        const CUgraphEdgeData **, size_t *))                                                        \
     X(CUresult, GraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2",                 \
       (CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *))                                 \
+    X(CUresult, LaunchKernelEx, "cuLaunchKernelEx", (const CUlaunchConfig *, CUfunction, void **, void **)) \
     X(CUresult, TensorMapEncodeTiled, "cuTensorMapEncodeTiled",                                    \
       (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *, \
        const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,           \

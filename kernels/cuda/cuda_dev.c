@@ -529,6 +529,10 @@ static void teardown(cuda_dev *d) {
     free(d);
 }
 
+void sj_cuda_set_pdl(sj_cuda *c, bool want) {
+    c->pdl = want && c->cc_major >= 9 && c->api.LaunchKernelEx;
+}
+
 sj_status sj_cuda_open(int ordinal, sj_cuda **out) {
     if (!out) return sj_seterr(SJ_EINVAL, "sj_cuda_open: out is NULL");
     *out = NULL;

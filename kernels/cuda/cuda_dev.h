@@ -38,6 +38,11 @@ typedef struct sj_cuda {
     cublasLtHandle_t lt;
     size_t lt_workspace_bytes; /* the most workspace a product may take (from the allocator) */
     bool lt_tf32;              /* f32 products in TF32 (cuda_tf32): set once, before the first product */
+    /* Our kernels launched with programmatic stream serialization
+     * (sj_cuda_launch_kernel): compute capability 9.0 or later, the driver
+     * has cuLaunchKernelEx, and cuda_pdl asks for it; set once, before the
+     * first launch (sj_cuda_set_pdl). */
+    bool pdl;
 
     CUmodule eager;         /* the ahead-of-time eager kernels (NULL until loaded) */
     void *eager_fns;        /* kernels/cuda/eager_cuda.c's table of CUfunctions */
@@ -73,6 +78,9 @@ typedef struct sj_cuda {
  * properties. SJ_EBACKEND with a message ("no CUDA device: ...", "no CUDA
  * driver: ...") when there is none; nothing stays allocated then. */
 sj_status sj_cuda_open(int ordinal, sj_cuda **out);
+/* Programmatic dependent launch for our kernels (sj_cuda.pdl) where the
+ * device and driver have it and `want`; before the first launch. */
+void sj_cuda_set_pdl(sj_cuda *c, bool want);
 void sj_cuda_close(sj_cuda *c); /* NULL is a no-op; frees every cached block */
 
 /* Make c's context current on this thread. */

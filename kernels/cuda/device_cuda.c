@@ -197,6 +197,7 @@ sj_status sj_cuda_device_create(const sj_dev_config *c, sj_backend **out) {
     sj_cuda *cu = NULL;
     sj_status st = sj_cuda_open(c->cuda_device, &cu);
     if (!st) cu->lt_tf32 = c->cuda_tf32;
+    if (!st) sj_cuda_set_pdl(cu, c->cuda_pdl);
     if (!st && (st = sj_cuda_eager_load(cu))) {
         sj_cuda_close(cu);
         cu = NULL;

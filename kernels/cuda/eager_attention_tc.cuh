@@ -248,11 +248,13 @@ template <class T, int NB> SJ_DEV void attention_tc(const sj_ek_att &p) {
 #define SJ_EK_DEF_attention_tc(tag)                                                                \
     extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_TC_THREADS)                             \
         sj_ek_attention_tc_##tag(const __grid_constant__ sj_ek_att a) {                            \
+        sj_rt_grid_dep();                                                                          \
         attention_tc<dt_##tag, 2>(a);                                                              \
     }
 #define SJ_EK_DEF_attention_tc1(tag)                                                               \
     extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_TC_THREADS)                             \
         sj_ek_attention_tc1_##tag(const __grid_constant__ sj_ek_att a) {                           \
+        sj_rt_grid_dep();                                                                          \
         attention_tc<dt_##tag, 1>(a);                                                              \
     }
 
@@ -814,6 +816,7 @@ template <class T, int D, int DV> SJ_DEV void attention_mma_plain(const sj_ek_at
 #define SJ_EK_DEF_ATT_MMA(d, tag, regs)                                                            \
     extern "C" __global__ void __maxnreg__(regs)                                                   \
         sj_ek_attention_mma##d##_##tag(const __grid_constant__ sj_ek_att a) {                      \
+        sj_rt_grid_dep();                                                                          \
         attention_mma_plain<dt_##tag, d, d>(a);                                                    \
     }
 #define SJ_EK_DEF_attention_mma32(tag) SJ_EK_DEF_ATT_MMA(32, tag, 168)
@@ -824,6 +827,7 @@ template <class T, int D, int DV> SJ_DEV void attention_mma_plain(const sj_ek_at
 #define SJ_EK_DEF_ATT_MMAM(d, tag, regs)                                                           \
     extern "C" __global__ void __maxnreg__(regs)                                                   \
         sj_ek_attention_mmam##d##_##tag(const __grid_constant__ sj_ek_att a) {                     \
+        sj_rt_grid_dep();                                                                          \
         attention_mma<dt_##tag, d, d, true>(a);                                                    \
     }
 #define SJ_EK_DEF_attention_mmam32(tag) SJ_EK_DEF_ATT_MMAM(32, tag, 168)

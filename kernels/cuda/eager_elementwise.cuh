@@ -297,9 +297,16 @@ template <class F, bool STRIDED> SJ_DEV void cast_k(const sj_ek_ew &p) {
 
 /* -- Kernel definitions (X-macro families of eager_abi.cuh) ----------------------- */
 
+/* The kernel waits for its stream's earlier kernels (sj_rt_grid_dep), then
+ * runs the body that follows the macro. */
 #define SJ_EK_EW_KERNEL(fam, tag)                                                                  \
+    static __device__ __forceinline__ void sj_ek_body_##fam##_##tag(const sj_ek_ew &a);            \
     extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
-        sj_ek_##fam##_##tag(const __grid_constant__ sj_ek_ew a)
+        sj_ek_##fam##_##tag(const __grid_constant__ sj_ek_ew a) {                                  \
+        sj_rt_grid_dep();                                                                          \
+        sj_ek_body_##fam##_##tag(a);                                                               \
+    }                                                                                              \
+    static __device__ __forceinline__ void sj_ek_body_##fam##_##tag(const sj_ek_ew &a)
 
 #define SJ_EK_DEF_unary_c(tag) SJ_EK_EW_KERNEL(unary_c, tag) { unary_c<dt_##tag>(a); }
 #define SJ_EK_DEF_unary_s(tag) SJ_EK_EW_KERNEL(unary_s, tag) { unary_s<dt_##tag>(a); }

@@ -149,22 +149,26 @@ template <class T> SJ_DEV void arange(const sj_ek_ew &p) {
 #define SJ_EK_DEF_matmul_int(tag)                                                                  \
     extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
         sj_ek_matmul_int_##tag(const __grid_constant__ sj_ek_mm a) {                               \
+        sj_rt_grid_dep();                                                                          \
         matmul_int<dt_##tag>(a);                                                                   \
     }
 #define SJ_EK_DEF_attention(tag)                                                                   \
     extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_THREADS)                                \
         sj_ek_attention_##tag(const __grid_constant__ sj_ek_att a) {                               \
+        sj_rt_grid_dep();                                                                          \
         attention<dt_##tag>(a);                                                                    \
     }
 #define SJ_EK_DEF_gather(tag)                                                                      \
     extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
         sj_ek_gather_##tag(const __grid_constant__ sj_ek_gather a) {                               \
+        sj_rt_grid_dep();                                                                          \
         gather<dt_##tag>(a);                                                                       \
     }
 
 #define SJ_EK_DEF_arange(tag)                                                                      \
     extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
         sj_ek_arange_##tag(const __grid_constant__ sj_ek_ew a) {                                   \
+        sj_rt_grid_dep();                                                                          \
         arange<dt_##tag>(a);                                                                       \
     }
 

@@ -226,9 +226,15 @@ template <class T> SJ_DEV void norm_row(const sj_ek_rows &p) {
 
 /* -- Kernel definitions ----------------------------------------------------------- */
 
+/* As SJ_EK_EW_KERNEL: the wait, then the body that follows. */
 #define SJ_EK_ROWS_KERNEL(fam, tag)                                                                \
+    static __device__ __forceinline__ void sj_ek_body_##fam##_##tag(const sj_ek_rows &a);          \
     extern "C" __global__ void __launch_bounds__(SJ_EK_ROW_MAX)                                    \
-        sj_ek_##fam##_##tag(const __grid_constant__ sj_ek_rows a)
+        sj_ek_##fam##_##tag(const __grid_constant__ sj_ek_rows a) {                                \
+        sj_rt_grid_dep();                                                                          \
+        sj_ek_body_##fam##_##tag(a);                                                               \
+    }                                                                                              \
+    static __device__ __forceinline__ void sj_ek_body_##fam##_##tag(const sj_ek_rows &a)
 
 #define SJ_EK_DEF_reduce_row(tag) SJ_EK_ROWS_KERNEL(reduce_row, tag) { reduce_row<dt_##tag>(a); }
 #define SJ_EK_DEF_reduce_col(tag) SJ_EK_ROWS_KERNEL(reduce_col, tag) { reduce_col<dt_##tag>(a); }

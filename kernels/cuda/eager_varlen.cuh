@@ -127,11 +127,13 @@ SJ_DEV mma_blk mma_block(const sj_ek_varlen &p, int64_t blk, int tq, int r0, int
 #define SJ_EK_DEF_attention_varlen(tag)                                                            \
     extern "C" __global__ void __launch_bounds__(SJ_EK_ATT_THREADS)                                \
         sj_ek_attention_varlen_##tag(const __grid_constant__ sj_ek_varlen a) {                     \
+        sj_rt_grid_dep();                                                                          \
         attention_varlen<dt_##tag>(a);                                                             \
     }
 #define SJ_EK_DEF_varlen_check(tag)                                                                \
     extern "C" __global__ void __launch_bounds__(SJ_EK_THREADS)                                    \
         sj_ek_varlen_check_##tag(const __grid_constant__ sj_ek_varlen a) {                         \
+        sj_rt_grid_dep();                                                                          \
         varlen_check(a);                                                                           \
     }
 
@@ -139,6 +141,7 @@ SJ_DEV mma_blk mma_block(const sj_ek_varlen &p, int64_t blk, int tq, int r0, int
 #define SJ_EK_DEF_ATT_VL_MMA(d, tag, regs)                                                         \
     extern "C" __global__ void __maxnreg__(regs)                                                   \
         sj_ek_attention_varlen_mma##d##_##tag(const __grid_constant__ sj_ek_varlen a) {            \
+        sj_rt_grid_dep();                                                                          \
         attention_mma<dt_##tag, d, d, false>(a);                                                   \
     }
 #define SJ_EK_DEF_attention_varlen_mma32(tag) SJ_EK_DEF_ATT_VL_MMA(32, tag, 168)

@@ -110,13 +110,30 @@ static rec_op *rec_push(sj_cuda_rec *r) {
     return o;
 }
 
+/* One of our kernels on e's stream: with programmatic stream
+ * serialization where the device has it (sj_cuda.pdl; every kernel of
+ * ours waits for its predecessors first: base/sj_kernel_rt.h's
+ * sj_rt_grid_dep), else as cuLaunchKernel does. In a capture the
+ * attribute becomes a programmatic edge of the graph. */
+static CUresult launch_kernel(const sj_cuda_exec *e, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                              unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args) {
+    const sj_cuda *c = e->cuda;
+    if (!c->pdl) return c->api.LaunchKernel(f, gx, gy, gz, bx, by, bz, smem, e->stream, args, NULL);
+    CUlaunchAttribute at = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                            .value = {.programmaticStreamSerializationAllowed = 1}};
+    CUlaunchConfig cfg = {.gridDimX = gx, .gridDimY = gy, .gridDimZ = gz, .blockDimX = bx, .blockDimY = by,
+                          .blockDimZ = bz, .sharedMemBytes = smem, .hStream = e->stream, .attrs = &at,
+                          .numAttrs = 1};
+    return c->api.LaunchKernelEx(&cfg, f, args, NULL);
+}
+
 CUresult sj_cuda_launch_kernel(const sj_cuda_exec *e, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args) {
     const sj_cuda_api *a = &e->cuda->api;
     sj_cuda_rec *r = e->rec;
     if (e->cuda->count_launches && (!r || r->mode == REC_RECORD))
         atomic_fetch_add_explicit(&e->cuda->n_kernels, 1, memory_order_relaxed);
-    if (!r) return a->LaunchKernel(f, gx, gy, gz, bx, by, bz, smem, e->stream, args, NULL);
+    if (!r) return launch_kernel(e, f, gx, gy, gz, bx, by, bz, smem, args);
     if (r->mode == REC_UPDATE) {
         if (r->at >= r->n || r->ops[r->at].kind != REC_KERNEL) {
             r->bad = true;
@@ -129,7 +146,7 @@ CUresult sj_cuda_launch_kernel(const sj_cuda_exec *e, CUfunction f, unsigned gx,
         if (res != CUDA_SUCCESS) r->bad = true;
         return res;
     }
-    CUresult res = a->LaunchKernel(f, gx, gy, gz, bx, by, bz, smem, e->stream, args, NULL);
+    CUresult res = launch_kernel(e, f, gx, gy, gz, bx, by, bz, smem, args);
     if (res != CUDA_SUCCESS) return res;
     CUstreamCaptureStatus cs;
     const CUgraphNode *deps = NULL;
