@@ -36,7 +36,7 @@
       "least work a CPU kernel gives each kernel thread it runs on, in multiply-adds (an element " \
       "of a fused kernel counts 16): a kernel uses only as many threads as get this much, and one " \
       "with less than twice this runs on the calling thread alone")                              \
-    X(exec_spin_us, int, 50, 0, 1000000, "SHAPEJIT_EXEC_SPIN_US",                                  \
+    X(exec_spin_us, int, 1000, 0, 1000000, "SHAPEJIT_EXEC_SPIN_US",                                  \
       "how long a CPU kernel thread polls for the next kernel before it sleeps (and a caller for "  \
       "its kernel's last chunk), in microseconds; `0`: sleep at once")                            \
     X(blas_threads, int, 0, -1, 1024, "SHAPEJIT_BLAS_THREADS",                                    \

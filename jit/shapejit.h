@@ -388,11 +388,13 @@ typedef struct sj_runtime_config {
     int64_t exec_min_work;
     /* How long, in microseconds, a kernel thread keeps polling for the next
      * kernel after one ends before it sleeps (and a calling thread for its
-     * kernel's last chunk); default 50, 0: sleep at once. A sleeping
+     * kernel's last chunk); default 1000, 0: sleep at once. A sleeping
      * thread costs a wake-up when the next kernel comes: a few microseconds
-     * on bare metal, tens of them on a virtual machine. Raise it where a
-     * request's kernels come farther apart than this (a server on many
-     * cores); lower it where the cores are shared with other work. */
+     * on bare metal, 30-75 of them on a virtual machine of 16 cores, where
+     * 50 cost a single-sentence request on 16 threads 15% of its speed.
+     * Lower it where the cores are shared with other work: each kernel
+     * thread burns its core this long after a request's last kernel.
+     * $SHAPEJIT_EXEC_SPIN_US. */
     int exec_spin_us;
     /* Who runs matrix products in parallel on the CPU backend.
      *  0 (default): shapejit, on its exec_threads; the runtime sets OpenBLAS

@@ -50,9 +50,10 @@ int64_t sj_threads_items(const sj_threads *t, int64_t item_work);
  * with gaps of microseconds to tens of microseconds (eager ops on the
  * calling thread in between); a worker that slept in such a gap must be
  * woken, and a wake-up costs tens of microseconds on a virtual machine
- * (an interrupt to an idle virtual CPU). Spinning burns the core for that
- * long after each job. */
-#define SJ_THREADS_SPIN_NS INT64_C(50000)
+ * (an interrupt to an idle virtual CPU: 30-75 us for the last of 15
+ * sleeping workers on a 16-core GPU host, bench_cpu --workloads pool).
+ * Spinning burns the core for that long after each job. */
+#define SJ_THREADS_SPIN_NS INT64_C(1000000)
 void sj_threads_set_spin_ns(sj_threads *t, int64_t ns);
 int64_t sj_threads_spin_ns(const sj_threads *t);
 
