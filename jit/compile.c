@@ -25,6 +25,7 @@
 #include "jit/runtime.h"
 #include "kernels/cache.h"
 #include "specialize/codegen.h"
+#include "specialize/codegen_gemm_cuda.h"
 
 #define RELAXED memory_order_relaxed
 /* A job that waited this long while its entry got no calls is dropped. */
@@ -255,7 +256,7 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     sj_compiled *cd = sj_calloc(1, sizeof *cd);
     /* the functions, then (in the same block) the products' picks */
     size_t n_fns = (size_t)(plan->n_groups ? plan->n_groups : 1) * SJ_CG_VARIANTS_MAX;
-    void **fns = sj_calloc(n_fns + (size_t)plan->n_groups / sizeof(void *) + 1, sizeof *fns);
+    void **fns = sj_calloc(n_fns + (size_t)plan->n_groups * SJ_GEMM_CLASSES / sizeof(void *) + 1, sizeof *fns);
     sj_status st = (!res || !cd || !fns) ? SJ_ENOMEM : c->backend->compile(c->backend, &req, res);
     free(src);
     if (st) {

@@ -73,9 +73,10 @@ typedef struct sj_compiled {
      * function having it in every slot; NULL for NODE groups but
      * generated products (specialize/fusion.h), which have their kernel. */
     void **fns;
-    /* Per plan group, the variant each generated product launches, -1
-     * for the device's product (sj_exec_gemm_picks); NULL when the plan
-     * has none. In fns' allocation. */
+    /* Per plan group and size class (SJ_GEMM_CLASSES a group, class by
+     * class), the variant each generated product launches, -1 for the
+     * device's product (sj_exec_gemm_picks); NULL when the plan has none.
+     * In fns' allocation. */
     int8_t *gemm_pick;
     bool specialized;    /* every size a constant */
     bool from_cache;

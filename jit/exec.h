@@ -29,9 +29,9 @@ typedef struct sj_exec {
     _Atomic size_t *arena_hint; /* bytes the last call needed (per entry) */
     const sj_backend *ops;      /* the device's table */
     void *ops_ctx;              /* the call's context (its call_begin's) */
-    /* Fused: per plan group, the variant of a generated product to launch
-     * (sj_compiled.gemm_pick), -1 for the device's product; NULL: the
-     * first. */
+    /* Fused: per plan group and size class, the variant of a generated
+     * product to launch (sj_compiled.gemm_pick), -1 for the device's
+     * product; NULL: the first. */
     const int8_t *gemm_pick;
     /* Fused: the symbol values the arena is laid out for (its size and its
      * stores' offsets; NULL: sym_vals). A graph that serves a whole bucket
@@ -63,7 +63,9 @@ int sj_exec_prepack(sj_graph *g, struct sj_cpu_pack_cache *cache, uint64_t max_b
 sj_status sj_exec_fused(const sj_exec *x, const struct sj_fplan *plan, void *const *fns);
 
 /* The variant each generated product of a compiled unit launches
- * (pick[gi] for plan group gi; untouched for other groups), chosen once
+ * (pick[gi * SJ_GEMM_CLASSES + class] for plan group gi and each size
+ * class of its rows, specialize/codegen_gemm_cuda.h; -1 for every other
+ * group), chosen once
  * the unit is loaded (on the compile worker): mode is cfg.cuda_gemm; 1,
  * the device's gemm_tune (each variant timed against its own product; the
  * choice kept in the kernel cache under key), -1 (its product) where the

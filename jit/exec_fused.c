@@ -25,6 +25,7 @@
 #include "base/tensor.h"
 #include "specialize/codegen.h"
 #include "specialize/codegen_cuda.h"
+#include "specialize/codegen_gemm_cuda.h"
 #include "specialize/fusion.h"
 
 #define ALIGN 64
@@ -156,9 +157,10 @@ void sj_exec_gemm_picks(sj_backend *b, const sj_graph *g, const sj_fplan *p, con
                         const char *key, int mode, int8_t *pick) {
     for (int gi = 0; gi < p->n_groups; gi++) {
         const sj_group *gr = &p->groups[gi];
-        if (gr->gemm_tile < 0) continue;
         int v = mode - 2;
-        pick[gi] = (int8_t)(mode < 2 ? -1 : v < gr->gemm_nv ? v : gr->gemm_nv - 1);
+        for (int k = 0; k < SJ_GEMM_CLASSES; k++)
+            pick[gi * SJ_GEMM_CLASSES + k] =
+                (int8_t)(gr->gemm_tile < 0 || mode < 2 ? -1 : v < gr->gemm_nv ? v : gr->gemm_nv - 1);
     }
     if (mode == 1 && b->gemm_tune) b->gemm_tune(b, g, p, syms, fns, key, pick);
 }
@@ -249,7 +251,15 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
             continue;
         }
         const sj_node *n = &g->nodes[gr->nodes[0]];
-        int pick = x->gemm_pick ? x->gemm_pick[gi] : 0;
+        int pick = 0;
+        if (x->gemm_pick && gr->gemm_tile >= 0) {
+            /* the rows' class, by the layout's sizes: a bucket graph's
+             * update runs the kernels it captured at the bucket's edge */
+            const sj_value *Y = &g->vals[gr->gemm_out];
+            int64_t M = 1;
+            for (int a = 0; a + 1 < Y->rank; a++) M *= lexv[Y->shape[a]];
+            pick = x->gemm_pick[gi * SJ_GEMM_CLASSES + sj_gemm_class(M)];
+        }
         if (gr->gemm_tile >= 0 && pick >= 0 && pick < gr->gemm_nv && ops->gemm &&
             fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)pick]) {
             bool done;

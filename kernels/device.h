@@ -252,8 +252,10 @@ struct sj_backend {
     /* Optional (NULL: a generated product runs as its device product): on
      * the compile worker, once a unit is loaded, choose each generated
      * product's variant (fns its functions, SJ_CG_VARIANTS_MAX a group, as
-     * sj_compiled's) or -1 for the device's product: pick[gi] for plan
-     * group gi, -1 on entry; syms the specialization's sizes (NULL: the
+     * sj_compiled's) or -1 for the device's product: pick[gi *
+     * SJ_GEMM_CLASSES + class] for plan group gi and each size class of
+     * its rows (specialize/codegen_gemm_cuda.h), -1 on entry; syms the
+     * specialization's sizes (NULL: the
      * entry's), key the unit's cache key (its choice may be kept beside
      * it). Never fails: what cannot be timed keeps -1. */
     void (*gemm_tune)(sj_backend *b, const sj_graph *g, const struct sj_fplan *p, const int64_t *syms,

@@ -595,9 +595,10 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
 /* -- The tuner's record ------------------------------------------------------------- */
 
 size_t sj_gemm_picks_format(const sj_fplan *p, const int8_t *pick, char *buf, size_t size) {
-    size_t n = (size_t)snprintf(buf, size, "sjgp1 %d", p->n_groups);
-    for (int gi = 0; gi < p->n_groups && n < size; gi++)
-        n += (size_t)snprintf(buf + n, size - n, " %d", p->groups[gi].gemm_tile >= 0 ? pick[gi] : -1);
+    size_t n = (size_t)snprintf(buf, size, "sjgp2 %d", p->n_groups);
+    for (int i = 0; i < p->n_groups * SJ_GEMM_CLASSES && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, " %d",
+                              p->groups[i / SJ_GEMM_CLASSES].gemm_tile >= 0 ? pick[i] : -1);
     if (n < size) n += (size_t)snprintf(buf + n, size - n, "\n");
     return n < size ? n : 0;
 }
@@ -608,20 +609,20 @@ bool sj_gemm_picks_parse(const sj_fplan *p, const void *data, size_t len, int8_t
     memcpy(text, data, len);
     text[len] = 0;
     int groups, used;
-    if (sscanf(text, "sjgp1 %d%n", &groups, &used) != 1 || groups != p->n_groups) return false;
+    if (sscanf(text, "sjgp2 %d%n", &groups, &used) != 1 || groups != p->n_groups) return false;
     int8_t got[1024];
-    if (groups > (int)sizeof got) return false;
+    if (groups > (int)sizeof got / SJ_GEMM_CLASSES) return false;
     const char *at = text + used;
-    for (int gi = 0; gi < groups; gi++) {
+    for (int i = 0; i < groups * SJ_GEMM_CLASSES; i++) {
         int v;
         if (sscanf(at, " %d%n", &v, &used) != 1) return false;
         at += used;
-        const sj_group *G = &p->groups[gi];
+        const sj_group *G = &p->groups[i / SJ_GEMM_CLASSES];
         if (G->gemm_tile >= 0 ? v < -1 || v >= G->gemm_nv : v != -1) return false;
-        got[gi] = (int8_t)v;
+        got[i] = (int8_t)v;
     }
     while (*at == ' ' || *at == '\n') at++;
     if (*at) return false;
-    memcpy(pick, got, (size_t)groups);
+    memcpy(pick, got, (size_t)groups * SJ_GEMM_CLASSES);
     return true;
 }

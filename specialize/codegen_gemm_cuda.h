@@ -142,13 +142,23 @@ const sj_gemm_tile *sj_gemm_cuda_tiles(int *n);
  * of one block; before sm_90 only those. */
 int sj_gemm_cuda_candidates(int64_t M, int64_t N, int64_t K, int arch, int units, int8_t *out, int max);
 
+/* A product's size class by its rows: the autotuner picks a variant per
+ * class, so that a symbolic entry runs each size with the tile that won
+ * there (timed at SJ_GEMM_CLASS_ROWS: 16, 128 and 512 rows); an entry
+ * whose rows are known has one pick in every class. */
+#define SJ_GEMM_CLASSES 3
+static inline int sj_gemm_class(int64_t M) { return M <= 64 ? 0 : M <= 256 ? 1 : 2; }
+#define SJ_GEMM_CLASS_ROWS {16, 128, 512}
+
 /* The autotuner's choice for a compiled unit, as the kernel cache keeps it
- * beside the unit's CUBIN: one line, "sjgp1 <groups> <pick> ...", a pick
- * per plan group (-1: the device's product; other groups -1). Format
- * writes it to buf (NUL-terminated; at most size bytes) and returns its
- * length, 0 when it does not fit. Parse reads it for plan p into pick (a
- * generated product's in [-1, gemm_nv), every other group's -1) and says
- * whether it was such a record; pick is left alone when not. */
+ * beside the unit's CUBIN: one line, "sjgp2 <groups> <pick> ...",
+ * SJ_GEMM_CLASSES picks per plan group, class by class (pick[gi *
+ * SJ_GEMM_CLASSES + class]; -1: the device's product; other groups -1).
+ * Format writes it to buf (NUL-terminated; at most size bytes) and returns
+ * its length, 0 when it does not fit. Parse reads it for plan p into pick
+ * (a generated product's in [-1, gemm_nv), every other group's -1) and
+ * says whether it was such a record; pick is left alone when not (a record
+ * of one pick a group, "sjgp1", is not: its product is timed again). */
 struct sj_fplan;
 size_t sj_gemm_picks_format(const struct sj_fplan *p, const int8_t *pick, char *buf, size_t size);
 bool sj_gemm_picks_parse(const struct sj_fplan *p, const void *data, size_t len, int8_t *pick);

@@ -362,37 +362,48 @@ static void test_plan_marks(void **state) {
                 else snprintf(sig, sizeof sig, "sj_%s(const unsigned short", G->name);
                 assert_non_null(strstr(src, sig));
             }
-            /* the tuner's record: round trip and refusals */
-            int8_t pick[64], back[64];
+            /* the tuner's record: a pick per size class, round trip and refusals */
+            enum { C = SJ_GEMM_CLASSES };
+            int8_t pick[64 * C], back[64 * C];
             memset(pick, -1, sizeof pick);
-            pick[gi] = (int8_t)(G->gemm_nv - 1);
-            char rec[512];
+            for (int k = 0; k < C; k++) pick[gi * C + k] = (int8_t)(k == 1 ? -1 : (G->gemm_nv - 1 + k) % G->gemm_nv);
+            char rec[1024];
             size_t rl = sj_gemm_picks_format(on.p, pick, rec, sizeof rec);
             assert_true(rl > 0 && rl == strlen(rec));
             memset(back, 7, sizeof back);
             assert_true(sj_gemm_picks_parse(on.p, rec, rl, back));
-            assert_memory_equal(back, pick, (size_t)on.p->n_groups);
+            assert_memory_equal(back, pick, (size_t)on.p->n_groups * C);
             assert_int_equal(sj_gemm_picks_format(on.p, pick, rec, 8), 0); /* does not fit */
             rl = sj_gemm_picks_format(on.p, pick, rec, sizeof rec);
-            char bad[600];
-            const char *refused[] = {"", "junk", "sjgp1", "sjgp1 999 -1"};
+            char bad[1100];
+            char old[600]; /* a record of one pick a group (before size classes): timed again */
+            snprintf(old, sizeof old, "sjgp1 %d", on.p->n_groups);
+            for (int i = 0; i < on.p->n_groups; i++) snprintf(old + strlen(old), sizeof old - strlen(old), " -1");
+            const char *refused[] = {"", "junk", "sjgp2", "sjgp2 999 -1", old};
             for (size_t b = 0; b < sizeof refused / sizeof refused[0]; b++)
                 assert_false(sj_gemm_picks_parse(on.p, refused[b], strlen(refused[b]), back));
-            pick[gi] = (int8_t)G->gemm_nv; /* past the variants */
+            pick[gi * C + 2] = (int8_t)G->gemm_nv; /* past the variants, in the last class */
             rl = sj_gemm_picks_format(on.p, pick, bad, sizeof bad);
             assert_false(sj_gemm_picks_parse(on.p, bad, rl, back));
-            pick[gi] = -1;
-            pick[gi == 0 ? 1 : 0] = 0; /* a pick for a group that is no product */
+            for (int k = 0; k < C; k++) pick[gi * C + k] = -1;
+            pick[(gi == 0 ? 1 : 0) * C] = 0; /* a pick for a group that is no product */
             rl = sj_gemm_picks_format(on.p, pick, bad, sizeof bad);
             bool other_is_gemm = on.p->groups[gi == 0 ? 1 : 0].gemm_tile >= 0;
             if (!other_is_gemm) {
                 /* format writes -1 there; a record that says otherwise is refused */
                 assert_true(sj_gemm_picks_parse(on.p, bad, rl, back));
-                snprintf(bad, sizeof bad, "sjgp1 %d", on.p->n_groups);
-                for (int i = 0; i < on.p->n_groups; i++)
-                    snprintf(bad + strlen(bad), sizeof bad - strlen(bad), " %d", i == (gi == 0 ? 1 : 0) ? 0 : -1);
+                snprintf(bad, sizeof bad, "sjgp2 %d", on.p->n_groups);
+                for (int i = 0; i < on.p->n_groups * C; i++)
+                    snprintf(bad + strlen(bad), sizeof bad - strlen(bad), " %d", i == (gi == 0 ? 1 : 0) * C ? 0 : -1);
                 assert_false(sj_gemm_picks_parse(on.p, bad, strlen(bad), back));
             }
+            /* the size classes: rows up to 64, to 256, past it */
+            assert_int_equal(sj_gemm_class(1), 0);
+            assert_int_equal(sj_gemm_class(64), 0);
+            assert_int_equal(sj_gemm_class(65), 1);
+            assert_int_equal(sj_gemm_class(256), 1);
+            assert_int_equal(sj_gemm_class(257), 2);
+            rl = strlen(rec);
             memcpy(bad, rec, rl);
             bad[rl] = 'x'; /* trailing junk */
             assert_false(sj_gemm_picks_parse(on.p, bad, rl + 1, back));
@@ -566,9 +577,13 @@ static void test_exec_wiring(void **state) {
                 x.outputs = fo;
                 x.ops = &ops;
                 x.ops_ctx = NULL;
-                int8_t picks[64];
+                /* a pick per size class: M 48 is class 0's; the other
+                 * classes say cuBLASLt, so a call that read them runs none */
+                int8_t picks[64 * SJ_GEMM_CLASSES];
                 for (int gi = 0; gi < tr.p->n_groups; gi++)
-                    picks[gi] = (int8_t)(pk == 1 ? -1 : tr.p->groups[gi].gemm_nv - 1);
+                    for (int k = 0; k < SJ_GEMM_CLASSES; k++)
+                        picks[gi * SJ_GEMM_CLASSES + k] =
+                            (int8_t)(pk == 1 || k != sj_gemm_class(48) ? -1 : tr.p->groups[gi].gemm_nv - 1);
                 x.gemm_pick = pk ? picks : NULL;
                 memset(&slot, 0, sizeof slot);
                 sj_status st = sj_exec_fused(&x, tr.p, fns);

@@ -4,7 +4,8 @@
  * On the compile worker, once a unit is loaded: for each generated product
  * of the plan, every tile variant the unit holds is timed at the entry's M
  * (a specialized or static unit: its own; a symbolic one: 16, 128 and 512
- * rows, summed) against cuBLASLt's product with the bias, plus, when the
+ * rows, one pick for each size class, sj_gemm_class) against cuBLASLt's
+ * product with the bias, plus, when the
  * plan runs the epilogue group inside the kernel, one elementwise pass over
  * the result (the eager ReLU standing in for the group the kernel saves).
  * The fastest wins; cuBLASLt (-1) unless a variant beats it. Operands are
@@ -131,7 +132,8 @@ static double time_one(const tuner *t, int v, const sj_gemm_tile *tile, CUfuncti
     return (double)ms / TUNE_REPS;
 }
 
-/* The rows product gi is timed at: its own where every size is known. */
+/* The rows product gi is timed at: its own where every size is known,
+ * else each size class's (SJ_GEMM_CLASS_ROWS). */
 static int tune_rows(const sj_graph *g, const sj_group *G, const int64_t *syms, int64_t *rows) {
     const sj_value *Y = &g->vals[G->gemm_out];
     int64_t M = 1, d;
@@ -143,8 +145,9 @@ static int tune_rows(const sj_graph *g, const sj_group *G, const int64_t *syms, 
         rows[0] = M;
         return 1;
     }
-    rows[0] = 16, rows[1] = 128, rows[2] = 512;
-    return 3;
+    static const int64_t class_rows[SJ_GEMM_CLASSES] = SJ_GEMM_CLASS_ROWS;
+    for (int k = 0; k < SJ_GEMM_CLASSES; k++) rows[k] = class_rows[k];
+    return SJ_GEMM_CLASSES;
 }
 
 static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const sj_log_sink *log, const char *key,
@@ -152,7 +155,7 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
                          int8_t *pick) {
     sj_gemm_spec sp;
     sj_codegen_gemm_spec(g, G, &sp);
-    int64_t rows[3];
+    int64_t rows[SJ_GEMM_CLASSES];
     int n_rows = tune_rows(g, G, syms, rows);
     int64_t Mmax = rows[n_rows - 1] > rows[0] ? rows[n_rows - 1] : rows[0];
     size_t bytes_a = (size_t)(Mmax * sp.K) * 2, bytes_b = (size_t)(sp.K * sp.N) * 2, bytes_bias = (size_t)sp.N * 4,
@@ -173,38 +176,43 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
         ok = cu->api.MemsetD8Async(bufs[i], 0, sizes[i], s) == CUDA_SUCCESS;
     int nt;
     const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
-    double best_ms = INFINITY, base_ms = 0, ms[SJ_CG_VARIANTS_MAX] = {0};
-    int best = -1;
-    for (int k = 0; ok && k < n_rows; k++) base_ms += time_one(&t, -1, NULL, NULL, rows[k]);
-    if (ok) best_ms = base_ms;
-    for (int v = 0; ok && v < G->gemm_nv && v < SJ_CG_VARIANTS_MAX; v++) {
-        CUfunction f = (CUfunction)fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)v];
-        for (int k = 0; f && k < n_rows; k++) ms[v] += time_one(&t, v, &tiles[G->gemm_tiles[v]], f, rows[k]);
-        if (!f) ms[v] = INFINITY;
-        if (ms[v] < best_ms) best_ms = ms[v], best = v;
+    /* per row count timed (one, or a size class each): cuBLASLt's time,
+     * each variant's, and the fastest (-1: cuBLASLt) */
+    double base_ms[SJ_GEMM_CLASSES] = {0}, ms[SJ_GEMM_CLASSES][SJ_CG_VARIANTS_MAX] = {{0}};
+    int best[SJ_GEMM_CLASSES];
+    for (int k = 0; k < n_rows; k++) {
+        best[k] = -1;
+        base_ms[k] = ok ? time_one(&t, -1, NULL, NULL, rows[k]) : INFINITY;
+        for (int v = 0; ok && v < G->gemm_nv && v < SJ_CG_VARIANTS_MAX; v++) {
+            CUfunction f = (CUfunction)fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)v];
+            ms[k][v] = f ? time_one(&t, v, &tiles[G->gemm_tiles[v]], f, rows[k]) : INFINITY;
+            if (ms[k][v] < (best[k] < 0 ? base_ms[k] : ms[k][best[k]])) best[k] = v;
+        }
     }
     for (int i = 0; i < 7; i++) sj_cuda_free(cu, bufs[i], s);
-    pick[gi] = (int8_t)best;
+    for (int c = 0; c < SJ_GEMM_CLASSES; c++) pick[gi * SJ_GEMM_CLASSES + c] = (int8_t)best[n_rows > 1 ? c : 0];
     if (!ok) {
         sj_log_write(log, SJ_LOG_PERF, "cuda: %.12s: product %s: not timed (%s): cuBLASLt", key, G->name,
                      sj_last_error());
         return;
     }
-    char line[384];
-    size_t n = (size_t)snprintf(line, sizeof line, "cuda: %.12s: product %s (N %lld, K %lld, M %s): cuBLASLt %.4f ms",
-                                key, G->name, (long long)sp.N, (long long)sp.K, n_rows > 1 ? "16+128+512" : "its own",
-                                base_ms);
-    for (int v = 0; v < G->gemm_nv && n < sizeof line; v++) {
-        const sj_gemm_tile *tl = &tiles[G->gemm_tiles[v]];
-        n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d/k%d%s %.4f ms", tl->bm, tl->bn, tl->bk,
-                              tl->splitk > 1 ? tl->splitk : 1, tl->wg ? "/wg" : "", ms[v]);
-    }
-    if (best >= 0) {
-        const sj_gemm_tile *tl = &tiles[G->gemm_tiles[best]];
-        sj_log_write(log, SJ_LOG_PERF, "%s: tile %dx%dx%d/k%d%s", line, tl->bm, tl->bn, tl->bk,
-                     tl->splitk > 1 ? tl->splitk : 1, tl->wg ? "/wg" : "");
-    } else {
-        sj_log_write(log, SJ_LOG_PERF, "%s: cuBLASLt", line);
+    for (int k = 0; k < n_rows; k++) {
+        char line[384];
+        size_t n = (size_t)snprintf(line, sizeof line, "cuda: %.12s: product %s (N %lld, K %lld, M %lld%s): cuBLASLt %.4f ms",
+                                    key, G->name, (long long)sp.N, (long long)sp.K, (long long)rows[k],
+                                    n_rows > 1 ? ", a size class" : "", base_ms[k]);
+        for (int v = 0; v < G->gemm_nv && n < sizeof line; v++) {
+            const sj_gemm_tile *tl = &tiles[G->gemm_tiles[v]];
+            n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d/k%d%s %.4f ms", tl->bm, tl->bn, tl->bk,
+                                  tl->splitk > 1 ? tl->splitk : 1, tl->wg ? "/wg" : "", ms[k][v]);
+        }
+        if (best[k] >= 0) {
+            const sj_gemm_tile *tl = &tiles[G->gemm_tiles[best[k]]];
+            sj_log_write(log, SJ_LOG_PERF, "%s: tile %dx%dx%d/k%d%s", line, tl->bm, tl->bn, tl->bk,
+                         tl->splitk > 1 ? tl->splitk : 1, tl->wg ? "/wg" : "");
+        } else {
+            sj_log_write(log, SJ_LOG_PERF, "%s: cuBLASLt", line);
+        }
     }
 }
 
