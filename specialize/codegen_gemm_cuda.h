@@ -144,10 +144,12 @@ int sj_gemm_cuda_candidates(int64_t M, int64_t N, int64_t K, int arch, int units
 
 /* A product's size class by its rows: the autotuner picks a variant per
  * class, so that a symbolic entry runs each size with the tile that won
- * there (timed at SJ_GEMM_CLASS_ROWS: 16, 128 and 512 rows); an entry
- * whose rows are known has one pick in every class. */
+ * there (timed at SJ_GEMM_CLASS_ROWS: 16, 128 and 512 rows; the edges
+ * about halfway between, on a log scale: a split-K tile that wins at 16
+ * rows lost 1.3x in the layer at 64 with an edge at 64); an entry whose
+ * rows are known has one pick in every class. */
 #define SJ_GEMM_CLASSES 3
-static inline int sj_gemm_class(int64_t M) { return M <= 64 ? 0 : M <= 256 ? 1 : 2; }
+static inline int sj_gemm_class(int64_t M) { return M <= 48 ? 0 : M <= 256 ? 1 : 2; }
 #define SJ_GEMM_CLASS_ROWS {16, 128, 512}
 
 /* The autotuner's choice for a compiled unit, as the kernel cache keeps it

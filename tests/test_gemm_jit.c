@@ -397,10 +397,10 @@ static void test_plan_marks(void **state) {
                     snprintf(bad + strlen(bad), sizeof bad - strlen(bad), " %d", i == (gi == 0 ? 1 : 0) * C ? 0 : -1);
                 assert_false(sj_gemm_picks_parse(on.p, bad, strlen(bad), back));
             }
-            /* the size classes: rows up to 64, to 256, past it */
+            /* the size classes: rows up to 48, to 256, past it */
             assert_int_equal(sj_gemm_class(1), 0);
-            assert_int_equal(sj_gemm_class(64), 0);
-            assert_int_equal(sj_gemm_class(65), 1);
+            assert_int_equal(sj_gemm_class(48), 0);
+            assert_int_equal(sj_gemm_class(49), 1);
             assert_int_equal(sj_gemm_class(256), 1);
             assert_int_equal(sj_gemm_class(257), 2);
             rl = strlen(rec);
