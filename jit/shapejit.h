@@ -611,8 +611,10 @@ typedef struct sj_runtime_config {
      * cuBLASLt and the fastest runs (kept in the kernel cache). 2 .. 5:
      * variant 0 .. 3 always, untimed (tests). 0 (default): cuBLASLt, the
      * group after it. $SHAPEJIT_CUDA_GEMM. Opt-in: correct on an H100
-     * (test_gemm_jit), but not yet faster than cuBLASLt on the encoder
-     * layer (README); a runtime made with it says so (SJ_LOG_PERF). */
+     * (test_gemm_jit); the encoder layer 6-7% faster at 16 tokens, the
+     * same from 64 on (README); its cost on a cold start not yet measured;
+     * a runtime made with it says so (SJ_LOG_PERF). A symbolic entry picks
+     * a variant per size class of rows (sj_gemm_class). */
     int cuda_gemm;
     /* CUDA: 1: f32 matrix products (cuBLASLt) take the tensor cores in
      * TF32: inputs rounded to a 10-bit mantissa, sums in f32, so results
