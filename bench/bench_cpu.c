@@ -41,6 +41,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/bench_w5cold.h"
+#include "base/clock.h"
 #include "jit/shapejit.h"
 #include "jit/compile.h"
 #include "jit/runtime.h"
@@ -740,18 +741,12 @@ typedef struct pool_ctx {
     _Atomic int64_t first[POOL_MAX]; /* each thread's first start after it, 0: none */
 } pool_ctx;
 
-static int64_t pool_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void pool_chunk(void *ctx, int64_t b, int64_t e) {
     pool_ctx *c = ctx;
     if (pool_me < 0) pool_me = atomic_fetch_add(&pool_ids, 1) % POOL_MAX;
-    int64_t now = pool_now(), zero = 0;
+    int64_t now = sj_now_ns(), zero = 0;
     atomic_compare_exchange_strong(&c->first[pool_me], &zero, now);
-    for (int64_t end = now + (e - b) * POOL_WORK_US * 1000; pool_now() < end;) {
+    for (int64_t end = now + (e - b) * POOL_WORK_US * 1000; sj_now_ns() < end;) {
     }
 }
 
@@ -769,12 +764,12 @@ static void bench_pool(void) {
                 double *took = malloc(sizeof(double) * (size_t)reps);
                 pool_ctx *c = calloc(1, sizeof *c);
                 for (int r = -10; r < reps; r++) {
-                    for (int64_t end = pool_now() + gaps[gi] * 1000; pool_now() < end;) {
+                    for (int64_t end = sj_now_ns() + gaps[gi] * 1000; sj_now_ns() < end;) {
                     }
                     for (int i = 0; i < POOL_MAX; i++) atomic_store(&c->first[i], 0);
-                    c->t0 = pool_now();
+                    c->t0 = sj_now_ns();
                     sj_threads_split(t, n, 1, 1, pool_chunk, c);
-                    int64_t t1 = pool_now(), last = 0;
+                    int64_t t1 = sj_now_ns(), last = 0;
                     int ran = 0;
                     for (int i = 0; i < POOL_MAX; i++) {
                         int64_t f = atomic_load(&c->first[i]);

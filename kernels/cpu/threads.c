@@ -187,8 +187,11 @@ static void stop_workers(sj_threads *t, int started) {
     for (int i = 0; i < started; i++) pthread_join(t->workers[i], NULL);
 }
 
-/* Frees the pool whose first n_sync sync objects (busy, lock, done_cv,
- * then each sleeper's mutex and condition variable) were initialised. */
+/* The pool's sync objects: busy, lock, done_cv, then each sleeper's mutex
+ * and condition variable, initialised in that order. */
+static int sync_count(const sj_threads *t) { return 3 + 2 * t->n_workers; }
+
+/* Frees the pool whose first n_sync sync objects were initialised. */
 static void free_pool(sj_threads *t, int n_sync) {
     for (int i = 0; i < t->n_workers; i++) {
         if (n_sync > 3 + 2 * i + 1) pthread_cond_destroy(&t->sleepers[i].cv);
@@ -218,7 +221,7 @@ sj_threads *sj_threads_create(int n_threads) {
         return NULL;
     }
     /* Initialise the sync objects one by one so a failure unwinds exactly. */
-    int inited = 0, want = 3 + 2 * t->n_workers;
+    int inited = 0, want = sync_count(t);
     if (!pthread_mutex_init(&t->busy, NULL)) inited++;
     if (inited == 1 && !pthread_mutex_init(&t->lock, NULL)) inited++;
     if (inited == 2 && !pthread_cond_init(&t->done_cv, NULL)) inited++;
@@ -261,7 +264,7 @@ sj_threads *sj_threads_create(int n_threads) {
 void sj_threads_destroy(sj_threads *t) {
     if (!t) return;
     stop_workers(t, t->n_workers);
-    free_pool(t, 3 + 2 * t->n_workers);
+    free_pool(t, sync_count(t));
 }
 
 int sj_threads_count(const sj_threads *t) { return t ? t->n : 1; }
