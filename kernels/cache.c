@@ -281,9 +281,12 @@ static int open_checked(const sj_cache *c, const char *name, uint64_t max, struc
 }
 
 /* Reads and parses a meta. 1: valid (and for `ext`); 0: missing; -1:
- * garbage or refused (*why says which when refused); -2: unreadable. */
+ * garbage or refused (*why says which when refused), or valid for another
+ * extension (then named in other_ext, EXT_MAX + 2 bytes, when not NULL;
+ * else it is ""); -2: unreadable. */
 static int read_meta(const sj_cache *c, const char *name, const char *ext, uint64_t *size, char digest[65],
-                     const char **why) {
+                     const char **why, char *other_ext) {
+    if (other_ext) other_ext[0] = '\0';
     struct stat st;
     int fd = open_checked(c, name, 255, &st, why);
     if (fd < 0) return *why ? -1 : 0;
@@ -304,9 +307,12 @@ static int read_meta(const sj_cache *c, const char *name, const char *ext, uint6
     /* Strict: the text must be exactly what a store writes. */
     char canon[256];
     int w = format_meta(canon, sizeof canon, e, sz, digest);
-    if (w <= 0 || (size_t)w != got || memcmp(canon, buf, got) || strcmp(e, ext) || strlen(digest) != 64 ||
-        !is_hex64(digest))
+    if (w <= 0 || (size_t)w != got || memcmp(canon, buf, got) || strlen(digest) != 64 || !is_hex64(digest))
         return -1;
+    if (strcmp(e, ext)) {
+        if (other_ext) snprintf(other_ext, EXT_MAX + 2, "%s", e);
+        return -1;
+    }
     *size = sz;
     return 1;
 }
@@ -345,7 +351,13 @@ static bool lookup(sj_cache *c, const char *key, const char *ext, char *path, si
             pthread_mutex_unlock(&c->lock);
             return false;
         }
-        if (!c->readonly) unlinkat(c->dfd, meta, 0); /* orphaned meta */
+        /* an orphaned meta (its artifact gone) is dropped; one that names
+         * another extension is another artifact's, and stays */
+        uint64_t sz;
+        char dg[65], other[EXT_MAX + 2];
+        const char *mwhy = NULL;
+        if (!c->readonly && read_meta(c, meta, ext, &sz, dg, &mwhy, other) != 0 && !other[0])
+            unlinkat(c->dfd, meta, 0);
         if (counted) count(c, &c->stats.misses);
         return false;
     }
@@ -353,7 +365,7 @@ static bool lookup(sj_cache *c, const char *key, const char *ext, char *path, si
     uint64_t want_size = 0;
     char want[65] = "", got_digest[65];
     uint8_t *buf = NULL;
-    int m = read_meta(c, meta, ext, &want_size, want, &why);
+    int m = read_meta(c, meta, ext, &want_size, want, &why, NULL);
     if (m == 0) { /* an artifact without its meta is an orphan */
         drop_entry(c, art, meta, &st);
         goto done;
@@ -556,6 +568,19 @@ static sj_status check_store(const sj_cache *c, const char *key, const char *ext
     if (!valid_ext(ext)) return sj_seterr(SJ_EINVAL, "cache: bad artifact extension '%s'", ext ? ext : "(null)");
     make_name(art, 96, key, ext);
     make_name(meta, 96, key, "meta");
+    /* one artifact a key: a store of another extension would replace the
+     * meta that makes the first one visible */
+    uint64_t sz;
+    char dg[65], other[EXT_MAX + 2];
+    const char *why = NULL;
+    if (read_meta(c, meta, ext, &sz, dg, &why, other) < 0 && other[0]) {
+        char oart[96];
+        make_name(oart, sizeof oart, key, other);
+        struct stat st;
+        if (!fstatat(c->dfd, oart, &st, AT_SYMLINK_NOFOLLOW)) /* (a meta whose artifact is gone: replaced) */
+            return sj_seterr(SJ_EINVAL, "cache: key %.16s holds a .%s artifact already; a .%s artifact needs a key "
+                             "of its own", key, other, ext);
+    }
     return SJ_OK;
 }
 

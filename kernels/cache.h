@@ -47,7 +47,12 @@ bool sj_cache_keyed(const sj_cache *c);
 void sj_cache_close(sj_cache *c); /* NULL is a no-op */
 
 /* A 64-hex-digit key from any number of byte strings (NUL-terminated,
- * hashed with their lengths so concatenations differ). */
+ * hashed with their lengths so concatenations differ). A key holds one
+ * artifact: its meta names the extension, and a store under the same key
+ * with another extension replaces it (the first artifact is then refused
+ * as corrupt and dropped). A record that goes with an artifact takes a
+ * key of its own, e.g. sj_cache_key over the artifact's key and a name
+ * for the record (kernels/cuda/gemm_tune.c). */
 void sj_cache_key(char out[65], const char *const *parts, int n_parts);
 
 /* Verified lookup. On a hit writes the artifact's path (ext: "so", "cubin")

@@ -166,6 +166,24 @@ static void test_store_lookup_memory(void **state) {
     assert_int_equal(s.hits, 3);
     assert_int_equal(s.misses, 2);
     assert_int_equal(s.corrupt, 0);
+    /* one artifact a key: the miss of another extension above left the
+     * first one's meta alone, and a store of another extension under the
+     * key is refused (it would replace that meta), the first intact */
+    assert_true(sj_cache_load(c, key, "so", &got, &len));
+    free(got);
+    assert_int_equal(sj_cache_store(c, key, "cubin", "other", 5), SJ_EINVAL);
+    assert_non_null(strstr(sj_last_error(), "holds a .so artifact already"));
+    assert_true(sj_cache_load(c, key, "so", &got, &len));
+    assert_int_equal(len, sizeof data);
+    assert_memory_equal(got, data, sizeof data);
+    free(got);
+    assert_false(sj_cache_lookup(c, key, "cubin", path, sizeof path));
+    assert_int_equal(stats_of(c).corrupt, 0);
+    /* the same extension again replaces it */
+    assert_int_equal(sj_cache_store(c, key, "so", "new", 3), SJ_OK);
+    assert_true(sj_cache_load(c, key, "so", &got, &len));
+    assert_int_equal(len, 3);
+    free(got);
     sj_cache_close(c);
     sj_cache_close(NULL);
 }
