@@ -16,8 +16,9 @@
  * stream again (warm_*: the warm process) (the default
  * policy still specializes shapes hot past specialize_threshold, in the
  * background). Run it alone, as the first thing of its process, with no
- * persistent kernel cache (cache_dir NULL here; the CUDA driver's own
- * compute cache is outside the library: empty it for a cold figure). */
+ * persistent kernel cache (cache_dir NULL here, or $SJ_W5COLD_CACHE for a
+ * warm process's figure; the CUDA driver's own compute cache is outside
+ * the library: empty it for a cold figure). */
 #ifndef SJ_BENCH_W5COLD_H
 #define SJ_BENCH_W5COLD_H
 
@@ -161,7 +162,10 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
     sj_runtime_config cfg;
     sj_runtime_config_init(&cfg);
     cfg.backend = backend;
-    cfg.cache_dir = NULL; /* cold: no persistent kernel cache */
+    /* cold: no persistent kernel cache, unless $SJ_W5COLD_CACHE names one
+     * (a warm process: a first run fills it, the next loads from it) */
+    const char *cache_env = getenv("SJ_W5COLD_CACHE");
+    cfg.cache_dir = cache_env && *cache_env ? cache_env : NULL;
     sj_runtime *rt;
     if (sj_runtime_create(&cfg, &rt)) {
         printf("{\"workload\": \"w5cold\", \"skipped\": \"%s\"}\n", sj_last_error());
@@ -251,7 +255,8 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
     printf("{\"workload\": \"w5cold\", \"mode\": \"auto_warmup\", \"backend\": \"%s\", \"dtype\": \"%s\", "
            "\"requests\": %d, \"process_start_to_main_s\": %.3f, \"runtime_create_s\": %.3f, \"weights_s\": %.3f, "
            "\"warmup_s\": %.3f, \"to_ready_s\": %.3f, \"warmup_shapes\": %d, \"warmup_failed\": %d, "
-           "\"warmup_compiles\": %llu, \"warmup_compiler_runs\": %llu, \"warmup_graphs\": %llu, \"total_s\": %.4f, \"p50_ms\": %.4f, "
+           "\"warmup_compiles\": %llu, \"warmup_compiler_runs\": %llu, \"warmup_compile_ms\": %.0f, "
+           "\"warmup_tune_ms\": %.0f, \"warmup_graphs\": %llu, \"total_s\": %.4f, \"p50_ms\": %.4f, "
            "\"p99_ms\": %.4f, \"max_ms\": %.3f, \"max_over_p50\": %.1f, \"eager_calls\": %llu, \"fused_calls\": %llu, "
            "\"graph_calls\": %llu, \"bucket_graph_calls\": %llu, \"fused_share\": %.3f, \"graph_share\": %.3f, \"compiles_during\": %llu, "
            "\"traces_during\": %llu, \"buckets\": \"%s\", \"exact_graphs\": %d, \"warm_total_s\": %.4f, "
@@ -263,7 +268,8 @@ static inline void bench_w5cold(sj_backend_kind backend, sj_dtype dt, double t0_
            backend == SJ_BACKEND_CUDA ? "cuda" : "cpu", sj_dtype_name(dt), n, exec_to_main_s, t_rt - t0, t_w - t_rt,
            t_ready - t_w, (exec_to_main_s > 0 ? exec_to_main_s : 0) + (t_ready - t0_main), ws.total, ws.failed,
            (unsigned long long)s0.compiles,
-           (unsigned long long)(s0.compiles - s0.compile_cache_hits), (unsigned long long)s0.graphs, total, Q(0.5), Q(0.99), sorted[n - 1],
+           (unsigned long long)(s0.compiles - s0.compile_cache_hits), s0.compile_ms, s0.tune_ms,
+           (unsigned long long)s0.graphs, total, Q(0.5), Q(0.99), sorted[n - 1],
            sorted[n - 1] / Q(0.5), (unsigned long long)s1.eager_calls, (unsigned long long)fused,
            (unsigned long long)s1.graph_calls, (unsigned long long)s1.bucket_graph_calls, (double)fused / n, (double)s1.graph_calls / n,
            (unsigned long long)(s1.compiles - s0.compiles), (unsigned long long)(s1.traces - s0.traces),

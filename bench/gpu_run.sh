@@ -5,12 +5,18 @@
 #   carried:  .gpu-build/  pkg.tar.xz from bench/gpu_pack.sh: bin/ (test and bench
 #                          binaries) and .devdeps/ (OpenBLAS, cmocka, ...)
 #             .peer/       ../shared/peers and ../shared/workloads
-#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|graphbudget|remote|cpuscale|pdl|all|asan|warmup|nvrtc|gemm|attc] (results under $OUT)
+#   usage:    bash bench/gpu_run.sh [tests|bench|model|sample|cpu|realmodel|multi|f32probe|graphbudget|remote|cpuscale|pdl|all|asan|warmup|nvrtc|gemm|gemmcold|attc] (results under $OUT)
 #             attc: test_cuda_eager and test_varlen, then bench_cuda attention,attc (masked and
 #             packed attention on tensor cores: attc.jsonl);
 #             gemm: the generated tensor-core products (test_gemm_cuda, then
 #             bench_gemm_cuda against cuBLASLt on the MiniLM products: gemm.jsonl;
 #             test_gemm_jit, and bench_cuda w4 with SHAPEJIT_CUDA_GEMM 0 and 1);
+#             gemmcold: what SHAPEJIT_CUDA_GEMM=1 costs a cold process (test_gemm_jit first,
+#             then interleaved with it 0 and 1, no kernel cache and the driver's off:
+#             bench_cuda newshape (first fused call after a new shape, compile and
+#             tuning ms), w5cold (the declared buckets' warm-up), w5 (the cold stream);
+#             then w5cold twice on one kernel cache, 0 and 1 (fill, then hit: a warm process);
+#             gemmcold.txt: the compile log's ready lines);
 #             remote: test_remote on the CUDA backend, with the package's redis-server
 #             sidebyside: bench_cuda --quick (w0-w2) of this build and of bench_cuda_base, interleaved
 #             cpuscale: bench_bert on the host's CPUs at 1 and nproc threads, this build against
@@ -87,6 +93,35 @@ if [ "$what" = gemm ]; then
             grep -E '"mode": ?"fused' "$OUT/w4_gemm$on.r$round.jsonl" | head -12 | tee -a "$summary"
             # the tuner's times and choices (first round)
             [ "$on" = 1 ] && [ "$round" = 1 ] && grep -E "product .*cuBLASLt" /tmp/bench_w4g.err | sed 's/^.*cuda: //' | head -48 >> "$summary"
+        done
+    done
+fi
+
+if [ "$what" = gemmcold ]; then # the generated products' cost to a cold process
+    timeout ${SJ_TEST_TIMEOUT:-300} "$B/test_gemm_jit" > /tmp/test_gemm_jit.log 2>&1
+    echo "test_gemm_jit rc=$?: $(grep -E "PASSED|FAILED|skipped" /tmp/test_gemm_jit.log | tr '\n' ' ')" | tee -a "$summary"
+    grep -E "ERROR|Failure|differs|model |cold:" /tmp/test_gemm_jit.log | head -40 | tee -a "$summary"
+    for round in ${SJ_ROUNDS:-1 2}; do
+        for on in 0 1; do
+            for wl in newshape w5cold w5; do
+                SHAPEJIT_CACHE_DIR= CUDA_CACHE_DISABLE=1 SHAPEJIT_CUDA_GEMM=$on SHAPEJIT_LOG=compile,perf \
+                    timeout 300 "$B/bench_cuda" --workloads $wl > "$OUT/${wl}_gemm$on.r$round.jsonl" 2> /tmp/gemmcold.err
+                echo "bench_cuda $wl SHAPEJIT_CUDA_GEMM=$on round $round rc=$?" | tee -a "$summary"
+                grep -E '"workload"' "$OUT/${wl}_gemm$on.r$round.jsonl" | tee -a "$summary"
+                { echo "== $wl gemm $on round $round"; grep -E "ready \(|product .*cuBLASLt" /tmp/gemmcold.err | head -60; } >> "$OUT/gemmcold.txt"
+            done
+        done
+    done
+    # a warm process: w5cold twice on one kernel cache (the first fills it,
+    # the second loads the units and the products' choice)
+    for on in 0 1; do
+        rm -rf /tmp/sj_gemmcold_cache
+        for pass in fill hit; do
+            SJ_W5COLD_CACHE=/tmp/sj_gemmcold_cache SHAPEJIT_CUDA_GEMM=$on SHAPEJIT_LOG=compile \
+                timeout 300 "$B/bench_cuda" --workloads w5cold > "$OUT/w5cold_cache_gemm$on.$pass.jsonl" 2> /tmp/gemmcold.err
+            echo "bench_cuda w5cold SHAPEJIT_CUDA_GEMM=$on cache $pass rc=$?" | tee -a "$summary"
+            grep -E '"workload"' "$OUT/w5cold_cache_gemm$on.$pass.jsonl" | cut -c1-420 | tee -a "$summary"
+            { echo "== w5cold cache gemm $on $pass"; grep -E "ready \(|cache hit" /tmp/gemmcold.err | head -20; } >> "$OUT/gemmcold.txt"
         done
     done
 fi

@@ -278,8 +278,13 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
     free(variants);
     if (plan->n_gemm) { /* each generated product's variant, timed here on the worker */
         cd->gemm_pick = (int8_t *)(fns + n_fns);
-        sj_exec_gemm_picks(c->backend, e->g, plan, m ? m->head.syms : NULL, fns, res->key,
-                           c->rt ? c->rt->cfg.cuda_gemm : 0, cd->gemm_pick);
+        int64_t t0 = sj_now_ns();
+        /* a quick unit's products are stubs (SJ_CUDA_QUICK_MACRO): the
+         * device's products serve until the full unit, which is tuned */
+        int gemm_mode = c->rt && !res->quick ? c->rt->cfg.cuda_gemm : 0;
+        if (sj_exec_gemm_picks(c->backend, e->g, plan, m ? m->head.syms : NULL, fns, res->key, gemm_mode,
+                               cd->gemm_pick))
+            cd->tune_ms = (double)(sj_now_ns() - t0) / 1e6;
     }
     cd->backend = c->backend;
     cd->module = res->module;
@@ -435,9 +440,13 @@ static void finish(sj_compiler *c, struct sj_fn *fn, sj_entry *e, sj_memo *m, sj
         if (cd->from_cache) atomic_fetch_add_explicit(&fn->c.compile_cache_hits, 1, RELAXED);
         if (cd->from_remote) atomic_fetch_add_explicit(&fn->c.compile_remote_hits, 1, RELAXED);
         atomic_fetch_add_explicit(&fn->c.compile_us, (uint64_t)(cd->compile_ms * 1000), RELAXED);
-        sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s%s, %.1f ms)", fn->name, e->id,
+        atomic_fetch_add_explicit(&fn->c.tune_us, (uint64_t)(cd->tune_ms * 1000), RELAXED);
+        char tuned[48] = "";
+        if (cd->tune_ms > 0) snprintf(tuned, sizeof tuned, ", %.1f ms timing its products", cd->tune_ms);
+        sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d%s ready (%s%s, %.1f ms%s)", fn->name, e->id,
                 m ? " shape" : "", cd->quick ? "quick, ": "",
-                cd->from_remote ? "from the remote cache" : cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);
+                cd->from_remote ? "from the remote cache" : cd->from_cache ? "from the cache" : "compiled", cd->compile_ms,
+                tuned);
         emit(c, SJ_EVENT_COMPILE_FINISHED, SJ_LOG_COMPILE, fn, e, m, "", cd->compile_ms, held_by(cd), 0, 0);
     } else {
         snprintf(t->error, sizeof t->error, "%s", err);
@@ -668,6 +677,7 @@ static void run_full(sj_compiler *c, job j) {
         atomic_store_explicit(&t->ready_ns, sj_now_ns(), RELAXED);
         atomic_fetch_add_explicit(&j.fn->c.quick_replaced, 1, RELAXED);
         atomic_fetch_add_explicit(&j.fn->c.compile_us, (uint64_t)(cd->compile_ms * 1000), RELAXED);
+        atomic_fetch_add_explicit(&j.fn->c.tune_us, (uint64_t)(cd->tune_ms * 1000), RELAXED);
         if (old) sj_budget_park(j.fn, old);
         sj_logf(c->rt, SJ_LOG_COMPILE, "fn '%s': entry %d's quick unit replaced by its full compile (%s, %.1f ms)",
                 j.fn->name, j.entry->id, cd->from_cache ? "from the cache" : "compiled", cd->compile_ms);

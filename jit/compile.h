@@ -86,6 +86,7 @@ typedef struct sj_compiled {
      * is captured of it */
     bool quick;
     double compile_ms;
+    double tune_ms;      /* the generated products' timing (sj_exec_gemm_picks) before it was ready; 0: none ran */
     char key[65];        /* the kernel cache's key of the unit */
     /* What it holds, for the memory budget: the loaded unit's size, and
      * (a shape's specialization) its plan's arena at the shape's sizes. */

@@ -71,8 +71,10 @@ sj_status sj_exec_fused(const sj_exec *x, const struct sj_fplan *plan, void *con
  * choice kept in the kernel cache under key), -1 (its product) where the
  * device has none or cannot time; 2 + v, variant v (the last where the
  * product has fewer) without timing. fns as sj_exec_fused's, syms the
- * specialization's sizes (NULL: the entry's). */
-void sj_exec_gemm_picks(struct sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, const int64_t *syms,
+ * specialization's sizes (NULL: the entry's). Returns whether the
+ * device timed anything (false: nothing to time, or the choice came from
+ * the kernel cache). */
+bool sj_exec_gemm_picks(struct sj_backend *b, const sj_graph *g, const struct sj_fplan *plan, const int64_t *syms,
                         void *const *fns, const char *key, int mode, int8_t *pick);
 
 /* Can this call's outputs be written by a fused plan (caller outputs absent

@@ -153,7 +153,7 @@ static sj_status run_gemm(const sj_exec *x, const sj_fplan *p, const sj_group *g
     return x->ops->gemm(x->ops_ctx, &d);
 }
 
-void sj_exec_gemm_picks(sj_backend *b, const sj_graph *g, const sj_fplan *p, const int64_t *syms, void *const *fns,
+bool sj_exec_gemm_picks(sj_backend *b, const sj_graph *g, const sj_fplan *p, const int64_t *syms, void *const *fns,
                         const char *key, int mode, int8_t *pick) {
     for (int gi = 0; gi < p->n_groups; gi++) {
         const sj_group *gr = &p->groups[gi];
@@ -162,7 +162,7 @@ void sj_exec_gemm_picks(sj_backend *b, const sj_graph *g, const sj_fplan *p, con
             pick[gi * SJ_GEMM_CLASSES + k] =
                 (int8_t)(gr->gemm_tile < 0 || mode < 2 ? -1 : v < gr->gemm_nv ? v : gr->gemm_nv - 1);
     }
-    if (mode == 1 && b->gemm_tune) b->gemm_tune(b, g, p, syms, fns, key, pick);
+    return mode == 1 && b->gemm_tune && b->gemm_tune(b, g, p, syms, fns, key, pick);
 }
 
 /* The call's expression values at the start of block b, and (lay bytes at

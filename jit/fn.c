@@ -318,6 +318,7 @@ void sj_fn_stats(const sj_fn *cfn, sj_stats *out) {
     int64_t held = atomic_load_explicit(&fn->spec_bytes, RELAXED);
     out->specialized_bytes = held > 0 ? (uint64_t)held : 0;
     out->compile_ms = (double)atomic_load_explicit(&c->compile_us, RELAXED) / 1000.0;
+    out->tune_ms = (double)atomic_load_explicit(&c->tune_us, RELAXED) / 1000.0;
     out->graphs = atomic_load_explicit(&c->graphs, RELAXED);
     out->graph_failures = atomic_load_explicit(&c->graph_failures, RELAXED);
     out->graphs_blacklisted = atomic_load_explicit(&c->graph_blacklisted, RELAXED);
@@ -502,12 +503,13 @@ void sj_fn_explain(const sj_fn *cfn, FILE *out) {
             (unsigned long long)s.guard_evals, (unsigned long long)s.traces, (unsigned long long)s.trace_errors,
             (unsigned long long)s.errors, (unsigned long long)s.limit_hits);
     fprintf(out, "  compiles: %llu ready (%llu from the cache, %llu of them remote; %llu quick, %llu of them replaced "
-                 "by their full compile), %llu failed (%llu blacklisted), %llu dropped, %.1f ms compiling; backend %s\n",
+                 "by their full compile), %llu failed (%llu blacklisted), %llu dropped, %.1f ms compiling, %.1f ms timing "
+                 "generated products; backend %s\n",
             (unsigned long long)s.compiles, (unsigned long long)s.compile_cache_hits,
             (unsigned long long)s.compile_remote_hits, (unsigned long long)s.quick_compiles,
             (unsigned long long)s.quick_replaced, (unsigned long long)s.compile_failures,
             (unsigned long long)s.compiles_blacklisted, (unsigned long long)s.compiles_dropped, s.compile_ms,
-            fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
+            s.tune_ms, fn->rt->backend ? fn->rt->backend->identity(fn->rt->backend) : "none");
     sj_job_counters jc;
     sj_runtime_job_counters(fn->rt, &jc);
     static const char *const kind_names[SJ_JOB_KINDS] = {"compile", "learn", "capture", "device"};

@@ -29,7 +29,7 @@ typedef struct sj_fn_counters {
     _Atomic uint64_t guard_failures[SJ_GUARD_KIND_COUNT];
     _Atomic uint64_t limit_hits, hot_entries, hot_shapes, static_entries, symbolic_entries;
     _Atomic uint64_t compiles, compile_cache_hits, compile_remote_hits, compile_failures, compiles_blacklisted,
-        compiles_dropped, compile_us, validations, validation_failures;
+        compiles_dropped, compile_us, tune_us, validations, validation_failures;
     _Atomic uint64_t graphs, graph_failures, graph_blacklisted, graph_evictions, graph_over_budget;
     _Atomic uint64_t bucket_graphs, bucket_graph_calls;
     _Atomic uint64_t warmup_runs, warmup_shapes, warmup_failures;

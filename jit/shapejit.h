@@ -612,9 +612,11 @@ typedef struct sj_runtime_config {
      * variant 0 .. 3 always, untimed (tests). 0 (default): cuBLASLt, the
      * group after it. $SHAPEJIT_CUDA_GEMM. Opt-in: correct on an H100
      * (test_gemm_jit); the encoder layer 6-7% faster at 16 tokens, the
-     * same from 64 on (README); its cost on a cold start not yet measured;
-     * a runtime made with it says so (SJ_LOG_PERF). A symbolic entry picks
-     * a variant per size class of rows (sj_gemm_class). */
+     * same from 64 on, for about 3x the compile time of a unit and 30-270
+     * ms of timing per unit (sj_stats.tune_ms; README); a runtime made
+     * with it says so (SJ_LOG_PERF). A symbolic entry picks a variant per
+     * size class of rows (sj_gemm_class). A quick unit (compile_quick)
+     * runs cuBLASLt's products until its full unit replaces it. */
     int cuda_gemm;
     /* CUDA: 1: f32 matrix products (cuBLASLt) take the tensor cores in
      * TF32: inputs rounded to a 10-bit mantissa, sums in f32, so results
@@ -1524,6 +1526,11 @@ typedef struct sj_stats {
      * compile since. */
     uint64_t quick_compiles;
     uint64_t quick_replaced;
+    /* Generated products (cuda_gemm 1): time the autotuner spent timing
+     * their variants against cuBLASLt on the background thread, before the
+     * units it tuned were ready (not in compile_ms; 0 where the choice came
+     * from the kernel cache). */
+    double tune_ms;
 } sj_stats;
 /* Counts are exact for the calls that have returned; a call in flight on
  * another thread may or may not be in them yet. */

@@ -853,7 +853,9 @@ static bool put_gemm(sj_cg *c, const sj_group *G, const char *prefix, int v) {
     snprintf(ns, sizeof ns, "gemm_%s_v%d", G->name, v);
     char *src = sj_codegen_gemm_cuda(&sp, name, NULL);
     if (!src) return false;
-    put(o, "%snamespace %s {\n%s} /* namespace %s */\n", SJ_CUDA_KERNEL_MARK, ns, src, ns);
+    /* (a quick unit: a stub, SJ_CUDA_QUICK_MACRO) */
+    put(o, "%s#ifndef " SJ_CUDA_QUICK_MACRO "\nnamespace %s {\n%s} /* namespace %s */\n#else\n"
+           "extern \"C\" __global__ void %s() { __trap(); }\n#endif\n", SJ_CUDA_KERNEL_MARK, ns, src, ns, name);
     put(o, "#undef BM\n#undef BN\n#undef BK\n#undef WM\n#undef WN\n#undef STAGES\n#undef NN\n#undef KK\n"
            "#undef THREADS\n#undef TM\n#undef TN\n#undef MT\n#undef NT\n#undef AS\n#undef BS\n#undef A_STAGE\n"
            "#undef B_STAGE\n#undef SK\n#undef RS\n#undef A_BYTES\n#undef STAGE_BYTES\n#undef CWARPS\n");

@@ -63,6 +63,15 @@ char *sj_codegen_cuda(const sj_graph *g, const sj_fplan *p, const int64_t *sym_v
  * kernels is a unit of its own (sj_codegen_cuda_split). */
 #define SJ_CUDA_KERNEL_MARK "\n/* -- kernel -- */\n"
 
+/* Defined (-D) in a quick compile of a unit (the CUDA backend's
+ * sj_compile_req.quick): each generated product's kernel is then a stub
+ * that traps, for a quick unit's products run as the device's (no choice
+ * is made for them: jit/compile.c), and their tile loops are most of a
+ * unit's compile time (w4: 420-450 ms against 120-170 without them on an
+ * H100 host). The source is the same, so the full compile's lookup by the
+ * source's key still finds a cached full unit. */
+#define SJ_CUDA_QUICK_MACRO "SJ_QUICK_UNIT"
+
 /* The most programs sj_codegen_cuda_split makes of one unit. */
 #define SJ_CUDA_PIECES_MAX 16
 

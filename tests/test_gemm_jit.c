@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/tensor.h"
 #include "jit/exec.h"
@@ -51,6 +52,7 @@
 #ifdef SJ_WITH_CUDA
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/exec_cuda.h"
+#include "kernels/cuda/nvrtc.h"
 #endif
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
@@ -451,6 +453,24 @@ static void test_plan_split(void **state) {
         assert_non_null(src);
         assert_non_null(strstr(src, "__cluster_dims__(1, 1, SK)"));
         assert_non_null(strstr(src, "wgmma.mma_async.sync.aligned.m64n"));
+        /* each variant's kernel under the quick unit's macro, a stub of its
+         * name in its place (SJ_CUDA_QUICK_MACRO) */
+        for (int v = 0; v < 4; v++) {
+            char stub[128];
+            snprintf(stub, sizeof stub, "#else\nextern \"C\" __global__ void sj_%s_v%d() { __trap(); }\n#endif\n",
+                     G->name, v);
+            const char *at = strstr(src, stub);
+            if (!at) fail_msg("no quick stub for variant %d", v);
+            /* the real kernel before it, after its own #ifndef */
+            char ns[64];
+            snprintf(ns, sizeof ns, "#ifndef " SJ_CUDA_QUICK_MACRO "\nnamespace gemm_%s_v%d {", G->name, v);
+            const char *open = strstr(src, ns);
+            assert_true(open && open < at);
+            if (getenv("SJ_TEST_DUMP_CU") && v == 0 && symbolic) {
+                FILE *f = fopen(getenv("SJ_TEST_DUMP_CU"), "w");
+                if (f) fputs(src, f), fclose(f);
+            }
+        }
         free(src);
         untrace(&tr);
         /* unknown arch: no split-K, no warpgroup tile */
@@ -621,16 +641,20 @@ static void test_exec_wiring(void **state) {
 
 static sj_runtime *cpu; /* the eager reference */
 
-static sj_runtime *gpu_runtime(int cuda_gemm) {
+static sj_runtime *gpu_runtime_in(int cuda_gemm, const char *cache_dir) {
     sj_runtime_config cfg = tu_cuda_config();
+    cfg.cache_dir = cache_dir;
     cfg.compile_mode = SJ_COMPILE_SYNC;
     cfg.log_mask = cuda_gemm == 1 ? SJ_LOG_PERF : 0; /* the tuner's times and choices */
+    if (cache_dir) cfg.log_mask |= SJ_LOG_WARN | SJ_LOG_COMPILE; /* what the cache did */
     cfg.cuda_graphs = 0;
     cfg.cuda_gemm = cuda_gemm;
     sj_runtime *rt = NULL;
     if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
     return rt;
 }
+
+static sj_runtime *gpu_runtime(int cuda_gemm) { return gpu_runtime_in(cuda_gemm, NULL); }
 
 static sj_tensor to_dev(sj_runtime *rt, const sj_tensor *h) {
     sj_tensor d = *h;
@@ -662,9 +686,31 @@ static bool explains(const sj_fn *fn, const char *what) {
     return r;
 }
 
+/* One call of fn on rt (device inputs din) and of cfn on the CPU (the
+ * same inputs on the host, in): the device's result against float64 (ref,
+ * mag: n values) and the CPU's eager run. */
+static void gm_check_call(sj_runtime *rt, sj_fn *fn, sj_fn *cfn, const gm *m, sj_tensor *din, sj_tensor *in,
+                          const double *ref, const double *mag, int64_t n, const char *what) {
+    sj_tensor gout = {0}, cout = {0};
+    if (sj_call(fn, din, gm_inputs(m), &gout, 1)) fail_msg("%s: GPU: %s", what, sj_last_error());
+    if (sj_call(cfn, in, gm_inputs(m), &cout, 1)) fail_msg("%s: CPU: %s", what, sj_last_error());
+    sj_tensor h = to_host(rt, &gout);
+    if (!tu_check_mag(&h, ref, mag, 4e-3, what)) fail_msg("%s: differs from float64", what);
+    double *eg = malloc(sizeof(double) * (size_t)n);
+    assert_non_null(eg);
+    for (int64_t i = 0; i < n; i++) eg[i] = tu_get(&cout, i);
+    if (!tu_check_mag(&h, eg, mag, 4e-3, what)) fail_msg("%s: differs from the CPU's eager run", what);
+    free(eg);
+    sj_tensor_free(rt, &gout);
+    sj_tensor_free(cpu, &cout);
+}
+
 /* Calls of m at each S (x [2, S, K]) on rt, against float64 and the CPU's
- * eager run. */
-static void run_gm(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, int n_seqs, bool want_gemm) {
+ * eager run; want_tune 1 / 0: whether the products must have been timed
+ * (-1: either); *st_out (if not NULL) the function's statistics at the
+ * end. */
+static void run_gm_st(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, int n_seqs, bool want_gemm,
+                      int want_tune, sj_stats *st_out) {
     sj_fn_options o;
     sj_fn_options_init(&o);
     o.dynamic = dyn;
@@ -687,19 +733,8 @@ static void run_gm(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, i
         char what[96];
         snprintf(what, sizeof what, "model %d %s S=%lld gemm %d", m->kind, dyn == SJ_DYNAMIC_SYMBOLIC ? "sym" : "static",
                  (long long)Sq, want_gemm);
-        for (int rep = 0; rep < 2; rep++) { /* the first call compiles (sync), both run fused */
-            sj_tensor gout = {0}, cout = {0};
-            if (sj_call(fn, din, gm_inputs(m), &gout, 1)) fail_msg("%s: GPU: %s", what, sj_last_error());
-            if (sj_call(cfn, in, gm_inputs(m), &cout, 1)) fail_msg("%s: CPU: %s", what, sj_last_error());
-            sj_tensor h = to_host(rt, &gout);
-            if (!tu_check_mag(&h, ref, mag, 4e-3, what)) fail_msg("%s: differs from float64", what);
-            double *eg = malloc(sizeof(double) * (size_t)(M * Nout));
-            for (int64_t i = 0; i < M * Nout; i++) eg[i] = tu_get(&cout, i);
-            if (!tu_check_mag(&h, eg, mag, 4e-3, what)) fail_msg("%s: differs from the CPU's eager run", what);
-            free(eg);
-            sj_tensor_free(rt, &gout);
-            sj_tensor_free(cpu, &cout);
-        }
+        for (int rep = 0; rep < 2; rep++) /* the first call compiles (sync), both run fused */
+            gm_check_call(rt, fn, cfn, m, din, in, ref, mag, M * Nout, what);
         free(ref), free(mag);
         /* not tu_free_all() here: the model's weights (gm_init's) are
          * tu_ tensors too, read by the next length's reference; freeing
@@ -716,11 +751,19 @@ static void run_gm(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, i
     if (named != want_gemm) fail_msg("model %d: explain %s the generated product", m->kind, named ? "names" : "lacks");
     if (want_gemm && m->kind != M_SIGMOID && !explains(fn, "epilogue inside"))
         fail_msg("model %d: the epilogue is not inside", m->kind);
-    printf("  model %d %s: %llu fused calls, generated product %s\n", m->kind,
+    /* the tuner's time is counted where it ran, and only there */
+    if (want_tune >= 0 && (st.tune_ms > 0) != (want_tune == 1))
+        fail_msg("model %d: %.3f ms timing products with cuda_gemm %d", m->kind, st.tune_ms, rt->cfg.cuda_gemm);
+    printf("  model %d %s: %llu fused calls, generated product %s, %.1f ms timing products\n", m->kind,
            dyn == SJ_DYNAMIC_SYMBOLIC ? "symbolic" : "static",
-           (unsigned long long)(st.fused_symbolic_calls + st.fused_specialized_calls), named ? "on" : "off");
+           (unsigned long long)(st.fused_symbolic_calls + st.fused_specialized_calls), named ? "on" : "off", st.tune_ms);
+    if (st_out) *st_out = st;
     sj_fn_destroy(fn);
     sj_fn_destroy(cfn);
+}
+
+static void run_gm(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, int n_seqs, bool want_gemm) {
+    run_gm_st(rt, m, dyn, seqs, n_seqs, want_gemm, rt->cfg.cuda_gemm == 1, NULL);
 }
 
 static void test_gemm_on_device(void **state) {
@@ -750,6 +793,134 @@ static void test_gemm_on_device(void **state) {
     }
 }
 
+/* The tuner's choice is kept in the kernel cache: a second process (here
+ * a second runtime on the same directory) loads the units and their
+ * choice and times nothing (tune_ms 0), with the same results. */
+static void test_tune_cached(void **state) {
+    (void)state;
+    char dir[256];
+    assert_int_equal(tu_mkdtemp(dir, sizeof dir, "sj_gemm_tune"), 0);
+    static const int64_t seqs[] = {16, 200};
+    sj_stats st[2];
+    for (int run = 0; run < 2; run++) {
+        sj_runtime *rt = gpu_runtime_in(1, dir);
+        if (!rt->cache) fail_msg("no kernel cache in %s: %s", dir, rt->cache_error);
+        gm m;
+        gm_init(&m, M_GELU_RES, SJ_F16, 128, 256);
+        run_gm_st(rt, &m, SJ_DYNAMIC_SYMBOLIC, seqs, 2, true, run == 0, &st[run]);
+        tu_free_all();
+        sj_runtime_destroy(rt);
+    }
+    printf("  cold: %llu compiles, %.1f ms timing products; warm: %llu of %llu from the cache, %.1f ms\n",
+           (unsigned long long)st[0].compiles, st[0].tune_ms, (unsigned long long)st[1].compile_cache_hits,
+           (unsigned long long)st[1].compiles, st[1].tune_ms);
+    assert_true(st[0].tune_ms > 0);
+    assert_int_equal(st[0].compile_cache_hits, 0);
+    assert_true(st[1].compiles > 0);
+    assert_int_equal(st[1].compile_cache_hits, st[1].compiles);
+    assert_true(st[1].tune_ms == 0);
+    tu_rmtree(dir);
+}
+
+/* Two functions of one model, one after the other in one runtime, no
+ * cache: the second's unit is the first's (the same source, the same
+ * key), and its products' choice comes from the device's memo: nothing
+ * timed (as for the symbolic entries of a warm-up's buckets, which share
+ * one unit). */
+static void test_tune_shared(void **state) {
+    (void)state;
+    static const int64_t seqs[] = {16, 200};
+    sj_runtime *rt = gpu_runtime(1);
+    gm m;
+    gm_init(&m, M_GELU_RES, SJ_F16, 128, 256);
+    sj_stats st[2];
+    for (int f = 0; f < 2; f++) run_gm_st(rt, &m, SJ_DYNAMIC_SYMBOLIC, seqs, 2, true, f == 0, &st[f]);
+    printf("  first: %.1f ms timing products; second: %llu compile, %.1f ms\n", st[0].tune_ms,
+           (unsigned long long)st[1].compiles, st[1].tune_ms);
+    assert_true(st[0].tune_ms > 0);
+    assert_int_equal(st[1].compiles, 1);
+    assert_true(st[1].tune_ms == 0);
+    tu_free_all();
+    sj_runtime_destroy(rt);
+}
+
+/* A quick unit (cfg.compile_quick, background compiles) holds its
+ * products as stubs that trap (SJ_CUDA_QUICK_MACRO: most of a unit's
+ * compile time saved): its calls run the device's products and nothing is
+ * timed for it, even with a variant forced (cuda_gemm 2); the full unit
+ * that replaces it is timed (cuda_gemm 1) or forced and runs its
+ * generated products. Every call against float64 and the CPU's eager run
+ * (a stub that ran would fail the call). */
+static void test_quick_units(void **state) {
+    (void)state;
+    for (int mode = 1; mode <= 2; mode++) {
+        sj_runtime_config cfg = tu_cuda_config();
+        cfg.compile_mode = SJ_COMPILE_ASYNC;
+        cfg.compile_quick = 1;
+        cfg.cuda_graphs = 0;
+        cfg.cuda_gemm = mode;
+        sj_runtime *rt = NULL;
+        if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+        const sj_cuda *cu = sj_cuda_of(rt->backend);
+        if (cu->nvrtc_major * 100 + cu->nvrtc_minor < SJ_NVRTC_QUICK_SINCE) {
+            printf("  skipped: NVRTC %d.%d has no quick compile\n", cu->nvrtc_major, cu->nvrtc_minor);
+            sj_runtime_destroy(rt);
+            return;
+        }
+        gm m;
+        gm_init(&m, M_GELU_RES, SJ_F16, 128, 256);
+        sj_fn_options o;
+        sj_fn_options_init(&o);
+        o.dynamic = SJ_DYNAMIC_SYMBOLIC;
+        o.hot_threshold = 1;
+        o.specialize_threshold = 1000000;
+        sj_fn *fn, *cfn;
+        assert_int_equal(sj_fn_create(rt, "gemmq", gm_inputs(&m), gm_model, &m, &o, &fn), SJ_OK);
+        sj_fn_options_init(&o);
+        o.dynamic = SJ_DYNAMIC_STATIC;
+        assert_int_equal(sj_fn_create(cpu, "refq", gm_inputs(&m), gm_model, &m, &o, &cfn), SJ_OK);
+        const int64_t Sq = 40, M = 2 * Sq;
+        sj_tensor in[2] = {tu_tensor(m.dt, 3, S(2, Sq, m.K)), tu_tensor(m.dt, 3, S(2, Sq, m.N))};
+        tu_fill_range(&in[0], -1, 1);
+        tu_fill_range(&in[1], -1, 1);
+        sj_tensor din[2] = {to_dev(rt, &in[0]), to_dev(rt, &in[1])};
+        double *ref = malloc(sizeof(double) * (size_t)(M * m.N)), *mag = malloc(sizeof(double) * (size_t)(M * m.N));
+        assert_true(ref && mag);
+        gm_ref(&m, in, M, ref, mag);
+        const char *what = tu_label("quick unit, cuda_gemm %d", mode);
+        gm_check_call(rt, fn, cfn, &m, din, in, ref, mag, M * m.N, what); /* eager: the compile queued */
+        sj_stats st;
+        sj_fn_stats(fn, &st);
+        for (int i = 0; i < 30000 && st.compiles == 0; i++) {
+            usleep(1000);
+            sj_fn_stats(fn, &st);
+        }
+        assert_int_equal(st.compiles, 1);
+        assert_int_equal(st.quick_compiles, 1);
+        assert_true(st.tune_ms == 0); /* nothing timed for the quick unit */
+        gm_check_call(rt, fn, cfn, &m, din, in, ref, mag, M * m.N, what); /* the quick unit */
+        sj_fn_stats(fn, &st);
+        assert_int_equal(st.eager_calls, 1);
+        /* (the full unit takes hundreds of ms: still the quick one) */
+        assert_int_equal(st.quick_replaced, 0);
+        assert_int_equal(sj_fn_wait_idle(fn, 60000), SJ_OK);
+        gm_check_call(rt, fn, cfn, &m, din, in, ref, mag, M * m.N, what); /* the full unit */
+        sj_fn_stats(fn, &st);
+        assert_int_equal(st.quick_replaced, 1);
+        assert_int_equal(st.eager_calls, 1);
+        if ((st.tune_ms > 0) != (mode == 1)) fail_msg("%s: %.3f ms timing products", what, st.tune_ms);
+        if (!explains(fn, "generated product, tile ")) fail_msg("%s: the full unit names no generated product", what);
+        printf("  cuda_gemm %d: quick unit, then the full one (%.1f ms timing products)\n", mode, st.tune_ms);
+        sj_cuda *c = sj_cuda_of(rt->backend);
+        for (int i = 0; i < 2; i++) sj_cuda_free(c, (CUdeviceptr)(uintptr_t)din[i].data, c->stream);
+        free(ref), free(mag);
+        sj_fn_destroy(fn);
+        sj_fn_destroy(cfn);
+        tu_free_all();
+        sj_runtime_destroy(rt);
+    }
+}
+
 #endif /* SJ_WITH_CUDA */
 
 int main(void) {
@@ -764,7 +935,8 @@ int main(void) {
     cfg.backend = SJ_BACKEND_CPU;
     cfg.compile_mode = SJ_COMPILE_OFF;
     if (sj_runtime_create(&cfg, &cpu)) return 1;
-    const struct CMUnitTest gpu_tests[] = {cmocka_unit_test(test_gemm_on_device)};
+    const struct CMUnitTest gpu_tests[] = {cmocka_unit_test(test_gemm_on_device), cmocka_unit_test(test_tune_cached),
+                                           cmocka_unit_test(test_tune_shared), cmocka_unit_test(test_quick_units)};
     r |= cmocka_run_group_tests_name("gemm_jit (device)", gpu_tests, NULL, NULL);
     sj_runtime_destroy(cpu);
 #else

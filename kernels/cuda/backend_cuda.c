@@ -508,11 +508,12 @@ sj_status sj_cuda_backend_create(const sj_cuda_backend_config *cfg, sj_backend *
     }
     join_opts(&b->opts, b->opt_line, sizeof b->opt_line);
     /* quick compiles: the same options and NVRTC's fast compile (which
-     * nvrtc_flags may also name: the last one counts) */
+     * nvrtc_flags may also name: the last one counts), the generated
+     * products stubbed (SJ_CUDA_QUICK_MACRO) */
     if (c->nvrtc_major * 100 + c->nvrtc_minor >= SJ_NVRTC_QUICK_SINCE) {
         char flags[SJ_NVRTC_FLAGS_LEN + 32];
-        snprintf(flags, sizeof flags, "%s%s%s", cfg->nvrtc_flags ? cfg->nvrtc_flags : "",
-                 cfg->nvrtc_flags && cfg->nvrtc_flags[0] ? " " : "", SJ_NVRTC_QUICK_FLAG);
+        snprintf(flags, sizeof flags, "%s%s%s -D%s", cfg->nvrtc_flags ? cfg->nvrtc_flags : "",
+                 cfg->nvrtc_flags && cfg->nvrtc_flags[0] ? " " : "", SJ_NVRTC_QUICK_FLAG, SJ_CUDA_QUICK_MACRO);
         if (sj_nvrtc_options(b->arch, c->nvrtc_major * 100 + c->nvrtc_minor, flags, &b->opts_quick)) {
             sj_clearerr(); /* (nvrtc_flags at their limit: no quick compiles) */
             b->opts_quick.argc = 0;

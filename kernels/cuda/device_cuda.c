@@ -24,6 +24,7 @@ typedef struct cuda_device {
     sj_lanes *lanes;
     sj_allocator host; /* conversion buffers of sj_tensor_copy */
     sj_cache *cache;   /* the compiler's (borrowed): the products' tuning beside their units */
+    sj_gemm_memo *gemm_memo; /* the products' tuning by unit key, this process (NULL: none) */
     const sj_log_sink *log;
 } cuda_device;
 
@@ -54,10 +55,10 @@ static sj_status recompiler(sj_backend *b, const sj_dev_config *c) {
     return c ? make_compiler(d, c) : SJ_OK;
 }
 
-static void gemm_tune(sj_backend *b, const sj_graph *g, const struct sj_fplan *p, const int64_t *syms,
+static bool gemm_tune(sj_backend *b, const sj_graph *g, const struct sj_fplan *p, const int64_t *syms,
                       void *const *fns, const char *key, int8_t *pick) {
     cuda_device *d = D(b);
-    sj_cuda_gemm_tune(d->cuda, d->cache, d->log, g, p, syms, fns, key, pick);
+    return sj_cuda_gemm_tune(d->cuda, d->gemm_memo, d->cache, d->log, g, p, syms, fns, key, pick);
 }
 
 static void wait_abandoned(sj_backend *b, int timeout_ms) {
@@ -72,6 +73,7 @@ static void destroy(sj_backend *b) {
     sj_lanes_destroy(d->lanes);
     if (d->common.cc) d->common.cc->destroy(d->common.cc);
     sj_cuda_close(d->cuda);
+    sj_gemm_memo_free(d->gemm_memo);
     free(d);
 }
 
@@ -210,6 +212,7 @@ sj_status sj_cuda_device_create(const sj_dev_config *c, sj_backend **out) {
     }
     d->cuda = cu;
     d->host = *c->host;
+    d->gemm_memo = sj_gemm_memo_create(); /* (none: shared units are timed each) */
     sj_backend *b = &d->common.base;
     b->name = "cuda";
     b->late_launch = true; /* streams and graphs launch code after its call returned */

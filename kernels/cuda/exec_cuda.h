@@ -60,14 +60,19 @@ struct sj_gemm_spec;
 sj_status sj_cuda_gemm_launch(const sj_cuda_exec *e, CUfunction f, const struct sj_gemm_spec *sp, int64_t M,
                               const void *A, const void *B, const void *bias, const void *R, void *C);
 
-/* The device's gemm_tune slot (kernels/device.h; gemm_tune.c): cache and
- * log may be NULL. */
+/* The device's gemm_tune slot (kernels/device.h; gemm_tune.c): memo (the
+ * device's record of choices by unit key, thread-safe), cache and log may
+ * be NULL. Returns whether it timed anything (false: the choice came from
+ * the memo or the cache). */
+typedef struct sj_gemm_memo sj_gemm_memo;
+sj_gemm_memo *sj_gemm_memo_create(void); /* NULL: out of memory */
+void sj_gemm_memo_free(sj_gemm_memo *m);
 struct sj_cache;
 struct sj_log_sink;
 struct sj_fplan;
-void sj_cuda_gemm_tune(sj_cuda *cu, struct sj_cache *cache, const struct sj_log_sink *log, const sj_graph *g,
-                       const struct sj_fplan *p, const int64_t *syms, void *const *fns, const char *key,
-                       int8_t *pick);
+bool sj_cuda_gemm_tune(sj_cuda *cu, sj_gemm_memo *memo, struct sj_cache *cache, const struct sj_log_sink *log,
+                       const sj_graph *g, const struct sj_fplan *p, const int64_t *syms, void *const *fns,
+                       const char *key, int8_t *pick);
 
 /* -- The device (device_cuda.c) ------------------------------------------------------ */
 

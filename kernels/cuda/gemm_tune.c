@@ -20,17 +20,27 @@
  * fails, the launches themselves are timed. cuBLASLt runs with a
  * workspace of its own, as in a graph.
  *
- * The choice is kept in the kernel cache beside the unit's CUBIN (key,
- * extension "gemmpick"; sj_gemm_picks_format), so a process that loads
- * the unit from the cache loads its choice too and times nothing. Any
- * failure leaves the products it has not decided on cuBLASLt.
+ * The choice is kept in the kernel cache beside the unit's CUBIN (under a
+ * key of its own, the hash of the unit's and "gemmpick": one artifact a
+ * key; extension "gemmpick"; sj_gemm_picks_format), so a process that loads
+ * the unit from the cache loads its choice too and times nothing; and in
+ * the device's memo (sj_gemm_memo: the last SJ_GEMM_MEMO units' records
+ * by key), so that the entries that share one unit (a symbolic entry per
+ * declared bucket: the same source, the same key) time it once, with or
+ * without a cache: a compile worker that finds another timing the same
+ * unit waits for its record (before it, w5cold's warm-up of six buckets
+ * timed their one unit six times on an H100: 161 ms, then 21-26 ms each). Any failure leaves the products it has not decided on
+ * cuBLASLt.
  */
 #include "kernels/cuda/exec_cuda.h"
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -43,6 +53,103 @@
 
 #define TUNE_REPS 10
 #define TUNE_EXT "gemmpick"
+
+/* -- The memo of choices by unit key -------------------------------------------- */
+
+enum { SJ_GEMM_MEMO = 32 };
+#define MEMO_WAIT_NS ((int64_t)10 * 1000 * 1000 * 1000) /* another thread's timing of a unit, at most */
+
+struct sj_gemm_memo {
+    pthread_mutex_t lock;
+    pthread_cond_t done; /* a slot's timing ended */
+    int next;            /* the slot the next unit takes (the oldest once all are used) */
+    struct {
+        char key[65];
+        char *rec;   /* its record (NULL: none yet) */
+        size_t len;
+        bool busy;   /* a thread is timing it */
+    } slot[SJ_GEMM_MEMO];
+};
+
+sj_gemm_memo *sj_gemm_memo_create(void) {
+    sj_gemm_memo *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    pthread_condattr_t ca;
+    bool ok = !pthread_condattr_init(&ca);
+    ok = ok && !pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) && !pthread_cond_init(&m->done, &ca);
+    pthread_condattr_destroy(&ca);
+    if (!ok || pthread_mutex_init(&m->lock, NULL)) {
+        if (ok) pthread_cond_destroy(&m->done);
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void sj_gemm_memo_free(sj_gemm_memo *m) {
+    if (!m) return;
+    for (int i = 0; i < SJ_GEMM_MEMO; i++) free(m->slot[i].rec);
+    pthread_cond_destroy(&m->done);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+/* The choice for the unit key: true with pick filled from the memo (a
+ * thread that is timing the same unit is waited for, at most
+ * MEMO_WAIT_NS); false when the caller times it, *slot the slot it then
+ * holds (-1: none free: it times without the memo) until memo_end. */
+static bool memo_begin(sj_gemm_memo *m, const char *key, const sj_fplan *p, int8_t *pick, int *slot) {
+    *slot = -1;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += MEMO_WAIT_NS / 1000000000;
+    pthread_mutex_lock(&m->lock);
+    for (;;) {
+        int i = 0;
+        while (i < SJ_GEMM_MEMO && (!(m->slot[i].rec || m->slot[i].busy) || strcmp(m->slot[i].key, key))) i++;
+        if (i < SJ_GEMM_MEMO && !m->slot[i].busy) { /* its record (one that does not fit p: time it) */
+            bool ok = sj_gemm_picks_parse(p, m->slot[i].rec, m->slot[i].len, pick);
+            pthread_mutex_unlock(&m->lock);
+            return ok;
+        }
+        if (i == SJ_GEMM_MEMO) break; /* nobody has it: this thread times it */
+        if (pthread_cond_timedwait(&m->done, &m->lock, &until) == ETIMEDOUT) {
+            pthread_mutex_unlock(&m->lock); /* (the other thread is slow: time it without the memo) */
+            return false;
+        }
+    }
+    for (int k = 0; k < SJ_GEMM_MEMO; k++) { /* the oldest slot nobody is timing */
+        int i = (m->next + k) % SJ_GEMM_MEMO;
+        if (m->slot[i].busy) continue;
+        m->next = (i + 1) % SJ_GEMM_MEMO;
+        free(m->slot[i].rec);
+        m->slot[i].rec = NULL;
+        m->slot[i].len = 0;
+        m->slot[i].busy = true;
+        snprintf(m->slot[i].key, sizeof m->slot[i].key, "%s", key);
+        *slot = i;
+        break;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return false;
+}
+
+/* The end of memo_begin's timing in slot (-1: none): rec (len bytes; NULL:
+ * nothing to keep, the slot is free again) kept for the unit's other
+ * entries, and any thread waiting for it woken. */
+static void memo_end(sj_gemm_memo *m, int slot, const void *rec, size_t len) {
+    if (slot < 0) return;
+    char *copy = rec && len ? malloc(len) : NULL;
+    if (copy) memcpy(copy, rec, len);
+    pthread_mutex_lock(&m->lock);
+    m->slot[slot].rec = copy;
+    m->slot[slot].len = copy ? len : 0;
+    m->slot[slot].busy = false;
+    pthread_cond_broadcast(&m->done);
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* -- Timing ---------------------------------------------------------------------- */
 
 typedef struct tuner {
     sj_cuda *cu;
@@ -216,34 +323,49 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
     }
 }
 
-void sj_cuda_gemm_tune(sj_cuda *cu, sj_cache *cache, const sj_log_sink *log, const sj_graph *g, const sj_fplan *p,
-                       const int64_t *syms, void *const *fns, const char *key, int8_t *pick) {
-    bool keyed = cache && key && key[0];
+bool sj_cuda_gemm_tune(sj_cuda *cu, sj_gemm_memo *memo, sj_cache *cache, const sj_log_sink *log, const sj_graph *g,
+                       const sj_fplan *p, const int64_t *syms, void *const *fns, const char *key, int8_t *pick) {
+    bool named = key && key[0], keyed = cache && named;
+    int slot = -1;
+    if (memo && named && memo_begin(memo, key, p, pick, &slot)) return false; /* timed already in this process */
+    /* the record's own cache key: the cache keeps one artifact a key (a
+     * second under the unit's key replaced the meta of its CUBIN, which
+     * no lookup found again: every unit with generated products compiled
+     * afresh in each process until this) */
+    char pkey[65] = "";
+    if (keyed) sj_cache_key(pkey, (const char *const[]){key, TUNE_EXT}, 2);
     if (keyed) { /* a unit from the cache has its choice there */
         void *data = NULL;
         size_t len = 0;
-        if (sj_cache_load(cache, key, TUNE_EXT, &data, &len)) {
+        if (sj_cache_load(cache, pkey, TUNE_EXT, &data, &len)) {
             bool ok = sj_gemm_picks_parse(p, data, len, pick);
+            if (memo) memo_end(memo, slot, ok ? data : NULL, len);
             free(data);
-            if (ok) return;
+            if (ok) return false;
+            slot = -1; /* (freed: timed without the memo) */
         }
     }
+    bool timed = false;
     sj_cuda_bind(cu);
     CUstream s = NULL;
     CUevent e0 = NULL, e1 = NULL;
-    if (cu->api.StreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
-    if (cu->api.EventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
-        cu->api.EventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
-        for (int gi = 0; gi < p->n_groups; gi++)
-            if (p->groups[gi].gemm_tile >= 0)
-                tune_product(cu, s, e0, e1, log, key ? key : "", g, &p->groups[gi], gi, syms, fns, pick);
+    if (cu->api.StreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
+        timed = true;
+        if (cu->api.EventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+            cu->api.EventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
+            for (int gi = 0; gi < p->n_groups; gi++)
+                if (p->groups[gi].gemm_tile >= 0)
+                    tune_product(cu, s, e0, e1, log, key ? key : "", g, &p->groups[gi], gi, syms, fns, pick);
+        }
+        cu->api.StreamSynchronize(s);
+        if (e0) cu->api.EventDestroy(e0);
+        if (e1) cu->api.EventDestroy(e1);
+        cu->api.StreamDestroy(s);
     }
-    cu->api.StreamSynchronize(s);
-    if (e0) cu->api.EventDestroy(e0);
-    if (e1) cu->api.EventDestroy(e1);
-    cu->api.StreamDestroy(s);
     char rec[4096];
-    size_t n = sj_gemm_picks_format(p, pick, rec, sizeof rec);
-    if (keyed && n && sj_cache_store(cache, key, TUNE_EXT, rec, n))
+    size_t n = timed ? sj_gemm_picks_format(p, pick, rec, sizeof rec) : 0;
+    if (memo) memo_end(memo, slot, n ? rec : NULL, n);
+    if (keyed && n && sj_cache_store(cache, pkey, TUNE_EXT, rec, n))
         sj_log_write(log, SJ_LOG_WARN, "cuda: %.12s: the products' choice not cached: %s", key, sj_last_error());
+    return timed;
 }
