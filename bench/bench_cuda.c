@@ -911,11 +911,83 @@ static void bench_bgparts(void) {
     sj_runtime_destroy(rt1);
 }
 
+/* Each kernel's device time in one call of fn (sj_cuda.time_launches: a
+ * pair of events around each launch, so the kernels run one after
+ * another with no overlap), the median of W4K_REPS calls: one JSON line a
+ * kernel, then their sum, and an empty pair's time (what each line holds
+ * besides its kernel). The stream is held by a host function for
+ * W4K_HOLD_US before each call, so that every launch is queued before the
+ * device reaches the first event: a pair then times the device alone, not
+ * the host's issue of the launch between them. */
+enum { W4K_REPS = 9, W4K_MAX = 32, W4K_HOLD_US = 1000 };
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+static void CUDA_CB w4k_hold(void *u) {
+    (void)u;
+    double t0 = bench_now_s();
+    while (bench_now_s() - t0 < W4K_HOLD_US * 1e-6) {
+    }
+}
+static void w4k_times(sj_cuda *cu, sj_fn *fn, sj_tensor *x, sj_tensor *y, const char *mode, int64_t S) {
+    struct sj_cuda_timed tl[W4K_MAX] = {0};
+    for (int i = 0; i < W4K_MAX; i++)
+        if (cu->api.EventCreate(&tl[i].e0, CU_EVENT_DEFAULT) || cu->api.EventCreate(&tl[i].e1, CU_EVENT_DEFAULT))
+            bench_die("w4kernels: events");
+    static float us[W4K_MAX][W4K_REPS];
+    CUfunction fs[W4K_MAX] = {0};
+    int n = -1;
+    cu->tl = tl, cu->tl_cap = W4K_MAX;
+    if (!cu->api.LaunchHostFunc) {
+        printf("{\"workload\": \"w4ktime\", \"skipped\": \"no cuLaunchHostFunc\"}\n");
+        return;
+    }
+    float empty[W4K_REPS];
+    for (int r = 0; r < W4K_REPS; r++) {
+        cu->tl_n = 0;
+        if (cu->api.LaunchHostFunc(cu->stream, w4k_hold, NULL)) bench_die("w4kernels: host function");
+        cu->time_launches = true;
+        if (sj_call(fn, x, 1, y, 1)) bench_die("w4kernels call");
+        cu->time_launches = false;
+        if (cu->api.CtxSynchronize()) bench_die("w4kernels: synchronize");
+        if (n >= 0 && cu->tl_n != n) bench_die("w4kernels: the calls launched different kernels");
+        n = cu->tl_n;
+        for (int k = 0; k < n; k++) {
+            float ms = 0;
+            if (cu->api.EventElapsedTime(&ms, tl[k].e0, tl[k].e1)) bench_die("w4kernels: elapsed");
+            us[k][r] = ms * 1e3f;
+            fs[k] = tl[k].f;
+        }
+        float ms = 0; /* an empty pair, held the same way */
+        if (cu->api.LaunchHostFunc(cu->stream, w4k_hold, NULL) || cu->api.EventRecord(tl[0].e0, cu->stream) ||
+            cu->api.EventRecord(tl[0].e1, cu->stream) || cu->api.EventSynchronize(tl[0].e1) ||
+            cu->api.EventElapsedTime(&ms, tl[0].e0, tl[0].e1))
+            bench_die("w4kernels: an empty pair");
+        empty[r] = ms * 1e3f;
+    }
+    qsort(empty, W4K_REPS, sizeof empty[0], cmp_float);
+    cu->tl = NULL, cu->tl_cap = 0, cu->tl_n = 0;
+    double total = 0;
+    for (int k = 0; k < n; k++) {
+        qsort(us[k], W4K_REPS, sizeof us[k][0], cmp_float);
+        const char *name = fs[k] ? "kernel" : "cuBLASLt product";
+        if (fs[k] && cu->api.FuncGetName && cu->api.FuncGetName(&name, fs[k])) name = "kernel";
+        total += us[k][W4K_REPS / 2];
+        printf("{\"workload\": \"w4ktime\", \"mode\": \"%s\", \"S\": %lld, \"launch\": %d, \"kernel\": \"%.60s\", "
+               "\"device_us\": %.2f}\n", mode, (long long)S, k, name, us[k][W4K_REPS / 2]);
+    }
+    printf("{\"workload\": \"w4ktime\", \"mode\": \"%s\", \"S\": %lld, \"launches\": %d, \"sum_device_us\": %.2f, "
+           "\"empty_pair_us\": %.2f}\n", mode, (long long)S, n, total, empty[W4K_REPS / 2]);
+    for (int i = 0; i < W4K_MAX; i++) cu->api.EventDestroy(tl[i].e0), cu->api.EventDestroy(tl[i].e1);
+}
+
 /* w4kernels: what one fused call of the encoder layer launches (issue 29's
  * "count them"): kernels of ours (generated, eager, attention) and cuBLASLt
  * products (each one or two kernels of its own), per call, kernel by
  * kernel (counted before any graph is captured), static and symbolic, S =
- * 16 and 512; SHAPEJIT_CUDA_GEMM says whether products are generated. */
+ * 16 and 512; SHAPEJIT_CUDA_GEMM says whether products are generated;
+ * then each one's device time alone (w4k_times: "w4ktime" lines). */
 static void bench_w4kernels(void) {
     for (int mode = BENCH_STATIC; mode <= BENCH_SYMBOLIC; mode++) {
         sj_runtime *rt = bench_runtime(SJ_BACKEND_CUDA, (bench_mode)mode);
@@ -936,6 +1008,7 @@ static void bench_w4kernels(void) {
             for (int k = 0; k < N; k++)
                 if (sj_call(fn, &x, 1, &y, 1)) bench_die("w4kernels call");
             cu->count_launches = false;
+            w4k_times(cu, fn, &x, &y, bench_mode_names[mode], sizes[i]);
             sj_stats st;
             sj_fn_stats(fn, &st);
             printf("{\"workload\": \"w4kernels\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", "

@@ -85,7 +85,9 @@
  * lacks them): CUDA graphs that serve a whole bucket (graph_cuda.c) need
  * the first two; programmatic dependent launch (sj_cuda_launch_kernel)
  * cuLaunchKernelEx; generated warpgroup products (exec_cuda.c's
- * sj_cuda_gemm_launch) the tensor maps of the last. */
+ * sj_cuda_gemm_launch) the tensor maps of the last; the benchmarks'
+ * per-kernel times (sj_cuda.time_launches) cuFuncGetName and
+ * cuLaunchHostFunc. */
 #define SJ_CUDA_DRIVER_OPT_FNS(X)                                                                  \
     X(CUresult, StreamGetCaptureInfo, "cuStreamGetCaptureInfo_v3",                                 \
       (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **,           \
@@ -96,7 +98,9 @@
     X(CUresult, TensorMapEncodeTiled, "cuTensorMapEncodeTiled",                                    \
       (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *, \
        const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,           \
-       CUtensorMapL2promotion, CUtensorMapFloatOOBfill))
+       CUtensorMapL2promotion, CUtensorMapFloatOOBfill))                                          \
+    X(CUresult, FuncGetName, "cuFuncGetName", (const char **, CUfunction))                         \
+    X(CUresult, LaunchHostFunc, "cuLaunchHostFunc", (CUstream, CUhostFn, void *))
 
 #define SJ_NVRTC_FNS(X)                                                                            \
     X(nvrtcResult, nvrtcVersion, "nvrtcVersion", (int *, int *))                                   \

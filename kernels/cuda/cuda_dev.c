@@ -533,6 +533,16 @@ void sj_cuda_set_pdl(sj_cuda *c, bool want) {
     c->pdl = want && c->cc_major >= 9 && c->api.LaunchKernelEx;
 }
 
+bool sj_cuda_timed_begin(sj_cuda *c, CUstream s, CUfunction f) {
+    if (!c->tl || c->tl_n >= c->tl_cap) return false;
+    c->tl[c->tl_n].f = f;
+    return c->api.EventRecord(c->tl[c->tl_n].e0, s) == CUDA_SUCCESS;
+}
+
+void sj_cuda_timed_end(sj_cuda *c, CUstream s) {
+    if (c->api.EventRecord(c->tl[c->tl_n].e1, s) == CUDA_SUCCESS) c->tl_n++;
+}
+
 sj_status sj_cuda_open(int ordinal, sj_cuda **out) {
     if (!out) return sj_seterr(SJ_EINVAL, "sj_cuda_open: out is NULL");
     *out = NULL;

@@ -71,7 +71,26 @@ typedef struct sj_cuda {
      * products run; off, nothing is counted (no shared write per launch). */
     bool count_launches;
     _Atomic uint64_t n_kernels, n_products;
+    /* Benchmarks (one thread; bench_cuda's w4kernels): with time_launches
+     * set, each kernel of ours and each cuBLASLt product launched outside
+     * a capture is bracketed by a pair of the caller's events, tl[tl_n]
+     * (f the kernel, NULL for a cuBLASLt product), while tl_n < tl_cap;
+     * the caller synchronizes, reads tl[0 .. tl_n) and sets tl_n back to
+     * 0. The events serialize the launches (no overlap between kernels):
+     * each pair times one kernel alone. */
+    bool time_launches;
+    int tl_n, tl_cap;
+    struct sj_cuda_timed {
+        CUfunction f;
+        CUevent e0, e1;
+    } *tl;
 } sj_cuda;
+
+/* The benchmarks' per-launch timing (time_launches): before a launch,
+ * true with its slot's first event recorded when it is to be timed; after
+ * it, sj_cuda_timed_end records the second. */
+bool sj_cuda_timed_begin(sj_cuda *c, CUstream s, CUfunction f);
+void sj_cuda_timed_end(sj_cuda *c, CUstream s);
 
 /* Load the API, pick device `ordinal`, retain its primary context, create
  * the stream, the cuBLASLt handle (32 MiB workspace), read the device's

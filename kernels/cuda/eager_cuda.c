@@ -943,11 +943,14 @@ static sj_status lt_gemm(const sj_cuda_exec *e, sj_dtype dt, uint64_t m, uint64_
         if (classed && atomic_load_explicit(&test_reject_class, memory_order_relaxed) > 0 &&
             atomic_fetch_sub(&test_reject_class, 1) > 0)
             s = CUBLAS_STATUS_NOT_SUPPORTED; /* a test's: as if cuBLASLt had refused these sizes */
-        else
+        else {
+            bool timed = c->time_launches && !e->rec && sj_cuda_timed_begin(c, e->stream, NULL); /* (benchmarks) */
             s = api->LtMatmul(c->lt, op, &one, (const void *)(uintptr_t)A->p, lay[0],
                               (const void *)(uintptr_t)B->p, lay[1], &zero, (const void *)(uintptr_t)D->p, lay[2],
                               (void *)(uintptr_t)D->p, lay[2], &algo.algo, (void *)(uintptr_t)ws, need,
                               (cudaStream_t)e->stream);
+            if (timed) sj_cuda_timed_end(c, e->stream);
+        }
         if (ws != e->ws) /* stream-ordered: reused only by work queued after this product */
             sj_cuda_free(c, ws, e->stream);
         if (!classed || (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE))

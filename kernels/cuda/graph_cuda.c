@@ -133,6 +133,11 @@ CUresult sj_cuda_launch_kernel(const sj_cuda_exec *e, CUfunction f, unsigned gx,
     sj_cuda_rec *r = e->rec;
     if (e->cuda->count_launches && (!r || r->mode == REC_RECORD))
         atomic_fetch_add_explicit(&e->cuda->n_kernels, 1, memory_order_relaxed);
+    if (!r && e->cuda->time_launches && sj_cuda_timed_begin(e->cuda, e->stream, f)) { /* (benchmarks) */
+        CUresult res = launch_kernel(e, f, gx, gy, gz, bx, by, bz, smem, args);
+        sj_cuda_timed_end(e->cuda, e->stream);
+        return res;
+    }
     if (!r) return launch_kernel(e, f, gx, gy, gz, bx, by, bz, smem, args);
     if (r->mode == REC_UPDATE) {
         if (r->at >= r->n || r->ops[r->at].kind != REC_KERNEL) {
