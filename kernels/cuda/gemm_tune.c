@@ -29,8 +29,8 @@
  * declared bucket: the same source, the same key) time it once, with or
  * without a cache: a compile worker that finds another timing the same
  * unit waits for its record (before it, w5cold's warm-up of six buckets
- * timed their one unit six times on an H100: 161 ms, then 21-26 ms each). Any failure leaves the products it has not decided on
- * cuBLASLt.
+ * timed their one unit six times on an H100: 161 ms, then 21-26 ms
+ * each). Any failure leaves the products it has not decided on cuBLASLt.
  */
 #include "kernels/cuda/exec_cuda.h"
 
