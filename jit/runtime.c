@@ -202,8 +202,9 @@ static sj_status start_services(sj_runtime *rt) {
     }
     if (!st) st = start_compiler(rt);
     if (!st && c->cuda_gemm && rt->backend->device == SJ_CUDA)
-        sj_logf(rt, SJ_LOG_PERF, "cuda_gemm %d: generated products in fused plans: correct on an H100, but not yet "
-                "faster than cuBLASLt on the encoder layer (bench/RESULTS.md)", c->cuda_gemm);
+        sj_logf(rt, SJ_LOG_PERF, "cuda_gemm %d: generated products in fused plans: on an H100 the encoder layer 6-7%% "
+                "faster at 16 tokens, the same from 64, for 2.5-3x a unit's compile time (bench/RESULTS.md)",
+                c->cuda_gemm);
     if (st) sj_err_prefix("sj_runtime_create: ");
     return st;
 }
