@@ -211,9 +211,27 @@ static void free_case(sj_runtime *rt, wcase *c) {
     for (int i = 0; i < c->n_out; i++) sj_tensor_free(rt, &c->out[i]);
 }
 
-/* Median ms of a call, CUDA events around it; *host_ms (if not NULL): the
- * median host time sj_call_stream takes to queue it. */
+/* A host function that holds its stream for HOLD_US (cuLaunchHostFunc):
+ * work queued after it waits, so the host has queued all of it before the
+ * device starts and events around it time the device alone. */
+enum { HOLD_US = 1000 };
+static void CUDA_CB hold_stream(void *u) {
+    (void)u;
+    double t0 = bench_now_s();
+    while (bench_now_s() - t0 < HOLD_US * 1e-6) {
+    }
+}
+
+/* Median ms of a call, CUDA events around it (the device waits for the
+ * host's issue of the call too, as a request does); *host_ms (if not
+ * NULL): the median host time sj_call_stream takes to queue it; *device_ms
+ * (if not NULL): the median with the stream held first (hold_stream: the
+ * device's time alone; -1 without cuLaunchHostFunc). */
+static double time_ms_dev(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms, double *device_ms);
 static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms) {
+    return time_ms_dev(rt, fn, c, host_ms, NULL);
+}
+static double time_ms_dev(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms, double *device_ms) {
     sj_cuda *cu = sj_cuda_of(rt->backend);
     CUstream s = cu->stream;
     for (int i = 0; i < c->n_out; i++) sj_tensor_free(rt, &c->out[i]);
@@ -236,6 +254,24 @@ static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms) {
         float ms;
         cu->api.EventElapsedTime(&ms, e0, e1);
         if (i >= 5) t[i - 5] = ms;
+    }
+    if (device_ms) {
+        double d[64];
+        *device_ms = -1;
+        for (int i = 0; cu->api.LaunchHostFunc && i < 5 + reps; i++) {
+            if (cu->api.LaunchHostFunc(s, hold_stream, NULL)) bench_die("holding the stream");
+            cu->api.EventRecord(e0, s);
+            if (sj_call_stream(fn, c->in, c->n_in, c->out, c->n_out, NULL)) bench_die("call");
+            cu->api.EventRecord(e1, s);
+            cu->api.EventSynchronize(e1);
+            float ms;
+            cu->api.EventElapsedTime(&ms, e0, e1);
+            if (i >= 5) d[i - 5] = ms;
+        }
+        if (cu->api.LaunchHostFunc) {
+            qsort(d, (size_t)reps, sizeof d[0], bench_cmp_double);
+            *device_ms = d[reps / 2];
+        }
     }
     cu->api.EventDestroy(e0);
     cu->api.EventDestroy(e1);
@@ -313,14 +349,14 @@ static void bench_w4(void) {
             int64_t S = sizes[i];
             wcase c = {.n_in = 1, .n_out = 1};
             c.in[0] = dev_rand_dt(rt, SJ_F16, 3, (int64_t[]){1, S, BENCH_H}, -1, 1);
-            double host_ms, ms = time_ms(rt, fn, &c, &host_ms);
+            double host_ms, dev_ms, ms = time_ms_dev(rt, fn, &c, &host_ms, &dev_ms);
             double flops = 2.0 * S * BENCH_H * (3.0 * BENCH_H + BENCH_H + 2.0 * BENCH_FF) + 4.0 * S * S * BENCH_H;
             sj_stats st;
             sj_fn_stats(fn, &st);
             printf("{\"workload\": \"w4\", \"mode\": \"%s\", \"backend\": \"cuda\", \"dtype\": \"float16\", \"S\": %lld, "
-                   "\"median_ms\": %.4f, \"host_ms\": %.4f, \"TFLOPs\": %.2f, \"compiles\": %llu, \"eager_calls\": %llu, "
-                   "\"graph_calls\": %llu, \"graph_bytes\": %llu, \"graph_evictions\": %llu}\n",
-                   bench_mode_names[mode], (long long)S, ms, host_ms, flops / (ms * 1e-3) / 1e12,
+                   "\"median_ms\": %.4f, \"host_ms\": %.4f, \"device_ms\": %.4f, \"TFLOPs\": %.2f, \"compiles\": %llu, "
+                   "\"eager_calls\": %llu, \"graph_calls\": %llu, \"graph_bytes\": %llu, \"graph_evictions\": %llu}\n",
+                   bench_mode_names[mode], (long long)S, ms, host_ms, dev_ms, flops / (ms * 1e-3) / 1e12,
                    (unsigned long long)st.compiles, (unsigned long long)st.eager_calls,
                    (unsigned long long)st.graph_calls, (unsigned long long)st.graph_bytes,
                    (unsigned long long)st.graph_evictions);
@@ -915,21 +951,16 @@ static void bench_bgparts(void) {
  * pair of events around each launch, so the kernels run one after
  * another with no overlap), the median of W4K_REPS calls: one JSON line a
  * kernel, then their sum, and an empty pair's time (what each line holds
- * besides its kernel). The stream is held by a host function for
- * W4K_HOLD_US before each call, so that every launch is queued before the
- * device reaches the first event: a pair then times the device alone, not
- * the host's issue of the launch between them. */
-enum { W4K_REPS = 9, W4K_MAX = 32, W4K_HOLD_US = 1000 };
+ * besides its kernel). The stream is held (hold_stream) before each call,
+ * so that every launch is queued before the device reaches the first
+ * event: a pair then times the device alone, not the host's issue of the
+ * launch between them. */
+enum { W4K_REPS = 9, W4K_MAX = 32 };
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return x < y ? -1 : x > y;
 }
-static void CUDA_CB w4k_hold(void *u) {
-    (void)u;
-    double t0 = bench_now_s();
-    while (bench_now_s() - t0 < W4K_HOLD_US * 1e-6) {
-    }
-}
+
 static void w4k_times(sj_cuda *cu, sj_fn *fn, sj_tensor *x, sj_tensor *y, const char *mode, int64_t S) {
     struct sj_cuda_timed tl[W4K_MAX] = {0};
     for (int i = 0; i < W4K_MAX; i++)
@@ -946,7 +977,7 @@ static void w4k_times(sj_cuda *cu, sj_fn *fn, sj_tensor *x, sj_tensor *y, const 
     float empty[W4K_REPS];
     for (int r = 0; r < W4K_REPS; r++) {
         cu->tl_n = 0;
-        if (cu->api.LaunchHostFunc(cu->stream, w4k_hold, NULL)) bench_die("w4kernels: host function");
+        if (cu->api.LaunchHostFunc(cu->stream, hold_stream, NULL)) bench_die("w4kernels: host function");
         cu->time_launches = true;
         if (sj_call(fn, x, 1, y, 1)) bench_die("w4kernels call");
         cu->time_launches = false;
@@ -960,7 +991,7 @@ static void w4k_times(sj_cuda *cu, sj_fn *fn, sj_tensor *x, sj_tensor *y, const 
             fs[k] = tl[k].f;
         }
         float ms = 0; /* an empty pair, held the same way */
-        if (cu->api.LaunchHostFunc(cu->stream, w4k_hold, NULL) || cu->api.EventRecord(tl[0].e0, cu->stream) ||
+        if (cu->api.LaunchHostFunc(cu->stream, hold_stream, NULL) || cu->api.EventRecord(tl[0].e0, cu->stream) ||
             cu->api.EventRecord(tl[0].e1, cu->stream) || cu->api.EventSynchronize(tl[0].e1) ||
             cu->api.EventElapsedTime(&ms, tl[0].e0, tl[0].e1))
             bench_die("w4kernels: an empty pair");
