@@ -274,16 +274,18 @@ static sj_status compile_target(sj_compiler *c, struct sj_fn *fn, sj_entry *e, s
             fns[gi * SJ_CG_VARIANTS_MAX + v] = res->fns[k + (v < variants[gi] ? v : 0)];
         if (fallbacks[gi]) fns[gi * SJ_CG_VARIANTS_MAX + SJ_CG_FALLBACK] = res->fns[k + variants[gi]];
         k += variants[gi] + fallbacks[gi];
+        /* a quick unit's products are stubs that trap (SJ_CUDA_QUICK_MACRO):
+         * no function, so they run as the device's and nothing times them
+         * (sj_exec_fused, the device's gemm_tune) until the full unit */
+        if (res->quick && plan->groups[gi].gemm_tile >= 0)
+            memset(fns + (size_t)gi * SJ_CG_VARIANTS_MAX, 0, SJ_CG_VARIANTS_MAX * sizeof *fns);
     }
     free(variants);
     if (plan->n_gemm) { /* each generated product's variant, timed here on the worker */
         cd->gemm_pick = (int8_t *)(fns + n_fns);
         int64_t t0 = sj_now_ns();
-        /* a quick unit's products are stubs (SJ_CUDA_QUICK_MACRO): the
-         * device's products serve until the full unit, which is tuned */
-        int gemm_mode = c->rt && !res->quick ? c->rt->cfg.cuda_gemm : 0;
-        if (sj_exec_gemm_picks(c->backend, e->g, plan, m ? m->head.syms : NULL, fns, res->key, gemm_mode,
-                               cd->gemm_pick))
+        if (sj_exec_gemm_picks(c->backend, e->g, plan, m ? m->head.syms : NULL, fns, res->key,
+                               c->rt ? c->rt->cfg.cuda_gemm : 0, cd->gemm_pick))
             cd->tune_ms = (double)(sj_now_ns() - t0) / 1e6;
     }
     cd->backend = c->backend;

@@ -257,8 +257,10 @@ struct sj_backend {
      * its rows (specialize/codegen_gemm_cuda.h), -1 on entry; syms the
      * specialization's sizes (NULL: the
      * entry's), key the unit's cache key (its choice may be kept beside
-     * it). Never fails: what cannot be timed keeps -1. Returns whether
-     * it timed anything (false: the choice came from the cache). */
+     * it). Never fails: what cannot be timed keeps -1 (a product whose
+     * variants have no function: a quick unit's). Returns whether it timed
+     * anything (false: nothing to time, or the choice came from the
+     * cache). */
     bool (*gemm_tune)(sj_backend *b, const sj_graph *g, const struct sj_fplan *p, const int64_t *syms,
                       void *const *fns, const char *key, int8_t *pick);
     /* Optional: after the last kernel of a call: e.g. wait for the device

@@ -705,22 +705,28 @@ static void gm_check_call(sj_runtime *rt, sj_fn *fn, sj_fn *cfn, const gm *m, sj
     sj_tensor_free(cpu, &cout);
 }
 
+/* m as a function of rt under policy dyn, hot at its first call and never
+ * specialized, and as the eager reference on the CPU. */
+static void gm_fns(sj_runtime *rt, gm *m, sj_dynamic dyn, sj_fn **fn, sj_fn **cfn) {
+    sj_fn_options o;
+    sj_fn_options_init(&o);
+    o.dynamic = dyn;
+    o.hot_threshold = 1;
+    o.specialize_threshold = 1000000;
+    assert_int_equal(sj_fn_create(rt, "gemm", gm_inputs(m), gm_model, m, &o, fn), SJ_OK);
+    sj_fn_options_init(&o);
+    o.dynamic = SJ_DYNAMIC_STATIC;
+    assert_int_equal(sj_fn_create(cpu, "ref", gm_inputs(m), gm_model, m, &o, cfn), SJ_OK);
+}
+
 /* Calls of m at each S (x [2, S, K]) on rt, against float64 and the CPU's
  * eager run; want_tune 1 / 0: whether the products must have been timed
  * (-1: either); *st_out (if not NULL) the function's statistics at the
  * end. */
 static void run_gm_st(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs, int n_seqs, bool want_gemm,
                       int want_tune, sj_stats *st_out) {
-    sj_fn_options o;
-    sj_fn_options_init(&o);
-    o.dynamic = dyn;
-    o.hot_threshold = 1;
-    o.specialize_threshold = 1000000;
     sj_fn *fn, *cfn;
-    assert_int_equal(sj_fn_create(rt, "gemm", gm_inputs(m), gm_model, m, &o, &fn), SJ_OK);
-    sj_fn_options_init(&o);
-    o.dynamic = SJ_DYNAMIC_STATIC;
-    assert_int_equal(sj_fn_create(cpu, "ref", gm_inputs(m), gm_model, m, &o, &cfn), SJ_OK);
+    gm_fns(rt, m, dyn, &fn, &cfn);
     for (int s = 0; s < n_seqs; s++) {
         int64_t Sq = seqs[s], M = 2 * Sq, Nout = m->kind == M_FFN ? m->K : m->N;
         sj_tensor in[2] = {tu_tensor(m->dt, 3, S(2, Sq, m->K)), tu_tensor(m->dt, 3, S(2, Sq, m->N))};
@@ -846,8 +852,9 @@ static void test_tune_shared(void **state) {
 
 /* A quick unit (cfg.compile_quick, background compiles) holds its
  * products as stubs that trap (SJ_CUDA_QUICK_MACRO: most of a unit's
- * compile time saved): its calls run the device's products and nothing is
- * timed for it, even with a variant forced (cuda_gemm 2); the full unit
+ * compile time saved) and no function for them: its calls run the
+ * device's products and nothing is timed for it, even with a variant
+ * forced (cuda_gemm 2); the full unit
  * that replaces it is timed (cuda_gemm 1) or forced and runs its
  * generated products. Every call against float64 and the CPU's eager run
  * (a stub that ran would fail the call). */
@@ -869,16 +876,8 @@ static void test_quick_units(void **state) {
         }
         gm m;
         gm_init(&m, M_GELU_RES, SJ_F16, 128, 256);
-        sj_fn_options o;
-        sj_fn_options_init(&o);
-        o.dynamic = SJ_DYNAMIC_SYMBOLIC;
-        o.hot_threshold = 1;
-        o.specialize_threshold = 1000000;
         sj_fn *fn, *cfn;
-        assert_int_equal(sj_fn_create(rt, "gemmq", gm_inputs(&m), gm_model, &m, &o, &fn), SJ_OK);
-        sj_fn_options_init(&o);
-        o.dynamic = SJ_DYNAMIC_STATIC;
-        assert_int_equal(sj_fn_create(cpu, "refq", gm_inputs(&m), gm_model, &m, &o, &cfn), SJ_OK);
+        gm_fns(rt, &m, SJ_DYNAMIC_SYMBOLIC, &fn, &cfn);
         const int64_t Sq = 40, M = 2 * Sq;
         sj_tensor in[2] = {tu_tensor(m.dt, 3, S(2, Sq, m.K)), tu_tensor(m.dt, 3, S(2, Sq, m.N))};
         tu_fill_range(&in[0], -1, 1);

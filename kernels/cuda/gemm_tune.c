@@ -325,6 +325,11 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
 
 bool sj_cuda_gemm_tune(sj_cuda *cu, sj_gemm_memo *memo, sj_cache *cache, const sj_log_sink *log, const sj_graph *g,
                        const sj_fplan *p, const int64_t *syms, void *const *fns, const char *key, int8_t *pick) {
+    bool any = false; /* a product with a function to time (a quick unit's have none) */
+    for (int gi = 0; gi < p->n_groups && !any; gi++)
+        for (int v = 0; p->groups[gi].gemm_tile >= 0 && v < p->groups[gi].gemm_nv && v < SJ_CG_VARIANTS_MAX; v++)
+            any |= fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)v] != NULL;
+    if (!any) return false;
     bool named = key && key[0], keyed = cache && named;
     int slot = -1;
     if (memo && named && memo_begin(memo, key, p, pick, &slot)) return false; /* timed already in this process */
