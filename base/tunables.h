@@ -104,6 +104,11 @@
       "cast) inside, in up to 4 tile variants timed against cuBLASLt once compiled (the winner "    \
       "kept in the kernel cache); `2`..`5`: tile variant 0..3 always, untimed (tests); `0`: "        \
       "cuBLASLt, the group after it")                                                             \
+    X(cuda_gemm_ln, int, 0, 0, 1, "SHAPEJIT_CUDA_GEMM_LN",                                         \
+      "CUDA, with `SHAPEJIT_CUDA_GEMM`: `1`: a generated product followed by a row group of "        \
+      "[residual add,] LayerNorm takes that group inside too (the row block's last block "          \
+      "normalizes it); slower than the separate kernel in a CUDA graph on an H100 (README); `0`: "  \
+      "the row group runs after")                                                                  \
     X(cuda_tf32, int, 0, 0, 1, "SHAPEJIT_CUDA_TF32",                                              \
       "CUDA: `1`: f32 matrix products run on tensor cores in TF32 (10-bit mantissa inputs, f32 "    \
       "sums: about 1e-3 relative error, 3-5x faster on large products); `0`: full f32")           \

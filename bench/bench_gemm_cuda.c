@@ -161,7 +161,8 @@ static void launch_gen(void *c) {
     gen_ctx *g = c;
     sj_cuda_exec e = {.cuda = dev, .stream = dev->stream};
     if (sj_cuda_gemm_launch(&e, g->fn, g->sp, g->M, (const void *)(uintptr_t)g->a, (const void *)(uintptr_t)g->b,
-                            (const void *)(uintptr_t)g->bias, (const void *)(uintptr_t)g->r, (void *)(uintptr_t)g->c))
+                            (const void *)(uintptr_t)g->bias, (const void *)(uintptr_t)g->r, (void *)(uintptr_t)g->c,
+                            NULL))
         die("launch");
 }
 

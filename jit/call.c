@@ -224,6 +224,7 @@ static sj_status make_entry(sj_fn *fn, const sj_tensor *in, sj_plan *plan, int64
     /* before publishing: it adds to the graph's expressions */
     const sj_backend *bk = fn->rt->backend;
     e->plan = sj_fuse_ex(g, in, &(sj_fuse_opts){.gemm = bk->device == SJ_CUDA && fn->rt->cfg.cuda_gemm,
+                                                .gemm_ln = fn->rt->cfg.cuda_gemm_ln != 0,
                                                 .gemm_arch = bk->arch, .gemm_units = bk->units,
                                                 .pinned = e->pinned_syms});
     if (!e->plan) sj_logf(fn->rt, SJ_LOG_WARN, "fn '%s': out of memory planning fusion; the entry runs eagerly", fn->name);

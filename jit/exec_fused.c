@@ -11,11 +11,14 @@
  * group runs it inside the product where the device and the product
  * allow, the device's matmul_epi kernel, and the group is then skipped; a
  * generated product, fusion.h, through the device's gemm slot, its
- * epilogue group inside where the plan says so); outputs the
+ * epilogue group, or the LayerNorm's row group, inside where the plan
+ * says so: such a product's row-block counters follow the arena, zeroed
+ * before the first); outputs the
  * plan could not write in place are copied last.
  *
  * Block layout: [expression values][store bases][descriptors][layout values,
- * with layout_syms][arena].
+ * with layout_syms][arena][LayerNorm counters] (a device's arena and
+ * counters: its buf_alloc's).
  */
 #include <string.h>
 
@@ -126,31 +129,66 @@ static sj_status run_generated(const sj_exec *x, const sj_group *gr, const int64
  * is not aligned as the kernel needs: the device's product runs instead,
  * its epilogue group after it. */
 static sj_status run_gemm(const sj_exec *x, const sj_fplan *p, const sj_group *gr, const int64_t *exv,
-                          void *const *bases, void *fn, int tile, bool *done) {
+                          void *const *bases, void *fn, int tile, unsigned *cnt, bool *done) {
     const sj_graph *g = x->g;
     const sj_node *n = &g->nodes[gr->nodes[0]];
     const int32_t *in = sj_node_ins(g, n);
     sj_device dev = x->ops->device;
-    sj_tensor a, b, y, bias = {0}, r = {0};
+    sj_tensor a, b, y, bias = {0}, r = {0}, lg = {0}, lb = {0}, ly = {0};
     layout_desc(g, p, exv, bases, in[0], dev, &a);
     layout_desc(g, p, exv, bases, in[1], dev, &b);
     layout_desc(g, p, exv, bases, gr->gemm_out, dev, &y);
     if (gr->bias >= 0) layout_desc(g, p, exv, bases, gr->bias, dev, &bias);
     if (gr->gemm_epi & SJ_GEMM_RES) layout_desc(g, p, exv, bases, gr->gemm_res, dev, &r);
+    bool ln = gr->gemm_epi & SJ_GEMM_LN;
+    const sj_node *lnn = ln ? &g->nodes[gr->gemm_ln] : NULL;
+    if (ln) { /* its gamma, beta (each optional) and output */
+        const int32_t *lin = sj_node_ins(g, lnn);
+        if (lnn->n_in > 1 && lin[1] >= 0) layout_desc(g, p, exv, bases, lin[1], dev, &lg);
+        if (lnn->n_in > 2 && lin[2] >= 0) layout_desc(g, p, exv, bases, lin[2], dev, &lb);
+        layout_desc(g, p, exv, bases, lnn->out, dev, &ly);
+    }
     *done = false;
     int64_t K = b.shape[0], N = b.shape[1], numel = 1;
     for (int i = 0; i < y.rank; i++) numel *= y.shape[i];
 #define MISALIGNED(t, m) ((t).data && (uintptr_t)(t).data % (m))
-    if (MISALIGNED(a, 16) || MISALIGNED(b, 16) || MISALIGNED(y, 2 * sj_dtype_size(y.dtype)) ||
-        MISALIGNED(bias, 2 * sj_dtype_size(bias.dtype)) || MISALIGNED(r, 2 * sj_dtype_size(r.dtype)))
+    /* (a LayerNorm inside reads C back 16 bytes at a time) */
+    if (MISALIGNED(a, 16) || MISALIGNED(b, 16) || MISALIGNED(y, ln ? 16 : 2 * sj_dtype_size(y.dtype)) ||
+        MISALIGNED(bias, 2 * sj_dtype_size(bias.dtype)) || MISALIGNED(r, 2 * sj_dtype_size(r.dtype)) ||
+        MISALIGNED(lg, 2 * sj_dtype_size(lg.dtype)) || MISALIGNED(lb, 2 * sj_dtype_size(lb.dtype)) ||
+        MISALIGNED(ly, 2 * sj_dtype_size(ly.dtype)) || (ln && !cnt))
         return SJ_OK;
 #undef MISALIGNED
     sj_dev_gemm d = {.fn = fn, .tile = tile, .flags = gr->gemm_epi, .M = N ? numel / N : 0, .N = N,
                      .K = K, .a = a.data, .b = b.data, .bias = gr->bias >= 0 ? bias.data : NULL,
                      .r = gr->gemm_epi & SJ_GEMM_RES ? r.data : NULL, .c = y.data, .bias_dtype = bias.dtype,
-                     .r_dtype = r.dtype, .c_dtype = y.dtype};
+                     .r_dtype = r.dtype, .c_dtype = y.dtype, .ln_g = lg.data, .ln_b = lb.data, .ln_y = ly.data,
+                     .cnt = ln ? cnt : NULL, .ln_g_dtype = lg.dtype, .ln_b_dtype = lb.dtype, .ln_y_dtype = ly.dtype,
+                     .ln_eps = ln ? lnn->a.f : 0};
     *done = true;
     return x->ops->gemm(x->ops_ctx, &d);
+}
+
+/* The rows of generated product gr by the sizes exv. */
+static int64_t gemm_rows(const sj_graph *g, const sj_group *gr, const int64_t *exv) {
+    const sj_value *Y = &g->vals[gr->gemm_out];
+    int64_t M = 1;
+    for (int a = 0; a + 1 < Y->rank; a++) M *= exv[Y->shape[a]];
+    return M;
+}
+
+/* The bytes of the call's LayerNorm counters (after the arena): enough
+ * for the products with a LayerNorm inside at the layout's sizes, which
+ * run one after another (each leaves them zero); 0 when none can run. */
+static size_t ln_counter_bytes(const sj_exec *x, const sj_fplan *p, const int64_t *lexv) {
+    if (!p->n_gemm_ln || !x->ops->gemm || (x->ops->buf_alloc && !x->ops->buf_zero)) return 0;
+    int64_t M = 0;
+    for (int gi = 0; gi < p->n_groups; gi++)
+        if (p->groups[gi].gemm_epi & SJ_GEMM_LN) {
+            int64_t m = gemm_rows(x->g, &p->groups[gi], lexv);
+            if (m > M) M = m;
+        }
+    return align_up((size_t)sj_gemm_ln_counters(M) * sizeof(unsigned));
 }
 
 bool sj_exec_gemm_picks(sj_backend *b, const sj_graph *g, const sj_fplan *p, const int64_t *syms, void *const *fns,
@@ -193,7 +231,8 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     if (!b) return sj_seterr(SJ_ENOMEM, "fn '%s': out of memory for the execution arena", x->fn_name);
     const int64_t *lexv; /* where the arena's stores are (the layout's values, or exv) */
     int64_t *exv = eval_values(x, b, head, lay, &lexv);
-    size_t arena = (size_t)lexv[p->arena_bytes];
+    size_t arena = (size_t)lexv[p->arena_bytes], cnt_bytes = ln_counter_bytes(x, p, lexv), cnt_at = align_up(arena);
+    if (cnt_bytes) arena = cnt_at + cnt_bytes; /* [the plan's arena][LayerNorm counters] */
     if (!device_arena && head + arena > b->cap) {
         sj_pool_put(x->pool, b);
         atomic_store_explicit(x->arena_hint, arena, memory_order_relaxed);
@@ -221,6 +260,7 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
     bool epi_ok = ops->k.matmul_epi && (!x->rt || x->rt->cfg.fuse_epilogue);
     unsigned char allocated[SJ_MAX_OUTPUTS] = {0};
     int n_syms = sj_sym_count(g->ex); /* every generated kernel takes them all */
+    bool cnt_zeroed = false;
     sj_status st = SJ_OK;
     for (int s = 0; s < p->n_stores && lay && !st; s++) /* each store's values fit where the layout put it */
         if (p->stores[s].kind == SJ_ST_ARENA && exv[p->stores[s].bytes] > lexv[p->stores[s].bytes])
@@ -255,19 +295,30 @@ sj_status sj_exec_fused(const sj_exec *x, const sj_fplan *p, void *const *fns) {
         if (x->gemm_pick && gr->gemm_tile >= 0) {
             /* the rows' class, by the layout's sizes: a bucket graph's
              * update runs the kernels it captured at the bucket's edge */
-            const sj_value *Y = &g->vals[gr->gemm_out];
-            int64_t M = 1;
-            for (int a = 0; a + 1 < Y->rank; a++) M *= lexv[Y->shape[a]];
-            pick = x->gemm_pick[gi * SJ_GEMM_CLASSES + sj_gemm_class(M)];
+            pick = x->gemm_pick[gi * SJ_GEMM_CLASSES + sj_gemm_class(gemm_rows(g, gr, lexv))];
         }
         if (gr->gemm_tile >= 0 && pick >= 0 && pick < gr->gemm_nv && ops->gemm &&
             fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)pick]) {
+            unsigned *cnt = NULL; /* a LayerNorm inside: the counters, zeroed before the first */
+            if ((gr->gemm_epi & SJ_GEMM_LN) && cnt_bytes && arena_base) {
+                cnt = (unsigned *)(void *)(arena_base + cnt_at);
+                if (!cnt_zeroed) {
+                    if (device_arena) st = ops->buf_zero(x->ops_ctx, cnt, cnt_bytes);
+                    else memset(cnt, 0, cnt_bytes);
+                    if (st) {
+                        sj_exec_node_error(x, n, st);
+                        break;
+                    }
+                    cnt_zeroed = true;
+                }
+            }
             bool done;
             st = run_gemm(x, p, gr, exv, bases, fns[(size_t)gi * SJ_CG_VARIANTS_MAX + (size_t)pick],
-                          gr->gemm_tiles[pick], &done);
+                          gr->gemm_tiles[pick], cnt, &done);
             if (st) sj_exec_node_error(x, n, st);
             if (done) {
-                if (gr->gemm_epi & SJ_GEMM_EPI) gi++; /* the epilogue is group gi + 1, done */
+                /* the epilogue, or the LayerNorm's group, is group gi + 1: done */
+                if (gr->gemm_epi & (SJ_GEMM_EPI | SJ_GEMM_LN)) gi++;
                 continue;
             }
         }

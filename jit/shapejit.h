@@ -333,6 +333,7 @@ typedef enum sj_compile_mode {
  *   SHAPEJIT_SPECIALIZE_MAX_BYTES=n     -> specialize_max_bytes
  *   SHAPEJIT_COMPILE_AHEAD=0|1          -> compile_ahead
  *   SHAPEJIT_CUDA_GEMM=0..5             -> cuda_gemm
+ *   SHAPEJIT_CUDA_GEMM_LN=0|1           -> cuda_gemm_ln
  *   SHAPEJIT_CUDA_TF32=0|1              -> cuda_tf32
  *   SHAPEJIT_CUDA_PDL=0|1               -> cuda_pdl
  *   SHAPEJIT_LEARN_EVERY=n              -> learn_every
@@ -618,6 +619,16 @@ typedef struct sj_runtime_config {
      * size class of rows (sj_gemm_class). A quick unit (compile_quick)
      * runs cuBLASLt's products until its full unit replaces it. */
     int cuda_gemm;
+    /* CUDA, with cuda_gemm: 1: a generated product whose result the next
+     * row group ([a residual add,] a LayerNorm over the product's N)
+     * alone reads takes that group inside its kernel: the last block of
+     * each row block (a counter in the call's memory) normalizes the
+     * block's rows (specialize/codegen_gemm_cuda.h). The tuner times it
+     * against cuBLASLt plus a pass. Off (0, default): on an H100 the
+     * encoder layer's two such products took 12-13 us each at 16 tokens,
+     * more than cuBLASLt's product and the row kernel, which a CUDA graph
+     * overlaps (README). $SHAPEJIT_CUDA_GEMM_LN. */
+    int cuda_gemm_ln;
     /* CUDA: 1: f32 matrix products (cuBLASLt) take the tensor cores in
      * TF32: inputs rounded to a 10-bit mantissa, sums in f32, so results
      * are about 1e-3 relative from f32's instead of 1e-6, for 3-5x the

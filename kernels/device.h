@@ -103,6 +103,15 @@ typedef struct sj_dev_gemm {
     const void *a, *b, *bias, *r;
     void *c;
     sj_dtype bias_dtype, r_dtype, c_dtype;
+    /* flags SJ_GEMM_LN: y[M, N] = layer_norm(c's rows, ln_g, ln_b, ln_eps)
+     * as well (ln_g, ln_b NULL when absent), the row blocks' counters at
+     * cnt: sj_gemm_ln_counters(M) of them, zero before the launch (the
+     * kernel leaves them zero), used by no other launch meanwhile */
+    const void *ln_g, *ln_b;
+    void *ln_y;
+    unsigned *cnt;
+    sj_dtype ln_g_dtype, ln_b_dtype, ln_y_dtype;
+    double ln_eps;
 } sj_dev_gemm;
 
 /* A generated group's launch, everything the device needs and nothing of
@@ -249,6 +258,10 @@ struct sj_backend {
      * launch a generated product (a plan group's gemm_tile >= 0 and its
      * function compiled). */
     sj_status (*gemm)(void *c, const sj_dev_gemm *d);
+    /* Optional (NULL with buf_alloc: a product with a LayerNorm inside runs
+     * as the device's, its groups after it): bytes of a call's memory (from
+     * buf_alloc) set to 0 in the call's order, before its later kernels. */
+    sj_status (*buf_zero)(void *c, void *p, size_t bytes);
     /* Optional (NULL: a generated product runs as its device product): on
      * the compile worker, once a unit is loaded, choose each generated
      * product's variant (fns its functions, SJ_CG_VARIANTS_MAX a group, as

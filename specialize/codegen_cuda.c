@@ -827,6 +827,17 @@ void sj_codegen_gemm_spec(const sj_graph *g, const sj_group *G, sj_gemm_spec *sp
     sp->round_res = (G->gemm_epi & SJ_GEMM_R_RES) != 0;
     sp->res_dtype = sp->residual ? g->vals[G->gemm_res].dtype : SJ_F16;
     sp->out_dtype = g->vals[G->gemm_out].dtype;
+    if (G->gemm_epi & SJ_GEMM_LN) { /* the next group's layer norm inside */
+        const sj_node *ln = &g->nodes[G->gemm_ln];
+        const int32_t *in = sj_node_ins(g, ln);
+        sp->ln = true;
+        sp->ln_gamma = ln->n_in > 1 && in[1] >= 0;
+        sp->ln_beta = ln->n_in > 2 && in[2] >= 0;
+        sp->ln_g_dtype = sp->ln_gamma ? g->vals[in[1]].dtype : SJ_F16;
+        sp->ln_b_dtype = sp->ln_beta ? g->vals[in[2]].dtype : SJ_F16;
+        sp->ln_out_dtype = g->vals[ln->out].dtype;
+        sp->ln_eps = ln->a.f;
+    }
     sp->tile = sj_gemm_cuda_tiles(&nt)[G->gemm_tile];
 }
 
@@ -859,6 +870,9 @@ static bool put_gemm(sj_cg *c, const sj_group *G, const char *prefix, int v) {
     put(o, "#undef BM\n#undef BN\n#undef BK\n#undef WM\n#undef WN\n#undef STAGES\n#undef NN\n#undef KK\n"
            "#undef THREADS\n#undef TM\n#undef TN\n#undef MT\n#undef NT\n#undef AS\n#undef BS\n#undef A_STAGE\n"
            "#undef B_STAGE\n#undef SK\n#undef RS\n#undef A_BYTES\n#undef STAGE_BYTES\n#undef CWARPS\n");
+    if (sp.ln)
+        put(o, "#undef LN_VE\n#undef LN_TPR\n#undef LN_CPT\n#undef LN_RPP\n#undef LN_EPS\n#undef LN_C\n#undef STY\n"
+               "#undef LDG\n#undef LDB\n");
     free(src);
     return true;
 }

@@ -89,6 +89,13 @@ sj_status sj_gemm_cuda_check(const sj_gemm_spec *s) {
     if (!half_or_float(s->out_dtype) || (s->bias && !half_or_float(s->bias_dtype)) ||
         (s->residual && !half_or_float(s->res_dtype)))
         return sj_seterr(SJ_EINVAL, "gemm: output, bias and residual are f16 or f32");
+    if (s->ln && (s->N % 64 || s->N > (s->out_dtype == SJ_F16 ? 4096 : 2048)))
+        return sj_seterr(SJ_EINVAL,
+                         "gemm: a LayerNorm inside needs N a multiple of 64 up to 4096 (2048 with f32 sums), not "
+                         "%" PRId64, s->N);
+    if (s->ln && (!half_or_float(s->ln_out_dtype) || (s->ln_gamma && !half_or_float(s->ln_g_dtype)) ||
+                  (s->ln_beta && !half_or_float(s->ln_b_dtype)) || !(s->ln_eps >= 0)))
+        return sj_seterr(SJ_EINVAL, "gemm: the LayerNorm's output, gamma and beta are f16 or f32, eps >= 0");
     return SJ_OK;
 }
 
@@ -333,11 +340,17 @@ static const char body_main[] =
     "    cp_wait<0>();\n"
     "    const int g = lane >> 2, t4 = lane & 3;\n";
 
-/* One block a tile: the epilogue on the accumulators, pair by pair. */
-static const char epi_direct[] =
+/* One block a tile: the epilogue on the accumulators, pair by pair (a
+ * warpgroup tile's producer warp leaves; with a LayerNorm inside it stays
+ * for the row block's normalization). */
+static const char epi_direct_head[] =
     "    if (warp >= CWARPS) return; /* a warpgroup tile's producer warp */\n"
     "#pragma unroll\n"
-    "    for (int mt = 0; mt < MT; mt++)\n"
+    "    for (int mt = 0; mt < MT; mt++)\n";
+static const char epi_direct_head_ln[] =
+    "#pragma unroll\n"
+    "    for (int mt = 0; mt < MT && warp < CWARPS; mt++) /* (not a warpgroup tile's producer warp) */\n";
+static const char epi_direct[] =
     "#pragma unroll\n"
     "        for (int h = 0; h < 2; h++) {\n"
     "            const long long row = m0 + wm * TM + mt * 16 + g + h * 8;\n"
@@ -515,6 +528,132 @@ static const char wg_main[] =
     "    }\n"
     "    const int g = lane >> 2, t4 = lane & 3;\n";
 
+/* A LayerNorm inside (codegen_gemm_cuda.h): 16 bytes of C read past L1
+ * (other blocks wrote them), element e of such a chunk (LN_VE of C's
+ * dtype), a sum over a row's LN_TPR threads. */
+static const char ln_helpers[] =
+    "__device__ __forceinline__ uint4 ldcg16(const void *p) {\n"
+    "    uint4 v;\n"
+    "    asm volatile(\"ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\" : \"=r\"(v.x), \"=r\"(v.y), \"=r\"(v.z), \"=r\"(v.w)\n"
+    "                 : \"l\"(p) : \"memory\");\n"
+    "    return v;\n"
+    "}\n"
+    "__device__ __forceinline__ float chunk_at(const uint4 &v, int e) {\n"
+    "    const unsigned w = e / (LN_VE / 4) == 0 ? v.x : e / (LN_VE / 4) == 1 ? v.y : e / (LN_VE / 4) == 2 ? v.z : v.w;\n"
+    "    if (LN_VE == 4) return __uint_as_float(w);\n"
+    "    return h2f((unsigned short)(e % 2 ? w >> 16 : w & 0xffffu));\n"
+    "}\n"
+    /* the row block's counter: every earlier write of the block (a barrier
+     * orders them before this thread's) released to the device, the other
+     * blocks' acquired; the old value */
+    "__device__ __forceinline__ unsigned arrive(unsigned *c, unsigned wrap) {\n"
+    "    unsigned old;\n"
+    "    asm volatile(\"atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;\" : \"=r\"(old) : \"l\"(c), \"r\"(wrap) : \"memory\");\n"
+    "    return old;\n"
+    "}\n"
+
+    /* a chunk's LN_VE values of gamma or beta (f16 or f32; read-only, not
+     * ordered against the stores: the tail issues four chunks' at once),
+     * and of Y stored (16 or 32 bytes) */
+    "__device__ __forceinline__ void ldv_h(const void *p, int col, float *v) {\n"
+    "    const unsigned short *q = (const unsigned short *)p + col;\n"
+    "    unsigned w[4] = {0u, 0u, 0u, 0u};\n"
+    "    if (LN_VE == 8)\n"
+    "        asm volatile(\"ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\" : \"=r\"(w[0]), \"=r\"(w[1]), \"=r\"(w[2]), \"=r\"(w[3]) : \"l\"(q));\n"
+    "    else\n"
+    "        asm volatile(\"ld.global.nc.v2.u32 {%0, %1}, [%2];\" : \"=r\"(w[0]), \"=r\"(w[1]) : \"l\"(q));\n"
+    "#pragma unroll\n"
+    "    for (int e = 0; e < LN_VE; e++) v[e] = h2f((unsigned short)(e % 2 ? w[e / 2] >> 16 : w[e / 2] & 0xffffu));\n"
+    "}\n"
+    "__device__ __forceinline__ void ldv_f(const void *p, int col, float *v) {\n"
+    "    const float *q = (const float *)p + col;\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < LN_VE / 4; h++)\n"
+    "        asm volatile(\"ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];\" : \"=f\"(v[4 * h]), \"=f\"(v[4 * h + 1]), \"=f\"(v[4 * h + 2]),\n"
+    "            \"=f\"(v[4 * h + 3]) : \"l\"(q + 4 * h));\n"
+    "}\n"
+    "__device__ __forceinline__ void stv_h(void *p, long long i, const float *v) {\n"
+    "    unsigned w[4];\n"
+    "#pragma unroll\n"
+    "    for (int e = 0; e < LN_VE; e += 2) w[e / 2] = (unsigned)f2h(v[e]) | ((unsigned)f2h(v[e + 1]) << 16);\n"
+    "    if (LN_VE == 8) *(uint4 *)((unsigned short *)p + i) = make_uint4(w[0], w[1], w[2], w[3]);\n"
+    "    else *(uint2 *)((unsigned short *)p + i) = make_uint2(w[0], w[1]);\n"
+    "}\n"
+    "__device__ __forceinline__ void stv_f(void *p, long long i, const float *v) {\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < LN_VE / 4; h++)\n"
+    "        *(float4 *)((float *)p + i + 4 * h) = make_float4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]);\n"
+    "}\n"
+    "__device__ __forceinline__ float row_sum(float v) {\n"
+    "#pragma unroll\n"
+    "    for (int o = LN_TPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "    return v;\n"
+    "}\n";
+
+/* The LayerNorm tail, after every store of the block: the row block's
+ * counter elects its last block (the others leave), which normalizes the
+ * row block LN_RPP rows at a time, LN_TPR threads a row (adjacent lanes),
+ * each LN_CPT chunks of 16 bytes of the row (chunk c * LN_TPR + its index
+ * in the row's threads), every load of a pass issued before the sums.
+ * LDG, LDB and STY name the chunk loads and store of gamma, beta and Y's
+ * dtypes (LDG / LDB absent: 1 and 0). A load of gamma or beta per pair,
+ * ordered after the previous pair's store, made the tail 8.5 us of a
+ * 15 us kernel at 16 rows on an H100 (its election, 0.7 us). */
+static const char ln_tail[] =
+    "    {\n"
+    "        __shared__ unsigned ln_last;\n"
+    "        const int sub = tid % LN_TPR;\n"
+    "        __syncthreads(); /* this block's C written */\n"
+    "        if (tid == 0) {\n"
+    "            const unsigned total = gridDim.x * gridDim.z;\n"
+    "            ln_last = arrive(cnt + blockIdx.y, total - 1u) == total - 1u;\n"
+    "        }\n"
+
+    "        __syncthreads();\n"
+    "        if (!ln_last) return;\n"
+    "#pragma unroll 1\n"
+    "        for (int r0 = 0; r0 < BM; r0 += LN_RPP) {\n"
+    "            const long long row = m0 + r0 + tid / LN_TPR;\n"
+    "            const bool live = r0 + tid / LN_TPR < BM && row < M;\n"
+    "            uint4 x[LN_CPT];\n"
+    "#pragma unroll\n"
+    "            for (int c = 0; c < LN_CPT; c++)\n"
+    "                x[c] = live ? ldcg16(LN_C + row * NN + (c * LN_TPR + sub) * LN_VE) : make_uint4(0u, 0u, 0u, 0u);\n"
+    "            float sum = 0.0f;\n"
+    "#pragma unroll\n"
+    "            for (int c = 0; c < LN_CPT; c++)\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < LN_VE; e++) sum += chunk_at(x[c], e);\n"
+    "            float mean = row_sum(sum) / (float)NN, q = 0.0f, sc = 0.0f;\n"
+    "#pragma unroll\n"
+    "            for (int c = 0; c < LN_CPT; c++)\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < LN_VE; e++) {\n"
+    "                    const float d = chunk_at(x[c], e) - mean;\n"
+    "                    q += d * d;\n"
+    "                    sc += d;\n"
+    "                }\n"
+    "            q = row_sum(q);\n"
+    "            const float cm = row_sum(sc) / (float)NN, var = q / (float)NN - cm * cm;\n"
+    "            mean += cm;\n"
+    "            const float rstd = 1.0f / sqrtf((var < 0.0f ? 0.0f : var) + LN_EPS);\n"
+    "            if (!live) continue;\n"
+    "#pragma unroll\n"
+    "            for (int c = 0; c < LN_CPT; c++) {\n"
+    "                const int col = (c * LN_TPR + sub) * LN_VE;\n"
+    "                float g[LN_VE], b[LN_VE], y[LN_VE];\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < LN_VE; e++) g[e] = 1.0f, b[e] = 0.0f;\n"
+    "                LDG(lg, col, g);\n"
+    "                LDB(lb, col, b);\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < LN_VE; e++) y[e] = (chunk_at(x[c], e) - mean) * rstd * g[e] + b[e];\n"
+    "                STY(Y, row * NN + col, y);\n"
+    "                if (c % 4 == 3) asm volatile(\"\" ::: \"memory\"); /* (registers: four chunks' loads at a time) */\n"
+    "            }\n"
+    "        }\n"
+    "    }\n";
+
 /* wg_mma: one wgmma.mma_async.m64n<bn>k16 (f32 += f16 x f16, B
  * transposed: N-major) on a warp's NT x 4 accumulators. */
 static void put_wg_mma(sj_sbuf *o, int bn) {
@@ -536,11 +675,12 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     sj_sbuf o = {0};
     put(&o, "/* generated by shapejit: %s = epilogue(A @ B), f16 x f16 -> f32 on %s;\n", name,
         t->wg ? "wgmma.mma_async (sm_90a)" : "mma.sync m16n8k16");
-    put(&o, " * M %s, N %" PRId64 ", K %" PRId64 "; tile %dx%dx%d, %dx%d warps, %d stages; epilogue:%s%s%s -> %s */\n",
+    put(&o, " * M %s, N %" PRId64 ", K %" PRId64 "; tile %dx%dx%d, %dx%d warps, %d stages; epilogue:%s%s%s -> %s%s */\n",
         s->M > 0 ? "specialized" : "symbolic", s->N, s->K, t->bm, t->bn, t->bk, t->wm, t->wn, t->stages,
         s->bias ? (s->bias_dtype == SJ_F16 ? " bias f16" : " bias f32") : "", s->gelu ? " gelu" : s->relu ? " relu" : "",
         s->residual ? (s->res_dtype == SJ_F16 ? " residual f16" : " residual f32") : "",
-        s->out_dtype == SJ_F16 ? "f16" : "f32");
+        s->out_dtype == SJ_F16 ? "f16" : "f32",
+        s->ln ? (s->ln_out_dtype == SJ_F16 ? ", then layer_norm -> f16" : ", then layer_norm -> f32") : "");
     /* a warpgroup tile: WM counts warps (16 rows each), as the epilogue reads it */
     put(&o, "#define BM %d\n#define BN %d\n#define BK %d\n#define WM %d\n#define WN %d\n#define STAGES %d\n", t->bm,
         t->bn, t->bk, t->wg ? 4 * t->wm : t->wm, t->wg ? 1 : t->wn, t->stages);
@@ -551,7 +691,21 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     put(&o, "#define TM (BM / WM)\n#define TN (BN / WN)\n#define MT (TM / 16)\n"
             "#define NT (TN / 8)\n#define AS (BK + 8)\n#define BS (BN + 8)\n#define A_STAGE (BM * AS)\n"
             "#define B_STAGE (BK * BS)\n#define A_BYTES (BM * 128)\n#define STAGE_BYTES ((BM + BN) * 128)\n\n");
-    put(&o, "%s\n%s", helpers, sk > 1 ? cluster_helpers : "");
+    if (s->ln) {
+        /* LN_TPR threads a row (a power of two up to 32), each LN_CPT chunks
+         * of 16 bytes in registers (at most 16: 64 registers), LN_RPP rows
+         * a pass */
+        int ve = s->out_dtype == SJ_F16 ? 8 : 4, chunks = (int)(s->N / ve), tpr = 1;
+        while (tpr < 32 && (chunks % (2 * tpr) == 0) && chunks / tpr > 16) tpr *= 2;
+        put(&o, "#define LN_VE %d\n#define LN_TPR %d\n#define LN_CPT %d\n#define LN_RPP (THREADS / LN_TPR)\n", ve,
+            tpr, chunks / tpr);
+        put(&o, "#define LN_EPS %.9ef\n#define LN_C ((const %s *)C)\n#define STY %s\n", s->ln_eps,
+            s->out_dtype == SJ_F16 ? "unsigned short" : "float", s->ln_out_dtype == SJ_F16 ? "stv_h" : "stv_f");
+        put(&o, "#define LDG(p, i, v) %s\n#define LDB(p, i, v) %s\n\n",
+            !s->ln_gamma ? "" : s->ln_g_dtype == SJ_F16 ? "ldv_h(p, i, v)" : "ldv_f(p, i, v)",
+            !s->ln_beta ? "" : s->ln_b_dtype == SJ_F16 ? "ldv_h(p, i, v)" : "ldv_f(p, i, v)");
+    }
+    put(&o, "%s\n%s%s", helpers, sk > 1 ? cluster_helpers : "", s->ln ? ln_helpers : "");
     if (t->wg) {
         put(&o, "%s%s", wg_helpers, wg_tma);
         put_wg_mma(&o, t->bn);
@@ -560,13 +714,18 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     }
     put(&o, "extern \"C\" __global__ void __launch_bounds__(THREADS)%s\n", sk > 1 ? " __cluster_dims__(1, 1, SK)" : "");
     put(&o, "%s(const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n", name);
-    put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg%s) {\n",
-        t->wg ? ",\n    const __grid_constant__ sj_tmap tmA, const __grid_constant__ sj_tmap tmB" : "");
+    put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg%s%s) {\n",
+        t->wg ? ",\n    const __grid_constant__ sj_tmap tmA, const __grid_constant__ sj_tmap tmB" : "",
+        s->ln ? ",\n    const void *__restrict__ lg, const void *__restrict__ lb, void *__restrict__ Y,\n"
+                "    unsigned *__restrict__ cnt"
+              : "");
     put(&o, "    grid_dep();\n");
     if (s->M > 0) put(&o, "    const long long M = %" PRId64 "LL;\n    (void)M_arg;\n", s->M);
     else put(&o, "    const long long M = M_arg;\n");
     put(&o, "    (void)bias;\n    (void)R;\n");
-    put(&o, "%s%s", t->wg ? wg_main : body_main, sk > 1 ? epi_split : epi_direct);
+    put(&o, "%s", t->wg ? wg_main : body_main);
+    if (sk > 1) put(&o, "%s", epi_split);
+    else put(&o, "%s%s", s->ln ? epi_direct_head_ln : epi_direct_head, epi_direct);
     if (s->bias) {
         put(&o, "                { float b0, b1; %s(bias, col, b0, b1); v0 += b0; v1 += b1; }\n", ld2(s->bias_dtype));
     }
@@ -582,6 +741,7 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     put(&o, "                %s(C, row * NN + col, v0, v1);\n", s->out_dtype == SJ_F16 ? "st2_h" : "st2_f");
     put(&o, "            }\n        }\n");
     if (sk > 1) put(&o, "    cluster_sync(); /* the peers have read this block's partial */\n");
+    if (s->ln) put(&o, "%s", ln_tail);
     put(&o, "}\n");
     if (o.oom) {
         free(o.s);

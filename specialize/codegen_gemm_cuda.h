@@ -63,6 +63,27 @@
  * split-K are the same code. BM = 64 WM (WM 1 or 2), BN a multiple of 64
  * up to 256, BK 64.
  *
+ * LayerNorm inside (spec.ln; the plan's SJ_GEMM_LN): C, after the
+ * epilogue, is also the input of a LayerNorm over each whole row (of N),
+ * and the kernel writes its output Y [M, N] (f16 or f32) too:
+ *   y = (c - mean - cm) * rstd * gamma[n] + beta[n], in f32, where mean
+ *   is the row's f32 mean, cm the mean of c - mean, rstd = 1 / sqrt(max(
+ *   var, 0) + eps) and var = mean((c - mean)^2) - cm^2 (the generated row
+ *   kernel's corrected two-pass formula); gamma 1 and beta 0 when absent.
+ * A row's N columns are spread over the grid's N tiles (and split-K
+ * ranks), so the last block to finish a row block normalizes it: each
+ * block, after its stores and a fence, increments the row block's counter
+ * (cnt[blockIdx.y], atomicInc with wrap gridDim.x x gridDim.z - 1, so the
+ * last arrival leaves it 0 again), and the block that made it wrap reads
+ * the row block back (from L2, past L1, 16 bytes a load: C 16-byte
+ * aligned) and writes Y, several threads a row. The
+ * counters must be 0 before the launch and no other launch may use them
+ * meanwhile (the executor zeroes a region of the call's arena: ceil(M /
+ * 16) counters, enough for any tile). The kernel takes four more
+ * parameters, last: `const void *lg, const void *lb, void *Y, unsigned
+ * *cnt` (lg, lb NULL when absent). N a multiple of 64, at most 4096 (2048
+ * when C is f32).
+ *
  * Constraints (sj_gemm_cuda_check): BM a multiple of 16 WM, BN of 16 WN,
  * BK of 16; N a multiple of BN, K of BK x SK; 2 <= STAGES <= 4 (3 .. 6 a
  * warpgroup tile, whose producer keeps every free buffer filled and whose
@@ -101,8 +122,17 @@ typedef struct sj_gemm_spec {
     bool residual;     /* add R[m, n] (of res_dtype) after the GELU */
     sj_dtype bias_dtype, res_dtype; /* SJ_F16 or SJ_F32 */
     sj_dtype out_dtype;             /* C's: SJ_F16 or SJ_F32 */
+    /* LayerNorm of C's rows inside (above): gamma and beta present (of
+     * their dtypes, [N]), Y's dtype, eps */
+    bool ln, ln_gamma, ln_beta;
+    sj_dtype ln_g_dtype, ln_b_dtype, ln_out_dtype;
+    double ln_eps;
     sj_gemm_tile tile;
 } sj_gemm_spec;
+
+/* Counters a LayerNorm product's launch needs zeroed at M rows (enough for
+ * any tile: one a 16-row block). */
+static inline int64_t sj_gemm_ln_counters(int64_t M) { return (M + 15) / 16; }
 
 /* The launch of a unit for one M. */
 typedef struct sj_gemm_dims {

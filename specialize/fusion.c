@@ -555,7 +555,7 @@ static void fz_free(sj_fuse_st *b) {
 sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced) { return sj_fuse_ex(g, traced, NULL); }
 
 sj_fplan *sj_fuse_ex(sj_graph *g, const sj_tensor *traced, const sj_fuse_opts *o) {
-    sj_fuse_st b = {.g = g, .ex = g->ex, .traced = traced, .gemm = o && o->gemm,
+    sj_fuse_st b = {.g = g, .ex = g->ex, .traced = traced, .gemm = o && o->gemm, .gemm_ln = o && o->gemm && o->gemm_ln,
                     .gemm_arch = o ? o->gemm_arch : 0, .gemm_units = o ? o->gemm_units : 0,
                     .pinned = o ? o->pinned : 0};
     size_t nv = (size_t)g->n_vals + 1, nn = (size_t)g->n_nodes + 1;

@@ -119,6 +119,7 @@ typedef struct sj_group {
      * epilogue group's one store when SJ_GEMM_EPI, else the group's
      * result. */
     int32_t gemm_tile;
+    int32_t gemm_ln;      /* SJ_GEMM_LN: the layer_norm node inside; else -1 */
     int8_t gemm_tiles[4]; /* the kernel's variants (the autotuner's candidates):
                              gemm_nv tiles of sj_gemm_cuda_tiles() chosen by
                              sj_gemm_cuda_candidates, gemm_tiles[0] == gemm_tile */
@@ -150,6 +151,12 @@ enum {
     SJ_GEMM_R_ACT = 32,
     SJ_GEMM_R_RES = 64,
     SJ_GEMM_ROUNDS = SJ_GEMM_R_PROD | SJ_GEMM_R_ACT | SJ_GEMM_R_RES,
+    /* the next group, a ROW group ([an add of gemm_res to the product's
+     * result,] the layer_norm gemm_ln of that), runs inside: skip it
+     * (never with SJ_GEMM_EPI); the kernel writes the add's value to the
+     * product's result (gemm_out, read by nothing else) and the layer
+     * norm's output */
+    SJ_GEMM_LN = 128,
 };
 
 typedef struct sj_fplan {
@@ -162,6 +169,7 @@ typedef struct sj_fplan {
     sj_expr naive_bytes;  /* every arena buffer on its own (for explain) */
     int n_generated;      /* POINTWISE + ROW groups */
     int n_gemm;           /* NODE groups with a generated product (gemm_tile >= 0) */
+    int n_gemm_ln;        /* of which with a LayerNorm inside (SJ_GEMM_LN) */
     /* Outputs the plan cannot write in place (an input, a parameter, a
      * constant, a view, or the same value twice): copied after the groups
      * run, from the value's layout. */
@@ -203,9 +211,22 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced);
  *   f32), an optional cast to f16 or f32, each node on the previous one's
  *   result, only the last stored, and the product's result read by
  *   nothing else (SJ_GEMM_EPI); an f16 product's epilogue group that is
- *   not such a chain is no epilogue (it runs after, as before). */
+ *   not such a chain is no epilogue (it runs after, as before).
+ *   A generated product with no epilogue group inside, whose result (f16,
+ *   read by nothing else, not an output) the next group reads as a ROW
+ *   group of exactly [an add of it and a residual (the rule above: its
+ *   shape, contiguous from element 0, f16 or f32; the add's result f16),]
+ *   a layer_norm of that over the last axis, gamma and beta (each
+ *   optional) f16 or f32 vectors of N with unit stride, its output f16 or
+ *   f32 contiguous from element 0, N a multiple of 64 up to 4096, takes
+ *   that group inside too (SJ_GEMM_LN, gemm_ln): the transformer layer's
+ *   x + proj(a) and LayerNorm in the product's kernel (codegen_gemm_cuda.h
+ *   "LayerNorm inside") when sj_fuse_opts.gemm_ln asks. The group is still
+ *   compiled: the device's product
+ *   (a pick of -1, a misaligned operand) runs it after. */
 typedef struct sj_fuse_opts {
     bool gemm; /* mark generated products */
+    bool gemm_ln; /* and LayerNorms inside them (SJ_GEMM_LN; cfg.cuda_gemm_ln) */
     /* The device's compute capability (major x 10 + minor; 0: unknown)
      * and multiprocessors: which tiles a generated product's variants are
      * (sj_gemm_cuda_candidates; split-K clusters from 90) */

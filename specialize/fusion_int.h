@@ -28,6 +28,7 @@ typedef struct sj_fuse_st {
     sj_exprs *ex;
     const sj_tensor *traced;
     bool gemm;            /* sj_fuse_opts.gemm */
+    bool gemm_ln;         /* sj_fuse_opts.gemm_ln */
     int gemm_arch, gemm_units; /* sj_fuse_opts' */
     uint64_t pinned;      /* sj_fuse_opts.pinned */
     bool oom;             /* an allocation failed (expressions included) */

@@ -250,7 +250,7 @@ static void find_gemms(plan_ctx *c) {
     const sj_graph *g = b->g;
     sj_fplan *p = c->p;
     for (int k = 0; k < p->n_groups; k++) {
-        c->gm[k].gemm_tile = c->gm[k].gemm_res = c->gm[k].gemm_out = -1;
+        c->gm[k].gemm_tile = c->gm[k].gemm_res = c->gm[k].gemm_out = c->gm[k].gemm_ln = -1;
         c->gm[k].gemm_epi = 0;
     }
     if (!b->gemm) return;
@@ -294,6 +294,31 @@ static void find_gemms(plan_ctx *c) {
     }
 }
 
+/* A residual r the kernel can add to a product's result of value y's
+ * shape (not y's own memory, not computed in plan group `in`): f16 or
+ * f32, stored contiguously from element 0, the same size on every axis. */
+static bool residual_ok(plan_ctx *c, int32_t r, int32_t y, int in) {
+    sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
+    const sj_value *R = r >= 0 ? &g->vals[r] : NULL, *Y = &g->vals[y];
+    bool ok = R && r != y && b->root[r] != y && R->kind != SJ_VAL_CONST && half_or_float(R->dtype) &&
+              R->rank == Y->rank && c->p->layouts[r].store >= 0 && contiguous_at0(b, &c->p->layouts[r], R) &&
+              !(computed(b, r) && b->vgroup[r] == c->ord[in]);
+    for (int a = 0; a < Y->rank && ok; a++) ok = same_size(b, R->shape[a], Y->shape[a]);
+    return ok;
+}
+
+/* A layer norm's gamma or beta (w < 0: absent) the kernel can read: an f16
+ * or f32 vector of n, unit stride. */
+static bool norm_weight_ok(const plan_ctx *c, int32_t w, sj_expr n) {
+    if (w < 0) return true;
+    const sj_value *W = &c->b->g->vals[w];
+    const sj_layout *l = &c->p->layouts[w];
+    int64_t one;
+    return half_or_float(W->dtype) && W->rank == 1 && l->store >= 0 && same_size(c->b, W->shape[0], n) &&
+           const_of(c->b, l->stride[0], &one) && one == 1;
+}
+
 /* The epilogue group of generated product k inside its kernel where it is
  * the chain fusion.h describes; an f16 product's other epilogue groups are
  * no epilogues (after find_epilogues). */
@@ -325,11 +350,7 @@ static void gemm_epilogues(plan_ctx *c) {
                 stage = 1;
             } else if (n->op == SJ_OP_ADD && stage <= 1 && n->n_in == 2) {
                 int32_t r = in[0] == cur ? in[1] : in[0];
-                const sj_value *R = r >= 0 ? &g->vals[r] : NULL;
-                ok = R && r != cur && b->root[r] != v && R->kind != SJ_VAL_CONST && half_or_float(R->dtype) && R->rank == Y->rank &&
-                     p->layouts[r].store >= 0 && contiguous_at0(b, &p->layouts[r], R) &&
-                     !(computed(b, r) && b->vgroup[r] == c->ord[k + 1]);
-                for (int a = 0; a < Y->rank && ok; a++) ok = same_size(b, R->shape[a], Y->shape[a]);
+                ok = r != cur && residual_ok(c, r, v, k + 1);
                 fl |= SJ_GEMM_RES;
                 if (o->dtype == SJ_F16) fl |= SJ_GEMM_R_RES;
                 res = r;
@@ -348,6 +369,50 @@ static void gemm_epilogues(plan_ctx *c) {
         } else if (Y->dtype != SJ_F32) {
             c->epi_of[k + 1] = -1; /* the f32 rule alone: runs after, as before */
         }
+    }
+}
+
+/* The LayerNorm after generated product k inside its kernel where fusion.h
+ * allows (SJ_GEMM_LN; after gemm_epilogues: not with an epilogue inside). */
+static void gemm_norms(plan_ctx *c) {
+    sj_fuse_st *b = c->b;
+    const sj_graph *g = b->g;
+    sj_fplan *p = c->p;
+    if (!b->gemm_ln) return;
+    for (int k = 0; k + 1 < p->n_groups; k++) {
+        if (c->gm[k].gemm_tile < 0 || c->gm[k].gemm_epi || c->epi_of[k + 1] >= 0) continue;
+        const sj_fuse_grp *pg = &b->gr[c->ord[k]], *rg = &b->gr[c->ord[k + 1]];
+        if (rg->kind != SJ_G_ROW || rg->n_nodes < 1 || rg->n_nodes > 2 || rg->row_node < 0) continue;
+        const sj_node *ln = &g->nodes[rg->row_node];
+        int32_t v = g->nodes[pg->nodes[pg->n_nodes - 1]].out, res = -1;
+        const sj_value *Y = &g->vals[v];
+        if (ln->op != SJ_OP_LAYER_NORM || ln->n_in < 1 || Y->dtype != SJ_F16 || c->last[v] != k + 1 ||
+            c->first_out[v] >= 0)
+            continue;
+        const int32_t *lin = sj_node_ins(g, ln);
+        bool ok;
+        if (rg->n_nodes == 2) { /* [add, layer_norm] (the builder's order: not sorted yet) */
+            const sj_node *add = &g->nodes[rg->nodes[rg->nodes[0] == rg->row_node]];
+            const int32_t *ain = sj_node_ins(g, add);
+            ok = add->op == SJ_OP_ADD && add->n_in == 2 && lin[0] == add->out && !c->need[add->out] &&
+                 g->vals[add->out].dtype == SJ_F16 && (ain[0] == v) != (ain[1] == v);
+            if (ok) res = ain[0] == v ? ain[1] : ain[0];
+            ok = ok && residual_ok(c, res, v, k + 1);
+        } else {
+            ok = lin[0] == v;
+        }
+        const sj_value *O = &g->vals[ln->out];
+        const sj_expr n = Y->shape[Y->rank - 1];
+        int64_t N;
+        ok = ok && fixed_of(b, n, &N) && N % 64 == 0 && N <= 4096 && half_or_float(O->dtype) &&
+             O->rank == Y->rank && p->layouts[ln->out].store >= 0 &&
+             contiguous_at0(b, &p->layouts[ln->out], O) && norm_weight_ok(c, ln->n_in > 1 ? lin[1] : -1, n) &&
+             norm_weight_ok(c, ln->n_in > 2 ? lin[2] : -1, n);
+        for (int a = 0; a < Y->rank && ok; a++) ok = same_size(b, O->shape[a], Y->shape[a]);
+        if (!ok) continue;
+        c->gm[k].gemm_epi = SJ_GEMM_LN | SJ_GEMM_R_PROD | (res >= 0 ? SJ_GEMM_RES | SJ_GEMM_R_RES : 0);
+        c->gm[k].gemm_res = res;
+        c->gm[k].gemm_ln = rg->row_node;
     }
 }
 
@@ -562,7 +627,9 @@ static int fill_groups(plan_ctx *c) {
         G->gemm_epi = c->gm[k].gemm_epi;
         G->gemm_res = c->gm[k].gemm_res;
         G->gemm_out = c->gm[k].gemm_out;
+        G->gemm_ln = c->gm[k].gemm_ln;
         p->n_gemm += G->gemm_tile >= 0;
+        p->n_gemm_ln += (G->gemm_epi & SJ_GEMM_LN) != 0;
         if (G->kind == SJ_G_NODE) {
             const sj_node *n = &g->nodes[G->nodes[0]]; /* nodes sorted: a product before its bias add */
             if (n->fold >= 0) G->bias = sj_fold_bias(g, n);
@@ -605,6 +672,7 @@ sj_fplan *sj_fuse_finish(sj_fuse_st *b) {
     find_gemms(&c);
     find_epilogues(&c);
     gemm_epilogues(&c);
+    gemm_norms(&c);
     plan_arena(&c);
     if (b->oom || fill_groups(&c) || b->oom) goto fail;
     free(c.ord), free(c.pos), free(c.need), free(c.last), free(c.first_out), free(c.epi_of), free(c.gm);
@@ -662,7 +730,8 @@ void sj_fplan_print(const sj_graph *g, const sj_fplan *p, const int64_t *sym_val
             fprintf(out, "; generated product, tile %dx%dx%d", t->bm, t->bn, t->bk);
             if (t->wg) fprintf(out, " wgmma");
             if (t->splitk > 1) fprintf(out, " split-K %d", t->splitk);
-            fprintf(out, "%s (%d variant%s)", G->gemm_epi & SJ_GEMM_EPI ? ", epilogue inside" : "", G->gemm_nv,
+            fprintf(out, "%s%s (%d variant%s)", G->gemm_epi & SJ_GEMM_EPI ? ", epilogue inside" : "",
+                    G->gemm_epi & SJ_GEMM_LN ? ", layer_norm inside" : "", G->gemm_nv,
                     G->gemm_nv > 1 ? "s" : "");
         }
         if (G->kind != SJ_G_NODE) {

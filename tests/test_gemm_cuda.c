@@ -13,10 +13,17 @@
  * epilogues none / bias / bias+GELU / bias+GELU+residual / bias+residual /
  * GELU, outputs f16 and f32, against a float64 reference of the same f16
  * inputs (each element within tol x (sum |a||b| + |bias| + |r|)); C is
- * poisoned first and a guard row past M must stay untouched. Symbolic
+ * poisoned first and a guard row past M must stay untouched. Each tile
+ * also with a LayerNorm inside (bias + residual + LayerNorm with gamma and
+ * beta into f16, or bias + LayerNorm without beta into f32), launched
+ * twice on one set of counters: Y against the float64 LayerNorm of the
+ * kernel's own C and of the float64 reference, no write past row M, the
+ * counters left zero. Symbolic
  * units serve every M; one specialized unit per shape runs at its own M.
  * Without one it prints "skipped: no CUDA device" after the compile
- * checks and passes.
+ * checks and passes. The checks refuse a LayerNorm over N not a multiple
+ * of 64 or past 4096, bad dtypes and eps; its PTX has the counter's
+ * atomic, the reads past L1 and the warp's shuffles.
  *
  * NVRTC is loaded with dlopen (tests/util_nvrtc.h: libnvrtc.so.13 from
  * $SHAPEJIT_CUDA_LIBS, $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the
@@ -72,21 +79,35 @@ typedef struct epi {
     const char *name;
     bool bias, gelu, residual;
     sj_dtype bias_dt, res_dt, out_dt;
+    /* a LayerNorm inside: gamma (f32), beta (f16) present, Y's dtype */
+    bool ln, ln_gamma, ln_beta;
+    sj_dtype ln_out_dt;
 } epi;
 
 static const epi epis[] = {
-    {"none f32", false, false, false, SJ_F16, SJ_F16, SJ_F32},
-    {"bias f16", true, false, false, SJ_F16, SJ_F16, SJ_F16},
-    {"bias+gelu f32", true, true, false, SJ_F32, SJ_F16, SJ_F32},
-    {"bias+gelu+residual f16", true, true, true, SJ_F16, SJ_F16, SJ_F16},
-    {"bias+residual f32", true, false, true, SJ_F32, SJ_F32, SJ_F32},
-    {"gelu f16", false, true, false, SJ_F16, SJ_F16, SJ_F16},
+    {"none f32", false, false, false, SJ_F16, SJ_F16, SJ_F32, false, false, false, SJ_F16},
+    {"bias f16", true, false, false, SJ_F16, SJ_F16, SJ_F16, false, false, false, SJ_F16},
+    {"bias+gelu f32", true, true, false, SJ_F32, SJ_F16, SJ_F32, false, false, false, SJ_F16},
+    {"bias+gelu+residual f16", true, true, true, SJ_F16, SJ_F16, SJ_F16, false, false, false, SJ_F16},
+    {"bias+residual f32", true, false, true, SJ_F32, SJ_F32, SJ_F32, false, false, false, SJ_F16},
+    {"gelu f16", false, true, false, SJ_F16, SJ_F16, SJ_F16, false, false, false, SJ_F16},
 };
 enum { N_EPI = sizeof epis / sizeof epis[0], FULL = 3 };
 
+/* LayerNorms inside: the transformer layer's (bias, residual, f16, gamma
+ * and beta, f16 out), and one without beta into f32 from f32 sums */
+static const epi ln_epis[] = {
+    {"bias+residual+layer_norm f16", true, false, true, SJ_F16, SJ_F16, SJ_F16, true, true, true, SJ_F16},
+    {"bias+layer_norm(no beta) f32", true, false, false, SJ_F32, SJ_F16, SJ_F32, true, true, false, SJ_F32},
+};
+enum { N_LN = sizeof ln_epis / sizeof ln_epis[0] };
+#define LN_EPS 1e-5
+
 static sj_gemm_spec spec_of(const sj_gemm_tile *t, int64_t M, int64_t N, int64_t K, const epi *e) {
     return (sj_gemm_spec){.M = M, .N = N, .K = K, .bias = e->bias, .gelu = e->gelu, .residual = e->residual,
-                          .bias_dtype = e->bias_dt, .res_dtype = e->res_dt, .out_dtype = e->out_dt, .tile = *t};
+                          .bias_dtype = e->bias_dt, .res_dtype = e->res_dt, .out_dtype = e->out_dt,
+                          .ln = e->ln, .ln_gamma = e->ln_gamma, .ln_beta = e->ln_beta, .ln_g_dtype = SJ_F32,
+                          .ln_b_dtype = SJ_F16, .ln_out_dtype = e->ln_out_dt, .ln_eps = LN_EPS, .tile = *t};
 }
 
 static char *gen(const sj_gemm_spec *s) {
@@ -138,6 +159,23 @@ static void test_check(void **state) {
     s = spec_of(&ok, 0, 384, 384, &epis[0]);
     s.out_dtype = SJ_BF16;
     assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    /* a LayerNorm inside: N a multiple of 64 up to 4096, its dtypes, eps */
+    s = spec_of(&ok, 0, 384, 384, &ln_epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
+    s.ln_out_dtype = SJ_BF16;
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    s = spec_of(&ok, 0, 384, 384, &ln_epis[0]);
+    s.ln_eps = -1;
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    s = spec_of(&(sj_gemm_tile){32, 32, 32, 2, 2, 3, 1, 0}, 0, 416, 384, &ln_epis[0]); /* 416 = 13 x 32 */
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    s.ln = false;
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
+    s = spec_of(&ok, 0, 8192, 384, &ln_epis[0]);
+    assert_int_equal(sj_gemm_cuda_check(&s), SJ_EINVAL);
+    assert_int_equal(sj_gemm_ln_counters(1), 1);
+    assert_int_equal(sj_gemm_ln_counters(16), 1);
+    assert_int_equal(sj_gemm_ln_counters(17), 2);
     /* launch dimensions */
     sj_gemm_dims d;
     s = spec_of(&ok, 0, 1536, 384, &epis[0]);
@@ -223,8 +261,8 @@ static void test_compile(void **state) {
     const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&n);
     assert_true(n >= 3);
     for (int i = 0; i < n; i++)
-        for (int e = 0; e < 2; e++) {
-            const epi *ep = e ? &epis[FULL] : &epis[0];
+        for (int e = 0; e < 3; e++) {
+            const epi *ep = e == 2 ? &ln_epis[i % N_LN] : e ? &epis[FULL] : &epis[0];
             /* split-K tiles need K a multiple of BK x SK */
             sj_gemm_spec s = spec_of(&tiles[i], i == 1 ? 333 : 0, 1536, tiles[i].splitk > 1 ? 1536 : 384, ep);
             assert_int_equal(sj_gemm_cuda_check(&s), SJ_OK);
@@ -234,7 +272,7 @@ static void test_compile(void **state) {
             /* warpgroup tiles: Hopper's own architecture (sm_90a) */
             compile(src, tiles[i].wg ? "sm_90a" : "sm_90", what, NULL, NULL);
             bool first_of_kind = i == 0 || (tiles[i].splitk > 1) != (tiles[i - 1].splitk > 1) ||
-                                 tiles[i].wg != tiles[i - 1].wg;
+                                 tiles[i].wg != tiles[i - 1].wg || (e == 2 && i < N_LN);
             if (first_of_kind) {
                 char *ptx;
                 size_t len;
@@ -248,6 +286,11 @@ static void test_compile(void **state) {
                     assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"));
                     assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
                     assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
+                }
+                if (ep->ln) { /* the row block's counter and the reads past L1 */
+                    assert_non_null(strstr(ptx, "atom.acq_rel.gpu.global.inc.u32"));
+                    assert_non_null(strstr(ptx, "ld.global.cg"));
+                    assert_non_null(strstr(ptx, "shfl.sync.bfly"));
                 }
                 if (tiles[i].splitk > 1) { /* the cluster's reduction */
                     assert_non_null(strstr(ptx, "barrier.cluster.arrive"));
@@ -295,8 +338,10 @@ typedef struct prob {
     int64_t M, N, K;
     uint16_t *a, *b, *bh, *rh; /* f16: A [M, K], B [K, N], bias [N], R [M, N] */
     float *bf, *rf;            /* f32: bias, R */
+    float *lg;                 /* a LayerNorm's gamma [N] (f32) */
+    uint16_t *lb;              /* and beta [N] (f16) */
     double *p, *mag;           /* A @ B and sum |a||b| (M x N) */
-    dbuf da, db, dbh, dbf, drh, drf;
+    dbuf da, db, dbh, dbf, drh, drf, dlg, dlb;
 } prob;
 
 static uint16_t rnd_h(double lo, double hi) { return sj_f32_to_f16((float)tu_uniform(lo, hi)); }
@@ -309,16 +354,20 @@ static void prob_make(prob *q, int64_t M, int64_t N, int64_t K) {
     q->bh = malloc((size_t)N * 2);
     q->rh = malloc((size_t)(M * N + 1) * 2);
     q->bf = malloc((size_t)N * 4);
+    q->lg = malloc((size_t)N * 4);
+    q->lb = malloc((size_t)N * 2);
     q->rf = malloc((size_t)(M * N + 1) * 4);
     q->p = calloc((size_t)(M * N + 1), sizeof(double));
     q->mag = calloc((size_t)(M * N + 1), sizeof(double));
-    assert_true(q->a && q->b && q->bh && q->rh && q->bf && q->rf && q->p && q->mag);
+    assert_true(q->a && q->b && q->bh && q->rh && q->bf && q->rf && q->lg && q->lb && q->p && q->mag);
     for (int64_t i = 0; i < M * K; i++) q->a[i] = rnd_h(-1, 1);
     double sb = 1.0 / sqrt((double)K);
     for (int64_t i = 0; i < K * N; i++) q->b[i] = rnd_h(-2 * sb, 2 * sb);
     for (int64_t i = 0; i < N; i++) {
         q->bh[i] = rnd_h(-1, 1);
         q->bf[i] = (float)tu_uniform(-1, 1);
+        q->lg[i] = (float)tu_uniform(0.5, 1.5);
+        q->lb[i] = rnd_h(-0.5, 0.5);
     }
     for (int64_t i = 0; i < M * N; i++) {
         q->rh[i] = rnd_h(-1, 1);
@@ -347,11 +396,15 @@ static void prob_make(prob *q, int64_t M, int64_t N, int64_t K) {
     q->dbf = dput(q->bf, (size_t)N * 4);
     q->drh = dput(q->rh, (size_t)(M * N) * 2);
     q->drf = dput(q->rf, (size_t)(M * N) * 4);
+    q->dlg = dput(q->lg, (size_t)N * 4);
+    q->dlb = dput(q->lb, (size_t)N * 2);
 }
 
 static void prob_free(prob *q) {
     free(q->a), free(q->b), free(q->bh), free(q->rh), free(q->bf), free(q->rf), free(q->p), free(q->mag);
+    free(q->lg), free(q->lb);
     dfree(&q->da), dfree(&q->db), dfree(&q->dbh), dfree(&q->dbf), dfree(&q->drh), dfree(&q->drf);
+    dfree(&q->dlg), dfree(&q->dlb);
 }
 
 typedef struct unit {
@@ -386,6 +439,75 @@ static bool runs_here(const sj_gemm_tile *t) {
     return !(t->splitk > 1 && cc < 90) && !(t->wg && cc != 90);
 }
 
+static double out_at(const unsigned char *p, sj_dtype dt, int64_t i) {
+    if (dt == SJ_F16) {
+        uint16_t h;
+        memcpy(&h, p + i * 2, 2);
+        return sj_f16_to_f32(h);
+    }
+    float f;
+    memcpy(&f, p + i * 4, 4);
+    return f;
+}
+
+/* A LayerNorm inside: each row of Y against the float64 LayerNorm of the
+ * kernel's own C row (as stored: the values it normalized) and of the
+ * float64 reference's row, no write past row M, the counters left zero.
+ * Returns the failures. */
+static int check_ln(const prob *q, const epi *e, const unsigned char *c, const unsigned char *y, const unsigned *cnt,
+                    size_t n_cnt, const char *what) {
+    int64_t M = q->M, N = q->N;
+    int bad = 0;
+    double *ref = malloc(sizeof(double) * (size_t)N);
+    assert_non_null(ref);
+    for (int64_t m = 0; m < M && bad < 5; m++) {
+        for (int pass = 0; pass < 2; pass++) { /* 0: the stored C; 1: float64 all through */
+            double mean = 0, var = 0;
+            for (int64_t n = 0; n < N; n++) {
+                int64_t i = m * N + n;
+                double v = out_at(c, e->out_dt, i);
+                if (pass) {
+                    v = q->p[i] + (e->bias ? (e->bias_dt == SJ_F16 ? sj_f16_to_f32(q->bh[n]) : q->bf[n]) : 0);
+                    if (e->residual) v += e->res_dt == SJ_F16 ? sj_f16_to_f32(q->rh[i]) : q->rf[i];
+                }
+                ref[n] = v;
+                mean += v;
+            }
+            mean /= (double)N;
+            for (int64_t n = 0; n < N; n++) var += (ref[n] - mean) * (ref[n] - mean);
+            double rstd = 1.0 / sqrt(var / (double)N + LN_EPS);
+            /* the stored C: f16 or f32 arithmetic and Y's rounding; float64:
+             * C's own rounding too, scaled by rstd */
+            double tol = pass ? (e->out_dt == SJ_F16 ? 4e-3 : 1e-3) * (1 + rstd)
+                              : (e->ln_out_dt == SJ_F16 ? 2e-3 : 2e-5);
+            for (int64_t n = 0; n < N && bad < 5; n++) {
+                double g = e->ln_gamma ? q->lg[n] : 1, b = e->ln_beta ? sj_f16_to_f32(q->lb[n]) : 0;
+                double want = (ref[n] - mean) * rstd * g + b, got = out_at(y, e->ln_out_dt, m * N + n);
+                if (!(fabs(got - want) <= tol * (1 + fabs(want)))) {
+                    fprintf(stderr, "%s: layer_norm [%lld, %lld] out %.7g ref %.7g (%s)\n", what, (long long)m,
+                            (long long)n, got, want, pass ? "float64" : "of the stored C");
+                    bad++;
+                }
+            }
+        }
+    }
+    free(ref);
+    size_t ys = e->ln_out_dt == SJ_F16 ? 2 : 4;
+    for (size_t i = (size_t)(M * N) * ys; i < (size_t)((M + 1) * N) * ys; i++)
+        if (y[i] != 0xff) {
+            fprintf(stderr, "%s: layer_norm wrote past row M (byte %zu)\n", what, i);
+            bad++;
+            break;
+        }
+    for (size_t i = 0; i < n_cnt; i++)
+        if (cnt[i]) {
+            fprintf(stderr, "%s: counter %zu left at %u\n", what, i, cnt[i]);
+            bad++;
+            break;
+        }
+    return bad;
+}
+
 /* Run u on q; compare with the reference. */
 static void run_check(const unit *u, const prob *q, const epi *e, const char *what) {
     int64_t M = q->M, N = q->N;
@@ -396,14 +518,38 @@ static void run_check(const unit *u, const prob *q, const epi *e, const char *wh
     dbuf dc = dput(host, bytes);
     CUdeviceptr A = q->da.p, B = q->db.p, bias = e->bias_dt == SJ_F16 ? q->dbh.p : q->dbf.p,
                 R = e->res_dt == SJ_F16 ? q->drh.p : q->drf.p, C = dc.p;
-    /* the library's launch: dims, shared memory, a warpgroup tile's tensor maps */
+    /* a LayerNorm inside: Y poisoned (a guard row too), the counters zero
+     * (one more past the row blocks, which must stay so) */
+    size_t yes = e->ln_out_dt == SJ_F16 ? 2 : 4, ybytes = e->ln ? (size_t)((M + 1) * N) * yes : 0;
+    size_t n_cnt = (size_t)sj_gemm_ln_counters(M) + 1;
+    unsigned char *yhost = e->ln ? malloc(ybytes) : NULL;
+    unsigned *cnt = e->ln ? malloc(n_cnt * sizeof *cnt) : NULL;
+    dbuf dy = {0}, dcnt = {0};
+    if (e->ln) {
+        assert_true(yhost && cnt);
+        memset(yhost, 0xff, ybytes);
+        memset(cnt, 0, n_cnt * sizeof *cnt);
+        dy = dput(yhost, ybytes);
+        dcnt = dput(cnt, n_cnt * sizeof *cnt);
+    }
+    const sj_gemm_ln_args ln = {(const void *)(uintptr_t)q->dlg.p, e->ln_beta ? (const void *)(uintptr_t)q->dlb.p : NULL,
+                                (void *)(uintptr_t)dy.p, (unsigned *)(uintptr_t)dcnt.p};
+    /* the library's launch: dims, shared memory, a warpgroup tile's tensor
+     * maps; a LayerNorm's twice (the counters it leaves serve the next) */
     sj_cuda_exec ex = {.cuda = cu.dev, .stream = cu.dev->stream};
-    if (sj_cuda_gemm_launch(&ex, u->fn, &u->s, M, (const void *)(uintptr_t)A, (const void *)(uintptr_t)B,
-                            (const void *)(uintptr_t)bias, (const void *)(uintptr_t)R, (void *)(uintptr_t)C))
-        fail_msg("%s: %s", what, sj_last_error());
+    for (int rep = 0; rep < (e->ln ? 2 : 1); rep++)
+        if (sj_cuda_gemm_launch(&ex, u->fn, &u->s, M, (const void *)(uintptr_t)A, (const void *)(uintptr_t)B,
+                                (const void *)(uintptr_t)bias, (const void *)(uintptr_t)R, (void *)(uintptr_t)C,
+                                e->ln ? &ln : NULL))
+            fail_msg("%s: %s", what, sj_last_error());
     cu_ok(cu.dev->api.StreamSynchronize(cu.dev->stream), "cuStreamSynchronize");
     assert_int_equal(sj_cuda_to_host(cu.dev, host, C, bytes), SJ_OK);
     dfree(&dc);
+    if (e->ln) {
+        assert_int_equal(sj_cuda_to_host(cu.dev, yhost, dy.p, ybytes), SJ_OK);
+        assert_int_equal(sj_cuda_to_host(cu.dev, cnt, dcnt.p, n_cnt * sizeof *cnt), SJ_OK);
+        dfree(&dy), dfree(&dcnt);
+    }
     double tol = e->out_dt == SJ_F16 ? 3e-3 : 5e-4;
     int bad = 0;
     for (int64_t i = 0; i < M * N && bad < 5; i++) {
@@ -442,7 +588,10 @@ static void run_check(const unit *u, const prob *q, const epi *e, const char *wh
             bad++;
             break;
         }
+    if (e->ln) bad += check_ln(q, e, host, yhost, cnt, n_cnt, what);
     free(host);
+    free(yhost);
+    free(cnt);
     runs++;
     checked_elems += (int)(M * N);
     if (bad) fail_msg("%s: wrong results", what);
@@ -464,8 +613,8 @@ static void test_device(void **state) {
         int64_t N = NK[sh][0], K = NK[sh][1];
         /* per tile: the fullest epilogue, none, and one more in turn; all
          * symbolic (one unit for every M) */
-        unit units[32][3];
-        const epi *ue[32][3];
+        unit units[32][4];
+        const epi *ue[32][4];
         int nu[32];
         assert_true(n_tiles <= 32);
         for (int t = 0; t < n_tiles; t++) {
@@ -483,6 +632,14 @@ static void test_device(void **state) {
                 unit_load(&units[t][nu[t]], &s, what);
                 ue[t][nu[t]++] = &epis[pick[k]];
             }
+            /* and a LayerNorm inside (N a multiple of 64 up to 4096: both) */
+            const epi *le = &ln_epis[(t + sh) % N_LN];
+            sj_gemm_spec s = spec_of(&tiles[t], 0, N, K, le);
+            if (sj_gemm_cuda_check(&s)) continue;
+            char what[128];
+            snprintf(what, sizeof what, "N %lld K %lld tile %d %s", (long long)N, (long long)K, t, le->name);
+            unit_load(&units[t][nu[t]], &s, what);
+            ue[t][nu[t]++] = le;
         }
         for (int mi = 0; mi < 5; mi++) {
             prob q;
@@ -508,6 +665,12 @@ static void test_device(void **state) {
                          (long long)N, (long long)K, t);
                 unit_load(&us, &s, what);
                 run_check(&us, &q, &epis[FULL], what);
+                unit_unload(&us);
+                s = spec_of(&tiles[t], q.M, N, K, &ln_epis[0]);
+                snprintf(what, sizeof what, "M %lld N %lld K %lld specialized, tile %d, %s", (long long)q.M,
+                         (long long)N, (long long)K, t, ln_epis[0].name);
+                unit_load(&us, &s, what);
+                run_check(&us, &q, &ln_epis[0], what);
                 unit_unload(&us);
                 kinds |= kind;
             }

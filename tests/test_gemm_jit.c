@@ -67,14 +67,21 @@ enum {
     M_TRANS,     /* relu(x @ permute(Wt) + b): a view of the weight */
     M_SIGMOID,   /* sigmoid(x @ W + b): an epilogue the kernel cannot do */
     M_TWICE,     /* relu(y) + y, y = x @ W + b: the product's result read twice */
+    M_LN,        /* layer_norm(x + (x @ W + b), g, beta), K = N: the attention block's end */
+    M_FFN_LN,    /* layer_norm(x + gelu(x @ W1 + b1) @ W2 + b2, g, beta): the feed-forward block's */
+    M_LN_GELU,   /* gelu(layer_norm(x @ W + b + x, g, beta)): a row group the kernel cannot do */
 };
+#define GM_EPS 1e-5
 
 typedef struct gm {
     int kind;
     sj_dtype dt;
     int64_t K, N, N2;
-    sj_tensor w, b, w2, b2;
+    sj_tensor w, b, w2, b2, lg, lb; /* lg, lb: a LayerNorm's gamma and beta */
 } gm;
+
+static bool gm_ffn(int kind) { return kind == M_FFN || kind == M_FFN_LN; }
+static bool gm_ln(int kind) { return kind == M_LN || kind == M_FFN_LN || kind == M_LN_GELU; }
 
 static void gm_init(gm *m, int kind, sj_dtype dt, int64_t K, int64_t N) {
     memset(m, 0, sizeof *m);
@@ -87,7 +94,14 @@ static void gm_init(gm *m, int kind, sj_dtype dt, int64_t K, int64_t N) {
     double s = 1.0 / sqrt((double)K);
     tu_fill_range(&m->w, -s, s);
     tu_fill_range(&m->b, -0.5, 0.5);
-    if (kind == M_FFN) { /* back to K */
+    if (gm_ln(kind)) { /* over the output's N (the FFN's: K) */
+        int64_t n = gm_ffn(kind) ? K : N;
+        m->lg = tu_tensor(dt, 1, S(n));
+        m->lb = tu_tensor(dt, 1, S(n));
+        tu_fill_range(&m->lg, 0.5, 1.5);
+        tu_fill_range(&m->lb, -0.5, 0.5);
+    }
+    if (gm_ffn(kind)) { /* back to K */
         m->N2 = K;
         m->w2 = tu_tensor(dt, 2, S(N, K));
         m->b2 = tu_tensor(dt, 1, S(K));
@@ -111,9 +125,16 @@ static sj_status gm_model(sj_tracer *t, const sj_val *in, int n, void *u) {
     case M_CAST: return sj_output(t, sj_cast(t, sj_relu(t, y), SJ_F32));
     case M_SIGMOID: return sj_output(t, sj_sigmoid(t, y));
     case M_TWICE: return sj_output(t, sj_add(t, sj_relu(t, y), y));
+    case M_LN:
+        return sj_output(t, sj_layer_norm(t, sj_add(t, in[0], y), sj_param(t, &m->lg), sj_param(t, &m->lb), GM_EPS));
+    case M_LN_GELU:
+        return sj_output(
+            t, sj_gelu(t, sj_layer_norm(t, sj_add(t, y, in[0]), sj_param(t, &m->lg), sj_param(t, &m->lb), GM_EPS)));
     default: break;
     }
     sj_val h = sj_add(t, sj_matmul(t, sj_gelu(t, y), sj_param(t, &m->w2)), sj_param(t, &m->b2));
+    if (m->kind == M_FFN_LN)
+        return sj_output(t, sj_layer_norm(t, sj_add(t, in[0], h), sj_param(t, &m->lg), sj_param(t, &m->lb), GM_EPS));
     return sj_output(t, sj_add(t, h, in[0]));
 }
 
@@ -143,6 +164,24 @@ static void ref_linear(const double *x, int64_t M, int64_t K, const sj_tensor *w
     free(wd);
 }
 
+/* v (M rows of n) := layer_norm(v, m's gamma and beta) in float64; mag
+ * (the sums' magnitudes) scaled by the row's 1 / std and gamma, plus
+ * |beta| and the result's own. */
+static void ref_norm(const gm *m, double *v, double *mag, int64_t M, int64_t n) {
+    for (int64_t r = 0; r < M; r++) {
+        double *x = v + r * n, *mg = mag + r * n, mean = 0, var = 0;
+        for (int64_t i = 0; i < n; i++) mean += x[i];
+        mean /= (double)n;
+        for (int64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+        double rstd = 1.0 / sqrt(var / (double)n + GM_EPS);
+        for (int64_t i = 0; i < n; i++) {
+            double g = tu_get(&m->lg, i), b = tu_get(&m->lb, i);
+            x[i] = (x[i] - mean) * rstd * g + b;
+            mg[i] = (mg[i] * rstd + 1) * fabs(g) + fabs(b) + fabs(x[i]);
+        }
+    }
+}
+
 /* The model's output in float64 for inputs in (host), M rows; ref and mag
  * M x (the output's last size). */
 static void gm_ref(const gm *m, const sj_tensor *in, int64_t M, double *ref, double *mag) {
@@ -152,13 +191,25 @@ static void gm_ref(const gm *m, const sj_tensor *in, int64_t M, double *ref, dou
     assert_true(x && y && ym);
     for (int64_t i = 0; i < M * K; i++) x[i] = tu_get(&in[0], i);
     ref_linear(x, M, K, &m->w, &m->b, N, y, ym);
-    if (m->kind == M_FFN) {
+    if (gm_ffn(m->kind)) {
         for (int64_t i = 0; i < M * N; i++) y[i] = gelu64(y[i]);
         ref_linear(y, M, N, &m->w2, &m->b2, K, ref, mag);
         for (int64_t i = 0; i < M * K; i++) {
             ref[i] += x[i];
             mag[i] += fabs(x[i]) + fabs(ref[i]);
         }
+        if (m->kind == M_FFN_LN) ref_norm(m, ref, mag, M, K);
+    } else if (gm_ln(m->kind)) {
+        for (int64_t i = 0; i < M * N; i++) {
+            ref[i] = y[i] + x[i];
+            mag[i] = ym[i] + fabs(x[i]) + fabs(ref[i]);
+        }
+        ref_norm(m, ref, mag, M, N);
+        if (m->kind == M_LN_GELU)
+            for (int64_t i = 0; i < M * N; i++) {
+                ref[i] = gelu64(ref[i]);
+                mag[i] += fabs(ref[i]);
+            }
     } else {
         for (int64_t i = 0; i < M * N; i++) {
             double v = y[i];
@@ -206,6 +257,8 @@ typedef struct traced {
 /* The device's compute capability the plans are made for (0: unknown, no
  * split-K tiles; test_plan_split sets 90). */
 static int plan_arch;
+/* plans made without sj_fuse_opts.gemm_ln (cfg.cuda_gemm_ln 0) */
+static bool no_ln;
 
 /* symbolic: 0 static; 1 the sequence axis a symbol; 2 every size a
  * symbol (the runtime's default), the plan told which the trace's facts
@@ -226,7 +279,8 @@ static void trace_gm_ex(gm *m, int64_t S_, int symbolic, bool gemm, bool unpinne
     free(res.facts);
     tr->g = res.graph;
     tr->p = sj_fuse_ex(tr->g, tr->in,
-                       &(sj_fuse_opts){.gemm = gemm, .gemm_arch = plan_arch, .gemm_units = 132, .pinned = pinned});
+                       &(sj_fuse_opts){.gemm = gemm, .gemm_ln = gemm && gm_ln(m->kind) && !no_ln, .gemm_arch = plan_arch,
+                                       .gemm_units = 132, .pinned = pinned});
     assert_non_null(tr->p);
 }
 
@@ -283,6 +337,9 @@ static void test_plan_marks(void **state) {
             {M_RELU, SJ_F32, 64, 128, 0, 0},
             {M_SIGMOID, SJ_F16, 64, 128, 1, 0},
             {M_TWICE, SJ_F16, 64, 128, 1, 0},
+            {M_LN, SJ_F16, 128, 128, 1, SJ_GEMM_LN | SJ_GEMM_RES},
+            {M_FFN_LN, SJ_F16, 384, 1536, 2, SJ_GEMM_EPI | SJ_GEMM_GELU}, /* the second: LN */
+            {M_LN_GELU, SJ_F16, 128, 128, 1, 0},
         };
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             gm m;
@@ -338,6 +395,36 @@ static void test_plan_marks(void **state) {
             } else {
                 assert_int_equal(G->epilogue, -1); /* f16: runs after, not an epilogue */
                 assert_int_equal(G->gemm_out, sj_group_out(on.g, G));
+            }
+            /* a LayerNorm inside: the next group's row op, the residual the input */
+            const sj_group *L = G;
+            for (int i = gi + 1; cases[c].kind == M_FFN_LN && i < on.p->n_groups; i++)
+                if (on.p->groups[i].gemm_tile >= 0) L = &on.p->groups[i];
+            bool want_ln = cases[c].kind == M_LN || cases[c].kind == M_FFN_LN;
+            assert_int_equal((L->gemm_epi & SJ_GEMM_LN) != 0, want_ln);
+            assert_int_equal(on.p->n_gemm_ln, want_ln);
+            if (want_ln) {
+                const sj_group *R = L + 1;
+                assert_int_equal(R->kind, SJ_G_ROW);
+                assert_int_equal(L->gemm_ln, R->row_node);
+                assert_int_equal(on.g->nodes[L->gemm_ln].op, SJ_OP_LAYER_NORM);
+                assert_int_equal(L->gemm_epi & SJ_GEMM_ROUNDS, SJ_GEMM_R_PROD | SJ_GEMM_R_RES);
+                assert_int_equal(on.g->vals[L->gemm_res].kind, SJ_VAL_INPUT);
+                assert_int_equal(L->gemm_out, sj_group_out(on.g, L));
+                char *t = plan_text(&on);
+                assert_non_null(strstr(t, "layer_norm inside"));
+                free(t);
+                traced off_ln; /* opt-in: without cuda_gemm_ln the row group runs after */
+                no_ln = true;
+                trace_gm(&m, 33, symbolic, true, &off_ln);
+                no_ln = false;
+                assert_int_equal(off_ln.p->n_gemm_ln, 0);
+                assert_int_equal(off_ln.p->n_gemm, on.p->n_gemm);
+                for (int i = 0; i < off_ln.p->n_groups; i++)
+                    assert_int_equal(off_ln.p->groups[i].gemm_epi & SJ_GEMM_LN, 0);
+                untrace(&off_ln);
+            } else {
+                assert_int_equal(L->gemm_ln, -1);
             }
             /* the CUDA generator: one function for the product's group */
             int variants[64] = {0};
@@ -411,6 +498,12 @@ static void test_plan_marks(void **state) {
             assert_false(sj_gemm_picks_parse(on.p, bad, rl + 1, back));
             assert_false(sj_gemm_picks_parse(on.p, rec, rl - 3, back)); /* cut */
             if (G->gemm_epi & SJ_GEMM_RELU) assert_non_null(strstr(src, "v0 > 0.0f ? v0 : 0.0f"));
+            if (on.p->n_gemm_ln) { /* its kernels take the counters and elect the last block */
+                assert_non_null(strstr(src, "unsigned *__restrict__ cnt"));
+                assert_non_null(strstr(src, "arrive(cnt + blockIdx.y"));
+            } else {
+                assert_null(strstr(src, "arrive("));
+            }
             if (G->gemm_epi & SJ_GEMM_GELU) assert_non_null(strstr(src, "gelu_erf(v0)"));
             free(src);
         next:
@@ -493,7 +586,7 @@ static void test_plan_split(void **state) {
  * results. */
 
 static struct {
-    int calls;
+    int calls, lns;
     int64_t M;
     uint32_t flags;
     int tile;
@@ -526,6 +619,28 @@ static sj_status host_gemm(void *c, const sj_dev_gemm *d) {
             if (d->c_dtype == SJ_F16) ((uint16_t *)d->c)[i * d->N + j] = tu_f16_bits(v);
             else ((float *)d->c)[i * d->N + j] = v;
         }
+    if (d->flags & SJ_GEMM_LN) { /* the kernel's LayerNorm, on zeroed counters */
+        slot.lns++;
+        assert_non_null(d->cnt);
+        assert_non_null(d->ln_y);
+        for (int64_t i = 0; i < sj_gemm_ln_counters(d->M); i++) assert_int_equal(d->cnt[i], 0);
+        for (int64_t i = 0; i < d->M; i++) {
+            double mean = 0, var = 0;
+            for (int64_t j = 0; j < d->N; j++) mean += hval(d->c, d->c_dtype, i * d->N + j);
+            mean /= (double)d->N;
+            for (int64_t j = 0; j < d->N; j++) {
+                double e = hval(d->c, d->c_dtype, i * d->N + j) - mean;
+                var += e * e;
+            }
+            double rstd = 1.0 / sqrt(var / (double)d->N + d->ln_eps);
+            for (int64_t j = 0; j < d->N; j++) {
+                double g = d->ln_g ? hval(d->ln_g, d->ln_g_dtype, j) : 1, b = d->ln_b ? hval(d->ln_b, d->ln_b_dtype, j) : 0;
+                float y = (float)((hval(d->c, d->c_dtype, i * d->N + j) - mean) * rstd * g + b);
+                if (d->ln_y_dtype == SJ_F16) ((uint16_t *)d->ln_y)[i * d->N + j] = tu_f16_bits(y);
+                else ((float *)d->ln_y)[i * d->N + j] = y;
+            }
+        }
+    } /* (the counters left zero, as the kernel leaves them) */
     return SJ_OK;
 }
 
@@ -540,13 +655,15 @@ static void test_exec_wiring(void **state) {
     sj_backend ops = sj_cpu_exec_ops;
     ops.gemm = host_gemm;
     ops.k.matmul_epi = NULL; /* as on CUDA: an epilogue not inside runs after */
-    const int kinds[] = {M_RELU, M_GELU_RES, M_CAST, M_FFN, M_SIGMOID};
+    const int kinds[] = {M_RELU, M_GELU_RES, M_CAST, M_FFN, M_SIGMOID, M_LN, M_FFN_LN};
     for (size_t kk = 0; kk < sizeof kinds / sizeof kinds[0]; kk++)
         for (int symbolic = 0; symbolic < 2; symbolic++)
             for (int misalign = 0; misalign < 2; misalign++)
                 for (int pk = 0; pk < (misalign ? 1 : 3); pk++) { /* picks: none (0), -1, the last variant */
                 gm m;
-                gm_init(&m, kinds[kk], SJ_F16, kinds[kk] == M_FFN ? 64 : 96, kinds[kk] == M_FFN ? 256 : 128);
+                bool ffn = gm_ffn(kinds[kk]);
+                /* (a LayerNorm inside: N a multiple of 64; M_LN's K is its N) */
+                gm_init(&m, kinds[kk], SJ_F16, ffn ? 64 : kinds[kk] == M_LN ? 128 : 96, ffn ? 256 : 128);
                 traced tr;
                 trace_gm(&m, 24, symbolic, true, &tr);
                 const sj_group *G;
@@ -626,6 +743,20 @@ static void test_exec_wiring(void **state) {
                  * put 3 of 6144 elements 1 f16 ulp from eager: the sums' order differs) */
                 if (!tu_check_like_eager_as(&fo[0], &eo[0], m.kind == M_CAST ? SJ_F16 : fo[0].dtype, what))
                     fail_msg("%s: differs from eager", what);
+                int want_lns = !misalign && pk != 1 && tr.p->n_gemm_ln ? 1 : 0;
+                assert_int_equal(slot.lns, want_lns);
+                if (want_lns) {
+                    /* again on an arena block scribbled over: the executor zeroes the counters */
+                    sj_block *blk = sj_pool_get(&pool, 1);
+                    assert_non_null(blk);
+                    memset(sj_block_data(blk), 0x5a, blk->cap);
+                    sj_pool_put(&pool, blk);
+                    tu_poison(&fo[0]);
+                    if (sj_exec_fused(&x, tr.p, fns)) fail_msg("fused again: %s", sj_last_error());
+                    assert_int_equal(slot.lns, 2);
+                    if (!tu_check_like_eager_as(&fo[0], &eo[0], fo[0].dtype, what))
+                        fail_msg("%s: differs from eager the second time", what);
+                }
                 if (mod) be->unload(be, mod);
                 untrace(&tr);
                 tu_free_all();
@@ -649,6 +780,7 @@ static sj_runtime *gpu_runtime_in(int cuda_gemm, const char *cache_dir) {
     if (cache_dir) cfg.log_mask |= SJ_LOG_WARN | SJ_LOG_COMPILE; /* what the cache did */
     cfg.cuda_graphs = 0;
     cfg.cuda_gemm = cuda_gemm;
+    cfg.cuda_gemm_ln = 1; /* (the LayerNorm models' products take it inside) */
     sj_runtime *rt = NULL;
     if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
     return rt;
@@ -728,7 +860,7 @@ static void run_gm_st(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs
     sj_fn *fn, *cfn;
     gm_fns(rt, m, dyn, &fn, &cfn);
     for (int s = 0; s < n_seqs; s++) {
-        int64_t Sq = seqs[s], M = 2 * Sq, Nout = m->kind == M_FFN ? m->K : m->N;
+        int64_t Sq = seqs[s], M = 2 * Sq, Nout = gm_ffn(m->kind) ? m->K : m->N;
         sj_tensor in[2] = {tu_tensor(m->dt, 3, S(2, Sq, m->K)), tu_tensor(m->dt, 3, S(2, Sq, m->N))};
         tu_fill_range(&in[0], -1, 1);
         tu_fill_range(&in[1], -1, 1);
@@ -755,8 +887,10 @@ static void run_gm_st(sj_runtime *rt, gm *m, sj_dynamic dyn, const int64_t *seqs
     if (st.fused_symbolic_calls + st.fused_specialized_calls == 0) fail_msg("model %d: no fused call", m->kind);
     bool named = explains(fn, "generated product, tile ");
     if (named != want_gemm) fail_msg("model %d: explain %s the generated product", m->kind, named ? "names" : "lacks");
-    if (want_gemm && m->kind != M_SIGMOID && !explains(fn, "epilogue inside"))
+    if (want_gemm && m->kind != M_SIGMOID && m->kind != M_LN && !explains(fn, "epilogue inside"))
         fail_msg("model %d: the epilogue is not inside", m->kind);
+    if (want_gemm && (m->kind == M_LN || m->kind == M_FFN_LN) && !explains(fn, "layer_norm inside"))
+        fail_msg("model %d: the LayerNorm is not inside", m->kind);
     /* the tuner's time is counted where it ran, and only there */
     if (want_tune >= 0 && (st.tune_ms > 0) != (want_tune == 1))
         fail_msg("model %d: %.3f ms timing products with cuda_gemm %d", m->kind, st.tune_ms, rt->cfg.cuda_gemm);
@@ -778,7 +912,8 @@ static void test_gemm_on_device(void **state) {
     struct {
         int kind;
         int64_t K, N;
-    } cases[] = {{M_RELU, 64, 128}, {M_GELU_RES, 128, 256}, {M_CAST, 96, 192}, {M_FFN, 384, 1536}, {M_SIGMOID, 64, 128}};
+    } cases[] = {{M_RELU, 64, 128},   {M_GELU_RES, 128, 256}, {M_CAST, 96, 192}, {M_FFN, 384, 1536},
+                 {M_SIGMOID, 64, 128}, {M_LN, 768, 768},       {M_FFN_LN, 384, 1536}};
     /* 2 .. 5: every tile variant forced; 1: tuned (the choice in the perf
      * log); 0: off */
     /* SJ_GEMM_MODE=k: mode k alone (a GPU session runs each mode in a

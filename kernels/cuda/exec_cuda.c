@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "base/tensor.h"
 #include "specialize/codegen_gemm_cuda.h"
+#include "specialize/fusion.h"
 
 /* -- Kernels ------------------------------------------------------------------- */
 
@@ -159,11 +160,14 @@ static sj_status tmap(sj_cuda *cu, CUtensorMap *m, const void *p, int64_t rows, 
 }
 
 sj_status sj_cuda_gemm_launch(const sj_cuda_exec *e, CUfunction f, const sj_gemm_spec *sp, int64_t M,
-                              const void *A, const void *B, const void *bias, const void *R, void *C) {
+                              const void *A, const void *B, const void *bias, const void *R, void *C,
+                              const sj_gemm_ln_args *ln) {
     sj_cuda *cu = e->cuda;
     sj_gemm_dims dims;
     sj_gemm_cuda_dims(sp, M, &dims);
     if (!M) return SJ_OK;
+    if (sp->ln && (!ln || !ln->y || !ln->cnt))
+        return sj_seterr(SJ_EINVAL, "gemm: a product with a LayerNorm inside needs its output and counters");
     sj_cuda_bind(cu);
     if (dims.smem > 48 * 1024) {
         sj_status st = SJ_CU(cu, cu->api.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -173,7 +177,14 @@ sj_status sj_cuda_gemm_launch(const sj_cuda_exec *e, CUfunction f, const sj_gemm
     }
     long long m = (long long)M;
     CUtensorMap ta, tb;
-    void *args[] = {&A, &B, &bias, &R, &C, &m, &ta, &tb};
+    const void *lg = ln ? ln->g : NULL, *lb = ln ? ln->b : NULL;
+    void *ly = ln ? ln->y : NULL;
+    unsigned *cnt = ln ? ln->cnt : NULL;
+    /* (A, B, bias, R, C, M, [tmA, tmB], [lg, lb, Y, cnt]) */
+    void *args[12] = {&A, &B, &bias, &R, &C, &m};
+    int na = 6;
+    if (sp->tile.wg) args[na++] = &ta, args[na++] = &tb;
+    if (sp->ln) args[na++] = &lg, args[na++] = &lb, args[na++] = &ly, args[na++] = &cnt;
     if (sp->tile.wg) {
         if (!cu->api.TensorMapEncodeTiled)
             return sj_seterr(SJ_EBACKEND, "cuda: the driver has no cuTensorMapEncodeTiled for a warpgroup product");
@@ -195,8 +206,20 @@ static sj_status gemm(void *c, const sj_dev_gemm *d) {
     const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
     if (d->tile < 0 || d->tile >= nt) return sj_seterr(SJ_EINTERNAL, "gemm: tile %d of %d", d->tile, nt);
     if (!d->N) return SJ_OK;
-    sj_gemm_spec sp = {.N = d->N, .K = d->K, .tile = tiles[d->tile]};
-    return sj_cuda_gemm_launch(&cc->e, (CUfunction)d->fn, &sp, d->M, d->a, d->b, d->bias, d->r, d->c);
+    sj_gemm_spec sp = {.N = d->N, .K = d->K, .ln = (d->flags & SJ_GEMM_LN) != 0, .tile = tiles[d->tile]};
+    const sj_gemm_ln_args ln = {d->ln_g, d->ln_b, d->ln_y, d->cnt};
+    return sj_cuda_gemm_launch(&cc->e, (CUfunction)d->fn, &sp, d->M, d->a, d->b, d->bias, d->r, d->c, &ln);
+}
+
+/* A call's memory zeroed in its order (a bucket graph's memset recorded:
+ * an update checks it is the one captured, and queues nothing). */
+static sj_status buf_zero(void *c, void *p, size_t bytes) {
+    sj_cuda_call *cc = c;
+    const int64_t rv[2] = {(int64_t)(uintptr_t)p, (int64_t)bytes};
+    if (!bytes || sj_cuda_rec_op(&cc->e, SJ_REC_SET, rv, 2, -1)) return SJ_OK;
+    sj_cuda_bind(cc->e.cuda);
+    return SJ_CU(cc->e.cuda, cc->e.cuda->api.MemsetD8Async((CUdeviceptr)(uintptr_t)p, 0, bytes, cc->e.stream),
+                 "zeroing a product's LayerNorm counters");
 }
 
 static sj_status finish(void *c) {
@@ -232,6 +255,7 @@ void sj_cuda_fill_call_slots(sj_backend *b) {
     b->out_free = buf_free;
     b->launch = launch;
     b->gemm = gemm;
+    b->buf_zero = buf_zero;
     b->finish = finish;
 }
 

@@ -55,10 +55,19 @@ sj_status sj_cuda_upload_graph(sj_cuda *cuda, sj_graph *g);
  * B [K, N] in boxes of 64 x 64, f16, 128-byte swizzle, rows past M read
  * as zeros), encoded for these operands. M = 0 launches nothing.
  * SJ_EBACKEND naming what failed (a driver without
- * cuTensorMapEncodeTiled cannot run a warpgroup tile). */
+ * cuTensorMapEncodeTiled cannot run a warpgroup tile).
+ * A spec with a LayerNorm inside (sp->ln) takes ln: its gamma and beta
+ * (NULL when absent), its output and sj_gemm_ln_counters(M) zeroed
+ * counters (SJ_EINVAL without them). */
 struct sj_gemm_spec;
+typedef struct sj_gemm_ln_args {
+    const void *g, *b;
+    void *y;
+    unsigned *cnt;
+} sj_gemm_ln_args;
 sj_status sj_cuda_gemm_launch(const sj_cuda_exec *e, CUfunction f, const struct sj_gemm_spec *sp, int64_t M,
-                              const void *A, const void *B, const void *bias, const void *R, void *C);
+                              const void *A, const void *B, const void *bias, const void *R, void *C,
+                              const sj_gemm_ln_args *ln);
 
 /* The device's gemm_tune slot (kernels/device.h; gemm_tune.c): memo (the
  * device's record of choices by unit key, thread-safe), cache and log may

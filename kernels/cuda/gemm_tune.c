@@ -7,7 +7,12 @@
  * rows, one pick for each size class, sj_gemm_class) against cuBLASLt's
  * product with the bias, plus, when the
  * plan runs the epilogue group inside the kernel, one elementwise pass over
- * the result (the eager ReLU standing in for the group the kernel saves).
+ * the result (the eager ReLU standing in for the group the kernel saves;
+ * also for the row group of a LayerNorm inside: the eager LayerNorm took
+ * 12 us at 16 rows on an H100 where the layer's generated row kernel
+ * takes 3-6, so it made variants win that lost in the layer). A
+ * LayerNorm variant runs on zeroed counters of its own (each run leaves
+ * them zero: the runs are one after another on the tuner's stream).
  * The fastest wins; cuBLASLt (-1) unless a variant beats it. Operands are
  * scratch buffers of the product's sizes, zeroed, on a stream of the
  * tuner's own; each candidate runs twice untimed (cuBLASLt chooses its
@@ -157,7 +162,8 @@ typedef struct tuner {
     CUevent e0, e1;
     const sj_gemm_spec *sp;
     CUdeviceptr a, b, bias, r, c, c2;
-    bool epi;              /* the plan runs the epilogue inside: cuBLASLt pays a pass more */
+    CUdeviceptr lg, lb, cnt; /* a LayerNorm inside: gamma, beta ([N]), zeroed counters */
+    bool epi;              /* the plan runs a group inside: cuBLASLt pays a pass more */
     bool has_bias;
     CUdeviceptr ws;        /* cuBLASLt's workspace (none may be allocated in a capture) */
 } tuner;
@@ -190,9 +196,11 @@ static sj_status run_one(const tuner *t, int v, const sj_gemm_tile *tile, CUfunc
     sj_gemm_spec sp = *t->sp;
     sp.tile = *tile;
     sj_cuda_exec e = {.cuda = cu, .stream = t->s};
+    const sj_gemm_ln_args ln = {(const void *)(uintptr_t)t->lg, (const void *)(uintptr_t)t->lb,
+                                (void *)(uintptr_t)t->c2, (unsigned *)(uintptr_t)t->cnt};
     return sj_cuda_gemm_launch(&e, f, &sp, M, (const void *)(uintptr_t)t->a, (const void *)(uintptr_t)t->b,
                                (const void *)(uintptr_t)t->bias, (const void *)(uintptr_t)t->r,
-                               (void *)(uintptr_t)t->c);
+                               (void *)(uintptr_t)t->c, &ln);
 }
 
 /* Milliseconds a run of candidate v takes at M rows; INFINITY when it
@@ -267,19 +275,27 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
     int64_t Mmax = rows[n_rows - 1] > rows[0] ? rows[n_rows - 1] : rows[0];
     size_t bytes_a = (size_t)(Mmax * sp.K) * 2, bytes_b = (size_t)(sp.K * sp.N) * 2, bytes_bias = (size_t)sp.N * 4,
            bytes_c = (size_t)(Mmax * sp.N) * 4;
-    tuner t = {.cu = cu, .s = s, .e0 = e0, .e1 = e1, .sp = &sp, .epi = (G->gemm_epi & SJ_GEMM_EPI) != 0,
-               .has_bias = G->bias >= 0};
+    tuner t = {.cu = cu, .s = s, .e0 = e0, .e1 = e1, .sp = &sp,
+               .epi = (G->gemm_epi & (SJ_GEMM_EPI | SJ_GEMM_LN)) != 0, .has_bias = G->bias >= 0};
+    size_t bytes_cnt = (size_t)sj_gemm_ln_counters(Mmax) * sizeof(unsigned);
     t.a = sj_cuda_alloc(cu, bytes_a, s);
     t.b = sj_cuda_alloc(cu, bytes_b, s);
     t.bias = sj_cuda_alloc(cu, bytes_bias, s);
     t.r = sj_cuda_alloc(cu, bytes_c, s);
     t.c = sj_cuda_alloc(cu, bytes_c, s);
     t.c2 = sj_cuda_alloc(cu, bytes_c, s);
+    t.lg = sj_cuda_alloc(cu, bytes_bias, s);
+    t.lb = sj_cuda_alloc(cu, bytes_bias, s);
+    t.cnt = sj_cuda_alloc(cu, bytes_cnt, s);
     t.ws = sj_cuda_alloc(cu, TUNE_WS_BYTES, s);
-    bool ok = t.a && t.b && t.bias && t.r && t.c && t.c2 && t.ws;
-    const CUdeviceptr bufs[] = {t.a, t.b, t.bias, t.r, t.c, t.c2, t.ws};
-    const size_t sizes[] = {bytes_a, bytes_b, bytes_bias, bytes_c, bytes_c, bytes_c, TUNE_WS_BYTES};
-    for (int i = 0; i < 6 && ok; i++)
+    /* (the workspace last: the only buffer not zeroed) */
+    const CUdeviceptr bufs[] = {t.a, t.b, t.bias, t.r, t.c, t.c2, t.lg, t.lb, t.cnt, t.ws};
+    const size_t sizes[] = {bytes_a, bytes_b, bytes_bias, bytes_c, bytes_c, bytes_c, bytes_bias, bytes_bias,
+                            bytes_cnt, TUNE_WS_BYTES};
+    enum { NBUF = sizeof bufs / sizeof bufs[0] };
+    bool ok = true;
+    for (int i = 0; i < NBUF; i++) ok = ok && bufs[i];
+    for (int i = 0; i + 1 < NBUF && ok; i++)
         ok = cu->api.MemsetD8Async(bufs[i], 0, sizes[i], s) == CUDA_SUCCESS;
     int nt;
     const sj_gemm_tile *tiles = sj_gemm_cuda_tiles(&nt);
@@ -296,7 +312,7 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
             if (ms[k][v] < (best[k] < 0 ? base_ms[k] : ms[k][best[k]])) best[k] = v;
         }
     }
-    for (int i = 0; i < 7; i++) sj_cuda_free(cu, bufs[i], s);
+    for (int i = 0; i < NBUF; i++) sj_cuda_free(cu, bufs[i], s);
     for (int c = 0; c < SJ_GEMM_CLASSES; c++) pick[gi * SJ_GEMM_CLASSES + c] = (int8_t)best[n_rows > 1 ? c : 0];
     if (!ok) {
         sj_log_write(log, SJ_LOG_PERF, "cuda: %.12s: product %s: not timed (%s): cuBLASLt", key, G->name,
@@ -308,6 +324,7 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
         size_t n = (size_t)snprintf(line, sizeof line, "cuda: %.12s: product %s (N %lld, K %lld, M %lld%s): cuBLASLt %.4f ms",
                                     key, G->name, (long long)sp.N, (long long)sp.K, (long long)rows[k],
                                     n_rows > 1 ? ", a size class" : "", base_ms[k]);
+
         for (int v = 0; v < G->gemm_nv && n < sizeof line; v++) {
             const sj_gemm_tile *tl = &tiles[G->gemm_tiles[v]];
             n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d/k%d%s %.4f ms", tl->bm, tl->bn, tl->bk,
