@@ -551,7 +551,6 @@ static const char ln_helpers[] =
     "    asm volatile(\"atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;\" : \"=r\"(old) : \"l\"(c), \"r\"(wrap) : \"memory\");\n"
     "    return old;\n"
     "}\n"
-
     /* a chunk's LN_VE values of gamma or beta (f16 or f32; read-only, not
      * ordered against the stores: the tail issues four chunks' at once),
      * and of Y stored (16 or 32 bytes) */
@@ -596,9 +595,12 @@ static const char ln_helpers[] =
  * each LN_CPT chunks of 16 bytes of the row (chunk c * LN_TPR + its index
  * in the row's threads), every load of a pass issued before the sums.
  * LDG, LDB and STY name the chunk loads and store of gamma, beta and Y's
- * dtypes (LDG / LDB absent: 1 and 0). A load of gamma or beta per pair,
- * ordered after the previous pair's store, made the tail 8.5 us of a
- * 15 us kernel at 16 rows on an H100 (its election, 0.7 us). */
+ * dtypes (LDG / LDB absent: 1 and 0). Y may be C's memory (the plan may
+ * give the LayerNorm's output the sums' slot): a row's threads read all
+ * of it before the sums, which they share, so before any of them stores.
+ * On an H100 at 16 rows the election costs 0.7 us and the rest about 5
+ * (8.5 when gamma and beta were loaded a pair at a time, each after the
+ * previous pair's store): bench/RESULTS.md. */
 static const char ln_tail[] =
     "    {\n"
     "        __shared__ unsigned ln_last;\n"
@@ -608,7 +610,6 @@ static const char ln_tail[] =
     "            const unsigned total = gridDim.x * gridDim.z;\n"
     "            ln_last = arrive(cnt + blockIdx.y, total - 1u) == total - 1u;\n"
     "        }\n"
-
     "        __syncthreads();\n"
     "        if (!ln_last) return;\n"
     "#pragma unroll 1\n"
@@ -716,7 +717,7 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     put(&o, "%s(const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n", name);
     put(&o, "    const void *__restrict__ bias, const void *__restrict__ R, void *__restrict__ C, long long M_arg%s%s) {\n",
         t->wg ? ",\n    const __grid_constant__ sj_tmap tmA, const __grid_constant__ sj_tmap tmB" : "",
-        s->ln ? ",\n    const void *__restrict__ lg, const void *__restrict__ lb, void *__restrict__ Y,\n"
+        s->ln ? ",\n    const void *__restrict__ lg, const void *__restrict__ lb, void *Y,\n"
                 "    unsigned *__restrict__ cnt"
               : "");
     put(&o, "    grid_dep();\n");

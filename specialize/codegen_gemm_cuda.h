@@ -72,9 +72,11 @@
  *   kernel's corrected two-pass formula); gamma 1 and beta 0 when absent.
  * A row's N columns are spread over the grid's N tiles (and split-K
  * ranks), so the last block to finish a row block normalizes it: each
- * block, after its stores and a fence, increments the row block's counter
- * (cnt[blockIdx.y], atomicInc with wrap gridDim.x x gridDim.z - 1, so the
- * last arrival leaves it 0 again), and the block that made it wrap reads
+ * block, after its stores and a block barrier, increments the row block's
+ * counter from one thread (cnt[blockIdx.y]: an acquire-release atomic inc
+ * with wrap gridDim.x x gridDim.z - 1, so the last arrival leaves it 0
+ * again; the release publishes the block's stores, the acquire the
+ * others'), and the block that made it wrap reads
  * the row block back (from L2, past L1, 16 bytes a load: C 16-byte
  * aligned) and writes Y, several threads a row. The
  * counters must be 0 before the launch and no other launch may use them

@@ -23,7 +23,16 @@
  *
  * Also without a GPU: the executor's wiring through a host gemm slot (the
  * kernel's contract computed on the CPU), the variant picks (none, -1,
- * the last), the misaligned fallback, and the tuner's cache record. */
+ * the last), the misaligned fallback, and the tuner's cache record.
+ *
+ * A LayerNorm inside (cfg.cuda_gemm_ln): layer_norm(x + (x @ W + b)) and
+ * the feed-forward block ending in layer_norm(x + ...) are marked
+ * (SJ_GEMM_LN, the row group's layer norm; none without the option; not
+ * gelu(layer_norm(...)), a row group the kernel cannot do); through the
+ * host slot the counters are zero at the product (also on an arena block
+ * scribbled over) and the row group is skipped; on the device every mode
+ * above runs them against float64, and test_ln_graphs runs them forced
+ * under per-shape and bucket CUDA graphs, every call checked. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -38,6 +47,7 @@
 
 #include "base/tensor.h"
 #include "jit/exec.h"
+#include "jit/graphs.h"
 #include "jit/runtime.h"
 #include "jit/shapejit.h"
 #include "jit/trace.h"
@@ -1055,6 +1065,82 @@ static void test_quick_units(void **state) {
     }
 }
 
+/* A LayerNorm inside the product under CUDA graphs (cuda_gemm 2: variant
+ * 0 forced, so the LayerNorm kernels run whatever the tuner would choose;
+ * cuda_gemm_ln 1): a graph per shape (static), captured once its buffers
+ * came back SJ_GRAPH_AFTER times and replayed (the counters' memset one
+ * of its nodes); and bucket graphs (symbolic, buckets up to 24 and 48
+ * tokens), captured at the bucket's edge and replayed at smaller sizes
+ * (the memset recorded and checked, not queued again). Every call's
+ * result against float64 (a counter left nonzero by one call would make
+ * the next one's LayerNorm run early or never: wrong rows). */
+static void test_ln_graphs(void **state) {
+    (void)state;
+    sj_runtime_config cfg = tu_cuda_config();
+    cfg.compile_mode = SJ_COMPILE_SYNC;
+    cfg.cuda_graphs = 1;
+    cfg.cuda_gemm = 2;
+    cfg.cuda_gemm_ln = 1;
+    sj_runtime *rt = NULL;
+    if (sj_runtime_create(&cfg, &rt)) fail_msg("CUDA runtime: %s", sj_last_error());
+    sj_cuda *cu = sj_cuda_of(rt->backend);
+    static const int kinds[] = {M_LN, M_FFN_LN};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (int dyn = 0; dyn < 2; dyn++) {
+            gm m;
+            gm_init(&m, kinds[k], SJ_F16, kinds[k] == M_LN ? 768 : 384, kinds[k] == M_LN ? 768 : 1536);
+            sj_fn_options o;
+            sj_fn_options_init(&o);
+            o.dynamic = dyn ? SJ_DYNAMIC_SYMBOLIC : SJ_DYNAMIC_STATIC;
+            o.hot_threshold = 1;
+            o.specialize_threshold = 1000000;
+            sj_fn *fn;
+            assert_int_equal(sj_fn_create(rt, "ln_graphs", 1, gm_model, &m, &o, &fn), SJ_OK);
+            if (dyn) assert_int_equal(sj_set_buckets(fn, 0, 1, (const int64_t[]){24, 48}, 2), SJ_OK);
+            /* static: one length; symbolic: three lengths of the first bucket, in turn */
+            const int64_t seqs[3] = {16, dyn ? 20 : 16, dyn ? 24 : 16};
+            sj_tensor hin[3], din[3], dout[3];
+            double *ref[3], *mag[3];
+            int64_t Nout = gm_ffn(m.kind) ? m.K : m.N;
+            for (int s = 0; s < 3; s++) {
+                int64_t M = 2 * seqs[s];
+                hin[s] = tu_tensor(m.dt, 3, S(2, seqs[s], m.K));
+                tu_fill_range(&hin[s], -1, 1);
+                din[s] = to_dev(rt, &hin[s]);
+                sj_tensor ho = tu_tensor(m.dt, 3, S(2, seqs[s], Nout));
+                dout[s] = to_dev(rt, &ho);
+                ref[s] = malloc(sizeof(double) * (size_t)(M * Nout));
+                mag[s] = malloc(sizeof(double) * (size_t)(M * Nout));
+                assert_true(ref[s] && mag[s]);
+                gm_ref(&m, &hin[s], M, ref[s], mag[s]);
+            }
+            const char *what = tu_label("ln graphs, model %d %s", m.kind, dyn ? "symbolic, buckets" : "static");
+            for (int i = 0; i < 3 * SJ_GRAPH_AFTER + 9; i++) {
+                int s = i % 3;
+                if (sj_call(fn, &din[s], 1, &dout[s], 1)) fail_msg("%s: call %d: %s", what, i, sj_last_error());
+                sj_tensor h = to_host(rt, &dout[s]);
+                if (!tu_check_mag(&h, ref[s], mag[s], 4e-3, what)) fail_msg("%s: call %d differs from float64", what, i);
+                if (i == 3 * SJ_GRAPH_AFTER) assert_int_equal(sj_fn_wait_idle(fn, -1), SJ_OK);
+            }
+            sj_stats st;
+            sj_fn_stats(fn, &st);
+            printf("  %s: %llu graphs (%llu bucket graphs), %llu calls from them\n", what, (unsigned long long)st.graphs,
+                   (unsigned long long)st.bucket_graphs, (unsigned long long)st.graph_calls);
+            if (!explains(fn, "layer_norm inside")) fail_msg("%s: the LayerNorm is not inside", what);
+            assert_true(st.graphs >= 1);
+            assert_true(st.graph_calls >= 3);
+            assert_int_equal(st.graph_failures, 0);
+            for (int s = 0; s < 3; s++) {
+                sj_cuda_free(cu, (CUdeviceptr)(uintptr_t)din[s].data, cu->stream);
+                sj_cuda_free(cu, (CUdeviceptr)(uintptr_t)dout[s].data, cu->stream);
+                free(ref[s]), free(mag[s]);
+            }
+            sj_fn_destroy(fn);
+            tu_free_all();
+        }
+    sj_runtime_destroy(rt);
+}
+
 #endif /* SJ_WITH_CUDA */
 
 int main(void) {
@@ -1070,7 +1156,8 @@ int main(void) {
     cfg.compile_mode = SJ_COMPILE_OFF;
     if (sj_runtime_create(&cfg, &cpu)) return 1;
     const struct CMUnitTest gpu_tests[] = {cmocka_unit_test(test_gemm_on_device), cmocka_unit_test(test_tune_cached),
-                                           cmocka_unit_test(test_tune_shared), cmocka_unit_test(test_quick_units)};
+                                           cmocka_unit_test(test_tune_shared), cmocka_unit_test(test_quick_units),
+                                           cmocka_unit_test(test_ln_graphs)};
     r |= cmocka_run_group_tests_name("gemm_jit (device)", gpu_tests, NULL, NULL);
     sj_runtime_destroy(cpu);
 #else
