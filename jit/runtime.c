@@ -205,6 +205,9 @@ static sj_status start_services(sj_runtime *rt) {
         sj_logf(rt, SJ_LOG_PERF, "cuda_gemm %d: generated products in fused plans: on an H100 the encoder layer 6-7%% "
                 "faster at 16 tokens, the same from 64, for 2.5-3x a unit's compile time (bench/RESULTS.md)",
                 c->cuda_gemm);
+    if (!st && c->cuda_gemm && c->cuda_gemm_ln && rt->backend->device == SJ_CUDA)
+        sj_logf(rt, SJ_LOG_PERF, "cuda_gemm_ln: LayerNorms inside generated products: on an H100 slower than the "
+                "separate kernel in a CUDA graph (the tuner keeps cuBLASLt; bench/RESULTS.md)");
     if (st) sj_err_prefix("sj_runtime_create: ");
     return st;
 }

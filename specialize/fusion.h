@@ -222,8 +222,8 @@ sj_fplan *sj_fuse(sj_graph *g, const sj_tensor *traced);
  *   that group inside too (SJ_GEMM_LN, gemm_ln): the transformer layer's
  *   x + proj(a) and LayerNorm in the product's kernel (codegen_gemm_cuda.h
  *   "LayerNorm inside") when sj_fuse_opts.gemm_ln asks. The group is still
- *   compiled: the device's product
- *   (a pick of -1, a misaligned operand) runs it after. */
+ *   compiled: the device's product (a pick of -1, a misaligned operand)
+ *   runs it after. */
 typedef struct sj_fuse_opts {
     bool gemm; /* mark generated products */
     bool gemm_ln; /* and LayerNorms inside them (SJ_GEMM_LN; cfg.cuda_gemm_ln) */
