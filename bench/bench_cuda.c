@@ -222,15 +222,32 @@ static void CUDA_CB hold_stream(void *u) {
     }
 }
 
+/* 5 + reps calls of fn on stream s, each between events e0 and e1 (with
+ * hold: the stream held first, hold_stream), the last reps' device ms in
+ * t and, when h is not NULL, host ms queueing them in h, each sorted. */
+static void timed_calls(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, sj_fn *fn, wcase *c, int reps, bool hold,
+                        double *t, double *h) {
+    for (int i = 0; i < 5 + reps; i++) {
+        if (hold && cu->api.LaunchHostFunc(s, hold_stream, NULL)) bench_die("holding the stream");
+        cu->api.EventRecord(e0, s);
+        double h0 = bench_now_s();
+        if (sj_call_stream(fn, c->in, c->n_in, c->out, c->n_out, NULL)) bench_die("call");
+        if (h && i >= 5) h[i - 5] = (bench_now_s() - h0) * 1e3;
+        cu->api.EventRecord(e1, s);
+        cu->api.EventSynchronize(e1);
+        float ms;
+        cu->api.EventElapsedTime(&ms, e0, e1);
+        if (i >= 5) t[i - 5] = ms;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], bench_cmp_double);
+    if (h) qsort(h, (size_t)reps, sizeof h[0], bench_cmp_double);
+}
+
 /* Median ms of a call, CUDA events around it (the device waits for the
  * host's issue of the call too, as a request does); *host_ms (if not
  * NULL): the median host time sj_call_stream takes to queue it; *device_ms
  * (if not NULL): the median with the stream held first (hold_stream: the
  * device's time alone; -1 without cuLaunchHostFunc). */
-static double time_ms_dev(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms, double *device_ms);
-static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms) {
-    return time_ms_dev(rt, fn, c, host_ms, NULL);
-}
 static double time_ms_dev(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms, double *device_ms) {
     sj_cuda *cu = sj_cuda_of(rt->backend);
     CUstream s = cu->stream;
@@ -243,42 +260,23 @@ static double time_ms_dev(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms, 
     cu->api.EventCreate(&e0, 0);
     cu->api.EventCreate(&e1, 0);
     int reps = quick ? 20 : 60;
-    double t[64], h[64];
-    for (int i = 0; i < 5 + reps; i++) {
-        cu->api.EventRecord(e0, s);
-        double h0 = bench_now_s();
-        if (sj_call_stream(fn, c->in, c->n_in, c->out, c->n_out, NULL)) bench_die("call");
-        if (i >= 5) h[i - 5] = (bench_now_s() - h0) * 1e3;
-        cu->api.EventRecord(e1, s);
-        cu->api.EventSynchronize(e1);
-        float ms;
-        cu->api.EventElapsedTime(&ms, e0, e1);
-        if (i >= 5) t[i - 5] = ms;
-    }
+    double t[64], h[64], d[64];
+    timed_calls(cu, s, e0, e1, fn, c, reps, false, t, h);
     if (device_ms) {
-        double d[64];
         *device_ms = -1;
-        for (int i = 0; cu->api.LaunchHostFunc && i < 5 + reps; i++) {
-            if (cu->api.LaunchHostFunc(s, hold_stream, NULL)) bench_die("holding the stream");
-            cu->api.EventRecord(e0, s);
-            if (sj_call_stream(fn, c->in, c->n_in, c->out, c->n_out, NULL)) bench_die("call");
-            cu->api.EventRecord(e1, s);
-            cu->api.EventSynchronize(e1);
-            float ms;
-            cu->api.EventElapsedTime(&ms, e0, e1);
-            if (i >= 5) d[i - 5] = ms;
-        }
         if (cu->api.LaunchHostFunc) {
-            qsort(d, (size_t)reps, sizeof d[0], bench_cmp_double);
+            timed_calls(cu, s, e0, e1, fn, c, reps, true, d, NULL);
             *device_ms = d[reps / 2];
         }
     }
     cu->api.EventDestroy(e0);
     cu->api.EventDestroy(e1);
-    qsort(t, (size_t)reps, sizeof t[0], bench_cmp_double);
-    qsort(h, (size_t)reps, sizeof h[0], bench_cmp_double);
     if (host_ms) *host_ms = h[reps / 2];
     return t[reps / 2];
+}
+
+static double time_ms(sj_runtime *rt, sj_fn *fn, wcase *c, double *host_ms) {
+    return time_ms_dev(rt, fn, c, host_ms, NULL);
 }
 
 static void bench_w(int w) {

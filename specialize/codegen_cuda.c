@@ -844,7 +844,8 @@ void sj_codegen_gemm_spec(const sj_graph *g, const sj_group *G, sj_gemm_spec *sp
 /* Variant v of generated product G as a kernel of the unit (M a constant where every
  * size is, else the kernel's argument): the generator's own unit
  * (its macros and helpers) in a namespace of its own, its macros undone
- * after, so that any number of them, and any split of the unit, compile. */
+ * at its end (by the generator, which knows them), so that any number of
+ * them, and any split of the unit, compile. */
 static bool put_gemm(sj_cg *c, const sj_group *G, const char *prefix, int v) {
     const sj_graph *g = c->g;
     sj_sbuf *o = &c->o;
@@ -867,12 +868,6 @@ static bool put_gemm(sj_cg *c, const sj_group *G, const char *prefix, int v) {
     /* (a quick unit: a stub, SJ_CUDA_QUICK_MACRO) */
     put(o, "%s#ifndef " SJ_CUDA_QUICK_MACRO "\nnamespace %s {\n%s} /* namespace %s */\n#else\n"
            "extern \"C\" __global__ void %s() { __trap(); }\n#endif\n", SJ_CUDA_KERNEL_MARK, ns, src, ns, name);
-    put(o, "#undef BM\n#undef BN\n#undef BK\n#undef WM\n#undef WN\n#undef STAGES\n#undef NN\n#undef KK\n"
-           "#undef THREADS\n#undef TM\n#undef TN\n#undef MT\n#undef NT\n#undef AS\n#undef BS\n#undef A_STAGE\n"
-           "#undef B_STAGE\n#undef SK\n#undef RS\n#undef A_BYTES\n#undef STAGE_BYTES\n#undef CWARPS\n");
-    if (sp.ln)
-        put(o, "#undef LN_VE\n#undef LN_TPR\n#undef LN_CPT\n#undef LN_RPP\n#undef LN_EPS\n#undef LN_C\n#undef STY\n"
-               "#undef LDG\n#undef LDB\n");
     free(src);
     return true;
 }

@@ -744,6 +744,13 @@ char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len)
     if (sk > 1) put(&o, "    cluster_sync(); /* the peers have read this block's partial */\n");
     if (s->ln) put(&o, "%s", ln_tail);
     put(&o, "}\n");
+    /* its macros undone, so that units can follow each other in one source */
+    put(&o, "#undef BM\n#undef BN\n#undef BK\n#undef WM\n#undef WN\n#undef STAGES\n#undef NN\n#undef KK\n"
+            "#undef SK\n#undef RS\n#undef CWARPS\n#undef THREADS\n#undef TM\n#undef TN\n#undef MT\n#undef NT\n"
+            "#undef AS\n#undef BS\n#undef A_STAGE\n#undef B_STAGE\n#undef A_BYTES\n#undef STAGE_BYTES\n");
+    if (s->ln)
+        put(&o, "#undef LN_VE\n#undef LN_TPR\n#undef LN_CPT\n#undef LN_RPP\n#undef LN_EPS\n#undef LN_C\n"
+                "#undef STY\n#undef LDG\n#undef LDB\n");
     if (o.oom) {
         free(o.s);
         sj_seterr(SJ_ENOMEM, "gemm: out of memory generating %s", name);

@@ -147,7 +147,8 @@ typedef struct sj_gemm_dims {
 sj_status sj_gemm_cuda_check(const sj_gemm_spec *s);
 
 /* The unit's source (malloc'd, NUL-terminated; *len its length when len is
- * not NULL), one kernel named `name`. NULL with SJ_EINVAL set (the spec
+ * not NULL), one kernel named `name`; the macros it defines are undone at
+ * its end, so that several units can share one source. NULL with SJ_EINVAL set (the spec
  * fails sj_gemm_cuda_check) or SJ_ENOMEM. */
 char *sj_codegen_gemm_cuda(const sj_gemm_spec *s, const char *name, size_t *len);
 

@@ -566,16 +566,7 @@ static void run_check(const unit *u, const prob *q, const epi *e, const char *wh
             v += r;
             mag += fabs(r);
         }
-        double out;
-        if (es == 2) {
-            uint16_t h;
-            memcpy(&h, host + i * 2, 2);
-            out = sj_f16_to_f32(h);
-        } else {
-            float f;
-            memcpy(&f, host + i * 4, 4);
-            out = f;
-        }
+        double out = out_at(host, e->out_dt, i);
         if (!(fabs(out - v) <= tol * (mag + fabs(v)))) {
             fprintf(stderr, "%s: [%lld, %lld] out %.7g ref %.7g (mag %.3g)\n", what, (long long)(i / N),
                     (long long)n, out, v, mag);

@@ -324,7 +324,6 @@ static void tune_product(sj_cuda *cu, CUstream s, CUevent e0, CUevent e1, const 
         size_t n = (size_t)snprintf(line, sizeof line, "cuda: %.12s: product %s (N %lld, K %lld, M %lld%s): cuBLASLt %.4f ms",
                                     key, G->name, (long long)sp.N, (long long)sp.K, (long long)rows[k],
                                     n_rows > 1 ? ", a size class" : "", base_ms[k]);
-
         for (int v = 0; v < G->gemm_nv && n < sizeof line; v++) {
             const sj_gemm_tile *tl = &tiles[G->gemm_tiles[v]];
             n += (size_t)snprintf(line + n, sizeof line - n, ", %dx%dx%d/k%d%s %.4f ms", tl->bm, tl->bn, tl->bk,
